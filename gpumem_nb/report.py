@@ -1,0 +1,49 @@
+"""Plain-text and HTML tables: the one place results are turned into something to read.
+
+Every result object (snapshot, cell record, history, cleanup report) renders through these two
+functions, so a terminal, a notebook and a static viewer show the same numbers.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+Row = Sequence[str]
+
+
+def text_table(headers: Row, rows: Sequence[Row]) -> str:
+    widths = [len(h) for h in headers]
+    for r in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, r, strict=False)]
+
+    def line(cells: Row) -> str:
+        return "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=False))
+        ).rstrip()
+
+    out = [line(headers), line(["─" * w for w in widths])]
+    out.extend(line(r) for r in rows)
+    return "\n".join(out)
+
+
+def html_table(headers: Row, rows: Sequence[Row], *, caption: str = "") -> str:
+    esc = html.escape
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    body = "".join(
+        "<tr>" + "".join(
+            f'<td style="text-align:{"left" if i == 0 else "right"}">{esc(c)}</td>'
+            for i, c in enumerate(r)
+        ) + "</tr>"
+        for r in rows
+    )
+    cap = f"<caption style='text-align:left'>{esc(caption)}</caption>" if caption else ""
+    return (
+        f"<table class='gpumem-nb'>{cap}<thead><tr>{head}</tr></thead>"
+        f"<tbody>{body}</tbody></table>"
+    )
+
+
+def html_lines(lines: Sequence[str]) -> str:
+    return "".join(f"<div>{html.escape(x)}</div>" for x in lines)

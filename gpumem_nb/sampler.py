@@ -1,0 +1,174 @@
+"""Background sampling into a bounded ring buffer.
+
+The thread's whole job is ``tick()``: read the source once, store the sample, tell listeners.
+Tests call ``tick()`` directly with an injected clock and never sleep. The loop waits on an
+event rather than sleeping, so ``stop()`` returns at once and ``request_tick()`` (used after
+each cell) is served without waiting for the next interval. Intervals are drift-corrected:
+the schedule advances by whole intervals from the start, not from when a tick finished.
+
+Depends only on ``model`` and the ``Source`` protocol, never on a concrete source.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from .model import Sample
+from .sources import Source
+
+log = logging.getLogger("gpumem_nb")
+
+MIN_INTERVAL_S = 0.05
+MAX_INTERVAL_S = 60.0
+DEFAULT_INTERVAL_S = 0.5
+# Two hours at the default rate, about 7 MB of small frozen records.
+DEFAULT_CAPACITY = 14_400
+
+Listener = Callable[[Sample], None]
+
+
+def check_interval(interval_s: float) -> float:
+    if not (MIN_INTERVAL_S <= interval_s <= MAX_INTERVAL_S):
+        raise ValueError(
+            f"the interval must be between {MIN_INTERVAL_S} and {MAX_INTERVAL_S:g} seconds, "
+            f"not {interval_s:g}"
+        )
+    return float(interval_s)
+
+
+class Sampler:
+    def __init__(
+        self,
+        source: Source,
+        *,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        capacity: int = DEFAULT_CAPACITY,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.source = source
+        self._interval_s = check_interval(interval_s)
+        self._clock = clock
+        self._buffer: deque[Sample] = deque(maxlen=capacity)
+        self._lock = threading.Lock()
+        self._listeners: list[Listener] = []
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.errors: dict[str, int] = {}
+        self.last_error = ""
+        self.ticks = 0
+
+    # -- configuration -----------------------------------------------------------------------
+    @property
+    def interval_s(self) -> float:
+        return self._interval_s
+
+    @interval_s.setter
+    def interval_s(self, value: float) -> None:
+        self._interval_s = check_interval(value)
+        self._wake.set()  # re-plan with the new interval at once
+
+    def add_listener(self, fn: Listener) -> None:
+        with self._lock:
+            if fn not in self._listeners:
+                self._listeners.append(fn)
+
+    def remove_listener(self, fn: Listener) -> None:
+        with self._lock:
+            if fn in self._listeners:
+                self._listeners.remove(fn)
+
+    # -- data --------------------------------------------------------------------------------
+    def record(self, sample: Sample) -> None:
+        """Store a sample taken elsewhere (the cell hooks), so the timeline has it too."""
+        with self._lock:
+            self._buffer.append(sample)
+
+    def samples(self, since_t_s: float | None = None) -> list[Sample]:
+        with self._lock:
+            data = list(self._buffer)
+        if since_t_s is None:
+            return data
+        return [s for s in data if s.t_s >= since_t_s]
+
+    def latest(self) -> Sample | None:
+        with self._lock:
+            return self._buffer[-1] if self._buffer else None
+
+    def _contain(self, where: str, e: BaseException) -> None:
+        key = f"{where}: {type(e).__name__}: {e}"
+        self.last_error = key
+        first = key not in self.errors
+        self.errors[key] = self.errors.get(key, 0) + 1
+        if first:
+            log.warning("gpumem_nb %s failed (reported once): %s", where, e)
+
+    def tick(self) -> Sample | None:
+        """Read once, store, notify. Never raises: errors are counted and logged once."""
+        try:
+            sample = self.source.read()
+        except Exception as e:
+            self._contain("source", e)
+            return None
+        self.ticks += 1
+        self.record(sample)
+        with self._lock:
+            listeners = list(self._listeners)
+        for fn in listeners:
+            try:
+                fn(sample)
+            except Exception as e:
+                self._contain("listener", e)
+        return sample
+
+    # -- thread ------------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        if self.running:
+            return
+        self._stop.clear()
+        self._wake.clear()
+        # Run under a copy of the caller's context: ipykernel routes widget messages sent
+        # from threads through context variables (7.0.0/7.0.1 raised LookupError without).
+        ctx = contextvars.copy_context()
+        self._thread = threading.Thread(
+            target=ctx.run, args=(self._run,), name="gpumem_nb-sampler", daemon=True
+        )
+        self._thread.start()
+
+    def request_tick(self) -> None:
+        """Ask the thread for a tick now (after a cell), without drawing on this thread."""
+        self._wake.set()
+
+    def stop(self, timeout_s: float = 1.0) -> bool:
+        """Stop and join; True when the thread is gone."""
+        thread = self._thread
+        self._stop.set()
+        self._wake.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+        self._thread = None
+        return thread is None or not thread.is_alive()
+
+    def _run(self) -> None:
+        next_t = self._clock() + self._interval_s
+        while not self._stop.is_set():
+            woke = self._wake.wait(max(0.0, next_t - self._clock()))
+            if self._stop.is_set():
+                break
+            if woke:
+                self._wake.clear()
+            self.tick()
+            now = self._clock()
+            if not woke or now >= next_t:
+                next_t += self._interval_s
+                if next_t <= now:  # fell behind (a long GIL hold): skip, do not burst
+                    next_t = now + self._interval_s

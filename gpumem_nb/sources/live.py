@@ -1,0 +1,114 @@
+"""The live source: NVML, the PyTorch allocator and host RSS combined into one ``Sample``.
+
+Devices are numbered as CUDA (and torch) number them. Before torch has initialised CUDA the
+mapping to NVML comes from ``CUDA_VISIBLE_DEVICES``; afterwards it is rebuilt once from the
+UUIDs torch reports, which is exact even with MIG or a reordered device list.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from ..model import DeviceSample, Sample, SourceStatus
+from .devices import DeviceId, match_by_identity
+from .host import HostSource
+from .nvml import NvmlSource
+from .torch import TorchSource
+
+
+class LiveSource:
+    def __init__(
+        self,
+        nvml: NvmlSource | None = None,
+        torch: TorchSource | None = None,
+        host: HostSource | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.nvml = nvml if nvml is not None else NvmlSource()
+        self.torch = torch if torch is not None else TorchSource()
+        self.host = host if host is not None else HostSource()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._mapping: list[DeviceId] = []
+        self._mapped_with_torch = False
+        self._started = False
+        self.selected: Sequence[int] | None = None  # None: every visible device
+
+    def start(self) -> bool:
+        ok = self.nvml.start()
+        with self._lock:
+            self._mapping = self.nvml.cuda_order() if ok else []
+            self._mapped_with_torch = False
+            self._started = True
+        return ok
+
+    def close(self) -> None:
+        self.nvml.close()
+        self._started = False
+
+    def _refresh_mapping(self) -> None:
+        """Once CUDA is up, map by UUID/bus id; torch's numbering is then authoritative."""
+        count = self.torch.device_count()
+        mapped: list[DeviceId] = []
+        for i in range(count):
+            uuid, bus = self.torch.identity(i)
+            found = match_by_identity(uuid, bus, self.nvml.devices)
+            if found is None:
+                found = self._mapping[i] if i < len(self._mapping) else None
+            if found is None:
+                break
+            mapped.append(found)
+        with self._lock:
+            if mapped:
+                self._mapping = mapped
+            self._mapped_with_torch = True
+
+    def device_ids(self) -> list[DeviceId]:
+        """NVML identities of CUDA devices 0, 1, ..."""
+        return list(self._mapping)
+
+    def indices(self) -> list[int]:
+        n = len(self._mapping)
+        if self.selected is None:
+            return list(range(n))
+        return [i for i in self.selected if 0 <= i < n]
+
+    def read(self) -> Sample:
+        if not self._started:
+            self.start()
+        torch_up = self.torch.initialized
+        if torch_up and not self._mapped_with_torch and self._mapping:
+            self._refresh_mapping()
+        mapping = self._mapping
+        devices = []
+        for i in self.indices():
+            dev = mapping[i]
+            devices.append(
+                DeviceSample(
+                    index=i,
+                    nvml=self.nvml.read(dev, context_expected=torch_up),
+                    allocator=self.torch.read(i) if torch_up else None,
+                )
+            )
+        return Sample(
+            t_s=self._clock(),
+            wall_s=time.time(),
+            rss_bytes=self.host.rss_bytes(),
+            devices=tuple(devices),
+        )
+
+    def status(self) -> SourceStatus:
+        if not self._started:
+            self.start()
+        notes: list[str] = []
+        if self.nvml.status == "ok" and not self._mapping:
+            notes.append("CUDA_VISIBLE_DEVICES hides every GPU from this process")
+        return SourceStatus(
+            nvml=self.nvml.status,
+            torch=self.torch.state(),
+            gpu_count=len(self._mapping),
+            allocator=self.torch.allocator_info(),
+            notes=tuple(notes),
+        )

@@ -1,0 +1,55 @@
+"""Byte formatting and size parsing, shared by every display and by argument parsing."""
+
+from __future__ import annotations
+
+import re
+
+_BINARY = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+def format_bytes(n: int | None, *, signed: bool = False) -> str:
+    """Human-readable binary size: ``1.49 GiB``; ``—`` for unknown."""
+    if n is None:
+        return "—"
+    sign = ""
+    if n < 0:
+        sign, n = "-", -n
+    elif signed:
+        sign = "+"
+    for unit, scale in _BINARY:
+        if n >= scale:
+            return f"{sign}{n / scale:.2f} {unit}"
+    return f"{sign}{n} B"
+
+
+def parse_size(text: str) -> int:
+    """Parse ``512MB``, ``2GiB``, ``1e9``, ``64 MiB`` into bytes.
+
+    Decimal units (MB, GB) are powers of 1000 and binary units (MiB, GiB) powers of 1024, as
+    their names say. Raises ``ValueError`` with a plain sentence for anything else.
+    """
+    m = _SIZE_RE.match(text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(
+            f"{text!r} is not a size; write it like 512MB, 2GiB or 1e9 (bytes)"
+        )
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    return int(value)
