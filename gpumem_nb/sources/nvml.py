@@ -13,6 +13,7 @@ costs nothing and never touches the driver. NVML never creates a CUDA context.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -74,10 +75,8 @@ class NvmlSource:
         """Balance our ``nvmlInit``; NVML reference-counts init and shutdown."""
         with self._lock:
             if self._inited and self._status == STATUS_OK:
-                try:
+                with contextlib.suppress(Exception):
                     self._mod.nvmlShutdown()
-                except Exception:
-                    pass
             self._inited = False
             self._status = "stopped"
             self._handles.clear()
@@ -127,9 +126,9 @@ class NvmlSource:
                 out.append(DeviceId(nvml_index=i, uuid=f"GPU-unavailable-{i}"))
                 continue
             self._handles[i] = h
-            uuid = self._safe(lambda h=h: _text(m.nvmlDeviceGetUUID(h)), f"GPU-unknown-{i}")
-            bus = self._safe(lambda h=h: _text(m.nvmlDeviceGetPciInfo(h).busId), "")
-            self._names[i] = self._safe(lambda h=h: _text(m.nvmlDeviceGetName(h)), "")
+            uuid = self._safe(m.nvmlDeviceGetUUID, h, f"GPU-unknown-{i}")
+            bus = self._safe(lambda handle: m.nvmlDeviceGetPciInfo(handle).busId, h, "")
+            self._names[i] = self._safe(m.nvmlDeviceGetName, h, "")
             out.append(DeviceId(nvml_index=i, uuid=uuid, pci_bus_id=bus))
             migs.extend(self._enumerate_mig(i, h, bus))
         return out + migs
@@ -159,9 +158,10 @@ class NvmlSource:
             out.append(DeviceId(nvml_index=idx, uuid=uuid, pci_bus_id=bus, is_mig=True))
         return out
 
-    def _safe(self, fn: Callable[[], str], default: str) -> str:
+    def _safe(self, fn: Callable[[Any], Any], handle: Any, default: str) -> str:
+        """A device's text property; its default when the driver does not support it."""
         try:
-            return fn()
+            return _text(fn(handle))
         except Exception:
             return default
 

@@ -128,7 +128,7 @@ class ReplaySource:
         n = len(self._samples[0].devices)
         name = ""
         if n and self._samples[0].devices[0].nvml:
-            name = self._samples[0].devices[0].nvml.name  # type: ignore[union-attr]
+            name = self._samples[0].devices[0].nvml.name
         return SourceStatus(
             nvml=f"replay of a recorded session ({name or 'no GPU'})",
             torch="replay",
