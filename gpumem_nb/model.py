@@ -110,3 +110,97 @@ class SourceStatus:
     @property
     def has_gpu(self) -> bool:
         return self.gpu_count > 0
+
+
+@dataclass(frozen=True)
+class CellDevice:
+    """One device's memory across one cell."""
+
+    index: int
+    allocated_before_bytes: int | None
+    allocated_after_bytes: int | None
+    reserved_before_bytes: int | None
+    reserved_after_bytes: int | None
+    # Exact when the cell raised the process-wide peak, when peaks were reset at its start
+    # (``--peak reset``), or when CUDA came up during the cell; else a lower bound.
+    peak_allocated_bytes: int | None
+    peak_exact: bool
+    nvml_used_before_bytes: int | None
+    nvml_used_after_bytes: int | None
+    nvml_peak_bytes: int | None  # highest NVML "used" sampled during the cell
+    process_before_bytes: int | None
+    process_after_bytes: int | None
+
+    @property
+    def allocated_delta_bytes(self) -> int | None:
+        return _delta(self.allocated_before_bytes, self.allocated_after_bytes)
+
+    @property
+    def reserved_delta_bytes(self) -> int | None:
+        return _delta(self.reserved_before_bytes, self.reserved_after_bytes)
+
+    @property
+    def process_delta_bytes(self) -> int | None:
+        return _delta(self.process_before_bytes, self.process_after_bytes)
+
+    @property
+    def nvml_delta_bytes(self) -> int | None:
+        return _delta(self.nvml_used_before_bytes, self.nvml_used_after_bytes)
+
+
+def _delta(before: int | None, after: int | None) -> int | None:
+    if after is None:
+        return None
+    return after - (before or 0)
+
+
+@dataclass(frozen=True)
+class CellRecord:
+    """What one top-level cell did to memory."""
+
+    execution_count: int | None
+    cell_key: str
+    source_preview: str
+    start_wall_s: float
+    duration_s: float
+    devices: tuple[CellDevice, ...]
+    rss_before_bytes: int | None
+    rss_after_bytes: int | None
+    raised: bool = False
+    error: str = ""
+
+    @property
+    def rss_delta_bytes(self) -> int | None:
+        return _delta(self.rss_before_bytes, self.rss_after_bytes)
+
+
+# Causes of re-run growth, in the order they are checked.
+CAUSE_LIVE_TENSORS = "live tensors"
+CAUSE_CACHE = "cache"
+CAUSE_OUTSIDE = "outside PyTorch"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Something in the session that keeps memory alive."""
+
+    name: str  # how the user can reach it: "y", "Out[5]", "traceback: f() local x"
+    kind: str  # "variable", "output cache", "traceback", "module", "optimizer state", ...
+    device: str  # "cuda:0", "cpu"
+    nbytes: int
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A flagged re-run accumulation and its likely cause."""
+
+    cell_key: str
+    execution_count: int | None
+    runs: int
+    device: int
+    growth_bytes: int  # this run's growth of the measure named by ``cause``
+    cause: str
+    raised: bool = False  # the run ended in an exception (its traceback may hold the memory)
+    holders: tuple[Holder, ...] = ()
+    message: str = ""

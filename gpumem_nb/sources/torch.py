@@ -150,6 +150,16 @@ class TorchSource:
         self._identity[index] = result
         return result
 
+    def memory_summary(self, index: int) -> str:
+        """``torch.cuda.memory_summary``, which would initialise CUDA: only once it is up."""
+        cuda = self._cuda()
+        if cuda is None:
+            return ""
+        try:
+            return str(cuda.memory_summary(index))
+        except Exception as e:
+            return f"memory_summary failed: {e}"
+
     def allocator_info(self) -> AllocatorInfo | None:
         cuda = self._cuda()
         conf, var = alloc_conf()

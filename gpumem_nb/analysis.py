@@ -1,0 +1,234 @@
+"""Pure functions over readings: per-cell records, exact peaks, re-run accumulation verdicts.
+
+No threads, no I/O, no third-party imports: everything here is table-testable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .model import (
+    CAUSE_CACHE,
+    CAUSE_LIVE_TENSORS,
+    CAUSE_OUTSIDE,
+    AllocatorReading,
+    CellDevice,
+    CellRecord,
+    Holder,
+    Sample,
+    Verdict,
+)
+from .units import format_bytes
+
+DEFAULT_THRESHOLD_BYTES = 16 << 20
+
+
+@dataclass
+class Watermark:
+    """Highest values seen by the sampler while a cell runs, per device index."""
+
+    nvml_used_bytes: dict[int, int] = field(default_factory=dict)
+    allocated_bytes: dict[int, int] = field(default_factory=dict)
+
+    def update(self, sample: Sample) -> None:
+        for d in sample.devices:
+            if d.nvml is not None and d.nvml.used_bytes is not None:
+                prev = self.nvml_used_bytes.get(d.index, 0)
+                self.nvml_used_bytes[d.index] = max(prev, d.nvml.used_bytes)
+            if d.allocator is not None:
+                prev = self.allocated_bytes.get(d.index, 0)
+                self.allocated_bytes[d.index] = max(prev, d.allocator.allocated_bytes)
+
+
+def cell_peak(
+    before: AllocatorReading | None,
+    after: AllocatorReading | None,
+    sampled_max_bytes: int | None,
+    *,
+    reset_at_start: bool,
+) -> tuple[int | None, bool]:
+    """The allocator peak during a cell, and whether it is exact.
+
+    The allocator keeps one process-wide peak per device. Without resetting it (the default,
+    because users read it themselves) the cell's peak is still exact whenever the cell pushed
+    that peak higher, or CUDA came up during the cell. Otherwise the best honest answer is a
+    lower bound: the largest of the readings at either end and the sampler's readings.
+    """
+    if after is None:
+        return None, False
+    if reset_at_start or before is None:
+        return after.peak_allocated_bytes, True
+    if after.peak_allocated_bytes > before.peak_allocated_bytes:
+        return after.peak_allocated_bytes, True
+    lower = max(before.allocated_bytes, after.allocated_bytes, sampled_max_bytes or 0)
+    if after.peak_allocated_bytes < before.peak_allocated_bytes:
+        # The user reset the peak inside the cell: what followed the reset is known exactly.
+        lower = max(lower, after.peak_allocated_bytes)
+    return lower, False
+
+
+def cell_devices(
+    before: Sample, after: Sample, watermark: Watermark, *, reset_at_start: bool
+) -> tuple[CellDevice, ...]:
+    out = []
+    for a in after.devices:
+        b = before.device(a.index)
+        b_al = b.allocator if b else None
+        b_nv = b.nvml if b else None
+        a_al, a_nv = a.allocator, a.nvml
+        peak, exact = cell_peak(b_al, a_al, watermark.allocated_bytes.get(a.index),
+                                reset_at_start=reset_at_start)
+        used_b = b_nv.used_bytes if b_nv else None
+        used_a = a_nv.used_bytes if a_nv else None
+        known = [v for v in (used_b, used_a, watermark.nvml_used_bytes.get(a.index)) if v]
+        out.append(
+            CellDevice(
+                index=a.index,
+                allocated_before_bytes=b_al.allocated_bytes if b_al else (0 if a_al else None),
+                allocated_after_bytes=a_al.allocated_bytes if a_al else None,
+                reserved_before_bytes=b_al.reserved_bytes if b_al else (0 if a_al else None),
+                reserved_after_bytes=a_al.reserved_bytes if a_al else None,
+                peak_allocated_bytes=peak,
+                peak_exact=exact,
+                nvml_used_before_bytes=used_b,
+                nvml_used_after_bytes=used_a,
+                nvml_peak_bytes=max(known) if known else None,
+                process_before_bytes=b_nv.process_bytes if b_nv else None,
+                process_after_bytes=a_nv.process_bytes if a_nv else None,
+            )
+        )
+    return tuple(out)
+
+
+def build_record(
+    *,
+    execution_count: int | None,
+    cell_key: str,
+    source: str,
+    before: Sample,
+    after: Sample,
+    watermark: Watermark,
+    reset_at_start: bool,
+    error: str = "",
+) -> CellRecord:
+    first = next((ln.strip() for ln in source.splitlines() if ln.strip()), "")
+    return CellRecord(
+        execution_count=execution_count,
+        cell_key=cell_key,
+        source_preview=first[:60],
+        start_wall_s=before.wall_s,
+        duration_s=max(after.t_s - before.t_s, 0.0),
+        devices=cell_devices(before, after, watermark, reset_at_start=reset_at_start),
+        rss_before_bytes=before.rss_bytes,
+        rss_after_bytes=after.rss_bytes,
+        raised=bool(error),
+        error=error,
+    )
+
+
+def classify(dev: CellDevice, threshold_bytes: int) -> tuple[str, int] | None:
+    """Why a device's memory grew across one cell, or None if it did not grow.
+
+    Checked in order: tensors still alive (allocated grew), then the allocator's cache
+    (reserved grew while allocated held), then memory PyTorch does not manage (this process's
+    NVML usage grew while reserved held).
+    """
+    alloc = dev.allocated_delta_bytes
+    if alloc is not None and alloc > threshold_bytes:
+        return CAUSE_LIVE_TENSORS, alloc
+    reserved = dev.reserved_delta_bytes
+    if reserved is not None and reserved > threshold_bytes:
+        return CAUSE_CACHE, reserved
+    proc = dev.process_delta_bytes
+    if proc is not None and proc > threshold_bytes:
+        return CAUSE_OUTSIDE, proc
+    if dev.allocated_after_bytes is None and proc is None:
+        # No allocator and no per-process figure: the device total is all there is.
+        used = dev.nvml_delta_bytes
+        if used is not None and used > threshold_bytes:
+            return CAUSE_OUTSIDE, used
+    return None
+
+
+@dataclass
+class _CellRuns:
+    runs: int = 0
+
+
+class AccumulationTracker:
+    """Flags a cell whose re-runs keep leaving memory behind.
+
+    A cell's first run is allowed to create things. From the second run on, a run whose own
+    growth (after minus before, so other cells in between do not count) exceeds the threshold
+    is flagged, once per such run.
+    """
+
+    def __init__(self, threshold_bytes: int = DEFAULT_THRESHOLD_BYTES) -> None:
+        self.threshold_bytes = threshold_bytes
+        self._cells: dict[str, _CellRuns] = {}
+
+    def runs(self, cell_key: str) -> int:
+        c = self._cells.get(cell_key)
+        return c.runs if c else 0
+
+    def observe(self, record: CellRecord) -> Verdict | None:
+        c = self._cells.setdefault(record.cell_key, _CellRuns())
+        c.runs += 1
+        grown = [
+            (dev.index, found)
+            for dev in record.devices
+            if (found := classify(dev, self.threshold_bytes)) is not None
+        ]
+        # A cell that raised is flagged on its first run too: its traceback keeps the
+        # frames, and every tensor local to them, alive until the next exception.
+        if not grown or (c.runs < 2 and not record.raised):
+            return None
+        index, (cause, growth) = max(grown, key=lambda g: g[1][1])
+        return Verdict(
+            cell_key=record.cell_key,
+            execution_count=record.execution_count,
+            runs=c.runs,
+            device=index,
+            growth_bytes=growth,
+            cause=cause,
+            raised=record.raised,
+        )
+
+
+def top_holders(holders: Sequence[Holder], cause: str, n: int = 5) -> tuple[Holder, ...]:
+    """The holders worth naming for a cause: only GPU memory explains GPU growth."""
+    if cause != CAUSE_LIVE_TENSORS:
+        return ()
+    gpu = [h for h in holders if h.device.startswith("cuda")]
+    return tuple(sorted(gpu, key=lambda h: -h.nbytes)[:n])
+
+
+_ADVICE = {
+    CAUSE_LIVE_TENSORS: "tensors from earlier runs are still referenced",
+    CAUSE_CACHE: (
+        "PyTorch's cache grew while live tensors did not; it is reused, not leaked "
+        "(%gpumem cleanup returns it to the driver)"
+    ),
+    CAUSE_OUTSIDE: (
+        "memory outside PyTorch's allocator grew (another library, CUDA context, "
+        "cuBLAS/cuDNN workspaces)"
+    ),
+}
+
+
+def verdict_message(v: Verdict, holders: Sequence[Holder]) -> str:
+    label = f"[{v.execution_count}]" if v.execution_count is not None else v.cell_key
+    when = "and raised" if v.raised else f"again on run {v.runs}"
+    msg = (
+        f"gpumem: cell {label} grew GPU {v.device} memory by "
+        f"{format_bytes(v.growth_bytes)} {when} ({v.cause}): {_ADVICE[v.cause]}"
+    )
+    if holders:
+        names = ", ".join(f"{h.name} ({format_bytes(h.nbytes)})" for h in holders)
+        msg += f". Held by: {names}"
+        if any(h.kind == "output cache" for h in holders):
+            msg += ". `%gpumem cleanup --out` clears the output cache"
+        elif any(h.kind == "traceback" for h in holders):
+            msg += ". `%gpumem cleanup` drops the stored traceback"
+    return msg + "."

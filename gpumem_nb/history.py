@@ -1,0 +1,154 @@
+"""The per-cell history: bounded, tabular, exportable to pandas and CSV.
+
+pandas is optional and imported here only, on demand.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import threading
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .model import CellDevice, CellRecord
+from .report import html_table, text_table
+from .units import format_bytes
+
+DEFAULT_HISTORY_CELLS = 10_000
+
+# Columns of the flat export: one row per cell and device (a cell with no GPU gives one row).
+COLUMNS = (
+    "execution_count", "cell_key", "source", "start_wall_s", "duration_s", "raised", "error",
+    "device", "allocated_before_bytes", "allocated_after_bytes", "allocated_delta_bytes",
+    "reserved_before_bytes", "reserved_after_bytes", "reserved_delta_bytes",
+    "peak_allocated_bytes", "peak_exact", "nvml_used_before_bytes", "nvml_used_after_bytes",
+    "nvml_peak_bytes", "process_before_bytes", "process_after_bytes",
+    "rss_before_bytes", "rss_after_bytes",
+)
+
+DISPLAY_HEADERS = ("cell", "source", "time", "GPU", "allocated Δ", "reserved Δ", "peak",
+                   "NVML Δ", "NVML peak", "host RAM Δ", "")
+
+
+def flat_rows(rec: CellRecord) -> Iterator[dict[str, Any]]:
+    base: dict[str, Any] = {
+        "execution_count": rec.execution_count, "cell_key": rec.cell_key,
+        "source": rec.source_preview, "start_wall_s": rec.start_wall_s,
+        "duration_s": rec.duration_s, "raised": rec.raised, "error": rec.error,
+        "rss_before_bytes": rec.rss_before_bytes, "rss_after_bytes": rec.rss_after_bytes,
+    }
+    if not rec.devices:
+        yield {c: base.get(c) for c in COLUMNS}
+        return
+    for d in rec.devices:
+        row = dict(base)
+        row.update({
+            "device": d.index,
+            "allocated_before_bytes": d.allocated_before_bytes,
+            "allocated_after_bytes": d.allocated_after_bytes,
+            "allocated_delta_bytes": d.allocated_delta_bytes,
+            "reserved_before_bytes": d.reserved_before_bytes,
+            "reserved_after_bytes": d.reserved_after_bytes,
+            "reserved_delta_bytes": d.reserved_delta_bytes,
+            "peak_allocated_bytes": d.peak_allocated_bytes,
+            "peak_exact": d.peak_exact,
+            "nvml_used_before_bytes": d.nvml_used_before_bytes,
+            "nvml_used_after_bytes": d.nvml_used_after_bytes,
+            "nvml_peak_bytes": d.nvml_peak_bytes,
+            "process_before_bytes": d.process_before_bytes,
+            "process_after_bytes": d.process_after_bytes,
+        })
+        yield {c: row.get(c) for c in COLUMNS}
+
+
+def format_peak(d: CellDevice) -> str:
+    text = format_bytes(d.peak_allocated_bytes)
+    return text if d.peak_exact or d.peak_allocated_bytes is None else f"≥{text}"
+
+
+def display_rows(rec: CellRecord) -> list[list[str]]:
+    label = f"[{rec.execution_count}]" if rec.execution_count is not None else rec.cell_key[:8]
+    flag = "raised" if rec.raised else ""
+    common = [label, rec.source_preview[:40], f"{rec.duration_s:.3f} s"]
+    rss = format_bytes(rec.rss_delta_bytes, signed=True)
+    if not rec.devices:
+        return [[*common, "—", "—", "—", "—", "—", "—", rss, flag]]
+    return [
+        [*common, str(d.index), format_bytes(d.allocated_delta_bytes, signed=True),
+         format_bytes(d.reserved_delta_bytes, signed=True), format_peak(d),
+         format_bytes(d.nvml_delta_bytes, signed=True), format_bytes(d.nvml_peak_bytes), rss,
+         flag]
+        for d in rec.devices
+    ]
+
+
+class History:
+    """The last ``capacity`` cell records; safe to read while cells append."""
+
+    def __init__(self, capacity: int = DEFAULT_HISTORY_CELLS) -> None:
+        self._records: deque[CellRecord] = deque(maxlen=capacity)
+        self._lock = threading.Lock()
+
+    def append(self, rec: CellRecord) -> None:
+        with self._lock:
+            self._records.append(rec)
+
+    def records(self, last: int | None = None) -> list[CellRecord]:
+        with self._lock:
+            data = list(self._records)
+        return data if last is None else data[-last:] if last > 0 else []
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [row for rec in self.records() for row in flat_rows(rec)]
+
+    def to_dataframe(self) -> Any:
+        import pandas as pd
+
+        return pd.DataFrame(self.rows(), columns=list(COLUMNS))
+
+    def to_csv(self, path: str | Path | None = None) -> str:
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(COLUMNS))
+        writer.writeheader()
+        writer.writerows(self.rows())
+        text = buf.getvalue()
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+
+class HistoryTable:
+    """The last cells as a table, for ``%gpumem history``."""
+
+    def __init__(self, records: list[CellRecord], total: int) -> None:
+        self.records = records
+        self.total = total
+
+    def rows(self) -> list[list[str]]:
+        return [row for rec in self.records for row in display_rows(rec)]
+
+    @property
+    def caption(self) -> str:
+        if not self.records:
+            return "No cells recorded yet: run a cell with the extension loaded."
+        return (f"Last {len(self.records)} of {self.total} cells; Δ = after − before; "
+                "peak = allocator peak during the cell (≥ marks a lower bound).")
+
+    def __str__(self) -> str:
+        if not self.records:
+            return self.caption
+        return self.caption + "\n" + text_table(DISPLAY_HEADERS, self.rows())
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(str(self))
+
+    def _repr_html_(self) -> str:
+        if not self.records:
+            return f"<div>{self.caption}</div>"
+        return html_table(DISPLAY_HEADERS, self.rows(), caption=self.caption)

@@ -1,0 +1,218 @@
+"""Who holds memory: tensors reachable from the user's namespace, the output cache and the
+last traceback, each attributed once, largest first.
+
+Runs only on demand and on the main thread (it walks user objects, which may change under a
+background thread). torch is looked up in ``sys.modules`` and never imported: without torch
+there are no tensors, and numpy-like arrays are still reported as host memory.
+
+Attribution order decides whose name a shared tensor gets: a user variable first (deleting it
+is what frees the memory), then the output cache, then the stored traceback, then anything
+found only through the garbage collector.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+import sys
+import types
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .model import Holder
+
+# Names IPython keeps in the user namespace for its own bookkeeping.
+_IPYTHON_NAMES = {"In", "Out", "_ih", "_oh", "_dh", "_ii", "_iii", "_i", "exit", "quit",
+                  "get_ipython", "__builtin__", "__builtins__", "__name__", "__doc__",
+                  "__loader__", "__spec__", "__package__"}
+_OUTPUT_ALIAS = re.compile(r"^(_|__|___|_\d+)$")
+_INPUT_ALIAS = re.compile(r"^_i\d*$|^_ii+$")
+_ATOMS = (int, float, complex, str, bytes, bool, type(None), types.ModuleType, types.FunctionType,
+          type)
+_CONTAINER_DEPTH = 2
+
+
+@dataclass
+class _Found:
+    name: str
+    kind: str
+    device: str
+    nbytes: int = 0
+    tensors: int = 0
+    details: list[str] = field(default_factory=list)
+
+
+class Scanner:
+    def __init__(self, modules: Mapping[str, Any] | None = None) -> None:
+        mods = sys.modules if modules is None else modules
+        torch = mods.get("torch")
+        self._tensor_type: Any = getattr(torch, "Tensor", None) if torch else None
+        nn = getattr(torch, "nn", None) if torch else None
+        optim = getattr(torch, "optim", None) if torch else None
+        self._module_type: Any = getattr(nn, "Module", None) if nn else None
+        self._optimizer_type: Any = getattr(optim, "Optimizer", None) if optim else None
+        self._seen: set[tuple[str, int]] = set()
+
+    # -- single objects ----------------------------------------------------------------------
+    def _tensor_info(self, t: Any) -> tuple[str, int, tuple[str, int]] | None:
+        """(device, bytes, storage key) of a tensor, or of a numpy/cupy-like array."""
+        if self._tensor_type is not None and isinstance(t, self._tensor_type):
+            dev = t.device
+            device = f"{dev.type}:{dev.index}" if dev.index is not None else str(dev.type)
+            try:
+                storage = t.untyped_storage()
+                return device, int(storage.nbytes()), (device, int(storage.data_ptr()))
+            except Exception:
+                n = int(t.element_size() * t.nelement())
+                return device, n, (device, id(t))
+        nbytes = getattr(type(t), "nbytes", None)
+        if nbytes is not None and hasattr(t, "shape") and hasattr(t, "dtype"):
+            try:
+                n = int(t.nbytes)
+            except Exception:
+                return None
+            device = "cuda" if hasattr(t, "__cuda_array_interface__") else "cpu"
+            base = getattr(t, "base", None)
+            return device, n, (device, id(base if base is not None else t))
+        return None
+
+    def _tensors_in(self, obj: Any, depth: int) -> Iterator[Any]:
+        """Tensors inside obj: modules, optimizers and containers, ``depth`` levels down."""
+        if isinstance(obj, _ATOMS):
+            return
+        if self._tensor_info(obj) is not None:
+            yield obj
+            grad = getattr(obj, "grad", None) if self._tensor_type is not None else None
+            if grad is not None and self._tensor_info(grad) is not None:
+                yield grad
+            return
+        if self._module_type is not None and isinstance(obj, self._module_type):
+            for p in obj.parameters():
+                yield p
+                if p.grad is not None:
+                    yield p.grad
+            yield from obj.buffers()
+            return
+        if self._optimizer_type is not None and isinstance(obj, self._optimizer_type):
+            for state in obj.state.values():
+                for v in state.values():
+                    if self._tensor_info(v) is not None:
+                        yield v
+            return
+        if depth <= 0:
+            return
+        if isinstance(obj, dict):
+            items: Iterable[Any] = obj.values()
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            items = obj
+        else:
+            return
+        for item in items:
+            if not isinstance(item, _ATOMS):
+                yield from self._tensors_in(item, depth - 1)
+
+    def _kind_of(self, obj: Any) -> str:
+        if self._module_type is not None and isinstance(obj, self._module_type):
+            return "module"
+        if self._optimizer_type is not None and isinstance(obj, self._optimizer_type):
+            return "optimizer state"
+        if isinstance(obj, (dict, list, tuple, set, frozenset)):
+            return "container"
+        return "variable"
+
+    def _attribute(self, name: str, kind: str, obj: Any, out: dict[str, _Found]) -> None:
+        for t in self._tensors_in(obj, _CONTAINER_DEPTH):
+            info = self._tensor_info(t)
+            if info is None:
+                continue
+            device, nbytes, key = info
+            if key in self._seen:
+                continue
+            self._seen.add(key)
+            slot = f"{name}\0{device}"
+            f = out.get(slot)
+            if f is None:
+                f = out[slot] = _Found(name=name, kind=kind, device=device)
+            f.nbytes += nbytes
+            f.tensors += 1
+            if f.tensors == 1:
+                f.details.append(self._describe(t))
+
+    def _describe(self, t: Any) -> str:
+        shape = tuple(getattr(t, "shape", ()))
+        dtype = str(getattr(t, "dtype", "")).replace("torch.", "")
+        text = f"{dtype}{list(shape)}"
+        grad_fn = getattr(t, "grad_fn", None) if self._tensor_type is not None else None
+        if grad_fn is not None:
+            text += f", grad_fn={type(grad_fn).__name__} (keeps its autograd graph)"
+        return text
+
+    # -- whole scans -------------------------------------------------------------------------
+    def scan(
+        self,
+        user_ns: Mapping[str, Any],
+        *,
+        output_cache: Mapping[int, Any] | None = None,
+        last_exception: Iterable[BaseException | types.TracebackType | None] = (),
+        include_gc: bool = False,
+    ) -> list[Holder]:
+        self._seen.clear()
+        found: dict[str, _Found] = {}
+        aliases: dict[int, list[str]] = {}
+        for name, obj in list(user_ns.items()):
+            if _OUTPUT_ALIAS.match(name):
+                aliases.setdefault(id(obj), []).append(name)
+                continue
+            if name in _IPYTHON_NAMES or _INPUT_ALIAS.match(name) or name.startswith("__"):
+                continue
+            self._attribute(name, self._kind_of(obj), obj, found)
+        for n, obj in sorted((output_cache or {}).items()):
+            label = f"Out[{n}]"
+            also = [a for a in aliases.pop(id(obj), []) if a != f"_{n}"]
+            if also:
+                label += f" (also {', '.join(sorted(also))})"
+            self._attribute(label, "output cache", obj, found)
+        for names in aliases.values():  # `_` and friends pointing outside Out (rare)
+            obj = user_ns.get(names[0])
+            self._attribute(" / ".join(sorted(names)), "output cache", obj, found)
+        for tb_name, frame_obj in _frames(last_exception):
+            self._attribute(tb_name, "traceback", frame_obj, found)
+        if include_gc:
+            for obj in gc.get_objects():
+                if self._tensor_info(obj) is not None:
+                    self._attribute("unreachable from your variables", "gc", obj, found)
+        holders = [
+            Holder(name=f.name, kind=f.kind, device=f.device, nbytes=f.nbytes,
+                   detail=(f.details[0] if f.tensors == 1 else f"{f.tensors} tensors"))
+            for f in found.values()
+        ]
+        return sorted(holders, key=lambda h: (-h.nbytes, h.name))
+
+
+def _frames(
+    objs: Iterable[BaseException | types.TracebackType | None],
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each frame's locals kept alive by a stored exception, labelled for the user."""
+    seen: set[int] = set()
+    for obj in objs:
+        tb = obj.__traceback__ if isinstance(obj, BaseException) else obj
+        while tb is not None:
+            frame = tb.tb_frame
+            if id(frame) not in seen:
+                seen.add(id(frame))
+                code = frame.f_code
+                # A cell's own frame is module level: its "locals" are the user namespace,
+                # which is attributed to the variables themselves.
+                if code.co_name != "<module>":
+                    yield f"traceback: {code.co_name}() locals", dict(frame.f_locals)
+            tb = tb.tb_next
+
+
+def last_exception_objects() -> list[Any]:
+    """What the interpreter keeps after an uncaught exception (``sys.last_*``)."""
+    return [getattr(sys, name, None) for name in ("last_exc", "last_value", "last_traceback")]
+
+
+def cuda_bytes(holders: Iterable[Holder]) -> int:
+    return sum(h.nbytes for h in holders if h.device.startswith("cuda"))
