@@ -14,7 +14,13 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from .snapshot import Snapshot
 
-__all__ = ["__version__", "load_ipython_extension", "snapshot", "unload_ipython_extension"]
+__all__ = [
+    "__version__",
+    "history",
+    "load_ipython_extension",
+    "snapshot",
+    "unload_ipython_extension",
+]
 
 
 def snapshot() -> Snapshot:
@@ -26,6 +32,24 @@ def snapshot() -> Snapshot:
     from .snapshot import take
 
     return take()
+
+
+def history() -> Any:
+    """The per-cell history of this IPython session.
+
+    A pandas DataFrame (one row per cell and GPU) when pandas is installed; otherwise the
+    ``History`` object, whose ``to_csv()`` and ``rows()`` need nothing extra.
+    """
+    import importlib.util
+
+    from .magics import current_monitor
+
+    monitor = current_monitor()
+    if monitor is None:
+        raise RuntimeError("gpumem_nb is not loaded here: run %load_ext gpumem_nb first")
+    if importlib.util.find_spec("pandas") is None:
+        return monitor.history
+    return monitor.history.to_dataframe()
 
 
 def load_ipython_extension(ipython: Any) -> None:

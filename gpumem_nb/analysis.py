@@ -154,14 +154,15 @@ def classify(dev: CellDevice, threshold_bytes: int) -> tuple[str, int] | None:
 @dataclass
 class _CellRuns:
     runs: int = 0
+    growing_reruns: int = 0  # consecutive re-runs that each left memory behind
 
 
 class AccumulationTracker:
     """Flags a cell whose re-runs keep leaving memory behind.
 
-    A cell's first run is allowed to create things. From the second run on, a run whose own
-    growth (after minus before, so other cells in between do not count) exceeds the threshold
-    is flagged, once per such run.
+    A cell's first run is allowed to create things. A run's growth is its own (after minus
+    before, so other cells in between do not count). Once two re-runs in a row have each grown
+    by more than the threshold, every further growing re-run is flagged, once per run.
     """
 
     def __init__(self, threshold_bytes: int = DEFAULT_THRESHOLD_BYTES) -> None:
@@ -180,9 +181,16 @@ class AccumulationTracker:
             for dev in record.devices
             if (found := classify(dev, self.threshold_bytes)) is not None
         ]
-        # A cell that raised is flagged on its first run too: its traceback keeps the
-        # frames, and every tensor local to them, alive until the next exception.
-        if not grown or (c.runs < 2 and not record.raised):
+        if not grown:
+            c.growing_reruns = 0
+            return None
+        if c.runs >= 2:
+            c.growing_reruns += 1
+        # A single growing re-run is normal: the allocator holds old and new tensors at once
+        # while a variable is rebound, so the cache doubles once and then stays. Growth on two
+        # re-runs in a row is accumulation. A cell that raised is flagged at once: its stored
+        # traceback keeps every tensor local to its frames alive.
+        if c.growing_reruns < 2 and not record.raised:
             return None
         index, (cause, growth) = max(grown, key=lambda g: g[1][1])
         return Verdict(

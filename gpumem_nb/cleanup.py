@@ -8,13 +8,15 @@ ever deleted when named. Nothing here imports torch or IPython: the shell's piec
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import sys
+import types
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .holders import Scanner, cuda_bytes, last_exception_objects
+from .holders import Scanner, cuda_bytes
 from .model import Sample
 from .report import html_table, text_table
 from .units import format_bytes
@@ -127,14 +129,44 @@ def check_vars(names: Sequence[str], user_ns: Mapping[str, Any]) -> None:
         )
 
 
-def _clear_last_exception() -> str:
-    kind = type(getattr(sys, "last_value", None)).__name__
-    had = any(getattr(sys, n, None) is not None
-              for n in ("last_exc", "last_value", "last_traceback"))
+def _clear_last_exception(stored: Sequence[Any]) -> str:
+    """Release the frames of the stored exception and every tensor local to them.
+
+    Dropping ``sys.last_*`` is not enough: IPython's last ExecutionResult and its traceback
+    formatter keep the same traceback. Rather than hunt every holder, the traceback chain is
+    cut and each finished function frame cleared, so whoever still holds the first link holds
+    no locals.
+    """
+    kinds: list[str] = []
+    tracebacks: list[types.TracebackType] = []
+    for obj in stored:
+        if isinstance(obj, types.TracebackType):
+            tracebacks.append(obj)
+        exc = obj if isinstance(obj, BaseException) else None
+        while exc is not None:
+            if exc.__traceback__ is not None:
+                kinds.append(type(exc).__name__)
+                tracebacks.append(exc.__traceback__)
+                exc.__traceback__ = None
+            exc = exc.__cause__ or exc.__context__
+    frames = 0
+    for tb in tracebacks:
+        link: types.TracebackType | None = tb
+        while link is not None:
+            nxt = link.tb_next
+            if link.tb_frame.f_code.co_name != "<module>":
+                with contextlib.suppress(RuntimeError):  # a frame still running
+                    link.tb_frame.clear()
+                    frames += 1
+            link.tb_next = None
+            link = nxt
     for name in ("last_exc", "last_type", "last_value", "last_traceback"):
         if hasattr(sys, name):
             setattr(sys, name, None)
-    return f"dropped the stored {kind}" if had else "no stored exception"
+    if not tracebacks:
+        return "no stored exception"
+    what = ", ".join(dict.fromkeys(kinds)) or "traceback"
+    return f"dropped the stored {what} ({frames} frames)"
 
 
 def run(
@@ -144,6 +176,7 @@ def run(
     output_cache: OutputCache | None,
     out_entries: Mapping[int, Any],
     measure: Callable[[], Sample],
+    stored_exceptions: Sequence[Any] = (),
     modules: Mapping[str, Any] | None = None,
 ) -> CleanupReport:
     """Run (or estimate, with ``dry_run``) the requested steps, measuring after each."""
@@ -151,13 +184,18 @@ def run(
     mods = sys.modules if modules is None else modules
     first = Measure.of(measure())
     if request.dry_run:
-        return _estimate(request, user_ns, out_entries, first, mods)
+        return _estimate(request, user_ns, out_entries, stored_exceptions, first, mods)
 
     steps: list[StepResult] = []
     prev = first
 
-    def record(step: str, did: str) -> None:
+    def record(step: str, did: str, *, collect: bool = True) -> None:
+        """Measure after a step. Released objects often sit in reference cycles (frames and
+        exceptions point at each other), so a step collects what it released before measuring:
+        the report then credits the step that actually let go."""
         nonlocal prev
+        if collect:
+            gc.collect()
         now = Measure.of(measure())
         steps.append(StepResult(
             step, did,
@@ -169,7 +207,7 @@ def run(
         prev = now
 
     if request.clear_traceback:
-        record("last exception", _clear_last_exception())
+        record("last exception", _clear_last_exception(stored_exceptions))
     if request.clear_output and output_cache is not None:
         n = len(out_entries)
         output_cache.flush()
@@ -179,11 +217,11 @@ def run(
             del user_ns[name]
         record("variables", "deleted " + ", ".join(request.delete_vars))
     collected = gc.collect()
-    record("gc.collect", f"collected {collected} objects")
+    record("gc.collect", f"collected {collected} other unreachable objects", collect=False)
     cuda = _initialized_cuda(mods)
     if cuda is not None:
         cuda.empty_cache()
-        record("empty_cache", "returned unused cached blocks to the driver")
+        record("empty_cache", "returned unused cached blocks to the driver", collect=False)
     else:
         steps.append(StepResult("empty_cache", "skipped: CUDA is not initialised"))
     return CleanupReport(steps=tuple(steps), before=first, after=prev)
@@ -202,11 +240,12 @@ def _estimate(
     request: CleanupRequest,
     user_ns: Mapping[str, Any],
     out_entries: Mapping[int, Any],
+    stored_exceptions: Sequence[Any],
     first: Measure,
     mods: Mapping[str, Any],
 ) -> CleanupReport:
     holders = Scanner(mods).scan(user_ns, output_cache=out_entries,
-                                 last_exception=last_exception_objects())
+                                 last_exception=stored_exceptions)
     steps: list[StepResult] = []
     if request.clear_traceback:
         held = cuda_bytes(h for h in holders if h.kind == "traceback")

@@ -209,9 +209,18 @@ def _frames(
             tb = tb.tb_next
 
 
-def last_exception_objects() -> list[Any]:
-    """What the interpreter keeps after an uncaught exception (``sys.last_*``)."""
-    return [getattr(sys, name, None) for name in ("last_exc", "last_value", "last_traceback")]
+def last_exception_objects(shell: Any = None) -> list[Any]:
+    """What keeps the last uncaught exception, and so its frames, alive.
+
+    The interpreter's ``sys.last_*``, IPython's record of the last cell's result (which holds
+    the exception in ``error_in_exec``) and its traceback formatter's ``tb``.
+    """
+    objs = [getattr(sys, name, None) for name in ("last_exc", "last_value", "last_traceback")]
+    result = getattr(shell, "last_execution_result", None)
+    objs.append(getattr(result, "error_in_exec", None))
+    # IPython's traceback formatter keeps the last traceback for %debug.
+    objs.append(getattr(getattr(shell, "InteractiveTB", None), "tb", None))
+    return objs
 
 
 def cuda_bytes(holders: Iterable[Holder]) -> int:

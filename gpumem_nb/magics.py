@@ -22,8 +22,8 @@ from IPython.display import display
 
 from . import cleanup
 from .analysis import build_record
-from .history import HistoryTable
 from .monitor import PEAK_PRESERVE, PEAK_RESET, Monitor, error_text
+from .records import HistoryTable
 from .sampler import check_interval
 from .snapshot import Snapshot
 from .sources.torch import TorchSource

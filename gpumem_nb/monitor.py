@@ -30,9 +30,9 @@ from .analysis import (
     top_holders,
     verdict_message,
 )
-from .history import History
 from .holders import Scanner, last_exception_objects
 from .model import CAUSE_LIVE_TENSORS, CellRecord, Holder, Sample, Verdict
+from .records import History
 from .sampler import DEFAULT_INTERVAL_S, Sampler
 from .sources import Source
 from .units import format_bytes
@@ -263,15 +263,41 @@ class Monitor:
 
     def scan(self, include_gc: bool = False) -> list[Holder]:
         return Scanner().scan(self.shell.user_ns, output_cache=self.out_entries(),
-                              last_exception=last_exception_objects(), include_gc=include_gc)
+                              last_exception=last_exception_objects(self.shell),
+                              include_gc=include_gc)
 
     def cleanup(self, request: cleanup.CleanupRequest) -> cleanup.CleanupReport:
         if self.busy_elsewhere():
             raise RuntimeError("a cell is running; cleanup waits until it finishes")
         displayhook = getattr(self.shell, "displayhook", None)
-        flushable = displayhook if getattr(displayhook, "do_full_cache", False) else None
-        return cleanup.run(request, user_ns=self.shell.user_ns, output_cache=flushable,
-                           out_entries=self.out_entries(), measure=self.read)
+        outputs = _OutputCache(self.shell) if getattr(displayhook, "do_full_cache", False) else None
+        return cleanup.run(request, user_ns=self.shell.user_ns, output_cache=outputs,
+                           # The live Out dict, not a copy: a copy would keep every
+                           # cached result alive through the very step that frees them.
+                           out_entries=self.shell.user_ns.get("_oh", {}), measure=self.read,
+                           stored_exceptions=last_exception_objects(self.shell))
+
+
+class _OutputCache:
+    """Everything that keeps displayed results alive, emptied together.
+
+    ``displayhook.flush()`` empties Out and the ``_N`` names, but IPython also pushes ``_``,
+    ``__`` and ``___`` into ``user_ns_hidden`` and keeps the last result in
+    ``last_execution_result``; a tensor referenced only there would survive a plain flush.
+    """
+
+    def __init__(self, shell: Any) -> None:
+        self.shell = shell
+
+    def flush(self) -> None:
+        self.shell.displayhook.flush()
+        hidden = getattr(self.shell, "user_ns_hidden", {})
+        for name in ("_", "__", "___"):
+            if name in hidden:
+                hidden[name] = ""
+        result = getattr(self.shell, "last_execution_result", None)
+        if result is not None and getattr(result, "result", None) is not None:
+            result.result = None
 
 
 def error_text(result: Any) -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .history import DISPLAY_HEADERS, display_rows
 from .model import CellRecord, Holder
 from .monitor import Config
+from .records import DISPLAY_HEADERS, display_rows
 from .report import html_table, text_table
 from .units import format_bytes
 

@@ -197,6 +197,7 @@ class FakeCudaDevice:
     peak_allocated: int = 0
     peak_reserved: int = 0
     inactive_split: int = 0
+    outside: int = 0  # memory in this process that PyTorch does not manage (cuBLAS, CuPy)
 
 
 class FakeCuda:
@@ -208,6 +209,7 @@ class FakeCuda:
         self.initialized = initialized
         self.calls: list[str] = []
         self.memory = FakeCudaMemory(self)
+        self.nvml_gpus: list[FakeGpu] = []
 
     def is_initialized(self) -> bool:
         return self.initialized
@@ -228,21 +230,43 @@ class FakeCuda:
     def get_allocator_backend(self) -> str:
         return "native"
 
+    # The driver's view: a context plus whatever the cache holds, like the real thing.
+    context_bytes = 500 * MiB
+
+    def link(self, gpus: list[FakeGpu]) -> None:
+        """Make NVML's numbers follow this allocator's reserved bytes."""
+        self.nvml_gpus = gpus
+        self._sync()
+
+    def _sync(self) -> None:
+        for d, g in zip(self.devices, self.nvml_gpus, strict=False):
+            used = (self.context_bytes + d.reserved) if self.initialized else 0
+            g.used_bytes = used + d.outside
+            g.procs = [(os.getpid(), used + d.outside)] if self.initialized else []
+
     def allocate(self, i: int, nbytes: int) -> None:
         d = self.devices[i]
         d.allocated += nbytes
         d.reserved = max(d.reserved, d.allocated)
         d.peak_allocated = max(d.peak_allocated, d.allocated)
         d.peak_reserved = max(d.peak_reserved, d.reserved)
+        self._sync()
 
     def free(self, i: int, nbytes: int) -> None:
         self.devices[i].allocated -= nbytes
+        self._sync()
+
+    def tensor(self, nbytes: int, device: int = 0, grad_fn: Any = None) -> FakeTensor:
+        self.initialized = True
+        self.allocate(device, nbytes)
+        return FakeTensor(nbytes, f"cuda:{device}", grad_fn=grad_fn, owner=self)
 
     # Mutations a monitor must never make on its own.
     def empty_cache(self) -> None:
         self.calls.append("empty_cache")
         for d in self.devices:
             d.reserved = d.allocated
+        self._sync()
 
     def reset_peak_memory_stats(self, device: int | None = None) -> None:
         self.calls.append(f"reset_peak_memory_stats({device})")
@@ -258,16 +282,27 @@ class FakeCuda:
 
 
 class FakeTensor:
-    """Duck-types the few ``torch.Tensor`` attributes the holder scan reads."""
+    """Duck-types the few ``torch.Tensor`` attributes the holder scan reads.
 
-    def __init__(self, nbytes: int, device: str = "cuda:0", grad_fn: Any = None) -> None:
+    Made through ``FakeCuda.tensor`` it owns allocator bytes and frees them when the last
+    reference goes, as a real CUDA tensor does, so Out[n] or a traceback keeping it alive shows
+    up in the allocator's numbers.
+    """
+
+    def __init__(self, nbytes: int, device: str = "cuda:0", grad_fn: Any = None,
+                 owner: Any = None) -> None:
         self._nbytes = nbytes
+        self._owner = owner
         self.device = SimpleNamespace(type=device.split(":")[0],
                                       index=int(device.split(":")[1]) if ":" in device else None)
         self.is_cuda = device.startswith("cuda")
         self.grad_fn = grad_fn
         self.shape = (nbytes // 4,)
         self.dtype = "torch.float32"
+
+    def __del__(self) -> None:
+        if self._owner is not None:
+            self._owner.free(self.device.index or 0, self._nbytes)
 
     def untyped_storage(self) -> Any:
         return SimpleNamespace(nbytes=lambda: self._nbytes, data_ptr=lambda: id(self))

@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from gpumem_nb import monitor as monitor_mod
+from gpumem_nb.sources.live import LiveSource
+from gpumem_nb.sources.nvml import NvmlSource
+
+from .fakes import FakeCuda, FakeCudaDevice, FakeGpu, FakePynvml, fake_torch
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    """GPU tests run only where a GPU is (``pytest -m gpu`` on the GPU machine)."""
+    if "gpu" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="needs the GPU machine: run with -m gpu there")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def ip() -> Any:
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython()
+    shell.displayhook.cache_size = 1000
+    return shell
+
+
+@pytest.fixture
+def shell(ip: Any, capsys: Any) -> Any:
+    """A real InteractiveShell with the extension unloaded before and after."""
+    _unload(ip)
+    if hasattr(ip, "_gpumem_nb_history"):
+        delattr(ip, "_gpumem_nb_history")
+    ip.run_cell("%reset -f", store_history=False)
+    for name in ("last_exc", "last_type", "last_value", "last_traceback"):
+        if hasattr(sys, name):
+            setattr(sys, name, None)
+    capsys.readouterr()
+    yield ip
+    _unload(ip)
+
+
+def _unload(ip: Any) -> None:
+    from gpumem_nb import magics
+
+    if "gpumem_nb" in ip.extension_manager.loaded:
+        ip.extension_manager.unload_extension("gpumem_nb")
+    magics.unload(ip)
+
+
+@dataclass
+class FakeGpuWorld:
+    cuda: FakeCuda
+    nvml: FakePynvml
+    gpu: FakeGpu
+    torch: Any
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch: Any) -> FakeGpuWorld:
+    """One H200 with torch imported and CUDA initialised, NVML following the allocator."""
+    gpu = FakeGpu("GPU-aaaa-1111")
+    nvml = FakePynvml([gpu])
+    cuda = FakeCuda([FakeCudaDevice("aaaa-1111")], initialized=True)
+    cuda.link([gpu])
+    torch = fake_torch(cuda)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setattr(monitor_mod, "make_source",
+                        lambda: LiveSource(nvml=NvmlSource(module=nvml)))  # type: ignore[arg-type]
+    return FakeGpuWorld(cuda=cuda, nvml=nvml, gpu=gpu, torch=torch)
+
+
+@pytest.fixture
+def no_gpu(monkeypatch: Any) -> FakePynvml:
+    """Binder or CI: no driver and no torch."""
+    nvml = FakePynvml(library_not_found=True)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    monkeypatch.setattr(monitor_mod, "make_source",
+                        lambda: LiveSource(nvml=NvmlSource(module=nvml)))  # type: ignore[arg-type]
+    return nvml

@@ -1,0 +1,305 @@
+"""Every %gpumem subcommand, every bad input, and the re-run / cleanup stories end to end."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+import pytest
+from IPython.core.error import UsageError
+
+from gpumem_nb.magics import current_monitor
+from gpumem_nb.monitor import PEAK_PRESERVE
+from gpumem_nb.views import CellReport
+
+from .fakes import GiB, MiB
+
+
+def run(ip: Any, source: str, cell_id: str | None = None) -> Any:
+    return ip.run_cell(source, store_history=True, cell_id=cell_id)
+
+
+def magic(ip: Any, line: str) -> Any:
+    return ip.run_line_magic("gpumem", line)
+
+
+@pytest.fixture
+def loaded(shell: Any, fake_gpu: Any, capsys: Any) -> Any:
+    run(shell, "%load_ext gpumem_nb")
+    shell.user_ns["cuda"] = fake_gpu.cuda
+    capsys.readouterr()
+    return shell
+
+
+# -- help and status ---------------------------------------------------------------------------
+def test_question_mark_help_lists_every_subcommand(loaded):
+    doc = loaded.find_line_magic("gpumem").__doc__
+    for word in ("history", "who", "cleanup", "config", "summary", "start", "watch",
+                 "%%gpumem"):
+        assert word in doc
+
+
+def test_status_shows_nvml_allocator_and_outside_pytorch(loaded, capsys):
+    run(loaded, "t = cuda.tensor(2**30)")
+    capsys.readouterr()
+    magic(loaded, "")
+    out = capsys.readouterr().out
+    assert "NVML used / total" in out and "outside PyTorch" in out
+    assert "1.49 GiB / 141.00 GiB" in out  # 500 MiB context + 1 GiB reserved
+    assert "500.00 MiB" in out  # the context, outside PyTorch
+
+
+# -- bad input ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("config --interval -1", "between 0.05 and 60 seconds"),
+        ("config --interval soon", "invalid float value"),
+        ("config --device 99", "there is no GPU 99: this process sees GPU 0"),
+        ("config --device first", "takes a GPU number or 'all'"),
+        ("config --threshold lots", "'lots' is not a size"),
+        ("config --peak sometimes", "invalid choice"),
+        ("frobnicate", "has no subcommand 'frobnicate'"),
+        ("cleanup --vars nope", "no variable named 'nope'"),
+        ("cleanup --vars 'a b'", "--vars takes variable names"),
+        ("history -n 0", "-n must be a positive number"),
+        ("who -n -3", "-n must be a positive number"),
+        ("history --bogus", "unrecognized arguments"),
+        ("config --interval '1", "could not read the arguments"),
+    ],
+)
+def test_bad_input_is_a_usage_error_with_a_sentence_and_changes_nothing(loaded, line, message):
+    mon = current_monitor(loaded)
+    before = (mon.config.interval_s, mon.config.device, mon.config.threshold_bytes,
+              mon.config.peak, sorted(loaded.user_ns))
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        magic(loaded, line)
+    after = (mon.config.interval_s, mon.config.device, mon.config.threshold_bytes,
+             mon.config.peak, sorted(loaded.user_ns))
+    assert after == before
+
+
+def test_a_bad_value_among_good_ones_applies_none_of_them(loaded):
+    mon = current_monitor(loaded)
+    with pytest.raises(UsageError):
+        magic(loaded, "config --interval 2 --threshold lots")
+    assert mon.config.interval_s == 0.5 and mon.sampler.interval_s == 0.5
+
+
+def test_config_applies_interval_threshold_device_and_peak(loaded, capsys):
+    magic(loaded, "config --interval 2 --threshold 64MiB --device 0 --peak reset")
+    mon = current_monitor(loaded)
+    assert (mon.sampler.interval_s, mon.tracker.threshold_bytes, mon.config.device,
+            mon.config.peak) == (2.0, 64 * MiB, 0, "reset")
+    assert "64.00 MiB" in capsys.readouterr().out
+    magic(loaded, "config --device all --peak preserve")
+    assert mon.config.device is None and mon.config.peak == PEAK_PRESERVE
+
+
+# -- history -----------------------------------------------------------------------------------
+def test_history_exports_to_dataframe_and_csv(loaded, tmp_path):
+    run(loaded, "t = cuda.tensor(2**30)")
+    run(loaded, "u = 1")
+    df = magic(loaded, "history -o")
+    assert list(df["allocated_delta_bytes"])[-2:] == [GiB, 0]
+    magic(loaded, f"history --csv {tmp_path / 'h.csv'}")
+    text = (tmp_path / "h.csv").read_text().splitlines()
+    assert text[0].startswith("execution_count,cell_key,source")
+    assert len(text) == 1 + len(df)
+
+
+def test_history_table_shows_the_last_n_cells(loaded, capsys):
+    for i in range(5):
+        run(loaded, f"v{i} = {i}")
+    capsys.readouterr()
+    magic(loaded, "history -n 2")
+    out = capsys.readouterr().out
+    assert "Last 2 of 5 cells" in out and "v4 = 4" in out and "v2 = 2" not in out
+
+
+def test_gpumem_nb_history_returns_a_dataframe(loaded):
+    import gpumem_nb
+
+    run(loaded, "w = 1")
+    df = gpumem_nb.history()
+    assert df.iloc[-1]["source"] == "w = 1"
+
+
+# -- re-run accumulation -----------------------------------------------------------------------
+def test_rerun_kept_alive_by_out_is_flagged_as_live_tensors_held_by_out(loaded, capsys):
+    cell = "y = cuda.tensor(64 * 2**20)\ny"
+    for _ in range(3):
+        run(loaded, cell, cell_id="cell-y")
+    out = capsys.readouterr().out
+    flags = [ln for ln in out.splitlines() if ln.startswith("gpumem: cell")]
+    assert len(flags) == 1  # once two re-runs in a row have grown
+    assert "64.00 MiB again on run 3 (live tensors)" in flags[0]
+    assert "Held by: Out[" in flags[0] and "%gpumem cleanup --out" in flags[0]
+    verdict = current_monitor(loaded).verdicts[-1]
+    assert verdict.holders[0].kind == "output cache"
+
+
+def test_rerun_that_replaces_its_variable_is_not_flagged(loaded, capsys):
+    # Run 2 holds old and new tensor at once, so the cache doubles once: not accumulation.
+    for _ in range(4):
+        run(loaded, "z = cuda.tensor(64 * 2**20)", cell_id="cell-z")
+    assert "gpumem: cell" not in capsys.readouterr().out
+
+
+def test_rerun_growing_only_the_cache_is_called_cache(loaded, capsys, fake_gpu):
+    loaded.user_ns["dev"] = fake_gpu.cuda.devices[0]
+    for _ in range(3):
+        run(loaded, "dev.reserved += 256 * 2**20; cuda._sync()", cell_id="cell-c")
+    out = capsys.readouterr().out
+    assert "(cache)" in out and "Held by" not in out
+
+
+def test_rerun_growing_memory_outside_pytorch_is_called_that(loaded, capsys, fake_gpu):
+    loaded.user_ns["dev"] = fake_gpu.cuda.devices[0]
+    for _ in range(3):
+        run(loaded, "dev.outside += 256 * 2**20; cuda._sync()", cell_id="cell-o")
+    assert "(outside PyTorch)" in capsys.readouterr().out
+
+
+def test_cell_that_raises_after_allocating_is_flagged_as_held_by_the_traceback(loaded, capsys):
+    cell = "def f():\n    big = cuda.tensor(2**30)\n    raise ValueError('boom')\nf()"
+    run(loaded, cell)
+    out = capsys.readouterr().out
+    assert "and raised (live tensors)" in out
+    assert "traceback: f() locals" in out and "%gpumem cleanup` drops" in out
+
+
+def test_threshold_setting_silences_small_growth(loaded, capsys):
+    magic(loaded, "config --threshold 128MiB")
+    for _ in range(3):
+        run(loaded, "y = cuda.tensor(64 * 2**20)\ny", cell_id="small")
+    assert "gpumem: cell" not in capsys.readouterr().out
+
+
+# -- who ---------------------------------------------------------------------------------------
+def test_who_lists_variables_out_and_traceback_largest_first(loaded, capsys):
+    run(loaded, "a = cuda.tensor(2**30)")
+    run(loaded, "cuda.tensor(3 * 2**30)")  # only Out keeps it
+    run(loaded, "def g():\n    tmp = cuda.tensor(2 * 2**30)\n    1/0\ng()")
+    report = magic(loaded, "who -o")
+    kinds = [(h.kind, h.nbytes) for h in report.holders]
+    assert kinds[:3] == [("output cache", 3 * GiB), ("traceback", 2 * GiB), ("variable", GiB)]
+    assert report.holders[0].name.startswith("Out[")
+    assert report.holders[1].name == "traceback: g() locals"
+    assert report.holders[2].name == "a"
+
+
+# -- cleanup -----------------------------------------------------------------------------------
+def test_default_cleanup_frees_the_traceback_and_empties_the_cache(loaded, fake_gpu):
+    run(loaded, "def f():\n    big = cuda.tensor(2**30)\n    raise ValueError\nf()")
+    assert fake_gpu.cuda.devices[0].allocated == GiB
+    report = magic(loaded, "cleanup -o")
+    steps = {s.step: s for s in report.steps}
+    assert steps["last exception"].freed_allocated_bytes == GiB
+    assert steps["empty_cache"].freed_reserved_bytes == GiB
+    assert report.freed_nvml_bytes == GiB
+    assert fake_gpu.cuda.devices[0].allocated == 0
+
+
+def test_cleanup_out_frees_tensors_held_only_by_the_output_cache(loaded, fake_gpu):
+    for _ in range(3):
+        run(loaded, "y = cuda.tensor(64 * 2**20)\ny", cell_id="cell-y")
+    report = magic(loaded, "cleanup --out -o")
+    steps = {s.step: s for s in report.steps}
+    assert steps["output cache"].freed_allocated_bytes == 2 * 64 * MiB
+    assert fake_gpu.cuda.devices[0].allocated == 64 * MiB  # `y` itself is the user's data
+
+
+def test_cleanup_never_deletes_a_variable_that_was_not_named(loaded, fake_gpu):
+    run(loaded, "keep_t = cuda.tensor(2**30); keep_list = [cuda.tensor(2**20)]; n = 5")
+    run(loaded, "drop_me = cuda.tensor(2**30)")
+    run(loaded, "keep_t")
+    user_vars = {k: v for k, v in loaded.user_ns.items()
+                 if not k.startswith("_") and k not in ("In", "Out", "exit", "quit",
+                                                         "get_ipython")}
+    magic(loaded, "cleanup --out --vars drop_me")
+    for name, value in user_vars.items():
+        if name == "drop_me":
+            assert name not in loaded.user_ns
+        else:
+            assert loaded.user_ns[name] is value, name
+
+
+def test_cleanup_dry_run_changes_nothing_and_estimates(loaded, fake_gpu):
+    run(loaded, "x = cuda.tensor(2**30)")
+    run(loaded, "x")
+    out_before = dict(loaded.user_ns["Out"])
+    report = magic(loaded, "cleanup --dry-run --out --vars x -o")
+    assert report.dry_run and "empty_cache" not in fake_gpu.cuda.calls
+    assert dict(loaded.user_ns["Out"]) == out_before and "x" in loaded.user_ns
+    est = {s.step: s.freed_allocated_bytes for s in report.steps}
+    assert est["variables"] == GiB  # x is attributed to the variable, not to Out
+
+
+def test_cleanup_from_another_thread_while_a_cell_runs_is_refused(loaded):
+    mon = current_monitor(loaded)
+    results: list[str] = []
+
+    def click() -> None:
+        try:
+            magic(loaded, "cleanup")
+            results.append("ran")
+        except UsageError as e:
+            results.append(str(e))
+
+    loaded.user_ns["click"] = click
+    loaded.user_ns["threading"] = threading
+    run(loaded, "th = threading.Thread(target=click); th.start(); th.join()")
+    assert results == ["a cell is running; cleanup waits until it finishes"]
+    assert mon.busy_elsewhere() is False
+
+
+# -- %%gpumem ----------------------------------------------------------------------------------
+def test_cell_magic_reports_the_exact_transient_peak(loaded, capsys):
+    run(loaded, "%%gpumem -o\ntmp = cuda.tensor(8 * 2**30)\ndel tmp")
+    report = loaded.user_ns["_"]
+    assert isinstance(report, CellReport)
+    assert report.peak_allocated_bytes == 8 * GiB
+    assert "peak 8.00 GiB (exact)" in capsys.readouterr().out
+
+
+def test_cell_magic_quiet_prints_nothing_and_keeps_ipython_semantics(loaded, capsys):
+    run(loaded, "%%gpumem -q\nq = 41 + 1\nq")
+    out = capsys.readouterr().out
+    assert "gpumem:" not in out and "42" in out and loaded.user_ns["q"] == 42
+
+
+def test_cell_magic_bad_device_is_a_usage_error(loaded):
+    with pytest.raises(UsageError, match="there is no GPU 3"):
+        loaded.run_cell_magic("gpumem", "--device 3", "pass")
+
+
+# -- summary, start/stop -----------------------------------------------------------------------
+def test_summary_explains_fragmentation_with_a_hint(loaded, fake_gpu, capsys):
+    d = fake_gpu.cuda.devices[0]
+    d.reserved, d.allocated, d.inactive_split = 4 * GiB, 2 * GiB, GiB
+    magic(loaded, "summary")
+    out = capsys.readouterr().out
+    assert "cached free blocks" in out and "expandable_segments:True" in out
+
+
+def test_stop_and_start_control_the_sampler(loaded):
+    mon = current_monitor(loaded)
+    magic(loaded, "stop")
+    assert not mon.sampler.running
+    magic(loaded, "start")
+    assert mon.sampler.running
+
+
+# -- no GPU, no torch --------------------------------------------------------------------------
+def test_without_gpu_or_torch_who_and_cleanup_still_work_for_cpu_objects(shell, no_gpu, capsys):
+    import numpy as np
+
+    run(shell, "%load_ext gpumem_nb")
+    shell.user_ns["arr"] = np.zeros(10**6)
+    report = magic(shell, "who -o")
+    assert [(h.name, h.device, h.nbytes) for h in report.holders] == [("arr", "cpu", 8 * 10**6)]
+    cleaned = magic(shell, "cleanup -o")
+    assert [s.step for s in cleaned.steps][-1] == "empty_cache"
+    assert "torch" not in sys.modules
