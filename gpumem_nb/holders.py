@@ -90,7 +90,7 @@ class Scanner:
         if self._module_type is not None and isinstance(obj, self._module_type):
             for p in obj.parameters():
                 yield p
-                if p.grad is not None:
+                if getattr(p, "grad", None) is not None:
                     yield p.grad
             yield from obj.buffers()
             return

@@ -297,6 +297,7 @@ class FakeTensor:
                                       index=int(device.split(":")[1]) if ":" in device else None)
         self.is_cuda = device.startswith("cuda")
         self.grad_fn = grad_fn
+        self.grad: FakeTensor | None = None
         self.shape = (nbytes // 4,)
         self.dtype = "torch.float32"
 
