@@ -1,26 +1,52 @@
-"""Host memory of this process (resident set size), through psutil."""
+"""Host memory of this process (resident set size).
+
+On Linux the figure comes from ``/proc/self/statm`` through a descriptor kept open, which
+costs about a microsecond; psutil (about 15 µs a call, most of it opening the file) is the
+fallback elsewhere. Both run twice per cell, so the difference is on the hot path.
+"""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 
 class HostSource:
-    """Reads this process's RSS; ``None`` if psutil is missing or the read fails."""
+    """Reads this process's RSS; ``None`` if no method works."""
 
     def __init__(self) -> None:
+        self._fd: int | None = None
+        self._page_bytes = 4096
         self._proc: Any = None
         try:
-            import psutil
+            self._fd = os.open("/proc/self/statm", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            self._page_bytes = os.sysconf("SC_PAGE_SIZE")
+        except (OSError, AttributeError, ValueError):
+            self._fd = None
+            try:
+                import psutil
 
-            self._proc = psutil.Process()
-        except Exception:
-            self._proc = None
+                self._proc = psutil.Process()
+            except Exception:
+                self._proc = None
 
     def rss_bytes(self) -> int | None:
-        if self._proc is None:
-            return None
-        try:
-            return int(self._proc.memory_info().rss)
-        except Exception:
-            return None
+        if self._fd is not None:
+            try:
+                return int(os.pread(self._fd, 128, 0).split()[1]) * self._page_bytes
+            except (OSError, IndexError, ValueError):
+                return None
+        if self._proc is not None:
+            try:
+                return int(self._proc.memory_info().rss)
+            except Exception:
+                return None
+        return None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self) -> None:
+        self.close()
