@@ -13,7 +13,7 @@ import time
 
 sys.path.insert(0, ".")
 
-from benchmarks.common import emit  # noqa: E402
+from benchmarks.common import emit
 
 
 def cell_cost_us(ip, source: str, n: int) -> list[float]:

@@ -10,7 +10,7 @@ import time
 
 sys.path.insert(0, ".")
 
-from benchmarks.common import emit  # noqa: E402
+from benchmarks.common import emit
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ import gc
 import re
 import sys
 import types
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ _OUTPUT_ALIAS = re.compile(r"^(_|__|___|_\d+)$")
 _INPUT_ALIAS = re.compile(r"^_i\d*$|^_ii+$")
 _ATOMS = (int, float, complex, str, bytes, bool, type(None), types.ModuleType, types.FunctionType,
           type)
+_ATOM_TYPES = frozenset(_ATOMS)
 _CONTAINER_DEPTH = 2
 
 
@@ -109,7 +111,9 @@ class Scanner:
         else:
             return
         for item in items:
-            if not isinstance(item, _ATOMS):
+            # An exact-type set lookup first: containers of plain numbers and strings (the
+            # common million-element case) cost one hash probe per item.
+            if type(item) not in _ATOM_TYPES and not isinstance(item, _ATOMS):
                 yield from self._tensors_in(item, depth - 1)
 
     def _kind_of(self, obj: Any) -> str:
@@ -164,7 +168,8 @@ class Scanner:
             if _OUTPUT_ALIAS.match(name):
                 aliases.setdefault(id(obj), []).append(name)
                 continue
-            if name in _IPYTHON_NAMES or _INPUT_ALIAS.match(name) or name.startswith("__"):
+            if type(obj) in _ATOM_TYPES or name in _IPYTHON_NAMES or name.startswith("__") \
+                    or _INPUT_ALIAS.match(name):
                 continue
             self._attribute(name, self._kind_of(obj), obj, found)
         for n, obj in sorted((output_cache or {}).items()):
@@ -179,9 +184,12 @@ class Scanner:
         for tb_name, frame_obj in _frames(last_exception):
             self._attribute(tb_name, "traceback", frame_obj, found)
         if include_gc:
-            for obj in gc.get_objects():
-                if self._tensor_info(obj) is not None:
-                    self._attribute("unreachable from your variables", "gc", obj, found)
+            # Some objects warn when merely inspected (torch.distributed's deprecated aliases).
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for obj in gc.get_objects():
+                    if type(obj) not in _ATOM_TYPES and self._tensor_info(obj) is not None:
+                        self._attribute("unreachable from your variables", "gc", obj, found)
         holders = [
             Holder(name=f.name, kind=f.kind, device=f.device, nbytes=f.nbytes,
                    detail=(f.details[0] if f.tensors == 1 else f"{f.tensors} tensors"))

@@ -150,7 +150,12 @@ class Monitor:
 
     # -- readings ----------------------------------------------------------------------------
     def read(self) -> Sample:
-        return self.source.read()
+        """A full reading, for on-demand work (status, cleanup)."""
+        return self.source.read(processes=True)
+
+    def read_fast(self) -> Sample:
+        """The cell hooks' reading: no NVML process listing (see NvmlSource.read)."""
+        return self.source.read(processes=False)
 
     def _on_sample(self, sample: Sample) -> None:
         # Sampler thread: only extend the running cells' watermarks.
@@ -182,13 +187,13 @@ class Monitor:
 
     def begin(self, *, reset_peak: bool) -> tuple[Sample, Watermark, bool]:
         did_reset = self._reset_peaks() if reset_peak else False
-        before = self.read()
+        before = self.read_fast()
         wm = Watermark()
         self._watermarks.append(wm)
         return before, wm, did_reset
 
     def end(self, wm: Watermark) -> Sample:
-        after = self.read()
+        after = self.read_fast()
         if wm in self._watermarks:
             self._watermarks.remove(wm)
         return after

@@ -62,6 +62,7 @@ class Sampler:
         self.errors: dict[str, int] = {}
         self.last_error = ""
         self.ticks = 0
+        self.cpu_s = 0.0  # CPU time the thread spent in ticks, for benchmarks and status
 
     # -- configuration -----------------------------------------------------------------------
     @property
@@ -166,7 +167,9 @@ class Sampler:
                 break
             if woke:
                 self._wake.clear()
+            cpu0 = time.thread_time()
             self.tick()
+            self.cpu_s += time.thread_time() - cpu0
             now = self._clock()
             if not woke or now >= next_t:
                 next_t += self._interval_s

@@ -58,7 +58,8 @@ def dev(alloc_d: int | None = 0, reserved_d: int | None = 0, proc_d: int | None 
 @pytest.mark.parametrize(
     ("device", "expected"),
     [
-        (dev(alloc_d=64 * MiB, reserved_d=64 * MiB, proc_d=64 * MiB), (CAUSE_LIVE_TENSORS, 64 * MiB)),
+        (dev(alloc_d=64 * MiB, reserved_d=64 * MiB, proc_d=64 * MiB),
+         (CAUSE_LIVE_TENSORS, 64 * MiB)),
         (dev(alloc_d=0, reserved_d=512 * MiB, proc_d=512 * MiB), (CAUSE_CACHE, 512 * MiB)),
         (dev(alloc_d=0, reserved_d=0, proc_d=300 * MiB), (CAUSE_OUTSIDE, 300 * MiB)),
         (dev(alloc_d=T - 1, reserved_d=T - 1, proc_d=T - 1), None),  # under the threshold

@@ -118,10 +118,10 @@ def test_a_failing_source_never_puts_a_traceback_on_every_cell(shell, no_gpu, ca
     run(shell, "%load_ext gpumem_nb")
     mon = current_monitor(shell)
 
-    def broken() -> Any:
+    def broken(**_: Any) -> Any:
         raise RuntimeError("NVML call failed")
 
-    mon.read = broken  # type: ignore[method-assign]
+    mon.source.read = broken  # type: ignore[method-assign]
     capsys.readouterr()
     with caplog.at_level(logging.WARNING, logger="gpumem_nb"):
         for i in range(3):

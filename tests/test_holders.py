@@ -8,7 +8,7 @@ import numpy as np
 
 from gpumem_nb.holders import Scanner
 
-from .fakes import GiB, MiB, FakeCuda, FakeTensor, fake_torch
+from .fakes import FakeCuda, FakeTensor, GiB, MiB, fake_torch
 
 
 class Module:

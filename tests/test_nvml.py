@@ -134,3 +134,24 @@ def test_init_and_shutdown_are_balanced():
     src.start()
     src.close()
     assert fake.inits == 1 and fake.shutdowns == 1
+
+
+def test_hot_path_derives_our_share_from_the_last_process_listing():
+    gpu = FakeGpu("GPU-a", used_bytes=3 * GiB, procs=[(os.getpid(), 2 * GiB), (1, GiB)])
+    fake = FakePynvml([gpu])
+    src = started(fake)
+    dev = src.devices[0]
+    assert src.read(dev, processes=False).process_bytes is None  # no listing yet: unknown
+    src.read(dev)  # the sampler's full read
+    gpu.used_bytes = 5 * GiB  # we grew by 2 GiB; the neighbour did not
+    calls = len(fake.calls)
+    fast = src.read(dev, processes=False)
+    assert fast.process_bytes == 4 * GiB and fast.other_processes_bytes == GiB
+    assert not [c for c in fake.calls[calls:] if c.startswith("procs")]
+
+
+def test_hot_path_stays_unknown_when_the_listing_could_not_see_us():
+    gpu = FakeGpu("GPU-a", used_bytes=3 * GiB, procs=[(2_999_999_001, 3 * GiB)])
+    src = started(FakePynvml([gpu]))
+    src.read(src.devices[0])
+    assert src.read(src.devices[0], processes=False).process_bytes is None

@@ -46,6 +46,9 @@ class NvmlSource:
         self._v2_memory = True
         self._v3_procs = True
         self._pid = os.getpid()
+        # Per device: did the last process listing attribute memory to us, and what did the
+        # other processes use then.
+        self._last_others: dict[int, tuple[bool, int | None]] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> bool:
@@ -190,11 +193,19 @@ class NvmlSource:
             return (0, 0)
 
     # -- reading -----------------------------------------------------------------------------
-    def read(self, dev: DeviceId, *, context_expected: bool = False) -> NvmlReading:
+    def read(
+        self, dev: DeviceId, *, context_expected: bool = False, processes: bool = True
+    ) -> NvmlReading:
         """One device's memory and process usage. Never raises.
 
         ``context_expected`` says this process is known to hold a CUDA context on some device,
         so an absent PID means "NVML cannot see us", not "we use nothing".
+
+        ``processes=False`` is the hot path (cell hooks): listing processes costs about
+        145 µs on an H200, ten times the memory call. Device "used" is the sum of every
+        process's usage (checked on the H200), so this process's share is derived as used
+        minus the other processes' usage from the last full listing, which the sampler
+        refreshes every tick. It is None unless that listing showed our PID.
         """
         name = self._names.get(dev.nvml_index, "")
         base: dict[str, Any] = {
@@ -213,7 +224,13 @@ class NvmlSource:
             lost = self._is(e, "NVML_ERROR_GPU_IS_LOST")
             return NvmlReading(**base, total_bytes=None, used_bytes=None,
                                status=STATUS_LOST if lost else STATUS_ERROR, detail=str(e))
-        ours, others = self._processes(h, context_expected)
+        if processes:
+            ours, others = self._processes(h, context_expected)
+            self._last_others[dev.nvml_index] = (ours is not None, others)
+        else:
+            seen, others = self._last_others.get(dev.nvml_index, (False, None))
+            ours = max(used - others, 0) if seen and used is not None and others is not None \
+                else None
         return NvmlReading(**base, total_bytes=total, used_bytes=used,
                            driver_reserved_bytes=driver_reserved, process_bytes=ours,
                            other_processes_bytes=others)

@@ -115,7 +115,7 @@ class ReplaySource:
     def close(self) -> None:
         pass
 
-    def read(self) -> Sample:
+    def read(self, *, processes: bool | None = None) -> Sample:
         self.start()
         now = self._clock()
         assert self._t0 is not None
