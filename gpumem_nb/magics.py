@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import os
 import shlex
 from dataclasses import replace
 from typing import Any
@@ -22,9 +21,10 @@ from IPython.display import display
 
 from . import cleanup
 from .analysis import build_record
-from .monitor import PEAK_PRESERVE, PEAK_RESET, Monitor, error_text
+from .monitor import Monitor, error_text
 from .records import HistoryTable
 from .sampler import check_interval
+from .settings import PEAK_PRESERVE, PEAK_RESET, load_config, save_config
 from .snapshot import Snapshot
 from .sources.torch import TorchSource
 from .summary import Summary
@@ -33,6 +33,7 @@ from .views import CellReport, ConfigView, WhoReport
 
 _SHELL_ATTR = "_gpumem_nb_monitor"
 _HISTORY_ATTR = "_gpumem_nb_history"
+_CONFIG_ATTR = "_gpumem_nb_config"
 
 
 # ------------------------------------------------------------------------------------------
@@ -74,6 +75,8 @@ def _build_parser() -> _Parser:
     g.add_argument("--peak", choices=(PEAK_PRESERVE, PEAK_RESET),
                    help="preserve: never reset peak counters; reset: reset before each cell")
     g.add_argument("--auto-show", choices=("on", "off"), help="show the widget on load")
+    g.add_argument("--save", action="store_true",
+                   help="remember these settings for future sessions (a JSON file)")
     s = sub.add_parser("summary", prog="%gpumem summary")
     s.add_argument("--full", action="store_true", help="append torch.cuda.memory_summary()")
     s.add_argument("--device", type=int, default=0, metavar="N")
@@ -116,7 +119,8 @@ Line magic:
                                drop the stored exception, gc.collect, empty_cache; --out also
                                clears the output cache; --vars deletes only the names given
   %gpumem config [--interval S] [--device N|all] [--threshold SIZE]
-                 [--peak preserve|reset] [--auto-show on|off]
+                 [--peak preserve|reset] [--auto-show on|off] [--save]
+                               --save remembers them in ~/.config/gpumem_nb/config.json
   %gpumem summary [--full]     the allocator's fragmentation in plain words, with hints
   %gpumem start | stop         the background sampler
   %gpumem watch [--replay FILE]
@@ -230,6 +234,11 @@ class GpumemMagics(Magics):
             m.config.peak = args.peak
         if args.auto_show is not None:
             m.config.auto_show = args.auto_show == "on"
+        if args.save:
+            try:
+                print(f"gpumem: settings saved to {save_config(m.config)}")
+            except OSError as e:
+                raise UsageError(f"could not save the settings: {e.strerror}") from None
         display(ConfigView(m.config, m.sampler.running))
 
     def _parse_device(self, text: str) -> int | None:
@@ -264,9 +273,10 @@ class GpumemMagics(Magics):
         from .widget import show
 
         try:
-            show(self.monitor, replay=args.replay)
+            widget = show(self.monitor, replay=args.replay)
         except (ValueError, OSError) as e:
             raise UsageError(f"cannot replay {args.replay}: {e}") from None
+        display(widget)
 
     # -- cell magic --------------------------------------------------------------------------
     def _cell(self, line: str, cell: str) -> Any:
@@ -306,20 +316,23 @@ def current_monitor(shell: Any = None) -> Monitor | None:
 def load(shell: Any) -> None:
     if current_monitor(shell) is not None:
         return  # already loaded: one monitor, one thread, one set of callbacks
-    history = getattr(shell, _HISTORY_ATTR, None)  # survives %reload_ext
-    monitor = Monitor(shell, history=history)
+    # History and settings survive %reload_ext; a first load reads the settings file.
+    history = getattr(shell, _HISTORY_ATTR, None)
+    config = getattr(shell, _CONFIG_ATTR, None) or load_config()
+    monitor = Monitor(shell, history=history, config=config)
     line = monitor.start()
     shell.events.register("pre_run_cell", monitor.pre_run_cell)
     shell.events.register("post_run_cell", monitor.post_run_cell)
     shell.register_magics(GpumemMagics(shell, monitor))
     setattr(shell, _SHELL_ATTR, monitor)
     setattr(shell, _HISTORY_ATTR, monitor.history)
+    setattr(shell, _CONFIG_ATTR, monitor.config)
     print(line)
-    if monitor.config.auto_show or os.environ.get("GPUMEM_NB_AUTO_SHOW") == "1":
+    if monitor.config.auto_show:
         try:
             from .widget import show
 
-            show(monitor)
+            display(show(monitor))
         except Exception as e:
             monitor._contain("auto-show", e)
 

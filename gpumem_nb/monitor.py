@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -23,7 +24,6 @@ from typing import Any
 
 from . import __version__, cleanup
 from .analysis import (
-    DEFAULT_THRESHOLD_BYTES,
     AccumulationTracker,
     Watermark,
     build_record,
@@ -33,25 +33,14 @@ from .analysis import (
 from .holders import Scanner, last_exception_objects
 from .model import CAUSE_LIVE_TENSORS, CellRecord, Holder, Sample, Verdict
 from .records import History
-from .sampler import DEFAULT_INTERVAL_S, Sampler
+from .sampler import Sampler
+from .settings import PEAK_RESET, Config
 from .sources import Source
 from .units import format_bytes
 
 log = logging.getLogger("gpumem_nb")
 
-PEAK_PRESERVE = "preserve"
-PEAK_RESET = "reset"
 REPLAY_ENV = "GPUMEM_NB_REPLAY"
-
-
-@dataclass
-class Config:
-    interval_s: float = DEFAULT_INTERVAL_S
-    device: int | None = None  # None: every visible GPU
-    threshold_bytes: int = DEFAULT_THRESHOLD_BYTES
-    # Default: leave the process-wide peak counters alone (users read them too).
-    peak: str = PEAK_PRESERVE
-    auto_show: bool = False
 
 
 @dataclass
@@ -89,13 +78,15 @@ class Monitor:
     """Everything one loaded extension owns."""
 
     def __init__(self, shell: Any, source: Source | None = None,
-                 history: History | None = None) -> None:
+                 history: History | None = None, config: Config | None = None) -> None:
         self.shell = shell
-        self.config = Config()
+        self.config = config if config is not None else Config()
         self.source: Source = source if source is not None else make_source()
         self.sampler = Sampler(self.source, interval_s=self.config.interval_s)
         self.history = history if history is not None else History()
         self.tracker = AccumulationTracker(self.config.threshold_bytes)
+        if self.config.device is not None:
+            self.select_device(self.config.device)
         self.verdicts: deque[Verdict] = deque(maxlen=100)
         self.marks: deque[tuple[float, int | None]] = deque(maxlen=10_000)
         self._depth = 0
@@ -104,6 +95,7 @@ class Monitor:
         self._errors: set[str] = set()
         self._lock = threading.Lock()
         self.widget: Any = None
+        self.started_t_s = time.monotonic()
         self.on_record: list[Callable[[CellRecord, Verdict | None], None]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -255,6 +247,23 @@ class Monitor:
         if v.cause == CAUSE_LIVE_TENSORS:
             holders = top_holders(self.scan(), v.cause)
         return replace(v, holders=holders, message=verdict_message(v, holders))
+
+    @property
+    def cell_running(self) -> bool:
+        """Between a top-level cell's pre and post hooks, on whatever thread asks."""
+        return self._pending is not None
+
+    def use_source(self, source: Source) -> None:
+        """Switch what the sampler and hooks read (``%gpumem watch --replay``)."""
+        source.start()
+        self.sampler.stop()
+        old, self.source = self.source, source
+        self.sampler.source = source
+        self.sampler.start()
+        try:
+            old.close()
+        except Exception as e:
+            self._contain("close", e)
 
     def busy_elsewhere(self) -> bool:
         """A cell is running on another thread (a widget click during a cell)."""

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from .model import CellRecord, Holder
-from .monitor import Config
 from .records import DISPLAY_HEADERS, display_rows
 from .report import html_table, text_table
+from .settings import Config
 from .units import format_bytes
 
 

@@ -23,6 +23,16 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def private_settings(tmp_path: Any, monkeypatch: Any) -> Any:
+    """Never read or write the developer's own settings file."""
+    path = tmp_path / "gpumem_nb.json"
+    monkeypatch.setenv("GPUMEM_NB_CONFIG", str(path))
+    monkeypatch.delenv("GPUMEM_NB_AUTO_SHOW", raising=False)
+    monkeypatch.delenv("GPUMEM_NB_REPLAY", raising=False)
+    return path
+
+
 @pytest.fixture(scope="session")
 def ip() -> Any:
     from IPython.testing.globalipapp import start_ipython
@@ -36,8 +46,9 @@ def ip() -> Any:
 def shell(ip: Any, capsys: Any) -> Any:
     """A real InteractiveShell with the extension unloaded before and after."""
     _unload(ip)
-    if hasattr(ip, "_gpumem_nb_history"):
-        delattr(ip, "_gpumem_nb_history")
+    for attr in ("_gpumem_nb_history", "_gpumem_nb_config"):
+        if hasattr(ip, attr):
+            delattr(ip, attr)
     ip.run_cell("%reset -f", store_history=False)
     for name in ("last_exc", "last_type", "last_value", "last_traceback"):
         if hasattr(sys, name):

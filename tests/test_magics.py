@@ -10,7 +10,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from gpumem_nb.magics import current_monitor
-from gpumem_nb.monitor import PEAK_PRESERVE
+from gpumem_nb.settings import PEAK_PRESERVE
 from gpumem_nb.views import CellReport
 
 from .fakes import GiB, MiB

@@ -1,0 +1,149 @@
+"""The chart's data, kept apart from the chart: bounded series and what to send.
+
+Plotly's FigureWidget has no "extend traces": every update resends whole arrays. So the
+timeline keeps its own fixed-size numpy buffers (memory stays flat however long the kernel
+runs) and prepares, per tick, the smallest arrays that draw the same picture:
+
+- runs of equal values collapse to their two ends (memory is mostly flat between cells);
+- beyond ``max_points``, older history is bucketed keeping each bucket's minimum and maximum,
+  so a short spike survives downsampling instead of being averaged away.
+
+Pure numpy; the only numpy importer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .model import Sample
+
+SERIES = ("nvml_used", "process", "reserved", "allocated", "rss")
+GIB = float(1 << 30)
+MAX_POINTS = 2000
+
+
+@dataclass(frozen=True)
+class Arrays:
+    """One trace's x (seconds) and y (GiB) as float arrays, ready for plotly."""
+
+    x: np.ndarray
+    y: np.ndarray
+
+    def same_as(self, other: Arrays | None) -> bool:
+        return (other is not None and self.x.shape == other.x.shape
+                and bool(np.array_equal(self.x, other.x))
+                and bool(np.array_equal(self.y, other.y, equal_nan=True)))
+
+
+def values_of(sample: Sample, device: int) -> dict[str, float]:
+    """A sample's values in GiB for one device; NaN where unknown (plotly leaves a gap)."""
+    nan = float("nan")
+    d = sample.device(device)
+    nv = d.nvml if d else None
+    al = d.allocator if d else None
+
+    def gib(v: int | None) -> float:
+        return nan if v is None else v / GIB
+
+    return {
+        "nvml_used": gib(nv.used_bytes if nv else None),
+        "process": gib(nv.process_bytes if nv else None),
+        "reserved": gib(al.reserved_bytes if al else None),
+        "allocated": gib(al.allocated_bytes if al else None),
+        "rss": gib(sample.rss_bytes),
+    }
+
+
+def _bucket_extremes(y: np.ndarray, size: int) -> np.ndarray:
+    """Per bucket of ``size`` consecutive points, the indices of its min and max (vectorised:
+    the chart is redrawn on every tick)."""
+    buckets = len(y) // size
+    block = y[: buckets * size].reshape(buckets, size)
+    nan = np.isnan(block)
+    i_max = np.argmax(np.where(nan, -np.inf, block), axis=1)
+    i_min = np.argmin(np.where(nan, np.inf, block), axis=1)
+    base = np.arange(buckets) * size
+    return np.concatenate([base + i_min, base + i_max])
+
+
+def keep_peaks(x: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
+    """At most ``max_points``: the newest half as is, older ones as per-bucket min and max."""
+    n = len(x)
+    if n <= max_points:
+        return x, y
+    recent = max_points // 2
+    old = n - recent
+    size = -(-old // ((max_points - recent) // 2))  # ceil: at most that many buckets
+    idx = np.unique(_bucket_extremes(y[:old], size))
+    tail = old - (old // size) * size  # points that did not fill a whole bucket
+    keep = np.concatenate([idx, np.arange(old - tail, n)])
+    keep = keep[-max_points:] if len(keep) > max_points else keep
+    return x[keep], y[keep]
+
+
+def collapse_runs(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Drop the inner points of runs of equal values; the line looks the same."""
+    n = len(y)
+    if n <= 2:
+        return x, y
+    same_prev = np.empty(n, dtype=bool)
+    same_next = np.empty(n, dtype=bool)
+    eq = (y[1:] == y[:-1]) | (np.isnan(y[1:]) & np.isnan(y[:-1]))
+    same_prev[0], same_prev[1:] = False, eq
+    same_next[-1], same_next[:-1] = False, eq
+    keep = ~(same_prev & same_next)
+    return x[keep], y[keep]
+
+
+class Timeline:
+    """Fixed-capacity series for one device. When full, the older half is compacted by
+    ``keep_peaks`` so an hour at 10 Hz costs the same memory as a minute."""
+
+    def __init__(self, capacity: int = 8192) -> None:
+        self.capacity = capacity
+        self.t = np.empty(capacity)
+        self.v = {name: np.empty(capacity) for name in SERIES}
+        self.n = 0
+
+    def append(self, t_s: float, values: dict[str, float]) -> None:
+        if self.n == self.capacity:
+            self._compact()
+        self.t[self.n] = t_s
+        for name in SERIES:
+            self.v[name][self.n] = values[name]
+        self.n += 1
+
+    def _compact(self) -> None:
+        half = self.capacity // 2
+        # Buckets of 32 keep at most 11 of 32 points (start, and each series' min and max),
+        # so every compaction frees at least a third of the buffer.
+        idx = _peak_indices(self.v, half, 32)
+        keep = np.concatenate([idx, np.arange(half, self.n)])
+        m = len(keep)
+        self.t[:m] = self.t[keep]
+        for name in SERIES:
+            self.v[name][:m] = self.v[name][keep]
+        self.n = m
+
+    def max_value(self) -> float:
+        """The highest known value of any series, 0.0 when there is none."""
+        tops = [np.nanmax(self.v[k][: self.n]) for k in SERIES
+                if self.n and not np.all(np.isnan(self.v[k][: self.n]))]
+        return float(max(tops, default=0.0))
+
+    def arrays(self, name: str, t0_s: float, max_points: int = MAX_POINTS) -> Arrays:
+        x = (self.t[: self.n] - t0_s).astype(np.float64)
+        y = self.v[name][: self.n].astype(np.float64)
+        x, y = collapse_runs(x, y)
+        x, y = keep_peaks(x, y, max_points)
+        return Arrays(x=x, y=y)
+
+
+def _peak_indices(values: dict[str, np.ndarray], n: int, size: int) -> np.ndarray:
+    """Indices in [0, n) that keep every series' per-bucket min and max."""
+    parts = [np.arange(0, n - n % size, size)]
+    parts += [_bucket_extremes(arr[:n], size) for arr in values.values()]
+    parts.append(np.arange(n - n % size, n))
+    return np.unique(np.concatenate(parts))

@@ -1,0 +1,206 @@
+"""The live chart, built in IPython's real shell with scripted readings."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gpumem_nb.magics import current_monitor
+from gpumem_nb.model import DeviceSample, NvmlReading, Sample
+from gpumem_nb.timeline import (
+    MAX_POINTS,
+    SERIES,
+    Timeline,
+    collapse_runs,
+    keep_peaks,
+    values_of,
+)
+
+from .fakes import GiB
+
+
+def run(ip: Any, source: str, cell_id: str | None = None) -> Any:
+    return ip.run_cell(source, store_history=True, cell_id=cell_id)
+
+
+@pytest.fixture
+def chart(shell: Any, fake_gpu: Any, capsys: Any) -> Any:
+    """The extension loaded on a fake H200, sampler stopped so the test drives every tick."""
+    run(shell, "%load_ext gpumem_nb")
+    mon = current_monitor(shell)
+    mon.sampler.stop()
+    shell.user_ns["cuda"] = fake_gpu.cuda
+    run(shell, "%gpumem watch")
+    capsys.readouterr()
+    return mon.widget
+
+
+def trace(widget: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
+    t = widget.fig.data[SERIES.index(name)]
+    return np.asarray(t.x, dtype=float), np.asarray(t.y, dtype=float)
+
+
+def test_chart_shows_nvml_process_reserved_and_allocated_in_gib(chart, fake_gpu):
+    held = fake_gpu.cuda.tensor(2 * GiB)
+    chart.monitor.sampler.tick()
+    assert held is not None
+    assert trace(chart, "allocated")[1][-1] == pytest.approx(2.0)
+    assert trace(chart, "reserved")[1][-1] == pytest.approx(2.0)
+    assert trace(chart, "nvml_used")[1][-1] == pytest.approx(2.0 + 500 / 1024)
+    assert trace(chart, "process")[1][-1] == pytest.approx(2.0 + 500 / 1024)
+    assert chart.fig.layout.shapes[0].y0 == pytest.approx(141.0)  # the total, as a line
+
+
+def test_every_cell_boundary_gets_a_mark_labelled_with_its_count(chart, shell):
+    for i in range(3):
+        run(shell, f"k{i} = {i}")
+    chart.monitor.sampler.tick()
+    labels = chart.fig.data[len(SERIES) + 1]
+    counts = [r.execution_count for r in chart.monitor.history.records()][-3:]
+    assert list(labels.text)[-3:] == [f"[{n}]" for n in counts]
+    lines = chart.fig.data[len(SERIES)]
+    assert len(lines.x) == 3 * len(labels.x)  # x, x, gap per mark
+
+
+def test_header_row_shows_the_numbers_and_the_last_cell_peak(chart, shell):
+    run(shell, "t = cuda.tensor(3 * 2**30)")
+    chart.monitor.sampler.tick()
+    value = chart.header.value
+    assert "NVIDIA H200" in value and "3.00 GiB" in value and "500.00 MiB" in value
+
+
+def test_accumulation_banner_names_the_cell_cause_and_holders(chart, shell):
+    assert chart.banner.layout.display == "none"
+    for _ in range(3):
+        run(shell, "y = cuda.tensor(64 * 2**20)\ny", cell_id="rerun")
+    chart.monitor.sampler.tick()
+    assert chart.banner.layout.display == "block"
+    assert "keeps growing" in chart.banner.value and "live tensors" in chart.banner.value
+    assert "Out[" in chart.banner.value
+
+
+def test_cleanup_button_runs_the_safe_cleanup_and_shows_the_report(chart, shell, fake_gpu):
+    run(shell, "def f():\n    big = cuda.tensor(2**30)\n    raise ValueError\nf()")
+    run(shell, "keep = cuda.tensor(2**30)")
+    chart.cleanup_button.click()
+    assert "what each step freed" in chart.report.value
+    assert "empty_cache" in fake_gpu.cuda.calls
+    assert "keep" in shell.user_ns and fake_gpu.cuda.devices[0].allocated == GiB
+
+
+def test_cleanup_button_while_a_cell_runs_says_so_and_does_nothing(chart, fake_gpu):
+    mon = chart.monitor
+    mon.pre_run_cell(type("Info", (), {"raw_cell": "train()", "cell_id": "long"})())
+    try:
+        mon.sampler.tick()
+        assert chart.cleanup_button.description == "Clean up (a cell is running)"
+        chart.cleanup_button.click()
+        assert "A cell is running" in chart.report.value
+        assert "empty_cache" not in fake_gpu.cuda.calls
+    finally:
+        mon.post_run_cell(None)
+    mon.sampler.tick()
+    assert chart.cleanup_button.description == "Clean up"
+
+
+def test_hooks_and_buttons_never_draw_the_figure_themselves(chart, shell):
+    before = chart.draws
+    run(shell, "z = 1")  # the hook enqueues and asks for a tick; the sampler is stopped here
+    chart.cleanup_button.click()
+    # With the sampler stopped the producer draws once itself, never the hook.
+    assert chart.draws - before <= 1
+
+
+def test_pause_stops_drawing_but_not_recording(chart, fake_gpu):
+    chart.pause_button.value = True
+    draws = chart.draws
+    chart.monitor.sampler.tick()
+    assert chart.draws == draws and chart.timelines[0].n > 0
+    chart.pause_button.value = False
+    chart.monitor.sampler.tick()
+    assert chart.draws == draws + 1
+
+
+def test_watch_twice_shows_the_same_single_widget(chart, shell):
+    fig = chart.fig
+    run(shell, "%gpumem watch")
+    assert current_monitor(shell).widget is chart and chart.fig is fig
+
+
+def test_display_bundle_carries_text_and_html_for_static_viewers(chart):
+    chart.monitor.sampler.tick()
+    bundle = chart._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert "NVML used / total" in bundle["text/plain"]
+    assert "<table" in bundle["text/html"]
+
+
+def test_unload_closes_the_widget(chart, shell):
+    run(shell, "%unload_ext gpumem_nb")
+    assert chart._closed and chart.fig.comm is None
+
+
+def test_without_a_gpu_the_chart_says_so_and_plots_host_ram(shell, no_gpu, capsys):
+    run(shell, "%load_ext gpumem_nb")
+    mon = current_monitor(shell)
+    mon.sampler.stop()
+    run(shell, "%gpumem watch")
+    mon.sampler.tick()
+    w = mon.widget
+    assert "No GPU visible" in w.header.value
+    rss = w.fig.data[SERIES.index("rss")]
+    assert rss.visible is True and len(rss.y) >= 1
+
+
+def test_replay_drives_the_chart_from_the_bundled_h200_session(shell, no_gpu, capsys):
+    run(shell, "%load_ext gpumem_nb")
+    run(shell, "%gpumem watch --replay bundled")
+    mon = current_monitor(shell)
+    mon.sampler.stop()
+    mon.sampler.tick()
+    assert "NVIDIA H200" in mon.widget.header.value
+
+
+def test_bad_replay_file_is_a_usage_error(shell, no_gpu, capsys, tmp_path):
+    run(shell, "%load_ext gpumem_nb")
+    result = run(shell, f"%gpumem watch --replay {tmp_path / 'missing.json'}")
+    assert type(result.error_in_exec).__name__ == "UsageError"
+
+
+# -- bounded data --------------------------------------------------------------------------
+def nvml_sample(t: float, used: int) -> Sample:
+    nv = NvmlReading(0, "H200", "GPU-a", "", 141 * GiB, used)
+    return Sample(t_s=t, wall_s=t, rss_bytes=GiB, devices=(DeviceSample(0, nv, None),))
+
+
+def test_an_hour_at_10hz_keeps_at_most_2000_points_and_the_spike():
+    tl = Timeline()
+    rng = np.random.default_rng(0)
+    for i in range(36_000):
+        used = int((10 + rng.random()) * GiB) if i != 1234 else 120 * GiB  # one 0.1 s spike
+        s = nvml_sample(i / 10, used)
+        tl.append(s.t_s, values_of(s, 0))
+    assert tl.n <= tl.capacity
+    a = tl.arrays("nvml_used", 0.0)
+    assert len(a.x) <= MAX_POINTS
+    assert float(np.nanmax(a.y)) == pytest.approx(120.0)  # the peak survived
+    assert np.all(np.diff(a.x) > 0)
+
+
+def test_flat_memory_collapses_to_the_ends_of_each_run():
+    x = np.arange(10.0)
+    y = np.array([1, 1, 1, 2, 2, 2, 2, 1, 1, 1], dtype=float)
+    cx, cy = collapse_runs(x, y)
+    assert list(cx) == [0, 2, 3, 6, 7, 9] and list(cy) == [1, 1, 2, 2, 1, 1]
+
+
+def test_keep_peaks_keeps_every_bucket_extreme():
+    x = np.arange(10_000.0)
+    y = np.zeros(10_000)
+    y[17], y[4321] = 5.0, -3.0
+    kx, ky = keep_peaks(x, y, 500)
+    assert len(kx) <= 500 and 5.0 in ky and -3.0 in ky
+    assert not any(math.isnan(v) for v in ky)
