@@ -127,9 +127,9 @@ class Timeline:
             self.v[name][:m] = self.v[name][keep]
         self.n = m
 
-    def max_value(self) -> float:
-        """The highest known value of any series, 0.0 when there is none."""
-        tops = [np.nanmax(self.v[k][: self.n]) for k in SERIES
+    def max_value(self, names: tuple[str, ...] = SERIES) -> float:
+        """The highest known value of the named series, 0.0 when there is none."""
+        tops = [np.nanmax(self.v[k][: self.n]) for k in names
                 if self.n and not np.all(np.isnan(self.v[k][: self.n]))]
         return float(max(tops, default=0.0))
 

@@ -52,7 +52,7 @@ class MemoryWidget:
         self.paused = False
         self.draws = 0
         self._sent: dict[int, Arrays] = {}
-        self._marks_sent: tuple[int, float] = (-1, 0.0)
+        self._marks_sent: tuple[int, float, float, float] = (-1, 0.0, 0.0, 0.0)
         self._inbox: deque[Callable[[], None]] = deque()
         self._draw_lock = threading.Lock()
         self._closed = False
@@ -68,12 +68,13 @@ class MemoryWidget:
                           showlegend=False),
                go.Scatter(x=[], y=[], text=[], mode="text", textposition="top center",
                           name="cell", showlegend=False, textfont={"size": 10},
+                          cliponaxis=False,
                           hovertemplate="cell %{text}<extra></extra>")],
             layout=go.Layout(
-                height=340, margin={"l": 50, "r": 20, "t": 30, "b": 40},
+                height=380, margin={"l": 50, "r": 20, "t": 34, "b": 40},
                 xaxis={"title": {"text": "seconds since %load_ext gpumem_nb"}},
                 yaxis={"title": {"text": "GiB"}, "rangemode": "tozero"},
-                legend={"orientation": "h", "y": 1.12},
+                legend={"orientation": "h", "y": -0.22, "x": 0},
                 hovermode="x unified", template="plotly_white",
             ),
         )
@@ -81,7 +82,7 @@ class MemoryWidget:
         self.banner = widgets.HTML(layout=widgets.Layout(display="none"))
         self.report = widgets.HTML()
         self.cleanup_button = widgets.Button(
-            description="Clean up", icon="broom",
+            description="Clean up", icon="broom", layout=widgets.Layout(width="auto"),
             tooltip="Drop the stored exception, gc.collect(), empty_cache(); never deletes "
                     "your variables")
         self.cleanup_button.on_click(self._on_cleanup_click)
@@ -149,36 +150,51 @@ class MemoryWidget:
             self.draws += 1
 
     def _draw_marks(self, sample: Sample | None) -> None:
-        marks = list(self.monitor.marks)[-MAX_MARKS:]
+        """Cell marks, the y range and the total/headroom note: resent only when they change.
+
+        The y axis follows the data, not the device total: a 141 GiB axis would flatten a
+        notebook's few GiB into the floor. The total is drawn once it is in range and always
+        named, with the headroom, in the corner.
+        """
+        tl = self.timelines.get(self.device)
+        shown = SERIES if not self.has_gpu else tuple(k for k in SERIES if k != "rss")
+        top = round(max(tl.max_value(shown) if tl else 0.0, 0.01) * 1.15, 3)
         total = self._total_gib(sample)
-        key = (len(self.monitor.marks), total)
+        used = self._used_gib(sample)
+        key = (len(self.monitor.marks), top, total, round(used, 2))
         if key == self._marks_sent:
             return
         self._marks_sent = key
+        marks = list(self.monitor.marks)[-MAX_MARKS:]
         xs = [t - self.t0_s for t, _ in marks]
-        nan = float("nan")
-        line_x = [v for x in xs for v in (x, x, nan)]
-        line_y = [v for _ in xs for v in (0.0, total, nan)]
+        # Gaps as None: NaN in a plain list is not valid JSON.
+        line_x: list[float | None] = [v for x in xs for v in (x, x, None)]
+        line_y: list[float | None] = [v for _ in xs for v in (0.0, top, None)]
         self.fig.data[_MARKS].x, self.fig.data[_MARKS].y = line_x, line_y
         labels = self.fig.data[_LABELS]
-        labels.x, labels.y = xs, [total] * len(xs)
+        labels.x, labels.y = xs, [top] * len(xs)
         labels.text = [f"[{n}]" if n is not None else "" for _, n in marks]
+        self.fig.layout.yaxis.range = [0, max(top * 1.08, total * 1.02 if total <= top else 0)]
         if total and self.has_gpu:
             self.fig.layout.shapes = [{
                 "type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": total, "y1": total,
-                "line": {"color": "#d62728", "width": 1, "dash": "dash"}}]
+                "line": {"color": "#d62728", "width": 1, "dash": "dash"}}] if total <= top else []
             self.fig.layout.annotations = [{
-                "xref": "paper", "x": 1, "y": total, "xanchor": "right", "yanchor": "bottom",
-                "text": f"total {total:.0f} GiB", "showarrow": False,
-                "font": {"color": "#d62728", "size": 10}}]
+                "xref": "paper", "yref": "paper", "x": 1, "y": 1.04, "xanchor": "right",
+                "yanchor": "bottom", "showarrow": False, "font": {"color": "#d62728", "size": 11},
+                "text": f"total {total:.1f} GiB · headroom {max(total - used, 0):.1f} GiB"}]
 
     def _total_gib(self, sample: Sample | None) -> float:
         d = sample.device(self.device) if sample else None
         if d is not None and d.nvml is not None and d.nvml.total_bytes:
             return d.nvml.total_bytes / GIB
-        tl = self.timelines.get(self.device)
-        # Without a device total (no GPU: host RAM only), marks span the highest value seen.
-        return round(max(tl.max_value() if tl else 0.0, 0.01) * 1.1, 2)
+        return 0.0
+
+    def _used_gib(self, sample: Sample | None) -> float:
+        d = sample.device(self.device) if sample else None
+        if d is not None and d.nvml is not None and d.nvml.used_bytes is not None:
+            return d.nvml.used_bytes / GIB
+        return 0.0
 
     def _header_html(self, sample: Sample | None) -> str:
         status = self.monitor.source.status()
@@ -254,7 +270,7 @@ class MemoryWidget:
         def switch() -> None:
             self.device = int(change["new"])
             self._sent.clear()
-            self._marks_sent = (-1, 0.0)
+            self._marks_sent = (-1, 0.0, 0.0, 0.0)
 
         self._post(switch)
 
