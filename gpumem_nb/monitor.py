@@ -204,6 +204,8 @@ class Monitor:
                 thread_id=threading.get_ident(), reset_peak=did_reset, watermark=wm,
             )
             self.sampler.record(before)
+            # Marked at its start, so a long cell shows on the chart while it runs.
+            self.marks.append((before.t_s, self._pending.execution_count))
         except Exception as e:
             self._pending = None
             self._contain("pre_run_cell", e)
@@ -232,7 +234,6 @@ class Monitor:
             reset_at_start=pending.reset_peak, error=error_text(result),
         )
         self.history.append(rec)
-        self.marks.append((pending.before.t_s, count))
         verdict = self.tracker.observe(rec)
         if verdict is not None:
             verdict = self._explain(verdict)

@@ -68,6 +68,19 @@ def _bucket_extremes(y: np.ndarray, size: int) -> np.ndarray:
     return np.concatenate([base + i_min, base + i_max])
 
 
+def mark_arrays(xs: list[float], top: float) -> tuple[Arrays, Arrays]:
+    """Vertical lines at each x (x, x, gap per mark) and label positions at their tops.
+
+    As numpy arrays they travel as binary, where NaN gaps are fine; a NaN in a plain list
+    would not be valid JSON.
+    """
+    x = np.asarray(xs, dtype=np.float32)
+    line_x = np.repeat(x, 3)
+    line_x[2::3] = np.nan
+    line_y = np.tile(np.asarray([0.0, top, np.nan], dtype=np.float32), len(x))
+    return Arrays(line_x, line_y), Arrays(x, np.full(len(x), top, dtype=np.float32))
+
+
 def keep_peaks(x: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
     """At most ``max_points``: the newest half as is, older ones as per-bucket min and max."""
     n = len(x)
@@ -133,9 +146,18 @@ class Timeline:
                 if self.n and not np.all(np.isnan(self.v[k][: self.n]))]
         return float(max(tops, default=0.0))
 
-    def arrays(self, name: str, t0_s: float, max_points: int = MAX_POINTS) -> Arrays:
-        x = (self.t[: self.n] - t0_s).astype(np.float64)
-        y = self.v[name][: self.n].astype(np.float64)
+    def arrays(self, name: str, t0_s: float, max_points: int = MAX_POINTS, *,
+               since_s: float | None = None, until_s: float | None = None) -> Arrays:
+        """One series between two times (inclusive), as float32, collapsed and bounded.
+
+        float32 halves what goes over the wire; seconds since load keep 0.25 ms resolution
+        for a day.
+        """
+        t = self.t[: self.n]
+        lo = 0 if since_s is None else int(np.searchsorted(t, since_s, side="left"))
+        hi = self.n if until_s is None else int(np.searchsorted(t, until_s, side="right"))
+        x = (t[lo:hi] - t0_s).astype(np.float32)
+        y = self.v[name][lo:hi].astype(np.float32)
         x, y = collapse_runs(x, y)
         x, y = keep_peaks(x, y, max_points)
         return Arrays(x=x, y=y)

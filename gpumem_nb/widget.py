@@ -25,7 +25,7 @@ from .cleanup import CleanupRequest
 from .model import CellRecord, Sample, Verdict
 from .records import format_peak
 from .snapshot import Snapshot, device_row
-from .timeline import GIB, SERIES, Arrays, Timeline, values_of
+from .timeline import GIB, MAX_POINTS, SERIES, Arrays, Timeline, mark_arrays, values_of
 from .units import format_bytes
 
 _TRACES = {
@@ -35,8 +35,15 @@ _TRACES = {
     "allocated": ("allocated (live tensors)", "#1f77b4"),
     "rss": ("host RAM (RSS)", "#2ca02c"),
 }
-_MARKS, _LABELS = len(SERIES), len(SERIES) + 1
-MAX_MARKS = 200
+# Trace layout: one "history" and one "recent" trace per series, then cell marks and labels.
+_RECENT = len(SERIES)
+_MARKS, _LABELS = 2 * len(SERIES), 2 * len(SERIES) + 1
+MAX_MARKS = 100
+# FigureWidget resends whole arrays on every change. The long, downsampled history is resent
+# only every HISTORY_REFRESH_S; each tick resends just the few points since then. At the
+# default 0.5 s interval that keeps comm traffic around a few KB/s even for a busy GPU.
+HISTORY_REFRESH_S = 10.0
+HISTORY_POINTS = MAX_POINTS - 200
 _HEADER = ("GPU", "used / total", "this process", "reserved", "allocated", "last cell peak",
            "outside PyTorch")
 
@@ -52,17 +59,22 @@ class MemoryWidget:
         self.paused = False
         self.draws = 0
         self._sent: dict[int, Arrays] = {}
+        self._history_until_s: float | None = None
         self._marks_sent: tuple[int, float, float, float] = (-1, 0.0, 0.0, 0.0)
         self._inbox: deque[Callable[[], None]] = deque()
         self._draw_lock = threading.Lock()
         self._closed = False
 
+        def series(k: str, recent: bool) -> go.Scatter:
+            return go.Scatter(
+                x=[], y=[], name=_TRACES[k][0], mode="lines", legendgroup=k,
+                showlegend=not recent,
+                line={"color": _TRACES[k][1], "width": 2, "shape": "hv"},
+                hovertemplate="%{y:.2f} GiB<extra>" + _TRACES[k][0] + "</extra>",
+                visible=True if (k != "rss" or not self.has_gpu) else "legendonly")
+
         self.fig = go.FigureWidget(
-            data=[go.Scatter(x=[], y=[], name=_TRACES[k][0], mode="lines",
-                             line={"color": _TRACES[k][1], "width": 2, "shape": "hv"},
-                             hovertemplate="%{y:.2f} GiB<extra>%{fullData.name}</extra>",
-                             visible=True if (k != "rss" or not self.has_gpu) else "legendonly")
-                  for k in SERIES]
+            data=[series(k, False) for k in SERIES] + [series(k, True) for k in SERIES]
             + [go.Scatter(x=[], y=[], name="cells", mode="lines", hoverinfo="skip",
                           line={"color": "rgba(0,0,0,0.25)", "width": 1, "dash": "dot"},
                           showlegend=False),
@@ -139,15 +151,25 @@ class MemoryWidget:
                 self.header.value = header
             if tl is None or tl.n == 0:
                 return
+            now = float(tl.t[tl.n - 1])
+            until = self._history_until_s
+            refresh = until is None or now - until >= HISTORY_REFRESH_S
+            if refresh:
+                until = self._history_until_s = now
             with self.fig.batch_update():
                 for i, name in enumerate(SERIES):
-                    arrays = tl.arrays(name, self.t0_s)
-                    if not arrays.same_as(self._sent.get(i)):
-                        trace = self.fig.data[i]
-                        trace.x, trace.y = arrays.x, arrays.y
-                        self._sent[i] = arrays
+                    if refresh:
+                        self._set(i, tl.arrays(name, self.t0_s, HISTORY_POINTS, until_s=until))
+                    # The recent trace starts at the history's last point, so they join.
+                    self._set(_RECENT + i, tl.arrays(name, self.t0_s, since_s=until))
                 self._draw_marks(sample)
             self.draws += 1
+
+    def _set(self, index: int, arrays: Arrays) -> None:
+        if not arrays.same_as(self._sent.get(index)):
+            trace = self.fig.data[index]
+            trace.x, trace.y = arrays.x, arrays.y
+            self._sent[index] = arrays
 
     def _draw_marks(self, sample: Sample | None) -> None:
         """Cell marks, the y range and the total/headroom note: resent only when they change.
@@ -166,13 +188,10 @@ class MemoryWidget:
             return
         self._marks_sent = key
         marks = list(self.monitor.marks)[-MAX_MARKS:]
-        xs = [t - self.t0_s for t, _ in marks]
-        # Gaps as None: NaN in a plain list is not valid JSON.
-        line_x: list[float | None] = [v for x in xs for v in (x, x, None)]
-        line_y: list[float | None] = [v for _ in xs for v in (0.0, top, None)]
-        self.fig.data[_MARKS].x, self.fig.data[_MARKS].y = line_x, line_y
+        lines, tops = mark_arrays([t - self.t0_s for t, _ in marks], top)
+        self.fig.data[_MARKS].x, self.fig.data[_MARKS].y = lines.x, lines.y
         labels = self.fig.data[_LABELS]
-        labels.x, labels.y = xs, [top] * len(xs)
+        labels.x, labels.y = tops.x, tops.y
         labels.text = [f"[{n}]" if n is not None else "" for _, n in marks]
         self.fig.layout.yaxis.range = [0, max(top * 1.08, total * 1.02 if total <= top else 0)]
         if total and self.has_gpu:
@@ -270,6 +289,7 @@ class MemoryWidget:
         def switch() -> None:
             self.device = int(change["new"])
             self._sent.clear()
+            self._history_until_s = None
             self._marks_sent = (-1, 0.0, 0.0, 0.0)
 
         self._post(switch)

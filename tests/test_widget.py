@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from gpumem_nb.magics import current_monitor
+from gpumem_nb.widget import _LABELS, _MARKS, _RECENT
 from gpumem_nb.model import DeviceSample, NvmlReading, Sample
 from gpumem_nb.timeline import (
     MAX_POINTS,
@@ -39,8 +40,14 @@ def chart(shell: Any, fake_gpu: Any, capsys: Any) -> Any:
 
 
 def trace(widget: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
-    t = widget.fig.data[SERIES.index(name)]
-    return np.asarray(t.x, dtype=float), np.asarray(t.y, dtype=float)
+    """A series as the browser draws it: the history trace, then the recent one."""
+    i = SERIES.index(name)
+    old, new = widget.fig.data[i], widget.fig.data[_RECENT + i]
+    def arr(v: Any) -> np.ndarray:
+        return np.asarray(v if v is not None else [], dtype=float)
+
+    return (np.concatenate([arr(old.x), arr(new.x)]),
+            np.concatenate([arr(old.y), arr(new.y)]))
 
 
 def test_chart_shows_nvml_process_reserved_and_allocated_in_gib(chart, fake_gpu):
@@ -60,10 +67,10 @@ def test_every_cell_boundary_gets_a_mark_labelled_with_its_count(chart, shell):
     for i in range(3):
         run(shell, f"k{i} = {i}")
     chart.monitor.sampler.tick()
-    labels = chart.fig.data[len(SERIES) + 1]
+    labels = chart.fig.data[_LABELS]
     counts = [r.execution_count for r in chart.monitor.history.records()][-3:]
     assert list(labels.text)[-3:] == [f"[{n}]" for n in counts]
-    lines = chart.fig.data[len(SERIES)]
+    lines = chart.fig.data[_MARKS]
     assert len(lines.x) == 3 * len(labels.x)  # x, x, gap per mark
 
 
@@ -154,7 +161,7 @@ def test_without_a_gpu_the_chart_says_so_and_plots_host_ram(shell, no_gpu, capsy
     w = mon.widget
     assert "No GPU visible" in w.header.value
     rss = w.fig.data[SERIES.index("rss")]
-    assert rss.visible is True and len(rss.y) >= 1
+    assert rss.visible is True and len(trace(w, "rss")[1]) >= 1
 
 
 def test_replay_drives_the_chart_from_the_bundled_h200_session(shell, no_gpu, capsys):
@@ -206,3 +213,20 @@ def test_keep_peaks_keeps_every_bucket_extreme():
     kx, ky = keep_peaks(x, y, 500)
     assert len(kx) <= 500 and 5.0 in ky and -3.0 in ky
     assert not any(math.isnan(v) for v in ky)
+
+
+def test_long_history_is_resent_only_every_refresh_while_recent_points_flow(chart, fake_gpu):
+    from gpumem_nb import widget as widget_mod
+
+    tick = chart.monitor.sampler.tick
+    tick()
+    history = chart.fig.data[0].x
+    recent_lengths = []
+    for _ in range(3):
+        tick()
+        recent_lengths.append(len(chart.fig.data[_RECENT].x))
+    assert chart.fig.data[0].x is history  # untouched between refreshes
+    assert recent_lengths[-1] >= 1
+    chart._history_until_s -= widget_mod.HISTORY_REFRESH_S
+    tick()
+    assert chart.fig.data[0].x is not history
