@@ -55,6 +55,7 @@ def main() -> None:
     from IPython.testing.globalipapp import start_ipython
 
     from gpumem_nb.magics import current_monitor
+    from gpumem_nb.model import CellMark
     from gpumem_nb.sources.replay import ReplaySource
     from gpumem_nb.widget import show
 
@@ -80,7 +81,7 @@ def main() -> None:
     # With cells: a boundary mark every 10 s, as a busy notebook would make.
     b0 = SENT["bytes"]
     for i in range(60):
-        mon.marks.append((clock.now, 100 + i))
+        mon.marks.append(CellMark(clock.now, 100 + i))
         drive(mon, clock, 20, 0.5)
     results["default_rate_with_a_cell_every_10s_kb_per_s"] = round(
         (SENT["bytes"] - b0) / 600 / 1000, 2)

@@ -204,3 +204,12 @@ class Verdict:
     raised: bool = False  # the run ended in an exception (its traceback may hold the memory)
     holders: tuple[Holder, ...] = ()
     message: str = ""
+
+
+@dataclass
+class CellMark:
+    """A cell's start on the timeline; its count is filled in when the cell ends (shown as
+    ``[*]`` meanwhile, as Jupyter shows a running cell)."""
+
+    t_s: float
+    execution_count: int | None = None

@@ -31,7 +31,7 @@ from .analysis import (
     verdict_message,
 )
 from .holders import Scanner, last_exception_objects
-from .model import CAUSE_LIVE_TENSORS, CellRecord, Holder, Sample, Verdict
+from .model import CAUSE_LIVE_TENSORS, CellMark, CellRecord, Holder, Sample, Verdict
 from .records import History
 from .sampler import Sampler
 from .settings import PEAK_RESET, Config
@@ -52,6 +52,7 @@ class _Pending:
     thread_id: int
     reset_peak: bool
     watermark: Watermark = field(default_factory=Watermark)
+    mark: CellMark = field(default_factory=lambda: CellMark(0.0))
 
 
 def cell_key_of(info: Any) -> str:
@@ -88,7 +89,7 @@ class Monitor:
         if self.config.device is not None:
             self.select_device(self.config.device)
         self.verdicts: deque[Verdict] = deque(maxlen=100)
-        self.marks: deque[tuple[float, int | None]] = deque(maxlen=10_000)
+        self.marks: deque[CellMark] = deque(maxlen=10_000)
         self._depth = 0
         self._pending: _Pending | None = None
         self._watermarks: list[Watermark] = []
@@ -202,10 +203,11 @@ class Monitor:
                 source=getattr(info, "raw_cell", "") or "",
                 execution_count=getattr(self.shell, "execution_count", None),
                 thread_id=threading.get_ident(), reset_peak=did_reset, watermark=wm,
+                mark=CellMark(before.t_s),
             )
             self.sampler.record(before)
             # Marked at its start, so a long cell shows on the chart while it runs.
-            self.marks.append((before.t_s, self._pending.execution_count))
+            self.marks.append(self._pending.mark)
         except Exception as e:
             self._pending = None
             self._contain("pre_run_cell", e)
@@ -234,6 +236,7 @@ class Monitor:
             reset_at_start=pending.reset_peak, error=error_text(result),
         )
         self.history.append(rec)
+        pending.mark.execution_count = count
         verdict = self.tracker.observe(rec)
         if verdict is not None:
             verdict = self._explain(verdict)

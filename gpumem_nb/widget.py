@@ -60,7 +60,7 @@ class MemoryWidget:
         self.draws = 0
         self._sent: dict[int, Arrays] = {}
         self._history_until_s: float | None = None
-        self._marks_sent: tuple[int, float, float, float] = (-1, 0.0, 0.0, 0.0)
+        self._marks_sent: tuple[Any, ...] = ()
         self._inbox: deque[Callable[[], None]] = deque()
         self._draw_lock = threading.Lock()
         self._closed = False
@@ -183,16 +183,19 @@ class MemoryWidget:
         top = round(max(tl.max_value(shown) if tl else 0.0, 0.01) * 1.15, 3)
         total = self._total_gib(sample)
         used = self._used_gib(sample)
-        key = (len(self.monitor.marks), top, total, round(used, 2))
+        last = self.monitor.marks[-1] if self.monitor.marks else None
+        key = (len(self.monitor.marks), last.execution_count if last else None, top, total,
+               round(used, 2))
         if key == self._marks_sent:
             return
         self._marks_sent = key
         marks = list(self.monitor.marks)[-MAX_MARKS:]
-        lines, tops = mark_arrays([t - self.t0_s for t, _ in marks], top)
+        lines, tops = mark_arrays([m.t_s - self.t0_s for m in marks], top)
         self.fig.data[_MARKS].x, self.fig.data[_MARKS].y = lines.x, lines.y
         labels = self.fig.data[_LABELS]
         labels.x, labels.y = tops.x, tops.y
-        labels.text = [f"[{n}]" if n is not None else "" for _, n in marks]
+        labels.text = [f"[{'*' if m.execution_count is None else m.execution_count}]"
+                       for m in marks]
         self.fig.layout.yaxis.range = [0, max(top * 1.08, total * 1.02 if total <= top else 0)]
         if total and self.has_gpu:
             self.fig.layout.shapes = [{
@@ -290,7 +293,7 @@ class MemoryWidget:
             self.device = int(change["new"])
             self._sent.clear()
             self._history_until_s = None
-            self._marks_sent = (-1, 0.0, 0.0, 0.0)
+            self._marks_sent = ()
 
         self._post(switch)
 

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from gpumem_nb.magics import current_monitor
-from gpumem_nb.widget import _LABELS, _MARKS, _RECENT
 from gpumem_nb.model import DeviceSample, NvmlReading, Sample
 from gpumem_nb.timeline import (
     MAX_POINTS,
@@ -19,6 +18,7 @@ from gpumem_nb.timeline import (
     keep_peaks,
     values_of,
 )
+from gpumem_nb.widget import _LABELS, _MARKS, _RECENT
 
 from .fakes import GiB
 
@@ -230,3 +230,14 @@ def test_long_history_is_resent_only_every_refresh_while_recent_points_flow(char
     chart._history_until_s -= widget_mod.HISTORY_REFRESH_S
     tick()
     assert chart.fig.data[0].x is not history
+
+
+def test_a_running_cell_is_marked_with_a_star_until_it_ends(chart):
+    mon = chart.monitor
+    mon.pre_run_cell(type("Info", (), {"raw_cell": "train()", "cell_id": "t"})())
+    mon.sampler.tick()
+    assert list(chart.fig.data[_LABELS].text)[-1] == "[*]"
+    mon.post_run_cell(type("R", (), {"execution_count": 42, "error_in_exec": None,
+                                     "error_before_exec": None})())
+    mon.sampler.tick()
+    assert list(chart.fig.data[_LABELS].text)[-1] == "[42]"
