@@ -55,6 +55,15 @@ class _Pending:
     mark: CellMark = field(default_factory=lambda: CellMark(0.0))
 
 
+def _pre_count(shell: Any, info: Any) -> int | None:
+    """The cell's number as seen before it runs. IPython has already advanced
+    ``execution_count`` when the cell stores history; cells that do not get no number."""
+    count = getattr(shell, "execution_count", None)
+    if not isinstance(count, int) or not getattr(info, "store_history", True):
+        return None
+    return count - 1
+
+
 def cell_key_of(info: Any) -> str:
     """The frontend's cell id when it sends one, else a hash of the source."""
     cell_id = getattr(info, "cell_id", None)
@@ -201,7 +210,7 @@ class Monitor:
             self._pending = _Pending(
                 before=before, cell_key=cell_key_of(info),
                 source=getattr(info, "raw_cell", "") or "",
-                execution_count=getattr(self.shell, "execution_count", None),
+                execution_count=_pre_count(self.shell, info),
                 thread_id=threading.get_ident(), reset_peak=did_reset, watermark=wm,
                 mark=CellMark(before.t_s),
             )

@@ -100,9 +100,11 @@ def test_blank_cells_record_nothing_and_print_nothing(shell, no_gpu, capsys):
 def test_post_run_cell_with_result_none_is_tolerated(shell, no_gpu):
     run(shell, "%load_ext gpumem_nb")
     mon = current_monitor(shell)
-    mon.pre_run_cell(type("Info", (), {"raw_cell": "x", "cell_id": None})())
+    mon.pre_run_cell(type("Info", (), {"raw_cell": "x", "cell_id": None,
+                                       "store_history": True})())
     mon.post_run_cell(None)
-    assert mon.history.records()[-1].raised is False
+    rec = mon.history.records()[-1]
+    assert rec.raised is False and rec.execution_count == shell.execution_count - 1
 
 
 def test_exceptions_and_keyboard_interrupt_are_recorded_as_raised(shell, no_gpu):
