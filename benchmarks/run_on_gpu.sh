@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
-# Everything the GPU machine has to say, in one call: GPU tests, benchmarks, the demo trace.
-# Usage there (after installing the wheelhouse): bash benchmarks/run_on_gpu.sh "$OUT"
+# Everything the GPU machine has to say, in one call: GPU tests, benchmarks, the widget check,
+# and the tutorials executed with their outputs. At most 8 files come back, so JSON results are
+# bundled into one tar.
+# Usage there (after installing the wheelhouse): bash benchmarks/run_on_gpu.sh "$OUT" [--trace]
 set -u
 out=${1:-/tmp/gpu_out}
-mkdir -p "$out"
-export PYTHONUNBUFFERED=1 BENCH_OUT="$out/bench"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$out/gpu.txt"
-python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$out/gpu.txt"
+mkdir -p "$out" /tmp/bench
+export PYTHONUNBUFFERED=1 BENCH_OUT=/tmp/bench GPUMEM_NB_CONFIG=/tmp/gpumem_nb.json
+{ nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
+  python3 -c "import torch; print('torch', torch.__version__)"; } 2>&1 | tee "$out/gpu.txt"
 python3 -m pytest -m gpu tests/gpu -v -s -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log"
-for b in bench_sources bench_hooks bench_who; do
-  python3 "benchmarks/$b.py" 2>&1 | tee -a "$out/bench.log"
+for b in bench_sources bench_hooks bench_who bench_widget gpu_widget_check; do
+  timeout 300 python3 "benchmarks/$b.py" 2>&1 | tee -a "$out/bench.log"
 done
-python3 benchmarks/record_h200_session.py "$out/h200_session.json" 2>&1 | tee -a "$out/bench.log"
+if [ "${2:-}" = "--trace" ]; then
+  python3 benchmarks/record_h200_session.py /tmp/bench/h200_session.json 2>&1 | tee -a "$out/bench.log"
+fi
+tar cf "$out/bench.tar" -C /tmp/bench .
+mkdir -p /tmp/nbout
+timeout 400 python3 notebooks/run_tutorials.py /tmp/nbout 2>&1 | tail -40 | tee -a "$out/bench.log"
+cp /tmp/nbout/*.ipynb "$out/" 2>/dev/null
+tar rf "$out/bench.tar" -C /tmp/nbout tutorial_timings.json 2>/dev/null
+ls -la "$out"

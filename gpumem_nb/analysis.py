@@ -204,12 +204,22 @@ class AccumulationTracker:
         )
 
 
+GRAPH_NOTE = "keeps its autograd graph"
+
+
 def top_holders(holders: Sequence[Holder], cause: str, n: int = 5) -> tuple[Holder, ...]:
-    """The holders worth naming for a cause: only GPU memory explains GPU growth."""
+    """The holders worth naming for a cause: only GPU memory explains GPU growth.
+
+    A tensor that carries ``grad_fn`` is named whatever its own size: a stored loss is four
+    bytes, but the graph behind it keeps every saved activation alive, and no scan of
+    references can size that.
+    """
     if cause != CAUSE_LIVE_TENSORS:
         return ()
     gpu = [h for h in holders if h.device.startswith("cuda")]
-    return tuple(sorted(gpu, key=lambda h: -h.nbytes)[:n])
+    graphs = [h for h in gpu if GRAPH_NOTE in h.detail]
+    largest = [h for h in sorted(gpu, key=lambda h: -h.nbytes) if h not in graphs]
+    return tuple(graphs[:n] + largest[: max(n - len(graphs), 0)])
 
 
 _ADVICE = {

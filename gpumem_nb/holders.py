@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .analysis import GRAPH_NOTE
 from .model import Holder
 
 # Names IPython keeps in the user namespace for its own bookkeeping.
@@ -140,8 +141,10 @@ class Scanner:
                 f = out[slot] = _Found(name=name, kind=kind, device=device)
             f.nbytes += nbytes
             f.tensors += 1
-            if f.tensors == 1:
-                f.details.append(self._describe(t))
+            detail = self._describe(t)
+            if f.tensors == 1 or (GRAPH_NOTE in detail and not any(
+                    GRAPH_NOTE in d for d in f.details)):
+                f.details.append(detail)
 
     def _describe(self, t: Any) -> str:
         shape = tuple(getattr(t, "shape", ()))
@@ -149,7 +152,7 @@ class Scanner:
         text = f"{dtype}{list(shape)}"
         grad_fn = getattr(t, "grad_fn", None) if self._tensor_type is not None else None
         if grad_fn is not None:
-            text += f", grad_fn={type(grad_fn).__name__} (keeps its autograd graph)"
+            text += f", grad_fn={type(grad_fn).__name__} ({GRAPH_NOTE})"
         return text
 
     # -- whole scans -------------------------------------------------------------------------
@@ -192,10 +195,17 @@ class Scanner:
                         self._attribute("unreachable from your variables", "gc", obj, found)
         holders = [
             Holder(name=f.name, kind=f.kind, device=f.device, nbytes=f.nbytes,
-                   detail=(f.details[0] if f.tensors == 1 else f"{f.tensors} tensors"))
+                   detail=_summarize(f))
             for f in found.values()
         ]
         return sorted(holders, key=lambda h: (-h.nbytes, h.name))
+
+
+def _summarize(f: _Found) -> str:
+    if f.tensors == 1:
+        return f.details[0]
+    graph = next((d for d in f.details if GRAPH_NOTE in d), "")
+    return f"{f.tensors} tensors" + (f"; one has {graph.split(', ', 1)[-1]}" if graph else "")
 
 
 def _frames(

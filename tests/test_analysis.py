@@ -94,3 +94,14 @@ def test_runs_of_other_cells_do_not_count_towards_a_cell():
 def test_a_cell_that_raised_and_kept_memory_is_flagged_on_its_first_run():
     v = AccumulationTracker(T).observe(record("x", dev(alloc_d=GiB), raised=True))
     assert v is not None and v.raised and v.cause == CAUSE_LIVE_TENSORS and v.runs == 1
+
+
+def test_a_stored_loss_is_named_even_though_its_own_storage_is_tiny():
+    from gpumem_nb.analysis import top_holders
+    from gpumem_nb.model import Holder
+
+    holders = [Holder(f"big{i}", "variable", "cuda:0", GiB) for i in range(6)]
+    holders.append(Holder("losses", "container", "cuda:0", 12,
+                          "3 tensors; one has grad_fn=MeanBackward0 (keeps its autograd graph)"))
+    named = [h.name for h in top_holders(holders, CAUSE_LIVE_TENSORS)]
+    assert named[0] == "losses" and len(named) == 5
