@@ -25,8 +25,8 @@ def md(text: str) -> dict:
     return {"kind": "markdown", "source": text.strip()}
 
 
-def code(text: str, runs: int = 1) -> dict:
-    return {"kind": "code", "source": text.strip(), "runs": runs}
+def code(text: str, runs: int = 1, raises: bool = False) -> dict:
+    return {"kind": "code", "source": text.strip(), "runs": runs, "raises": raises}
 
 
 TUTORIALS: dict[str, list[dict]] = {
@@ -123,7 +123,7 @@ activations until the next error. gpumem_nb flags this on the first run."""),
         code("def step():\n"
              "    activations = torch.empty(4 * 2**30, dtype=torch.uint8, device='cuda')\n"
              "    raise RuntimeError('shape mismatch in layer 3')\n\n"
-             "step()"),
+             "step()", raises=True),
         code("%gpumem cleanup"),
         md("""
 The default cleanup dropped the stored traceback (the `last exception` row) and then returned
@@ -269,6 +269,8 @@ def build(name: str, cells: list[dict]) -> nbformat.NotebookNode:
             cell = nbformat.v4.new_code_cell(c["source"])
             if c["runs"] > 1:
                 cell.metadata["tutorial"] = {"runs": c["runs"]}
+            if c["raises"]:
+                cell.metadata["tags"] = ["raises-exception"]  # nbclient: an expected error
         cell.id = f"{Path(name).stem[:2]}-{i:02d}"
         nb.cells.append(cell)
     return nb
