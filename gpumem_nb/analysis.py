@@ -216,12 +216,15 @@ def top_holders(holders: Sequence[Holder], cause: str, n: int = 5) -> tuple[Hold
     """
     if cause != CAUSE_LIVE_TENSORS:
         return ()
-    gpu = [h for h in holders if h.device.startswith("cuda")]
-    graphs = [h for h in gpu if GRAPH_NOTE in h.detail]
-    largest = [h for h in sorted(gpu, key=lambda h: -h.nbytes) if h not in graphs]
-    return tuple(graphs[:n] + largest[: max(n - len(graphs), 0)])
+    gpu = sorted((h for h in holders if h.device.startswith("cuda")), key=lambda h: -h.nbytes)
+    # Holders users do not think of as theirs come first: a graph behind a stored tensor, a
+    # traceback, the output cache. Their own variables follow, largest first.
+    rank = {"traceback": 1, "output cache": 2}
+    ordered = sorted(gpu, key=lambda h: 0 if GRAPH_NOTE in h.detail else rank.get(h.kind, 3))
+    return tuple(ordered[:n])
 
 
+_RAISED_ADVICE = "the stored exception keeps the failed cell's local tensors alive"
 _ADVICE = {
     CAUSE_LIVE_TENSORS: "tensors from earlier runs are still referenced",
     CAUSE_CACHE: (
@@ -235,18 +238,28 @@ _ADVICE = {
 }
 
 
+def _holder_text(h: Holder) -> str:
+    if GRAPH_NOTE in h.detail:
+        return f"{h.name} (a tensor with grad_fn: {GRAPH_NOTE})"
+    return f"{h.name} ({format_bytes(h.nbytes)})"
+
+
 def verdict_message(v: Verdict, holders: Sequence[Holder]) -> str:
     label = f"[{v.execution_count}]" if v.execution_count is not None else v.cell_key
     when = "and raised" if v.raised else f"again on run {v.runs}"
+    advice = _RAISED_ADVICE if v.raised and v.cause == CAUSE_LIVE_TENSORS else _ADVICE[v.cause]
     msg = (
         f"gpumem: cell {label} grew GPU {v.device} memory by "
-        f"{format_bytes(v.growth_bytes)} {when} ({v.cause}): {_ADVICE[v.cause]}"
+        f"{format_bytes(v.growth_bytes)} {when} ({v.cause}): {advice}"
     )
-    if holders:
-        names = ", ".join(f"{h.name} ({format_bytes(h.nbytes)})" for h in holders)
-        msg += f". Held by: {names}"
-        if any(h.kind == "output cache" for h in holders):
-            msg += ". `%gpumem cleanup --out` clears the output cache"
-        elif any(h.kind == "traceback" for h in holders):
-            msg += ". `%gpumem cleanup` drops the stored traceback"
+    if not holders:
+        return msg + "."
+    msg += ". Held by: " + ", ".join(_holder_text(h) for h in holders)
+    kinds = {h.kind for h in holders}
+    if any(GRAPH_NOTE in h.detail for h in holders):
+        msg += ". Keep `loss.item()` (a float) rather than the tensor"
+    elif "traceback" in kinds:
+        msg += ". `%gpumem cleanup` drops the stored traceback"
+    elif "output cache" in kinds:
+        msg += ". `%gpumem cleanup --out` clears the output cache"
     return msg + "."

@@ -86,9 +86,11 @@ class Scanner:
             return
         if self._tensor_info(obj) is not None:
             yield obj
-            grad = getattr(obj, "grad", None) if self._tensor_type is not None else None
-            if grad is not None and self._tensor_info(grad) is not None:
-                yield grad
+            # Only leaves have a .grad; asking a non-leaf makes torch warn.
+            if self._tensor_type is not None and getattr(obj, "is_leaf", False):
+                grad = getattr(obj, "grad", None)
+                if grad is not None and self._tensor_info(grad) is not None:
+                    yield grad
             return
         if self._module_type is not None and isinstance(obj, self._module_type):
             for p in obj.parameters():
@@ -156,7 +158,14 @@ class Scanner:
         return text
 
     # -- whole scans -------------------------------------------------------------------------
-    def scan(
+    def scan(self, *args: Any, **kwargs: Any) -> list[Holder]:
+        """See ``_scan``. Looking at user objects must never print: library warnings that
+        mere inspection can trigger are silenced for the duration."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return self._scan(*args, **kwargs)
+
+    def _scan(
         self,
         user_ns: Mapping[str, Any],
         *,
@@ -187,12 +196,9 @@ class Scanner:
         for tb_name, frame_obj in _frames(last_exception):
             self._attribute(tb_name, "traceback", frame_obj, found)
         if include_gc:
-            # Some objects warn when merely inspected (torch.distributed's deprecated aliases).
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                for obj in gc.get_objects():
-                    if type(obj) not in _ATOM_TYPES and self._tensor_info(obj) is not None:
-                        self._attribute("unreachable from your variables", "gc", obj, found)
+            for obj in gc.get_objects():
+                if type(obj) not in _ATOM_TYPES and self._tensor_info(obj) is not None:
+                    self._attribute("unreachable from your variables", "gc", obj, found)
         holders = [
             Holder(name=f.name, kind=f.kind, device=f.device, nbytes=f.nbytes,
                    detail=_summarize(f))

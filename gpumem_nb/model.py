@@ -132,6 +132,15 @@ class CellDevice:
     process_after_bytes: int | None
 
     @property
+    def idle(self) -> bool:
+        """Nothing of this process's on this device, before or after, and no change: a
+        second GPU the notebook never touches."""
+        held = (self.allocated_before_bytes, self.allocated_after_bytes,
+                self.reserved_before_bytes, self.reserved_after_bytes,
+                self.process_before_bytes, self.process_after_bytes)
+        return not any(held) and not self.nvml_delta_bytes
+
+    @property
     def allocated_delta_bytes(self) -> int | None:
         return _delta(self.allocated_before_bytes, self.allocated_after_bytes)
 
@@ -172,6 +181,12 @@ class CellRecord:
     @property
     def rss_delta_bytes(self) -> int | None:
         return _delta(self.rss_before_bytes, self.rss_after_bytes)
+
+    def shown_devices(self) -> tuple[CellDevice, ...]:
+        """The devices worth a row in a report: idle ones are left out (exports keep all),
+        unless every device is idle, when the first stands for them."""
+        active = tuple(d for d in self.devices if not d.idle)
+        return active or self.devices[:1]
 
 
 # Causes of re-run growth, in the order they are checked.

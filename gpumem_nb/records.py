@@ -81,7 +81,7 @@ def display_rows(rec: CellRecord) -> list[list[str]]:
          format_bytes(d.reserved_delta_bytes, signed=True), format_peak(d),
          format_bytes(d.nvml_delta_bytes, signed=True), format_bytes(d.nvml_peak_bytes), rss,
          flag]
-        for d in rec.devices
+        for d in rec.shown_devices()
     ]
 
 

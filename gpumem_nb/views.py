@@ -26,7 +26,7 @@ class CellReport:
     def line(self) -> str:
         r = self.record
         parts = [f"gpumem: {r.duration_s * 1e3:.1f} ms"]
-        for d in r.devices:
+        for d in r.shown_devices():
             exact = "exact" if d.peak_exact else "lower bound"
             parts.append(
                 f"GPU {d.index}: peak {format_bytes(d.peak_allocated_bytes)} ({exact}), "

@@ -198,6 +198,7 @@ class FakeCudaDevice:
     peak_reserved: int = 0
     inactive_split: int = 0
     outside: int = 0  # memory in this process that PyTorch does not manage (cuBLAS, CuPy)
+    context: bool = False
 
 
 class FakeCuda:
@@ -240,9 +241,11 @@ class FakeCuda:
 
     def _sync(self) -> None:
         for d, g in zip(self.devices, self.nvml_gpus, strict=False):
-            used = (self.context_bytes + d.reserved) if self.initialized else 0
-            g.used_bytes = used + d.outside
-            g.procs = [(os.getpid(), used + d.outside)] if self.initialized else []
+            # A device gets a context once this process puts something on it.
+            d.context = d.context or bool(self.initialized and (d.reserved or d.outside))
+            used = (self.context_bytes if d.context else 0) + d.reserved + d.outside
+            g.used_bytes = used
+            g.procs = [(os.getpid(), used)] if d.context else []
 
     def allocate(self, i: int, nbytes: int) -> None:
         d = self.devices[i]
@@ -298,6 +301,7 @@ class FakeTensor:
         self.is_cuda = device.startswith("cuda")
         self.grad_fn = grad_fn
         self.grad: FakeTensor | None = None
+        self.is_leaf = grad_fn is None
         self.shape = (nbytes // 4,)
         self.dtype = "torch.float32"
 

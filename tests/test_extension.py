@@ -142,7 +142,8 @@ def test_records_hold_allocator_and_nvml_before_and_after(shell, fake_gpu):
     d = rec.devices[0]
     assert d.allocated_delta_bytes == GiB and d.reserved_delta_bytes == GiB
     assert d.peak_allocated_bytes == GiB and d.peak_exact
-    assert d.nvml_delta_bytes == GiB and d.process_delta_bytes == GiB
+    # The first tensor also brings the CUDA context, which NVML sees and PyTorch does not.
+    assert d.nvml_delta_bytes == GiB + 500 * MiB and d.process_delta_bytes == GiB + 500 * MiB
     assert rec.execution_count is not None and rec.duration_s >= 0
 
 
@@ -193,3 +194,27 @@ def test_sampled_nvml_peak_covers_what_happened_inside_a_long_cell(shell, fake_g
     d = mon.history.records()[-1].devices[0]
     assert d.nvml_peak_bytes == 500 * MiB + 4 * GiB
     assert d.nvml_used_after_bytes == 500 * MiB
+
+
+def test_a_second_gpu_the_notebook_never_touches_gets_no_rows(shell, monkeypatch, capsys):
+    import sys
+
+    from gpumem_nb import monitor as monitor_mod
+    from gpumem_nb.sources.live import LiveSource
+    from gpumem_nb.sources.nvml import NvmlSource
+
+    from .fakes import FakeCuda, FakeCudaDevice, FakeGpu, FakePynvml, fake_torch
+
+    gpus = [FakeGpu("GPU-a"), FakeGpu("GPU-b", bus_id="00000000:3B:00.0")]
+    cuda = FakeCuda([FakeCudaDevice("a"), FakeCudaDevice("b")], initialized=True)
+    cuda.link(gpus)
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(cuda))
+    nvml = FakePynvml(gpus)
+    monkeypatch.setattr(monitor_mod, "make_source",
+                        lambda: LiveSource(nvml=NvmlSource(module=nvml)))
+    run(shell, "%load_ext gpumem_nb")
+    shell.user_ns["cuda"] = cuda
+    run(shell, "t = cuda.tensor(2**30)")
+    rec = current_monitor(shell).history.records()[-1]
+    assert [d.index for d in rec.devices] == [0, 1]  # recorded, and exported
+    assert [d.index for d in rec.shown_devices()] == [0]  # but not shown

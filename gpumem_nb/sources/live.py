@@ -98,12 +98,16 @@ class LiveSource:
         mapping = self._mapping
         devices = []
         for i in self.indices():
-            dev = mapping[i]
+            allocator = self.torch.read(i) if torch_up else None
+            # Reserved memory proves a context on this device; its absence from NVML's list
+            # would then mean NVML cannot see us, not that we use nothing.
+            has_context = allocator is not None and allocator.reserved_bytes > 0
             devices.append(
                 DeviceSample(
                     index=i,
-                    nvml=self.nvml.read(dev, context_expected=torch_up, processes=processes),
-                    allocator=self.torch.read(i) if torch_up else None,
+                    nvml=self.nvml.read(mapping[i], context_expected=has_context,
+                                        processes=processes),
+                    allocator=allocator,
                 )
             )
         return Sample(
