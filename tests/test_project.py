@@ -1,0 +1,81 @@
+"""Project rules that keep the code base honest: lint, types, one importer per library, and
+Binder's environment in step with the package."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "gpumem_nb"
+
+# Each third-party library is imported in exactly one module (and torch in none).
+OWNERS = {
+    "pynvml": "sources/nvml.py",
+    "IPython": "magics.py",
+    "ipywidgets": "widget.py",
+    "plotly": "widget.py",
+    "numpy": "timeline.py",
+    "psutil": "sources/host.py",
+    "pandas": "records.py",
+    "torch": None,
+}
+
+
+def imported_roots(path: Path) -> set[str]:
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            roots |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_each_third_party_library_is_imported_in_one_module_only():
+    found: dict[str, list[str]] = {}
+    for path in PKG.rglob("*.py"):
+        for root in imported_roots(path) & set(OWNERS):
+            found.setdefault(root, []).append(path.relative_to(PKG).as_posix())
+    for lib, owner in OWNERS.items():
+        assert found.get(lib, []) == ([owner] if owner else []), (lib, found.get(lib))
+
+
+def test_ruff_is_clean():
+    out = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_mypy_is_clean():
+    out = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_binder_installs_every_runtime_dependency():
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[<>=!\[ ]", d)[0].lower() for d in deps}
+    lines = (ROOT / "binder" / "requirements.txt").read_text().splitlines()
+    binder = {re.split(r"[<>=!\[ ]", ln)[0].lower() for ln in lines
+              if ln.strip() and not ln.startswith(("#", "-"))}
+    assert names <= binder, names - binder
+    assert "pip install --no-deps -e ." in (ROOT / "binder" / "postBuild").read_text()
+
+
+def test_the_tutorials_carry_outputs_from_a_gpu_run():
+    import nbformat
+
+    for path in sorted((ROOT / "notebooks").glob("0*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        assert all(c.execution_count for c in code), f"{path.name} has unexecuted cells"
+        text = "".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", ""))
+                       for c in code for o in c.outputs)
+        assert "NVIDIA H200" in text, path.name
