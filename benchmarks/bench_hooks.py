@@ -47,6 +47,7 @@ def main(n: int = 3000) -> None:
     with_ext: list[float] = []
     magic: list[float] = []
     plain_in_magic_shape: list[float] = []
+    one_gpu: list[float] = []
     for _ in range(5):
         without += cell_cost_us(ip, "pass", n // 5)
         ip.run_cell("%load_ext gpumem_nb")
@@ -54,12 +55,16 @@ def main(n: int = 3000) -> None:
         with_ext += cell_cost_us(ip, "pass", n // 5)
         magic += cell_cost_us(ip, "%%gpumem -q\npass", n // 10)
         plain_in_magic_shape += cell_cost_us(ip, "%%capture\npass", n // 10)
+        if ip.run_cell("%gpumem config --device 0").success:  # one GPU, on any host
+            one_gpu += cell_cost_us(ip, "pass", n // 5)
+            ip.run_cell("%gpumem config --device all")
         ip.run_cell("%unload_ext gpumem_nb")
     med = statistics.median
     results.update({
         "run_cell_pass_without_us": med(without),
         "run_cell_pass_with_us": med(with_ext),
         "hooks_added_us": med(with_ext) - med(without),
+        "hooks_added_device_0_only_us": (med(one_gpu) - med(without)) if one_gpu else None,
         "cell_magic_gpumem_q_pass_us": med(magic),
         "cell_magic_capture_pass_us": med(plain_in_magic_shape),
         "gpumem_cell_magic_added_over_capture_us": med(magic) - med(plain_in_magic_shape),

@@ -50,7 +50,7 @@ def status_lines(status: SourceStatus, sample: Sample) -> list[str]:
     lines: list[str] = []
     if not status.has_gpu:
         lines.append(f"No GPU visible: {status.nvml}. Showing host memory only.")
-    else:
+    elif status.torch != "replay":
         lines.append(f"torch: {status.torch}.")
         if status.allocator is not None:
             conf = status.allocator.conf or "defaults"
