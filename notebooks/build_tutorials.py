@@ -174,13 +174,14 @@ gpumem_nb never resets PyTorch's peak counters unless you ask (`--reset-peak`, o
 think."""),
         code("%%gpumem\n"
              "tmp = torch.empty(8 * 2**30, dtype=torch.uint8, device='cuda')\n"
-             "torch.cuda._sleep(10_000_000)  # about 5 ms of GPU time\n"
+             "torch.cuda._sleep(10_000_000)  # ten million GPU clock cycles\n"
              "del tmp\n"
              "torch.cuda.synchronize()"),
         code('print(f"max_memory_allocated: {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")'),
         md("""
 A smaller spike later does not raise the process-wide peak, so without a reset its exact size
-is unknown; gpumem_nb reports the best honest lower bound, marked `≥`, instead of a guess. Ask
+is unknown; gpumem_nb reports the best honest lower bound instead of a guess (`%%gpumem` says
+"lower bound", the history marks it `≥`). Ask
 for a reset and the figure is exact again."""),
         code("%%gpumem\n"
              "tmp = torch.empty(2 * 2**30, dtype=torch.uint8, device='cuda'); del tmp"),

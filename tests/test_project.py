@@ -79,3 +79,19 @@ def test_the_tutorials_carry_outputs_from_a_gpu_run():
         text = "".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", ""))
                        for c in code for o in c.outputs)
         assert "NVIDIA H200" in text, path.name
+
+
+def test_the_executed_tutorials_are_exactly_the_builders_sources():
+    import importlib.util
+
+    import nbformat
+
+    spec = importlib.util.spec_from_file_location("build_tutorials",
+                                                  ROOT / "notebooks" / "build_tutorials.py")
+    assert spec is not None and spec.loader is not None
+    builder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(builder)
+    for name, cells in builder.TUTORIALS.items():
+        built = builder.build(name, cells)
+        ran = nbformat.read(ROOT / "notebooks" / name, as_version=4)
+        assert [c.source for c in built.cells] == [c.source for c in ran.cells], name
