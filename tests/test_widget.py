@@ -54,6 +54,7 @@ def test_chart_shows_nvml_process_reserved_and_allocated_in_gib(chart, fake_gpu)
     held = fake_gpu.cuda.tensor(2 * GiB)
     chart.monitor.sampler.tick()
     assert held is not None
+    assert chart.selector.layout.display == "none"  # one GPU: nothing to choose
     assert trace(chart, "allocated")[1][-1] == pytest.approx(2.0)
     assert trace(chart, "reserved")[1][-1] == pytest.approx(2.0)
     assert trace(chart, "nvml_used")[1][-1] == pytest.approx(2.0 + 500 / 1024)
@@ -241,3 +242,35 @@ def test_a_running_cell_is_marked_with_a_star_until_it_ends(chart):
                                      "error_before_exec": None})())
     mon.sampler.tick()
     assert list(chart.fig.data[_LABELS].text)[-1] == "[42]"
+
+
+def test_two_gpus_get_a_selector_and_switching_redraws_that_gpu(shell, monkeypatch, capsys):
+    import sys
+
+    from gpumem_nb import monitor as monitor_mod
+    from gpumem_nb.sources.live import LiveSource
+    from gpumem_nb.sources.nvml import NvmlSource
+
+    from .fakes import FakeCuda, FakeCudaDevice, FakeGpu, FakePynvml, fake_torch
+
+    gpus = [FakeGpu("GPU-a"), FakeGpu("GPU-b", bus_id="00000000:3B:00.0")]
+    cuda = FakeCuda([FakeCudaDevice("a"), FakeCudaDevice("b")], initialized=True)
+    cuda.link(gpus)
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(cuda))
+    nvml = FakePynvml(gpus)
+    monkeypatch.setattr(monitor_mod, "make_source",
+                        lambda: LiveSource(nvml=NvmlSource(module=nvml)))
+    run(shell, "%load_ext gpumem_nb")
+    mon = current_monitor(shell)
+    mon.sampler.stop()
+    run(shell, "%gpumem watch")
+    w = mon.widget
+    held = cuda.tensor(3 * GiB, device=1)
+    mon.sampler.tick()
+    assert w.selector.layout.display == "flex" and w.selector.options == (("GPU 0", 0),
+                                                                          ("GPU 1", 1))
+    assert trace(w, "allocated")[1][-1] == pytest.approx(0.0)
+    w.selector.value = 1
+    mon.sampler.tick()
+    assert trace(w, "allocated")[1][-1] == pytest.approx(3.0)
+    assert held is not None

@@ -13,6 +13,16 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+# Child-process prelude: NVML's device-0 "used" before anything else happens, as `before`, and
+# `used()` to read it again. Indented like the snippets it is prepended to.
+NVML_BEFORE = """
+        import pynvml
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        def used(): return pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used
+        before = used()"""
+
+
 def fresh(code: str, env: dict[str, str] | None = None) -> Any:
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")
@@ -22,14 +32,3 @@ def fresh(code: str, env: dict[str, str] | None = None) -> Any:
     if out.returncode != 0:
         raise AssertionError(f"child failed:\n{out.stdout}\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def nvml_used(index: int = 0) -> int:
-    import pynvml
-
-    pynvml.nvmlInit()
-    try:
-        h = pynvml.nvmlDeviceGetHandleByIndex(index)
-        return int(pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used)
-    finally:
-        pynvml.nvmlShutdown()

@@ -8,7 +8,7 @@ import pytest
 
 from gpumem_nb.magics import current_monitor
 
-from .helpers import fresh
+from .helpers import NVML_BEFORE, fresh
 
 pytestmark = pytest.mark.gpu
 MiB = 1 << 20
@@ -96,13 +96,8 @@ def test_hooks_record_real_cells_without_touching_the_peak_counters(gpu_shell):
 
 
 def test_loading_the_extension_creates_no_context_and_imports_no_torch():
-    r = fresh("""
+    r = fresh(NVML_BEFORE + """
         import json, sys
-        import pynvml
-        pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        def used(): return pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used
-        before = used()
         from IPython.testing.globalipapp import start_ipython
         ip = start_ipython()
         ip.run_cell("%load_ext gpumem_nb", store_history=True)

@@ -4,20 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from .helpers import fresh
+from .helpers import NVML_BEFORE, fresh
 
 pytestmark = pytest.mark.gpu
 MiB = 1 << 20
 
 
 def test_reading_everything_in_a_fresh_process_creates_no_cuda_context():
-    r = fresh("""
+    r = fresh(NVML_BEFORE + """
         import json, time, sys
-        import pynvml
-        pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        def used(): return pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used
-        before = used()
         import torch  # the user's import; gpumem_nb never does this itself
         import gpumem_nb
         from gpumem_nb.sources.live import LiveSource
