@@ -101,6 +101,11 @@ class History:
             data = list(self._records)
         return data if last is None else data[-last:] if last > 0 else []
 
+    def last(self) -> CellRecord | None:
+        """The newest record, without copying the history (the chart asks on every draw)."""
+        with self._lock:
+            return self._records[-1] if self._records else None
+
     def __len__(self) -> int:
         return len(self._records)
 

@@ -226,13 +226,13 @@ class MemoryWidget:
             return (f"<div class='gpumem-header'><b>No GPU visible</b>: "
                     f"{html.escape(status.nvml)}. Charting host RAM: "
                     f"{format_bytes(sample.rss_bytes)}.</div>")
-        last = self.monitor.history.records(last=1)
+        last = self.monitor.history.last()
         rows = []
         for d in sample.devices:
             r = device_row(d)
             peak = "—"
-            if last:
-                cd = next((c for c in last[0].devices if c.index == d.index), None)
+            if last is not None:
+                cd = next((c for c in last.devices if c.index == d.index), None)
                 peak = format_peak(cd) if cd else "—"
             rows.append([r[0], r[1], r[2], r[4], r[3], peak, r[6]])
         head = "".join(f"<th style='padding:0 8px'>{h}</th>" for h in _HEADER)

@@ -96,3 +96,16 @@ def no_gpu(monkeypatch: Any) -> FakePynvml:
     monkeypatch.setattr(monitor_mod, "make_source",
                         lambda: LiveSource(nvml=NvmlSource(module=nvml)))  # type: ignore[arg-type]
     return nvml
+
+
+@pytest.fixture
+def two_fake_gpus(monkeypatch: Any) -> FakeCuda:
+    """Two H200s with torch up; the notebook has touched neither yet."""
+    gpus = [FakeGpu("GPU-a"), FakeGpu("GPU-b", bus_id="00000000:3B:00.0")]
+    cuda = FakeCuda([FakeCudaDevice("a"), FakeCudaDevice("b")], initialized=True)
+    cuda.link(gpus)
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(cuda))
+    nvml = FakePynvml(gpus)
+    monkeypatch.setattr(monitor_mod, "make_source",
+                        lambda: LiveSource(nvml=NvmlSource(module=nvml)))  # type: ignore[arg-type]
+    return cuda

@@ -196,24 +196,9 @@ def test_sampled_nvml_peak_covers_what_happened_inside_a_long_cell(shell, fake_g
     assert d.nvml_used_after_bytes == 500 * MiB
 
 
-def test_a_second_gpu_the_notebook_never_touches_gets_no_rows(shell, monkeypatch, capsys):
-    import sys
-
-    from gpumem_nb import monitor as monitor_mod
-    from gpumem_nb.sources.live import LiveSource
-    from gpumem_nb.sources.nvml import NvmlSource
-
-    from .fakes import FakeCuda, FakeCudaDevice, FakeGpu, FakePynvml, fake_torch
-
-    gpus = [FakeGpu("GPU-a"), FakeGpu("GPU-b", bus_id="00000000:3B:00.0")]
-    cuda = FakeCuda([FakeCudaDevice("a"), FakeCudaDevice("b")], initialized=True)
-    cuda.link(gpus)
-    monkeypatch.setitem(sys.modules, "torch", fake_torch(cuda))
-    nvml = FakePynvml(gpus)
-    monkeypatch.setattr(monitor_mod, "make_source",
-                        lambda: LiveSource(nvml=NvmlSource(module=nvml)))
+def test_a_second_gpu_the_notebook_never_touches_gets_no_rows(shell, two_fake_gpus):
     run(shell, "%load_ext gpumem_nb")
-    shell.user_ns["cuda"] = cuda
+    shell.user_ns["cuda"] = two_fake_gpus
     run(shell, "t = cuda.tensor(2**30)")
     rec = current_monitor(shell).history.records()[-1]
     assert [d.index for d in rec.devices] == [0, 1]  # recorded, and exported

@@ -244,22 +244,8 @@ def test_a_running_cell_is_marked_with_a_star_until_it_ends(chart):
     assert list(chart.fig.data[_LABELS].text)[-1] == "[42]"
 
 
-def test_two_gpus_get_a_selector_and_switching_redraws_that_gpu(shell, monkeypatch, capsys):
-    import sys
-
-    from gpumem_nb import monitor as monitor_mod
-    from gpumem_nb.sources.live import LiveSource
-    from gpumem_nb.sources.nvml import NvmlSource
-
-    from .fakes import FakeCuda, FakeCudaDevice, FakeGpu, FakePynvml, fake_torch
-
-    gpus = [FakeGpu("GPU-a"), FakeGpu("GPU-b", bus_id="00000000:3B:00.0")]
-    cuda = FakeCuda([FakeCudaDevice("a"), FakeCudaDevice("b")], initialized=True)
-    cuda.link(gpus)
-    monkeypatch.setitem(sys.modules, "torch", fake_torch(cuda))
-    nvml = FakePynvml(gpus)
-    monkeypatch.setattr(monitor_mod, "make_source",
-                        lambda: LiveSource(nvml=NvmlSource(module=nvml)))
+def test_two_gpus_get_a_selector_and_switching_redraws_that_gpu(shell, two_fake_gpus):
+    cuda = two_fake_gpus
     run(shell, "%load_ext gpumem_nb")
     mon = current_monitor(shell)
     mon.sampler.stop()
