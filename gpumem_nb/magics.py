@@ -158,7 +158,12 @@ class GpumemMagics(Magics):
     # -- subcommands -------------------------------------------------------------------------
     def _cmd_status(self, args: Any) -> None:
         m = self.monitor
-        display(Snapshot(status=m.source.status(), sample=m.read()))
+        status = m.source.status()
+        if m.sampler.errors:  # logged once when they happened; shown here while they last
+            count = sum(m.sampler.errors.values())
+            note = f"The sampler hit {count} error(s); the last: {m.sampler.last_error}"
+            status = replace(status, notes=(*status.notes, note))
+        display(Snapshot(status=status, sample=m.read()))
 
     def _cmd_history(self, args: Any) -> Any:
         if args.n <= 0:

@@ -303,3 +303,23 @@ def test_without_gpu_or_torch_who_and_cleanup_still_work_for_cpu_objects(shell, 
     cleaned = magic(shell, "cleanup -o")
     assert [s.step for s in cleaned.steps][-1] == "empty_cache"
     assert "torch" not in sys.modules
+
+
+def test_status_names_sampler_errors_that_were_only_logged(loaded, capsys, fake_gpu):
+    mon = current_monitor(loaded)
+    mon.sampler.stop()
+    fake_gpu.gpu.lost = True
+    fake_gpu.cuda.initialized = False
+    real = mon.source.read
+
+    def lost(**kw: Any) -> Any:
+        raise RuntimeError("GPU is lost")
+
+    mon.source.read = lost  # type: ignore[method-assign]
+    mon.sampler.tick()
+    mon.source.read = real  # type: ignore[method-assign]
+    capsys.readouterr()
+    magic(loaded, "")
+    out = capsys.readouterr().out
+    assert "The sampler hit 1 error(s); the last: source: RuntimeError: GPU is lost" in out
+    assert "lost" in out.splitlines()[2]  # the device row shows the placeholder
