@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from .holders import Scanner, cuda_bytes
 from .model import Sample
 from .report import html_table, text_table
+from .sources.torch import TorchSource
 from .units import format_bytes
 
 
@@ -218,22 +219,11 @@ def run(
         record("variables", "deleted " + ", ".join(request.delete_vars))
     collected = gc.collect()
     record("gc.collect", f"collected {collected} other unreachable objects", collect=False)
-    cuda = _initialized_cuda(mods)
-    if cuda is not None:
-        cuda.empty_cache()
+    if TorchSource(mods).empty_cache():
         record("empty_cache", "returned unused cached blocks to the driver", collect=False)
     else:
         steps.append(StepResult("empty_cache", "skipped: CUDA is not initialised"))
     return CleanupReport(steps=tuple(steps), before=first, after=prev)
-
-
-def _initialized_cuda(mods: Mapping[str, Any]) -> Any | None:
-    torch = mods.get("torch")
-    cuda = getattr(torch, "cuda", None) if torch is not None else None
-    try:
-        return cuda if cuda is not None and cuda.is_initialized() else None
-    except Exception:
-        return None
 
 
 def _estimate(
@@ -261,7 +251,7 @@ def _estimate(
         steps.append(StepResult("variables", "would delete " + ", ".join(request.delete_vars),
                                 freed_allocated_bytes=held))
     steps.append(StepResult("gc.collect", "would collect unreachable cycles (size unknown)"))
-    if _initialized_cuda(mods) is not None and first.reserved_bytes is not None:
+    if TorchSource(mods).initialized and first.reserved_bytes is not None:
         cache = first.reserved_bytes - (first.allocated_bytes or 0)
         steps.append(StepResult("empty_cache", "would return unused cached blocks (at most)",
                                 freed_reserved_bytes=cache))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import sys
 import threading
 import time
 from collections import deque
@@ -36,6 +35,7 @@ from .records import History
 from .sampler import Sampler
 from .settings import PEAK_RESET, Config
 from .sources import Source
+from .sources.torch import TorchSource
 from .units import format_bytes
 
 log = logging.getLogger("gpumem_nb")
@@ -103,7 +103,6 @@ class Monitor:
         self._pending: _Pending | None = None
         self._watermarks: list[Watermark] = []
         self._errors: set[str] = set()
-        self._lock = threading.Lock()
         self.widget: Any = None
         self.started_t_s = time.monotonic()
         self.on_record: list[Callable[[CellRecord, Verdict | None], None]] = []
@@ -174,15 +173,8 @@ class Monitor:
 
     def _reset_peaks(self) -> bool:
         """Reset the allocator's peak counters: only on request, only once CUDA is up."""
-        torch = sys.modules.get("torch")
-        cuda = getattr(torch, "cuda", None) if torch is not None else None
         try:
-            if cuda is None or not cuda.is_initialized():
-                return False
-            for i in range(cuda.device_count()):
-                if self.config.device is None or self.config.device == i:
-                    cuda.reset_peak_memory_stats(i)
-            return True
+            return TorchSource().reset_peaks(self.config.device)
         except Exception as e:
             self._contain("reset_peak_memory_stats", e)
             return False

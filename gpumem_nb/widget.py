@@ -51,7 +51,9 @@ _HEADER = ("GPU", "used / total", "this process", "reserved", "allocated", "last
 class MemoryWidget:
     def __init__(self, monitor: Any) -> None:
         self.monitor = monitor
-        status = monitor.source.status()
+        # Read once: the header needs only NVML's status line and whether this is a replay,
+        # and neither changes without a new widget (a replay switch makes one).
+        self.status = status = monitor.source.status()
         self.has_gpu = status.has_gpu
         self.device = monitor.config.device or 0
         self.timelines: dict[int, Timeline] = {}
@@ -219,7 +221,7 @@ class MemoryWidget:
         return 0.0
 
     def _header_html(self, sample: Sample | None) -> str:
-        status = self.monitor.source.status()
+        status = self.status
         if sample is None:
             return "<div class='gpumem-header'>waiting for the first reading…</div>"
         if not sample.devices:

@@ -150,6 +150,26 @@ class TorchSource:
         self._identity[index] = result
         return result
 
+    # The only two calls that change the allocator. Callers reach them only on the user's
+    # request (%gpumem cleanup, --peak reset); both are no-ops before CUDA is up, because
+    # reset_peak_memory_stats would initialise it.
+    def empty_cache(self) -> bool:
+        cuda = self._cuda()
+        if cuda is None:
+            return False
+        cuda.empty_cache()
+        return True
+
+    def reset_peaks(self, device: int | None) -> bool:
+        """Reset peak counters on ``device`` (every device when None)."""
+        cuda = self._cuda()
+        if cuda is None:
+            return False
+        for i in range(cuda.device_count()):
+            if device is None or device == i:
+                cuda.reset_peak_memory_stats(i)
+        return True
+
     def memory_summary(self, index: int) -> str:
         """``torch.cuda.memory_summary``, which would initialise CUDA: only once it is up."""
         cuda = self._cuda()
