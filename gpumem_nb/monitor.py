@@ -11,6 +11,7 @@ body is contained and its error logged once.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import logging
 import os
@@ -18,7 +19,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from . import __version__, cleanup
@@ -33,7 +34,21 @@ from .holders import Scanner, last_exception_objects
 from .model import CAUSE_LIVE_TENSORS, CellMark, CellRecord, Holder, Sample, Verdict
 from .records import History
 from .sampler import Sampler
-from .settings import PEAK_RESET, Config
+from .settings import (
+    CHECKS,
+    PEAK_RESET,
+    Config,
+    SettingsError,
+    bad_setting_line,
+    check_auto_show,
+    check_device,
+    check_interval_s,
+    check_peak,
+    check_threshold_bytes,
+    config_path,
+    save_config,
+    show_value,
+)
 from .sources import Source
 from .sources.torch import TorchSource
 from .units import format_bytes
@@ -41,6 +56,16 @@ from .units import format_bytes
 log = logging.getLogger("gpumem_nb")
 
 REPLAY_ENV = "GPUMEM_NB_REPLAY"
+
+
+class _Keep(enum.Enum):
+    UNCHANGED = "unchanged"
+
+
+# ``configure(device=...)``'s default: None already means "every GPU".
+UNCHANGED = _Keep.UNCHANGED
+
+SettingsListener = Callable[[Config], None]
 
 
 @dataclass
@@ -74,11 +99,20 @@ def cell_key_of(info: Any) -> str:
 
 
 def make_source() -> Source:
+    """A replay when ``GPUMEM_NB_REPLAY`` names one that loads, else the live sources.
+
+    A replay that cannot be loaded (a typo, a bad file) must not stop the extension from
+    loading: it is reported in one line and the live sources are used.
+    """
     replay = os.environ.get(REPLAY_ENV)
     if replay:
-        from .sources.replay import ReplaySource
+        from .sources.replay import ReplaySource, TraceError
 
-        return ReplaySource.from_file(None if replay in ("1", "bundled") else replay)
+        try:
+            return ReplaySource.from_file(None if replay in ("1", "bundled") else replay)
+        except TraceError as e:
+            log.warning("gpumem_nb: %s=%s cannot be replayed (%s); watching the live sources "
+                        "instead.", REPLAY_ENV, replay, e)
     from .sources.live import LiveSource
 
     return LiveSource()
@@ -91,12 +125,16 @@ class Monitor:
                  history: History | None = None, config: Config | None = None) -> None:
         self.shell = shell
         self.config = config if config is not None else Config()
+        _repair(self.config)
         self.source: Source = source if source is not None else make_source()
         self.sampler = Sampler(self.source, interval_s=self.config.interval_s)
         self.history = history if history is not None else History()
         self.tracker = AccumulationTracker(self.config.threshold_bytes)
-        if self.config.device is not None:
-            self.select_device(self.config.device)
+        # configure() is the one writer of interval, threshold and device selection.
+        self.settings_listeners: list[SettingsListener] = []
+        self._settings_lock = threading.Lock()
+        self._listener_errors: set[tuple[str, str]] = set()
+        self._select(self.config.device)  # checked against the GPU count in start()
         self.verdicts: deque[Verdict] = deque(maxlen=100)
         self.marks: deque[CellMark] = deque(maxlen=10_000)
         self._depth = 0
@@ -113,6 +151,7 @@ class Monitor:
             self.source.start()
         except Exception as e:
             self._contain("start", e)
+        self._check_starting_device()
         self.sampler.add_listener(self._on_sample)
         self.sampler.start()
         return self.status_line()
@@ -166,10 +205,99 @@ class Monitor:
     def gpu_count(self) -> int:
         return self.source.status().gpu_count
 
-    def select_device(self, index: int | None) -> None:
-        self.config.device = index
+    # -- settings (the monitor is their one owner) ----------------------------------------------
+    def check_device(self, index: Any) -> int | None:
+        """``index`` if it names a GPU this process sees (None: every GPU); else
+        ``SettingsError``."""
+        index = check_device(index)
+        if index is None:
+            return None
+        try:
+            n = self.gpu_count()
+        except Exception as e:  # a failing source sees no GPU
+            self._contain("status", e)
+            n = 0
+        if index >= n:
+            seen = f"GPUs 0-{n - 1}" if n > 1 else ("GPU 0" if n == 1 else "no GPU")
+            raise SettingsError("device", f"there is no GPU {show_value(index)}: "
+                                          f"this process sees {seen}")
+        return index
+
+    def configure(
+        self,
+        *,
+        interval_s: float | None = None,
+        threshold_bytes: int | None = None,
+        device: int | _Keep | None = UNCHANGED,
+        peak: str | None = None,
+        auto_show: bool | None = None,
+        save: bool = False,
+    ) -> Config:
+        """Change settings: all checked first, saved first, then applied, then announced.
+
+        A value that is refused raises ``SettingsError`` (a ``ValueError``) and changes
+        nothing. ``save=True`` writes the settings file before anything is applied, so a write
+        that fails (``OSError``) changes nothing either. ``device=None`` watches every GPU;
+        leave it out to keep the current choice. Each of ``settings_listeners`` is then called
+        with a copy of the settings; a listener that raises is reported once and never stops
+        the others or this call. Returns a copy of the settings now in force.
+        """
+        changes: dict[str, Any] = {}
+        if interval_s is not None:
+            changes["interval_s"] = check_interval_s(interval_s)
+        if threshold_bytes is not None:
+            changes["threshold_bytes"] = check_threshold_bytes(threshold_bytes)
+        if device is not UNCHANGED:
+            changes["device"] = self.check_device(device)
+        if peak is not None:
+            changes["peak"] = check_peak(peak)
+        if auto_show is not None:
+            changes["auto_show"] = check_auto_show(auto_show)
+        with self._settings_lock:
+            new = replace(self.config, **changes)
+            if save:
+                save_config(new)
+            self._apply(new)
+            now = replace(self.config)
+        self._announce(now)
+        return now
+
+    def _apply(self, new: Config) -> None:
+        if new.interval_s != self.sampler.interval_s:
+            self.sampler.interval_s = new.interval_s  # wakes the thread: re-planned at once
+        self.tracker.threshold_bytes = new.threshold_bytes
+        self._select(new.device)
+        # In place: the shell keeps this object across %reload_ext.
+        for f in fields(Config):
+            setattr(self.config, f.name, getattr(new, f.name))
+
+    def _select(self, index: int | None) -> None:
         if hasattr(self.source, "selected"):
             self.source.selected = None if index is None else [index]
+
+    def _announce(self, cfg: Config) -> None:
+        for fn in list(self.settings_listeners):
+            try:
+                fn(replace(cfg))
+            except Exception as e:
+                name = getattr(fn, "__qualname__", type(fn).__name__)
+                key = (name, type(e).__name__)  # once per listener and kind, whatever the text
+                if key not in self._listener_errors:
+                    self._listener_errors.add(key)
+                    log.warning("gpumem_nb settings listener %s failed (reported once): %s: %s",
+                                name, type(e).__name__, e)
+
+    def _check_starting_device(self) -> None:
+        """A starting device (from the settings file) this process does not see falls back
+        to every GPU, reported once: only once the sources are up is the GPU count known."""
+        if self.config.device is None:
+            return
+        try:
+            self.check_device(self.config.device)
+        except SettingsError as e:
+            log.warning("%s", bad_setting_line(str(config_path()), e))
+            self.config.device = None
+            self._select(None)
 
     def _reset_peaks(self) -> bool:
         """Reset the allocator's peak counters: only on request, only once CUDA is up."""
@@ -295,6 +423,17 @@ class Monitor:
                            # cached result alive through the very step that frees them.
                            out_entries=self.shell.user_ns.get("_oh", {}), measure=self.read,
                            stored_exceptions=last_exception_objects(self.shell))
+
+
+def _repair(cfg: Config) -> None:
+    """Every field of a ``Config`` handed in checked; a bad one is reported and reset, so the
+    monitor never runs on a value ``configure`` would refuse."""
+    for key, check in CHECKS.items():
+        try:
+            setattr(cfg, key, check(getattr(cfg, key)))
+        except SettingsError as e:
+            log.warning("%s", bad_setting_line("settings", e))
+            setattr(cfg, key, getattr(Config(), key))
 
 
 class _OutputCache:
