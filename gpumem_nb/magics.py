@@ -239,7 +239,7 @@ class GpumemMagics(Magics):
         if args.n <= 0:
             raise UsageError("-n must be a positive number of cells")
         h = self.monitor.history
-        if args.csv:
+        if args.csv is not None:
             try:
                 h.to_csv(args.csv)
             except OSError as e:
@@ -250,7 +250,7 @@ class GpumemMagics(Magics):
             if importlib.util.find_spec("pandas") is None:
                 raise UsageError("history -o needs pandas; use --csv FILE without it")
             return h.to_dataframe()
-        if not args.csv:
+        if args.csv is None:
             display(HistoryTable(h.records(last=args.n), total=len(h)))
         return None
 
