@@ -24,12 +24,10 @@ from .analysis import build_record
 from .monitor import Monitor, error_text
 from .records import HistoryTable
 from .sampler import check_interval
-from .settings import PEAK_PRESERVE, PEAK_RESET, load_config, save_config
-from .snapshot import Snapshot
-from .sources.torch import TorchSource
+from .settings import PEAK_PRESERVE, PEAK_RESET, config_path, load_config
 from .summary import Summary
 from .units import parse_size
-from .views import CellReport, ConfigView, WhoReport
+from .views import CellReport, ConfigView, Snapshot, WhoReport
 
 _SHELL_ATTR = "_gpumem_nb_monitor"
 _HISTORY_ATTR = "_gpumem_nb_history"
@@ -85,7 +83,9 @@ def _build_parser() -> _Parser:
     sub.add_parser("status", prog="%gpumem status")
     wa = sub.add_parser("watch", prog="%gpumem watch")
     wa.add_argument("--replay", metavar="FILE",
-                    help="drive the chart from a recorded trace ('bundled' for the H200 one)")
+                    help="drive the chart from a recorded trace ('bundled' for the H200 one); "
+                         "a demonstration only: your cells are still measured live")
+    wa.add_argument("--live", action="store_true", help="end a replay: chart this machine")
     return p
 
 
@@ -123,7 +123,7 @@ Line magic:
                                --save remembers them in ~/.config/gpumem_nb/config.json
   %gpumem summary [--full]     the allocator's fragmentation in plain words, with hints
   %gpumem start | stop         the background sampler
-  %gpumem watch [--replay FILE]
+  %gpumem watch [--replay FILE|--live]
                                the live chart
 
 Cell magic:
@@ -227,23 +227,19 @@ class GpumemMagics(Magics):
                 threshold = parse_size(args.threshold)
             except ValueError as e:
                 raise UsageError(f"--threshold: {e}") from None
-        if interval is not None:
-            m.config.interval_s = interval
-            m.sampler.interval_s = interval
-        if args.device is not None:
-            m.select_device(device)
-        if threshold is not None:
-            m.config.threshold_bytes = threshold
-            m.tracker.threshold_bytes = threshold
-        if args.peak is not None:
-            m.config.peak = args.peak
-        if args.auto_show is not None:
-            m.config.auto_show = args.auto_show == "on"
+        try:
+            m.configure(
+                interval_s=interval, threshold_bytes=threshold,
+                **({"device": device} if args.device is not None else {}),
+                peak=args.peak,
+                auto_show=None if args.auto_show is None else args.auto_show == "on",
+                save=args.save)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        except OSError as e:
+            raise UsageError(f"could not save the settings: {e.strerror}") from None
         if args.save:
-            try:
-                print(f"gpumem: settings saved to {save_config(m.config)}")
-            except OSError as e:
-                raise UsageError(f"could not save the settings: {e.strerror}") from None
+            print(f"gpumem: settings saved to {config_path()}")
         display(ConfigView(m.config, m.sampler.running))
 
     def _parse_device(self, text: str) -> int | None:
@@ -263,7 +259,7 @@ class GpumemMagics(Magics):
         m = self.monitor
         if m.gpu_count() and not 0 <= args.device < m.gpu_count():
             raise UsageError(f"there is no GPU {args.device}")
-        full = TorchSource().memory_summary(args.device) if args.full else ""
+        full = m.torch.memory_summary(args.device) if args.full else ""
         display(Summary.of(m.read(), m.source.status(), device=args.device, full_text=full))
 
     def _cmd_start(self, args: Any) -> None:
@@ -277,11 +273,15 @@ class GpumemMagics(Magics):
     def _cmd_watch(self, args: Any) -> None:
         from .widget import show
 
-        try:
-            widget = show(self.monitor, replay=args.replay)
-        except (ValueError, OSError) as e:
-            raise UsageError(f"cannot replay {args.replay}: {e}") from None
-        display(widget)
+        m = self.monitor
+        if args.replay:
+            try:
+                m.start_replay(args.replay)
+            except (ValueError, OSError) as e:
+                raise UsageError(f"cannot replay {args.replay}: {e}") from None
+        elif args.live:
+            m.stop_replay()
+        display(show(m))
 
     # -- cell magic --------------------------------------------------------------------------
     def _cell(self, line: str, cell: str) -> Any:
