@@ -26,11 +26,9 @@ from .analysis import build_record
 from .monitor import UNCHANGED, Monitor, error_text
 from .records import HistoryTable
 from .settings import PEAK_PRESERVE, PEAK_RESET, SettingsError, config_path, load_config
-from .snapshot import Snapshot
-from .sources.torch import TorchSource
 from .summary import Summary
 from .units import parse_size
-from .views import CellReport, ConfigView, WhoReport
+from .views import CellReport, ConfigView, Snapshot, WhoReport
 
 _SHELL_ATTR = "_gpumem_nb_monitor"
 _HISTORY_ATTR = "_gpumem_nb_history"
@@ -108,7 +106,9 @@ def _build_parser() -> _Parser:
     add("stop", "stop the background sampler (cells are still recorded)")
     wa = add("watch", "the live chart")
     wa.add_argument("--replay", metavar="FILE",
-                    help="drive the chart from a recorded trace ('bundled' for the H200 one)")
+                    help="drive the chart from a recorded trace ('bundled' for the H200 one); "
+                         "a demonstration only: your cells are still measured live")
+    wa.add_argument("--live", action="store_true", help="end a replay: chart this machine")
     return p
 
 
@@ -313,7 +313,7 @@ class GpumemMagics(Magics):
         m = self.monitor
         if m.gpu_count() and not 0 <= args.device < m.gpu_count():
             raise UsageError(f"there is no GPU {args.device}")
-        full = TorchSource().memory_summary(args.device) if args.full else ""
+        full = m.torch.memory_summary(args.device) if args.full else ""
         display(Summary.of(m.read(), m.source.status(), device=args.device, full_text=full))
 
     def _cmd_start(self, args: Any) -> None:
@@ -327,11 +327,15 @@ class GpumemMagics(Magics):
     def _cmd_watch(self, args: Any) -> None:
         from .widget import show
 
-        try:
-            widget = show(self.monitor, replay=args.replay)
-        except (ValueError, OSError) as e:
-            raise UsageError(f"cannot replay {args.replay}: {e}") from None
-        display(widget)
+        m = self.monitor
+        if args.replay is not None:
+            try:
+                m.start_replay(args.replay)
+            except (ValueError, OSError) as e:
+                raise UsageError(f"cannot replay {args.replay}: {e}") from None
+        elif args.live:
+            m.stop_replay()
+        display(show(m))
 
     # -- cell magic --------------------------------------------------------------------------
     def _cell(self, argv: list[str], cell: str) -> Any:

@@ -11,6 +11,7 @@ body is contained and its error logged once.
 
 from __future__ import annotations
 
+import contextvars
 import enum
 import hashlib
 import logging
@@ -27,6 +28,7 @@ from .analysis import (
     AccumulationTracker,
     Watermark,
     build_record,
+    complete_nvml,
     top_holders,
     verdict_message,
 )
@@ -56,6 +58,8 @@ from .units import format_bytes
 log = logging.getLogger("gpumem_nb")
 
 REPLAY_ENV = "GPUMEM_NB_REPLAY"
+# After a cell, the sampler ticks this much later, once the kernel has sent the reply.
+AFTER_CELL_TICK_DELAY_S = 0.05
 
 
 class _Keep(enum.Enum):
@@ -71,6 +75,8 @@ SettingsListener = Callable[[Config], None]
 @dataclass
 class _Pending:
     before: Sample
+    t_s: float
+    wall_s: float
     cell_key: str
     source: str
     execution_count: int | None
@@ -78,6 +84,24 @@ class _Pending:
     reset_peak: bool
     watermark: Watermark = field(default_factory=Watermark)
     mark: CellMark = field(default_factory=lambda: CellMark(0.0))
+
+
+@dataclass
+class _Awaiting:
+    record: CellRecord
+    end_t_s: float
+    observe: bool
+    context: contextvars.Context | None
+
+
+@dataclass
+class Replay:
+    """A recording driving the chart, and only the chart: a demonstration of what the chart
+    shows on a GPU. The user's own cells stay measured from the live sources."""
+
+    label: str
+    source: Any
+    sampler: Sampler
 
 
 def _pre_count(shell: Any, info: Any) -> int | None:
@@ -99,27 +123,21 @@ def cell_key_of(info: Any) -> str:
 
 
 def make_source() -> Source:
-    """A replay when ``GPUMEM_NB_REPLAY`` names one that loads, else the live sources.
-
-    A replay that cannot be loaded (a typo, a bad file) must not stop the extension from
-    loading: it is reported in one line and the live sources are used.
-    """
-    replay = os.environ.get(REPLAY_ENV)
-    if replay:
-        from .sources.replay import ReplaySource, TraceError
-
-        try:
-            return ReplaySource.from_file(None if replay in ("1", "bundled") else replay)
-        except TraceError as e:
-            log.warning("gpumem_nb: %s=%s cannot be replayed (%s); watching the live sources "
-                        "instead.", REPLAY_ENV, replay, e)
     from .sources.live import LiveSource
 
     return LiveSource()
 
 
+def replay_request() -> str | None:
+    """What ``GPUMEM_NB_REPLAY`` asks the chart to replay: None, "bundled" or a path."""
+    value = os.environ.get(REPLAY_ENV, "").strip()
+    if not value or value in ("0", "off"):
+        return None
+    return "bundled" if value in ("1", "bundled") else value
+
+
 class Monitor:
-    """Everything one loaded extension owns."""
+    """Everything one loaded extension owns, and the one owner of its settings."""
 
     def __init__(self, shell: Any, source: Source | None = None,
                  history: History | None = None, config: Config | None = None) -> None:
@@ -127,23 +145,33 @@ class Monitor:
         self.config = config if config is not None else Config()
         _repair(self.config)
         self.source: Source = source if source is not None else make_source()
+        # The one allocator handle: cleanup, peak resets and summaries all go through it.
+        self.torch: TorchSource = getattr(self.source, "torch", None) or TorchSource()
         self.sampler = Sampler(self.source, interval_s=self.config.interval_s)
         self.history = history if history is not None else History()
         self.tracker = AccumulationTracker(self.config.threshold_bytes)
+        self.verdicts: deque[Verdict] = deque(maxlen=100)
+        self.marks: deque[CellMark] = deque(maxlen=10_000)
+        self.replay: Replay | None = None
         # configure() is the one writer of interval, threshold and device selection.
         self.settings_listeners: list[SettingsListener] = []
         self._settings_lock = threading.Lock()
-        self._listener_errors: set[tuple[str, str]] = set()
-        self._select(self.config.device)  # checked against the GPU count in start()
-        self.verdicts: deque[Verdict] = deque(maxlen=100)
-        self.marks: deque[CellMark] = deque(maxlen=10_000)
+        self.on_record: list[Callable[[CellRecord, Verdict | None], None]] = []
+        self.last_cell_exception: BaseException | None = None
         self._depth = 0
         self._pending: _Pending | None = None
         self._watermarks: list[Watermark] = []
         self._errors: set[str] = set()
+        # The allocator's state when no cell runs: the last cell's "after", refreshed by the
+        # sampler between cells. The next cell's "before" reuses it instead of reading cold.
+        self._baseline: Sample | None = None
+        self._baseline_lock = threading.Lock()
+        # Records whose NVML "after" figures the sampler's next reading will fill in.
+        self._awaiting_nvml: deque[_Awaiting] = deque(maxlen=64)
+        self._observe_lock = threading.Lock()
+        self._apply_device(self.config.device)  # checked against the GPU count in start()
         self.widget: Any = None
         self.started_t_s = time.monotonic()
-        self.on_record: list[Callable[[CellRecord, Verdict | None], None]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
@@ -154,9 +182,19 @@ class Monitor:
         self._check_starting_device()
         self.sampler.add_listener(self._on_sample)
         self.sampler.start()
-        return self.status_line()
+        request = replay_request()
+        replay_note = ""
+        if request is not None:
+            try:
+                self.start_replay(request)
+                replay_note = (f" The chart replays {self.replay.label if self.replay else ''}"
+                               " (GPUMEM_NB_REPLAY); your cells are measured live.")
+            except (OSError, ValueError) as e:
+                replay_note = f" {REPLAY_ENV}={request} ignored: {e}."
+        return self.status_line() + replay_note
 
     def shutdown(self) -> None:
+        self.stop_replay()
         self.sampler.remove_listener(self._on_sample)
         self.sampler.stop()
         if self.widget is not None:
@@ -175,7 +213,7 @@ class Monitor:
         head = f"gpumem_nb {__version__}"
         if not st.has_gpu:
             return f"{head}: no GPU visible ({st.nvml}); tracking host RAM. %gpumem? for help."
-        latest = self.read()
+        latest = self.sampler.latest() or self.read()
         names = ", ".join(
             f"{d.index}: {d.nvml.name or 'GPU'} {format_bytes(d.nvml.total_bytes)}"
             for d in latest.devices if d.nvml is not None
@@ -183,24 +221,99 @@ class Monitor:
         return f"{head}: watching GPU {names}. %gpumem? for help."
 
     def _contain(self, where: str, e: BaseException) -> None:
-        key = f"{where}: {type(e).__name__}: {e}"
+        # Keyed by the kind of failure, not its text: a message carrying a timestamp would
+        # otherwise print a new "reported once" line in every cell.
+        key = f"{where}: {type(e).__name__}"
         if key not in self._errors:
             self._errors.add(key)
             log.warning("gpumem_nb %s failed (reported once): %s", where, e)
+
+    def _apply_device(self, index: int | None) -> None:
+        if hasattr(self.source, "selected"):
+            self.source.selected = None if index is None else [index]
+        with self._baseline_lock:
+            self._baseline = None  # other devices now: read them afresh
+        self.sampler.request_tick()
+
+    # -- the chart's feed: live, or a replay kept apart ---------------------------------------
+    @property
+    def feed(self) -> Sampler:
+        """What the chart draws: the live sampler, or a replay's own sampler."""
+        return self.replay.sampler if self.replay is not None else self.sampler
+
+    def start_replay(self, name: str) -> Replay:
+        """Drive the chart from a recording ("bundled" or a file); the hooks stay live."""
+        from .sources.replay import ReplaySource
+
+        source = ReplaySource.from_file(None if name == "bundled" else name)
+        source.start()
+        self.stop_replay()
+        sampler = Sampler(source, interval_s=self.config.interval_s)
+        self.replay = Replay(label=source.status().nvml, source=source, sampler=sampler)
+        sampler.start()
+        self._drop_widget()
+        return self.replay
+
+    def stop_replay(self) -> None:
+        replay, self.replay = self.replay, None
+        if replay is None:
+            return
+        replay.sampler.stop()
+        try:
+            replay.source.close()
+        except Exception as e:
+            self._contain("close", e)
+        self._drop_widget()
+
+    def _drop_widget(self) -> None:
+        # A chart draws one feed for its whole life; switching feeds makes a new one.
+        if self.widget is not None:
+            try:
+                self.widget.close()
+            except Exception as e:
+                self._contain("widget close", e)
+            self.widget = None
 
     # -- readings ----------------------------------------------------------------------------
     def read(self) -> Sample:
         """A full reading, for on-demand work (status, cleanup)."""
         return self.source.read(processes=True)
 
-    def read_fast(self) -> Sample:
-        """The cell hooks' reading: no NVML process listing (see NvmlSource.read)."""
-        return self.source.read(processes=False)
+    def nvml_latest(self) -> Sample | None:
+        """The sampler's latest reading if it is recent enough to stand for "now"; None when
+        the sampler is stopped or stuck (a hung NVML call), so the figure reads as unknown
+        rather than stale-as-fresh."""
+        latest = self.sampler.latest()
+        if latest is None or not self.sampler.running:
+            return None
+        stale_s = max(3 * self.sampler.interval_s, 2.0)
+        return latest if time.monotonic() - latest.t_s <= stale_s else None
+
+    def read_hot(self) -> Sample:
+        """Exact allocator figures and RSS now; NVML from the sampler (see ``nvml_latest``)."""
+        read_hot = getattr(self.source, "read_hot", None)
+        if read_hot is None:
+            return self.source.read(processes=False)
+        sample: Sample = read_hot(self.nvml_latest())
+        return sample
 
     def _on_sample(self, sample: Sample) -> None:
-        # Sampler thread: only extend the running cells' watermarks.
+        # Sampler thread: extend the running cells' watermarks; between cells, refresh the
+        # baseline the next cell will start from.
         for wm in list(self._watermarks):
             wm.update(sample)
+        with self._baseline_lock:
+            base = self._baseline
+            if self._pending is None and base is not None and sample.t_s > base.t_s:
+                self._baseline = sample
+            due = [a for a in self._awaiting_nvml if sample.t_s >= a.end_t_s]
+            for item in due:
+                self._awaiting_nvml.remove(item)
+        for item in due:
+            done = complete_nvml(item.record, sample)
+            self.history.replace(item.record, done)
+            if item.observe:
+                self._observe(done, item.context)
 
     def gpu_count(self) -> int:
         return self.source.status().gpu_count
@@ -263,29 +376,25 @@ class Monitor:
         return now
 
     def _apply(self, new: Config) -> None:
-        if new.interval_s != self.sampler.interval_s:
-            self.sampler.interval_s = new.interval_s  # wakes the thread: re-planned at once
-        self.tracker.threshold_bytes = new.threshold_bytes
-        self._select(new.device)
+        old = replace(self.config)
         # In place: the shell keeps this object across %reload_ext.
         for f in fields(Config):
             setattr(self.config, f.name, getattr(new, f.name))
-
-    def _select(self, index: int | None) -> None:
-        if hasattr(self.source, "selected"):
-            self.source.selected = None if index is None else [index]
+        if new.interval_s != old.interval_s:
+            self.sampler.interval_s = new.interval_s  # wakes the thread: re-planned at once
+            if self.replay is not None:
+                self.replay.sampler.interval_s = new.interval_s
+        self.tracker.threshold_bytes = new.threshold_bytes
+        if new.device != old.device:
+            self._apply_device(new.device)
 
     def _announce(self, cfg: Config) -> None:
         for fn in list(self.settings_listeners):
             try:
-                fn(replace(cfg))
+                fn(replace(cfg))  # a copy each: a listener cannot change the settings behind us
             except Exception as e:
                 name = getattr(fn, "__qualname__", type(fn).__name__)
-                key = (name, type(e).__name__)  # once per listener and kind, whatever the text
-                if key not in self._listener_errors:
-                    self._listener_errors.add(key)
-                    log.warning("gpumem_nb settings listener %s failed (reported once): %s: %s",
-                                name, type(e).__name__, e)
+                self._contain(f"settings listener {name}", e)
 
     def _check_starting_device(self) -> None:
         """A starting device (from the settings file) this process does not see falls back
@@ -297,44 +406,54 @@ class Monitor:
         except SettingsError as e:
             log.warning("%s", bad_setting_line(str(config_path()), e))
             self.config.device = None
-            self._select(None)
+            self._apply_device(None)
 
     def _reset_peaks(self) -> bool:
         """Reset the allocator's peak counters: only on request, only once CUDA is up."""
         try:
-            return TorchSource().reset_peaks(self.config.device)
+            return self.torch.reset_peaks(self.config.device)
         except Exception as e:
             self._contain("reset_peak_memory_stats", e)
             return False
 
     def begin(self, *, reset_peak: bool) -> tuple[Sample, Watermark, bool]:
+        """Start a measurement with a fresh exact reading (``%%gpumem``)."""
         did_reset = self._reset_peaks() if reset_peak else False
-        before = self.read_fast()
+        before = self.read_hot()
         wm = Watermark()
         self._watermarks.append(wm)
         return before, wm, did_reset
 
     def end(self, wm: Watermark) -> Sample:
-        after = self.read_fast()
+        after = self.read_hot()
         if wm in self._watermarks:
             self._watermarks.remove(wm)
+        with self._baseline_lock:
+            self._baseline = after
         return after
 
     # -- cell hooks --------------------------------------------------------------------------
     def pre_run_cell(self, info: Any) -> None:
+        """Cheap by design: no device is read here. The cell starts from the baseline."""
         self._depth += 1
         if self._depth != 1:
             return  # nested (%%capture, run_cell from a cell): part of the outer cell
         try:
-            before, wm, did_reset = self.begin(reset_peak=self.config.peak == PEAK_RESET)
+            t_s = time.monotonic()
+            reset = self.config.peak == PEAK_RESET and self._reset_peaks()
+            with self._baseline_lock:
+                before = self._baseline
+                if before is None or reset:
+                    before = self._baseline = self.read_hot()
+            wm = Watermark()
+            self._watermarks.append(wm)
             self._pending = _Pending(
-                before=before, cell_key=cell_key_of(info),
+                before=before, t_s=t_s, wall_s=time.time(), cell_key=cell_key_of(info),
                 source=getattr(info, "raw_cell", "") or "",
                 execution_count=_pre_count(self.shell, info),
-                thread_id=threading.get_ident(), reset_peak=did_reset, watermark=wm,
-                mark=CellMark(before.t_s),
+                thread_id=threading.get_ident(), reset_peak=reset, watermark=wm,
+                mark=CellMark(t_s),
             )
-            self.sampler.record(before)
             # Marked at its start, so a long cell shows on the chart while it runs.
             self.marks.append(self._pending.mark)
         except Exception as e:
@@ -347,33 +466,67 @@ class Monitor:
         self._depth -= 1
         if self._depth != 0:
             return
-        pending, self._pending = self._pending, None
+        pending = self._pending
         if pending is None:
             return
         try:
             self._finish(pending, result)
         except Exception as e:
             self._contain("post_run_cell", e)
+        finally:
+            self._pending = None
 
     def _finish(self, pending: _Pending, result: Any) -> None:
+        self._flush_awaiting()
         after = self.end(pending.watermark)
-        self.sampler.record(after)
+        self.last_cell_exception = _cell_exception(result)
         count = getattr(result, "execution_count", None) or pending.execution_count
+        before = replace(pending.before, t_s=pending.t_s, wall_s=pending.wall_s)
         rec = build_record(
             execution_count=count, cell_key=pending.cell_key, source=pending.source,
-            before=pending.before, after=after, watermark=pending.watermark,
+            before=before, after=after, watermark=pending.watermark,
             reset_at_start=pending.reset_peak, error=error_text(result),
         )
         self.history.append(rec)
         pending.mark.execution_count = count
-        verdict = self.tracker.observe(rec)
+        # Growth the allocator explains is judged now, so its verdict prints in the cell's
+        # own output. Growth only NVML can show (outside PyTorch) needs NVML's reading after
+        # the cell, which the sampler takes a moment later: that judgement waits for it.
+        now = self.tracker.explained_by_allocator(rec) or not self.sampler.running
+        with self._baseline_lock:
+            self._awaiting_nvml.append(_Awaiting(
+                rec, after.t_s, observe=not now,
+                context=None if now else contextvars.copy_context()))
+        if now:
+            self._observe(rec, None)
+        # The chart redraws from the sampler thread, a moment later: drawing must not
+        # compete with the kernel sending this cell's reply.
+        self.sampler.request_tick(delay_s=AFTER_CELL_TICK_DELAY_S)
+
+    def _flush_awaiting(self) -> None:
+        """Judge, with what is known, any earlier cell still waiting for NVML: a cell's runs
+        must be judged in order (only cells less than a sampler tick apart get here)."""
+        with self._baseline_lock:
+            late = [a for a in self._awaiting_nvml if a.observe]
+            for item in late:
+                self._awaiting_nvml.remove(item)
+        for item in late:
+            self._observe(item.record, item.context)
+
+    def _observe(self, rec: CellRecord, context: contextvars.Context | None) -> None:
+        with self._observe_lock:
+            verdict = self.tracker.observe(rec)
         if verdict is not None:
             verdict = self._explain(verdict)
             self.verdicts.append(verdict)
-            print(verdict.message)
+            # Printed under the cell's own context, so a judgement made on the sampler
+            # thread is still routed to that cell's output.
+            if context is None:
+                print(verdict.message)
+            else:
+                context.run(print, verdict.message)
         for fn in list(self.on_record):
             fn(rec, verdict)
-        self.sampler.request_tick()  # the widget redraws from the sampler thread
 
     def _explain(self, v: Verdict) -> Verdict:
         holders: tuple[Holder, ...] = ()
@@ -385,18 +538,6 @@ class Monitor:
     def cell_running(self) -> bool:
         """Between a top-level cell's pre and post hooks, on whatever thread asks."""
         return self._pending is not None
-
-    def use_source(self, source: Source) -> None:
-        """Switch what the sampler and hooks read (``%gpumem watch --replay``)."""
-        source.start()
-        self.sampler.stop()
-        old, self.source = self.source, source
-        self.sampler.source = source
-        self.sampler.start()
-        try:
-            old.close()
-        except Exception as e:
-            self._contain("close", e)
 
     def busy_elsewhere(self) -> bool:
         """A cell is running on another thread (a widget click during a cell)."""
@@ -418,11 +559,19 @@ class Monitor:
             raise RuntimeError("a cell is running; cleanup waits until it finishes")
         displayhook = getattr(self.shell, "displayhook", None)
         outputs = _OutputCache(self.shell) if getattr(displayhook, "do_full_cache", False) else None
-        return cleanup.run(request, user_ns=self.shell.user_ns, output_cache=outputs,
-                           # The live Out dict, not a copy: a copy would keep every
-                           # cached result alive through the very step that frees them.
-                           out_entries=self.shell.user_ns.get("_oh", {}), measure=self.read,
-                           stored_exceptions=last_exception_objects(self.shell))
+        report = cleanup.run(request, user_ns=self.shell.user_ns, output_cache=outputs,
+                             # The live Out dict, not a copy: a copy would keep every
+                             # cached result alive through the very step that frees them.
+                             out_entries=self.shell.user_ns.get("_oh", {}), measure=self.read,
+                             stored_exceptions=last_exception_objects(self.shell))
+        with self._baseline_lock:
+            self._baseline = None  # cleanup changed the allocator: read afresh
+        return report
+
+
+def _cell_exception(result: Any) -> BaseException | None:
+    err = getattr(result, "error_in_exec", None)
+    return err if isinstance(err, BaseException) else None
 
 
 def _repair(cfg: Config) -> None:

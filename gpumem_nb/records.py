@@ -97,6 +97,15 @@ class History:
         with self._lock:
             self._records.append(rec)
 
+    def replace(self, old: CellRecord, new: CellRecord) -> bool:
+        """Swap a record for its completed version (NVML figures arrive after the cell)."""
+        with self._lock:
+            for i in range(len(self._records) - 1, -1, -1):
+                if self._records[i] is old:
+                    self._records[i] = new
+                    return True
+        return False
+
     def records(self, last: int | None = None) -> list[CellRecord]:
         with self._lock:
             data = list(self._records)

@@ -14,10 +14,14 @@ from gpumem_nb.settings import PEAK_PRESERVE
 from gpumem_nb.views import CellReport
 
 from .fakes import GiB, MiB
+from .helpers import spaced
 
 
 def run(ip: Any, source: str, cell_id: str | None = None) -> Any:
-    return ip.run_cell(source, store_history=True, cell_id=cell_id)
+    """Run a cell as people do: with time after it for the sampler's next reading."""
+    result = ip.run_cell(source, store_history=True, cell_id=cell_id)
+    spaced(ip)
+    return result
 
 
 def magic(ip: Any, line: str) -> Any:
@@ -527,22 +531,36 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def test_reload_ext_keeps_monitors_and_file_descriptors_flat_over_50_reloads(shell, no_gpu):
+def reloads_stay_flat(shell: Any, times: int) -> None:
+    """Load, warm up, reload ``times`` times: one more live monitor than before, one sampler
+    thread, one registered magics object, and no file descriptor more than after warm-up."""
+    monitors = live_monitors()  # earlier tests' monitors, if any are still referenced
     run(shell, "%load_ext gpumem_nb")
     for _ in range(3):  # warm up: first-use imports and caches open what they keep
         run(shell, "%reload_ext gpumem_nb")
-    monitors, fds = live_monitors(), open_fds()
-    for _ in range(50):
-        run(shell, "%reload_ext gpumem_nb")
-    assert live_monitors() == monitors == 1
+    fds = open_fds()
+    for _ in range(times):
+        assert run(shell, "%reload_ext gpumem_nb").success
+    assert live_monitors() == monitors + 1
     assert open_fds() <= fds
     assert sampler_threads() == 1
     assert sum(type(c).__name__ == "GpumemMagics" for c in shell.configurables) == 1
 
 
+def test_reload_ext_keeps_monitors_and_file_descriptors_flat_over_50_reloads(shell, no_gpu):
+    reloads_stay_flat(shell, 50)
+
+
+def test_reload_ext_with_the_chart_shown_keeps_monitors_flat(shell, no_gpu, private_settings):
+    private_settings.write_text('{"auto_show": true}')
+    reloads_stay_flat(shell, 20)
+    assert current_monitor(shell).widget is not None
+
+
 def test_unload_leaves_nothing_that_references_the_monitor(shell, no_gpu):
+    monitors = live_monitors()
     run(shell, "%load_ext gpumem_nb")
     run(shell, "%unload_ext gpumem_nb")
-    assert live_monitors() == 0
+    assert live_monitors() == monitors
     assert not [c for c in shell.configurables if type(c).__name__ == "GpumemMagics"]
     assert "GpumemMagics" not in shell.magics_manager.registry

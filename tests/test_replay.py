@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 from dataclasses import fields
 from typing import Any
@@ -12,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpumem_nb import monitor as monitor_mod
 from gpumem_nb.model import AllocatorReading, DeviceSample, NvmlReading, Sample
 from gpumem_nb.sources import replay as replay_mod
 from gpumem_nb.sources.replay import (
@@ -139,7 +137,7 @@ def test_a_malformed_trace_is_refused_with_a_message_naming_the_problem(tmp_path
 def test_the_edits_above_start_from_a_trace_that_loads(tmp_path):
     p = tmp_path / "good.json"
     p.write_text(json.dumps(good_body()))
-    samples, note = load_trace(p)
+    samples, _ = load_trace(p)
     assert [s.devices for s in samples] == [sample(0.0, GiB).devices, sample(0.5, 2 * GiB).devices]
 
 
@@ -152,7 +150,7 @@ def test_a_special_or_missing_replay_file_is_refused_at_once(tmp_path, special):
                      "/dev/zero": ("/dev/zero", None)}[special]
     if special == "fifo":
         os.mkfifo(path)
-    with pytest.raises(TraceError, match="FIFO|device|directory|No such file"):
+    with pytest.raises(TraceError, match=r"FIFO|device|directory|No such file"):
         finishes(lambda: ReplaySource.from_file(path), release)
 
 
@@ -172,54 +170,46 @@ def test_a_bad_replay_file_in_watch_is_a_usage_error_and_changes_nothing(shell, 
     shell.run_cell("%load_ext gpumem_nb")
     shell.run_cell("x = 1")
     mon = current_monitor(shell)
-    source, records, widget = mon.source, len(mon.history), mon.widget
+    before = (mon.source, len(mon.history), mon.widget, mon.replay)
     p = tmp_path / "bad.json"
     p.write_text(json.dumps(edit([*NV, "used_bytes"], "x")))
-    with pytest.raises(UsageError, match='cannot replay .*"used_bytes" is "x"'):
+    with pytest.raises(UsageError, match=r'cannot replay .*"used_bytes" is "x"'):
         shell.run_line_magic("gpumem", f"watch --replay {p}")
-    assert (mon.source, len(mon.history), mon.widget) == (source, records, widget)
+    assert (mon.source, len(mon.history), mon.widget, mon.replay) == before
     assert mon.sampler.running
 
 
 # -- GPUMEM_NB_REPLAY that cannot be replayed --------------------------------------------------
-@pytest.fixture
-def fake_live(monkeypatch: Any) -> Any:
-    """The live source make_source falls back to, on fakes (no real NVML here)."""
-    from gpumem_nb.sources import live
-    from gpumem_nb.sources.nvml import NvmlSource
-
-    from .fakes import FakePynvml
-
-    real = live.LiveSource
-    monkeypatch.setattr(live, "LiveSource", lambda: real(
-        nvml=NvmlSource(module=FakePynvml(library_not_found=True))))  # type: ignore[arg-type]
-    return real
-
-
-@pytest.mark.parametrize("value", ["/no/such/trace.json", "bundeld", "fifo"])
-def test_a_replay_variable_typo_loads_live_sources_with_one_line(shell, monkeypatch, fake_live,
-                                                                  caplog, tmp_path, value):
+@pytest.mark.parametrize("value", ["/no/such/trace.json", "bundeld", "fifo", "bad"])
+def test_a_replay_variable_typo_loads_live_with_one_line(shell, no_gpu, monkeypatch, tmp_path,
+                                                          capsys, value):
     from gpumem_nb.magics import current_monitor
 
     from .test_safeio import finishes
 
+    release = None
     if value == "fifo":
-        value = str(tmp_path / "pipe")
+        value = release = str(tmp_path / "pipe")
         os.mkfifo(value)
+    elif value == "bad":
+        value = str(tmp_path / "bad.json")
+        with open(value, "w") as f:
+            json.dump(edit([*AL, "num_ooms"], "many"), f)
     monkeypatch.setenv("GPUMEM_NB_REPLAY", value)
-    with caplog.at_level(logging.WARNING, logger="gpumem_nb"):
-        source = finishes(monitor_mod.make_source, value if "pipe" in value else None)
-        result = shell.run_cell("%load_ext gpumem_nb")
-    assert isinstance(source, fake_live)
-    assert result.success and isinstance(current_monitor(shell).source, fake_live)
-    lines = [r.getMessage() for r in caplog.records if "GPUMEM_NB_REPLAY" in r.getMessage()]
-    # One line from the make_source call above, one from the load: once each.
-    assert len(lines) == 2 and value in lines[0] and "live sources" in lines[0]
+    result = finishes(lambda: shell.run_cell("%load_ext gpumem_nb"), release)
+    assert result.success
+    mon = current_monitor(shell)
+    assert mon is not None and mon.replay is None and mon.sampler.running
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "GPUMEM_NB_REPLAY" in ln]
+    assert len(lines) == 1 and "ignored" in lines[0] and value in lines[0]
 
 
-def test_a_replay_variable_naming_a_good_trace_still_replays(monkeypatch):
+def test_a_replay_variable_naming_a_good_trace_still_replays(shell, no_gpu, monkeypatch):
+    from gpumem_nb.magics import current_monitor
+
     monkeypatch.setenv("GPUMEM_NB_REPLAY", "bundled")
-    assert isinstance(monitor_mod.make_source(), ReplaySource)
+    shell.run_cell("%load_ext gpumem_nb")
+    assert isinstance(current_monitor(shell).replay.source, ReplaySource)
 
 
 # -- property: any edit to any field either loads as typed data or is a TraceError -------------

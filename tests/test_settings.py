@@ -278,7 +278,7 @@ def test_a_failed_save_applies_nothing(shell, no_gpu, private_settings):
     private_settings.mkdir()  # the write cannot replace a directory
     run(shell, "%load_ext gpumem_nb")
     mon = current_monitor(shell)
-    with pytest.raises(UsageError, match="could not save the settings.*nothing was changed"):
+    with pytest.raises(UsageError, match=r"could not save the settings.*nothing was changed"):
         shell.run_line_magic("gpumem", "config --interval 2 --threshold 1GiB --save")
     assert (mon.config.interval_s, mon.sampler.interval_s) == (0.5, 0.5)
     assert mon.config.threshold_bytes == mon.tracker.threshold_bytes == DEFAULT_THRESHOLD_BYTES

@@ -21,10 +21,14 @@ from gpumem_nb.timeline import (
 from gpumem_nb.widget import _LABELS, _MARKS, _RECENT
 
 from .fakes import GiB
+from .helpers import spaced
 
 
 def run(ip: Any, source: str, cell_id: str | None = None) -> Any:
-    return ip.run_cell(source, store_history=True, cell_id=cell_id)
+    """Run a cell as people do: with time after it for the sampler's next reading."""
+    result = ip.run_cell(source, store_history=True, cell_id=cell_id)
+    spaced(ip)
+    return result
 
 
 @pytest.fixture

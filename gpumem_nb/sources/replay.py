@@ -78,73 +78,76 @@ def _seconds(where: str, key: str, value: Any) -> float:
     return float(value)
 
 
+def _maybe_seconds(where: str, key: str, value: Any) -> float | None:
+    return None if value is None else _seconds(where, key, value)
+
+
 def _text(where: str, key: str, value: Any) -> str:
     if not isinstance(value, str):
         raise TraceError(f"{where}: \"{key}\" is {_show(value)}, not a string")
     return value
 
 
-def _fields(where: str, data: Any, cls: type, optional: frozenset[str] = frozenset()) -> None:
-    """``data`` is an object with every required field of ``cls`` and no other."""
+# Each scalar field type of the records, by its annotation, and its check. A new field of a
+# type not listed here fails the round-trip test rather than loading unchecked.
+_SCALARS: dict[str, Callable[[str, str, Any], Any]] = {
+    "int": _whole, "int | None": _maybe_whole, "str": _text, "float": _seconds,
+    "float | None": _maybe_seconds,
+}
+
+
+def _record(where: str, data: Any, cls: type, *, nested: dict[str, Callable[[Any], Any]]
+            | None = None, lenient: dict[str, Any] | None = None) -> Any:
+    """A ``cls`` from ``data``, every field checked by its type: an object with every field
+    that has no default (``lenient`` ones too, with the given stand-in) and no unknown one."""
     if not isinstance(data, dict):
         raise TraceError(f"{where} is {_show(data)}, not an object")
-    names = {f.name for f in fields(cls)}
-    required = {f.name for f in fields(cls)
-                if f.default is MISSING and f.default_factory is MISSING} - optional
-    if unknown := sorted(set(data) - names):
+    nested, lenient = nested or {}, lenient or {}
+    known = fields(cls)
+    if unknown := sorted(set(data) - {f.name for f in known}, key=str):
         raise TraceError(f"{where} has an unknown field {_show(unknown[0])}")
-    if missing := sorted(required - set(data)):
-        raise TraceError(f"{where} lacks the field {_show(missing[0])}")
+    kw: dict[str, Any] = {}
+    for f in known:
+        if f.name not in data:
+            if f.name in lenient:
+                kw[f.name] = lenient[f.name]
+            elif f.default is MISSING and f.default_factory is MISSING:
+                raise TraceError(f"{where} lacks the field {_show(f.name)}")
+            continue
+        value = data[f.name]
+        kw[f.name] = (nested[f.name](value) if f.name in nested
+                      else _SCALARS[str(f.type)](where, f.name, value))
+    return cls(**kw)
 
 
 def _nvml_from_json(where: str, nv: Any) -> NvmlReading:
-    _fields(where, nv, NvmlReading)
-    status = _text(where, "status", nv.get("status", STATUS_OK))
-    if status not in _STATUSES:
-        raise TraceError(f"{where}: \"status\" is {_show(status)}, not one of "
+    reading: NvmlReading = _record(where, nv, NvmlReading)
+    if reading.status not in _STATUSES:
+        raise TraceError(f"{where}: \"status\" is {_show(reading.status)}, not one of "
                          f"{', '.join(_STATUSES)}")
-    return NvmlReading(
-        nvml_index=_whole(where, "nvml_index", nv["nvml_index"]),
-        name=_text(where, "name", nv["name"]),
-        uuid=_text(where, "uuid", nv["uuid"]),
-        pci_bus_id=_text(where, "pci_bus_id", nv["pci_bus_id"]),
-        **{k: _maybe_whole(where, k, nv.get(k)) for k in (
-            "total_bytes", "used_bytes", "driver_reserved_bytes", "process_bytes",
-            "other_processes_bytes")},
-        status=status,
-        detail=_text(where, "detail", nv.get("detail", "")),
-    )
+    return reading
 
 
-def _allocator_from_json(where: str, al: Any) -> AllocatorReading:
-    _fields(where, al, AllocatorReading)
-    return AllocatorReading(**{
-        f.name: _whole(where, f.name, al[f.name]) for f in fields(AllocatorReading)
+def _device_from_json(where: str, d: Any) -> DeviceSample:
+    return _record(where, d, DeviceSample, nested={
+        "nvml": lambda nv: None if nv is None else _nvml_from_json(f"{where}, nvml", nv),
+        "allocator": lambda al: None if al is None else _record(
+            f"{where}, allocator", al, AllocatorReading),
     })
+
+
+def _devices_from_json(where: str, raw: Any) -> tuple[DeviceSample, ...]:
+    if not isinstance(raw, list):
+        raise TraceError(f"{where}: \"devices\" is {_show(raw)}, not a list")
+    return tuple(_device_from_json(f"{where}, device {j}", d) for j, d in enumerate(raw))
 
 
 def sample_from_json(data: Any, where: str = "sample") -> Sample:
     """A ``Sample`` from its JSON form; ``TraceError`` names the first field that is wrong."""
-    _fields(where, data, Sample, optional=frozenset({"wall_s", "rss_bytes"}))
-    raw_devices = data.get("devices", [])
-    if not isinstance(raw_devices, list):
-        raise TraceError(f"{where}: \"devices\" is {_show(raw_devices)}, not a list")
-    devices = []
-    for j, d in enumerate(raw_devices):
-        at = f"{where}, device {j}"
-        _fields(at, d, DeviceSample)
-        nv, al = d["nvml"], d["allocator"]
-        devices.append(DeviceSample(
-            index=_whole(at, "index", d["index"]),
-            nvml=None if nv is None else _nvml_from_json(f"{at}, nvml", nv),
-            allocator=None if al is None else _allocator_from_json(f"{at}, allocator", al),
-        ))
-    return Sample(
-        t_s=_seconds(where, "t_s", data["t_s"]),
-        wall_s=_seconds(where, "wall_s", data.get("wall_s", 0.0)),
-        rss_bytes=_maybe_whole(where, "rss_bytes", data.get("rss_bytes")),
-        devices=tuple(devices),
-    )
+    return _record(where, data, Sample,
+                   nested={"devices": lambda raw: _devices_from_json(where, raw)},
+                   # Early traces had neither; they replay with no wall clock and no RSS.
+                   lenient={"wall_s": 0.0, "rss_bytes": None})
 
 
 def write_trace(path: str | Path, samples: Iterable[Sample], *, note: str = "") -> None:

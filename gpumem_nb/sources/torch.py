@@ -29,7 +29,7 @@ TORCH_INITIALIZED = "CUDA initialized"
 def _stat(stats: Mapping[str, Any], name: str, which: str) -> int:
     try:
         return int(stats[name]["all"][which])
-    except (KeyError, TypeError):
+    except (KeyError, TypeError, ValueError, OverflowError):
         return 0
 
 
@@ -43,8 +43,21 @@ def parse_stats(stats: Mapping[str, Any]) -> AllocatorReading:
         peak_allocated_bytes=_stat(stats, "allocated_bytes", "peak"),
         peak_reserved_bytes=_stat(stats, "reserved_bytes", "peak"),
         num_alloc_retries=int(stats.get("num_alloc_retries", 0) or 0),
-        num_ooms=int(stats.get("num_ooms", 0) or 0),
+        num_ooms=_count(stats, "num_ooms"),
+        allocations=_stat(stats, "allocation", "allocated"),
+        frees=_stat(stats, "allocation", "freed"),
     )
+
+
+def _count(stats: Mapping[str, Any], name: str) -> int:
+    # Junk in a stats dict (a patched allocator, a future format) reads as 0, never raises.
+    try:
+        return int(stats.get(name, 0) or 0)
+    except (TypeError, ValueError, OverflowError):
+        return 0
+
+
+ZERO_READING = AllocatorReading(0, 0, 0, 0, 0, 0, 0, 0)
 
 
 def alloc_conf(env: Mapping[str, str] | None = None) -> tuple[str, str]:
@@ -68,6 +81,7 @@ class TorchSource:
     def __init__(self, modules: Mapping[str, Any] | None = None) -> None:
         self._modules = sys.modules if modules is None else modules
         self._identity: dict[int, tuple[str | None, str | None]] = {}
+        self._with_context: set[int] = set()
         self.last_error = ""
 
     def _cuda(self) -> Any | None:
@@ -122,6 +136,41 @@ class TorchSource:
         if not stats:
             return None
         return parse_stats(stats)
+
+    def read_active(self, indices: list[int]) -> dict[int, AllocatorReading | None]:
+        """The cell hooks' read: exact stats for each device this process has a context on.
+
+        A device without a primary context has never allocated, so its reading is all zeros
+        and needs no stats call: the cost stays flat in the number of GPUs this process does
+        not use. Once a context is seen it is remembered (PyTorch never releases one).
+        """
+        cuda = self._cuda()
+        if cuda is None:
+            return {}
+        torch_c = getattr(self._modules.get("torch"), "_C", None)
+        stats_fn = getattr(torch_c, "_cuda_memoryStats", None)
+        has_ctx = getattr(torch_c, "_cuda_hasPrimaryContext", None)
+        out: dict[int, AllocatorReading | None] = {}
+        for i in indices:
+            if i not in self._with_context and has_ctx is not None:
+                try:
+                    if not has_ctx(i):
+                        out[i] = ZERO_READING
+                        continue
+                except Exception:
+                    pass
+                self._with_context.add(i)
+            if stats_fn is None:
+                out[i] = self.read(i)
+                continue
+            try:
+                stats = stats_fn(i)
+            except Exception as e:
+                self.last_error = f"{type(e).__name__}: {e}"
+                out[i] = None
+                continue
+            out[i] = parse_stats(stats) if stats else None
+        return out
 
     def identity(self, index: int) -> tuple[str | None, str | None]:
         """(uuid, pci bus id) of CUDA device ``index``, cached; (None, None) before init.
