@@ -318,6 +318,17 @@ def summarize_config(arms: list[ArmResult]) -> dict[str, Any]:
             WITHOUT: w0, WITH: w1,
             "added_median": _diff(w1, w0, "median"), "added_p90": _diff(w1, w0, "p90"),
         }
+    # The whole kernel's CPU over the measured cells (gaps included), per cell: what the
+    # sampler and any deferred work cost besides the hooks.
+    cpu = {arm: [(a.gc_after["process_cpu_s"] - a.gc_before["process_cpu_s"]) * 1e6
+                 / max(1, len(a.cells)) for a in group]
+           for arm, group in ((WITHOUT, without), (WITH, with_))}
+    out["kernel_cpu_per_cell_us"] = {arm: summarize(v) for arm, v in cpu.items()}
+    # Each round appended its two kernels together, in either order.
+    out["exec_added_median_per_round_us"] = [
+        _diff(*(summarize(_vals([x], "exec_us")) for x in sorted(pair, key=lambda x: x.arm
+                                                                   != WITH)), "median")
+        for pair in zip(arms[::2], arms[1::2], strict=False)]
     out["per_round"] = [
         {"arm": a.arm, "exec_median_us": summarize(_vals([a], "exec_us")).get("median"),
          "hooks_total_median_us": (summarize([hook_split(h)[2] for h in a.hooks]).get("median")
@@ -377,6 +388,11 @@ def print_table(name: str, s: dict[str, Any]) -> None:
         row("train step: without", t[WITHOUT])
         row("train step: with", t[WITH])
         row("train step: with, interval 0.05 s", t["with_interval_0.05"])
+    cpu = s["kernel_cpu_per_cell_us"]
+    if cpu[WITHOUT].get("n") and cpu[WITH].get("n"):
+        print(f"  kernel CPU per cell period (all threads, per kernel median): without "
+              f"{cpu[WITHOUT]['median']:.0f} µs, with {cpu[WITH]['median']:.0f} µs")
+    print(f"  kernel-stamped added median, per round: {s['exec_added_median_per_round_us']}")
     print(f"  callbacks timed: {h['callbacks_wrapped']}; cells without a hook record: "
           f"{h['cells_without_hook_record']}; timer overhead "
           f"{h['timer_overhead_per_callback_ns']} ns per callback")
@@ -460,7 +476,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     train: dict[str, Any] = {}
     for r in range(args.rounds):
         order = (WITHOUT, WITH) if r % 2 == 0 else (WITH, WITHOUT)
-        for c in configs:
+        for c in configs if r % 2 == 0 else configs[::-1]:
             for arm in order:
                 arms[config_name(c)].append(run_arm(arm, args, c, train))
             print(f"round {r + 1}/{args.rounds} {config_name(c)} done "

@@ -176,8 +176,11 @@ def hook_records_json() -> str:
 # GC and environment
 # --------------------------------------------------------------------------------------------
 def gc_state() -> dict[str, Any]:
+    """GC settings and counters, and the process's CPU time (all threads: the sampler's
+    background work shows here and nowhere else)."""
     return {"enabled": gc.isenabled(), "threshold": list(gc.get_threshold()),
-            "collections": [s["collections"] for s in gc.get_stats()]}
+            "collections": [s["collections"] for s in gc.get_stats()],
+            "process_cpu_s": time.process_time(), "monotonic_s": time.monotonic()}
 
 
 def kernel_info_json() -> str:

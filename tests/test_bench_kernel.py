@@ -41,6 +41,11 @@ def check_config(s: dict[str, Any], cells: int) -> None:
         finite_summary(s[metric]["with"], cells)
         assert math.isfinite(s[metric]["added_median"]), s[metric]
     assert s["cells_measured_per_arm"] == {"without": cells, "with": cells}
+    for arm in ("without", "with"):
+        assert s["kernel_cpu_per_cell_us"][arm]["n"] == 1
+        assert math.isfinite(s["kernel_cpu_per_cell_us"][arm]["median"])
+    (added,) = s["exec_added_median_per_round_us"]
+    assert math.isfinite(added)
     assert [r["arm"] for r in s["per_round"]] == ["without", "with"]
 
 
