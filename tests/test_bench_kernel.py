@@ -32,7 +32,7 @@ def strict_json(text: str) -> Any:
 
 def check_config(s: dict[str, Any], cells: int) -> None:
     hooks = s["hooks_us"]
-    assert sum(hooks["callbacks_wrapped"].values()) >= 2, hooks  # found the extension's hooks
+    assert sum(hooks["callbacks_wrapped"].values()) >= 1, hooks  # found the extension's hooks
     assert hooks["cells_without_hook_record"] == 0
     assert hooks["callbacks_escaping_timers"] == 0
     finite_summary(hooks["total"], cells)
@@ -97,7 +97,7 @@ def test_hook_timers_wrap_only_the_extensions_callbacks_in_place(shell, fake_gpu
         before = {e: list(shell.events.callbacks[e]) for e in kernel_probe.CELL_EVENTS}
         ours = {e: [cb for cb in cbs if kernel_probe._module_of(cb).startswith("gpumem_nb")]
                 for e, cbs in before.items()}
-        assert ours["pre_run_cell"] and ours["post_run_cell"]
+        assert any(ours.values())  # whichever cell events the extension uses
         wrapped = kernel_probe.wrap_hooks(shell)
         assert wrapped == {e: len(v) for e, v in ours.items() if v}
         after = shell.events.callbacks
@@ -107,7 +107,7 @@ def test_hook_timers_wrap_only_the_extensions_callbacks_in_place(shell, fake_gpu
         kernel_probe.HOOK_NS.clear()
         shell.run_cell("x = 1")
         (rec,) = kernel_probe.HOOK_NS.values()
-        assert rec["pre_run_cell"] > 0 and rec["post_run_cell"] > 0
+        assert set(rec) == set(wrapped) and all(ns > 0 for ns in rec.values())
         assert kernel_probe.unwrapped_hooks(shell) == 0
     finally:
         kernel_probe.unwrap_hooks(shell)
