@@ -54,6 +54,9 @@ class _Parser(MagicArgumentParser):
         super().__init__(**kw)
 
     def error(self, message: str) -> Any:
+        # argparse quotes the user's words as typed; a lone surrogate in them would make
+        # printing the message raise in turn.
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         found = re.match(r"argument SUBCOMMAND: invalid choice: (.*) \(choose from", message)
         if found:
             raise UsageError(f"%gpumem has no subcommand {found.group(1)[:60]}; "
@@ -199,8 +202,8 @@ def _device_arg(text: str) -> int | None:
 
 def _quoted(text: str) -> str:
     """User text in a message: quoted, control characters (a NUL) escaped, long text cut."""
-    shown = repr(text)
-    return shown if len(shown) <= 60 else shown[:57] + "..."
+    text = repr(text)  # ASCII escapes for NUL and the like; printable whatever the name
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @magics_class
@@ -245,7 +248,7 @@ class GpumemMagics(Magics):
             except OSError as e:
                 raise UsageError(f"could not write {_quoted(args.csv)}: {safeio.reason(e)}"
                                  ) from None
-            print(f"wrote {len(h)} cells to {args.csv}")
+            print(f"wrote {len(h)} cells to {safeio.shown(args.csv)}")
         if args.o:
             if importlib.util.find_spec("pandas") is None:
                 raise UsageError("history -o needs pandas; use --csv FILE without it")
@@ -303,10 +306,10 @@ class GpumemMagics(Magics):
         except SettingsError as e:
             raise UsageError(f"{_FLAGS.get(e.key, e.key)}: {e.why}") from None
         except OSError as e:
-            raise UsageError(f"could not save the settings to {config_path()}: "
+            raise UsageError(f"could not save the settings to {safeio.shown(config_path())}: "
                              f"{safeio.reason(e)}; nothing was changed") from None
         if args.save:
-            print(f"gpumem: settings saved to {config_path()}")
+            print(f"gpumem: settings saved to {safeio.shown(config_path())}")
         display(ConfigView(m.config, m.sampler.running))
 
     def _cmd_summary(self, args: Any) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from . import __version__, cleanup
+from . import __version__, cleanup, safeio
 from .analysis import (
     AccumulationTracker,
     Watermark,
@@ -404,7 +404,7 @@ class Monitor:
         try:
             self.check_device(self.config.device)
         except SettingsError as e:
-            log.warning("%s", bad_setting_line(str(config_path()), e))
+            log.warning("%s", bad_setting_line(safeio.shown(config_path()), e))
             self.config.device = None
             self._apply_device(None)
 

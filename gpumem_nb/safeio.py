@@ -48,6 +48,12 @@ def _is_path(path: object) -> bool:
     return isinstance(path, str | os.PathLike)
 
 
+def shown(path: PathLike | str) -> str:
+    """A path as text that can always be printed: a name holding bytes that are not UTF-8
+    (surrogate escapes) would make ``print`` itself raise."""
+    return os.fspath(path).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def reason(e: OSError) -> str:
     """The plain part of an OSError: ``No such file or directory``, ``is a symbolic link``."""
     return e.strerror or str(e)
@@ -64,6 +70,11 @@ def _checked(path: PathLike) -> str:
         raise RefusedPath(text.replace("\0", "\\0"), "contains a NUL character")
     if not text:
         raise RefusedPath("''", "is an empty file name")
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError:  # a lone surrogate: no file system can hold that name
+        raise RefusedPath(repr(text), "is not a valid file name (it holds a lone surrogate "
+                                      "character)") from None
     return text
 
 

@@ -178,22 +178,23 @@ def config_path() -> Path:
 def read_config() -> tuple[Config, list[str]]:
     """The settings file's ``Config`` and its problems; no file at all is no problem."""
     path = config_path()
+    origin = safeio.shown(path)
     try:
         text = safeio.read_text(path, max_bytes=MAX_SETTINGS_BYTES, follow_symlinks=False)
     except FileNotFoundError:
         cfg, problems = Config(), []
     except OSError as e:
-        cfg, problems = Config(), [f"gpumem_nb: {path}: ignored: {safeio.reason(e)}; "
+        cfg, problems = Config(), [f"gpumem_nb: {origin}: ignored: {safeio.reason(e)}; "
                                    "using the default settings."]
     else:
         try:
             data = json.loads(text)
         except (ValueError, RecursionError) as e:  # RecursionError: "[[[[..." nested deep
             where = f" ({e.msg}, line {e.lineno})" if isinstance(e, json.JSONDecodeError) else ""
-            cfg, problems = Config(), [f"gpumem_nb: {path}: ignored: it is not valid JSON"
+            cfg, problems = Config(), [f"gpumem_nb: {origin}: ignored: it is not valid JSON"
                                        f"{where}; using the default settings."]
         else:
-            cfg, problems = parse_config(data, str(path))
+            cfg, problems = parse_config(data, origin)
     if os.environ.get(AUTO_SHOW_ENV) == "1":
         cfg.auto_show = True
     return cfg, problems

@@ -91,12 +91,12 @@ def test_a_symlink_to_a_fifo_is_refused_even_when_links_are_followed(tmp_path):
         finishes(lambda: safeio.read_text(link, max_bytes=100), fifo)
 
 
-@pytest.mark.parametrize("name", ["a\0b", ""])
-def test_a_nul_or_empty_path_is_an_oserror_with_a_plain_reason(name):
+@pytest.mark.parametrize("name", ["a\0b", "", "\ud800"])
+def test_a_nul_empty_or_unencodable_path_is_an_oserror_with_a_plain_reason(name):
     with pytest.raises(safeio.RefusedPath) as e:
         safeio.read_text(name, max_bytes=10)
-    assert isinstance(e.value, OSError) and safeio.reason(e.value) in (
-        "contains a NUL character", "is an empty file name")
+    assert isinstance(e.value, OSError) and safeio.reason(e.value).startswith((
+        "contains a NUL character", "is an empty file name", "is not a valid file name"))
     with pytest.raises(safeio.RefusedPath):
         safeio.write_text_atomic(name, "x")
 
@@ -173,3 +173,8 @@ def test_a_new_file_gets_the_mode_open_would_give_it(tmp_path):
 def test_a_write_into_a_missing_directory_is_an_oserror(tmp_path):
     with pytest.raises(FileNotFoundError):
         safeio.write_text_atomic(tmp_path / "nope" / "h.csv", "x")
+
+
+def test_a_name_that_is_not_utf8_is_shown_printably():
+    assert safeio.shown("a\udcffb") == "a\\udcffb"
+    print(safeio.shown("a\udcffb"))

@@ -27,6 +27,7 @@ from gpumem_nb.settings import (
 )
 
 from .fakes import MiB
+from .helpers import spaced
 
 
 def run(ip: Any, source: str) -> Any:
@@ -158,23 +159,27 @@ def test_a_wrong_value_is_reported_once_naming_file_and_key_and_the_rest_is_kept
     assert mon.tracker.threshold_bytes == mon.config.threshold_bytes
 
 
-def test_threshold_as_text_no_longer_turns_detection_off(shell, fake_gpu, private_settings,
-                                                         capsys):
+def rerun(shell: Any, source: str, times: int) -> None:
+    for _ in range(times):
+        shell.run_cell(source, store_history=True, cell_id="cell-rerun")
+        spaced(shell)  # the sampler's reading after the cell, as in a real session
+
+
+def test_threshold_as_text_no_longer_turns_detection_off(shell, fake_gpu, private_settings):
     private_settings.write_text('{"threshold_bytes": "64MB"}')
     run(shell, "%load_ext gpumem_nb")
     shell.user_ns["cuda"] = fake_gpu.cuda
-    for _ in range(3):
-        shell.run_cell("y = cuda.tensor(64 * 2**20)\ny", store_history=True, cell_id="cell-y")
-    assert "64.00 MiB again on run 3" in capsys.readouterr().out
+    rerun(shell, "y = cuda.tensor(64 * 2**20)\ny", 3)
+    verdicts = current_monitor(shell).verdicts
+    assert len(verdicts) == 1 and "64.00 MiB again on run 3" in verdicts[0].message
 
 
 def test_negative_threshold_does_not_flag_a_cell_that_grew_nothing(shell, fake_gpu,
-                                                                   private_settings, capsys):
+                                                                   private_settings):
     private_settings.write_text('{"threshold_bytes": -5}')
     run(shell, "%load_ext gpumem_nb")
-    for _ in range(3):
-        shell.run_cell("x = 1", store_history=True, cell_id="cell-x")
-    assert "gpumem: cell" not in capsys.readouterr().out
+    rerun(shell, "x = 1", 4)
+    assert list(current_monitor(shell).verdicts) == []
 
 
 def test_auto_show_off_as_text_does_not_show_the_chart(shell, no_gpu, private_settings):
