@@ -147,6 +147,7 @@ class GpumemMagics(Magics):
 
     @line_cell_magic
     def gpumem(self, line: str, cell: str | None = None) -> Any:
+        self.monitor.flush()  # earlier cells the sampler has not recorded yet
         if cell is not None:
             return self._cell(line, cell)
         args = self.parser.parse_args(_split(line))

@@ -50,13 +50,14 @@ class ChartHost(Protocol):
     """What the chart needs from the monitor, and nothing more."""
 
     config: Config
-    history: History
     marks: Any  # a deque of CellMark
     on_record: list[Callable[[CellRecord, Verdict | None], None]]
     settings_listeners: list[Callable[[Config], None]]
     started_t_s: float
     widget: Any
 
+    @property
+    def history(self) -> History: ...
     @property
     def feed(self) -> Sampler: ...
     @property
