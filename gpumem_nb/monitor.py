@@ -45,6 +45,7 @@ log = logging.getLogger("gpumem_nb")
 REPLAY_ENV = "GPUMEM_NB_REPLAY"
 # After a cell, the sampler ticks this much later, once the kernel has sent the reply.
 AFTER_CELL_TICK_DELAY_S = 0.05
+ON_DEMAND_READ_TIMEOUT_S = 1.0
 
 
 @dataclass
@@ -299,9 +300,33 @@ class Monitor:
             self.widget = None
 
     # -- readings ----------------------------------------------------------------------------
-    def read(self) -> Sample:
-        """A full reading, for on-demand work (status, cleanup)."""
-        return self.source.read(processes=True)
+    def read(self, timeout_s: float = ON_DEMAND_READ_TIMEOUT_S) -> Sample:
+        """A full reading, for on-demand work (status, cleanup), bounded in time.
+
+        NVML can hang (a GPU falling off the bus, a wedged driver). The read runs on a
+        helper thread; if it has not answered in ``timeout_s`` the magic goes on with the
+        allocator and host figures only, and NVML's columns read as unknown.
+        """
+        box: list[Sample] = []
+        errors: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                box.append(self.source.read(processes=True))
+            except BaseException as e:  # handed to the caller below
+                errors.append(e)
+
+        worker = threading.Thread(target=work, name="gpumem_nb-read", daemon=True)
+        worker.start()
+        worker.join(timeout_s)
+        if box:
+            return box[0]
+        if errors:
+            raise errors[0]
+        self._contain("NVML read", TimeoutError(
+            f"NVML did not answer within {timeout_s:g} s; its figures show as unknown"))
+        hot = self.read_hot()
+        return replace(hot, devices=tuple(replace(d, nvml=None) for d in hot.devices))
 
     def nvml_latest(self) -> Sample | None:
         """The sampler's latest reading if it is recent enough to stand for "now"; None when
