@@ -95,3 +95,12 @@ def test_the_executed_tutorials_are_exactly_the_builders_sources():
         built = builder.build(name, cells)
         ran = nbformat.read(ROOT / "notebooks" / name, as_version=4)
         assert [c.source for c in built.cells] == [c.source for c in ran.cells], name
+
+
+def test_readme_layout_lists_every_module():
+    readme = (ROOT / "README.md").read_text()
+    layout = readme.split("<!-- layout -->", 1)[1].split("```", 2)[1]
+    missing = [str(p.relative_to(ROOT / "gpumem_nb"))
+               for p in sorted((ROOT / "gpumem_nb").rglob("*.py"))
+               if p.name not in layout]
+    assert not missing, f"README layout does not mention: {missing}"
