@@ -411,3 +411,19 @@ def test_saved_device_setting_is_what_the_next_chart_shows(shell, two_fake_gpus)
     mon.sampler.stop()
     mon.sampler.tick()
     assert mon.config.device == mon.widget.device
+
+
+def test_this_process_figure_is_the_listed_one_everywhere(chart, shell, fake_gpu, capsys):
+    from gpumem_nb.views import Snapshot
+
+    keep = fake_gpu.cuda.tensor(600 * 2**20)
+    # NVML's "used" counts 8.81 MiB nobody's listing accounts for (seen on the H200): a
+    # share derived as used minus the others would say 8.81 MiB more than the listing.
+    fake_gpu.gpu.used_bytes += int(8.81 * 2**20)
+    sample = chart.monitor.sampler.tick()
+    listed = fake_gpu.gpu.procs[0][1]
+    assert sample.devices[0].nvml.process_bytes == listed
+    mon = chart.monitor
+    status_row = Snapshot(status=mon.source.status(), sample=mon.read()).rows()[0]
+    assert status_row[2] in chart.header.value
+    assert keep is not None
