@@ -38,6 +38,7 @@ HERE = Path(__file__).resolve().parent
 LANGUAGE_INFO_KEYS = ("name", "version", "mimetype", "file_extension", "codemirror_mode",
                       "nbconvert_exporter", "pygments_lexer")
 KERNELSPEC_KEYS = ("name", "display_name", "language")
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
 # Runs silently: IPython fires no pre/post_run_cell for it, so gpumem_nb records no cell and
 # draws no mark. ``refresh_static`` updates the chart's display (by display_id) with its
@@ -97,6 +98,48 @@ def settle(client: NotebookClient, code: str = SETTLE) -> None:
         raise RuntimeError("settle step failed: " + "\n".join(content.get("traceback", [])))
 
 
+def drop_stale_buffers(nb: Any) -> int:
+    """Remove saved widget buffers that no longer have a place in their model's state.
+
+    nbclient keeps every binary buffer a widget ever sent, by path, while the state keeps
+    only the last value. plotly sends each update as ``_py2js_update`` with binary arrays and
+    then resets it to None; the saved buffers still point into it, and JupyterLab then fails
+    to create the figure ("widget model not found") and with it the whole chart. A buffer
+    belongs where its path ends in a placeholder still waiting for it.
+    """
+    dropped = 0
+    states = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    for model in states.values():
+        buffers = model.get("buffers")
+        if not buffers:
+            continue
+        kept = [b for b in buffers if _placeholder(model["state"], b["path"])]
+        dropped += len(buffers) - len(kept)
+        if kept:
+            model["buffers"] = kept
+        else:
+            del model["buffers"]
+    return dropped
+
+
+def _has(node: Any, key: Any) -> bool:
+    if isinstance(node, dict):
+        return key in node
+    return isinstance(node, list) and isinstance(key, int) and 0 <= key < len(node)
+
+
+def _placeholder(state: Any, path: list[Any]) -> bool:
+    node = state
+    for key in path[:-1]:
+        if not _has(node, key):
+            return False
+        node = node[key]
+    last = path[-1]
+    if isinstance(node, dict):
+        return last not in node or node[last] is None
+    return _has(node, last)
+
+
 def run(path: Path, out_dir: Path, widget_state: bool = True) -> dict[str, float]:
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=900, kernel_name="python3", allow_errors=False,
@@ -121,6 +164,7 @@ def run(path: Path, out_dir: Path, widget_state: bool = True) -> dict[str, float
         nb.metadata.pop("widgets", None)
         if widget_state:
             client.set_widgets_metadata()
+            drop_stale_buffers(nb)
         nbformat.write(nb, out_dir / path.name)
     return timings
 

@@ -174,6 +174,9 @@ def test_the_runner_saves_the_live_charts_widget_state_and_picture(tmp_path):
     assert views, nb.cells[1].outputs
     state = nb.metadata["widgets"][WIDGET_STATE]["state"]
     assert views[0]["data"][WIDGET_VIEW]["model_id"] in state
+    for model in state.values():  # every saved buffer has its place, or JupyterLab fails
+        assert all(RUNNER._placeholder(model["state"], b["path"])
+                   for b in model.get("buffers", [])), model["model_name"]
     figure = next(m["state"] for m in state.values() if "_widget_data" in m["state"])
     drawn = [t["name"] for t in figure["_widget_data"] if t.get("x") is not None
              and (t["x"].get("shape", [0])[0] if isinstance(t["x"], dict) else len(t["x"]))]
@@ -181,6 +184,137 @@ def test_the_runner_saves_the_live_charts_widget_state_and_picture(tmp_path):
     pictures = chart_pictures(nb.cells[1])
     assert pictures, "the chart's display bundle carries no picture"
     assert "host RAM" in ET.tostring(pictures[-1], encoding="unicode")
+
+
+def test_stale_widget_buffers_are_dropped_and_live_ones_kept():
+    """plotly resets ``_py2js_update`` to None after each update; nbclient kept its buffers,
+    and JupyterLab then could not create the figure from the saved state."""
+    model = {"model_name": "AnyModel", "state": {
+        "_py2js_update": None,
+        "_widget_data": [{"x": {"dtype": "float32", "shape": [2]}, "y": [1.0, 2.0]}]},
+        "buffers": [
+            {"path": ["_py2js_update", "style_data", "x", 0, "buffer"], "data": "AA=="},
+            {"path": ["_widget_data", 0, "x", "buffer"], "data": "AAAAAAAAgD8="},
+            {"path": ["_widget_data", 3, "x", "buffer"], "data": "AA=="}]}
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["widgets"] = {WIDGET_STATE: {"state": {"m": model}}}
+    assert RUNNER.drop_stale_buffers(nb) == 2
+    saved = nb.metadata["widgets"][WIDGET_STATE]["state"]["m"]
+    assert [b["path"] for b in saved["buffers"]] == [["_widget_data", 0, "x", "buffer"]]
+
+
+# -- the saved notebook in JupyterLab -----------------------------------------------------------
+@pytest.fixture(scope="module")
+def saved_lab(tmp_path_factory: Any) -> Any:
+    """A notebook with the live chart, executed by the runner, opened in JupyterLab 4 twice:
+    as an untrusted file (as from git) and trusted (as the user's own). Nothing is re-run."""
+    import os
+    import secrets
+    import shutil
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from nbformat.sign import NotebookNotary
+
+    from .test_browser import CHROMIUM, free_port
+
+    if not os.path.exists(CHROMIUM):
+        pytest.fail("Debian's chromium is required: apt-get install chromium (see README)")
+    tmp = tmp_path_factory.mktemp("saved")
+    src = write_notebook(tmp / "chart.ipynb", ["%load_ext gpumem_nb", "%gpumem watch",
+                                               "import time; time.sleep(1)"])
+    root = tmp / "nb"
+    root.mkdir()
+    RUNNER.run(src, root)
+    nb = nbformat.read(root / "chart.ipynb", as_version=4)
+    nb.metadata["copy"] = "trusted"  # trust is by content: the two copies must differ
+    (tmp / "data").mkdir()
+    NotebookNotary(data_dir=str(tmp / "data")).sign(nb)
+    nbformat.write(nb, root / "trusted.ipynb")
+    (root / "chart.ipynb").rename(root / "untrusted.ipynb")
+    settings = tmp / "lab-settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp / "cfg"), JUPYTER_DATA_DIR=str(tmp / "data"),
+               JUPYTERLAB_SETTINGS_DIR=str(tmp / "lab-settings"),
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"),
+               GPUMEM_NB_CONFIG=str(tmp / "settings.json"))
+    port, token = free_port(), secrets.token_hex(16)
+    log = open(tmp / "lab.log", "wb")  # noqa: SIM115 - closed below
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--allow-root",
+         "--LabApp.news_url=", "--LabApp.check_for_updates_class="
+         "jupyterlab.NeverCheckForUpdate"], stdout=log, stderr=subprocess.STDOUT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and server.poll() is None:
+        try:
+            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+            break
+        except OSError:
+            time.sleep(0.5)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=shutil.which("chromium") or CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+
+        def open_page(name: str) -> tuple[Any, list[str]]:
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            errors: list[str] = []
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            # A workspace per notebook, so neither page restores the other's tab.
+            page.goto(f"{base}/lab/workspaces/{name}/tree/{name}.ipynb?token={token}&reset")
+            page.wait_for_selector(".jp-Notebook .jp-OutputArea-output", timeout=60_000)
+            page.wait_for_timeout(6000)  # widget restore and rendering settle
+            return page, errors
+
+        try:
+            yield open_page
+        finally:
+            browser.close()
+            server.terminate()
+            try:
+                server.wait(15)
+            except subprocess.TimeoutExpired:
+                server.kill()
+            log.close()
+
+
+def output_texts(page: Any) -> str:
+    return " ".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+
+
+@pytest.mark.browser
+def test_an_untrusted_saved_notebook_shows_the_chart_picture_and_opens_unmodified(saved_lab):
+    """As a notebook from git opens: JupyterLab renders only sanitized text/html. Fails until
+    the widget's display bundle carries svgchart's picture."""
+    page, _ = saved_lab("untrusted")
+    assert page.locator(".jp-mod-dirty").count() == 0, "opened as modified"
+    sizes = page.evaluate(
+        "() => Array.from(document.querySelectorAll('.jp-OutputArea-output img'))"
+        ".filter(i => i.src.startsWith('data:image/svg+xml;base64,'))"
+        ".map(i => i.naturalWidth)")
+    assert sizes and min(sizes) > 0, (sizes, output_texts(page)[:500])
+
+
+@pytest.mark.browser
+def test_a_trusted_saved_notebook_renders_the_chart_from_saved_widget_state(saved_lab):
+    """As the user's own notebook opens: the widgets come back from the saved state, with the
+    data at the end of the run. Fails until ``refresh_static`` syncs plotly's saved data."""
+    page, errors = saved_lab("trusted")
+    assert page.locator(".jp-mod-dirty").count() == 0, "opened as modified"
+    assert "Error displaying widget" not in output_texts(page)
+    assert not [e for e in errors if "model not found" in e], errors
+    points = page.evaluate(
+        "() => { const p = document.querySelector('.js-plotly-plot');"
+        " return p && p.data ? p.data.map(t => (t.x ? t.x.length : 0)) : null; }")
+    assert points and max(points) > 0, points
 
 
 # -- tables in saved outputs -------------------------------------------------------------------
