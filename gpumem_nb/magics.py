@@ -282,7 +282,8 @@ class GpumemMagics(Magics):
                 raise UsageError(f"cannot replay {args.replay}: {e}") from None
         elif args.live:
             m.stop_replay()
-        display(show(m))
+        widget = show(m)
+        widget.display_handle = display(widget, display_id=True)
 
     # -- cell magic --------------------------------------------------------------------------
     def _cell(self, line: str, cell: str) -> Any:

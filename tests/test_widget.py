@@ -219,12 +219,31 @@ def test_watch_twice_shows_the_same_single_widget(chart, shell):
     assert current_monitor(shell).widget is chart and chart.fig is fig
 
 
-def test_display_bundle_carries_text_and_html_for_static_viewers(chart):
+def test_display_bundle_carries_a_picture_of_the_chart_for_saved_notebooks(chart, shell):
+    import base64
+    import xml.etree.ElementTree as ET
+
+    run(shell, "t = cuda.tensor(3 * 2**30)")
     chart.monitor.sampler.tick()
     bundle = chart._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
     assert "NVML used / total" in bundle["text/plain"]
-    assert "<table" in bundle["text/html"]
+    html_ = bundle["text/html"]
+    assert html_.startswith('<img src="data:image/svg+xml;base64,') and "<table" in html_
+    svg = base64.b64decode(html_.split("base64,", 1)[1].split('"', 1)[0]).decode()
+    assert svg == bundle["image/svg+xml"]
+    ET.fromstring(svg)  # well-formed
+    assert "allocated" in svg and "GPU 0" in svg
+
+
+def test_refresh_static_updates_the_displayed_picture_to_the_end_of_the_run(chart, shell):
+    updates = []
+    chart.display_handle = type("Handle", (), {"update": lambda self, obj: updates.append(
+        obj._repr_mimebundle_()["image/svg+xml"])})()
+    first = chart._repr_mimebundle_()["image/svg+xml"]
+    run(shell, "t = cuda.tensor(5 * 2**30)")
+    chart.monitor.sampler.tick()
+    assert chart.refresh_static() and updates and updates[-1] != first
 
 
 def test_unload_closes_the_widget(chart, shell):
