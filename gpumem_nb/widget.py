@@ -436,8 +436,10 @@ class MemoryWidget:
                 tl = next(iter(self.timelines.values()))
             marks = [] if self.replay is not None else list(self.monitor.marks)[-MAX_MARKS:]
             total = self._total_gib(sample)
-            where = "all GPUs" if self.device is None else f"GPU {self.device}"
-            names = {d.nvml.name for d in self._devices_shown(sample) if d.nvml and d.nvml.name}
+            shown = self._devices_shown(sample)
+            where = (f"GPU {shown[0].index}" if len(shown) == 1
+                     else "all GPUs" if shown else "host RAM")
+            names = {d.nvml.name for d in shown if d.nvml and d.nvml.name}
             title = f"gpumem_nb chart: {where}" + (f" ({', '.join(sorted(names))})"
                                                    if names else "")
             data = chart_data(tl, self._t0_s, marks,
