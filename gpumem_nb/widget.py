@@ -452,6 +452,11 @@ class MemoryWidget:
         """Update the displayed output's static picture to the chart as it is now, so a
         notebook saved after this shows the end of the run (``run_tutorials`` calls it as
         its last step). Needs the handle ``%gpumem watch`` displayed the chart with."""
+        self._draw(self.feed.latest())  # header and buttons land in the saved state too
+        with self._draw_lock:
+            # plotly fills the figure's saved data (_widget_data) only while building its
+            # own display bundle; the chart displays the box around it, so ask explicitly.
+            self.fig._repr_mimebundle_()
         handle = self.display_handle
         if handle is None:
             return False
