@@ -26,7 +26,7 @@ from .model import CellMark, CellRecord, Sample, SourceStatus, Verdict
 from .records import History, format_peak
 from .sampler import Sampler
 from .settings import Config
-from .svgchart import chart_data
+from .svgchart import chart_data, thin_labels
 from .svgchart import static_bundle as svg_static_bundle
 from .timeline import (
     ALL_DEVICES,
@@ -477,18 +477,6 @@ class MemoryWidget:
 
 def _key(device: int | None) -> int:
     return ALL_DEVICES if device is None else device
-
-
-def thin_labels(xs: list[float], min_gap: float) -> list[int]:
-    """Indices of the labels to draw so that no two are closer than ``min_gap``: walking
-    back from the newest, which is always kept."""
-    keep: list[int] = []
-    last: float | None = None
-    for i in range(len(xs) - 1, -1, -1):
-        if last is None or last - xs[i] >= min_gap:
-            keep.append(i)
-            last = xs[i]
-    return keep[::-1]
 
 
 def show(monitor: ChartHost) -> MemoryWidget:

@@ -11,6 +11,7 @@ import pytest
 
 from gpumem_nb.magics import current_monitor
 from gpumem_nb.model import DeviceSample, NvmlReading, Sample
+from gpumem_nb.svgchart import thin_labels
 from gpumem_nb.timeline import (
     MAX_POINTS,
     SERIES,
@@ -19,7 +20,7 @@ from gpumem_nb.timeline import (
     keep_peaks,
     values_of,
 )
-from gpumem_nb.widget import _LABELS, _MARKS, _ORDER, _RECENT, thin_labels
+from gpumem_nb.widget import _LABELS, _MARKS, _ORDER, _RECENT
 
 from .fakes import GiB
 from .helpers import spaced
