@@ -31,6 +31,7 @@ from .analysis import (
 )
 from .holders import Scanner, last_exception_objects
 from .model import CAUSE_LIVE_TENSORS, CellMark, CellRecord, Holder, Sample, Verdict
+from .oom import OomWatch
 from .records import History
 from .sampler import Sampler
 from .settings import PEAK_RESET, Config
@@ -106,6 +107,7 @@ class Monitor:
         self.widget: Any = None
         self.started_t_s = time.monotonic()
         self.on_record: list[Callable[[CellRecord, Verdict | None], None]] = []
+        self.oom = OomWatch(self)  # explains a CUDA OOM in the cell that hit it
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
@@ -118,6 +120,7 @@ class Monitor:
         return self.status_line()
 
     def shutdown(self) -> None:
+        self.oom.close()
         self.sampler.remove_listener(self._on_sample)
         self.sampler.stop()
         if self.widget is not None:
@@ -219,6 +222,10 @@ class Monitor:
         self._depth -= 1
         if self._depth != 0:
             return
+        try:  # one attribute check unless the cell raised a CUDA OOM
+            self.oom.on_cell_result(result)
+        except Exception as e:
+            self._contain("OOM explainer", e)
         pending, self._pending = self._pending, None
         if pending is None:
             return
