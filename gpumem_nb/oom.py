@@ -66,7 +66,7 @@ _THIS_PROC = re.compile(r"\b[Tt]his process has " + _SIZE + r" memory in use\.")
 _ALLOWED = re.compile(_SIZE + r" allowed;")
 _OF_ALLOCATED = re.compile(
     r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch,"
-    r"(?:\s*with " + _SIZE + r" allocated in private pools[^,]*,)?"
+    r"(?:\s*with " + _SIZE + r" allocated in private pools(?: \([^)]*\))?,)?"
     r"\s*and " + _SIZE + r" is reserved by PyTorch but unallocated", re.S)
 _ASYNC_HEAD = re.compile(r"Allocation on device (\d+) would exceed allowed memory")
 _ASYNC_FIELDS = {
@@ -237,7 +237,10 @@ class OomFacts:
     precision_bytes: int = 0
     measured_at: str = "failure"
     released_since_bytes: int | None = None  # allocated at the failure minus allocated now
-    previous_error: str = ""  # the cell before this one raised this (its traceback is gone)
+    # Allocated now but reachable from nothing the holder scan walks (measured "after" only):
+    # garbage in reference cycles, such as a replaced traceback, or objects it cannot enter.
+    unreachable_bytes: int | None = None
+    previous_error: str = ""  # the cell before this one raised this (its traceback replaced)
 
     @property
     def unallocated_bytes(self) -> int | None:
@@ -330,10 +333,17 @@ def classify(facts: OomFacts, holders: Sequence[Holder] = ()) -> tuple[Cause, ..
                       "torch.cuda.set_per_process_memory_fraction allows.", covers=True),)
     need = f.shortfall_bytes
     causes: list[Cause] = []
+    # Under a memory-fraction cap that PyTorch has reached, memory elsewhere on the GPU
+    # cannot help; only what PyTorch itself holds can.
+    capped = f.allowed_bytes is not None and f.reserved_bytes is not None and \
+        f.allowed_bytes - f.reserved_bytes + slack < req
 
     def covers(nbytes: int | None) -> bool:
         return need is not None and nbytes is not None and nbytes > 0 and \
             nbytes + slack >= need
+
+    def covers_outside(nbytes: int | None) -> bool:
+        return not capped and covers(nbytes)
 
     split = f.unallocated_bytes
     if split and (covers(split) or split >= _NOTABLE_BYTES):
@@ -341,19 +351,21 @@ def classify(facts: OomFacts, holders: Sequence[Holder] = ()) -> tuple[Cause, ..
     if f.other_processes and (covers(f.others_bytes) or f.others_bytes >= _NOTABLE_BYTES):
         causes.append(Cause(
             CAUSE_OTHER_PROCESSES, f.others_bytes,
-            f"Other processes hold {format_bytes(f.others_bytes)} of this GPU.",
-            covers=covers(f.others_bytes),
+            f"Other processes hold {format_bytes(f.others_bytes)} of this GPU"
+            + (" (it would not help: this process is at its memory-fraction cap)."
+               if capped else "."),
+            covers=covers_outside(f.others_bytes),
             details=tuple(f"{p.label}: {format_bytes(p.nbytes)}"
                           for p in sorted(f.other_processes, key=lambda p: -(p.nbytes or 0)))))
     outside = f.outside_pytorch_bytes
     if outside is not None and outside > CONTEXT_ALLOWANCE_BYTES and (
-            covers(outside) or outside >= _NOTABLE_BYTES):
+            covers_outside(outside) or outside >= _NOTABLE_BYTES):
         causes.append(Cause(
             CAUSE_OUTSIDE, outside,
             f"This process holds {format_bytes(outside)} outside PyTorch's allocator: the "
             "CUDA context (about 0.5 GiB), cuBLAS/cuDNN workspaces, and any other allocator "
             "in the process (CuPy, JAX, NCCL, a library calling cudaMalloc).",
-            covers=covers(outside)))
+            covers=covers_outside(outside)))
     causes.extend(_held(f, holders, covers))
     if not any(c.covers for c in causes):
         causes.insert(0, _working_set(f, causes, need))
@@ -381,20 +393,32 @@ def _fragmentation(f: OomFacts, split: int, covering: bool) -> Cause:
 def _held(f: OomFacts, holders: Sequence[Holder],
           covers: Callable[[int | None], bool]) -> list[Cause]:
     out: list[Cause] = []
-    if f.released_since_bytes and f.released_since_bytes >= _NOTABLE_BYTES:
-        # Without the observer the explanation comes after the error replaced the stored
-        # traceback of the cell before, which then let go of what it held.
-        who = (f"the previous cell's error ({f.previous_error}) kept its traceback, and with "
-               "it the locals of the failed call, until this error replaced it"
-               if f.previous_error else
-               "temporaries of the failed call, or a stored traceback this error replaced")
+    released, unreachable = f.released_since_bytes or 0, f.unreachable_bytes or 0
+    gone = released + unreachable
+    if f.previous_error and gone >= _NOTABLE_BYTES:
+        # Explained after the fact (no observer): this error has replaced the previous
+        # cell's stored traceback. What it held is either free already or, because IPython's
+        # frames and results form a reference cycle, waiting for the garbage collector.
+        state = []
+        if released:
+            state.append(f"{format_bytes(released)} is free again")
+        if unreachable:
+            state.append(f"{format_bytes(unreachable)} waits for the garbage collector")
         out.append(Cause(
-            CAUSE_HELD, f.released_since_bytes,
-            f"{format_bytes(f.released_since_bytes)} was released between the failure and "
-            f"now: {who}. That memory is free again, so running the cell again may work.",
-            covers=covers(f.released_since_bytes),
-            details=("measured as PyTorch's allocated bytes in the error message minus "
-                     "allocated now",)))
+            CAUSE_HELD, gone,
+            f"The previous cell's error ({f.previous_error}) kept its traceback, and with it "
+            f"the failed call's locals, until this error replaced it: {format_bytes(gone)} "
+            f"({' and '.join(state)}).", covers=covers(gone),
+            details=("measured after the error: PyTorch's allocated bytes at the failure "
+                     "(from the message) and now, minus everything reachable from your "
+                     "variables, Out and the stored traceback",)))
+    elif unreachable >= _NOTABLE_BYTES:
+        out.append(Cause(
+            CAUSE_HELD, unreachable,
+            f"{format_bytes(unreachable)} is allocated but reachable from none of your "
+            "variables, Out or the stored traceback: garbage in reference cycles (which "
+            "gc.collect() frees) or objects the scan does not look inside.",
+            covers=covers(unreachable)))
     held = held_holders(holders, f.device)
     total = sum(h.nbytes for h in held)
     if held and (covers(total) or total >= _NOTABLE_BYTES):
@@ -554,9 +578,15 @@ def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holde
                 "Release what other libraries hold in this process (CuPy: "
                 "cupy.get_default_memory_pool().free_all_blocks(); JAX: set "
                 "XLA_PYTHON_CLIENT_PREALLOCATE=false before it starts).", c.nbytes))
-        elif c.kind == CAUSE_HELD and c.details and c.details[0].startswith("measured as"):
-            out.append(Action("Run the cell again: what the replaced traceback held is free "
-                              "now.", c.nbytes))
+        elif c.kind == CAUSE_HELD and not c.details:  # unreachable: garbage or hidden
+            out.append(Action("%gpumem cleanup runs gc.collect(), which frees garbage in "
+                              "reference cycles; then run the cell again.", c.nbytes))
+        elif c.kind == CAUSE_HELD and c.details[0].startswith("measured after"):
+            what = ("%gpumem cleanup runs gc.collect(), which frees what the replaced "
+                    "traceback still holds; then run the cell again."
+                    if f.unreachable_bytes else
+                    "Run the cell again: what the replaced traceback held is free now.")
+            out.append(Action(what, c.nbytes))
         elif c.kind == CAUSE_WORKING_SET and not any(x.covers for x in causes[1:]):
             out.append(Action("Shrink the step: a smaller batch or sequence, bf16/fp16, "
                               "activation checkpointing, or torch.no_grad() for inference."))
@@ -860,9 +890,9 @@ class OomWatch:
             return seen
         return "expandable_segments:true" in alloc_conf()[0].replace(" ", "").lower()
 
-    def _processes_facts(self, device: int, listed: Sequence[tuple[int, int | None]] | None,
+    def _processes_facts(self, listed: Sequence[tuple[int, int | None]] | None,
                          from_message: Sequence[tuple[int, int | None]] = (),
-                         this_from_message: int | None = None,
+                         this_from_message: int | None = None, *, ours_expected: bool,
                          ) -> tuple[int | None, tuple[ProcessUse, ...], bool]:
         """(this process's bytes, the others, whether the others are unknown)."""
         me = os.getpid()
@@ -870,9 +900,11 @@ class OomWatch:
             others = tuple(ProcessUse(p, n, describe_pid(p)) for p, n in from_message)
             return this_from_message, others, not from_message and this_from_message is None
         mine = [n for p, n in listed if p == me]
-        if not mine and self.torch.initialized:
-            # We hold a context, yet our PID is not listed: NVML shows another PID namespace
-            # (a container), so no listed process can be told apart from this one.
+        if not mine and (ours_expected or any(
+                not os.path.exists(f"/proc/{p}") for p, _ in listed)):
+            # PyTorch holds memory here, yet our PID is not listed, or the PIDs do not exist
+            # here: NVML shows another PID namespace (a container), so no listed process can
+            # be told apart from this one.
             return None, (), True
         this = sum(n or 0 for n in mine) if mine and None not in mine else None
         others = tuple(ProcessUse(p, n, describe_pid(p)) for p, n in listed if p != me)
@@ -886,7 +918,8 @@ class OomWatch:
         if fraction is not None and fraction < 1.0:
             allowed = ev.limit_bytes
         this, others, unknown = self._processes_facts(
-            ev.device, ev.processes, msg.other_processes, msg.this_process_bytes)
+            ev.processes, msg.other_processes, msg.this_process_bytes,
+            ours_expected=bool(r and r.reserved_bytes))
         holders = ev.holders
         if holders is None:  # a second OOM in the same cell: reuse the first one's scan
             holders = next((e.holders for e in reversed(self.events)
@@ -913,7 +946,8 @@ class OomWatch:
         backend = self.torch.allocator_backend() or (
             "cudaMallocAsync" if msg.form == FORM_ASYNC else "native")
         this, others, unknown = self._processes_facts(
-            device, self._processes(device), msg.other_processes, msg.this_process_bytes)
+            self._processes(device), msg.other_processes, msg.this_process_bytes,
+            ours_expected=bool(al and al.reserved_bytes))
         if this is None and d is not None and d.nvml is not None:
             this = d.nvml.process_bytes
         allocated = msg.allocated_bytes if msg.allocated_bytes is not None else (
@@ -922,9 +956,13 @@ class OomWatch:
         if reserved is None and al is not None:
             # The async message has no reservation: the pool's, read now, stands in.
             reserved = max(al.reserved_bytes, allocated or 0)
-        released = None
-        if msg.allocated_bytes is not None and al is not None:
-            released = max(msg.allocated_bytes - al.allocated_bytes, 0)
+        released = unreachable = None
+        holders = tuple(self.host.scan())
+        if al is not None:
+            if msg.allocated_bytes is not None:
+                released = max(msg.allocated_bytes - al.allocated_bytes, 0)
+            reachable = sum(h.nbytes for h in held_holders(holders, device))
+            unreachable = max(al.allocated_bytes - reachable, 0)
         total = msg.total_bytes or self.torch.device_total_bytes(device)
         facts = OomFacts(
             device=device, requested_bytes=msg.requested_bytes, total_bytes=total,
@@ -933,11 +971,12 @@ class OomWatch:
             other_processes=others, others_unknown=unknown, backend=backend,
             expandable_segments=self._expandable(None),
             private_pool_bytes=msg.private_pool_bytes, precision_bytes=msg.precision_bytes,
-            measured_at="after", released_since_bytes=released, previous_error=previous_error)
+            measured_at="after", released_since_bytes=released,
+            unreachable_bytes=unreachable, previous_error=previous_error)
         why = self.observer_status if self.observer_status != "attached" else \
             "the observer did not see this one"
         notes = self._unknown_note(unknown)
-        return _Pieces(facts=facts, holders=tuple(self.host.scan()),
+        return _Pieces(facts=facts, holders=holders,
                        source=f"From the error message and readings after it (OOM observer "
                               f"{why})", notes=notes)
 

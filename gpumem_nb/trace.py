@@ -67,8 +67,11 @@ class Site:
     def label(self) -> str:
         if not self.filename:
             return "(no Python stack recorded)"
-        where = (f"cell line {self.line}" if self.in_cell
-                 else f"{_short(self.filename)}:{self.line} in {self.function}")
+        if self.in_cell:
+            where = f"cell line {self.line}" + (
+                f" in {self.function}" if self.function not in ("<module>", "") else "")
+        else:
+            where = f"{_short(self.filename)}:{self.line} in {self.function}"
         code = self.code
         text = f"{where}: {code}" if code else where
         return text + (f"  (from {self.via})" if self.via else "")
@@ -113,12 +116,14 @@ def site_of(frames: Sequence[Mapping[str, Any]], skip: tuple[str, ...]) -> Site:
     inner = user[0]
     site = Site(str(inner.get("filename", "")), int(inner.get("line", 0)),
                 str(inner.get("name", "")))
-    if site.in_cell:
+    # Inside a function: name the cell line that led there, the nearest cell's top level
+    # going outward (a %%gpumem cell's body runs inside the cell holding the magic).
+    start = next(i for i, fr in enumerate(frames) if fr is inner)
+    cell = next((fr for fr in frames[start:] if fr.get("name") == "<module>"
+                 and _CELL_FILE.search(str(fr.get("filename", "")))), None)
+    if cell is None or cell is inner:
         return site
-    # Inside a function: name the cell line that led there (the outermost cell frame).
-    cell = next((fr for fr in reversed(user)
-                 if _CELL_FILE.search(str(fr.get("filename", "")))), None)
-    via = f"cell line {cell.get('line', 0)}" if cell is not None else ""
+    via = f"cell line {cell.get('line', 0)}"
     return Site(site.filename, site.line, site.function, via)
 
 

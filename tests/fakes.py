@@ -6,6 +6,7 @@ They record calls so tests can prove that observing never mutates the user's sta
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import traceback
@@ -419,7 +420,8 @@ class FakeTensor:
 
     def __del__(self) -> None:
         if self._owner is not None:
-            self._owner.free(self.device.index or 0, self._nbytes, addr=id(self))
+            with contextlib.suppress(Exception):  # interpreter shutdown
+                self._owner.free(self.device.index or 0, self._nbytes, addr=id(self))
 
     def untyped_storage(self) -> Any:
         return SimpleNamespace(nbytes=lambda: self._nbytes, data_ptr=lambda: id(self))
