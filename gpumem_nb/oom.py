@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from .cleanup import CleanupReport, CleanupRequest
 from .model import AllocatorReading, Holder, Sample
-from .report import html_table, text_table
+from .report import html_table
 from .sources.torch import TorchDebug, alloc_conf
 from .units import format_bytes
 
@@ -849,7 +849,8 @@ class OomWatch:
         if event is None:
             # The observer did not see it (cudaMallocAsync, or before it was attached).
             device = msg.device if msg.device is not None else 0
-            self.counts[device] = self.counts.get(device, 0) + 1
+            with self._lock:
+                self.counts[device] = self.counts.get(device, 0) + 1
             pieces = self._from_message(msg, previous_error)
         else:
             pieces = self._from_event(event, msg)
@@ -1012,10 +1013,3 @@ def _segment_facts(snapshot: Mapping[str, Any], device: int) -> tuple[int | None
     if isinstance(settings, Mapping) and "expandable_segments" in settings:
         expandable = bool(settings["expandable_segments"]) or bool(expandable)
     return largest, expandable
-
-
-def oom_table(explanations: Sequence[OomExplanation]) -> str:
-    """A compact table of several explanations (tests and the README use it)."""
-    rows = [[e.cause, format_bytes(e.facts.requested_bytes), f"{e.added_s * 1e3:.1f} ms",
-             e.verdict[:80]] for e in explanations]
-    return text_table(("cause", "asked", "added", "verdict"), rows)

@@ -90,10 +90,15 @@ def library_dirs(modules: Mapping[str, Any] | None = None) -> tuple[str, ...]:
         f = getattr(mods.get(name), "__file__", None)
         if f:
             dirs.append(os.path.dirname(os.path.abspath(f)) + os.sep)
-    stdlib = sysconfig.get_paths().get("stdlib")
-    if stdlib:
-        dirs.append(os.path.abspath(stdlib) + os.sep)
     return tuple(dirs)
+
+
+def _stdlib_dir() -> str:
+    stdlib = sysconfig.get_paths().get("stdlib")
+    return os.path.abspath(stdlib) + os.sep if stdlib else "\0"
+
+
+_STDLIB = _stdlib_dir()
 
 
 def site_of(frames: Sequence[Mapping[str, Any]], skip: tuple[str, ...]) -> Site:
@@ -101,8 +106,14 @@ def site_of(frames: Sequence[Mapping[str, Any]], skip: tuple[str, ...]) -> Site:
     is inside a function, the cell line that called it as ``via``."""
     def is_library(fr: Mapping[str, Any]) -> bool:
         name = str(fr.get("filename", ""))
-        return (not name or name.startswith(("<frozen", "??")) or name.endswith(".cpp")
-                or (os.path.isabs(name) and name.startswith(skip)))
+        if not name or name.startswith(("<frozen", "??")) or name.endswith(".cpp"):
+            return True
+        if not os.path.isabs(name):
+            return False
+        # pyenv and conda put site-packages inside the stdlib directory: libraries there,
+        # other than the skipped ones, are code the user called.
+        return name.startswith(skip) or (name.startswith(_STDLIB) and not any(
+            d in name for d in ("site-packages", "dist-packages")))
 
     frames = list(frames)
     if frames and _is_outer(frames[0]) and not _is_outer(frames[-1]):

@@ -72,6 +72,14 @@ def test_torch_frames_are_skipped_and_a_function_site_names_its_cell_line():
     assert s.label == "me/model.py:42 in block  (from cell line 9)"
 
 
+def test_stdlib_frames_are_skipped_but_libraries_installed_beside_them_are_sites():
+    stdlib = trace._STDLIB
+    lib = os.path.join(stdlib, "site-packages", "transformers", "modeling.py")
+    s = site_of(frames((os.path.join(stdlib, "functools.py"), 10, "wrapper"),
+                       (lib, 300, "attention"), (CELL, 2, "<module>")), SKIP)
+    assert (s.filename, s.line, s.via) == (lib, 300, "cell line 2")
+
+
 def test_a_build_that_records_outermost_first_is_read_the_right_way_round():
     ipython = "/venv/site-packages/IPython/core/interactiveshell.py"
     outer_first = frames((ipython, 3600, "run_code"), (CELL, 4, "<module>"),
@@ -414,7 +422,10 @@ def test_the_timeline_draws_in_jupyterlab_with_no_network_and_again_from_the_sav
                 browser.close()
         finally:
             server.terminate()
-            server.wait(15)
+            try:
+                server.wait(15)
+            except subprocess.TimeoutExpired:
+                server.kill()
     assert [n.split(":")[0] for n in names] == ["cell line 2", "cell line 1", "cell line 3"]
     print("reopened as:", again)
     assert again in ("plotly", "png")

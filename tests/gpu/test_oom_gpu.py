@@ -112,7 +112,8 @@ def test_fragmentation_from_many_splits_is_fragmentation(backend):
                                            device="cuda")
         free = free_now()
         run("y = torch.empty(2 * GiB, dtype=torch.uint8, device='cuda')")
-        report(free_before=free, stats=torch.cuda.memory_stats(0).get("inactive_split_bytes.all.current"))
+        split = torch.cuda.memory_stats(0).get("inactive_split_bytes.all.current")
+        report(free_before=free, inactive_split=split)
     """)
     if not r["explained"] and backend == "cudaMallocAsync":
         pytest.skip("cudaMallocAsync served 2 GiB from the freed 1 GiB pieces: this recipe "
