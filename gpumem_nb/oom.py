@@ -399,16 +399,16 @@ def _held(f: OomFacts, holders: Sequence[Holder],
         # Explained after the fact (no observer): this error has replaced the previous
         # cell's stored traceback. What it held is either free already or, because IPython's
         # frames and results form a reference cycle, waiting for the garbage collector.
-        state = []
-        if released:
-            state.append(f"{format_bytes(released)} is free again")
-        if unreachable:
-            state.append(f"{format_bytes(unreachable)} waits for the garbage collector")
+        if released and unreachable:
+            state = (f"{format_bytes(released)} of it is free again and "
+                     f"{format_bytes(unreachable)} waits for the garbage collector")
+        else:
+            state = "now free again" if released else "now waiting for the garbage collector"
         out.append(Cause(
             CAUSE_HELD, gone,
             f"The previous cell's error ({f.previous_error}) kept its traceback, and with it "
-            f"the failed call's locals, until this error replaced it: {format_bytes(gone)} "
-            f"({' and '.join(state)}).", covers=covers(gone),
+            f"the failed call's locals, until this error replaced it: {format_bytes(gone)}, "
+            f"{state}.", covers=covers(gone),
             details=("measured after the error: PyTorch's allocated bytes at the failure "
                      "(from the message) and now, minus everything reachable from your "
                      "variables, Out and the stored traceback",)))
@@ -502,8 +502,9 @@ class OomExplanation:
             split = f.unallocated_bytes
             cached = ""
             if split is not None:
-                could = ("empty_cache would return it" if f.backend == "cudaMallocAsync"
-                         else "it could not release that" if split else "")
+                could = "" if not split else (
+                    "empty_cache would return it" if f.backend == "cudaMallocAsync"
+                    else "it could not release that")
                 cached = (f" and {format_bytes(split)} reserved but unallocated"
                           + (f" ({could})" if could else ""))
             parts.append(f"PyTorch had {format_bytes(f.allocated_bytes)} allocated{cached}.")
@@ -587,10 +588,22 @@ def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holde
                     if f.unreachable_bytes else
                     "Run the cell again: what the replaced traceback held is free now.")
             out.append(Action(what, c.nbytes))
+        elif c.kind == CAUSE_HELD:
+            out.extend(_held_actions(holders, f.device))
         elif c.kind == CAUSE_WORKING_SET and not any(x.covers for x in causes[1:]):
             out.append(Action("Shrink the step: a smaller batch or sequence, bf16/fp16, "
                               "activation checkpointing, or torch.no_grad() for inference."))
-    for h in held_holders(holders, f.device)[:5]:
+    if not any(c.kind == CAUSE_HELD and c.details and not c.details[0].startswith(
+            "measured after") for c in causes):
+        out.extend(_held_actions(holders, f.device))  # small holders, still worth a line
+    if dry_run is not None:
+        out.extend(_dry_run_actions(dry_run))
+    return tuple(out)
+
+
+def _held_actions(holders: Sequence[Holder], device: int) -> list[Action]:
+    out = []
+    for h in held_holders(holders, device)[:5]:
         if h.kind == "output cache":
             out.append(Action(f"%gpumem cleanup --out clears {h.name} "
                               f"({format_bytes(h.nbytes)}).", h.nbytes))
@@ -600,9 +613,7 @@ def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holde
         else:
             out.append(Action(f"del {h.name} ({h.kind}, {format_bytes(h.nbytes)}) if you no "
                               "longer need it.", h.nbytes))
-    if dry_run is not None:
-        out.extend(_dry_run_actions(dry_run))
-    return tuple(out)
+    return out
 
 
 def _fragmentation_action(f: OomFacts) -> Action:
@@ -765,7 +776,9 @@ class OomWatch:
         self._attach_tried = True
         observer, why = self.torch.oom_observer(_Trampoline)
         if observer is None:
-            self.observer_status = f"not available ({why}); explaining from the error instead"
+            # torch's reason, up to its first sentence ("cudaMallocAsync does not yet
+            # support attachOutOfMemoryObserver.")
+            self.observer_status = f"not available: {why.split('. ')[0].rstrip('.')}"
             return
         observer.handler = self._on_oom
         self._observer = observer
@@ -974,12 +987,12 @@ class OomWatch:
             private_pool_bytes=msg.private_pool_bytes, precision_bytes=msg.precision_bytes,
             measured_at="after", released_since_bytes=released,
             unreachable_bytes=unreachable, previous_error=previous_error)
-        why = self.observer_status if self.observer_status != "attached" else \
-            "the observer did not see this one"
+        why = f"OOM observer {self.observer_status}" \
+            if self.observer_status != "attached" else "the OOM observer did not see this one"
         notes = self._unknown_note(unknown)
         return _Pieces(facts=facts, holders=holders,
-                       source=f"From the error message and readings after it (OOM observer "
-                              f"{why})", notes=notes)
+                       source=f"From the error message and readings after it ({why})",
+                       notes=notes)
 
     @staticmethod
     def _unknown_note(unknown: bool) -> list[str]:

@@ -275,9 +275,13 @@ def test_the_order_is_impossible_fragmentation_processes_outside_held():
 
 def test_a_cause_that_alone_covers_the_shortfall_comes_before_one_that_does_not():
     f = facts(other_processes=(ProcessUse(5, GiB),))  # 1 GiB: not enough for the 8 missing
-    causes = classify(f, [Holder("x", "variable", "cuda:0", 20 * GiB)])
+    held = [Holder("x", "variable", "cuda:0", 20 * GiB)]
+    causes = classify(f, held)
     assert [c.kind for c in causes] == [CAUSE_HELD, CAUSE_OTHER_PROCESSES]
     assert not causes[1].covers
+    # What to do follows the same order: the step that would be enough comes first.
+    steps = [a.text for a in next_steps(f, causes, held, None)]
+    assert steps[0].startswith("del x") and steps[1].startswith("PID 5")
 
 
 def test_when_nothing_can_be_freed_the_working_set_is_the_verdict():
