@@ -977,7 +977,7 @@ class OomWatch:
                 released = max(msg.allocated_bytes - al.allocated_bytes, 0)
             reachable = sum(h.nbytes for h in held_holders(holders, device))
             unreachable = max(al.allocated_bytes - reachable, 0)
-        total = msg.total_bytes or self.torch.device_total_bytes(device)
+        total = self.torch.device_total_bytes(device) or msg.total_bytes  # exact, not printed
         facts = OomFacts(
             device=device, requested_bytes=msg.requested_bytes, total_bytes=total,
             free_bytes=msg.free_bytes, allowed_bytes=msg.allowed_bytes,
