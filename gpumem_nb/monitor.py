@@ -33,6 +33,7 @@ from .analysis import (
 )
 from .holders import Scanner, last_exception_objects
 from .model import CAUSE_LIVE_TENSORS, CellMark, CellRecord, Holder, Sample, Verdict
+from .oom import OomWatch
 from .records import History
 from .sampler import Sampler, check_interval
 from .settings import PEAK_PRESERVE, PEAK_RESET, Config, save_config
@@ -154,6 +155,7 @@ class Monitor:
         self._apply_device(self.config.device)
         self.widget: Any = None
         self.started_t_s = time.monotonic()
+        self.oom = OomWatch(self)  # explains a CUDA OOM in the cell that hit it
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
@@ -176,6 +178,7 @@ class Monitor:
 
     def shutdown(self) -> None:
         self.stop_replay()
+        self.oom.close()
         self.sampler.remove_listener(self._on_sample)
         self.sampler.stop()
         if self.widget is not None:
@@ -420,6 +423,10 @@ class Monitor:
         self._depth -= 1
         if self._depth != 0:
             return
+        try:  # one attribute check unless the cell raised a CUDA OOM
+            self.oom.on_cell_result(result)
+        except Exception as e:
+            self._contain("OOM explainer", e)
         pending = self._pending
         if pending is None:
             return
