@@ -47,6 +47,7 @@ def history() -> Any:
     monitor = current_monitor()
     if monitor is None:
         raise RuntimeError("gpumem_nb is not loaded here: run %load_ext gpumem_nb first")
+    monitor.flush()
     if importlib.util.find_spec("pandas") is None:
         return monitor.history
     return monitor.history.to_dataframe()

@@ -21,9 +21,10 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser
 from IPython.display import display
 
-from . import cleanup, safeio
+from . import cleanup, safeio, trace
 from .analysis import build_record
 from .monitor import UNCHANGED, Monitor, error_text
+from .oom import SiteAtFailure, with_counted_ooms
 from .records import HistoryTable
 from .settings import PEAK_PRESERVE, PEAK_RESET, SettingsError, config_path, load_config
 from .summary import Summary
@@ -105,6 +106,8 @@ def _build_parser() -> _Parser:
     s = add("summary", "the allocator's fragmentation in plain words, with hints")
     s.add_argument("--full", action="store_true", help="append torch.cuda.memory_summary()")
     s.add_argument("--device", type=int, default=0, metavar="N", help="which GPU (default 0)")
+    o = add("oom", "the last CUDA out-of-memory explanation again")
+    o.add_argument("-o", action="store_true", help="return the explanation object")
     add("start", "start the background sampler")
     add("stop", "stop the background sampler (cells are still recorded)")
     wa = add("watch", "the live chart")
@@ -116,13 +119,23 @@ def _build_parser() -> _Parser:
 
 
 def _build_cell_parser() -> _Parser:
-    text = "runs the cell and reports its time, allocator peak, deltas and NVML peak"
+    text = """\
+runs the cell and reports its time, allocator peak, deltas and NVML peak.
+--trace records the cell's allocations (native allocator): the lines holding the most
+at the cell's peak and still alive at its end, and a timeline; --save writes the
+snapshot for PyTorch's memory_viz (pickle protocol 4). With --trace, -o returns the
+trace report (its .cell is the measurement)."""
     p = _Parser(prog="%%gpumem", add_help=False, description=text)
     p.add_argument("-o", action="store_true", help="return the measurement")
     p.add_argument("-q", action="store_true", help="quiet: print no report")
     p.add_argument("--device", type=int, metavar="N", help="report only this GPU")
     p.add_argument("--reset-peak", action="store_true",
                    help="reset the allocator's peak counters first (exact peak, always)")
+    p.add_argument("--trace", action="store_true",
+                   help="record this cell's allocations: top sites and a timeline")
+    p.add_argument("--top", type=int, metavar="N", help="sites to list with --trace (5)")
+    p.add_argument("--save", metavar="FILE",
+                   help="with --trace: write the snapshot for PyTorch's memory_viz")
     return p
 
 
@@ -156,6 +169,11 @@ def _section(p: argparse.ArgumentParser) -> str:
     return "\n".join(lines)
 
 
+_OOM_NOTE = """\
+A CUDA out-of-memory error is explained in the cell that hit it: what was asked, what the GPU
+had, the cause (impossible, fragmentation, other processes, outside PyTorch, memory your
+session holds) and what to do next."""
+
 _PEAKS_NOTE = """\
 Peaks: by default gpumem_nb never resets PyTorch's peak counters (you may be reading them).
 A cell's peak is then exact whenever the cell set a new process-wide peak, and otherwise a
@@ -171,7 +189,7 @@ def help_text(subcommand: str | None = None) -> str:
     parts = ["Watch, explain and clean up GPU memory.", "",
              "Line magic: %gpumem [SUBCOMMAND] [options]   (-h after a subcommand: its help)"]
     parts += [_section(sp) + "\n" for sp in subs.values()]
-    parts += ["Cell magic:", _section(_build_cell_parser()), "", _PEAKS_NOTE, ""]
+    parts += ["Cell magic:", _section(_build_cell_parser()), "", _OOM_NOTE, "", _PEAKS_NOTE, ""]
     return "\n".join(parts)
 
 
@@ -223,6 +241,7 @@ class GpumemMagics(Magics):
         if cell is not None:
             return self._cell(argv, cell)
         args = self.parser.parse_args(argv)
+        self.monitor.flush()  # earlier cells the sampler has not recorded yet
         handler = getattr(self, f"_cmd_{args.cmd or 'status'}")
         return handler(args)
 
@@ -317,7 +336,18 @@ class GpumemMagics(Magics):
         if m.gpu_count() and not 0 <= args.device < m.gpu_count():
             raise UsageError(f"there is no GPU {args.device}")
         full = m.torch.memory_summary(args.device) if args.full else ""
-        display(Summary.of(m.read(), m.source.status(), device=args.device, full_text=full))
+        sample = with_counted_ooms(m.read(), m.oom.counts)  # cudaMallocAsync counts none
+        display(Summary.of(sample, m.source.status(), device=args.device, full_text=full))
+
+    def _cmd_oom(self, args: Any) -> Any:
+        last = self.monitor.oom.last
+        if args.o:
+            return last
+        if last is None:
+            print(self.monitor.oom.no_oom_line())
+        else:
+            display(last)
+        return None
 
     def _cmd_start(self, args: Any) -> None:
         self.monitor.sampler.start()
@@ -338,7 +368,8 @@ class GpumemMagics(Magics):
                 raise UsageError(f"cannot replay {args.replay}: {e}") from None
         elif args.live:
             m.stop_replay()
-        display(show(m))
+        widget = show(m)
+        widget.display_handle = display(widget, display_id=True)
 
     # -- cell magic --------------------------------------------------------------------------
     def _cell(self, argv: list[str], cell: str) -> Any:
@@ -349,11 +380,28 @@ class GpumemMagics(Magics):
                 m.check_device(_device_arg(str(args.device)))
             except SettingsError as e:
                 raise UsageError(f"--device: {e.why}") from None
+        if (args.top is not None or args.save) and not args.trace:
+            raise UsageError("--top and --save go with --trace")
+        if args.top is not None and args.top <= 0:
+            raise UsageError("--top must be a positive number of sites")
+        tracer = trace.CellTracer() if args.trace else None
+        why = tracer.start() if tracer is not None else ""
+        if why:
+            print(f"gpumem --trace: {why}")
+            tracer = None
+        m.flush()  # earlier cells the sampler has not recorded yet
         reset = args.reset_peak or m.config.peak == PEAK_RESET
         before, wm, did_reset = m.begin(reset_peak=reset)
         shell: Any = self.shell
         result = shell.run_cell(cell, store_history=False)
         after = m.end(wm)
+        traced = tracer.stop(top=args.top or trace.TOP_DEFAULT, save=args.save) \
+            if tracer is not None else None
+        try:  # the monitor's own hook sees only top-level cells; this one ran nested
+            m.oom.on_cell_result(result, sites=[SiteAtFailure(label, n) for label, n in (
+                traced.sites_at_failure() if traced is not None else ())])
+        except Exception as e:
+            m._contain("OOM explainer", e)
         rec = build_record(
             execution_count=getattr(self.shell, "execution_count", None), cell_key="%%gpumem",
             source=cell, before=before, after=after, watermark=wm, reset_at_start=did_reset,
@@ -364,6 +412,11 @@ class GpumemMagics(Magics):
         report = CellReport(rec)
         if not args.q:
             print(report.line())
+        if traced is not None:
+            shown = trace.views(traced, report)
+            if not args.q:
+                display(*shown)
+            return shown[0] if args.o else None
         return report if args.o else None
 
 
@@ -386,6 +439,7 @@ def load(shell: Any) -> None:
     history = getattr(shell, _HISTORY_ATTR, None)
     config = getattr(shell, _CONFIG_ATTR, None) or load_config()
     monitor = Monitor(shell, history=history, config=config)
+    monitor.oom.show = display  # rich output in notebooks, text in terminals
     magics: GpumemMagics | None = None
     try:
         line = monitor.start()

@@ -34,6 +34,7 @@ from .analysis import (
 )
 from .holders import Scanner, last_exception_objects
 from .model import CAUSE_LIVE_TENSORS, CellMark, CellRecord, Holder, Sample, Verdict
+from .oom import OomWatch
 from .records import History
 from .sampler import Sampler
 from .settings import (
@@ -60,6 +61,7 @@ log = logging.getLogger("gpumem_nb")
 REPLAY_ENV = "GPUMEM_NB_REPLAY"
 # After a cell, the sampler ticks this much later, once the kernel has sent the reply.
 AFTER_CELL_TICK_DELAY_S = 0.05
+ON_DEMAND_READ_TIMEOUT_S = 1.0
 
 
 class _Keep(enum.Enum):
@@ -87,11 +89,15 @@ class _Pending:
 
 
 @dataclass
-class _Awaiting:
-    record: CellRecord
-    end_t_s: float
-    observe: bool
-    context: contextvars.Context | None
+class _Done:
+    """A finished cell, before the sampler's next reading completes it."""
+
+    pending: _Pending
+    after: Sample
+    count: int | None
+    error: str
+    context: contextvars.Context
+    record: CellRecord | None = None  # set once recorded
 
 
 @dataclass
@@ -148,7 +154,7 @@ class Monitor:
         # The one allocator handle: cleanup, peak resets and summaries all go through it.
         self.torch: TorchSource = getattr(self.source, "torch", None) or TorchSource()
         self.sampler = Sampler(self.source, interval_s=self.config.interval_s)
-        self.history = history if history is not None else History()
+        self._history = history if history is not None else History()
         self.tracker = AccumulationTracker(self.config.threshold_bytes)
         self.verdicts: deque[Verdict] = deque(maxlen=100)
         self.marks: deque[CellMark] = deque(maxlen=10_000)
@@ -167,11 +173,14 @@ class Monitor:
         self._baseline: Sample | None = None
         self._baseline_lock = threading.Lock()
         # Records whose NVML "after" figures the sampler's next reading will fill in.
-        self._awaiting_nvml: deque[_Awaiting] = deque(maxlen=64)
-        self._observe_lock = threading.Lock()
+        # Finished cells waiting for the sampler: to be recorded and judged, or to have
+        # their NVML "after" figures completed. Drained in order under _record_lock.
+        self._done: deque[_Done] = deque()
+        self._record_lock = threading.RLock()
         self._apply_device(self.config.device)  # checked against the GPU count in start()
         self.widget: Any = None
         self.started_t_s = time.monotonic()
+        self.oom = OomWatch(self)  # explains a CUDA OOM in the cell that hit it
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
@@ -195,6 +204,7 @@ class Monitor:
 
     def shutdown(self) -> None:
         self.stop_replay()
+        self.oom.close()
         self.sampler.remove_listener(self._on_sample)
         self.sampler.stop()
         if self.widget is not None:
@@ -275,9 +285,33 @@ class Monitor:
             self.widget = None
 
     # -- readings ----------------------------------------------------------------------------
-    def read(self) -> Sample:
-        """A full reading, for on-demand work (status, cleanup)."""
-        return self.source.read(processes=True)
+    def read(self, timeout_s: float = ON_DEMAND_READ_TIMEOUT_S) -> Sample:
+        """A full reading, for on-demand work (status, cleanup), bounded in time.
+
+        NVML can hang (a GPU falling off the bus, a wedged driver). The read runs on a
+        helper thread; if it has not answered in ``timeout_s`` the magic goes on with the
+        allocator and host figures only, and NVML's columns read as unknown.
+        """
+        box: list[Sample] = []
+        errors: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                box.append(self.source.read(processes=True))
+            except BaseException as e:  # handed to the caller below
+                errors.append(e)
+
+        worker = threading.Thread(target=work, name="gpumem_nb-read", daemon=True)
+        worker.start()
+        worker.join(timeout_s)
+        if box:
+            return box[0]
+        if errors:
+            raise errors[0]
+        self._contain("NVML read", TimeoutError(
+            f"NVML did not answer within {timeout_s:g} s; its figures show as unknown"))
+        hot = self.read_hot()
+        return replace(hot, devices=tuple(replace(d, nvml=None) for d in hot.devices))
 
     def nvml_latest(self) -> Sample | None:
         """The sampler's latest reading if it is recent enough to stand for "now"; None when
@@ -306,14 +340,9 @@ class Monitor:
             base = self._baseline
             if self._pending is None and base is not None and sample.t_s > base.t_s:
                 self._baseline = sample
-            due = [a for a in self._awaiting_nvml if sample.t_s >= a.end_t_s]
-            for item in due:
-                self._awaiting_nvml.remove(item)
-        for item in due:
-            done = complete_nvml(item.record, sample)
-            self.history.replace(item.record, done)
-            if item.observe:
-                self._observe(done, item.context)
+        if self._done:
+            with self._record_lock:
+                self._drain_done(sample)
 
     def gpu_count(self) -> int:
         return self.source.status().gpu_count
@@ -466,6 +495,10 @@ class Monitor:
         self._depth -= 1
         if self._depth != 0:
             return
+        try:  # one attribute check unless the cell raised a CUDA OOM
+            self.oom.on_cell_result(result)
+        except Exception as e:
+            self._contain("OOM explainer", e)
         pending = self._pending
         if pending is None:
             return
@@ -477,45 +510,90 @@ class Monitor:
             self._pending = None
 
     def _finish(self, pending: _Pending, result: Any) -> None:
-        self._flush_awaiting()
+        """The one exact allocator read, then as little as possible before the reply.
+
+        A cell whose verdict may need printing in its own output (it raised, or a re-run the
+        allocator shows growing) is judged here. Every other cell, nearly all of them, is
+        recorded and judged on the sampler thread a moment later, with NVML's reading after
+        the cell, once the kernel has sent the reply.
+        """
         after = self.end(pending.watermark)
         self.last_cell_exception = _cell_exception(result)
         count = getattr(result, "execution_count", None) or pending.execution_count
-        before = replace(pending.before, t_s=pending.t_s, wall_s=pending.wall_s)
-        rec = build_record(
-            execution_count=count, cell_key=pending.cell_key, source=pending.source,
-            before=before, after=after, watermark=pending.watermark,
-            reset_at_start=pending.reset_peak, error=error_text(result),
-        )
-        self.history.append(rec)
         pending.mark.execution_count = count
-        # Growth the allocator explains is judged now, so its verdict prints in the cell's
-        # own output. Growth only NVML can show (outside PyTorch) needs NVML's reading after
-        # the cell, which the sampler takes a moment later: that judgement waits for it.
-        now = self.tracker.explained_by_allocator(rec) or not self.sampler.running
-        with self._baseline_lock:
-            self._awaiting_nvml.append(_Awaiting(
-                rec, after.t_s, observe=not now,
-                context=None if now else contextvars.copy_context()))
-        if now:
-            self._observe(rec, None)
-        # The chart redraws from the sampler thread, a moment later: drawing must not
-        # compete with the kernel sending this cell's reply.
+        done = _Done(pending, after, count, error_text(result), contextvars.copy_context())
+        if self.last_cell_exception is not None or not self.sampler.running or (
+                self.tracker.runs(pending.cell_key) and self._allocator_grew(pending, after)):
+            with self._record_lock:
+                self._drain_done(None)
+                done.record = self._record(done, None)
+                self._observe(done.record, None)
+            with self._baseline_lock:
+                self._done.append(done)  # NVML's "after" still to come
+                while len(self._done) > 64 and self._done[0].record is not None:
+                    self._done.popleft()  # the sampler is stopped: keep what we have
+        else:
+            with self._baseline_lock:
+                self._done.append(done)
+        # The sampler records, judges and redraws a moment later: that work must not compete
+        # with the kernel sending this cell's reply.
         self.sampler.request_tick(delay_s=AFTER_CELL_TICK_DELAY_S)
 
-    def _flush_awaiting(self) -> None:
-        """Judge, with what is known, any earlier cell still waiting for NVML: a cell's runs
-        must be judged in order (only cells less than a sampler tick apart get here)."""
-        with self._baseline_lock:
-            late = [a for a in self._awaiting_nvml if a.observe]
-            for item in late:
-                self._awaiting_nvml.remove(item)
-        for item in late:
-            self._observe(item.record, item.context)
+    @property
+    def history(self) -> History:
+        """Every finished cell's record: reading it records any cell still queued."""
+        self.flush()
+        return self._history
+
+    def flush(self) -> None:
+        """Record every finished cell now, with the NVML figures known so far (before
+        anything reads the history on demand)."""
+        if self._done:
+            with self._record_lock:
+                self._drain_done(None)
+
+    def _allocator_grew(self, pending: _Pending, after: Sample) -> bool:
+        threshold = self.tracker.threshold_bytes
+        for d in after.devices:
+            b = pending.before.device(d.index)
+            a_al, b_al = d.allocator, b.allocator if b is not None else None
+            if a_al is None:
+                continue
+            if (a_al.allocated_bytes - (b_al.allocated_bytes if b_al else 0) > threshold
+                    or a_al.reserved_bytes - (b_al.reserved_bytes if b_al else 0) > threshold):
+                return True
+        return False
+
+    def _record(self, done: _Done, nvml_after: Sample | None) -> CellRecord:
+        p = done.pending
+        before = replace(p.before, t_s=p.t_s, wall_s=p.wall_s)
+        rec = build_record(
+            execution_count=done.count, cell_key=p.cell_key, source=p.source,
+            before=before, after=done.after, watermark=p.watermark,
+            reset_at_start=p.reset_peak, error=done.error,
+        )
+        if nvml_after is not None:
+            rec = complete_nvml(rec, nvml_after)
+        self._history.append(rec)
+        return rec
+
+    def _drain_done(self, sample: Sample | None) -> None:
+        """Record and judge finished cells in order; with ``sample`` (sampler thread) only
+        those that ended before it, completing their NVML figures from it."""
+        while True:
+            with self._baseline_lock:
+                if not self._done or (
+                        sample is not None and self._done[0].after.t_s > sample.t_s):
+                    return
+                done = self._done.popleft()
+            if done.record is None:
+                rec = self._record(done, sample)
+                self._observe(rec, done.context if sample is not None else None)
+            elif sample is not None:
+                self._history.replace(done.record, complete_nvml(done.record, sample))
 
     def _observe(self, rec: CellRecord, context: contextvars.Context | None) -> None:
-        with self._observe_lock:
-            verdict = self.tracker.observe(rec)
+        verdict = self.tracker.observe(rec)
         if verdict is not None:
             verdict = self._explain(verdict)
             self.verdicts.append(verdict)

@@ -31,7 +31,7 @@ COLUMNS = (
 )
 
 DISPLAY_HEADERS = ("cell", "source", "time", "GPU", "allocated Δ", "reserved Δ", "peak",
-                   "NVML Δ", "NVML peak", "host RAM Δ", "")
+                   "NVML Δ", "NVML peak", "host RAM Δ", "outcome")
 
 
 def flat_rows(rec: CellRecord) -> Iterator[dict[str, Any]]:
@@ -72,7 +72,7 @@ def format_peak(d: CellDevice) -> str:
 
 def display_rows(rec: CellRecord) -> list[list[str]]:
     label = f"[{rec.execution_count}]" if rec.execution_count is not None else rec.cell_key[:8]
-    flag = "raised" if rec.raised else ""
+    flag = "raised" if rec.raised else "ok"
     common = [label, rec.source_preview[:40], f"{rec.duration_s:.3f} s"]
     rss = format_bytes(rec.rss_delta_bytes, signed=True)
     if not rec.devices:

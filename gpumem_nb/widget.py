@@ -26,6 +26,8 @@ from .model import CellMark, CellRecord, Sample, SourceStatus, Verdict
 from .records import History, format_peak
 from .sampler import Sampler
 from .settings import Config
+from .svgchart import chart_data, thin_labels
+from .svgchart import static_bundle as svg_static_bundle
 from .timeline import (
     ALL_DEVICES,
     GIB,
@@ -50,13 +52,14 @@ class ChartHost(Protocol):
     """What the chart needs from the monitor, and nothing more."""
 
     config: Config
-    history: History
     marks: Any  # a deque of CellMark
     on_record: list[Callable[[CellRecord, Verdict | None], None]]
     settings_listeners: list[Callable[[Config], None]]
     started_t_s: float
     widget: Any
 
+    @property
+    def history(self) -> History: ...
     @property
     def feed(self) -> Sampler: ...
     @property
@@ -122,6 +125,8 @@ class MemoryWidget:
         self._inbox: deque[Callable[[], None]] = deque()
         self._draw_lock = threading.Lock()
         self._closed = False
+        # Set by ``%gpumem watch``: the display it made, so the static picture can follow.
+        self.display_handle: Any = None
 
         def series(k: str, recent: bool) -> go.Scatter:
             return go.Scatter(
@@ -411,14 +416,52 @@ class MemoryWidget:
 
     # -- display and lifecycle ---------------------------------------------------------------
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
-        """The widget view, plus text/plain and text/html of the current numbers for GitHub,
-        nbviewer, terminals and any frontend without the widget's JavaScript."""
+        """The widget view, plus a static picture of the chart as it is now and the numbers'
+        table, for a saved notebook opened without a kernel (JupyterLab falls back to them
+        when the widget's model is gone), nbviewer and GitHub."""
         bundle = dict(self.box._repr_mimebundle_(**kwargs) or {})
         latest = self.feed.latest() or self.monitor.read()
         snap = Snapshot(status=self.status, sample=latest)
+        static = self.static_bundle(latest)
         bundle["text/plain"] = "gpumem_nb live chart (needs the widget frontend)\n" + str(snap)
-        bundle["text/html"] = snap._repr_html_()
+        bundle["text/html"] = static["text/html"] + snap._repr_html_()
+        bundle["image/svg+xml"] = static["image/svg+xml"]
         return bundle
+
+    def static_bundle(self, sample: Sample | None) -> dict[str, str]:
+        """The chart as a static SVG: ``image/svg+xml`` and an ``<img>`` for ``text/html``."""
+        with self._draw_lock:
+            tl = self.timelines.get(_key(self.device))
+            if tl is None and len(self.timelines) == 1:
+                tl = next(iter(self.timelines.values()))
+            marks = [] if self.replay is not None else list(self.monitor.marks)[-MAX_MARKS:]
+            total = self._total_gib(sample)
+            shown = self._devices_shown(sample)
+            where = (f"GPU {shown[0].index}" if len(shown) == 1
+                     else "all GPUs" if shown else "host RAM")
+            names = {d.nvml.name for d in shown if d.nvml and d.nvml.name}
+            title = f"gpumem_nb chart: {where}" + (f" ({', '.join(sorted(names))})"
+                                                   if names else "")
+            data = chart_data(tl, self._t0_s, marks,
+                              total_bytes=int(total * GIB) if total else None, title=title,
+                              replay=self.replay.label if self.replay is not None else None,
+                              include_rss=not self.has_gpu)
+        return svg_static_bundle(data)
+
+    def refresh_static(self) -> bool:
+        """Update the displayed output's static picture to the chart as it is now, so a
+        notebook saved after this shows the end of the run (``run_tutorials`` calls it as
+        its last step). Needs the handle ``%gpumem watch`` displayed the chart with."""
+        self._draw(self.feed.latest())  # header and buttons land in the saved state too
+        with self._draw_lock:
+            # plotly fills the figure's saved data (_widget_data) only while building its
+            # own display bundle; the chart displays the box around it, so ask explicitly.
+            self.fig._repr_mimebundle_()
+        handle = self.display_handle
+        if handle is None:
+            return False
+        handle.update(self)
+        return True
 
     def close(self) -> None:
         self._closed = True
@@ -441,18 +484,6 @@ def _close_tree(w: Any) -> None:
 
 def _key(device: int | None) -> int:
     return ALL_DEVICES if device is None else device
-
-
-def thin_labels(xs: list[float], min_gap: float) -> list[int]:
-    """Indices of the labels to draw so that no two are closer than ``min_gap``: walking
-    back from the newest, which is always kept."""
-    keep: list[int] = []
-    last: float | None = None
-    for i in range(len(xs) - 1, -1, -1):
-        if last is None or last - xs[i] >= min_gap:
-            keep.append(i)
-            last = xs[i]
-    return keep[::-1]
 
 
 def show(monitor: ChartHost) -> MemoryWidget:

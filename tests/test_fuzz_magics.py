@@ -124,6 +124,9 @@ def state(shell: Any, private_settings: Any, tmp_path: Any) -> Any:
 def check(call: Any, shell: Any, private_settings: Any, tmp_path: Any) -> str:
     """Run one input; 'ok' or 'usage'. Anything else escaping fails the test."""
     shell.user_ns["fz_a"] = shell.user_ns.get("fz_a", [1])
+    # Earlier cells still waiting for the sampler are recorded now, not counted as this
+    # input's doing.
+    current_monitor(shell).flush()
     before = state(shell, private_settings, tmp_path)
     try:
         call()
