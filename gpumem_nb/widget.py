@@ -477,8 +477,14 @@ class MemoryWidget:
 
 
 def _close_tree(w: Any) -> None:
+    """Close a widget, its children, and the layout and style widgets each one owns (those
+    are registered widgets too, and nothing else closes them)."""
     for child in getattr(w, "children", ()):
         _close_tree(child)
+    for part in ("layout", "style"):
+        owned = getattr(w, part, None)
+        if isinstance(owned, widgets.Widget):
+            owned.close()
     w.close()
 
 

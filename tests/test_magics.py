@@ -531,18 +531,26 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def open_widgets() -> int:
+    from ipywidgets.widgets import widget
+
+    return len(widget._instances)  # every widget not yet closed (ipywidgets' registry)
+
+
 def reloads_stay_flat(shell: Any, times: int) -> None:
     """Load, warm up, reload ``times`` times: one more live monitor than before, one sampler
-    thread, one registered magics object, and no file descriptor more than after warm-up."""
+    thread, one registered magics object, and no file descriptor or open widget more than
+    after warm-up."""
     monitors = live_monitors()  # earlier tests' monitors, if any are still referenced
     run(shell, "%load_ext gpumem_nb")
     for _ in range(3):  # warm up: first-use imports and caches open what they keep
         run(shell, "%reload_ext gpumem_nb")
-    fds = open_fds()
+    fds, widgets = open_fds(), open_widgets()
     for _ in range(times):
         assert run(shell, "%reload_ext gpumem_nb").success
     assert live_monitors() == monitors + 1
     assert open_fds() <= fds
+    assert open_widgets() <= widgets
     assert sampler_threads() == 1
     assert sum(type(c).__name__ == "GpumemMagics" for c in shell.configurables) == 1
 
