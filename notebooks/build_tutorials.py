@@ -295,7 +295,8 @@ multiple of it (that rounded *block* is what `allocated` counts). Blocks are cut
 
 - requests up to 1 MiB come from a small pool of 2 MiB segments;
 - larger requests below 10 MiB share segments of 20 MiB;
-- from 10 MiB on, a request gets its own segment, rounded up to a multiple of 2 MiB.
+- from 10 MiB on, a request that fits no cached block gets a segment of its own, rounded up
+  to a multiple of 2 MiB.
 
 The cell below measures one request of each kind, starting each time from an empty cache so
 that nothing is reused.
@@ -795,7 +796,7 @@ each process prints the blocks inside `b`'s segment, what `empty_cache()` leaves
     code(r"""
 import math
 
-from fresh_process import run_fresh
+from fresh_process import run_fresh_many
 
 SPLIT = r'''
 import json, torch
@@ -827,8 +828,8 @@ def mib(n):
     return f"{n / MiB:,.0f} MiB"
 
 
-for conf in ("", "expandable_segments:True"):
-    r = run_fresh(SPLIT, conf)
+CONFS = ["", "expandable_segments:True"]
+for conf, r in zip(CONFS, run_fresh_many(SPLIT, CONFS)):
     steps = r["reserved_21_MiB"]
     print(f"{conf or 'default'} (segment expandable: {r['expandable']})")
     print(f"  allocated {mib(r['allocated'])}, reserved {mib(r['reserved'])}, "
@@ -892,11 +893,13 @@ except Exception as e:
 print(json.dumps(result))
 '''
 
-for conf in ("backend:cudaMallocAsync", "expandable_segments:True"):
-    for when in ("before import", "after import"):
-        r = run_fresh(LATE, extra_env={"CONF": conf, "WHEN": when})
-        seen = r.get("error") or f"backend {r['backend']}, expandable {r['expandable']}"
-        print(f"{conf:26} set {when:13} -> {seen}")
+cases = [(conf, when) for conf in ("backend:cudaMallocAsync", "expandable_segments:True")
+         for when in ("before import", "after import")]
+results = run_fresh_many(LATE, ["" for _ in cases], check=False,
+                         extra_envs=[{"CONF": conf, "WHEN": when} for conf, when in cases])
+for (conf, when), r in zip(cases, results):
+    seen = r.get("error") or f"backend {r['backend']}, expandable {r['expandable']}"
+    print(f"{conf:26} set {when:13} -> {seen}")
 """),
     md(r"""
 In a notebook, set the variable in the first cell, before `import torch`, or restart the
@@ -944,7 +947,7 @@ import gpumem_nb
 df = gpumem_nb.history().dropna(subset=["peak_allocated_bytes"])
 for _, row in df.sort_values("peak_allocated_bytes", ascending=False).head(3).iterrows():
     bound = "" if row.peak_exact else "≥"
-    print(f"[{row.execution_count}] peak {bound}{fmt(int(row.peak_allocated_bytes))} "
+    print(f"[{row.execution_count:.0f}] peak {bound}{fmt(int(row.peak_allocated_bytes))} "
           f"in {row.duration_s:.2f} s: {row.source[:60]!r}")
 """),
 ]
@@ -1458,8 +1461,6 @@ later). The other options are read when CUDA starts: set `max_split_size_mb` aft
 CUDA call and a large block is not counted as oversize; set it before, and it is.
 """),
     code(r"""
-from fresh_process import run_fresh
-
 WHEN = r'''
 import json, os, torch
 torch.zeros(1, device="cuda")  # CUDA starts here
@@ -1468,8 +1469,8 @@ if "LATE_CONF" in os.environ:
 x = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
 print(json.dumps({"oversize": torch.cuda.memory_stats().get("oversize_allocations.current", 0)}))
 '''
-before = run_fresh(WHEN, "max_split_size_mb:128")
-after = run_fresh(WHEN, extra_env={"LATE_CONF": "max_split_size_mb:128"})
+before, after = run_fresh_many(WHEN, ["max_split_size_mb:128", ""],
+                               extra_envs=[{}, {"LATE_CONF": "max_split_size_mb:128"}])
 print(f"max_split_size_mb set before CUDA starts: oversize allocations {before['oversize']}")
 print(f"max_split_size_mb set after CUDA started:  oversize allocations {after['oversize']}")
 """),
