@@ -847,7 +847,7 @@ Read the two runs line by line:
 - **`inactive_split` reads zero with expandable segments, but that is bookkeeping.** The
   allocator does not track that statistic for expandable segments. The block list shows the
   same split in both runs: `b`'s block, and a free (`inactive`) block beside it. Blocks are
-  still split; the segment does not "grow in place instead".
+  still split.
 - **`reserved` is a little higher.** Physical memory is mapped in pages of 20 MiB (the last
   line), so reserved is always a whole number of pages; the default allocator instead gives
   each 21 MiB tensor a segment of its own, rounded up to 22 MiB.
@@ -1278,15 +1278,16 @@ def serve_fixed(request, answers):
         answers.append(model(request).argmax(dim=1).cpu())  # keep only the answer
 
 
-answers = []
+answers, start = [], torch.cuda.memory_allocated()
 for i in range(3):
     serve_fixed(new_request(), answers)
-    print(f"after request {i + 1}: allocated {fmt(torch.cuda.memory_allocated())}, "
+    print(f"after request {i + 1}: allocated "
+          f"{fmt(torch.cuda.memory_allocated() - start, signed=True)} since before the first, "
           f"reserved {fmt(torch.cuda.memory_reserved())}")
 torch.cuda.set_per_process_memory_fraction(1.0)
 """),
     md(r"""
-Three requests under the same cap, and `allocated` returns to the weights after each.
+Three requests under the same cap, and `allocated` is back where it started after each.
 
 ## The `cudaMallocAsync` backend says it differently
 
@@ -1449,8 +1450,8 @@ tensors alive):
 - **inact.split** and **retries** are the native allocator's fragmentation signals; compare
   the default row with the others. `expandable_segments` reports no inactive split at all,
   which is bookkeeping (notebook 3), and `cudaMallocAsync` reports neither.
-- **after e_c**: only expandable segments can return the free parts of segments that still
-  hold a live tensor.
+- **after e_c**: what `empty_cache()` gave back with the last tensors still alive. The native
+  allocator without expandable segments can only return segments that hold no live tensor.
 - The two `cudaMallocAsync` rows are the same workload with and without `max_split_size_mb`:
   compare them, and read the warning printed under the table.
 
@@ -1681,8 +1682,8 @@ def saved_bytes(fn):
 
     def pack(t):
         storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            seen[storage.data_ptr()] = (region["now"], storage.nbytes())
+        if storage.data_ptr() not in params:  # counted once, where it was first saved
+            seen.setdefault(storage.data_ptr(), (region["now"], storage.nbytes()))
         return t
 
     region["now"] = "embed"
@@ -1713,16 +1714,18 @@ def measure_activations(fn):
 fp32 = predict(lambda b: loss_fn(tokens(b)), BATCH)
 opt.zero_grad(set_to_none=True)
 act_measured = measure_activations(lambda: loss_fn(batch))
-print(f"activations at batch {BATCH}, predicted from batches 1 and 2: {fmt(sum(fp32.values()))}"
-      f" (layers {fmt(fp32.get('layers', 0))}, embedding {fmt(fp32.get('embed', 0))}, "
-      f"norm, head and loss {fmt(fp32.get('norm', 0))})")
-print(f"activations at batch {BATCH}, measured:                 {fmt(act_measured)}")
+print(f"activations at batch {BATCH}, predicted from batches 1 and 2: "
+      f"{fmt(sum(fp32.values()))}")
+for part, key in [("embedding", "embed"), ("layers", "layers"),
+                  ("final norm, head and loss", "norm")]:
+    print(f"    {part:<26}{fmt(fp32.get(key, 0)):>12}")
+print(f"activations at batch {BATCH}, measured: {fmt(act_measured)}")
 """),
     md(r"""
-The extrapolation from two tiny batches predicts the real one closely. Note how much of it is
-the head and loss: the logits are batch × sequence × vocabulary floats, and the loss saves
-them. For language models with large vocabularies the logits are often the largest single
-activation.
+The two lines should agree to within the allocator's rounding; if they did not, something
+other than autograd's saved tensors would be kept. Note how much of it is the head and loss:
+the logits are batch × sequence × vocabulary floats, and the loss saves them. For language
+models with large vocabularies the logits are often the largest single activation.
 
 ## A whole training step, and the usual formula
 
