@@ -10,25 +10,22 @@ IOPub message; nbclient only passes on the ones parented to the running cell.)
 
 from __future__ import annotations
 
-import datetime
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import nbformat
 from nbclient import NotebookClient
 
 HERE = Path(__file__).resolve().parent
-PROVENANCE_KEY = "gpumem_nb"  # notebook metadata key for what produced the outputs
 
 
 # ------------------------------------------------------------------------------------------
-# Provenance: what the outputs were produced with, recorded in the notebook's metadata
+# Provenance: what the outputs were produced with, recorded in the notebook's metadata.
+# (Imports are local so that this section stays separate from the rest of the runner.)
 # ------------------------------------------------------------------------------------------
+PROVENANCE_KEY = "gpumem_nb"
 # Evaluated in the kernel after the last cell, so they name what the cells really used.
 KERNEL_EXPRESSIONS = {
     "torch": "getattr(__import__('sys').modules.get('torch'), '__version__', None)",
@@ -59,6 +56,9 @@ def gpus_and_driver() -> tuple[list[str], str | None]:
 def git_commit() -> str | None:
     """``GPUMEM_NB_COMMIT`` when set (a GPU host may get a copy without .git), else HEAD;
     ``+dirty`` when tracked files differ from it."""
+    import os
+    import subprocess
+
     if os.environ.get("GPUMEM_NB_COMMIT"):
         return os.environ["GPUMEM_NB_COMMIT"]
     try:
@@ -85,8 +85,10 @@ def kernel_values(client: NotebookClient) -> dict[str, str | None]:
     return values
 
 
-def provenance(client: NotebookClient) -> dict[str, Any]:
+def provenance(client: NotebookClient) -> dict[str, object]:
     """GPU, driver, torch, gpumem_nb, Python, commit and date of this execution."""
+    import datetime
+
     gpus, driver = gpus_and_driver()
     return {"gpu": ", ".join(gpus) or "none", "driver": driver or "none",
             **kernel_values(client), "commit": git_commit(),
