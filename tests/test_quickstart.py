@@ -72,7 +72,7 @@ def test_the_quickstart_runs_to_the_end_without_a_gpu(tmp_path, monkeypatch):
     who = by_source["%gpumem who"]
     assert "Out[" in who and "result" in who, who
     cleanup = by_source["%gpumem cleanup --out"]
-    assert "output cache" in cleanup and "cleared 3 Out entries" in cleanup, cleanup
+    assert "output cache" in cleanup, cleanup
     meta = nb.metadata["gpumem_nb"]
     assert meta["gpumem_nb"] and meta["executed"] and meta["python"], meta
 
