@@ -177,6 +177,7 @@ class Monitor:
         # their NVML "after" figures completed. Drained in order under _record_lock.
         self._done: deque[_Done] = deque()
         self._record_lock = threading.RLock()
+        self._seen_cells: set[str] = set()  # cells run before: a re-run may need a verdict
         self._apply_device(self.config.device)  # checked against the GPU count in start()
         self.widget: Any = None
         self.started_t_s = time.monotonic()
@@ -522,8 +523,10 @@ class Monitor:
         count = getattr(result, "execution_count", None) or pending.execution_count
         pending.mark.execution_count = count
         done = _Done(pending, after, count, error_text(result), contextvars.copy_context())
+        rerun = pending.cell_key in self._seen_cells
+        self._seen_cells.add(pending.cell_key)
         if self.last_cell_exception is not None or not self.sampler.running or (
-                self.tracker.runs(pending.cell_key) and self._allocator_grew(pending, after)):
+                rerun and self._allocator_grew(pending, after)):
             with self._record_lock:
                 self._drain_done(None)
                 done.record = self._record(done, None)

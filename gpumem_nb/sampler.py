@@ -26,6 +26,9 @@ log = logging.getLogger("gpumem_nb")
 MIN_INTERVAL_S = 0.05
 MAX_INTERVAL_S = 60.0
 DEFAULT_INTERVAL_S = 0.5
+# The thread naps at most this long, so a delayed request (after a cell) is served within a
+# nap without anyone waking it.
+NAP_S = 0.1
 # Two hours at the default rate, about 7 MB of small frozen records.
 DEFAULT_CAPACITY = 14_400
 
@@ -154,14 +157,13 @@ class Sampler:
 
     def request_tick(self, delay_s: float = 0.0) -> None:
         """Ask the thread for a tick soon (after a cell), without drawing on this thread."""
-        if delay_s > 0:
-            with self._lock:
-                due = self._clock() + delay_s
-                self._due_t = due if self._due_t is None else min(self._due_t, due)
-        else:
-            with self._lock:
-                self._due_t = self._clock()
-        self._wake.set()  # re-plan: the thread now waits until the due time
+        due = self._clock() + max(delay_s, 0.0)
+        self._due_t = due if self._due_t is None else min(self._due_t, due)
+        if delay_s <= 0:
+            self._wake.set()
+        # A delayed request wakes nothing: the thread finds it at its next nap (NAP_S). A
+        # wake here would have the thread take the interpreter lock just as the kernel
+        # sends the cell's reply.
 
     def stop(self, timeout_s: float = 1.0) -> bool:
         """Stop and join; True when the thread is gone."""
@@ -182,7 +184,7 @@ class Sampler:
         while not self._stop.is_set():
             with self._lock:
                 due = self._due_t
-            target = next_t if due is None else min(next_t, due)
+            target = min(next_t, self._clock() + NAP_S) if due is None else min(next_t, due)
             self._wake.wait(max(0.0, target - self._clock()))
             self._wake.clear()
             if self._stop.is_set():
