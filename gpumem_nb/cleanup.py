@@ -272,7 +272,7 @@ def _plan_exception(shell: Any, noted: CellException | None) -> _ExceptionPlan:
         links = traceback_links([last])
         where = f" in {links[-1].tb_frame.f_code.co_name}()" if links else ""
         foreign = (f"left alone: the last exception, a {type(last).__name__}{where}, "
-                   "was not raised by a cell")
+                   "was not raised by a cell's code")
     if stored is None:
         return _ExceptionPlan(None, 0, [], foreign)
     running = running_frame_ids()
@@ -362,7 +362,7 @@ def _root_name(r: Any, shell: Any, seen: set[int], running: set[int]) -> str | N
     if isinstance(r, types.FrameType):
         code = r.f_code
         if id(r) in running:
-            # Our own frames (visible to the collector on Python 3.10) hold what we look at.
+            # Our own frames, where the collector sees a running frame, hold what we look at.
             return "" if code.co_filename.startswith(_PACKAGE_DIR) else \
                 f"the running {code.co_name}()"
         if frame_is_live(r, running):
