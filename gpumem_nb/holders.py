@@ -46,6 +46,7 @@ _UNDERS = ("_", "__", "___")
 _ATOMS = (int, float, complex, str, bytes, bool, type(None), types.ModuleType, types.FunctionType,
           type)
 _ATOM_TYPES = frozenset(_ATOMS)
+_PLAIN_CONTAINERS = frozenset((dict, list, tuple, set, frozenset))
 _CONTAINER_DEPTH = 2
 # A container longer than this is read up to here: a tensor past a million items is missed
 # rather than `who` taking minutes over a list of ten million objects.
@@ -204,6 +205,10 @@ class Scanner:
 
     def _tensors_in(self, obj: Any, depth: int) -> Iterator[Any]:
         """Tensors inside obj: modules, optimizers and containers, ``depth`` levels down."""
+        if type(obj) in _PLAIN_CONTAINERS:  # the common case, and never a tensor or module
+            if depth > 0:
+                yield from self._items_in(obj, depth)
+            return
         if _is_atom(obj):
             return
         if self._tensor_info(obj) is not None:
@@ -228,16 +233,20 @@ class Scanner:
                     if self._tensor_info(v) is not None:
                         yield v
             return
-        if depth <= 0:
-            return
+        if depth > 0:
+            yield from self._items_in(obj, depth)
+
+    def _items_in(self, obj: Any, depth: int) -> Iterator[Any]:
         items = _container_items(obj)
         if items is None:
             return
         for item in itertools.islice(items, _MAX_ITEMS):
-            # An exact-type set lookup first: containers of plain numbers and strings (the
-            # common million-element case) cost one hash probe per item.
+            # Exact-type set lookups first: containers of plain numbers and strings (the
+            # common million-element case) cost one hash probe per item, and a plain
+            # container at the last level holds nothing that is looked at.
             try:
-                if type(item) in _ATOM_TYPES:
+                kind = type(item)
+                if kind in _ATOM_TYPES or (depth == 1 and kind in _PLAIN_CONTAINERS):
                     continue
             except Exception:
                 pass
@@ -341,13 +350,22 @@ class Scanner:
         """See ``_scan``. Looking at user objects must never print: library warnings that
         mere inspection can trigger are silenced for the duration. It never raises either: a
         failure past every per-object guard returns what was found."""
+        found: dict[str, _Found] = {}
+        # The walk allocates only short-lived iterators, freed as it goes; letting them
+        # trigger collections over a large heap doubled its time on a million containers.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self._scan(found, *args, **kwargs)
+        except Exception:
+            self.skipped += 1
+        finally:
+            if collecting:
+                gc.enable()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            found: dict[str, _Found] = {}
-            try:
-                self._scan(found, *args, **kwargs)
-            except Exception:
-                self.skipped += 1
             holders = [_holder(f) for f in found.values()]
             return sorted(holders, key=lambda h: (-h.nbytes, h.name))
 

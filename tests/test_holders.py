@@ -179,3 +179,21 @@ def test_a_tensor_among_a_million_plain_objects_is_still_found():
     ns["big_dict"] = {i: float(i) for i in range(300_000)}
     ns["nested"] = [[FakeTensor(GiB)]]
     assert [(h.name, h.nbytes) for h in scan(ns)] == [("nested", GiB)]
+
+
+def test_a_scan_leaves_the_garbage_collector_as_it_found_it():
+    # The walk pauses the collector for speed; it must restore it, even when it fails.
+    import gc
+
+    class Broken(dict):
+        def items(self):
+            raise RuntimeError("no items")
+
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            for ns in ({"x": [FakeTensor(GiB)]}, Broken(x=1)):
+                scan(ns)
+                assert gc.isenabled() is enabled
+    finally:
+        gc.enable()
