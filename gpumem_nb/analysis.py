@@ -6,7 +6,7 @@ No threads, no I/O, no third-party imports: everything here is table-testable.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .model import (
     CAUSE_CACHE,
@@ -101,6 +101,24 @@ def cell_devices(
     return tuple(out)
 
 
+def complete_nvml(record: CellRecord, sample: Sample) -> CellRecord:
+    """The record with NVML's "after" figures from the first sampler reading taken after the
+    cell ended. The hooks never call NVML (slow when idle, and it can hang), so at the cell's
+    end they hold only the sampler's previous reading."""
+    devices = []
+    for d in record.devices:
+        s = sample.device(d.index)
+        nv = s.nvml if s is not None else None
+        if nv is None or nv.used_bytes is None:
+            devices.append(d)
+            continue
+        peaks = [v for v in (d.nvml_peak_bytes, nv.used_bytes) if v is not None]
+        devices.append(replace(d, nvml_used_after_bytes=nv.used_bytes,
+                               process_after_bytes=nv.process_bytes,
+                               nvml_peak_bytes=max(peaks)))
+    return replace(record, devices=tuple(devices))
+
+
 def build_record(
     *,
     execution_count: int | None,
@@ -168,6 +186,14 @@ class AccumulationTracker:
     def __init__(self, threshold_bytes: int = DEFAULT_THRESHOLD_BYTES) -> None:
         self.threshold_bytes = threshold_bytes
         self._cells: dict[str, _CellRuns] = {}
+
+    def explained_by_allocator(self, record: CellRecord) -> bool:
+        """Whether the allocator alone already shows growth past the threshold, so the
+        verdict needs no NVML figure."""
+        return any(
+            (d.allocated_delta_bytes or 0) > self.threshold_bytes
+            or (d.reserved_delta_bytes or 0) > self.threshold_bytes
+            for d in record.devices)
 
     def runs(self, cell_key: str) -> int:
         c = self._cells.get(cell_key)

@@ -149,6 +149,11 @@ class CleanupRequest:
     clear_output: bool = False
     delete_vars: Sequence[str] = ()
     dry_run: bool = False
+    # A dry run also says who else keeps the stored exception alive. That search collects
+    # garbage and walks the heap's referrers (tenths of a second in a large session), so it
+    # is asked for by the magic, not by the OOM explainer's in-cell estimate. A real run
+    # always searches: its report must not claim memory it could not free.
+    find_holders: bool = False
 
 
 # -- naming variables ----------------------------------------------------------------------------
@@ -264,7 +269,8 @@ class _ExceptionPlan:
     foreign: str  # a non-cell exception in sys.last_value, left alone
 
 
-def _plan_exception(shell: Any, noted: CellException | None) -> _ExceptionPlan:
+def _plan_exception(shell: Any, noted: CellException | None, *, find_holders: bool = True,
+                    ) -> _ExceptionPlan:
     stored = stored_cell_exception(shell, noted)
     last = last_value()
     foreign = ""
@@ -280,8 +286,10 @@ def _plan_exception(shell: Any, noted: CellException | None) -> _ExceptionPlan:
               for tb in traceback_links(exception_chain(stored.error))}
     count = sum(1 for f in frames.values()
                 if is_function_frame(f) and not frame_is_live(f, running))
+    held: list[str] = []
     try:
-        held = _held_elsewhere(stored, shell, noted)
+        if find_holders:
+            held = _held_elsewhere(stored, shell, noted)
     except Exception as e:  # a hostile referrer: say so rather than claim it was freed
         held = [f"something the check could not name ({type(e).__name__})"]
     return _ExceptionPlan(stored, count, held, foreign)
@@ -514,7 +522,7 @@ def _run(request: CleanupRequest, names: list[str], shell: Any,
 def _estimate(request: CleanupRequest, names: list[str], shell: Any,
               noted: CellException | None, first: Measure,
               mods: Mapping[str, Any]) -> CleanupReport:
-    plan = _plan_exception(shell, noted)
+    plan = _plan_exception(shell, noted, find_holders=request.find_holders)
     stored = [plan.stored.error] if plan.stored is not None else []
     holders = Scanner(mods).scan(shell.user_ns, output_cache=_out(shell),
                                  last_exception=stored, hidden=_hidden(shell))

@@ -19,17 +19,16 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser
 from IPython.display import display
 
-from . import cleanup
+from . import cleanup, trace
 from .analysis import build_record
 from .monitor import Monitor, error_text
+from .oom import SiteAtFailure, with_counted_ooms
 from .records import HistoryTable
 from .sampler import check_interval
-from .settings import PEAK_PRESERVE, PEAK_RESET, load_config, save_config
-from .snapshot import Snapshot
-from .sources.torch import TorchSource
+from .settings import PEAK_PRESERVE, PEAK_RESET, config_path, load_config
 from .summary import Summary
 from .units import parse_size
-from .views import CellReport, ConfigView, WhoReport
+from .views import CellReport, ConfigView, Snapshot, WhoReport
 
 _SHELL_ATTR = "_gpumem_nb_monitor"
 _HISTORY_ATTR = "_gpumem_nb_history"
@@ -83,9 +82,13 @@ def _build_parser() -> _Parser:
     sub.add_parser("start", prog="%gpumem start")
     sub.add_parser("stop", prog="%gpumem stop")
     sub.add_parser("status", prog="%gpumem status")
+    o = sub.add_parser("oom", prog="%gpumem oom")
+    o.add_argument("-o", action="store_true", help="return the explanation object")
     wa = sub.add_parser("watch", prog="%gpumem watch")
     wa.add_argument("--replay", metavar="FILE",
-                    help="drive the chart from a recorded trace ('bundled' for the H200 one)")
+                    help="drive the chart from a recorded trace ('bundled' for the H200 one); "
+                         "a demonstration only: your cells are still measured live")
+    wa.add_argument("--live", action="store_true", help="end a replay: chart this machine")
     return p
 
 
@@ -96,6 +99,11 @@ def _build_cell_parser() -> _Parser:
     p.add_argument("--device", type=int, metavar="N", help="report only this GPU")
     p.add_argument("--reset-peak", action="store_true",
                    help="reset the allocator's peak counters first (exact peak, always)")
+    p.add_argument("--trace", action="store_true",
+                   help="record this cell's allocations: top sites and a timeline")
+    p.add_argument("--top", type=int, metavar="N", help="sites to list with --trace (5)")
+    p.add_argument("--save", metavar="FILE",
+                   help="with --trace: write the snapshot for PyTorch's memory_viz")
     return p
 
 
@@ -122,13 +130,22 @@ Line magic:
                  [--peak preserve|reset] [--auto-show on|off] [--save]
                                --save remembers them in ~/.config/gpumem_nb/config.json
   %gpumem summary [--full]     the allocator's fragmentation in plain words, with hints
+  %gpumem oom [-o]             the last CUDA out-of-memory explanation again; -o returns it
   %gpumem start | stop         the background sampler
-  %gpumem watch [--replay FILE]
+  %gpumem watch [--replay FILE|--live]
                                the live chart
 
 Cell magic:
-  %%gpumem [-o] [-q] [--device N] [--reset-peak]
+  %%gpumem [-o] [-q] [--device N] [--reset-peak] [--trace [--top N] [--save FILE]]
       runs the cell and reports its time, allocator peak, deltas and NVML peak.
+      --trace records the cell's allocations (native allocator): the lines holding the most
+      at the cell's peak and still alive at its end, and a timeline; --save writes the
+      snapshot for PyTorch's memory_viz (pickle protocol 4). With --trace, -o returns the
+      trace report (its .cell is the measurement).
+
+A CUDA out-of-memory error is explained in the cell that hit it: what was asked, what the GPU
+had, the cause (impossible, fragmentation, other processes, outside PyTorch, memory your
+session holds) and what to do next.
 
 Peaks: by default gpumem_nb never resets PyTorch's peak counters (you may be reading them).
 A cell's peak is then exact whenever the cell set a new process-wide peak, and otherwise a
@@ -147,6 +164,7 @@ class GpumemMagics(Magics):
 
     @line_cell_magic
     def gpumem(self, line: str, cell: str | None = None) -> Any:
+        self.monitor.flush()  # earlier cells the sampler has not recorded yet
         if cell is not None:
             return self._cell(line, cell)
         args = self.parser.parse_args(_split(line))
@@ -200,7 +218,7 @@ class GpumemMagics(Magics):
             raise UsageError(f"--vars takes variable names separated by commas, not {bad[0]!r}")
         request = cleanup.CleanupRequest(
             clear_traceback=not args.keep_traceback, clear_output=args.out,
-            delete_vars=names, dry_run=args.dry_run,
+            delete_vars=names, dry_run=args.dry_run, find_holders=True,
         )
         try:
             report = self.monitor.cleanup(request)
@@ -227,23 +245,19 @@ class GpumemMagics(Magics):
                 threshold = parse_size(args.threshold)
             except ValueError as e:
                 raise UsageError(f"--threshold: {e}") from None
-        if interval is not None:
-            m.config.interval_s = interval
-            m.sampler.interval_s = interval
-        if args.device is not None:
-            m.select_device(device)
-        if threshold is not None:
-            m.config.threshold_bytes = threshold
-            m.tracker.threshold_bytes = threshold
-        if args.peak is not None:
-            m.config.peak = args.peak
-        if args.auto_show is not None:
-            m.config.auto_show = args.auto_show == "on"
+        try:
+            m.configure(
+                interval_s=interval, threshold_bytes=threshold,
+                **({"device": device} if args.device is not None else {}),
+                peak=args.peak,
+                auto_show=None if args.auto_show is None else args.auto_show == "on",
+                save=args.save)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        except OSError as e:
+            raise UsageError(f"could not save the settings: {e.strerror}") from None
         if args.save:
-            try:
-                print(f"gpumem: settings saved to {save_config(m.config)}")
-            except OSError as e:
-                raise UsageError(f"could not save the settings: {e.strerror}") from None
+            print(f"gpumem: settings saved to {config_path()}")
         display(ConfigView(m.config, m.sampler.running))
 
     def _parse_device(self, text: str) -> int | None:
@@ -263,8 +277,19 @@ class GpumemMagics(Magics):
         m = self.monitor
         if m.gpu_count() and not 0 <= args.device < m.gpu_count():
             raise UsageError(f"there is no GPU {args.device}")
-        full = TorchSource().memory_summary(args.device) if args.full else ""
-        display(Summary.of(m.read(), m.source.status(), device=args.device, full_text=full))
+        full = m.torch.memory_summary(args.device) if args.full else ""
+        sample = with_counted_ooms(m.read(), m.oom.counts)  # cudaMallocAsync counts none
+        display(Summary.of(sample, m.source.status(), device=args.device, full_text=full))
+
+    def _cmd_oom(self, args: Any) -> Any:
+        last = self.monitor.oom.last
+        if args.o:
+            return last
+        if last is None:
+            print(self.monitor.oom.no_oom_line())
+        else:
+            display(last)
+        return None
 
     def _cmd_start(self, args: Any) -> None:
         self.monitor.sampler.start()
@@ -277,11 +302,16 @@ class GpumemMagics(Magics):
     def _cmd_watch(self, args: Any) -> None:
         from .widget import show
 
-        try:
-            widget = show(self.monitor, replay=args.replay)
-        except (ValueError, OSError) as e:
-            raise UsageError(f"cannot replay {args.replay}: {e}") from None
-        display(widget)
+        m = self.monitor
+        if args.replay:
+            try:
+                m.start_replay(args.replay)
+            except (ValueError, OSError) as e:
+                raise UsageError(f"cannot replay {args.replay}: {e}") from None
+        elif args.live:
+            m.stop_replay()
+        widget = show(m)
+        widget.display_handle = display(widget, display_id=True)
 
     # -- cell magic --------------------------------------------------------------------------
     def _cell(self, line: str, cell: str) -> Any:
@@ -289,11 +319,27 @@ class GpumemMagics(Magics):
         m = self.monitor
         if args.device is not None:
             self._parse_device(str(args.device))
+        if (args.top is not None or args.save) and not args.trace:
+            raise UsageError("--top and --save go with --trace")
+        if args.top is not None and args.top <= 0:
+            raise UsageError("--top must be a positive number of sites")
+        tracer = trace.CellTracer() if args.trace else None
+        why = tracer.start() if tracer is not None else ""
+        if why:
+            print(f"gpumem --trace: {why}")
+            tracer = None
         reset = args.reset_peak or m.config.peak == PEAK_RESET
         before, wm, did_reset = m.begin(reset_peak=reset)
         shell: Any = self.shell
         result = shell.run_cell(cell, store_history=False)
         after = m.end(wm)
+        traced = tracer.stop(top=args.top or trace.TOP_DEFAULT, save=args.save) \
+            if tracer is not None else None
+        try:  # the monitor's own hook sees only top-level cells; this one ran nested
+            m.oom.on_cell_result(result, sites=[SiteAtFailure(label, n) for label, n in (
+                traced.sites_at_failure() if traced is not None else ())])
+        except Exception as e:
+            m._contain("OOM explainer", e)
         rec = build_record(
             execution_count=getattr(self.shell, "execution_count", None), cell_key="%%gpumem",
             source=cell, before=before, after=after, watermark=wm, reset_at_start=did_reset,
@@ -304,6 +350,11 @@ class GpumemMagics(Magics):
         report = CellReport(rec)
         if not args.q:
             print(report.line())
+        if traced is not None:
+            shown = trace.views(traced, report)
+            if not args.q:
+                display(*shown)
+            return shown[0] if args.o else None
         return report if args.o else None
 
 
@@ -325,6 +376,7 @@ def load(shell: Any) -> None:
     history = getattr(shell, _HISTORY_ATTR, None)
     config = getattr(shell, _CONFIG_ATTR, None) or load_config()
     monitor = Monitor(shell, history=history, config=config)
+    monitor.oom.show = display  # rich output in notebooks, text in terminals
     line = monitor.start()
     shell.events.register("pre_run_cell", monitor.pre_run_cell)
     shell.events.register("post_run_cell", monitor.post_run_cell)

@@ -49,6 +49,16 @@ class AllocatorReading:
     peak_reserved_bytes: int
     num_alloc_retries: int
     num_ooms: int
+    # Cumulative counts of allocations and frees: equal counts in two readings prove nothing
+    # was allocated or freed between them, which lets the hooks reuse an idle reading.
+    allocations: int = 0
+    frees: int = 0
+
+    def same_state_as(self, other: AllocatorReading | None) -> bool:
+        return (other is not None and self.allocations == other.allocations
+                and self.frees == other.frees and self.reserved_bytes == other.reserved_bytes
+                and self.allocated_bytes == other.allocated_bytes
+                and self.peak_allocated_bytes == other.peak_allocated_bytes)
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,8 @@ class Sample:
     wall_s: float  # wall clock, for display only
     rss_bytes: int | None
     devices: tuple[DeviceSample, ...] = ()
+    # When the NVML figures were read, if not at ``t_s`` (the hooks reuse the sampler's).
+    nvml_t_s: float | None = None
 
     def device(self, index: int) -> DeviceSample | None:
         for d in self.devices:

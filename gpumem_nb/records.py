@@ -30,7 +30,7 @@ COLUMNS = (
 )
 
 DISPLAY_HEADERS = ("cell", "source", "time", "GPU", "allocated Δ", "reserved Δ", "peak",
-                   "NVML Δ", "NVML peak", "host RAM Δ", "")
+                   "NVML Δ", "NVML peak", "host RAM Δ", "outcome")
 
 
 def flat_rows(rec: CellRecord) -> Iterator[dict[str, Any]]:
@@ -71,7 +71,7 @@ def format_peak(d: CellDevice) -> str:
 
 def display_rows(rec: CellRecord) -> list[list[str]]:
     label = f"[{rec.execution_count}]" if rec.execution_count is not None else rec.cell_key[:8]
-    flag = "raised" if rec.raised else ""
+    flag = "raised" if rec.raised else "ok"
     common = [label, rec.source_preview[:40], f"{rec.duration_s:.3f} s"]
     rss = format_bytes(rec.rss_delta_bytes, signed=True)
     if not rec.devices:
@@ -95,6 +95,15 @@ class History:
     def append(self, rec: CellRecord) -> None:
         with self._lock:
             self._records.append(rec)
+
+    def replace(self, old: CellRecord, new: CellRecord) -> bool:
+        """Swap a record for its completed version (NVML figures arrive after the cell)."""
+        with self._lock:
+            for i in range(len(self._records) - 1, -1, -1):
+                if self._records[i] is old:
+                    self._records[i] = new
+                    return True
+        return False
 
     def records(self, last: int | None = None) -> list[CellRecord]:
         with self._lock:

@@ -7,6 +7,7 @@ at the outputs.
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 
 import nbformat
@@ -262,7 +263,12 @@ def build(name: str, cells: list[dict]) -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)",
                                  "language": "python"}
-    nb.metadata["language_info"] = {"name": "python"}
+    # What ipykernel reports; run_tutorials.py replaces it with the executing kernel's own.
+    # A bare {"name": "python"} made JupyterLab fill it in and open the notebook as modified.
+    nb.metadata["language_info"] = {
+        "name": "python", "version": platform.python_version(), "mimetype": "text/x-python",
+        "file_extension": ".py", "codemirror_mode": {"name": "ipython", "version": 3},
+        "nbconvert_exporter": "python", "pygments_lexer": "ipython3"}
     for i, c in enumerate(cells):
         if c["kind"] == "markdown":
             cell = nbformat.v4.new_markdown_cell(c["source"])

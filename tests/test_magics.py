@@ -14,10 +14,14 @@ from gpumem_nb.settings import PEAK_PRESERVE
 from gpumem_nb.views import CellReport
 
 from .fakes import GiB, MiB
+from .helpers import spaced
 
 
 def run(ip: Any, source: str, cell_id: str | None = None) -> Any:
-    return ip.run_cell(source, store_history=True, cell_id=cell_id)
+    """Run a cell as people do: with time after it for the sampler's next reading."""
+    result = ip.run_cell(source, store_history=True, cell_id=cell_id)
+    spaced(ip)
+    return result
 
 
 def magic(ip: Any, line: str) -> Any:

@@ -25,6 +25,9 @@ OWNERS = {
     "pandas": "records.py",
     "torch": None,
 }
+# Modules that must stay standard-library only (plus the package itself): the static chart
+# is rendered for saved notebooks without numpy or plotly.
+STDLIB_ONLY = ("svgchart.py",)
 
 
 def imported_roots(path: Path) -> set[str]:
@@ -44,6 +47,12 @@ def test_each_third_party_library_is_imported_in_one_module_only():
             found.setdefault(root, []).append(path.relative_to(PKG).as_posix())
     for lib, owner in OWNERS.items():
         assert found.get(lib, []) == ([owner] if owner else []), (lib, found.get(lib))
+
+
+def test_stdlib_only_modules_import_no_third_party_library():
+    for name in STDLIB_ONLY:
+        roots = imported_roots(PKG / name) - {"__future__"}
+        assert roots <= set(sys.stdlib_module_names), (name, roots - set(sys.stdlib_module_names))
 
 
 def test_ruff_is_clean():
@@ -95,3 +104,12 @@ def test_the_executed_tutorials_are_exactly_the_builders_sources():
         built = builder.build(name, cells)
         ran = nbformat.read(ROOT / "notebooks" / name, as_version=4)
         assert [c.source for c in built.cells] == [c.source for c in ran.cells], name
+
+
+def test_readme_layout_lists_every_module():
+    readme = (ROOT / "README.md").read_text()
+    layout = readme.split("<!-- layout -->", 1)[1].split("```", 2)[1]
+    missing = [str(p.relative_to(ROOT / "gpumem_nb"))
+               for p in sorted((ROOT / "gpumem_nb").rglob("*.py"))
+               if p.name not in layout]
+    assert not missing, f"README layout does not mention: {missing}"
