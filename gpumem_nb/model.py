@@ -61,7 +61,7 @@ class AllocatorReading:
                 and self.peak_allocated_bytes == other.peak_allocated_bytes)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DeviceSample:
     """Everything known about one CUDA device (numbered as torch numbers it) at one instant."""
 

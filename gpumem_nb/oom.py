@@ -243,6 +243,15 @@ class OomFacts:
     previous_error: str = ""  # the cell before this one raised this (its traceback replaced)
 
     @property
+    def pool_reuses_unallocated(self) -> bool:
+        """Under cudaMallocAsync the driver's pool serves new tensors from the memory it holds
+        unused (it remaps pages, so its holes do not fragment), and it keeps what it grew
+        while trying a request that failed: on the H200 a failed 107.82 GiB request left the
+        pool holding 77.84 GiB unused, every byte that had been free. Those bytes are room the
+        request had, not a reason it failed."""
+        return self.backend == "cudaMallocAsync"
+
+    @property
     def unallocated_bytes(self) -> int | None:
         """Reserved by PyTorch but not allocated. At a native OOM the allocator has already
         released every unsplit cached block, so this is memory inside segments that still hold
@@ -263,13 +272,20 @@ class OomFacts:
 
     @property
     def headroom_bytes(self) -> int | None:
-        """What the allocator could still get: CUDA's free memory, and under a memory
-        fraction no more than the cap minus what PyTorch already reserved."""
+        """What the allocator could still get: CUDA's free memory (plus, under
+        cudaMallocAsync, what its pool holds unused), and under a memory fraction no more
+        than the cap minus what PyTorch already holds (reserved natively; the async backend
+        checks its cap against allocated bytes)."""
         if self.free_bytes is None:
             return None
-        if self.allowed_bytes is not None and self.reserved_bytes is not None:
-            return min(self.free_bytes, max(self.allowed_bytes - self.reserved_bytes, 0))
-        return self.free_bytes
+        room = self.free_bytes
+        used = self.reserved_bytes
+        if self.pool_reuses_unallocated:
+            room += self.unallocated_bytes or 0
+            used = self.allocated_bytes
+        if self.allowed_bytes is not None and used is not None:
+            return min(room, max(self.allowed_bytes - used, 0))
+        return room
 
     @property
     def shortfall_bytes(self) -> int | None:
@@ -281,6 +297,7 @@ class OomFacts:
 
 CAUSE_IMPOSSIBLE = "impossible"
 CAUSE_FRAGMENTATION = "fragmentation"
+CAUSE_POOL = "cached by the cudaMallocAsync pool"
 CAUSE_OTHER_PROCESSES = "other processes"
 CAUSE_OUTSIDE = "outside PyTorch"
 CAUSE_HELD = "held by your session"
@@ -335,8 +352,9 @@ def classify(facts: OomFacts, holders: Sequence[Holder] = ()) -> tuple[Cause, ..
     causes: list[Cause] = []
     # Under a memory-fraction cap that PyTorch has reached, memory elsewhere on the GPU
     # cannot help; only what PyTorch itself holds can.
-    capped = f.allowed_bytes is not None and f.reserved_bytes is not None and \
-        f.allowed_bytes - f.reserved_bytes + slack < req
+    held_now = f.allocated_bytes if f.pool_reuses_unallocated else f.reserved_bytes
+    capped = f.allowed_bytes is not None and held_now is not None and \
+        f.allowed_bytes - held_now + slack < req
 
     def covers(nbytes: int | None) -> bool:
         return need is not None and nbytes is not None and nbytes > 0 and \
@@ -346,7 +364,21 @@ def classify(facts: OomFacts, holders: Sequence[Holder] = ()) -> tuple[Cause, ..
         return not capped and covers(nbytes)
 
     split = f.unallocated_bytes
-    if split and (covers(split) or split >= _NOTABLE_BYTES):
+    if f.pool_reuses_unallocated:
+        if need is not None and need <= slack and split:
+            # The pool's unused memory plus what was free would have fit, yet the driver did
+            # not serve it: that memory is the cause, and empty_cache is the cure. Freeing
+            # something else alone helps if it covers what the driver itself lacked.
+            need = max((req - (f.free_bytes or 0)), 0)
+            causes.append(Cause(
+                CAUSE_POOL, split,
+                f"The cudaMallocAsync pool held {format_bytes(split)} it was not using, with "
+                f"{format_bytes(f.free_bytes)} free besides: together enough for "
+                f"{format_bytes(req)}, yet the driver did not serve it from the pool (memory "
+                "freed on another stream and not yet reusable, or the pool's address range "
+                "cut up). torch.cuda.empty_cache() returns the pool's unused memory to the "
+                "driver.", covers=True))
+    elif split and (covers(split) or split >= _NOTABLE_BYTES):
         causes.append(_fragmentation(f, split, covers(split)))
     if f.other_processes and (covers(f.others_bytes) or f.others_bytes >= _NOTABLE_BYTES):
         causes.append(Cause(
@@ -374,11 +406,6 @@ def classify(facts: OomFacts, holders: Sequence[Holder] = ()) -> tuple[Cause, ..
 
 
 def _fragmentation(f: OomFacts, split: int, covering: bool) -> Cause:
-    if f.backend == "cudaMallocAsync":
-        return Cause(
-            CAUSE_FRAGMENTATION, split,
-            f"The cudaMallocAsync pool held {format_bytes(split)} it was not using, and the "
-            "driver could not hand it out for this request.", covers=covering)
     largest = f.largest_free_block_bytes
     piece = (f", the largest free piece {format_bytes(largest)}"
              if largest is not None else "")
@@ -501,12 +528,12 @@ class OomExplanation:
         if f.allocated_bytes is not None:
             split = f.unallocated_bytes
             cached = ""
-            if split is not None:
-                could = "" if not split else (
-                    "empty_cache would return it" if f.backend == "cudaMallocAsync"
-                    else "it could not release that")
+            if split and f.pool_reuses_unallocated:
+                cached = (f"; its cudaMallocAsync pool held {format_bytes(split)} more, unused, "
+                          "which it reuses for new tensors (counted as room for this request)")
+            elif split is not None:
                 cached = (f" and {format_bytes(split)} reserved but unallocated"
-                          + (f" ({could})" if could else ""))
+                          + (" (it could not release that)" if split else ""))
             parts.append(f"PyTorch had {format_bytes(f.allocated_bytes)} allocated{cached}.")
         return " ".join(parts)
 
@@ -566,7 +593,11 @@ def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holde
             "size or resolution, use bf16/fp16 or 8-bit weights, or shard across GPUs."),)
     out: list[Action] = []
     for c in causes:
-        if c.kind == CAUSE_FRAGMENTATION:
+        if c.kind == CAUSE_POOL:
+            out.append(Action("%gpumem cleanup runs torch.cuda.empty_cache(), which returns the "
+                              f"cudaMallocAsync pool's {format_bytes(c.nbytes)} of unused "
+                              "memory to the driver; then run the cell again.", c.nbytes))
+        elif c.kind == CAUSE_FRAGMENTATION:
             out.append(_fragmentation_action(f))
         elif c.kind == CAUSE_OTHER_PROCESSES:
             for p in sorted(f.other_processes, key=lambda p: -(p.nbytes or 0))[:5]:
@@ -596,6 +627,14 @@ def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holde
     if not any(c.kind == CAUSE_HELD and c.details and not c.details[0].startswith(
             "measured after") for c in causes):
         out.extend(_held_actions(holders, f.device))  # small holders, still worth a line
+    split = f.unallocated_bytes or 0
+    if f.pool_reuses_unallocated and split >= _NOTABLE_BYTES and CAUSE_POOL not in kinds:
+        # Not a cause (the pool could use it), but after an OOM the pool keeps what it grew
+        # while trying, and only empty_cache gives that back to anyone else.
+        out.append(Action(f"The cudaMallocAsync pool still holds {format_bytes(split)} unused "
+                          "(part of it may be what it reserved while trying this request): "
+                          "PyTorch reuses it, other processes and libraries cannot until "
+                          "%gpumem cleanup runs torch.cuda.empty_cache().", split))
     if dry_run is not None:
         out.extend(_dry_run_actions(dry_run))
     return tuple(out)
@@ -617,9 +656,6 @@ def _held_actions(holders: Sequence[Holder], device: int) -> list[Action]:
 
 
 def _fragmentation_action(f: OomFacts) -> Action:
-    if f.backend == "cudaMallocAsync":
-        return Action("%gpumem cleanup runs torch.cuda.empty_cache(), which trims the "
-                      "cudaMallocAsync pool's unused memory.", f.unallocated_bytes)
     if not f.expandable_segments:
         return Action(
             "Restart the kernel with PYTORCH_ALLOC_CONF=expandable_segments:True set before "

@@ -336,6 +336,19 @@ class TraceResult:
     top: int = TOP_DEFAULT
     saved_to: str = ""
     snapshot: dict[str, Any] | None = field(default=None, repr=False)
+    # Of added_s: inside PyTorch's own calls. The snapshot dominates: on the H200 (torch
+    # 2.11) one took about 3.6 s whether it held 7 history entries or 100k.
+    snapshot_s: float = 0.0  # torch.cuda.memory._snapshot()
+    switch_s: float = 0.0  # _record_memory_history on and off
+
+    @property
+    def torch_s(self) -> float:
+        return self.snapshot_s + self.switch_s
+
+    @property
+    def ours_s(self) -> float:
+        """What gpumem_nb itself added: reading the snapshot, ranking sites, saving."""
+        return max(self.added_s - self.torch_s, 0.0)
 
     def sites_at_failure(self) -> list[tuple[str, int]]:
         return [(sb.label, sb.nbytes) for d in self.devices for sb in d.at_oom]
@@ -352,7 +365,16 @@ class CellTracer:
         self._ours = False
         self._since_us: float | None = None
         self._spent_s = 0.0
+        self._switch_s = 0.0  # of _spent_s, in torch's _record_memory_history
         self._notes: list[str] = []
+
+    def _timed_record(self, enabled: bool) -> str:
+        t0 = self.clock()
+        try:
+            return self.torch.record_history(enabled, max_entries=self.max_entries) \
+                if enabled else self.torch.record_history(False)
+        finally:
+            self._switch_s += self.clock() - t0
 
     def start(self) -> str:
         """Arm the recording. "" when armed, else why this cell cannot be traced."""
@@ -378,7 +400,7 @@ class CellTracer:
             self._notes.append("Your own allocation-history recording was already on; it "
                                "was read and left as it was.")
             return ""
-        why = t.record_history(True, max_entries=self.max_entries)
+        why = self._timed_record(True)
         if why:
             return f"cannot record allocation history: {why}. This cell runs untraced."
         self._ours = True
@@ -391,8 +413,9 @@ class CellTracer:
         """Snapshot, switch the recording back off (if it was ours), analyse, save."""
         t0 = self.clock()
         snap, why = self.torch.memory_snapshot()
+        snapshot_s = self.clock() - t0
         if self._ours:
-            self.torch.record_history(False)
+            self._timed_record(False)
         notes = list(self._notes)
         devices: list[DeviceTrace] = []
         entries = 0
@@ -420,7 +443,8 @@ class CellTracer:
                     notes.append(f"GPU {i}: your history buffer may have dropped this cell's "
                                  "earliest entries.")
         result = TraceResult(devices=tuple(devices), notes=tuple(notes), added_s=0.0,
-                             entries=entries, top=top, snapshot=snap)
+                             entries=entries, top=top, snapshot=snap, snapshot_s=snapshot_s,
+                             switch_s=self._switch_s)
         if save and snap is not None:
             try:
                 result.saved_to = save_snapshot(snap, save)
@@ -469,7 +493,9 @@ class TraceReport:
     def footer(self) -> str:
         r = self.result
         parts = [f"gpumem --trace: {r.entries} history entries; tracing added "
-                 f"{r.added_s * 1e3:.1f} ms"]
+                 f"{r.added_s * 1e3:.1f} ms (PyTorch's snapshot {r.snapshot_s * 1e3:.1f} ms, "
+                 f"switching its recording on and off {r.switch_s * 1e3:.1f} ms, gpumem_nb's "
+                 f"analysis {r.ours_s * 1e3:.1f} ms)"]
         if r.saved_to:
             parts.append(f"snapshot saved to {r.saved_to} (pickle protocol 4, for "
                          "PyTorch's memory_viz)")

@@ -192,6 +192,34 @@ def test_our_recording_is_switched_on_for_the_cell_and_off_after():
     del x
 
 
+def test_the_time_tracing_adds_is_split_into_torchs_calls_and_our_own_analysis():
+    # On the H200, torch's snapshot alone took 3.6 s: the report must say whose time it is.
+    cuda = FakeCuda(initialized=True)
+    now = [0.0]
+    torch = TorchDebug({"torch": fake_torch(cuda)})
+    real_snapshot, real_record = torch.memory_snapshot, torch.record_history
+
+    def slow_snapshot() -> Any:
+        now[0] += 3.6
+        return real_snapshot()
+
+    def slow_record(enabled: bool, **kw: Any) -> str:
+        now[0] += 0.002
+        return real_record(enabled, **kw)
+
+    torch.memory_snapshot = slow_snapshot  # type: ignore[method-assign]
+    torch.record_history = slow_record  # type: ignore[method-assign]
+    t = CellTracer(torch, clock=lambda: now[0] + time.perf_counter())
+    assert t.start() == ""
+    x = cuda.tensor(GiB)
+    r = t.stop()
+    assert abs(r.snapshot_s - 3.6) < 0.01 and abs(r.switch_s - 0.004) < 0.001
+    assert r.added_s >= r.torch_s and r.ours_s < 0.05
+    footer = TraceReport(r).footer()
+    assert "PyTorch's snapshot 3600." in footer and "gpumem_nb's analysis" in footer
+    del x
+
+
 def test_a_recording_the_user_already_had_is_read_and_left_running():
     cuda = FakeCuda(initialized=True)
     cuda.memory._record_memory_history("all", max_entries=1000)

@@ -129,7 +129,7 @@ class LiveSource:
         """
         now = self._clock()
         indices = self.indices()
-        allocators = self.torch.read_active(indices) if self.torch.initialized else {}
+        allocators = self.torch.read_active(indices)  # {} before CUDA is up
         devices = []
         for i in indices:
             nv = None
