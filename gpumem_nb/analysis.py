@@ -230,15 +230,12 @@ class AccumulationTracker:
         )
 
 
-GRAPH_NOTE = "keeps its autograd graph"
-
-
 def top_holders(holders: Sequence[Holder], cause: str, n: int = 5) -> tuple[Holder, ...]:
     """The holders worth naming for a cause: only GPU memory explains GPU growth.
 
-    A tensor that carries ``grad_fn`` is named whatever its own size: a stored loss is four
-    bytes, but the graph behind it keeps every saved activation alive, and no scan of
-    references can size that.
+    A tensor that keeps an autograd graph (``Holder.holds_graph``) is named whatever its own
+    size: a stored loss is four bytes, but the graph behind it keeps every saved activation
+    alive, and no scan of references can size that.
     """
     if cause != CAUSE_LIVE_TENSORS:
         return ()
@@ -246,7 +243,7 @@ def top_holders(holders: Sequence[Holder], cause: str, n: int = 5) -> tuple[Hold
     # Holders users do not think of as theirs come first: a graph behind a stored tensor, a
     # traceback, the output cache. Their own variables follow, largest first.
     rank = {"traceback": 1, "output cache": 2}
-    ordered = sorted(gpu, key=lambda h: 0 if GRAPH_NOTE in h.detail else rank.get(h.kind, 3))
+    ordered = sorted(gpu, key=lambda h: 0 if h.holds_graph else rank.get(h.kind, 3))
     return tuple(ordered[:n])
 
 
@@ -265,8 +262,8 @@ _ADVICE = {
 
 
 def _holder_text(h: Holder) -> str:
-    if GRAPH_NOTE in h.detail:
-        return f"{h.name} (a tensor with grad_fn: {GRAPH_NOTE})"
+    if h.holds_graph:
+        return f"{h.name} ({format_bytes(h.nbytes)} itself, plus the autograd graph it keeps)"
     return f"{h.name} ({format_bytes(h.nbytes)})"
 
 
@@ -282,7 +279,7 @@ def verdict_message(v: Verdict, holders: Sequence[Holder]) -> str:
         return msg + "."
     msg += ". Held by: " + ", ".join(_holder_text(h) for h in holders)
     kinds = {h.kind for h in holders}
-    if any(GRAPH_NOTE in h.detail for h in holders):
+    if any(h.holds_graph for h in holders):
         msg += ". Keep `loss.item()` (a float) rather than the tensor"
     elif "traceback" in kinds:
         msg += ". `%gpumem cleanup` drops the stored traceback"

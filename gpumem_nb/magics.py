@@ -293,7 +293,7 @@ class GpumemMagics(Magics):
             raise UsageError(f"--vars takes variable names separated by commas, not {bad[0]!r}")
         request = cleanup.CleanupRequest(
             clear_traceback=not args.keep_traceback, clear_output=args.out,
-            delete_vars=names, dry_run=args.dry_run,
+            delete_vars=names, dry_run=args.dry_run, find_holders=True,
         )
         try:
             report = self.monitor.cleanup(request)

@@ -214,8 +214,15 @@ class Holder:
     name: str  # how the user can reach it: "y", "Out[5]", "traceback: f() local x"
     kind: str  # "variable", "output cache", "traceback", "module", "optimizer state", ...
     device: str  # "cuda:0", "cpu"
-    nbytes: int
+    nbytes: int  # the tensors' own storage; a graph's saved tensors are not in it
     detail: str = ""
+    # One of its tensors has ``grad_fn``: it keeps an autograd graph alive, and with it every
+    # tensor that graph saved for backward. Those bytes can only be sized by unpacking the saved
+    # tensors, which runs saved-tensor hooks (checkpointing recomputes the forward there), so
+    # they are never counted; the graph's node count, walked up to a cap, is.
+    holds_graph: bool = False
+    graph_nodes: int | None = None  # nodes reachable from that grad_fn; None: not walked
+    graph_nodes_capped: bool = False  # the walk stopped at its cap: at least graph_nodes
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from .analysis import (
     top_holders,
     verdict_message,
 )
-from .holders import Scanner, last_exception_objects
+from .holders import CellException, Scanner, last_exception_objects
 from .model import CAUSE_LIVE_TENSORS, CellMark, CellRecord, Holder, Sample, Verdict
 from .oom import OomWatch
 from .records import History
@@ -163,7 +163,9 @@ class Monitor:
         self.settings_listeners: list[SettingsListener] = []
         self._settings_lock = threading.Lock()
         self.on_record: list[Callable[[CellRecord, Verdict | None], None]] = []
-        self.last_cell_exception: BaseException | None = None
+        # The exception the user's latest failing cell raised, while the shell keeps it: only
+        # that one is a holder or offered to cleanup (a widget handler's is not, issue 7).
+        self.last_cell_exception = CellException()
         self._depth = 0
         self._pending: _Pending | None = None
         self._watermarks: list[Watermark] = []
@@ -519,13 +521,14 @@ class Monitor:
         the cell, once the kernel has sent the reply.
         """
         after = self.end(pending.watermark)
-        self.last_cell_exception = _cell_exception(result)
+        raised = _cell_exception(result)
         count = getattr(result, "execution_count", None) or pending.execution_count
+        self.last_cell_exception.note(count, result, self.shell)
         pending.mark.execution_count = count
         done = _Done(pending, after, count, error_text(result), contextvars.copy_context())
         rerun = pending.cell_key in self._seen_cells
         self._seen_cells.add(pending.cell_key)
-        if self.last_cell_exception is not None or not self.sampler.running or (
+        if raised is not None or not self.sampler.running or (
                 rerun and self._allocator_grew(pending, after)):
             with self._record_lock:
                 self._drain_done(None)
@@ -632,19 +635,16 @@ class Monitor:
 
     def scan(self, include_gc: bool = False) -> list[Holder]:
         return Scanner().scan(self.shell.user_ns, output_cache=self.out_entries(),
-                              last_exception=last_exception_objects(self.shell),
-                              include_gc=include_gc)
+                              last_exception=last_exception_objects(
+                                  self.shell, self.last_cell_exception),
+                              include_gc=include_gc,
+                              hidden=getattr(self.shell, "user_ns_hidden", None))
 
     def cleanup(self, request: cleanup.CleanupRequest) -> cleanup.CleanupReport:
         if self.busy_elsewhere():
             raise RuntimeError("a cell is running; cleanup waits until it finishes")
-        displayhook = getattr(self.shell, "displayhook", None)
-        outputs = _OutputCache(self.shell) if getattr(displayhook, "do_full_cache", False) else None
-        report = cleanup.run(request, user_ns=self.shell.user_ns, output_cache=outputs,
-                             # The live Out dict, not a copy: a copy would keep every
-                             # cached result alive through the very step that frees them.
-                             out_entries=self.shell.user_ns.get("_oh", {}), measure=self.read,
-                             stored_exceptions=last_exception_objects(self.shell))
+        report = cleanup.run(request, shell=self.shell, measure=self.read,
+                             cell_exception=self.last_cell_exception)
         with self._baseline_lock:
             self._baseline = None  # cleanup changed the allocator: read afresh
         return report
@@ -664,28 +664,6 @@ def _repair(cfg: Config) -> None:
         except SettingsError as e:
             log.warning("%s", bad_setting_line("settings", e))
             setattr(cfg, key, getattr(Config(), key))
-
-
-class _OutputCache:
-    """Everything that keeps displayed results alive, emptied together.
-
-    ``displayhook.flush()`` empties Out and the ``_N`` names, but IPython also pushes ``_``,
-    ``__`` and ``___`` into ``user_ns_hidden`` and keeps the last result in
-    ``last_execution_result``; a tensor referenced only there would survive a plain flush.
-    """
-
-    def __init__(self, shell: Any) -> None:
-        self.shell = shell
-
-    def flush(self) -> None:
-        self.shell.displayhook.flush()
-        hidden = getattr(self.shell, "user_ns_hidden", {})
-        for name in ("_", "__", "___"):
-            if name in hidden:
-                hidden[name] = ""
-        result = getattr(self.shell, "last_execution_result", None)
-        if result is not None and getattr(result, "result", None) is not None:
-            result.result = None
 
 
 def error_text(result: Any) -> str:
