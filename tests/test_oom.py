@@ -457,7 +457,9 @@ def test_an_impossible_request_is_explained_in_the_cell_that_failed(world, capsy
     assert e.cause == CAUSE_IMPOSSIBLE and e.facts.requested_bytes == 400 * GiB
     expected = "observer" if world.backend == "native" else "error message"
     assert expected in e.source
-    assert e.added_s < 0.05
+    # The 50 ms budget is measured on the H200 (tests/gpu/test_oom_gpu.py); here, on a shared
+    # 2-core CI machine, only a gross regression (a scan of the world) is caught.
+    assert e.added_s < 0.5
 
 
 def test_held_by_out_is_found_with_its_bytes(world, capsys):
