@@ -12,6 +12,7 @@ body is contained and its error logged once.
 from __future__ import annotations
 
 import contextvars
+import enum
 import hashlib
 import logging
 import os
@@ -19,10 +20,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from . import __version__, cleanup
+from . import __version__, cleanup, safeio
 from .analysis import (
     AccumulationTracker,
     Watermark,
@@ -35,8 +36,22 @@ from .holders import CellException, Scanner, last_exception_objects
 from .model import CAUSE_LIVE_TENSORS, CellMark, CellRecord, Holder, Sample, Verdict
 from .oom import OomWatch
 from .records import History
-from .sampler import Sampler, check_interval
-from .settings import PEAK_PRESERVE, PEAK_RESET, Config, save_config
+from .sampler import Sampler
+from .settings import (
+    CHECKS,
+    PEAK_RESET,
+    Config,
+    SettingsError,
+    bad_setting_line,
+    check_auto_show,
+    check_device,
+    check_interval_s,
+    check_peak,
+    check_threshold_bytes,
+    config_path,
+    save_config,
+    show_value,
+)
 from .sources import Source
 from .sources.torch import TorchSource
 from .units import format_bytes
@@ -47,6 +62,16 @@ REPLAY_ENV = "GPUMEM_NB_REPLAY"
 # After a cell, the sampler ticks this much later, once the kernel has sent the reply.
 AFTER_CELL_TICK_DELAY_S = 0.05
 ON_DEMAND_READ_TIMEOUT_S = 1.0
+
+
+class _Keep(enum.Enum):
+    UNCHANGED = "unchanged"
+
+
+# ``configure(device=...)``'s default: None already means "every GPU".
+UNCHANGED = _Keep.UNCHANGED
+
+SettingsListener = Callable[[Config], None]
 
 
 @dataclass
@@ -117,9 +142,6 @@ def replay_request() -> str | None:
     return "bundled" if value in ("1", "bundled") else value
 
 
-_UNCHANGED: Any = object()
-
-
 class Monitor:
     """Everything one loaded extension owns, and the one owner of its settings."""
 
@@ -127,6 +149,7 @@ class Monitor:
                  history: History | None = None, config: Config | None = None) -> None:
         self.shell = shell
         self.config = config if config is not None else Config()
+        _repair(self.config)
         self.source: Source = source if source is not None else make_source()
         # The one allocator handle: cleanup, peak resets and summaries all go through it.
         self.torch: TorchSource = getattr(self.source, "torch", None) or TorchSource()
@@ -136,7 +159,9 @@ class Monitor:
         self.verdicts: deque[Verdict] = deque(maxlen=100)
         self.marks: deque[CellMark] = deque(maxlen=10_000)
         self.replay: Replay | None = None
-        self.settings_listeners: list[Callable[[Config], None]] = []
+        # configure() is the one writer of interval, threshold and device selection.
+        self.settings_listeners: list[SettingsListener] = []
+        self._settings_lock = threading.Lock()
         self.on_record: list[Callable[[CellRecord, Verdict | None], None]] = []
         # The exception the user's latest failing cell raised, while the shell keeps it: only
         # that one is a holder or offered to cleanup (a widget handler's is not, issue 7).
@@ -155,7 +180,7 @@ class Monitor:
         self._done: deque[_Done] = deque()
         self._record_lock = threading.RLock()
         self._seen_cells: set[str] = set()  # cells run before: a re-run may need a verdict
-        self._apply_device(self.config.device)
+        self._apply_device(self.config.device)  # checked against the GPU count in start()
         self.widget: Any = None
         self.started_t_s = time.monotonic()
         self.oom = OomWatch(self)  # explains a CUDA OOM in the cell that hit it
@@ -166,6 +191,7 @@ class Monitor:
             self.source.start()
         except Exception as e:
             self._contain("start", e)
+        self._check_starting_device()
         self.sampler.add_listener(self._on_sample)
         self.sampler.start()
         request = replay_request()
@@ -176,7 +202,7 @@ class Monitor:
                 replay_note = (f" The chart replays {self.replay.label if self.replay else ''}"
                                " (GPUMEM_NB_REPLAY); your cells are measured live.")
             except (OSError, ValueError) as e:
-                replay_note = f" GPUMEM_NB_REPLAY ignored: {e}."
+                replay_note = f" {REPLAY_ENV}={request} ignored: {e}."
         return self.status_line() + replay_note
 
     def shutdown(self) -> None:
@@ -214,50 +240,6 @@ class Monitor:
         if key not in self._errors:
             self._errors.add(key)
             log.warning("gpumem_nb %s failed (reported once): %s", where, e)
-
-    # -- settings: the one owner ---------------------------------------------------------------
-    def configure(self, *, interval_s: float | None = None, threshold_bytes: int | None = None,
-                  device: Any = _UNCHANGED, peak: str | None = None,
-                  auto_show: bool | None = None, save: bool = False) -> Config:
-        """Validate every change, save when asked, then apply and tell the listeners.
-
-        Nothing is applied when a value is invalid or the save fails.
-        """
-        new = replace(self.config)
-        if interval_s is not None:
-            new.interval_s = check_interval(interval_s)
-        if threshold_bytes is not None:
-            if not isinstance(threshold_bytes, int) or threshold_bytes < 0:
-                raise ValueError("the threshold must be a size of 0 B or more")
-            new.threshold_bytes = threshold_bytes
-        if device is not _UNCHANGED:
-            n = self.gpu_count()
-            if device is not None and not (isinstance(device, int) and 0 <= device < n):
-                seen = f"GPUs 0-{n - 1}" if n > 1 else ("GPU 0" if n == 1 else "no GPU")
-                raise ValueError(f"there is no GPU {device}: this process sees {seen}")
-            new.device = device
-        if peak is not None:
-            if peak not in (PEAK_PRESERVE, PEAK_RESET):
-                raise ValueError(f"peak must be {PEAK_PRESERVE} or {PEAK_RESET}")
-            new.peak = peak
-        if auto_show is not None:
-            new.auto_show = bool(auto_show)
-        if save:
-            save_config(new)
-        old, self.config = self.config, new
-        if new.interval_s != old.interval_s:
-            self.sampler.interval_s = new.interval_s
-            if self.replay is not None:
-                self.replay.sampler.interval_s = new.interval_s
-        self.tracker.threshold_bytes = new.threshold_bytes
-        if new.device != old.device:
-            self._apply_device(new.device)
-        for fn in list(self.settings_listeners):
-            try:
-                fn(new)
-            except Exception as e:
-                self._contain("settings listener", e)
-        return new
 
     def _apply_device(self, index: int | None) -> None:
         if hasattr(self.source, "selected"):
@@ -367,6 +349,96 @@ class Monitor:
 
     def gpu_count(self) -> int:
         return self.source.status().gpu_count
+
+    # -- settings (the monitor is their one owner) ----------------------------------------------
+    def check_device(self, index: Any) -> int | None:
+        """``index`` if it names a GPU this process sees (None: every GPU); else
+        ``SettingsError``."""
+        index = check_device(index)
+        if index is None:
+            return None
+        try:
+            n = self.gpu_count()
+        except Exception as e:  # a failing source sees no GPU
+            self._contain("status", e)
+            n = 0
+        if index >= n:
+            seen = f"GPUs 0-{n - 1}" if n > 1 else ("GPU 0" if n == 1 else "no GPU")
+            raise SettingsError("device", f"there is no GPU {show_value(index)}: "
+                                          f"this process sees {seen}")
+        return index
+
+    def configure(
+        self,
+        *,
+        interval_s: float | None = None,
+        threshold_bytes: int | None = None,
+        device: int | _Keep | None = UNCHANGED,
+        peak: str | None = None,
+        auto_show: bool | None = None,
+        save: bool = False,
+    ) -> Config:
+        """Change settings: all checked first, saved first, then applied, then announced.
+
+        A value that is refused raises ``SettingsError`` (a ``ValueError``) and changes
+        nothing. ``save=True`` writes the settings file before anything is applied, so a write
+        that fails (``OSError``) changes nothing either. ``device=None`` watches every GPU;
+        leave it out to keep the current choice. Each of ``settings_listeners`` is then called
+        with a copy of the settings; a listener that raises is reported once and never stops
+        the others or this call. Returns a copy of the settings now in force.
+        """
+        changes: dict[str, Any] = {}
+        if interval_s is not None:
+            changes["interval_s"] = check_interval_s(interval_s)
+        if threshold_bytes is not None:
+            changes["threshold_bytes"] = check_threshold_bytes(threshold_bytes)
+        if device is not UNCHANGED:
+            changes["device"] = self.check_device(device)
+        if peak is not None:
+            changes["peak"] = check_peak(peak)
+        if auto_show is not None:
+            changes["auto_show"] = check_auto_show(auto_show)
+        with self._settings_lock:
+            new = replace(self.config, **changes)
+            if save:
+                save_config(new)
+            self._apply(new)
+            now = replace(self.config)
+        self._announce(now)
+        return now
+
+    def _apply(self, new: Config) -> None:
+        old = replace(self.config)
+        # In place: the shell keeps this object across %reload_ext.
+        for f in fields(Config):
+            setattr(self.config, f.name, getattr(new, f.name))
+        if new.interval_s != old.interval_s:
+            self.sampler.interval_s = new.interval_s  # wakes the thread: re-planned at once
+            if self.replay is not None:
+                self.replay.sampler.interval_s = new.interval_s
+        self.tracker.threshold_bytes = new.threshold_bytes
+        if new.device != old.device:
+            self._apply_device(new.device)
+
+    def _announce(self, cfg: Config) -> None:
+        for fn in list(self.settings_listeners):
+            try:
+                fn(replace(cfg))  # a copy each: a listener cannot change the settings behind us
+            except Exception as e:
+                name = getattr(fn, "__qualname__", type(fn).__name__)
+                self._contain(f"settings listener {name}", e)
+
+    def _check_starting_device(self) -> None:
+        """A starting device (from the settings file) this process does not see falls back
+        to every GPU, reported once: only once the sources are up is the GPU count known."""
+        if self.config.device is None:
+            return
+        try:
+            self.check_device(self.config.device)
+        except SettingsError as e:
+            log.warning("%s", bad_setting_line(safeio.shown(config_path()), e))
+            self.config.device = None
+            self._apply_device(None)
 
     def _reset_peaks(self) -> bool:
         """Reset the allocator's peak counters: only on request, only once CUDA is up."""
@@ -581,6 +653,17 @@ class Monitor:
 def _cell_exception(result: Any) -> BaseException | None:
     err = getattr(result, "error_in_exec", None)
     return err if isinstance(err, BaseException) else None
+
+
+def _repair(cfg: Config) -> None:
+    """Every field of a ``Config`` handed in checked; a bad one is reported and reset, so the
+    monitor never runs on a value ``configure`` would refuse."""
+    for key, check in CHECKS.items():
+        try:
+            setattr(cfg, key, check(getattr(cfg, key)))
+        except SettingsError as e:
+            log.warning("%s", bad_setting_line("settings", e))
+            setattr(cfg, key, getattr(Config(), key))
 
 
 def error_text(result: Any) -> str:

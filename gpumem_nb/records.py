@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from . import safeio
 from .model import CellDevice, CellRecord
 from .report import html_table, text_table
 from .units import format_bytes
@@ -127,13 +128,16 @@ class History:
         return pd.DataFrame(self.rows(), columns=list(COLUMNS))
 
     def to_csv(self, path: str | Path | None = None) -> str:
+        """The CSV text; with ``path``, also written there (``OSError`` if refused)."""
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=list(COLUMNS))
         writer.writeheader()
         writer.writerows(self.rows())
         text = buf.getvalue()
         if path is not None:
-            Path(path).write_text(text)
+            # Atomic, and never through a link or into a FIFO or device (see safeio): the
+            # user named a file to create, not whatever that name happens to point at.
+            safeio.write_text_atomic(path, text)
         return text
 
 

@@ -471,8 +471,21 @@ class MemoryWidget:
         if self._on_settings in self.monitor.settings_listeners:
             self.monitor.settings_listeners.remove(self._on_settings)
         with self._draw_lock:
-            self.box.close()
-            self.fig.close()
+            # Every widget, not just the box: ipywidgets keeps each open widget in a global
+            # registry, and the buttons' handlers would keep this chart and its monitor alive.
+            _close_tree(self.box)
+
+
+def _close_tree(w: Any) -> None:
+    """Close a widget, its children, and the layout and style widgets each one owns (those
+    are registered widgets too, and nothing else closes them)."""
+    for child in getattr(w, "children", ()):
+        _close_tree(child)
+    for part in ("layout", "style"):
+        owned = getattr(w, part, None)
+        if isinstance(owned, widgets.Widget):
+            owned.close()
+    w.close()
 
 
 def _key(device: int | None) -> int:

@@ -231,9 +231,7 @@ def test_cleanup_reports_instead_of_raising_when_a_reading_fails(shell, fake_gpu
 
 @pytest.mark.parametrize("junk", [
     JUNK_STATS[0],
-    pytest.param(JUNK_STATS[1], marks=pytest.mark.xfail(
-        strict=True, reason="sources/torch.py parse_stats still calls int() on "
-        "num_alloc_retries; reading it with _count, as num_ooms is, fixes it")),
+    JUNK_STATS[1],
     JUNK_STATS[2],
 ])
 def test_cells_are_recorded_when_allocator_stats_are_junk(shell, fake_gpu, junk):

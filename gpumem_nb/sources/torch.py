@@ -42,7 +42,7 @@ def parse_stats(stats: Mapping[str, Any]) -> AllocatorReading:
         inactive_split_bytes=_stat(stats, "inactive_split_bytes", "current"),
         peak_allocated_bytes=_stat(stats, "allocated_bytes", "peak"),
         peak_reserved_bytes=_stat(stats, "reserved_bytes", "peak"),
-        num_alloc_retries=int(stats.get("num_alloc_retries", 0) or 0),
+        num_alloc_retries=_count(stats, "num_alloc_retries"),
         num_ooms=_count(stats, "num_ooms"),
         allocations=_stat(stats, "allocation", "allocated"),
         frees=_stat(stats, "allocation", "freed"),
