@@ -37,6 +37,7 @@ from .holders import (
     cuda_bytes,
     exception_chain,
     frame_is_live,
+    frames_of,
     is_function_frame,
     last_value,
     output_cache_names,
@@ -282,10 +283,9 @@ def _plan_exception(shell: Any, noted: CellException | None, *, find_holders: bo
     if stored is None:
         return _ExceptionPlan(None, 0, [], foreign)
     running = running_frame_ids()
-    frames = {id(tb.tb_frame): tb.tb_frame
-              for tb in traceback_links(exception_chain(stored.error))}
-    count = sum(1 for f in frames.values()
-                if is_function_frame(f) and not frame_is_live(f, running))
+    frames = frames_of(traceback_links(exception_chain(stored.error)))
+    count = sum(1 for f, links in frames.values()
+                if is_function_frame(f) and not frame_is_live(f, running, links))
     held: list[str] = []
     try:
         if find_holders:
