@@ -666,8 +666,9 @@ def _fragmentation_action(f: OomFacts) -> Action:
     if not f.expandable_segments:
         return Action(
             "Restart the kernel with PYTORCH_ALLOC_CONF=expandable_segments:True set before "
-            "torch starts CUDA (os.environ in the first cell, before import torch): segments "
-            "then grow in place instead of splitting.")
+            "torch starts CUDA (os.environ in the first cell, before import torch): a segment "
+            "then maps and unmaps pages as needed, so memory freed inside it can be "
+            "returned or reused for a larger block instead of staying stranded.")
     return Action(
         "expandable_segments is already on, so that setting will not help: free long-lived "
         "tensors made between large ones, or restart the kernel.")
