@@ -101,12 +101,15 @@ def cell_devices(
     return tuple(out)
 
 
-def complete_nvml(record: CellRecord, sample: Sample) -> CellRecord:
+def complete_nvml(record: CellRecord, sample: Sample | None) -> CellRecord:
     """The record with NVML's "after" figures from the first sampler reading taken after the
-    cell ended. The hooks never call NVML (slow when idle, and it can hang), so at the cell's
-    end they hold only the sampler's previous reading."""
+    cell ended, or unknown (None) when there is none: the hooks never call NVML (slow when
+    idle, and it can hang), and the reading they hold at the cell's end may predate it."""
     devices = []
     for d in record.devices:
+        if sample is None:
+            devices.append(replace(d, nvml_used_after_bytes=None, process_after_bytes=None))
+            continue
         s = sample.device(d.index)
         nv = s.nvml if s is not None else None
         if nv is None or nv.used_bytes is None:

@@ -443,7 +443,12 @@ class Monitor:
     def _reset_peaks(self) -> bool:
         """Reset the allocator's peak counters: only on request, only once CUDA is up."""
         try:
-            return self.torch.reset_peaks(self.config.device)
+            done = self.torch.reset_peaks(self.config.device)
+            if done and self._pending is not None:
+                # Reset from inside a cell (%%gpumem --reset-peak): nothing of the cell ran
+                # before it, so the cell's own peak is exact too.
+                self._pending.reset_peak = True
+            return done
         except Exception as e:
             self._contain("reset_peak_memory_stats", e)
             return False
@@ -578,8 +583,7 @@ class Monitor:
             before=before, after=done.after, watermark=p.watermark,
             reset_at_start=p.reset_peak, error=done.error,
         )
-        if nvml_after is not None:
-            rec = complete_nvml(rec, nvml_after)
+        rec = complete_nvml(rec, nvml_after)
         self._history.append(rec)
         return rec
 
@@ -597,6 +601,10 @@ class Monitor:
                 self._observe(rec, done.context if sample is not None else None)
             elif sample is not None:
                 self._history.replace(done.record, complete_nvml(done.record, sample))
+            else:
+                # The next cell came before the sampler's reading after this one: NVML's
+                # "after" is unknown, and shown so rather than the stale figure.
+                self._history.replace(done.record, complete_nvml(done.record, None))
 
     def _observe(self, rec: CellRecord, context: contextvars.Context | None) -> None:
         verdict = self.tracker.observe(rec)

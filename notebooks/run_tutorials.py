@@ -215,6 +215,9 @@ def provenance(client: NotebookClient) -> dict[str, object]:
                 timespec="seconds")}
 
 
+CELL_GAP_S = 0.25
+
+
 def run(path: Path, out_dir: Path, widget_state: bool = True) -> dict[str, float]:
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=900, kernel_name="python3", allow_errors=False,
@@ -231,6 +234,9 @@ def run(path: Path, out_dir: Path, widget_state: bool = True) -> dict[str, float
                 t0 = time.monotonic()
                 for _ in range(runs):
                     client.execute_cell(cell, index)
+                    # People pause between cells; the sampler's reading after each one (at
+                    # most 0.1 s later) completes the cell's NVML figures in the history.
+                    time.sleep(CELL_GAP_S)
                 timings[cell.id] = round(time.monotonic() - t0, 2)
             t0 = time.monotonic()
             settle(client)

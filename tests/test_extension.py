@@ -213,3 +213,25 @@ def test_a_second_gpu_the_notebook_never_touches_gets_no_rows(shell, two_fake_gp
     assert [d.index for d in rec.devices] == [0]
     assert [d.index for d in rec.shown_devices()] == [0]
 
+
+
+def test_a_cell_run_before_the_samplers_next_reading_shows_nvml_after_as_unknown(shell, fake_gpu):
+    # nbclient runs cells back to back: the sampler has not read NVML since the cell ended, so
+    # the record must say "unknown" rather than carry the reading from before the cell.
+    shell.run_cell("%load_ext gpumem_nb")
+    shell.user_ns["cuda"] = fake_gpu.cuda
+    shell.run_cell("t = cuda.tensor(2**30)", store_history=True)
+    shell.run_cell("u = 1", store_history=True)  # no tick in between
+    rec = next(r for r in current_monitor(shell).history.records()
+               if r.source_preview.startswith("t ="))
+    d = rec.devices[0]
+    assert d.nvml_used_after_bytes is None or d.nvml_used_after_bytes >= GiB
+
+
+def test_reset_peak_cell_magic_makes_the_cells_own_record_exact(shell, fake_gpu):
+    run(shell, "%load_ext gpumem_nb")
+    shell.user_ns["cuda"] = fake_gpu.cuda
+    run(shell, "big = cuda.tensor(8 * 2**30); del big")
+    run(shell, "%%gpumem --reset-peak -q\ntmp = cuda.tensor(2**30); del tmp")
+    d = current_monitor(shell).history.records()[-1].devices[0]
+    assert (d.peak_allocated_bytes, d.peak_exact) == (GiB, True)
