@@ -254,7 +254,11 @@ class ErrorWatch:
         self.browser: list[str] = []
         self._log_offset = lab.log_size()
         page.on("console", self._on_console)
-        page.on("pageerror", lambda e: self.browser.append(f"pageerror: {e}"))
+        page.on("pageerror", self._on_page_error)
+
+    def _on_page_error(self, error: Any) -> None:
+        stack = getattr(error, "stack", None) or ""
+        self.browser.append(f"pageerror: {error}\n{stack[:1500]}".rstrip())
 
     def _on_console(self, msg: Any) -> None:
         if msg.type == "error":
@@ -401,9 +405,10 @@ class PhaseClock:
         self.start_s = self.last_s = time.monotonic()
 
     def phase(self, name: str) -> None:
+        """Call as each phase begins; the previous phase's duration is printed with it."""
         now = time.monotonic()
-        print(f"{now - self.start_s:6.1f} s: {name} begins "
-              f"(the phase before took {now - self.last_s:.1f} s)")
+        print(f"{now - self.start_s:6.1f} s: {name} begins (previous phase "
+              f"{now - self.last_s:.1f} s)")
         self.last_s = now
 
     def elapsed_s(self) -> float:
