@@ -39,6 +39,7 @@ from .browser_harness import (
     screenshot,
     use_two_fake_gpus,
     wait_cell_done,
+    wait_kernel_idle,
     write_notebook,
 )
 
@@ -171,7 +172,7 @@ def choose_gpu(page: Any, gpu: int) -> None:
 
 def dropdown_label(page: Any) -> str:
     return str(page.locator(".jp-Notebook .widget-dropdown select").first.evaluate(
-        "s => s.options[s.selectedIndex].text"))
+        "s => s.options[s.selectedIndex].text")).replace("\xa0", " ")  # ipywidgets' nbsp
 
 
 def plot_area(page: Any) -> dict[str, float]:
@@ -501,7 +502,10 @@ def open_saved(page: Any, lab: Lab, notebook: str) -> None:
     """Open the notebook and run nothing: the kernel that drew its charts is gone, and the
     fresh one has no widget models."""
     open_notebook(page, lab, notebook)
-    page.wait_for_timeout(3000)  # the widget manager restores from saved state, if it will
+    # JupyterLab completes a notebook's metadata once the kernel answers, and the widget
+    # manager restores saved widget state then: look only after that.
+    wait_kernel_idle(page)
+    page.wait_for_timeout(1500)
 
 
 def opened_as_modified(page: Any) -> bool:
