@@ -226,6 +226,7 @@ BENIGN = (
 def benign(entry: str) -> bool:
     return any(p.match(entry) for p in BENIGN)
 
+
 LOG_CONSOLE_ENTRIES = """() => {
   const panel = document.querySelector('.jp-LogConsolePanel');
   if (!panel) return null;
@@ -252,6 +253,7 @@ class ErrorWatch:
         self.page, self.lab, self.folder = page, lab, folder
         self.saved_outputs = saved_outputs
         self.browser: list[str] = []
+        self._earlier_log_console: list[str] = []
         self._log_offset = lab.log_size()
         page.on("console", self._on_console)
         page.on("pageerror", self._on_page_error)
@@ -295,6 +297,11 @@ class ErrorWatch:
         entries = self.page.evaluate(LOG_CONSOLE_ENTRIES) or []
         return [f"{e['level']}: {e['text']}" for e in entries]
 
+    def leaving_notebook(self) -> None:
+        """Call before the page opens another notebook: the log console shows one notebook's
+        entries, and a page load forgets them."""
+        self._earlier_log_console += self.log_console()
+
     def notebook(self) -> list[str]:
         return [] if self.saved_outputs else list(self.page.evaluate(NOTEBOOK_ERRORS))
 
@@ -304,7 +311,8 @@ class ErrorWatch:
                 for m in _SERVER_ERROR.finditer(text)]
 
     def collect(self) -> dict[str, list[str]]:
-        return {"kernel": self.kernel(), "log console": self.log_console(),
+        return {"kernel": self.kernel(),
+                "log console": self._earlier_log_console + self.log_console(),
                 "notebook": self.notebook(), "browser": list(self.browser),
                 "server": self.server()}
 

@@ -3,20 +3,27 @@
 Every test runs under an ``ErrorWatch`` (tests/browser_harness.py): an exception in the kernel
 (ipywidgets message handlers included), an entry in JupyterLab's log console, an error output
 or stderr in the notebook, a browser console error or a server traceback fails it.
-``test_the_error_watch_catches_*`` proves each channel fires on an injected error.
+``test_the_error_watch_catches_*`` proves the channels fire on injected errors.
 
 One JupyterLab serves the module; each test gets its own folder (the kernel's working
-directory, where the kernel-side capture writes and the fakes are chosen) and its own page.
-No browser is downloaded. Screenshots go to artifacts/.
+directory, where the kernel-side capture writes and the fakes are chosen), its own workspace
+and its own page. No browser is downloaded. Screenshots go to artifacts/.
 
-Other versions: ``GPUMEM_NB_BROWSER_PYTHON=/path/to/venv/bin/python`` runs JupyterLab and the
-kernel from that environment (e.g. one with the lowest supported plotly and ipywidgets; the
-README's Development section has the command).
+Other versions of plotly and ipywidgets: ``GPUMEM_NB_BROWSER_PYTHON`` names the Python that
+runs JupyterLab and the kernel (the tests themselves run in the current one). For the lowest
+versions pyproject.toml allows:
+
+    python3 -m venv /tmp/lowvenv
+    /tmp/lowvenv/bin/pip install -e '.[test,lab]' 'plotly==6.0.0' 'ipywidgets==8.1.0'
+    GPUMEM_NB_BROWSER_PYTHON=/tmp/lowvenv/bin/python .venv/bin/python -m pytest -m browser
+
+A longer live session: ``GPUMEM_NB_BROWSER_SESSION_S=300`` (seconds).
 """
 
 from __future__ import annotations
 
 import base64
+import os
 import re
 import shutil
 import subprocess
@@ -44,8 +51,8 @@ from .browser_harness import (
 )
 
 pytestmark = pytest.mark.browser
+SESSION_ENV = "GPUMEM_NB_BROWSER_SESSION_S"  # the live session's least length, seconds
 
-GiB = 1 << 30
 
 
 @pytest.fixture(scope="module")
@@ -372,6 +379,17 @@ def test_live_session_with_two_gpus_hover_zoom_legend_pause_cleanup_and_device_s
         run_cell(page, 6)
         page.wait_for_timeout(1000)
 
+        clock.phase("longer session (on request)")
+        # A longer session on request (GPUMEM_NB_BROWSER_SESSION_S=300 for five minutes): a
+        # cell every few seconds and the mouse over the chart, the error watch still on.
+        while clock.elapsed_s() < float(os.environ.get(SESSION_ENV, "0")):
+            run_cell(page, 6, wait=False)
+            page.wait_for_timeout(1500)
+            wait_cell_done(page, 6)
+            hover(page)
+            page.mouse.move(10, 10)
+            page.wait_for_timeout(3000)
+
         clock.phase("cleanup")
         # The cleanup button reports what each step freed.
         page.locator(".jp-Notebook button:has-text('Clean up')").first.click()
@@ -566,7 +584,7 @@ def test_the_executed_tutorials_open_unmodified_and_show_their_charts_in_jupyter
     problems = []
     # The tutorials' own error outputs are their content (a failed cell, on purpose): only the
     # live channels count here.
-    with ErrorWatch(page, lab, folder, saved_outputs=True):
+    with ErrorWatch(page, lab, folder, saved_outputs=True) as watch:
         for source in TUTORIALS:
             shutil.copy(source, folder / source.name)
             nb = nbformat.read(source, as_version=4)
@@ -581,4 +599,5 @@ def test_the_executed_tutorials_open_unmodified_and_show_their_charts_in_jupyter
                     problems.append(f"{source.name} cell {index} shows no chart: {shown}")
             if charts:
                 screenshot(page, f"browser-tutorial-{source.stem}.png")
+            watch.leaving_notebook()
         assert not problems, "\n".join(problems)
