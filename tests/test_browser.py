@@ -526,8 +526,21 @@ def open_saved(page: Any, lab: Lab, notebook: str) -> None:
     page.wait_for_timeout(1500)
 
 
+OPENED_AS_MODIFIED = """async () => {
+  // JupyterLab rewrites the notebook's kernelspec and language_info from the kernel's own once
+  // it answers; a notebook whose saved metadata differs then shows as modified.
+  const w = window.jupyterapp.shell.currentWidget;
+  await w.context.ready;
+  await w.sessionContext.ready;
+  const kernel = w.sessionContext.session && w.sessionContext.session.kernel;
+  if (kernel) { await kernel.info; await kernel.spec; }
+  await new Promise(r => setTimeout(r, 1000));
+  return w.context.model.dirty;
+}"""
+
+
 def opened_as_modified(page: Any) -> bool:
-    return bool(page.locator(".lm-TabBar-tab.jp-mod-current.jp-mod-dirty").count() > 0)
+    return bool(page.evaluate(OPENED_AS_MODIFIED))
 
 
 def chart_shown(page: Any, cell_index: int) -> dict[str, Any]:
