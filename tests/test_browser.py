@@ -543,11 +543,16 @@ OPENED_AS_MODIFIED = """async (saved) => {
   // whatever the notebook holds, so it is left out of the comparison.
   const strip = (key, v) => key === 'language_info' && v && typeof v === 'object'
       ? Object.fromEntries(Object.entries(v).filter(([k]) => k !== 'version')) : v;
-  const differs = (key, drop) => {
-    const now = w.context.model.getMetadata(key);
-    return drop ? canon(strip(key, now)) !== canon(strip(key, saved[key]))
-                : canon(now) !== canon(saved[key]);
-  };
+  // What JupyterLab writes, from the kernel itself: judged against that too, since JupyterLab
+  // does not always get to rewrite the first notebook a page opens before we look.
+  const info = kernel ? await kernel.info : null, spec = kernel ? await kernel.spec : null;
+  const fromKernel = {
+    kernelspec: spec ? {name: kernel.name, display_name: spec.display_name,
+                        language: spec.language} : undefined,
+    language_info: info ? info.language_info : undefined};
+  const differs = (key, drop) => [w.context.model.getMetadata(key), fromKernel[key]].some(
+    now => now !== undefined && (drop ? canon(strip(key, now)) !== canon(strip(key, saved[key]))
+                                      : canon(now) !== canon(saved[key])));
   return {dirty: w.context.model.dirty,
           rewritten: Object.keys(saved).filter(key => differs(key, true)),
           versionOnly: Object.keys(saved).some(key => differs(key, false) && !differs(key, true))};
