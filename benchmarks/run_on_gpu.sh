@@ -14,6 +14,9 @@ python3 -m pytest -m gpu tests/gpu -v -s -p no:cacheprovider 2>&1 | tee "$out/gp
 for b in bench_sources bench_hooks bench_who gpu_widget_check; do
   timeout 300 python3 "benchmarks/$b.py" 2>&1 | tee -a "$out/bench.log"
 done
+# Per-cell cost in real kernels, cells 0.2 s apart (issue 9); about 3 minutes.
+timeout 400 python3 benchmarks/bench_kernel.py --rounds 3 --cells 60 --tensors 1000 --train \
+  2>&1 | tee -a "$out/bench.log"
 if [ "${2:-}" = "--trace" ]; then
   python3 benchmarks/record_h200_session.py /tmp/bench/h200_session.json 2>&1 | tee -a "$out/bench.log"
 fi

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from .snapshot import Snapshot
+    from .views import Snapshot
 
 __all__ = [
     "__version__",
@@ -29,7 +29,7 @@ def snapshot() -> Snapshot:
     Never imports torch and never creates a CUDA context: allocator figures appear only once
     your own code has initialised CUDA.
     """
-    from .snapshot import take
+    from .views import take
 
     return take()
 
@@ -47,6 +47,7 @@ def history() -> Any:
     monitor = current_monitor()
     if monitor is None:
         raise RuntimeError("gpumem_nb is not loaded here: run %load_ext gpumem_nb first")
+    monitor.flush()
     if importlib.util.find_spec("pandas") is None:
         return monitor.history
     return monitor.history.to_dataframe()

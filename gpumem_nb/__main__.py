@@ -9,8 +9,8 @@ import time
 from dataclasses import asdict
 
 from .sampler import check_interval
-from .snapshot import take
 from .sources.live import LiveSource
+from .views import take
 
 
 def main(argv: list[str] | None = None) -> int:

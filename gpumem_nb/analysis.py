@@ -6,7 +6,7 @@ No threads, no I/O, no third-party imports: everything here is table-testable.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .model import (
     CAUSE_CACHE,
@@ -101,6 +101,24 @@ def cell_devices(
     return tuple(out)
 
 
+def complete_nvml(record: CellRecord, sample: Sample) -> CellRecord:
+    """The record with NVML's "after" figures from the first sampler reading taken after the
+    cell ended. The hooks never call NVML (slow when idle, and it can hang), so at the cell's
+    end they hold only the sampler's previous reading."""
+    devices = []
+    for d in record.devices:
+        s = sample.device(d.index)
+        nv = s.nvml if s is not None else None
+        if nv is None or nv.used_bytes is None:
+            devices.append(d)
+            continue
+        peaks = [v for v in (d.nvml_peak_bytes, nv.used_bytes) if v is not None]
+        devices.append(replace(d, nvml_used_after_bytes=nv.used_bytes,
+                               process_after_bytes=nv.process_bytes,
+                               nvml_peak_bytes=max(peaks)))
+    return replace(record, devices=tuple(devices))
+
+
 def build_record(
     *,
     execution_count: int | None,
@@ -169,6 +187,14 @@ class AccumulationTracker:
         self.threshold_bytes = threshold_bytes
         self._cells: dict[str, _CellRuns] = {}
 
+    def explained_by_allocator(self, record: CellRecord) -> bool:
+        """Whether the allocator alone already shows growth past the threshold, so the
+        verdict needs no NVML figure."""
+        return any(
+            (d.allocated_delta_bytes or 0) > self.threshold_bytes
+            or (d.reserved_delta_bytes or 0) > self.threshold_bytes
+            for d in record.devices)
+
     def runs(self, cell_key: str) -> int:
         c = self._cells.get(cell_key)
         return c.runs if c else 0
@@ -204,15 +230,12 @@ class AccumulationTracker:
         )
 
 
-GRAPH_NOTE = "keeps its autograd graph"
-
-
 def top_holders(holders: Sequence[Holder], cause: str, n: int = 5) -> tuple[Holder, ...]:
     """The holders worth naming for a cause: only GPU memory explains GPU growth.
 
-    A tensor that carries ``grad_fn`` is named whatever its own size: a stored loss is four
-    bytes, but the graph behind it keeps every saved activation alive, and no scan of
-    references can size that.
+    A tensor that keeps an autograd graph (``Holder.holds_graph``) is named whatever its own
+    size: a stored loss is four bytes, but the graph behind it keeps every saved activation
+    alive, and no scan of references can size that.
     """
     if cause != CAUSE_LIVE_TENSORS:
         return ()
@@ -220,7 +243,7 @@ def top_holders(holders: Sequence[Holder], cause: str, n: int = 5) -> tuple[Hold
     # Holders users do not think of as theirs come first: a graph behind a stored tensor, a
     # traceback, the output cache. Their own variables follow, largest first.
     rank = {"traceback": 1, "output cache": 2}
-    ordered = sorted(gpu, key=lambda h: 0 if GRAPH_NOTE in h.detail else rank.get(h.kind, 3))
+    ordered = sorted(gpu, key=lambda h: 0 if h.holds_graph else rank.get(h.kind, 3))
     return tuple(ordered[:n])
 
 
@@ -239,8 +262,8 @@ _ADVICE = {
 
 
 def _holder_text(h: Holder) -> str:
-    if GRAPH_NOTE in h.detail:
-        return f"{h.name} (a tensor with grad_fn: {GRAPH_NOTE})"
+    if h.holds_graph:
+        return f"{h.name} ({format_bytes(h.nbytes)} itself, plus the autograd graph it keeps)"
     return f"{h.name} ({format_bytes(h.nbytes)})"
 
 
@@ -256,7 +279,7 @@ def verdict_message(v: Verdict, holders: Sequence[Holder]) -> str:
         return msg + "."
     msg += ". Held by: " + ", ".join(_holder_text(h) for h in holders)
     kinds = {h.kind for h in holders}
-    if any(GRAPH_NOTE in h.detail for h in holders):
+    if any(h.holds_graph for h in holders):
         msg += ". Keep `loss.item()` (a float) rather than the tensor"
     elif "traceback" in kinds:
         msg += ". `%gpumem cleanup` drops the stored traceback"

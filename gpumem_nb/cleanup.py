@@ -1,32 +1,60 @@
 """Safe cleanup: free what the user did not name as data, and say what each step freed.
 
-Default steps: drop the stored last exception (its frames keep every local tensor alive),
-``gc.collect()``, then ``torch.cuda.empty_cache()`` if CUDA is already initialised. Clearing the
-output cache (``Out``, ``_``, ``_N``) and deleting variables are opt-in, and a variable is only
-ever deleted when named. Nothing here imports torch or IPython: the shell's pieces are passed in.
+Default steps: drop the shell's references to the exception a cell raised (its frames keep
+every local tensor alive), ``gc.collect()``, then ``torch.cuda.empty_cache()`` if CUDA is
+already initialised. Clearing the output cache (``Out``, ``_``, ``_N``) and deleting variables
+are opt-in, and a variable is only ever deleted when named.
+
+What cleanup never does: change an object the user can reach. It drops references held by the
+interpreter (``sys.last_*``) and by IPython's bookkeeping, and nothing else; it never clears a
+frame, cuts a traceback or resets an exception's ``__traceback__``. Whatever the user still
+holds (a saved exception, a generator a traceback ran through, a frame) stays whole, and the
+report says who holds it. ``_`` and ``_N`` the user assigned are theirs, by IPython's own rule.
+
+Nothing here imports torch or IPython: the shell is used through the attributes every IPython
+shell has, so a stand-in works too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import sys
 import types
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from .holders import Scanner, cuda_bytes
+from .holders import (
+    INPUT_ALIAS,
+    OUTPUT_ALIAS,
+    SHELL_NAMES,
+    CellException,
+    Scanner,
+    StoredException,
+    alias_order,
+    cuda_bytes,
+    exception_chain,
+    frame_is_live,
+    is_function_frame,
+    last_value,
+    output_cache_names,
+    running_frame_ids,
+    stored_cell_exception,
+    traceback_links,
+)
 from .model import Sample
 from .report import html_table, text_table
 from .sources.torch import TorchSource
 from .units import format_bytes
 
-
-class OutputCache(Protocol):
-    """IPython's displayhook: ``flush()`` empties Out, ``_``, ``__``, ``___`` and ``_N``."""
-
-    def flush(self) -> None: ...
+_UNDERS = ("_", "__", "___")
+_LAST = ("last_exc", "last_type", "last_value", "last_traceback")
+# Climbing referrers to find who holds a stored exception: rounds, and objects per round.
+_CLIMB_ROUNDS = 8
+_CLIMB_WIDTH = 64
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 @dataclass(frozen=True)
@@ -51,6 +79,9 @@ class Measure:
                                    for d in sample.devices]),
             rss_bytes=sample.rss_bytes,
         )
+
+
+UNKNOWN = Measure(None, None, None, None)
 
 
 def _freed(before: int | None, after: int | None) -> int | None:
@@ -118,75 +149,322 @@ class CleanupRequest:
     clear_output: bool = False
     delete_vars: Sequence[str] = ()
     dry_run: bool = False
+    # A dry run also says who else keeps the stored exception alive. That search collects
+    # garbage and walks the heap's referrers (tenths of a second in a large session), so it
+    # is asked for by the magic, not by the OOM explainer's in-cell estimate. A real run
+    # always searches: its report must not claim memory it could not free.
+    find_holders: bool = False
 
 
-def check_vars(names: Sequence[str], user_ns: Mapping[str, Any]) -> None:
-    """Refuse unknown names before anything is touched."""
-    missing = [n for n in names if n not in user_ns]
+# -- naming variables ----------------------------------------------------------------------------
+def _hidden(shell: Any) -> dict[str, Any]:
+    hidden = getattr(shell, "user_ns_hidden", None)
+    return hidden if isinstance(hidden, dict) else {}
+
+
+def _out(shell: Any) -> dict[int, Any]:
+    oh = shell.user_ns.get("_oh")
+    return oh if isinstance(oh, dict) else {}
+
+
+def shell_owned(name: str, shell: Any) -> str | None:
+    """Why ``name`` is the shell's and not the user's, or None when it is the user's."""
+    ns = shell.user_ns
+    if name in SHELL_NAMES:
+        return f"{SHELL_NAMES[name]}; deleting it would break the shell"
+    hidden = _hidden(shell)
+    hook = getattr(shell, "displayhook", None)
+    if OUTPUT_ALIAS.match(name) and name in output_cache_names(
+            {name: ns[name]}, _out(shell), hidden, hook):
+        return "output cache; --out clears it"
+    if name in hidden and hidden[name] is ns[name]:
+        if INPUT_ALIAS.match(name):
+            return "input history"
+        return "own: set by the shell or an extension, not by you"
+    return None
+
+
+def check_vars(names: Sequence[str], shell: Any) -> list[str]:
+    """The names to delete, each once, after refusing unknown names and the shell's own.
+    Raises ValueError before anything is touched."""
+    unique = list(dict.fromkeys(names))
+    missing = [n for n in unique if n not in shell.user_ns]
+    refused = [f"{n!r} is IPython's {why}" for n in unique if n not in missing
+               and (why := shell_owned(n, shell)) is not None]
+    problems = []
     if missing:
-        raise ValueError(
-            f"no variable named {', '.join(repr(m) for m in missing)} in this session; "
-            "nothing was cleaned"
-        )
+        problems.append(f"no variable named {', '.join(repr(m) for m in missing)} "
+                        "in this session")
+    problems += refused
+    if problems:
+        raise ValueError("; ".join(problems) + "; nothing was cleaned")
+    return unique
 
 
-def _clear_last_exception(stored: Sequence[Any]) -> str:
-    """Release the frames of the stored exception and every tensor local to them.
+# -- the output cache --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _OutputPlan:
+    entries: int
+    clear: list[str]  # `_`-names the cache wrote and still owns
+    kept: list[str]  # `_`-names the user assigned
 
-    Dropping ``sys.last_*`` is not enough: IPython's last ExecutionResult and its traceback
-    formatter keep the same traceback. Rather than hunt every holder, the traceback chain is
-    cut and each finished function frame cleared, so whoever still holds the first link holds
-    no locals.
+
+def _plan_output(shell: Any) -> _OutputPlan | None:
+    hook = getattr(shell, "displayhook", None)
+    if not getattr(hook, "do_full_cache", False):
+        return None
+    ns = shell.user_ns
+    owned = output_cache_names(ns, _out(shell), _hidden(shell), hook)
+    aliases = [k for k in ns if isinstance(k, str) and OUTPUT_ALIAS.match(k)]
+    # A blank under is IPython's placeholder, whoever wrote it (``type is str``: a user's
+    # object's own ``__eq__`` is never called).
+    kept = [k for k in aliases if k not in owned
+            and not (k in _UNDERS and type(ns[k]) is str and ns[k] == "")]
+    return _OutputPlan(entries=len(_out(shell)), clear=sorted(owned, key=alias_order),
+                       kept=sorted(kept, key=alias_order))
+
+
+def _clear_output(shell: Any, plan: _OutputPlan) -> None:
+    """What ``displayhook.flush()`` does, minus its two faults: it deletes every ``_N`` and
+    blanks ``_``, ``__``, ``___`` even when the user assigned them."""
+    ns = shell.user_ns
+    hidden = _hidden(shell)
+    for name in plan.clear:
+        if name in _UNDERS:
+            ns[name] = ""
+        else:
+            ns.pop(name, None)
+    # The shell's own records of what it wrote: they would keep the old outputs alive.
+    for key in [k for k in hidden if isinstance(k, str) and OUTPUT_ALIAS.match(k)]:
+        if key in _UNDERS:
+            hidden[key] = ""
+        else:
+            del hidden[key]
+    hook = shell.displayhook
+    for name in _UNDERS:
+        with contextlib.suppress(Exception):
+            setattr(hook, name, "")
+    _out(shell).clear()
+    result = getattr(shell, "last_execution_result", None)
+    if result is not None and getattr(result, "result", None) is not None:
+        result.result = None
+
+
+def _output_text(plan: _OutputPlan, dry_run: bool) -> str:
+    verb, keep = ("would clear", "would keep") if dry_run else ("cleared", "kept")
+    text = f"{verb} {plan.entries} Out entries"
+    if plan.clear:
+        text += f" and {', '.join(plan.clear)}"
+    if plan.kept:
+        text += f"; {keep} {', '.join(plan.kept)} (yours)"
+    return text
+
+
+# -- the stored exception ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class _ExceptionPlan:
+    stored: StoredException | None
+    frames: int  # finished function frames in its tracebacks
+    held_by: list[str]  # who else keeps it alive (then dropping frees nothing)
+    foreign: str  # a non-cell exception in sys.last_value, left alone
+
+
+def _plan_exception(shell: Any, noted: CellException | None, *, find_holders: bool = True,
+                    ) -> _ExceptionPlan:
+    stored = stored_cell_exception(shell, noted)
+    last = last_value()
+    foreign = ""
+    if isinstance(last, BaseException) and (stored is None or last is not stored.error):
+        links = traceback_links([last])
+        where = f" in {links[-1].tb_frame.f_code.co_name}()" if links else ""
+        foreign = (f"left alone: the last exception, a {type(last).__name__}{where}, "
+                   "was not raised by a cell's code")
+    if stored is None:
+        return _ExceptionPlan(None, 0, [], foreign)
+    running = running_frame_ids()
+    frames = {id(tb.tb_frame): tb.tb_frame
+              for tb in traceback_links(exception_chain(stored.error))}
+    count = sum(1 for f in frames.values()
+                if is_function_frame(f) and not frame_is_live(f, running))
+    held: list[str] = []
+    try:
+        if find_holders:
+            held = _held_elsewhere(stored, shell, noted)
+    except Exception as e:  # a hostile referrer: say so rather than claim it was freed
+        held = [f"something the check could not name ({type(e).__name__})"]
+    return _ExceptionPlan(stored, count, held, foreign)
+
+
+def _held_elsewhere(stored: StoredException, shell: Any, noted: CellException | None,
+                    ) -> list[str]:
+    """Who, besides the interpreter's and the shell's records, keeps ``exc``, its tracebacks
+    or their finished frames alive. Read-only: it only asks the garbage collector.
+
+    It climbs referrers from those objects, a round at a time, until it meets a root the user
+    would recognise (a variable, a live generator, a running function, a module) or runs out
+    of referrers; objects met on the way that only the exception's own graph reaches (IPython's
+    ``run_code`` frame keeps that cell's ExecutionResult, which keeps the exception) are part
+    of the graph, not holders. Unreachable cycles are collected first: IPython's traceback
+    formatter leaves frames in cyclic garbage (stack_data's FrameInfo), which would otherwise
+    pass for holders. Collecting frees only what nothing can reach.
     """
-    kinds: list[str] = []
-    tracebacks: list[types.TracebackType] = []
-    for obj in stored:
-        if isinstance(obj, types.TracebackType):
-            tracebacks.append(obj)
-        exc = obj if isinstance(obj, BaseException) else None
-        while exc is not None:
-            if exc.__traceback__ is not None:
-                kinds.append(type(exc).__name__)
-                tracebacks.append(exc.__traceback__)
-                exc.__traceback__ = None
-            exc = exc.__cause__ or exc.__context__
-    frames = 0
-    for tb in tracebacks:
-        link: types.TracebackType | None = tb
-        while link is not None:
-            nxt = link.tb_next
-            if link.tb_frame.f_code.co_name != "<module>":
-                with contextlib.suppress(RuntimeError):  # a frame still running
-                    link.tb_frame.clear()
-                    frames += 1
-            link.tb_next = None
-            link = nxt
-    for name in ("last_exc", "last_type", "last_value", "last_traceback"):
-        if hasattr(sys, name):
-            setattr(sys, name, None)
-    if not tracebacks:
-        return "no stored exception"
-    what = ", ".join(dict.fromkeys(kinds)) or "traceback"
-    return f"dropped the stored {what} ({frames} frames)"
+    gc.collect()
+    running = running_frame_ids()
+    own: set[int] = set()
+
+    def mine(x: Any) -> Any:
+        own.add(id(x))
+        return x
+
+    excs = mine(exception_chain(stored.error))
+    tbs = mine(traceback_links(excs))
+    frames = mine(list({id(tb.tb_frame): tb.tb_frame for tb in tbs}.values()))
+    finished = mine([f for f in frames if not frame_is_live(f, running)])
+    group = mine([*excs, *tbs, *finished])
+    seen = {id(o) for o in group}
+    for e in excs:  # what each exception owns
+        for part in (e.args, getattr(e, "__dict__", None), getattr(e, "__notes__", None),
+                     getattr(e, "exceptions", None)):
+            if part is not None:
+                seen.add(id(part))
+    # Python <= 3.12 keeps a snapshot dict of a read frame's locals on the frame itself.
+    snapshots = mine([f.f_locals for f in finished if is_function_frame(f)])
+    seen |= {id(d) for d in snapshots if type(d) is dict}
+    store: set[int] = {id(vars(sys))}
+    for keeper in (getattr(shell, "last_execution_result", None),
+                   getattr(shell, "InteractiveTB", None), noted, stored):
+        if keeper is not None:
+            store |= {id(keeper), id(getattr(keeper, "__dict__", None))}
+    held: list[str] = []
+    for _ in range(_CLIMB_ROUNDS):
+        refs = mine(gc.get_referrers(*group))
+        group = mine([])
+        for r in refs:
+            if id(r) in seen or id(r) in store or id(r) in own:
+                continue
+            seen.add(id(r))
+            who = _root_name(r, shell, seen, running)
+            if who is None:
+                group.append(r)
+            elif who and who not in held:
+                held.append(who)
+        if len(group) > _CLIMB_WIDTH:
+            held.append("other objects (the search stopped there)")
+            break
+        if not group:
+            break
+    else:
+        held.append("other objects (the search stopped there)")
+    return held
 
 
+def _root_name(r: Any, shell: Any, seen: set[int], running: set[int]) -> str | None:
+    """A referrer the user would recognise, named; "" for one of ours to pass over; None for
+    an intermediate object whose own holders decide."""
+    user_ns = shell.user_ns
+    if r is user_ns:
+        names = [k for k, v in list(user_ns.items()) if id(v) in seen]
+        return "your variable " + ", ".join(map(str, names)) if names else "your namespace"
+    if r is shell or r is getattr(shell, "__dict__", None):
+        return "IPython's shell"
+    if isinstance(r, types.FrameType):
+        code = r.f_code
+        if id(r) in running:
+            # Our own frames, where the collector sees a running frame, hold what we look at.
+            return "" if code.co_filename.startswith(_PACKAGE_DIR) else \
+                f"the running {code.co_name}()"
+        if frame_is_live(r, running):
+            return f"the live generator {code.co_name}()"
+        return None
+    if isinstance(r, (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)):
+        return f"the live generator {r.__name__}()"
+    modname = dict.get(r, "__name__") if isinstance(r, dict) else None
+    if isinstance(modname, str):
+        mod = sys.modules.get(modname)
+        if mod is not None and getattr(mod, "__dict__", None) is r:
+            return f"module {modname}"
+    return None
+
+
+def _drop_exception(exc: BaseException, shell: Any, noted: CellException | None) -> None:
+    """Drop the interpreter's and the shell's references to ``exc``, and only those."""
+    links = {id(tb) for tb in traceback_links(exception_chain(exc))}
+    if last_value() is exc or id(getattr(sys, "last_traceback", None)) in links:
+        # Deleted, not set to None: %debug then says there is no traceback, as in a fresh
+        # session, instead of failing on a None.
+        for name in _LAST:
+            if hasattr(sys, name):
+                delattr(sys, name)
+    result = getattr(shell, "last_execution_result", None)
+    if result is not None and getattr(result, "error_in_exec", None) is exc:
+        result.error_in_exec = None
+    itb = getattr(shell, "InteractiveTB", None)
+    if itb is not None and id(getattr(itb, "tb", None)) in links:
+        itb.tb = None
+    if noted is not None and noted.error is exc:
+        noted.release()
+
+
+def _exception_text(plan: _ExceptionPlan, dry_run: bool) -> str:
+    parts: list[str] = []
+    stored = plan.stored
+    if stored is None:
+        parts.append("no stored exception from a cell")
+    else:
+        cell = (f"cell [{stored.execution_count}]" if stored.execution_count is not None
+                else "a cell")
+        what = f"the stored {type(stored.error).__name__} of {cell}"
+        parts.append(("would drop " if dry_run else "dropped ") + what)
+        if plan.held_by:
+            parts.append("its frames stay alive, held by " + ", ".join(plan.held_by))
+        elif plan.frames:
+            verb = "frees" if dry_run else "freed"
+            parts[-1] += f" ({verb} the locals of {plan.frames} "
+            parts[-1] += f"frame{'s' if plan.frames != 1 else ''})"
+    if plan.foreign:
+        parts.append(plan.foreign)
+    return "; ".join(parts)
+
+
+# -- running the steps -------------------------------------------------------------------------
 def run(
     request: CleanupRequest,
     *,
-    user_ns: MutableMapping[str, Any],
-    output_cache: OutputCache | None,
-    out_entries: Mapping[int, Any],
+    shell: Any,
     measure: Callable[[], Sample],
-    stored_exceptions: Sequence[Any] = (),
+    cell_exception: CellException | None = None,
     modules: Mapping[str, Any] | None = None,
 ) -> CleanupReport:
     """Run (or estimate, with ``dry_run``) the requested steps, measuring after each."""
-    check_vars(request.delete_vars, user_ns)
+    names = check_vars(request.delete_vars, shell)
     mods = sys.modules if modules is None else modules
-    first = Measure.of(measure())
-    if request.dry_run:
-        return _estimate(request, user_ns, out_entries, stored_exceptions, first, mods)
+    failures: list[str] = []
 
+    def read() -> Measure:
+        # Junk from a source (a stats dict with "num_ooms": "many") must not stop a cleanup:
+        # its figures are then unknown, and the report says so once.
+        try:
+            return Measure.of(measure())
+        except Exception as e:
+            if not failures:
+                failures.append(f"{type(e).__name__}: {e}")
+            return UNKNOWN
+
+    first = read()
+    if request.dry_run:
+        report = _estimate(request, names, shell, cell_exception, first, mods)
+    else:
+        report = _run(request, names, shell, cell_exception, first, mods, read)
+    if failures:
+        note = StepResult("measure", f"figures unknown: reading memory failed ({failures[0]})")
+        report = CleanupReport(steps=(*report.steps, note), before=report.before,
+                               after=report.after, dry_run=report.dry_run)
+    return report
+
+
+def _run(request: CleanupRequest, names: list[str], shell: Any,
+         noted: CellException | None, first: Measure, mods: Mapping[str, Any],
+         read: Callable[[], Measure]) -> CleanupReport:
     steps: list[StepResult] = []
     prev = first
 
@@ -197,7 +475,7 @@ def run(
         nonlocal prev
         if collect:
             gc.collect()
-        now = Measure.of(measure())
+        now = read()
         steps.append(StepResult(
             step, did,
             _freed(prev.allocated_bytes, now.allocated_bytes),
@@ -208,47 +486,63 @@ def run(
         prev = now
 
     if request.clear_traceback:
-        record("last exception", _clear_last_exception(stored_exceptions))
-    if request.clear_output and output_cache is not None:
-        n = len(out_entries)
-        output_cache.flush()
-        record("output cache", f"cleared {n} Out entries and _, __, ___")
-    if request.delete_vars:
-        for name in request.delete_vars:
-            del user_ns[name]
-        record("variables", "deleted " + ", ".join(request.delete_vars))
+        plan = _plan_exception(shell, noted)
+        if plan.stored is not None:
+            _drop_exception(plan.stored.error, shell, noted)
+        elif noted is not None:
+            noted.release()  # only the monitor's own note was left: let go of it
+        text = _exception_text(plan, dry_run=False)
+        del plan  # the plan holds the exception: let the step's collect free it
+        record("last exception", text)
+    if request.clear_output:
+        out = _plan_output(shell)
+        if out is None:
+            steps.append(StepResult("output cache", "the output cache is off; nothing to clear"))
+        else:
+            _clear_output(shell, out)
+            record("output cache", _output_text(out, dry_run=False))
+    if names:
+        for name in names:
+            shell.user_ns.pop(name, None)
+        record("variables", "deleted " + ", ".join(names))
     collected = gc.collect()
     record("gc.collect", f"collected {collected} other unreachable objects", collect=False)
-    if TorchSource(mods).empty_cache():
-        record("empty_cache", "returned unused cached blocks to the driver", collect=False)
+    try:
+        emptied = TorchSource(mods).empty_cache()
+    except Exception as e:
+        steps.append(StepResult("empty_cache", f"failed: {type(e).__name__}: {e}"))
     else:
-        steps.append(StepResult("empty_cache", "skipped: CUDA is not initialised"))
+        if emptied:
+            record("empty_cache", "returned unused cached blocks to the driver", collect=False)
+        else:
+            steps.append(StepResult("empty_cache", "skipped: CUDA is not initialised"))
     return CleanupReport(steps=tuple(steps), before=first, after=prev)
 
 
-def _estimate(
-    request: CleanupRequest,
-    user_ns: Mapping[str, Any],
-    out_entries: Mapping[int, Any],
-    stored_exceptions: Sequence[Any],
-    first: Measure,
-    mods: Mapping[str, Any],
-) -> CleanupReport:
-    holders = Scanner(mods).scan(user_ns, output_cache=out_entries,
-                                 last_exception=stored_exceptions)
+def _estimate(request: CleanupRequest, names: list[str], shell: Any,
+              noted: CellException | None, first: Measure,
+              mods: Mapping[str, Any]) -> CleanupReport:
+    plan = _plan_exception(shell, noted, find_holders=request.find_holders)
+    stored = [plan.stored.error] if plan.stored is not None else []
+    holders = Scanner(mods).scan(shell.user_ns, output_cache=_out(shell),
+                                 last_exception=stored, hidden=_hidden(shell))
     steps: list[StepResult] = []
     if request.clear_traceback:
-        held = cuda_bytes(h for h in holders if h.kind == "traceback")
-        steps.append(StepResult("last exception", "would drop the stored exception",
+        held = 0 if plan.held_by else cuda_bytes(h for h in holders if h.kind == "traceback")
+        steps.append(StepResult("last exception", _exception_text(plan, dry_run=True),
                                 freed_allocated_bytes=held))
     if request.clear_output:
-        held = cuda_bytes(h for h in holders if h.kind == "output cache")
-        steps.append(StepResult("output cache", f"would clear {len(out_entries)} Out entries",
-                                freed_allocated_bytes=held))
-    if request.delete_vars:
-        named = set(request.delete_vars)
+        out = _plan_output(shell)
+        if out is None:
+            steps.append(StepResult("output cache", "the output cache is off; nothing to clear"))
+        else:
+            held = cuda_bytes(h for h in holders if h.kind == "output cache")
+            steps.append(StepResult("output cache", _output_text(out, dry_run=True),
+                                    freed_allocated_bytes=held))
+    if names:
+        named = set(names)
         held = cuda_bytes(h for h in holders if h.name in named)
-        steps.append(StepResult("variables", "would delete " + ", ".join(request.delete_vars),
+        steps.append(StepResult("variables", "would delete " + ", ".join(names),
                                 freed_allocated_bytes=held))
     steps.append(StepResult("gc.collect", "would collect unreachable cycles (size unknown)"))
     if TorchSource(mods).initialized and first.reserved_bytes is not None:
@@ -256,3 +550,4 @@ def _estimate(
         steps.append(StepResult("empty_cache", "would return unused cached blocks (at most)",
                                 freed_reserved_bytes=cache))
     return CleanupReport(steps=tuple(steps), before=first, after=first, dry_run=True)
+

@@ -1,5 +1,5 @@
 """Who holds memory: tensors reachable from the user's namespace, the output cache and the
-last traceback, each attributed once, largest first.
+stored exception of a failed cell, each attributed once, largest first.
 
 Runs only on demand and on the main thread (it walks user objects, which may change under a
 background thread). torch is looked up in ``sys.modules`` and never imported: without torch
@@ -8,32 +8,56 @@ there are no tensors, and numpy-like arrays are still reported as host memory.
 Attribution order decides whose name a shared tensor gets: a user variable first (deleting it
 is what frees the memory), then the output cache, then the stored traceback, then anything
 found only through the garbage collector.
+
+Looking must never break or change anything. User objects can be anything (properties that
+raise, proxies, containers that override iteration, cycles, millions of items), so every look
+at one is contained, containers are read through their base type's own iterator, and sizes are
+capped. Live frames (running, or a suspended generator's) are never read: in Python <= 3.12
+reading ``f_locals`` stores a snapshot on the frame that keeps its locals alive.
 """
 
 from __future__ import annotations
 
+import builtins
 import gc
+import inspect
+import itertools
 import re
 import sys
 import types
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .analysis import GRAPH_NOTE
 from .model import Holder
 
-# Names IPython keeps in the user namespace for its own bookkeeping.
-_IPYTHON_NAMES = {"In", "Out", "_ih", "_oh", "_dh", "_ii", "_iii", "_i", "exit", "quit",
-                  "get_ipython", "__builtin__", "__builtins__", "__name__", "__doc__",
-                  "__loader__", "__spec__", "__package__"}
-_OUTPUT_ALIAS = re.compile(r"^(_|__|___|_\d+)$")
-_INPUT_ALIAS = re.compile(r"^_i\d*$|^_ii+$")
+# Names the shell itself keeps and reads; what each is, for messages.
+SHELL_NAMES = {
+    "In": "input history", "_ih": "input history", "Out": "output cache",
+    "_oh": "output cache", "_dh": "directory history", "get_ipython": "shell accessor",
+    "exit": "exit command", "quit": "exit command", "__builtin__": "builtins module",
+    "__builtins__": "builtins module", "__name__": "module name", "__doc__": "module doc",
+    "__loader__": "module loader", "__spec__": "module spec", "__package__": "module package",
+}
+OUTPUT_ALIAS = re.compile(r"^(_|__|___|_\d+)$")
+INPUT_ALIAS = re.compile(r"^_i\d*$|^_ii+$")
+_UNDERS = ("_", "__", "___")
 _ATOMS = (int, float, complex, str, bytes, bool, type(None), types.ModuleType, types.FunctionType,
           type)
 _ATOM_TYPES = frozenset(_ATOMS)
+_PLAIN_CONTAINERS = frozenset((dict, list, tuple, set, frozenset))
 _CONTAINER_DEPTH = 2
+# A container longer than this is read up to here: a tensor past a million items is missed
+# rather than `who` taking minutes over a list of ten million objects.
+_MAX_ITEMS = 1_000_000
+_GRAPH_NODE_CAP = 10_000  # autograd nodes walked per holder
+_GRAPH_BUDGET = 50_000  # and per scan, over all holders
+_CHAIN_CAP = 100  # chained exceptions followed
+_LINK_CAP = 10_000  # traceback links followed per exception
+_GENERATOR_FLAGS = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+                    | inspect.CO_ITERABLE_COROUTINE)
+_MISSING = object()
 
 
 @dataclass
@@ -43,7 +67,90 @@ class _Found:
     device: str
     nbytes: int = 0
     tensors: int = 0
+    first: str = ""
+    graph: str = ""  # the first tensor with grad_fn, described
+    graph_nodes: int | None = None
+    graph_capped: bool = False
     details: list[str] = field(default_factory=list)
+
+
+def _is_atom(obj: Any) -> bool:
+    t = type(obj)
+    try:
+        if t in _ATOM_TYPES:
+            return True
+    except Exception:  # a class whose metaclass makes hashing raise
+        return False
+    return issubclass(t, _ATOMS)
+
+
+def _is_a(obj: Any, cls: Any) -> bool:
+    """``isinstance`` by the object's real type: ``isinstance`` also asks ``obj.__class__``,
+    which a proxy may answer by raising."""
+    if cls is None:
+        return False
+    try:
+        return issubclass(type(obj), cls)
+    except Exception:
+        return False
+
+
+def _bounded(make: Callable[[], Iterable[Any]]) -> Iterator[Any]:
+    """Items of a user-supplied iterable, at most ``_MAX_ITEMS``, ending quietly on error."""
+    try:
+        yield from itertools.islice(make(), _MAX_ITEMS)
+    except Exception:
+        return
+
+
+def _container_items(obj: Any) -> Iterable[Any] | None:
+    """A builtin container's items through the base type's own iterator, so a subclass that
+    overrides ``__iter__``, ``values`` or ``__len__`` cannot lie, loop forever or raise."""
+    t = type(obj)
+    if issubclass(t, dict):
+        return dict.values(obj)
+    for base in (list, tuple, set, frozenset):
+        if issubclass(t, base):
+            return base.__iter__(obj)
+    return None
+
+
+def output_cache_names(
+    user_ns: Mapping[Any, Any],
+    out_entries: Mapping[int, Any],
+    hidden: Mapping[str, Any] | None = None,
+    hook: Any = None,
+) -> set[str]:
+    """The ``_``, ``__``, ``___`` and ``_N`` names that still hold what the output cache put
+    there, by IPython's own rule (``DisplayHook.update_user_ns``): a name is the cache's while
+    its value is the very object the shell recorded for it; once the user rebinds it, it is
+    theirs, and IPython itself stops writing it."""
+    names: set[str] = set()
+    unders_pushed = "_" not in builtins.__dict__  # else IPython never writes the unders
+    for name, value in list(user_ns.items()):
+        if not isinstance(name, str) or not OUTPUT_ALIAS.match(name):
+            continue
+        recorded = hidden.get(name, _MISSING) if hidden is not None else _MISSING
+        if name in _UNDERS:
+            if not unders_pushed:
+                continue
+            if recorded is not _MISSING:
+                owned = recorded is value
+            elif hook is not None:
+                owned = getattr(hook, name, _MISSING) is value
+            else:
+                owned = any(value is v for v in out_entries.values())
+        else:
+            n = int(name[1:])
+            owned = out_entries.get(n, _MISSING) is value or recorded is value
+        if owned:
+            names.add(name)
+    return names
+
+
+def alias_order(name: str) -> tuple[int, int]:
+    """``_``, ``__``, ``___``, then ``_N`` by N."""
+    return (0, len(name)) if name in _UNDERS else (1, int(name[1:]))
 
 
 class Scanner:
@@ -56,11 +163,19 @@ class Scanner:
         self._module_type: Any = getattr(nn, "Module", None) if nn else None
         self._optimizer_type: Any = getattr(optim, "Optimizer", None) if optim else None
         self._seen: set[tuple[str, int]] = set()
+        self._graph_budget = _GRAPH_BUDGET
+        self.skipped = 0  # objects that raised while being looked at
 
     # -- single objects ----------------------------------------------------------------------
     def _tensor_info(self, t: Any) -> tuple[str, int, tuple[str, int]] | None:
-        """(device, bytes, storage key) of a tensor, or of a numpy/cupy-like array."""
-        if self._tensor_type is not None and isinstance(t, self._tensor_type):
+        """(device, bytes, storage key) of a tensor or numpy/cupy-like array; never raises."""
+        try:
+            return self._tensor_info_of(t)
+        except Exception:
+            return None
+
+    def _tensor_info_of(self, t: Any) -> tuple[str, int, tuple[str, int]] | None:
+        if _is_a(t, self._tensor_type):
             dev = t.device
             device = f"{dev.type}:{dev.index}" if dev.index is not None else str(dev.type)
             try:
@@ -69,66 +184,99 @@ class Scanner:
             except Exception:
                 n = int(t.element_size() * t.nelement())
                 return device, n, (device, id(t))
-        nbytes = getattr(type(t), "nbytes", None)
-        if nbytes is not None and hasattr(t, "shape") and hasattr(t, "dtype"):
-            try:
-                n = int(t.nbytes)
-            except Exception:
-                return None
-            device = "cuda" if hasattr(t, "__cuda_array_interface__") else "cpu"
-            base = getattr(t, "base", None)
-            return device, n, (device, id(base if base is not None else t))
-        return None
+        if getattr(type(t), "nbytes", None) is None:
+            return None
+        if not (hasattr(t, "shape") and hasattr(t, "dtype")):
+            return None
+        n = int(t.nbytes)
+        if n < 0:
+            return None
+        device = "cuda" if hasattr(t, "__cuda_array_interface__") else "cpu"
+        base = getattr(t, "base", None)
+        return device, n, (device, id(base if base is not None else t))
+
+    def _grad_fn(self, t: Any) -> Any:
+        if not _is_a(t, self._tensor_type):
+            return None
+        try:
+            return getattr(t, "grad_fn", None)
+        except Exception:
+            return None
 
     def _tensors_in(self, obj: Any, depth: int) -> Iterator[Any]:
         """Tensors inside obj: modules, optimizers and containers, ``depth`` levels down."""
-        if isinstance(obj, _ATOMS):
+        if type(obj) in _PLAIN_CONTAINERS:  # the common case, and never a tensor or module
+            if depth > 0:
+                yield from self._items_in(obj, depth)
+            return
+        if _is_atom(obj):
             return
         if self._tensor_info(obj) is not None:
             yield obj
             # Only leaves have a .grad; asking a non-leaf makes torch warn.
-            if self._tensor_type is not None and getattr(obj, "is_leaf", False):
-                grad = getattr(obj, "grad", None)
-                if grad is not None and self._tensor_info(grad) is not None:
+            if _is_a(obj, self._tensor_type):
+                grad = self._grad_of(obj)
+                if grad is not None:
                     yield grad
             return
-        if self._module_type is not None and isinstance(obj, self._module_type):
-            for p in obj.parameters():
+        if _is_a(obj, self._module_type):
+            for p in _bounded(lambda: obj.parameters()):
                 yield p
-                if getattr(p, "grad", None) is not None:
-                    yield p.grad
-            yield from obj.buffers()
+                grad = self._grad_of(p)
+                if grad is not None:
+                    yield grad
+            yield from _bounded(lambda: obj.buffers())
             return
-        if self._optimizer_type is not None and isinstance(obj, self._optimizer_type):
-            for state in obj.state.values():
-                for v in state.values():
+        if _is_a(obj, self._optimizer_type):
+            for state in _bounded(lambda: obj.state.values()):
+                for v in _bounded(lambda s=state: s.values()):  # type: ignore[misc]
                     if self._tensor_info(v) is not None:
                         yield v
             return
-        if depth <= 0:
+        if depth > 0:
+            yield from self._items_in(obj, depth)
+
+    def _items_in(self, obj: Any, depth: int) -> Iterator[Any]:
+        items = _container_items(obj)
+        if items is None:
             return
-        if isinstance(obj, dict):
-            items: Iterable[Any] = obj.values()
-        elif isinstance(obj, (list, tuple, set, frozenset)):
-            items = obj
-        else:
-            return
-        for item in items:
-            # An exact-type set lookup first: containers of plain numbers and strings (the
-            # common million-element case) cost one hash probe per item.
-            if type(item) not in _ATOM_TYPES and not isinstance(item, _ATOMS):
-                yield from self._tensors_in(item, depth - 1)
+        for item in itertools.islice(items, _MAX_ITEMS):
+            # Exact-type set lookups first: containers of plain numbers and strings (the
+            # common million-element case) cost one hash probe per item, and a plain
+            # container at the last level holds nothing that is looked at.
+            try:
+                kind = type(item)
+                if kind in _ATOM_TYPES or (depth == 1 and kind in _PLAIN_CONTAINERS):
+                    continue
+            except Exception:
+                pass
+            yield from self._tensors_in(item, depth - 1)
+
+    def _grad_of(self, t: Any) -> Any:
+        try:
+            if not getattr(t, "is_leaf", False):
+                return None
+            grad = getattr(t, "grad", None)
+        except Exception:
+            return None
+        return grad if grad is not None and self._tensor_info(grad) is not None else None
 
     def _kind_of(self, obj: Any) -> str:
-        if self._module_type is not None and isinstance(obj, self._module_type):
+        if _is_a(obj, self._module_type):
             return "module"
-        if self._optimizer_type is not None and isinstance(obj, self._optimizer_type):
+        if _is_a(obj, self._optimizer_type):
             return "optimizer state"
-        if isinstance(obj, (dict, list, tuple, set, frozenset)):
+        if _is_a(obj, (dict, list, tuple, set, frozenset)):
             return "container"
         return "variable"
 
     def _attribute(self, name: str, kind: str, obj: Any, out: dict[str, _Found]) -> None:
+        try:
+            self._attribute_each(name, kind, obj, out)
+        except Exception:
+            self.skipped += 1  # a hostile object: what was found before it still counts
+
+    def _attribute_each(self, name: str, kind: str, obj: Any, out: dict[str, _Found]) -> None:
         for t in self._tensors_in(obj, _CONTAINER_DEPTH):
             info = self._tensor_info(t)
             if info is None:
@@ -143,108 +291,321 @@ class Scanner:
                 f = out[slot] = _Found(name=name, kind=kind, device=device)
             f.nbytes += nbytes
             f.tensors += 1
-            detail = self._describe(t)
-            if f.tensors == 1 or (GRAPH_NOTE in detail and not any(
-                    GRAPH_NOTE in d for d in f.details)):
-                f.details.append(detail)
+            if f.tensors == 1:
+                f.first = self._describe(t)
+            grad_fn = self._grad_fn(t)
+            if grad_fn is not None and not f.graph:
+                f.graph = self._describe(t)
+                f.graph_nodes, f.graph_capped = self._graph_size(grad_fn)
 
     def _describe(self, t: Any) -> str:
-        shape = tuple(getattr(t, "shape", ()))
-        dtype = str(getattr(t, "dtype", "")).replace("torch.", "")
-        text = f"{dtype}{list(shape)}"
-        grad_fn = getattr(t, "grad_fn", None) if self._tensor_type is not None else None
+        try:
+            shape = list(tuple(getattr(t, "shape", ())))
+        except Exception:
+            shape = ["?"]
+        try:
+            dtype = str(getattr(t, "dtype", "")).replace("torch.", "")
+        except Exception:
+            dtype = "?"
+        text = f"{dtype}{shape}"
+        grad_fn = self._grad_fn(t)
         if grad_fn is not None:
-            text += f", grad_fn={type(grad_fn).__name__} ({GRAPH_NOTE})"
+            text += f", grad_fn={type(grad_fn).__name__}"
         return text
+
+    def _graph_size(self, grad_fn: Any) -> tuple[int | None, bool]:
+        """Autograd nodes reachable from ``grad_fn`` through ``next_functions``, up to a cap.
+
+        Walking edges reads no saved tensor, so it runs no hooks and allocates nothing. The
+        wrappers met are kept until the walk ends, so no id is reused while it runs."""
+        cap = min(_GRAPH_NODE_CAP, self._graph_budget)
+        if cap <= 0:
+            return None, False
+        seen = {id(grad_fn)}
+        held = [grad_fn]
+        stack = [grad_fn]
+        while stack and len(seen) < cap:
+            node = stack.pop()
+            try:
+                edges = tuple(itertools.islice(node.next_functions, _MAX_ITEMS))
+            except Exception:
+                continue
+            for edge in edges:
+                try:
+                    nxt = edge[0]
+                except Exception:
+                    continue
+                if nxt is None or id(nxt) in seen:
+                    continue
+                seen.add(id(nxt))
+                held.append(nxt)
+                stack.append(nxt)
+                if len(seen) >= cap:
+                    break
+        self._graph_budget -= len(seen)
+        return len(seen), len(seen) >= cap and bool(stack)
 
     # -- whole scans -------------------------------------------------------------------------
     def scan(self, *args: Any, **kwargs: Any) -> list[Holder]:
         """See ``_scan``. Looking at user objects must never print: library warnings that
-        mere inspection can trigger are silenced for the duration."""
+        mere inspection can trigger are silenced for the duration. It never raises either: a
+        failure past every per-object guard returns what was found."""
+        found: dict[str, _Found] = {}
+        # The walk allocates only short-lived iterators, freed as it goes; letting them
+        # trigger collections over a large heap doubled its time on a million containers.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self._scan(found, *args, **kwargs)
+        except Exception:
+            self.skipped += 1
+        finally:
+            if collecting:
+                gc.enable()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return self._scan(*args, **kwargs)
+            holders = [_holder(f) for f in found.values()]
+            return sorted(holders, key=lambda h: (-h.nbytes, h.name))
 
     def _scan(
         self,
-        user_ns: Mapping[str, Any],
+        found: dict[str, _Found],
+        user_ns: Mapping[Any, Any],
         *,
         output_cache: Mapping[int, Any] | None = None,
         last_exception: Iterable[BaseException | types.TracebackType | None] = (),
         include_gc: bool = False,
-    ) -> list[Holder]:
+        hidden: Mapping[str, Any] | None = None,
+    ) -> None:
         self._seen.clear()
-        found: dict[str, _Found] = {}
+        self._graph_budget = _GRAPH_BUDGET
+        out = dict(output_cache or {})
+        cached = output_cache_names(user_ns, out, hidden)
         aliases: dict[int, list[str]] = {}
         for name, obj in list(user_ns.items()):
-            if _OUTPUT_ALIAS.match(name):
+            if not isinstance(name, str):
+                continue  # globals()[7] = ...: not a variable anyone can name
+            if name in cached:
                 aliases.setdefault(id(obj), []).append(name)
                 continue
-            if type(obj) in _ATOM_TYPES or name in _IPYTHON_NAMES or name.startswith("__") \
-                    or _INPUT_ALIAS.match(name):
+            if _is_atom(obj) or name in SHELL_NAMES or name.startswith("__"):
                 continue
             self._attribute(name, self._kind_of(obj), obj, found)
-        for n, obj in sorted((output_cache or {}).items()):
+        for n, obj in sorted(out.items()):
             label = f"Out[{n}]"
             also = [a for a in aliases.pop(id(obj), []) if a != f"_{n}"]
             if also:
-                label += f" (also {', '.join(sorted(also))})"
+                label += f" (also {', '.join(sorted(also, key=alias_order))})"
             self._attribute(label, "output cache", obj, found)
-        for names in aliases.values():  # `_` and friends pointing outside Out (rare)
+        for names in aliases.values():  # `_` and friends the cache set, no longer in Out
             obj = user_ns.get(names[0])
-            self._attribute(" / ".join(sorted(names)), "output cache", obj, found)
-        for tb_name, frame_obj in _frames(last_exception):
-            self._attribute(tb_name, "traceback", frame_obj, found)
+            self._attribute(" / ".join(sorted(names, key=alias_order)), "output cache", obj,
+                            found)
+        for tb_name, frame_locals in _frames(last_exception):
+            self._attribute(tb_name, "traceback", frame_locals, found)
         if include_gc:
             for obj in gc.get_objects():
-                if type(obj) not in _ATOM_TYPES and self._tensor_info(obj) is not None:
+                try:
+                    if type(obj) in _ATOM_TYPES:
+                        continue
+                except Exception:
+                    continue
+                if self._tensor_info(obj) is not None:
                     self._attribute("unreachable from your variables", "gc", obj, found)
-        holders = [
-            Holder(name=f.name, kind=f.kind, device=f.device, nbytes=f.nbytes,
-                   detail=_summarize(f))
-            for f in found.values()
-        ]
-        return sorted(holders, key=lambda h: (-h.nbytes, h.name))
 
 
-def _summarize(f: _Found) -> str:
+def _holder(f: _Found) -> Holder:
     if f.tensors == 1:
-        return f.details[0]
-    graph = next((d for d in f.details if GRAPH_NOTE in d), "")
-    return f"{f.tensors} tensors" + (f"; one has {graph.split(', ', 1)[-1]}" if graph else "")
+        detail = f.first
+    else:
+        detail = f"{f.tensors} tensors" + (f"; one has {f.graph.split(', ', 1)[-1]}"
+                                           if f.graph else "")
+    if f.graph:
+        size = ("not walked" if f.graph_nodes is None else
+                f"{'≥' if f.graph_capped else ''}{f.graph_nodes} "
+                f"node{'' if f.graph_nodes == 1 else 's'}")
+        detail += (f"; holds its autograd graph ({size}): the graph's saved tensors are not "
+                   "in these bytes")
+    return Holder(name=f.name, kind=f.kind, device=f.device, nbytes=f.nbytes, detail=detail,
+                  holds_graph=bool(f.graph), graph_nodes=f.graph_nodes,
+                  graph_nodes_capped=f.graph_capped)
+
+
+# -- stored exceptions ---------------------------------------------------------------------------
+def exception_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and every exception it chains to (cause, context, a group's members)."""
+    out: list[BaseException] = []
+    seen: set[int] = set()
+    todo = [exc]
+    while todo and len(out) < _CHAIN_CAP:
+        e = todo.pop()
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        out.append(e)
+        todo += [e.__cause__, e.__context__]  # type: ignore[list-item]
+        members = getattr(e, "exceptions", None)
+        if isinstance(members, tuple):
+            todo += list(members)
+    return out
+
+
+def traceback_links(excs: Iterable[BaseException | types.TracebackType | None],
+                    ) -> list[types.TracebackType]:
+    """Every traceback link of these exceptions (or tracebacks), each once."""
+    out: list[types.TracebackType] = []
+    seen: set[int] = set()
+    for obj in excs:
+        tb = obj.__traceback__ if isinstance(obj, BaseException) else obj
+        n = 0
+        while isinstance(tb, types.TracebackType) and id(tb) not in seen and n < _LINK_CAP:
+            seen.add(id(tb))
+            out.append(tb)
+            tb = tb.tb_next
+            n += 1
+    return out
+
+
+def running_frame_ids() -> set[int]:
+    """Frames executing now, on every thread."""
+    ids: set[int] = set()
+    for top in (sys._getframe(), *sys._current_frames().values()):
+        f: types.FrameType | None = top
+        while f is not None and id(f) not in ids:
+            ids.add(id(f))
+            f = f.f_back
+    return ids
+
+
+def frame_is_live(frame: types.FrameType, running: set[int]) -> bool:
+    """Running, or a suspended generator's or coroutine's: its locals are in use."""
+    if id(frame) in running:
+        return True
+    if not frame.f_code.co_flags & _GENERATOR_FLAGS:
+        return False
+    for r in gc.get_referrers(frame):  # rare: only frames of generator code get here
+        owner = (getattr(r, "gi_frame", None) if isinstance(r, types.GeneratorType) else
+                 getattr(r, "cr_frame", None) if isinstance(r, types.CoroutineType) else
+                 getattr(r, "ag_frame", None) if isinstance(r, types.AsyncGeneratorType) else
+                 None)
+        if owner is frame:
+            return True
+    return False
+
+
+def is_function_frame(frame: types.FrameType) -> bool:
+    """A function's frame: a cell's (module-level) frame has the user namespace as its
+    locals, and those are attributed to the variables themselves."""
+    return bool(frame.f_code.co_flags & inspect.CO_OPTIMIZED)
 
 
 def _frames(
     objs: Iterable[BaseException | types.TracebackType | None],
 ) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Each frame's locals kept alive by a stored exception, labelled for the user."""
-    seen: set[int] = set()
+    """Each finished frame's locals kept alive by a stored exception, labelled for the user."""
+    objs = list(objs)
+    excs: list[BaseException | types.TracebackType | None] = []
     for obj in objs:
-        tb = obj.__traceback__ if isinstance(obj, BaseException) else obj
-        while tb is not None:
-            frame = tb.tb_frame
-            if id(frame) not in seen:
-                seen.add(id(frame))
-                code = frame.f_code
-                # A cell's own frame is module level: its "locals" are the user namespace,
-                # which is attributed to the variables themselves.
-                if code.co_name != "<module>":
-                    yield f"traceback: {code.co_name}() locals", dict(frame.f_locals)
-            tb = tb.tb_next
+        excs += exception_chain(obj) if isinstance(obj, BaseException) else [obj]
+    running = running_frame_ids()
+    seen: set[int] = set()
+    for tb in traceback_links(excs):
+        frame = tb.tb_frame
+        if id(frame) in seen:
+            continue
+        seen.add(id(frame))
+        if is_function_frame(frame) and not frame_is_live(frame, running):
+            yield f"traceback: {frame.f_code.co_name}() locals", dict(frame.f_locals)
 
 
-def last_exception_objects(shell: Any = None) -> list[Any]:
-    """What keeps the last uncaught exception, and so its frames, alive.
+def last_value() -> Any:
+    """The interpreter's last uncaught exception (``sys.last_exc`` from 3.12)."""
+    exc = getattr(sys, "last_exc", None)
+    return exc if exc is not None else getattr(sys, "last_value", None)
 
-    The interpreter's ``sys.last_*``, IPython's record of the last cell's result (which holds
-    the exception in ``error_in_exec``) and its traceback formatter's ``tb``.
-    """
-    objs = [getattr(sys, name, None) for name in ("last_exc", "last_value", "last_traceback")]
+
+def is_stored(exc: BaseException, shell: Any) -> bool:
+    """Whether the interpreter or the shell still keeps ``exc`` (or one of its tracebacks)."""
+    links = {id(tb) for tb in traceback_links(exception_chain(exc))}
     result = getattr(shell, "last_execution_result", None)
-    objs.append(getattr(result, "error_in_exec", None))
-    # IPython's traceback formatter keeps the last traceback for %debug.
-    objs.append(getattr(getattr(shell, "InteractiveTB", None), "tb", None))
-    return objs
+    itb = getattr(shell, "InteractiveTB", None)
+    return (getattr(sys, "last_value", None) is exc or getattr(sys, "last_exc", None) is exc
+            or id(getattr(sys, "last_traceback", None)) in links
+            or getattr(result, "error_in_exec", None) is exc
+            or id(getattr(itb, "tb", None)) in links)
+
+
+def cell_number(exc: BaseException, shell: Any) -> int | None:
+    """The cell whose top-level code ``exc`` propagated through, by the file name IPython's
+    compiler gave that cell; None for an exception no cell raised (a widget's message
+    handler, run by the kernel between cells)."""
+    names = getattr(getattr(shell, "compile", None), "_filename_map", None)
+    if not isinstance(names, dict):
+        return None
+    for tb in traceback_links([exc]):
+        code = tb.tb_frame.f_code
+        if code.co_name == "<module>" and code.co_filename in names:
+            number = names[code.co_filename]
+            return number if isinstance(number, int) else None
+    return None
+
+
+class CellException:
+    """The exception the user's latest failing cell raised, while the shell still keeps it.
+
+    The monitor notes each top-level cell's ``error_in_exec``. A later cell that raised nothing
+    keeps the note only while the shell still stores that exception, so the note never keeps
+    an exception alive more than one cell longer than IPython would.
+    """
+
+    def __init__(self) -> None:
+        self.execution_count: int | None = None
+        self.error: BaseException | None = None
+
+    def note(self, execution_count: int | None, result: Any, shell: Any) -> None:
+        err = getattr(result, "error_in_exec", None)
+        if isinstance(err, BaseException):
+            self.execution_count, self.error = execution_count, err
+        elif self.error is not None and not is_stored(self.error, shell):
+            self.release()
+
+    def release(self) -> None:
+        self.execution_count, self.error = None, None
+
+
+@dataclass(frozen=True)
+class StoredException:
+    error: BaseException
+    execution_count: int | None
+
+
+def stored_cell_exception(shell: Any, noted: CellException | None = None,
+                          ) -> StoredException | None:
+    """The exception a user's cell raised that the shell still stores, if any.
+
+    ``sys.last_value`` is the interpreter's last uncaught exception, whoever raised it: a
+    widget's message handler stores its own there between cells (plotly's trace-delta
+    handler did, issue 7). Only an exception the monitor saw a cell raise, or one whose
+    traceback runs through a cell's top-level code, is the user's.
+    """
+    last = last_value()
+    if isinstance(last, BaseException):
+        if noted is not None and last is noted.error:
+            return StoredException(last, noted.execution_count)
+        number = cell_number(last, shell)
+        if number is not None:
+            return StoredException(last, number)
+    if noted is not None and noted.error is not None and is_stored(noted.error, shell):
+        return StoredException(noted.error, noted.execution_count)
+    return None
+
+
+def last_exception_objects(shell: Any = None, noted: CellException | None = None) -> list[Any]:
+    """The user's stored cell exception as the scan takes it: a list of none or one."""
+    stored = stored_cell_exception(shell, noted)
+    return [stored.error] if stored is not None else []
 
 
 def cuda_bytes(holders: Iterable[Holder]) -> int:

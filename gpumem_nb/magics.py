@@ -8,8 +8,10 @@ previous load set up.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib.util
+import re
 import shlex
 from dataclasses import replace
 from typing import Any
@@ -19,56 +21,80 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser
 from IPython.display import display
 
-from . import cleanup
+from . import cleanup, safeio, trace
 from .analysis import build_record
-from .monitor import Monitor, error_text
+from .monitor import UNCHANGED, Monitor, error_text
+from .oom import SiteAtFailure, with_counted_ooms
 from .records import HistoryTable
-from .sampler import check_interval
-from .settings import PEAK_PRESERVE, PEAK_RESET, load_config, save_config
-from .snapshot import Snapshot
-from .sources.torch import TorchSource
+from .settings import PEAK_PRESERVE, PEAK_RESET, SettingsError, config_path, load_config
 from .summary import Summary
 from .units import parse_size
-from .views import CellReport, ConfigView, WhoReport
+from .views import CellReport, ConfigView, Snapshot, WhoReport
 
 _SHELL_ATTR = "_gpumem_nb_monitor"
 _HISTORY_ATTR = "_gpumem_nb_history"
 _CONFIG_ATTR = "_gpumem_nb_config"
+_MAGICS_ATTR = "_gpumem_nb_magics"
 
 
 # ------------------------------------------------------------------------------------------
 # Argument parsing
 # ------------------------------------------------------------------------------------------
+# Every input to %gpumem / %%gpumem ends in a result or a UsageError with a plain sentence:
+# argparse's own errors come through _Parser.error, values are checked by the same functions
+# that guard the settings file (Monitor.configure), and tests/test_fuzz_magics.py holds this.
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog: str) -> None:
+        # A fixed width: %gpumem? reads the same in every terminal and notebook.
+        super().__init__(prog, width=92, max_help_position=28)
+
+
 class _Parser(MagicArgumentParser):
+    def __init__(self, **kw: Any) -> None:
+        kw.setdefault("formatter_class", _Formatter)
+        super().__init__(**kw)
+
     def error(self, message: str) -> Any:
-        if "invalid choice" in message and "argument cmd" in message:
-            word = message.split("invalid choice: ")[1].split(" ")[0]
-            raise UsageError(f"%gpumem has no subcommand {word}; try %gpumem? for the list")
+        # argparse quotes the user's words as typed; a lone surrogate in them would make
+        # printing the message raise in turn.
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+        found = re.match(r"argument SUBCOMMAND: invalid choice: (.*) \(choose from", message)
+        if found:
+            raise UsageError(f"%gpumem has no subcommand {found.group(1)[:60]}; "
+                             "try %gpumem? for the list")
         raise UsageError(f"{self.prog}: {message}")
 
 
 def _build_parser() -> _Parser:
     p = _Parser(prog="%gpumem", add_help=False)
-    sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
-    h = sub.add_parser("history", prog="%gpumem history")
+    sub = p.add_subparsers(dest="cmd", parser_class=_Parser, metavar="SUBCOMMAND")
+
+    def add(name: str, text: str) -> _Parser:
+        return sub.add_parser(name, prog=f"%gpumem {name}", help=text, description=text)
+
+    add("status", "status of every GPU (the same as a bare %gpumem): NVML used/total, this "
+                  "process,\nallocated, reserved, peak, outside PyTorch, other processes")
+    h = add("history", "the per-cell table")
     h.add_argument("-n", type=int, default=20, help="how many recent cells to show")
     h.add_argument("-o", action="store_true", help="return a DataFrame (pandas) instead")
     h.add_argument("--csv", metavar="FILE", help="write the whole history as CSV")
-    w = sub.add_parser("who", prog="%gpumem who")
+    w = add("who", "who holds memory: variables (and tensors inside modules, optimizers,\n"
+                   "lists, dicts), Out[n], the last traceback")
     w.add_argument("-n", type=int, default=20, help="how many holders to list")
     w.add_argument("--gc", action="store_true",
                    help="also search every object the garbage collector tracks")
     w.add_argument("-o", action="store_true", help="return the report object")
-    c = sub.add_parser("cleanup", prog="%gpumem cleanup")
+    c = add("cleanup", "drop the stored exception, gc.collect, empty_cache; --out also clears "
+                       "the\noutput cache; --vars deletes only the names given")
     c.add_argument("--dry-run", action="store_true", help="estimate only; change nothing")
     c.add_argument("--out", action="store_true", help="also clear Out, _, __, ___ and _N")
-    c.add_argument("--traceback", action="store_true", default=True,
-                   help="drop the stored last exception (the default)")
-    c.add_argument("--keep-traceback", action="store_true", help="keep the stored exception")
+    c.add_argument("--keep-traceback", action="store_true",
+                   help="keep the stored last exception (dropped by default)")
     c.add_argument("--vars", metavar="A,B", default="",
                    help="also delete these variables (only names you list)")
     c.add_argument("-o", action="store_true", help="return the report object")
-    g = sub.add_parser("config", prog="%gpumem config")
+    g = add("config", "show or change the settings; --save remembers them in\n"
+                      "~/.config/gpumem_nb/config.json (or the file $GPUMEM_NB_CONFIG names)")
     g.add_argument("--interval", type=float, metavar="S", help="sampling interval, 0.05-60 s")
     g.add_argument("--device", metavar="N|all", help="which GPU to record")
     g.add_argument("--threshold", metavar="SIZE", help="re-run growth to flag, e.g. 64MB")
@@ -77,26 +103,94 @@ def _build_parser() -> _Parser:
     g.add_argument("--auto-show", choices=("on", "off"), help="show the widget on load")
     g.add_argument("--save", action="store_true",
                    help="remember these settings for future sessions (a JSON file)")
-    s = sub.add_parser("summary", prog="%gpumem summary")
+    s = add("summary", "the allocator's fragmentation in plain words, with hints")
     s.add_argument("--full", action="store_true", help="append torch.cuda.memory_summary()")
-    s.add_argument("--device", type=int, default=0, metavar="N")
-    sub.add_parser("start", prog="%gpumem start")
-    sub.add_parser("stop", prog="%gpumem stop")
-    sub.add_parser("status", prog="%gpumem status")
-    wa = sub.add_parser("watch", prog="%gpumem watch")
+    s.add_argument("--device", type=int, default=0, metavar="N", help="which GPU (default 0)")
+    o = add("oom", "the last CUDA out-of-memory explanation again")
+    o.add_argument("-o", action="store_true", help="return the explanation object")
+    add("start", "start the background sampler")
+    add("stop", "stop the background sampler (cells are still recorded)")
+    wa = add("watch", "the live chart")
     wa.add_argument("--replay", metavar="FILE",
-                    help="drive the chart from a recorded trace ('bundled' for the H200 one)")
+                    help="drive the chart from a recorded trace ('bundled' for the H200 one); "
+                         "a demonstration only: your cells are still measured live")
+    wa.add_argument("--live", action="store_true", help="end a replay: chart this machine")
     return p
 
 
 def _build_cell_parser() -> _Parser:
-    p = _Parser(prog="%%gpumem", add_help=False)
+    text = """\
+runs the cell and reports its time, allocator peak, deltas and NVML peak.
+--trace records the cell's allocations (native allocator): the lines holding the most
+at the cell's peak and still alive at its end, and a timeline; --save writes the
+snapshot for PyTorch's memory_viz (pickle protocol 4). With --trace, -o returns the
+trace report (its .cell is the measurement)."""
+    p = _Parser(prog="%%gpumem", add_help=False, description=text)
     p.add_argument("-o", action="store_true", help="return the measurement")
     p.add_argument("-q", action="store_true", help="quiet: print no report")
     p.add_argument("--device", type=int, metavar="N", help="report only this GPU")
     p.add_argument("--reset-peak", action="store_true",
                    help="reset the allocator's peak counters first (exact peak, always)")
+    p.add_argument("--trace", action="store_true",
+                   help="record this cell's allocations: top sites and a timeline")
+    p.add_argument("--top", type=int, metavar="N", help="sites to list with --trace (5)")
+    p.add_argument("--save", metavar="FILE",
+                   help="with --trace: write the snapshot for PyTorch's memory_viz")
     return p
+
+
+def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _usage(p: argparse.ArgumentParser, width: int = 90) -> str:
+    """The usage line, wrapped between bracketed options, never inside one."""
+    words = re.findall(r"\[[^\]]*\]|\S+", p.format_usage().removeprefix("usage: "))
+    lines, line = [], "  " + words[0]
+    for word in words[1:]:
+        if len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = " " * (len(p.prog) + 3) + word
+        else:
+            line += " " + word
+    return "\n".join([*lines, line])
+
+
+def _section(p: argparse.ArgumentParser) -> str:
+    """One subcommand's usage line, what it does, and its options, indented."""
+    lines = [_usage(p)]
+    lines += [f"      {ln}" for ln in (p.description or "").splitlines()]
+    opts = p.format_help().split("options:\n", 1)
+    if len(opts) == 2:
+        lines += [f"    {ln}" for ln in opts[1].rstrip().splitlines()]
+    return "\n".join(lines)
+
+
+_OOM_NOTE = """\
+A CUDA out-of-memory error is explained in the cell that hit it: what was asked, what the GPU
+had, the cause (impossible, fragmentation, other processes, outside PyTorch, memory your
+session holds) and what to do next."""
+
+_PEAKS_NOTE = """\
+Peaks: by default gpumem_nb never resets PyTorch's peak counters (you may be reading them).
+A cell's peak is then exact whenever the cell set a new process-wide peak, and otherwise a
+lower bound shown as ≥. `%gpumem config --peak reset` resets the counters before every cell
+for always-exact peaks."""
+
+
+def help_text(subcommand: str | None = None) -> str:
+    """``%gpumem?``, written from the parsers themselves so it cannot drift from them."""
+    subs = _subparsers(_build_parser())
+    if subcommand in subs:
+        return _section(subs[subcommand])
+    parts = ["Watch, explain and clean up GPU memory.", "",
+             "Line magic: %gpumem [SUBCOMMAND] [options]   (-h after a subcommand: its help)"]
+    parts += [_section(sp) + "\n" for sp in subs.values()]
+    parts += ["Cell magic:", _section(_build_cell_parser()), "", _OOM_NOTE, "", _PEAKS_NOTE, ""]
+    return "\n".join(parts)
 
 
 def _split(line: str) -> list[str]:
@@ -106,35 +200,28 @@ def _split(line: str) -> list[str]:
         raise UsageError(f"could not read the arguments: {e}") from None
 
 
-GPUMEM_HELP = """Watch, explain and clean up GPU memory.
+# The magic's flag for each setting, so a refused value is reported in the user's words.
+_FLAGS = {"interval_s": "--interval", "threshold_bytes": "--threshold", "device": "--device",
+          "peak": "--peak", "auto_show": "--auto-show"}
 
-Line magic:
-  %gpumem                      status of every GPU: NVML used/total, this process,
-                               allocated, reserved, peak, outside PyTorch, other processes
-  %gpumem history [-n N] [-o] [--csv FILE]
-                               per-cell table; -o returns a pandas DataFrame
-  %gpumem who [-n N] [--gc]    who holds memory: variables (and tensors inside modules,
-                               optimizers, lists, dicts), Out[n], the last traceback
-  %gpumem cleanup [--dry-run] [--out] [--keep-traceback] [--vars a,b]
-                               drop the stored exception, gc.collect, empty_cache; --out also
-                               clears the output cache; --vars deletes only the names given
-  %gpumem config [--interval S] [--device N|all] [--threshold SIZE]
-                 [--peak preserve|reset] [--auto-show on|off] [--save]
-                               --save remembers them in ~/.config/gpumem_nb/config.json
-  %gpumem summary [--full]     the allocator's fragmentation in plain words, with hints
-  %gpumem start | stop         the background sampler
-  %gpumem watch [--replay FILE]
-                               the live chart
 
-Cell magic:
-  %%gpumem [-o] [-q] [--device N] [--reset-peak]
-      runs the cell and reports its time, allocator peak, deltas and NVML peak.
+def _device_arg(text: str) -> int | None:
+    """``--device``'s text: 'all' (None) or a GPU number; the range is the monitor's."""
+    if text == "all":
+        return None
+    try:
+        index = int(text)
+    except ValueError:  # also a number too long to read (over 4300 digits)
+        index = -1
+    if index < 0:
+        raise UsageError(f"--device takes a GPU number or 'all', not {_quoted(text)}")
+    return index
 
-Peaks: by default gpumem_nb never resets PyTorch's peak counters (you may be reading them).
-A cell's peak is then exact whenever the cell set a new process-wide peak, and otherwise a
-lower bound shown as ≥. `%gpumem config --peak reset` resets the counters before every cell
-for always-exact peaks.
-"""
+
+def _quoted(text: str) -> str:
+    """User text in a message: quoted, control characters (a NUL) escaped, long text cut."""
+    text = repr(text)  # ASCII escapes for NUL and the like; printable whatever the name
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @magics_class
@@ -147,13 +234,18 @@ class GpumemMagics(Magics):
 
     @line_cell_magic
     def gpumem(self, line: str, cell: str | None = None) -> Any:
+        argv = _split(line)
+        if "-h" in argv or "--help" in argv:  # help is an answer, never a UsageError
+            print(help_text(None if cell is not None or not argv else argv[0]))
+            return None
         if cell is not None:
-            return self._cell(line, cell)
-        args = self.parser.parse_args(_split(line))
+            return self._cell(argv, cell)
+        args = self.parser.parse_args(argv)
+        self.monitor.flush()  # earlier cells the sampler has not recorded yet
         handler = getattr(self, f"_cmd_{args.cmd or 'status'}")
         return handler(args)
 
-    gpumem.__doc__ = GPUMEM_HELP
+    gpumem.__doc__ = help_text()
 
     # -- subcommands -------------------------------------------------------------------------
     def _cmd_status(self, args: Any) -> None:
@@ -169,17 +261,18 @@ class GpumemMagics(Magics):
         if args.n <= 0:
             raise UsageError("-n must be a positive number of cells")
         h = self.monitor.history
-        if args.csv:
+        if args.csv is not None:
             try:
                 h.to_csv(args.csv)
             except OSError as e:
-                raise UsageError(f"could not write {args.csv}: {e.strerror}") from None
-            print(f"wrote {len(h)} cells to {args.csv}")
+                raise UsageError(f"could not write {_quoted(args.csv)}: {safeio.reason(e)}"
+                                 ) from None
+            print(f"wrote {len(h)} cells to {safeio.shown(args.csv)}")
         if args.o:
             if importlib.util.find_spec("pandas") is None:
                 raise UsageError("history -o needs pandas; use --csv FILE without it")
             return h.to_dataframe()
-        if not args.csv:
+        if args.csv is None:
             display(HistoryTable(h.records(last=args.n), total=len(h)))
         return None
 
@@ -200,7 +293,7 @@ class GpumemMagics(Magics):
             raise UsageError(f"--vars takes variable names separated by commas, not {bad[0]!r}")
         request = cleanup.CleanupRequest(
             clear_traceback=not args.keep_traceback, clear_output=args.out,
-            delete_vars=names, dry_run=args.dry_run,
+            delete_vars=names, dry_run=args.dry_run, find_holders=True,
         )
         try:
             report = self.monitor.cleanup(request)
@@ -213,58 +306,48 @@ class GpumemMagics(Magics):
 
     def _cmd_config(self, args: Any) -> None:
         m = self.monitor
-        # Validate everything first: a bad value changes nothing.
-        interval = None
-        if args.interval is not None:
-            try:
-                interval = check_interval(args.interval)
-            except ValueError as e:
-                raise UsageError(str(e)) from None
-        device = self._parse_device(args.device) if args.device is not None else None
+        # Only the monitor writes settings: it checks every value, saves, then applies, so a
+        # refused value or a failed save changes nothing.
         threshold = None
         if args.threshold is not None:
             try:
                 threshold = parse_size(args.threshold)
             except ValueError as e:
                 raise UsageError(f"--threshold: {e}") from None
-        if interval is not None:
-            m.config.interval_s = interval
-            m.sampler.interval_s = interval
-        if args.device is not None:
-            m.select_device(device)
-        if threshold is not None:
-            m.config.threshold_bytes = threshold
-            m.tracker.threshold_bytes = threshold
-        if args.peak is not None:
-            m.config.peak = args.peak
-        if args.auto_show is not None:
-            m.config.auto_show = args.auto_show == "on"
-        if args.save:
-            try:
-                print(f"gpumem: settings saved to {save_config(m.config)}")
-            except OSError as e:
-                raise UsageError(f"could not save the settings: {e.strerror}") from None
-        display(ConfigView(m.config, m.sampler.running))
-
-    def _parse_device(self, text: str) -> int | None:
-        if text == "all":
-            return None
-        n = self.monitor.gpu_count()
         try:
-            index = int(text)
-        except ValueError:
-            raise UsageError(f"--device takes a GPU number or 'all', not {text!r}") from None
-        if not 0 <= index < n:
-            seen = f"GPUs 0-{n - 1}" if n > 1 else ("GPU 0" if n == 1 else "no GPU")
-            raise UsageError(f"there is no GPU {index}: this process sees {seen}")
-        return index
+            m.configure(
+                interval_s=args.interval, threshold_bytes=threshold,
+                device=UNCHANGED if args.device is None else _device_arg(args.device),
+                peak=args.peak,
+                auto_show=None if args.auto_show is None else args.auto_show == "on",
+                save=args.save,
+            )
+        except SettingsError as e:
+            raise UsageError(f"{_FLAGS.get(e.key, e.key)}: {e.why}") from None
+        except OSError as e:
+            raise UsageError(f"could not save the settings to {safeio.shown(config_path())}: "
+                             f"{safeio.reason(e)}; nothing was changed") from None
+        if args.save:
+            print(f"gpumem: settings saved to {safeio.shown(config_path())}")
+        display(ConfigView(m.config, m.sampler.running))
 
     def _cmd_summary(self, args: Any) -> None:
         m = self.monitor
         if m.gpu_count() and not 0 <= args.device < m.gpu_count():
             raise UsageError(f"there is no GPU {args.device}")
-        full = TorchSource().memory_summary(args.device) if args.full else ""
-        display(Summary.of(m.read(), m.source.status(), device=args.device, full_text=full))
+        full = m.torch.memory_summary(args.device) if args.full else ""
+        sample = with_counted_ooms(m.read(), m.oom.counts)  # cudaMallocAsync counts none
+        display(Summary.of(sample, m.source.status(), device=args.device, full_text=full))
+
+    def _cmd_oom(self, args: Any) -> Any:
+        last = self.monitor.oom.last
+        if args.o:
+            return last
+        if last is None:
+            print(self.monitor.oom.no_oom_line())
+        else:
+            display(last)
+        return None
 
     def _cmd_start(self, args: Any) -> None:
         self.monitor.sampler.start()
@@ -277,23 +360,48 @@ class GpumemMagics(Magics):
     def _cmd_watch(self, args: Any) -> None:
         from .widget import show
 
-        try:
-            widget = show(self.monitor, replay=args.replay)
-        except (ValueError, OSError) as e:
-            raise UsageError(f"cannot replay {args.replay}: {e}") from None
-        display(widget)
+        m = self.monitor
+        if args.replay is not None:
+            try:
+                m.start_replay(args.replay)
+            except (ValueError, OSError) as e:
+                raise UsageError(f"cannot replay {args.replay}: {e}") from None
+        elif args.live:
+            m.stop_replay()
+        widget = show(m)
+        widget.display_handle = display(widget, display_id=True)
 
     # -- cell magic --------------------------------------------------------------------------
-    def _cell(self, line: str, cell: str) -> Any:
-        args = self.cell_parser.parse_args(_split(line))
+    def _cell(self, argv: list[str], cell: str) -> Any:
+        args = self.cell_parser.parse_args(argv)
         m = self.monitor
         if args.device is not None:
-            self._parse_device(str(args.device))
+            try:
+                m.check_device(_device_arg(str(args.device)))
+            except SettingsError as e:
+                raise UsageError(f"--device: {e.why}") from None
+        if (args.top is not None or args.save) and not args.trace:
+            raise UsageError("--top and --save go with --trace")
+        if args.top is not None and args.top <= 0:
+            raise UsageError("--top must be a positive number of sites")
+        tracer = trace.CellTracer() if args.trace else None
+        why = tracer.start() if tracer is not None else ""
+        if why:
+            print(f"gpumem --trace: {why}")
+            tracer = None
+        m.flush()  # earlier cells the sampler has not recorded yet
         reset = args.reset_peak or m.config.peak == PEAK_RESET
         before, wm, did_reset = m.begin(reset_peak=reset)
         shell: Any = self.shell
         result = shell.run_cell(cell, store_history=False)
         after = m.end(wm)
+        traced = tracer.stop(top=args.top or trace.TOP_DEFAULT, save=args.save) \
+            if tracer is not None else None
+        try:  # the monitor's own hook sees only top-level cells; this one ran nested
+            m.oom.on_cell_result(result, sites=[SiteAtFailure(label, n) for label, n in (
+                traced.sites_at_failure() if traced is not None else ())])
+        except Exception as e:
+            m._contain("OOM explainer", e)
         rec = build_record(
             execution_count=getattr(self.shell, "execution_count", None), cell_key="%%gpumem",
             source=cell, before=before, after=after, watermark=wm, reset_at_start=did_reset,
@@ -304,6 +412,11 @@ class GpumemMagics(Magics):
         report = CellReport(rec)
         if not args.q:
             print(report.line())
+        if traced is not None:
+            shown = trace.views(traced, report)
+            if not args.q:
+                display(*shown)
+            return shown[0] if args.o else None
         return report if args.o else None
 
 
@@ -321,17 +434,28 @@ def current_monitor(shell: Any = None) -> Monitor | None:
 def load(shell: Any) -> None:
     if current_monitor(shell) is not None:
         return  # already loaded: one monitor, one thread, one set of callbacks
-    # History and settings survive %reload_ext; a first load reads the settings file.
+    # History and settings survive %reload_ext; a first load reads the settings file (which
+    # never raises: bad values are reported and replaced by defaults).
     history = getattr(shell, _HISTORY_ATTR, None)
     config = getattr(shell, _CONFIG_ATTR, None) or load_config()
     monitor = Monitor(shell, history=history, config=config)
-    line = monitor.start()
-    shell.events.register("pre_run_cell", monitor.pre_run_cell)
-    shell.events.register("post_run_cell", monitor.post_run_cell)
-    shell.register_magics(GpumemMagics(shell, monitor))
-    setattr(shell, _SHELL_ATTR, monitor)
-    setattr(shell, _HISTORY_ATTR, monitor.history)
-    setattr(shell, _CONFIG_ATTR, monitor.config)
+    monitor.oom.show = display  # rich output in notebooks, text in terminals
+    magics: GpumemMagics | None = None
+    try:
+        line = monitor.start()
+        shell.events.register("pre_run_cell", monitor.pre_run_cell)
+        shell.events.register("post_run_cell", monitor.post_run_cell)
+        magics = GpumemMagics(shell, monitor)
+        shell.register_magics(magics)
+        setattr(shell, _SHELL_ATTR, monitor)
+        setattr(shell, _MAGICS_ATTR, magics)
+        setattr(shell, _HISTORY_ATTR, monitor.history)
+        setattr(shell, _CONFIG_ATTR, monitor.config)
+    except BaseException:
+        # A load that fails part-way takes back what it did: no sampler thread, no
+        # callbacks, no magic left behind on a monitor nobody can reach.
+        _teardown(shell, monitor, magics)
+        raise
     print(line)
     if monitor.config.auto_show:
         try:
@@ -346,12 +470,32 @@ def unload(shell: Any) -> None:
     monitor = current_monitor(shell)
     if monitor is None:
         return
+    _teardown(shell, monitor, getattr(shell, _MAGICS_ATTR, None))
+
+
+def _teardown(shell: Any, monitor: Monitor, magics: GpumemMagics | None) -> None:
+    """Undo a load, every step on its own: what one step failed to undo must not keep the
+    next from running. Leaves nothing that references ``monitor``."""
     for event, fn in (("pre_run_cell", monitor.pre_run_cell),
                       ("post_run_cell", monitor.post_run_cell)):
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(Exception):
             shell.events.unregister(event, fn)
     monitor.shutdown()
-    magics = shell.magics_manager.magics
-    magics["line"].pop("gpumem", None)
-    magics["cell"].pop("gpumem", None)
-    delattr(shell, _SHELL_ATTR)
+    manager = getattr(shell, "magics_manager", None)
+    if manager is not None:
+        for kind in ("line", "cell"):
+            fn = manager.magics.get(kind, {}).get("gpumem")
+            if magics is not None and getattr(fn, "__self__", None) is magics:
+                manager.magics[kind].pop("gpumem", None)
+        if magics is not None and manager.registry.get(type(magics).__name__) is magics:
+            del manager.registry[type(magics).__name__]
+    if magics is not None:
+        # IPython's Magics.__init__ appends every instance to shell.configurables and nothing
+        # ever removes it: without this, each %reload_ext kept the old monitor (its history
+        # buffers, sources and file descriptors) alive for the life of the kernel.
+        configurables = getattr(shell, "configurables", [])
+        configurables[:] = [c for c in configurables if c is not magics]
+        magics.monitor = None  # type: ignore[assignment]
+    for attr in (_SHELL_ATTR, _MAGICS_ATTR):
+        if getattr(shell, attr, None) in (monitor, magics):
+            delattr(shell, attr)

@@ -49,9 +49,19 @@ class AllocatorReading:
     peak_reserved_bytes: int
     num_alloc_retries: int
     num_ooms: int
+    # Cumulative counts of allocations and frees: equal counts in two readings prove nothing
+    # was allocated or freed between them, which lets the hooks reuse an idle reading.
+    allocations: int = 0
+    frees: int = 0
+
+    def same_state_as(self, other: AllocatorReading | None) -> bool:
+        return (other is not None and self.allocations == other.allocations
+                and self.frees == other.frees and self.reserved_bytes == other.reserved_bytes
+                and self.allocated_bytes == other.allocated_bytes
+                and self.peak_allocated_bytes == other.peak_allocated_bytes)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DeviceSample:
     """Everything known about one CUDA device (numbered as torch numbers it) at one instant."""
 
@@ -80,6 +90,8 @@ class Sample:
     wall_s: float  # wall clock, for display only
     rss_bytes: int | None
     devices: tuple[DeviceSample, ...] = ()
+    # When the NVML figures were read, if not at ``t_s`` (the hooks reuse the sampler's).
+    nvml_t_s: float | None = None
 
     def device(self, index: int) -> DeviceSample | None:
         for d in self.devices:
@@ -202,8 +214,15 @@ class Holder:
     name: str  # how the user can reach it: "y", "Out[5]", "traceback: f() local x"
     kind: str  # "variable", "output cache", "traceback", "module", "optimizer state", ...
     device: str  # "cuda:0", "cpu"
-    nbytes: int
+    nbytes: int  # the tensors' own storage; a graph's saved tensors are not in it
     detail: str = ""
+    # One of its tensors has ``grad_fn``: it keeps an autograd graph alive, and with it every
+    # tensor that graph saved for backward. Those bytes can only be sized by unpacking the saved
+    # tensors, which runs saved-tensor hooks (checkpointing recomputes the forward there), so
+    # they are never counted; the graph's node count, walked up to a cap, is.
+    holds_graph: bool = False
+    graph_nodes: int | None = None  # nodes reachable from that grad_fn; None: not walked
+    graph_nodes_capped: bool = False  # the walk stopped at its cap: at least graph_nodes
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ body is contained and its error logged once.
 
 from __future__ import annotations
 
+import contextvars
+import enum
 import hashlib
 import logging
 import os
@@ -18,22 +20,38 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from . import __version__, cleanup
+from . import __version__, cleanup, safeio
 from .analysis import (
     AccumulationTracker,
     Watermark,
     build_record,
+    complete_nvml,
     top_holders,
     verdict_message,
 )
-from .holders import Scanner, last_exception_objects
+from .holders import CellException, Scanner, last_exception_objects
 from .model import CAUSE_LIVE_TENSORS, CellMark, CellRecord, Holder, Sample, Verdict
+from .oom import OomWatch
 from .records import History
 from .sampler import Sampler
-from .settings import PEAK_RESET, Config
+from .settings import (
+    CHECKS,
+    PEAK_RESET,
+    Config,
+    SettingsError,
+    bad_setting_line,
+    check_auto_show,
+    check_device,
+    check_interval_s,
+    check_peak,
+    check_threshold_bytes,
+    config_path,
+    save_config,
+    show_value,
+)
 from .sources import Source
 from .sources.torch import TorchSource
 from .units import format_bytes
@@ -41,11 +59,26 @@ from .units import format_bytes
 log = logging.getLogger("gpumem_nb")
 
 REPLAY_ENV = "GPUMEM_NB_REPLAY"
+# After a cell, the sampler ticks this much later, once the kernel has sent the reply.
+AFTER_CELL_TICK_DELAY_S = 0.05
+ON_DEMAND_READ_TIMEOUT_S = 1.0
+
+
+class _Keep(enum.Enum):
+    UNCHANGED = "unchanged"
+
+
+# ``configure(device=...)``'s default: None already means "every GPU".
+UNCHANGED = _Keep.UNCHANGED
+
+SettingsListener = Callable[[Config], None]
 
 
 @dataclass
 class _Pending:
     before: Sample
+    t_s: float
+    wall_s: float
     cell_key: str
     source: str
     execution_count: int | None
@@ -53,6 +86,28 @@ class _Pending:
     reset_peak: bool
     watermark: Watermark = field(default_factory=Watermark)
     mark: CellMark = field(default_factory=lambda: CellMark(0.0))
+
+
+@dataclass
+class _Done:
+    """A finished cell, before the sampler's next reading completes it."""
+
+    pending: _Pending
+    after: Sample
+    count: int | None
+    error: str
+    context: contextvars.Context
+    record: CellRecord | None = None  # set once recorded
+
+
+@dataclass
+class Replay:
+    """A recording driving the chart, and only the chart: a demonstration of what the chart
+    shows on a GPU. The user's own cells stay measured from the live sources."""
+
+    label: str
+    source: Any
+    sampler: Sampler
 
 
 def _pre_count(shell: Any, info: Any) -> int | None:
@@ -74,38 +129,61 @@ def cell_key_of(info: Any) -> str:
 
 
 def make_source() -> Source:
-    replay = os.environ.get(REPLAY_ENV)
-    if replay:
-        from .sources.replay import ReplaySource
-
-        return ReplaySource.from_file(None if replay in ("1", "bundled") else replay)
     from .sources.live import LiveSource
 
     return LiveSource()
 
 
+def replay_request() -> str | None:
+    """What ``GPUMEM_NB_REPLAY`` asks the chart to replay: None, "bundled" or a path."""
+    value = os.environ.get(REPLAY_ENV, "").strip()
+    if not value or value in ("0", "off"):
+        return None
+    return "bundled" if value in ("1", "bundled") else value
+
+
 class Monitor:
-    """Everything one loaded extension owns."""
+    """Everything one loaded extension owns, and the one owner of its settings."""
 
     def __init__(self, shell: Any, source: Source | None = None,
                  history: History | None = None, config: Config | None = None) -> None:
         self.shell = shell
         self.config = config if config is not None else Config()
+        _repair(self.config)
         self.source: Source = source if source is not None else make_source()
+        # The one allocator handle: cleanup, peak resets and summaries all go through it.
+        self.torch: TorchSource = getattr(self.source, "torch", None) or TorchSource()
         self.sampler = Sampler(self.source, interval_s=self.config.interval_s)
-        self.history = history if history is not None else History()
+        self._history = history if history is not None else History()
         self.tracker = AccumulationTracker(self.config.threshold_bytes)
-        if self.config.device is not None:
-            self.select_device(self.config.device)
         self.verdicts: deque[Verdict] = deque(maxlen=100)
         self.marks: deque[CellMark] = deque(maxlen=10_000)
+        self.replay: Replay | None = None
+        # configure() is the one writer of interval, threshold and device selection.
+        self.settings_listeners: list[SettingsListener] = []
+        self._settings_lock = threading.Lock()
+        self.on_record: list[Callable[[CellRecord, Verdict | None], None]] = []
+        # The exception the user's latest failing cell raised, while the shell keeps it: only
+        # that one is a holder or offered to cleanup (a widget handler's is not, issue 7).
+        self.last_cell_exception = CellException()
         self._depth = 0
         self._pending: _Pending | None = None
         self._watermarks: list[Watermark] = []
         self._errors: set[str] = set()
+        # The allocator's state when no cell runs: the last cell's "after", refreshed by the
+        # sampler between cells. The next cell's "before" reuses it instead of reading cold.
+        self._baseline: Sample | None = None
+        self._baseline_lock = threading.Lock()
+        # Records whose NVML "after" figures the sampler's next reading will fill in.
+        # Finished cells waiting for the sampler: to be recorded and judged, or to have
+        # their NVML "after" figures completed. Drained in order under _record_lock.
+        self._done: deque[_Done] = deque()
+        self._record_lock = threading.RLock()
+        self._seen_cells: set[str] = set()  # cells run before: a re-run may need a verdict
+        self._apply_device(self.config.device)  # checked against the GPU count in start()
         self.widget: Any = None
         self.started_t_s = time.monotonic()
-        self.on_record: list[Callable[[CellRecord, Verdict | None], None]] = []
+        self.oom = OomWatch(self)  # explains a CUDA OOM in the cell that hit it
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
@@ -113,11 +191,23 @@ class Monitor:
             self.source.start()
         except Exception as e:
             self._contain("start", e)
+        self._check_starting_device()
         self.sampler.add_listener(self._on_sample)
         self.sampler.start()
-        return self.status_line()
+        request = replay_request()
+        replay_note = ""
+        if request is not None:
+            try:
+                self.start_replay(request)
+                replay_note = (f" The chart replays {self.replay.label if self.replay else ''}"
+                               " (GPUMEM_NB_REPLAY); your cells are measured live.")
+            except (OSError, ValueError) as e:
+                replay_note = f" {REPLAY_ENV}={request} ignored: {e}."
+        return self.status_line() + replay_note
 
     def shutdown(self) -> None:
+        self.stop_replay()
+        self.oom.close()
         self.sampler.remove_listener(self._on_sample)
         self.sampler.stop()
         if self.widget is not None:
@@ -136,7 +226,7 @@ class Monitor:
         head = f"gpumem_nb {__version__}"
         if not st.has_gpu:
             return f"{head}: no GPU visible ({st.nvml}); tracking host RAM. %gpumem? for help."
-        latest = self.read()
+        latest = self.sampler.latest() or self.read()
         names = ", ".join(
             f"{d.index}: {d.nvml.name or 'GPU'} {format_bytes(d.nvml.total_bytes)}"
             for d in latest.devices if d.nvml is not None
@@ -144,69 +234,258 @@ class Monitor:
         return f"{head}: watching GPU {names}. %gpumem? for help."
 
     def _contain(self, where: str, e: BaseException) -> None:
-        key = f"{where}: {type(e).__name__}: {e}"
+        # Keyed by the kind of failure, not its text: a message carrying a timestamp would
+        # otherwise print a new "reported once" line in every cell.
+        key = f"{where}: {type(e).__name__}"
         if key not in self._errors:
             self._errors.add(key)
             log.warning("gpumem_nb %s failed (reported once): %s", where, e)
 
-    # -- readings ----------------------------------------------------------------------------
-    def read(self) -> Sample:
-        """A full reading, for on-demand work (status, cleanup)."""
-        return self.source.read(processes=True)
+    def _apply_device(self, index: int | None) -> None:
+        if hasattr(self.source, "selected"):
+            self.source.selected = None if index is None else [index]
+        with self._baseline_lock:
+            self._baseline = None  # other devices now: read them afresh
+        self.sampler.request_tick()
 
-    def read_fast(self) -> Sample:
-        """The cell hooks' reading: no NVML process listing (see NvmlSource.read)."""
-        return self.source.read(processes=False)
+    # -- the chart's feed: live, or a replay kept apart ---------------------------------------
+    @property
+    def feed(self) -> Sampler:
+        """What the chart draws: the live sampler, or a replay's own sampler."""
+        return self.replay.sampler if self.replay is not None else self.sampler
+
+    def start_replay(self, name: str) -> Replay:
+        """Drive the chart from a recording ("bundled" or a file); the hooks stay live."""
+        from .sources.replay import ReplaySource
+
+        source = ReplaySource.from_file(None if name == "bundled" else name)
+        source.start()
+        self.stop_replay()
+        sampler = Sampler(source, interval_s=self.config.interval_s)
+        self.replay = Replay(label=source.status().nvml, source=source, sampler=sampler)
+        sampler.start()
+        self._drop_widget()
+        return self.replay
+
+    def stop_replay(self) -> None:
+        replay, self.replay = self.replay, None
+        if replay is None:
+            return
+        replay.sampler.stop()
+        try:
+            replay.source.close()
+        except Exception as e:
+            self._contain("close", e)
+        self._drop_widget()
+
+    def _drop_widget(self) -> None:
+        # A chart draws one feed for its whole life; switching feeds makes a new one.
+        if self.widget is not None:
+            try:
+                self.widget.close()
+            except Exception as e:
+                self._contain("widget close", e)
+            self.widget = None
+
+    # -- readings ----------------------------------------------------------------------------
+    def read(self, timeout_s: float = ON_DEMAND_READ_TIMEOUT_S) -> Sample:
+        """A full reading, for on-demand work (status, cleanup), bounded in time.
+
+        NVML can hang (a GPU falling off the bus, a wedged driver). The read runs on a
+        helper thread; if it has not answered in ``timeout_s`` the magic goes on with the
+        allocator and host figures only, and NVML's columns read as unknown.
+        """
+        box: list[Sample] = []
+        errors: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                box.append(self.source.read(processes=True))
+            except BaseException as e:  # handed to the caller below
+                errors.append(e)
+
+        worker = threading.Thread(target=work, name="gpumem_nb-read", daemon=True)
+        worker.start()
+        worker.join(timeout_s)
+        if box:
+            return box[0]
+        if errors:
+            raise errors[0]
+        self._contain("NVML read", TimeoutError(
+            f"NVML did not answer within {timeout_s:g} s; its figures show as unknown"))
+        hot = self.read_hot()
+        return replace(hot, devices=tuple(replace(d, nvml=None) for d in hot.devices))
+
+    def nvml_latest(self) -> Sample | None:
+        """The sampler's latest reading if it is recent enough to stand for "now"; None when
+        the sampler is stopped or stuck (a hung NVML call), so the figure reads as unknown
+        rather than stale-as-fresh."""
+        latest = self.sampler.latest()
+        if latest is None or not self.sampler.running:
+            return None
+        stale_s = max(3 * self.sampler.interval_s, 2.0)
+        return latest if time.monotonic() - latest.t_s <= stale_s else None
+
+    def read_hot(self) -> Sample:
+        """Exact allocator figures and RSS now; NVML from the sampler (see ``nvml_latest``)."""
+        read_hot = getattr(self.source, "read_hot", None)
+        if read_hot is None:
+            return self.source.read(processes=False)
+        sample: Sample = read_hot(self.nvml_latest())
+        return sample
 
     def _on_sample(self, sample: Sample) -> None:
-        # Sampler thread: only extend the running cells' watermarks.
+        # Sampler thread: extend the running cells' watermarks; between cells, refresh the
+        # baseline the next cell will start from.
         for wm in list(self._watermarks):
             wm.update(sample)
+        with self._baseline_lock:
+            base = self._baseline
+            if self._pending is None and base is not None and sample.t_s > base.t_s:
+                self._baseline = sample
+        if self._done:
+            with self._record_lock:
+                self._drain_done(sample)
 
     def gpu_count(self) -> int:
         return self.source.status().gpu_count
 
-    def select_device(self, index: int | None) -> None:
-        self.config.device = index
-        if hasattr(self.source, "selected"):
-            self.source.selected = None if index is None else [index]
+    # -- settings (the monitor is their one owner) ----------------------------------------------
+    def check_device(self, index: Any) -> int | None:
+        """``index`` if it names a GPU this process sees (None: every GPU); else
+        ``SettingsError``."""
+        index = check_device(index)
+        if index is None:
+            return None
+        try:
+            n = self.gpu_count()
+        except Exception as e:  # a failing source sees no GPU
+            self._contain("status", e)
+            n = 0
+        if index >= n:
+            seen = f"GPUs 0-{n - 1}" if n > 1 else ("GPU 0" if n == 1 else "no GPU")
+            raise SettingsError("device", f"there is no GPU {show_value(index)}: "
+                                          f"this process sees {seen}")
+        return index
+
+    def configure(
+        self,
+        *,
+        interval_s: float | None = None,
+        threshold_bytes: int | None = None,
+        device: int | _Keep | None = UNCHANGED,
+        peak: str | None = None,
+        auto_show: bool | None = None,
+        save: bool = False,
+    ) -> Config:
+        """Change settings: all checked first, saved first, then applied, then announced.
+
+        A value that is refused raises ``SettingsError`` (a ``ValueError``) and changes
+        nothing. ``save=True`` writes the settings file before anything is applied, so a write
+        that fails (``OSError``) changes nothing either. ``device=None`` watches every GPU;
+        leave it out to keep the current choice. Each of ``settings_listeners`` is then called
+        with a copy of the settings; a listener that raises is reported once and never stops
+        the others or this call. Returns a copy of the settings now in force.
+        """
+        changes: dict[str, Any] = {}
+        if interval_s is not None:
+            changes["interval_s"] = check_interval_s(interval_s)
+        if threshold_bytes is not None:
+            changes["threshold_bytes"] = check_threshold_bytes(threshold_bytes)
+        if device is not UNCHANGED:
+            changes["device"] = self.check_device(device)
+        if peak is not None:
+            changes["peak"] = check_peak(peak)
+        if auto_show is not None:
+            changes["auto_show"] = check_auto_show(auto_show)
+        with self._settings_lock:
+            new = replace(self.config, **changes)
+            if save:
+                save_config(new)
+            self._apply(new)
+            now = replace(self.config)
+        self._announce(now)
+        return now
+
+    def _apply(self, new: Config) -> None:
+        old = replace(self.config)
+        # In place: the shell keeps this object across %reload_ext.
+        for f in fields(Config):
+            setattr(self.config, f.name, getattr(new, f.name))
+        if new.interval_s != old.interval_s:
+            self.sampler.interval_s = new.interval_s  # wakes the thread: re-planned at once
+            if self.replay is not None:
+                self.replay.sampler.interval_s = new.interval_s
+        self.tracker.threshold_bytes = new.threshold_bytes
+        if new.device != old.device:
+            self._apply_device(new.device)
+
+    def _announce(self, cfg: Config) -> None:
+        for fn in list(self.settings_listeners):
+            try:
+                fn(replace(cfg))  # a copy each: a listener cannot change the settings behind us
+            except Exception as e:
+                name = getattr(fn, "__qualname__", type(fn).__name__)
+                self._contain(f"settings listener {name}", e)
+
+    def _check_starting_device(self) -> None:
+        """A starting device (from the settings file) this process does not see falls back
+        to every GPU, reported once: only once the sources are up is the GPU count known."""
+        if self.config.device is None:
+            return
+        try:
+            self.check_device(self.config.device)
+        except SettingsError as e:
+            log.warning("%s", bad_setting_line(safeio.shown(config_path()), e))
+            self.config.device = None
+            self._apply_device(None)
 
     def _reset_peaks(self) -> bool:
         """Reset the allocator's peak counters: only on request, only once CUDA is up."""
         try:
-            return TorchSource().reset_peaks(self.config.device)
+            return self.torch.reset_peaks(self.config.device)
         except Exception as e:
             self._contain("reset_peak_memory_stats", e)
             return False
 
     def begin(self, *, reset_peak: bool) -> tuple[Sample, Watermark, bool]:
+        """Start a measurement with a fresh exact reading (``%%gpumem``)."""
         did_reset = self._reset_peaks() if reset_peak else False
-        before = self.read_fast()
+        before = self.read_hot()
         wm = Watermark()
         self._watermarks.append(wm)
         return before, wm, did_reset
 
     def end(self, wm: Watermark) -> Sample:
-        after = self.read_fast()
+        after = self.read_hot()
         if wm in self._watermarks:
             self._watermarks.remove(wm)
+        with self._baseline_lock:
+            self._baseline = after
         return after
 
     # -- cell hooks --------------------------------------------------------------------------
     def pre_run_cell(self, info: Any) -> None:
+        """Cheap by design: no device is read here. The cell starts from the baseline."""
         self._depth += 1
         if self._depth != 1:
             return  # nested (%%capture, run_cell from a cell): part of the outer cell
         try:
-            before, wm, did_reset = self.begin(reset_peak=self.config.peak == PEAK_RESET)
+            t_s = time.monotonic()
+            reset = self.config.peak == PEAK_RESET and self._reset_peaks()
+            with self._baseline_lock:
+                before = self._baseline
+                if before is None or reset:
+                    before = self._baseline = self.read_hot()
+            wm = Watermark()
+            self._watermarks.append(wm)
             self._pending = _Pending(
-                before=before, cell_key=cell_key_of(info),
+                before=before, t_s=t_s, wall_s=time.time(), cell_key=cell_key_of(info),
                 source=getattr(info, "raw_cell", "") or "",
                 execution_count=_pre_count(self.shell, info),
-                thread_id=threading.get_ident(), reset_peak=did_reset, watermark=wm,
-                mark=CellMark(before.t_s),
+                thread_id=threading.get_ident(), reset_peak=reset, watermark=wm,
+                mark=CellMark(t_s),
             )
-            self.sampler.record(before)
             # Marked at its start, so a long cell shows on the chart while it runs.
             self.marks.append(self._pending.mark)
         except Exception as e:
@@ -219,33 +498,119 @@ class Monitor:
         self._depth -= 1
         if self._depth != 0:
             return
-        pending, self._pending = self._pending, None
+        try:  # one attribute check unless the cell raised a CUDA OOM
+            self.oom.on_cell_result(result)
+        except Exception as e:
+            self._contain("OOM explainer", e)
+        pending = self._pending
         if pending is None:
             return
         try:
             self._finish(pending, result)
         except Exception as e:
             self._contain("post_run_cell", e)
+        finally:
+            self._pending = None
 
     def _finish(self, pending: _Pending, result: Any) -> None:
+        """The one exact allocator read, then as little as possible before the reply.
+
+        A cell whose verdict may need printing in its own output (it raised, or a re-run the
+        allocator shows growing) is judged here. Every other cell, nearly all of them, is
+        recorded and judged on the sampler thread a moment later, with NVML's reading after
+        the cell, once the kernel has sent the reply.
+        """
         after = self.end(pending.watermark)
-        self.sampler.record(after)
+        raised = _cell_exception(result)
         count = getattr(result, "execution_count", None) or pending.execution_count
-        rec = build_record(
-            execution_count=count, cell_key=pending.cell_key, source=pending.source,
-            before=pending.before, after=after, watermark=pending.watermark,
-            reset_at_start=pending.reset_peak, error=error_text(result),
-        )
-        self.history.append(rec)
+        self.last_cell_exception.note(count, result, self.shell)
         pending.mark.execution_count = count
+        done = _Done(pending, after, count, error_text(result), contextvars.copy_context())
+        rerun = pending.cell_key in self._seen_cells
+        self._seen_cells.add(pending.cell_key)
+        if raised is not None or not self.sampler.running or (
+                rerun and self._allocator_grew(pending, after)):
+            with self._record_lock:
+                self._drain_done(None)
+                done.record = self._record(done, None)
+                self._observe(done.record, None)
+            with self._baseline_lock:
+                self._done.append(done)  # NVML's "after" still to come
+                while len(self._done) > 64 and self._done[0].record is not None:
+                    self._done.popleft()  # the sampler is stopped: keep what we have
+        else:
+            with self._baseline_lock:
+                self._done.append(done)
+        # The sampler records, judges and redraws a moment later: that work must not compete
+        # with the kernel sending this cell's reply.
+        self.sampler.request_tick(delay_s=AFTER_CELL_TICK_DELAY_S)
+
+    @property
+    def history(self) -> History:
+        """Every finished cell's record: reading it records any cell still queued."""
+        self.flush()
+        return self._history
+
+    def flush(self) -> None:
+        """Record every finished cell now, with the NVML figures known so far (before
+        anything reads the history on demand)."""
+        if self._done:
+            with self._record_lock:
+                self._drain_done(None)
+
+    def _allocator_grew(self, pending: _Pending, after: Sample) -> bool:
+        threshold = self.tracker.threshold_bytes
+        for d in after.devices:
+            b = pending.before.device(d.index)
+            a_al, b_al = d.allocator, b.allocator if b is not None else None
+            if a_al is None:
+                continue
+            if (a_al.allocated_bytes - (b_al.allocated_bytes if b_al else 0) > threshold
+                    or a_al.reserved_bytes - (b_al.reserved_bytes if b_al else 0) > threshold):
+                return True
+        return False
+
+    def _record(self, done: _Done, nvml_after: Sample | None) -> CellRecord:
+        p = done.pending
+        before = replace(p.before, t_s=p.t_s, wall_s=p.wall_s)
+        rec = build_record(
+            execution_count=done.count, cell_key=p.cell_key, source=p.source,
+            before=before, after=done.after, watermark=p.watermark,
+            reset_at_start=p.reset_peak, error=done.error,
+        )
+        if nvml_after is not None:
+            rec = complete_nvml(rec, nvml_after)
+        self._history.append(rec)
+        return rec
+
+    def _drain_done(self, sample: Sample | None) -> None:
+        """Record and judge finished cells in order; with ``sample`` (sampler thread) only
+        those that ended before it, completing their NVML figures from it."""
+        while True:
+            with self._baseline_lock:
+                if not self._done or (
+                        sample is not None and self._done[0].after.t_s > sample.t_s):
+                    return
+                done = self._done.popleft()
+            if done.record is None:
+                rec = self._record(done, sample)
+                self._observe(rec, done.context if sample is not None else None)
+            elif sample is not None:
+                self._history.replace(done.record, complete_nvml(done.record, sample))
+
+    def _observe(self, rec: CellRecord, context: contextvars.Context | None) -> None:
         verdict = self.tracker.observe(rec)
         if verdict is not None:
             verdict = self._explain(verdict)
             self.verdicts.append(verdict)
-            print(verdict.message)
+            # Printed under the cell's own context, so a judgement made on the sampler
+            # thread is still routed to that cell's output.
+            if context is None:
+                print(verdict.message)
+            else:
+                context.run(print, verdict.message)
         for fn in list(self.on_record):
             fn(rec, verdict)
-        self.sampler.request_tick()  # the widget redraws from the sampler thread
 
     def _explain(self, v: Verdict) -> Verdict:
         holders: tuple[Holder, ...] = ()
@@ -257,18 +622,6 @@ class Monitor:
     def cell_running(self) -> bool:
         """Between a top-level cell's pre and post hooks, on whatever thread asks."""
         return self._pending is not None
-
-    def use_source(self, source: Source) -> None:
-        """Switch what the sampler and hooks read (``%gpumem watch --replay``)."""
-        source.start()
-        self.sampler.stop()
-        old, self.source = self.source, source
-        self.sampler.source = source
-        self.sampler.start()
-        try:
-            old.close()
-        except Exception as e:
-            self._contain("close", e)
 
     def busy_elsewhere(self) -> bool:
         """A cell is running on another thread (a widget click during a cell)."""
@@ -282,41 +635,35 @@ class Monitor:
 
     def scan(self, include_gc: bool = False) -> list[Holder]:
         return Scanner().scan(self.shell.user_ns, output_cache=self.out_entries(),
-                              last_exception=last_exception_objects(self.shell),
-                              include_gc=include_gc)
+                              last_exception=last_exception_objects(
+                                  self.shell, self.last_cell_exception),
+                              include_gc=include_gc,
+                              hidden=getattr(self.shell, "user_ns_hidden", None))
 
     def cleanup(self, request: cleanup.CleanupRequest) -> cleanup.CleanupReport:
         if self.busy_elsewhere():
             raise RuntimeError("a cell is running; cleanup waits until it finishes")
-        displayhook = getattr(self.shell, "displayhook", None)
-        outputs = _OutputCache(self.shell) if getattr(displayhook, "do_full_cache", False) else None
-        return cleanup.run(request, user_ns=self.shell.user_ns, output_cache=outputs,
-                           # The live Out dict, not a copy: a copy would keep every
-                           # cached result alive through the very step that frees them.
-                           out_entries=self.shell.user_ns.get("_oh", {}), measure=self.read,
-                           stored_exceptions=last_exception_objects(self.shell))
+        report = cleanup.run(request, shell=self.shell, measure=self.read,
+                             cell_exception=self.last_cell_exception)
+        with self._baseline_lock:
+            self._baseline = None  # cleanup changed the allocator: read afresh
+        return report
 
 
-class _OutputCache:
-    """Everything that keeps displayed results alive, emptied together.
+def _cell_exception(result: Any) -> BaseException | None:
+    err = getattr(result, "error_in_exec", None)
+    return err if isinstance(err, BaseException) else None
 
-    ``displayhook.flush()`` empties Out and the ``_N`` names, but IPython also pushes ``_``,
-    ``__`` and ``___`` into ``user_ns_hidden`` and keeps the last result in
-    ``last_execution_result``; a tensor referenced only there would survive a plain flush.
-    """
 
-    def __init__(self, shell: Any) -> None:
-        self.shell = shell
-
-    def flush(self) -> None:
-        self.shell.displayhook.flush()
-        hidden = getattr(self.shell, "user_ns_hidden", {})
-        for name in ("_", "__", "___"):
-            if name in hidden:
-                hidden[name] = ""
-        result = getattr(self.shell, "last_execution_result", None)
-        if result is not None and getattr(result, "result", None) is not None:
-            result.result = None
+def _repair(cfg: Config) -> None:
+    """Every field of a ``Config`` handed in checked; a bad one is reported and reset, so the
+    monitor never runs on a value ``configure`` would refuse."""
+    for key, check in CHECKS.items():
+        try:
+            setattr(cfg, key, check(getattr(cfg, key)))
+        except SettingsError as e:
+            log.warning("%s", bad_setting_line("settings", e))
+            setattr(cfg, key, getattr(Config(), key))
 
 
 def error_text(result: Any) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from . import safeio
 from .model import CellDevice, CellRecord
 from .report import html_table, text_table
 from .units import format_bytes
@@ -30,7 +31,7 @@ COLUMNS = (
 )
 
 DISPLAY_HEADERS = ("cell", "source", "time", "GPU", "allocated Δ", "reserved Δ", "peak",
-                   "NVML Δ", "NVML peak", "host RAM Δ", "")
+                   "NVML Δ", "NVML peak", "host RAM Δ", "outcome")
 
 
 def flat_rows(rec: CellRecord) -> Iterator[dict[str, Any]]:
@@ -71,7 +72,7 @@ def format_peak(d: CellDevice) -> str:
 
 def display_rows(rec: CellRecord) -> list[list[str]]:
     label = f"[{rec.execution_count}]" if rec.execution_count is not None else rec.cell_key[:8]
-    flag = "raised" if rec.raised else ""
+    flag = "raised" if rec.raised else "ok"
     common = [label, rec.source_preview[:40], f"{rec.duration_s:.3f} s"]
     rss = format_bytes(rec.rss_delta_bytes, signed=True)
     if not rec.devices:
@@ -96,6 +97,15 @@ class History:
         with self._lock:
             self._records.append(rec)
 
+    def replace(self, old: CellRecord, new: CellRecord) -> bool:
+        """Swap a record for its completed version (NVML figures arrive after the cell)."""
+        with self._lock:
+            for i in range(len(self._records) - 1, -1, -1):
+                if self._records[i] is old:
+                    self._records[i] = new
+                    return True
+        return False
+
     def records(self, last: int | None = None) -> list[CellRecord]:
         with self._lock:
             data = list(self._records)
@@ -118,13 +128,16 @@ class History:
         return pd.DataFrame(self.rows(), columns=list(COLUMNS))
 
     def to_csv(self, path: str | Path | None = None) -> str:
+        """The CSV text; with ``path``, also written there (``OSError`` if refused)."""
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=list(COLUMNS))
         writer.writeheader()
         writer.writerows(self.rows())
         text = buf.getvalue()
         if path is not None:
-            Path(path).write_text(text)
+            # Atomic, and never through a link or into a FIFO or device (see safeio): the
+            # user named a file to create, not whatever that name happens to point at.
+            safeio.write_text_atomic(path, text)
         return text
 
 

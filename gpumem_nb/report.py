@@ -28,12 +28,17 @@ def text_table(headers: Row, rows: Sequence[Row]) -> str:
     return "\n".join(out)
 
 
+# JupyterLab styles rendered tables with ``white-space: normal``, so "+1.49 GiB" broke after
+# "+1.49" even beside empty space; cells are short, so they never wrap.
+_NOWRAP = "white-space:nowrap"
+
+
 def html_table(headers: Row, rows: Sequence[Row], *, caption: str = "") -> str:
     esc = html.escape
-    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    head = "".join(f'<th style="{_NOWRAP}">{esc(h)}</th>' for h in headers)
     body = "".join(
         "<tr>" + "".join(
-            f'<td style="text-align:{"left" if i == 0 else "right"}">{esc(c)}</td>'
+            f'<td style="text-align:{"left" if i == 0 else "right"};{_NOWRAP}">{esc(c)}</td>'
             for i, c in enumerate(r)
         ) + "</tr>"
         for r in rows

@@ -26,6 +26,9 @@ log = logging.getLogger("gpumem_nb")
 MIN_INTERVAL_S = 0.05
 MAX_INTERVAL_S = 60.0
 DEFAULT_INTERVAL_S = 0.5
+# The thread naps at most this long, so a delayed request (after a cell) is served within a
+# nap without anyone waking it.
+NAP_S = 0.1
 # Two hours at the default rate, about 7 MB of small frozen records.
 DEFAULT_CAPACITY = 14_400
 
@@ -59,6 +62,8 @@ class Sampler:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._due_t: float | None = None  # a requested tick's time, if sooner than the next
+        self._replan = False
         self.errors: dict[str, int] = {}
         self.last_error = ""
         self.ticks = 0
@@ -72,6 +77,7 @@ class Sampler:
     @interval_s.setter
     def interval_s(self, value: float) -> None:
         self._interval_s = check_interval(value)
+        self._replan = True
         self._wake.set()  # re-plan with the new interval at once
 
     def add_listener(self, fn: Listener) -> None:
@@ -102,8 +108,9 @@ class Sampler:
             return self._buffer[-1] if self._buffer else None
 
     def _contain(self, where: str, e: BaseException) -> None:
-        key = f"{where}: {type(e).__name__}: {e}"
-        self.last_error = key
+        # One report per kind of failure: texts that change per call must not spam cells.
+        key = f"{where}: {type(e).__name__}"
+        self.last_error = f"{key}: {e}"
         first = key not in self.errors
         self.errors[key] = self.errors.get(key, 0) + 1
         if first:
@@ -134,6 +141,9 @@ class Sampler:
 
     def start(self) -> None:
         if self.running:
+            # Stopped while a tick hung (a stuck NVML call) and started again before it
+            # returned: the same thread carries on; a second one would double every read.
+            self._stop.clear()
             return
         self._stop.clear()
         self._wake.clear()
@@ -145,9 +155,15 @@ class Sampler:
         )
         self._thread.start()
 
-    def request_tick(self) -> None:
-        """Ask the thread for a tick now (after a cell), without drawing on this thread."""
-        self._wake.set()
+    def request_tick(self, delay_s: float = 0.0) -> None:
+        """Ask the thread for a tick soon (after a cell), without drawing on this thread."""
+        due = self._clock() + max(delay_s, 0.0)
+        self._due_t = due if self._due_t is None else min(self._due_t, due)
+        if delay_s <= 0:
+            self._wake.set()
+        # A delayed request wakes nothing: the thread finds it at its next nap (NAP_S). A
+        # wake here would have the thread take the interpreter lock just as the kernel
+        # sends the cell's reply.
 
     def stop(self, timeout_s: float = 1.0) -> bool:
         """Stop and join; True when the thread is gone."""
@@ -156,17 +172,34 @@ class Sampler:
         self._wake.set()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
-        self._thread = None
-        return thread is None or not thread.is_alive()
+        gone = thread is None or not thread.is_alive()
+        if gone:
+            self._thread = None
+        # A thread stuck in a read keeps its reference: it exits once the read returns, and
+        # start() reuses it rather than adding another.
+        return gone
 
     def _run(self) -> None:
         next_t = self._clock() + self._interval_s
         while not self._stop.is_set():
-            woke = self._wake.wait(max(0.0, next_t - self._clock()))
+            with self._lock:
+                due = self._due_t
+            target = min(next_t, self._clock() + NAP_S) if due is None else min(next_t, due)
+            self._wake.wait(max(0.0, target - self._clock()))
+            self._wake.clear()
             if self._stop.is_set():
                 break
-            if woke:
-                self._wake.clear()
+            now = self._clock()
+            if self._replan:
+                self._replan = False
+                next_t = min(next_t, now + self._interval_s)
+            with self._lock:
+                requested = self._due_t is not None and now >= self._due_t
+                if requested:
+                    self._due_t = None
+            if not requested and now < next_t:
+                continue  # woken to re-plan (a delayed request, a new interval)
+            woke = requested
             cpu0 = time.thread_time()
             self.tick()
             self.cpu_s += time.thread_time() - cpu0

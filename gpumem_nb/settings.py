@@ -1,21 +1,33 @@
-"""Settings: defaults, a user file, and environment variables.
+"""Settings: defaults, a user file, and environment variables, each value checked.
 
 ``%gpumem config ... --save`` writes ``~/.config/gpumem_nb/config.json`` (or the file named by
 ``GPUMEM_NB_CONFIG``); loading the extension reads it. ``GPUMEM_NB_AUTO_SHOW=1`` shows the
-chart on load whatever the file says. A file that cannot be read is ignored with one warning:
-settings must never stop the extension from loading.
+chart on load whatever the file says.
+
+Settings must never stop the extension from loading, and a wrong value must never be used
+quietly: the file is checked key by key. Each bad value is reported once, in one line naming
+the file and the key, and that key falls back to its default while the good keys are kept. A
+file that cannot be read or is not a JSON object is reported in one line and ignored whole.
+
+The same ``check_*`` functions guard ``Monitor.configure``, so a value the magic or the widget
+refuses is exactly a value the file may not hold. Whether a device index names a GPU this
+process sees is known only once the sources are up: the monitor checks that.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
+from . import safeio
 from .analysis import DEFAULT_THRESHOLD_BYTES
-from .sampler import DEFAULT_INTERVAL_S, check_interval
+from .sampler import DEFAULT_INTERVAL_S, MAX_INTERVAL_S, MIN_INTERVAL_S
+from .units import format_bytes
 
 log = logging.getLogger("gpumem_nb")
 
@@ -23,6 +35,10 @@ PEAK_PRESERVE = "preserve"
 PEAK_RESET = "reset"
 CONFIG_ENV = "GPUMEM_NB_CONFIG"
 AUTO_SHOW_ENV = "GPUMEM_NB_AUTO_SHOW"
+# A settings file is a few lines; anything larger is not one (and is not read into memory).
+MAX_SETTINGS_BYTES = 64 * 1024
+# No GPU holds a petabyte: a larger threshold is a typo, not a wish to never be told.
+MAX_THRESHOLD_BYTES = 1 << 50
 
 
 @dataclass
@@ -35,6 +51,122 @@ class Config:
     auto_show: bool = False
 
 
+class SettingsError(ValueError):
+    """A setting's value refused, in words: ``key`` and the plain reason ``why``."""
+
+    def __init__(self, key: str, why: str) -> None:
+        super().__init__(f"{key}: {why}")
+        self.key = key
+        self.why = why
+
+
+def show_value(value: Any) -> str:
+    """A value as JSON would spell it, short; never raises (a 5000-digit int cannot be
+    turned into text at all under Python's default limits)."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        return f"a {type(value).__name__}"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def check_interval_s(value: Any) -> float:
+    if not _is_number(value):
+        raise SettingsError("interval_s", f"must be a number of seconds, not {show_value(value)}")
+    # Compared before float(): an int too large for a float still compares exactly.
+    if not (MIN_INTERVAL_S <= value <= MAX_INTERVAL_S):
+        raise SettingsError("interval_s", f"must be between {MIN_INTERVAL_S} and "
+                                          f"{MAX_INTERVAL_S:g} seconds, not {show_value(value)}")
+    return float(value)
+
+
+def check_threshold_bytes(value: Any) -> int:
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)  # 1e9 in JSON is a float
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise SettingsError("threshold_bytes",
+                            f"must be a whole number of bytes, not {show_value(value)}")
+    if not 0 <= value <= MAX_THRESHOLD_BYTES:
+        raise SettingsError("threshold_bytes", f"must be between 0 B and "
+                            f"{format_bytes(MAX_THRESHOLD_BYTES)}, not {show_value(value)}")
+    return value
+
+
+def check_device(value: Any) -> int | None:
+    """A device index (or None for every GPU), by type only; the monitor checks the range."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise SettingsError("device", "must be a GPU number (0, 1, ...) or null for every "
+                                      f"GPU, not {show_value(value)}")
+    return value
+
+
+def check_peak(value: Any) -> str:
+    if not isinstance(value, str) or value not in (PEAK_PRESERVE, PEAK_RESET):
+        raise SettingsError("peak", f"must be \"{PEAK_PRESERVE}\" or \"{PEAK_RESET}\", "
+                                    f"not {show_value(value)}")
+    return value
+
+
+def check_auto_show(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise SettingsError("auto_show", f"must be true or false, not {show_value(value)}")
+    return value
+
+
+CHECKS = {
+    "interval_s": check_interval_s,
+    "device": check_device,
+    "threshold_bytes": check_threshold_bytes,
+    "peak": check_peak,
+    "auto_show": check_auto_show,
+}
+assert set(CHECKS) == {f.name for f in fields(Config)}
+
+
+def describe_default(key: str) -> str:
+    value = getattr(Config(), key)
+    if key == "threshold_bytes":
+        return format_bytes(value)
+    if key == "interval_s":
+        return f"{value:g} s"
+    if key == "device":
+        return "every GPU"
+    return show_value(value)
+
+
+def bad_setting_line(origin: str, e: SettingsError) -> str:
+    """The one line that reports a refused value from ``origin`` (a file name)."""
+    return (f"gpumem_nb: {origin}: \"{e.key}\" {e.why}; "
+            f"using the default ({describe_default(e.key)}).")
+
+
+def parse_config(data: Any, origin: str) -> tuple[Config, list[str]]:
+    """A valid ``Config`` from parsed JSON, whatever it holds, and one line per problem."""
+    if not isinstance(data, dict):
+        kind = {list: "a list", str: "a string", type(None): "null", bool: "true or false"}.get(
+            type(data), "a number")
+        return Config(), [f"gpumem_nb: {origin}: ignored: it holds {kind}, not an object of "
+                          "settings; using the default settings."]
+    cfg = Config()
+    problems = []
+    for key, value in data.items():
+        check = CHECKS.get(key)
+        if check is None:
+            problems.append(f"gpumem_nb: {origin}: unknown setting {show_value(key)} ignored.")
+            continue
+        try:
+            setattr(cfg, key, check(value))
+        except SettingsError as e:
+            problems.append(bad_setting_line(origin, e))
+    return cfg, problems
+
+
 def config_path() -> Path:
     env = os.environ.get(CONFIG_ENV)
     if env:
@@ -43,29 +175,46 @@ def config_path() -> Path:
     return Path(base) / "gpumem_nb" / "config.json"
 
 
-def load_config() -> Config:
-    cfg = Config()
+def read_config() -> tuple[Config, list[str]]:
+    """The settings file's ``Config`` and its problems; no file at all is no problem."""
     path = config_path()
-    if path.exists():
+    origin = safeio.shown(path)
+    try:
+        text = safeio.read_text(path, max_bytes=MAX_SETTINGS_BYTES, follow_symlinks=False)
+    except FileNotFoundError:
+        cfg, problems = Config(), []
+    except OSError as e:
+        cfg, problems = Config(), [f"gpumem_nb: {origin}: ignored: {safeio.reason(e)}; "
+                                   "using the default settings."]
+    else:
         try:
-            data = json.loads(path.read_text())
-            known = {f.name for f in fields(Config)}
-            cfg = Config(**{k: v for k, v in data.items() if k in known})
-            check_interval(cfg.interval_s)
-            if cfg.peak not in (PEAK_PRESERVE, PEAK_RESET):
-                raise ValueError(f"peak must be {PEAK_PRESERVE} or {PEAK_RESET}")
-        except (OSError, ValueError, TypeError) as e:
-            log.warning("gpumem_nb ignored %s: %s", path, e)
-            cfg = Config()
+            data = json.loads(text)
+        except (ValueError, RecursionError) as e:  # RecursionError: "[[[[..." nested deep
+            where = f" ({e.msg}, line {e.lineno})" if isinstance(e, json.JSONDecodeError) else ""
+            cfg, problems = Config(), [f"gpumem_nb: {origin}: ignored: it is not valid JSON"
+                                       f"{where}; using the default settings."]
+        else:
+            cfg, problems = parse_config(data, origin)
     if os.environ.get(AUTO_SHOW_ENV) == "1":
         cfg.auto_show = True
+    return cfg, problems
+
+
+def load_config() -> Config:
+    """``read_config``, with each problem logged once (the extension's load calls this once)."""
+    cfg, problems = read_config()
+    for line in problems:
+        log.warning("%s", line)
     return cfg
 
 
 def save_config(cfg: Config) -> Path:
+    """Write the settings atomically; an ``OSError`` means the old file is untouched.
+
+    The settings file is never written through a symbolic link (see ``safeio``).
+    """
     path = config_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     data = asdict(cfg)
     data.pop("device")  # which GPU to watch belongs to a session, not to every notebook
-    path.write_text(json.dumps(data, indent=2) + "\n")
-    return path
+    return safeio.write_text_atomic(path, json.dumps(data, indent=2) + "\n")

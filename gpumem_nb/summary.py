@@ -35,7 +35,8 @@ def hints(sample: Sample, info: AllocatorInfo | None, device: int) -> list[str]:
         out.append(
             f"{format_bytes(split)} sits in split blocks that cannot be returned (fragmentation). "
             "Set PYTORCH_ALLOC_CONF=expandable_segments:True before CUDA starts (restart the "
-            "kernel) so segments grow in place instead of splitting."
+            "kernel): blocks are still split, but the free pages of a partly used segment "
+            "can then be returned to the driver and mapped again for larger requests."
         )
     if al.num_alloc_retries:
         out.append(

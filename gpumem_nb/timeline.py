@@ -31,28 +31,47 @@ class Arrays:
     x: np.ndarray
     y: np.ndarray
 
+    def lists(self) -> tuple[list[float | None], list[float | None]]:
+        """Plain lists for plotly, None for a gap.
+
+        A FigureWidget must not hold numpy arrays: the browser echoes trace defaults back as
+        typed-array dicts and plotly's ``_remove_overlapping_props`` then evaluates an array's
+        truth value, raising in the kernel on every echo (plotly 6-7 with numpy 2).
+        """
+        return _plain(self.x, 3), _plain(self.y, 4)
+
     def same_as(self, other: Arrays | None) -> bool:
         return (other is not None and self.x.shape == other.x.shape
                 and bool(np.array_equal(self.x, other.x))
                 and bool(np.array_equal(self.y, other.y, equal_nan=True)))
 
 
-def values_of(sample: Sample, device: int) -> dict[str, float]:
-    """A sample's values in GiB for one device; NaN where unknown (plotly leaves a gap)."""
-    nan = float("nan")
-    d = sample.device(device)
-    nv = d.nvml if d else None
-    al = d.allocator if d else None
+def _plain(a: np.ndarray, digits: int) -> list[float | None]:
+    return [None if v != v else v for v in np.round(a.astype(np.float64), digits).tolist()]
 
-    def gib(v: int | None) -> float:
-        return nan if v is None else v / GIB
+
+ALL_DEVICES = -1  # the timeline key of the sum over every recorded GPU
+
+
+def values_of(sample: Sample, device: int | None) -> dict[str, float]:
+    """A sample's values in GiB for one device, or summed over all when ``device`` is None;
+    NaN where unknown (plotly leaves a gap)."""
+    nan = float("nan")
+    devices = sample.devices if device is None else [
+        d for d in sample.devices if d.index == device]
+
+    def total(values: list[int | None]) -> float:
+        known = [v for v in values if v is not None]
+        return nan if not known else sum(known) / GIB
 
     return {
-        "nvml_used": gib(nv.used_bytes if nv else None),
-        "process": gib(nv.process_bytes if nv else None),
-        "reserved": gib(al.reserved_bytes if al else None),
-        "allocated": gib(al.allocated_bytes if al else None),
-        "rss": gib(sample.rss_bytes),
+        "nvml_used": total([d.nvml.used_bytes if d.nvml else None for d in devices]),
+        "process": total([d.nvml.process_bytes if d.nvml else None for d in devices]),
+        "reserved": total([d.allocator.reserved_bytes if d.allocator else None
+                           for d in devices]),
+        "allocated": total([d.allocator.allocated_bytes if d.allocator else None
+                            for d in devices]),
+        "rss": nan if sample.rss_bytes is None else sample.rss_bytes / GIB,
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _BINARY = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
@@ -52,4 +53,6 @@ def parse_size(text: str) -> int:
             f"{text!r} is not a size; write it like 512MB, 2GiB or 1e9 (bytes)"
         )
     value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not math.isfinite(value):  # 1e400 reads as inf, and int(inf) raises OverflowError
+        raise ValueError(f"{text!r} is too large a size")
     return int(value)

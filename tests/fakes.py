@@ -6,7 +6,10 @@ They record calls so tests can prove that observing never mutates the user's sta
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
+import traceback
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -185,7 +188,41 @@ class FakeCudaMemory:
             return {}
         d = self._cuda.devices[device]
         return nested_stats(d.allocated, d.reserved, d.peak_allocated, d.peak_reserved,
-                            d.inactive_split)
+                            d.inactive_split, retries=d.retries, ooms=d.ooms)
+
+    # Allocation history, as torch.cuda.memory's private API behaves (native backend only).
+    def _record_memory_history(self, enabled: Any = "all", context: Any = "all",
+                               stacks: str = "all", max_entries: int = 2**63) -> None:
+        c = self._cuda
+        c.calls.append(f"record_memory_history({enabled!r})")
+        if not c.initialized:
+            raise AssertionError("_record_memory_history would initialise CUDA")
+        if c.backend == "cudaMallocAsync":
+            raise RuntimeError("cudaMallocAsync does not yet support recordHistory. If you "
+                               "need it, please file an issue describing your use case.")
+        c.history = enabled if enabled else None
+        c.history_max = max_entries
+        if not enabled:
+            c.traces = [[] for _ in c.devices]  # switching off clears the buffer
+
+    def _snapshot(self) -> dict[str, Any]:
+        c = self._cuda
+        c.calls.append("snapshot")
+        if c.backend == "cudaMallocAsync":
+            raise RuntimeError("Calling snapshot with backend:cudaMallocAsync is not meaningful.")
+        if not c.initialized:
+            return {"segments": [], "device_traces": []}
+        segments = []
+        for i, d in enumerate(c.devices):
+            pieces = d.free_pieces or ([d.inactive_split] if d.inactive_split else [])
+            blocks = [{"size": d.allocated, "state": "active_allocated", "frames": []}]
+            blocks += [{"size": n, "state": "inactive", "frames": []} for n in pieces]
+            segments.append({"device": i, "total_size": d.reserved,
+                             "allocated_size": d.allocated, "is_expandable": c.expandable,
+                             "blocks": blocks})
+        return {"segments": segments, "device_traces": [list(t) for t in c.traces],
+                "allocator_settings": {"expandable_segments": c.expandable,
+                                       "PYTORCH_CUDA_ALLOC_CONF": ""}}
 
 
 @dataclass
@@ -199,18 +236,30 @@ class FakeCudaDevice:
     inactive_split: int = 0
     outside: int = 0  # memory in this process that PyTorch does not manage (cuBLAS, CuPy)
     context: bool = False
+    total: int = 141 * GiB  # what CUDA calls the device's total memory
+    retries: int = 0
+    ooms: int = 0
+    free_pieces: list[int] = field(default_factory=list)  # the inactive split blocks' sizes
 
 
 class FakeCuda:
     """``torch.cuda`` with a scripted allocator. Records every call by name."""
 
     def __init__(self, devices: list[FakeCudaDevice] | None = None, *,
-                 initialized: bool = False) -> None:
+                 initialized: bool = False, backend: str = "native") -> None:
         self.devices = devices if devices is not None else [FakeCudaDevice("aaaa-1111")]
         self.initialized = initialized
         self.calls: list[str] = []
         self.memory = FakeCudaMemory(self)
         self.nvml_gpus: list[FakeGpu] = []
+        self.backend = backend
+        self.expandable = False
+        self.fraction = 1.0
+        self.observers: list[Any] = []  # OOM observers, as the native allocator keeps them
+        self.history: str | None = None
+        self.history_max = 0
+        self.traces: list[list[dict[str, Any]]] = [[] for _ in self.devices]
+        self.others: dict[int, list[tuple[int, int]]] = {}  # other processes, per device
 
     def is_initialized(self) -> bool:
         return self.initialized
@@ -226,10 +275,14 @@ class FakeCuda:
         if not self.initialized:
             raise AssertionError("get_device_properties would initialise CUDA")
         d = self.devices[i]
-        return SimpleNamespace(uuid=d.uuid, pci_bus_id=d.bus, pci_domain_id=0, pci_device_id=0)
+        return SimpleNamespace(uuid=d.uuid, pci_bus_id=d.bus, pci_domain_id=0, pci_device_id=0,
+                               total_memory=d.total)
 
     def get_allocator_backend(self) -> str:
-        return "native"
+        return self.backend
+
+    def get_per_process_memory_fraction(self, i: int) -> float:
+        return self.fraction
 
     # The driver's view: a context plus whatever the cache holds, like the real thing.
     context_bytes = 500 * MiB
@@ -240,29 +293,89 @@ class FakeCuda:
         self._sync()
 
     def _sync(self) -> None:
-        for d, g in zip(self.devices, self.nvml_gpus, strict=False):
+        for i, (d, g) in enumerate(zip(self.devices, self.nvml_gpus, strict=False)):
             # A device gets a context once this process puts something on it.
             d.context = d.context or bool(self.initialized and (d.reserved or d.outside))
             used = (self.context_bytes if d.context else 0) + d.reserved + d.outside
-            g.used_bytes = used
-            g.procs = [(os.getpid(), used)] if d.context else []
+            others = self.others.get(i, [])
+            g.used_bytes = used + sum(n for _, n in others)
+            g.procs = ([(os.getpid(), used)] if d.context else []) + list(others)
 
-    def allocate(self, i: int, nbytes: int) -> None:
+    def device_free(self, i: int) -> int:
+        """cudaMemGetInfo's free: what the driver could still hand out on device ``i``."""
+        if i < len(self.nvml_gpus):
+            g = self.nvml_gpus[i]
+            return g.total_bytes - g.reserved_bytes - g.used_bytes
+        d = self.devices[i]
+        return d.total - d.reserved - d.outside
+
+    def _record(self, i: int, action: str, **fields: Any) -> None:
+        """A history entry with the Python stack, innermost frame first, as torch records it
+        (the fake's own frames stand for torch's C++ and are left out)."""
+        if self.history is None:
+            return
+        frames = [{"filename": f.filename, "line": f.lineno, "name": f.name}
+                  for f in reversed(traceback.extract_stack())
+                  if os.path.basename(f.filename) != "fakes.py"]
+        entry = {"action": action, "frames": frames, "time_us": time.time() * 1e6,
+                 "stream": 0, **fields}
+        trace = self.traces[i]
+        trace.append(entry)
+        del trace[: max(len(trace) - self.history_max, 0)]  # a ring buffer
+
+    def allocate(self, i: int, nbytes: int, addr: int | None = None) -> None:
         d = self.devices[i]
         d.allocated += nbytes
-        d.reserved = max(d.reserved, d.allocated)
+        d.reserved = max(d.reserved, d.allocated + d.inactive_split)
         d.peak_allocated = max(d.peak_allocated, d.allocated)
         d.peak_reserved = max(d.peak_reserved, d.reserved)
+        self._record(i, "alloc", addr=addr if addr is not None else -nbytes, size=nbytes)
         self._sync()
 
-    def free(self, i: int, nbytes: int) -> None:
+    def free(self, i: int, nbytes: int, addr: int | None = None) -> None:
         self.devices[i].allocated -= nbytes
+        if addr is not None:
+            self._record(i, "free_requested", addr=addr, size=nbytes)
+            self._record(i, "free_completed", addr=addr, size=nbytes)
         self._sync()
+
+    def _fit(self, i: int, nbytes: int) -> None:
+        """The native allocator's order, simplified: a cached block, then the driver, then the
+        driver again after releasing unsplit cached blocks; else an OOM. Split blocks
+        (``inactive_split``) can never be used for a larger request."""
+        if not self.nvml_gpus:
+            return  # no device model to run out of
+        d = self.devices[i]
+        cached = d.reserved - d.allocated - d.inactive_split
+        if nbytes <= cached or nbytes <= self.device_free(i):
+            return
+        d.retries += 1
+        d.reserved -= cached
+        self._sync()
+        if nbytes <= self.device_free(i):
+            return
+        self.raise_oom(i, nbytes)
+
+    def raise_oom(self, i: int, nbytes: int) -> None:
+        d = self.devices[i]
+        free = self.device_free(i)
+        if self.backend == "cudaMallocAsync":
+            raise OutOfMemoryError(async_oom_message(i, d.allocated, nbytes, d.total, free))
+        d.ooms += 1
+        self._record(i, "oom", size=nbytes, device_free=free)
+        for obs in list(self.observers):
+            obs(i, nbytes, int(d.total * self.fraction), free)
+        procs = self.nvml_gpus[i].procs if i < len(self.nvml_gpus) else []
+        raise OutOfMemoryError(native_oom_message(i, nbytes, d.total, free, d.allocated,
+                                                  d.reserved, procs))
 
     def tensor(self, nbytes: int, device: int = 0, grad_fn: Any = None) -> FakeTensor:
         self.initialized = True
-        self.allocate(device, nbytes)
-        return FakeTensor(nbytes, f"cuda:{device}", grad_fn=grad_fn, owner=self)
+        self._fit(device, nbytes)
+        t = FakeTensor(nbytes, f"cuda:{device}", grad_fn=grad_fn)
+        self.allocate(device, nbytes, addr=id(t))
+        t._owner = self
+        return t
 
     # Mutations a monitor must never make on its own.
     def empty_cache(self) -> None:
@@ -307,7 +420,8 @@ class FakeTensor:
 
     def __del__(self) -> None:
         if self._owner is not None:
-            self._owner.free(self.device.index or 0, self._nbytes)
+            with contextlib.suppress(Exception):  # interpreter shutdown
+                self._owner.free(self.device.index or 0, self._nbytes, addr=id(self))
 
     def untyped_storage(self) -> Any:
         return SimpleNamespace(nbytes=lambda: self._nbytes, data_ptr=lambda: id(self))
@@ -320,13 +434,88 @@ class FakeTensor:
 
 
 def fake_torch(cuda: FakeCuda | None = None) -> Any:
+    cuda = cuda if cuda is not None else FakeCuda()
     mod = SimpleNamespace(
-        cuda=cuda if cuda is not None else FakeCuda(),
+        cuda=cuda,
         version=SimpleNamespace(cuda="13.0"),
         Tensor=FakeTensor,
+        OutOfMemoryError=OutOfMemoryError,
+        _C=FakeTorchC(cuda),
         __name__="torch",
     )
     return mod
+
+
+class OutOfMemoryError(RuntimeError):
+    """``torch.OutOfMemoryError``: a RuntimeError subclass from the torch package."""
+
+
+OutOfMemoryError.__module__ = "torch"
+
+
+class FakeTorchC:
+    """The two ``torch._C`` calls the OOM explainer and the trace make."""
+
+    def __init__(self, cuda: FakeCuda) -> None:
+        self._cuda = cuda
+        self.attach_calls = 0
+
+    def _cuda_attach_out_of_memory_observer(self, fn: Any) -> None:
+        self.attach_calls += 1
+        if not self._cuda.initialized:
+            raise AssertionError("attaching an OOM observer would initialise CUDA")
+        if self._cuda.backend == "cudaMallocAsync":
+            raise RuntimeError("cudaMallocAsync does not yet support attachOutOfMemoryObserver."
+                               " If you need it, please file an issue describing your use case.")
+        self._cuda.observers.append(fn)
+
+    def _cuda_isHistoryEnabled(self) -> bool:
+        return self._cuda.history is not None
+
+
+def format_size(n: int) -> str:
+    """c10's format_size: how every figure in torch's OOM messages is printed."""
+    if n <= 1024:
+        return f"{n} bytes"
+    if n <= 1 << 20:
+        return f"{n / 1024:.2f} KiB"
+    if n <= 1 << 30:
+        return f"{n / (1 << 20):.2f} MiB"
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+def native_oom_message(device: int, requested: int, total: int, free: int, allocated: int,
+                       reserved: int, procs: list[tuple[int, int | None]]) -> str:
+    """The torch >= 2.2 native allocator's message, built from the same numbers."""
+    proc_text = "".join(
+        ("Including non-PyTorch memory, this process" if pid == os.getpid()
+         else f"Process {pid}") + f" has {format_size(used or 0)} memory in use. "
+        for pid, used in procs
+    )
+    return (
+        f"CUDA out of memory. Tried to allocate {format_size(requested)}. GPU {device} has a "
+        f"total capacity of {format_size(total)} of which {format_size(free)} is free. "
+        f"{proc_text}Of the allocated memory {format_size(allocated)} is allocated by "
+        f"PyTorch, and {format_size(reserved - allocated)} is reserved by PyTorch but "
+        "unallocated. If reserved but unallocated memory is large try setting "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+        "documentation for Memory Management  "
+        "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+    )
+
+
+def async_oom_message(device: int, allocated: int, requested: int, total: int,
+                      free: int) -> str:
+    """The cudaMallocAsync backend's message (no memory fraction set: the limit is 2**64)."""
+    return (
+        f"Allocation on device {device} would exceed allowed memory. (out of memory)"
+        f"\nCurrently allocated     : {format_size(allocated)}"
+        f"\nRequested               : {format_size(requested)}"
+        f"\nDevice limit            : {format_size(total)}"
+        f"\nFree (according to CUDA): {format_size(free)}"
+        "\nPyTorch limit (set by user-supplied memory fraction)"
+        "\n                        : 17179869184.00 GiB"
+    )
 
 
 def our_pid() -> int:

@@ -63,10 +63,94 @@ def test_output_cache_entries_carry_their_aliases():
     assert [(h.name, h.kind) for h in holders] == [("Out[7] (also _)", "output cache")]
 
 
-def test_stored_loss_is_called_out_for_keeping_its_graph():
-    loss = FakeTensor(4, grad_fn=type("MulBackward0", (), {})())
+def test_underscore_names_the_user_assigned_are_variables_not_the_output_cache():
+    # `--out` keeps these, so `who` must not call them output cache (nor advise --out).
+    out, mine, old = FakeTensor(GiB), FakeTensor(MiB), FakeTensor(2 * MiB)
+    holders = scan({"_": mine, "_7": old, "_8": out}, output_cache={8: out},
+                   hidden={"_": out, "_7": FakeTensor(4), "_8": out})
+    assert {(h.name, h.kind) for h in holders} == {
+        ("Out[8]", "output cache"), ("_", "variable"), ("_7", "variable")}
+
+
+def test_frames_of_a_chained_exception_are_attributed():
+    def f() -> None:
+        big = FakeTensor(GiB)  # noqa: F841 - held by the frame
+        raise ValueError
+
+    def g() -> None:
+        try:
+            f()
+        except ValueError:
+            raise RuntimeError("wrapped") from None
+
+    try:
+        g()
+    except RuntimeError as e:
+        err = e
+    assert [(h.name, h.nbytes) for h in scan({}, last_exception=[err])] == [
+        ("traceback: f() locals", GiB)]
+
+
+def test_a_suspended_generators_frame_is_never_read_through_a_traceback():
+    # Reading f_locals of a live frame (Python <= 3.12) stores a snapshot that keeps the
+    # generator's locals alive after the generator drops them: observing would leak.
+    import weakref
+
+    refs: list = []
+
+    def gen():
+        big = FakeTensor(GiB)
+        refs.append(weakref.ref(big))
+        try:
+            raise ZeroDivisionError
+        except ZeroDivisionError as e:
+            err = e
+        yield err
+        del big
+        yield None
+
+    g = gen()
+    err = next(g)  # its traceback runs through g's suspended frame
+    holders = scan({}, last_exception=[err])
+    assert not [h for h in holders if h.name == "traceback: gen() locals"]
+    next(g)
+    assert refs[0]() is None
+
+
+class Node:
+    """An autograd node: edges to the nodes that produced its inputs."""
+
+    def __init__(self, *inputs: Node | None) -> None:
+        self.next_functions = tuple((n, 0) for n in inputs)
+
+
+def named(kind: str, *inputs: Node | None) -> Node:
+    return type(kind, (Node,), {})(*inputs)
+
+
+def test_a_stored_loss_reports_its_own_bytes_and_separately_the_graph_it_holds():
+    # Issue 11: `who` listed a graph-holding loss as just "4 B".
+    acc_w, acc_b = named("AccumulateGrad"), named("AccumulateGrad")
+    mm = named("MmBackward0", None, acc_w)  # None: an input that needs no grad
+    add = named("AddBackward0", mm, acc_b)
+    loss = FakeTensor(4, grad_fn=named("MeanBackward0", named("ReluBackward0", add), add))
     (h,) = scan({"loss": loss})
-    assert "grad_fn=MulBackward0 (keeps its autograd graph)" in h.detail
+    assert (h.nbytes, h.holds_graph, h.graph_nodes, h.graph_nodes_capped) == (4, True, 6, False)
+    assert "grad_fn=MeanBackward0; holds its autograd graph (6 nodes)" in h.detail
+
+
+def test_a_huge_graph_is_walked_only_up_to_its_cap():
+    node = named("AccumulateGrad")
+    for _ in range(12_000):
+        node = named("AddBackward0", node)
+    (h,) = scan({"loss": FakeTensor(4, grad_fn=node)})
+    assert h.holds_graph and h.graph_nodes_capped and h.graph_nodes == 10_000
+    assert "(≥10000 nodes)" in h.detail
+
+
+def test_a_tensor_without_grad_fn_holds_no_graph():
+    (h,) = scan({"w": FakeTensor(GiB)})
+    assert not h.holds_graph and h.graph_nodes is None and "autograd" not in h.detail
 
 
 def test_traceback_locals_are_attributed_to_the_frame():
@@ -95,3 +179,21 @@ def test_a_tensor_among_a_million_plain_objects_is_still_found():
     ns["big_dict"] = {i: float(i) for i in range(300_000)}
     ns["nested"] = [[FakeTensor(GiB)]]
     assert [(h.name, h.nbytes) for h in scan(ns)] == [("nested", GiB)]
+
+
+def test_a_scan_leaves_the_garbage_collector_as_it_found_it():
+    # The walk pauses the collector for speed; it must restore it, even when it fails.
+    import gc
+
+    class Broken(dict):
+        def items(self):
+            raise RuntimeError("no items")
+
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            for ns in ({"x": [FakeTensor(GiB)]}, Broken(x=1)):
+                scan(ns)
+                assert gc.isenabled() is enabled
+    finally:
+        gc.enable()

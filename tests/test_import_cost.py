@@ -22,7 +22,7 @@ def test_import_gpumem_nb_imports_no_heavy_library():
 
 def test_core_layers_import_none_of_the_four_third_party_libraries():
     mods = modules_after(
-        "import gpumem_nb.sampler, gpumem_nb.model, gpumem_nb.snapshot, gpumem_nb.units, "
+        "import gpumem_nb.sampler, gpumem_nb.model, gpumem_nb.views, gpumem_nb.units, "
         "gpumem_nb.sources.live, gpumem_nb.sources.replay"
     )
     assert not {"torch", "plotly", "ipywidgets", "pynvml", "IPython"} & mods

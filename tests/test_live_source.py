@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 
-from gpumem_nb.snapshot import take
 from gpumem_nb.sources.live import LiveSource
 from gpumem_nb.sources.nvml import NvmlSource
 from gpumem_nb.sources.torch import TorchSource
+from gpumem_nb.views import take
 
 from .fakes import FakeCuda, FakeCudaDevice, FakeGpu, FakePynvml, GiB, MiB, fake_torch
 

@@ -14,10 +14,14 @@ from gpumem_nb.settings import PEAK_PRESERVE
 from gpumem_nb.views import CellReport
 
 from .fakes import GiB, MiB
+from .helpers import spaced
 
 
 def run(ip: Any, source: str, cell_id: str | None = None) -> Any:
-    return ip.run_cell(source, store_history=True, cell_id=cell_id)
+    """Run a cell as people do: with time after it for the sampler's next reading."""
+    result = ip.run_cell(source, store_history=True, cell_id=cell_id)
+    spaced(ip)
+    return result
 
 
 def magic(ip: Any, line: str) -> Any:
@@ -38,6 +42,49 @@ def test_question_mark_help_lists_every_subcommand(loaded):
     for word in ("history", "who", "cleanup", "config", "summary", "start", "watch",
                  "%%gpumem"):
         assert word in doc
+
+
+def parser_words() -> list[tuple[str, str]]:
+    """(subcommand, flag) for every flag the parsers accept: the truth the help must tell."""
+    import argparse
+
+    from gpumem_nb.magics import _build_cell_parser, _build_parser
+
+    words = []
+    for action in _build_parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                words.append((name, ""))
+                words += [(name, flag) for a in sub._actions for flag in a.option_strings]
+    words += [("%%gpumem", flag) for a in _build_cell_parser()._actions
+              for flag in a.option_strings]
+    return words
+
+
+def test_help_names_every_subcommand_and_flag_the_parser_accepts(loaded):
+    doc = loaded.find_line_magic("gpumem").__doc__
+    sections = {}
+    for block in doc.split("\n  %")[1:]:
+        head = block.split()[0].lstrip("%")
+        sections["%%gpumem" if head == "gpumem" and block.startswith("%gpumem") else
+                 block.split()[1] if head == "gpumem" else head] = block
+    missing = [(sub, flag) for sub, flag in parser_words()
+               if sub not in sections or (flag and flag not in sections[sub])]
+    assert missing == []
+
+
+def test_the_dead_traceback_flag_is_gone_from_help_and_parser(loaded):
+    assert "--traceback " not in loaded.find_line_magic("gpumem").__doc__.replace(
+        "--keep-traceback", "")
+    assert ("cleanup", "--traceback") not in parser_words()
+
+
+def test_dash_h_after_a_subcommand_prints_its_help_and_changes_nothing(loaded, capsys):
+    mon = current_monitor(loaded)
+    magic(loaded, "config --interval 2 -h")
+    out = capsys.readouterr().out
+    assert "%gpumem config" in out and "--threshold SIZE" in out and "history" not in out
+    assert mon.config.interval_s == 0.5
 
 
 def test_status_shows_nvml_allocator_and_outside_pytorch(loaded, capsys):
@@ -67,6 +114,19 @@ def test_status_shows_nvml_allocator_and_outside_pytorch(loaded, capsys):
         ("who -n -3", "-n must be a positive number"),
         ("history --bogus", "unrecognized arguments"),
         ("config --interval '1", "could not read the arguments"),
+        ("config --threshold 1e400", "too large a size"),
+        ("config --threshold 2PB", "not a size"),
+        ("config --threshold 1e30", "between 0 B and 1024.00 TiB"),
+        ("config --interval nan", "between 0.05 and 60 seconds"),
+        ("config --interval 1e400", "between 0.05 and 60 seconds"),
+        ("config --device -1", "takes a GPU number or 'all'"),
+        ("config --device " + "9" * 5000, "takes a GPU number or 'all'"),
+        ("history --csv 'a\0b'", "contains a NUL character"),
+        ("history --csv ''", "empty file name"),
+        ("watch --replay 'a\0b'", "contains a NUL character"),
+        ("cleanup --traceback", "unrecognized arguments: --traceback"),
+        ("'a b'", "has no subcommand 'a b'"),
+        ('config "--interval', "could not read the arguments"),
     ],
 )
 def test_bad_input_is_a_usage_error_with_a_sentence_and_changes_nothing(loaded, line, message):
@@ -323,3 +383,192 @@ def test_status_names_sampler_errors_that_were_only_logged(loaded, capsys, fake_
     out = capsys.readouterr().out
     assert "The sampler hit 1 error(s); the last: source: RuntimeError: GPU is lost" in out
     assert "lost" in out.splitlines()[2]  # the device row shows the placeholder
+
+
+# -- the monitor owns the settings (issue 7) ---------------------------------------------------
+def test_only_the_monitor_writes_interval_threshold_and_device_selection():
+    """Nobody outside monitor.py assigns sampler.interval_s, tracker.threshold_bytes or
+    source.selected (an object's own __init__ may set its own field)."""
+    import ast
+    from pathlib import Path
+
+    import gpumem_nb
+
+    owned = {"interval_s", "threshold_bytes", "selected", "threshold"}
+    offenders = []
+    for path in Path(gpumem_nb.__file__).parent.rglob("*.py"):
+        if path.name == "monitor.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else [])
+            for t in targets:
+                if (isinstance(t, ast.Attribute) and t.attr in owned
+                        and not (isinstance(t.value, ast.Name) and t.value.id == "self")):
+                    offenders.append(f"{path.name}:{node.lineno} {ast.unparse(t)}")
+    assert offenders == []
+
+
+def test_config_device_switches_what_the_source_reads(shell, two_fake_gpus):
+    run(shell, "%load_ext gpumem_nb")
+    mon = current_monitor(shell)
+    magic(shell, "config --device 1")
+    assert [d.index for d in mon.read().devices] == [1]
+    magic(shell, "config --device all")
+    assert [d.index for d in mon.read().devices] == [0, 1]
+
+
+def test_configure_checks_everything_before_applying_anything(loaded):
+    from gpumem_nb.settings import SettingsError
+
+    mon = current_monitor(loaded)
+    for bad in ({"interval_s": 2, "threshold_bytes": -5}, {"interval_s": 2, "device": 7},
+                {"interval_s": 2, "peak": "sometimes"}, {"interval_s": 2, "auto_show": "off"},
+                {"threshold_bytes": 64 * MiB, "interval_s": float("nan")},
+                {"interval_s": 2, "device": True}, {"interval_s": True}):
+        with pytest.raises(SettingsError):
+            mon.configure(**bad)
+        assert (mon.config.interval_s, mon.sampler.interval_s) == (0.5, 0.5)
+        assert mon.config.threshold_bytes == mon.tracker.threshold_bytes == 16 * MiB
+        assert mon.config.device is None and mon.source.selected is None
+
+
+def test_configure_keeps_the_device_unless_asked_and_none_means_every_gpu(shell, two_fake_gpus):
+    run(shell, "%load_ext gpumem_nb")
+    mon = current_monitor(shell)
+    assert mon.configure(device=1).device == 1
+    assert mon.configure(interval_s=2).device == 1 and list(mon.source.selected) == [1]
+    assert mon.configure(device=None).device is None and mon.source.selected is None
+
+
+def test_configure_save_failure_raises_and_applies_nothing(loaded, private_settings):
+    mon = current_monitor(loaded)
+    private_settings.mkdir()
+    with pytest.raises(OSError):
+        mon.configure(interval_s=2, save=True)
+    assert mon.config.interval_s == mon.sampler.interval_s == 0.5
+
+
+def test_settings_listeners_hear_every_change_and_a_raising_one_is_reported_once(loaded, caplog):
+    import logging
+
+    mon = current_monitor(loaded)
+    heard = []
+
+    def broken(cfg: Any) -> None:
+        raise RuntimeError(f"boom at {len(heard)}")  # a new text every time
+
+    mon.settings_listeners += [broken, heard.append]
+    with caplog.at_level(logging.WARNING, logger="gpumem_nb"):
+        for interval in (1.0, 2.0, 3.0):
+            magic(loaded, f"config --interval {interval}")
+    assert [c.interval_s for c in heard] == [1.0, 2.0, 3.0]
+    heard[0].interval_s = 99.0  # a listener's copy is its own
+    assert mon.config.interval_s == 3.0
+    assert len([r for r in caplog.records if "settings listener" in r.getMessage()]) == 1
+
+
+# -- %gpumem history --csv: a path the user names is written, never what it points at --------
+def test_history_csv_never_writes_through_a_symlink(loaded, tmp_path):
+    victim = tmp_path / "notes.txt"
+    victim.write_text("precious")
+    link = tmp_path / "h.csv"
+    link.symlink_to(victim)
+    with pytest.raises(UsageError, match="symbolic link"):
+        magic(loaded, f"history --csv {link}")
+    assert victim.read_text() == "precious"
+
+
+def test_history_csv_to_a_fifo_is_refused_without_blocking(loaded, tmp_path):
+    import os
+
+    from .test_safeio import finishes
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(UsageError, match="FIFO"):
+        finishes(lambda: magic(loaded, f"history --csv {fifo}"), fifo)
+
+
+# -- loading and reloading ---------------------------------------------------------------------
+def sampler_threads() -> int:
+    return sum(t.name == "gpumem_nb-sampler" and t.is_alive() for t in threading.enumerate())
+
+
+def test_a_load_failing_after_the_sampler_started_leaves_no_thread(shell, no_gpu, monkeypatch):
+    before = sampler_threads()
+
+    def fail(*a: Any, **kw: Any) -> None:
+        assert sampler_threads() == before + 1  # the failure really comes after the start
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(shell, "register_magics", fail)
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="injected"):
+            shell.extension_manager.load_extension("gpumem_nb")
+    assert sampler_threads() == before
+    assert current_monitor(shell) is None
+    for event in ("pre_run_cell", "post_run_cell"):
+        assert not [f for f in shell.events.callbacks[event]
+                    if "Monitor" in getattr(f, "__qualname__", "")]
+    monkeypatch.undo()
+    run(shell, "%load_ext gpumem_nb")
+    assert sampler_threads() == before + 1
+
+
+def live_monitors() -> int:
+    import gc
+
+    from gpumem_nb.monitor import Monitor
+
+    gc.collect()
+    return sum(isinstance(o, Monitor) for o in gc.get_objects())
+
+
+def open_fds() -> int:
+    import os
+
+    return len(os.listdir("/proc/self/fd"))
+
+
+def open_widgets() -> int:
+    from ipywidgets.widgets import widget
+
+    return len(widget._instances)  # every widget not yet closed (ipywidgets' registry)
+
+
+def reloads_stay_flat(shell: Any, times: int) -> None:
+    """Load, warm up, reload ``times`` times: one more live monitor than before, one sampler
+    thread, one registered magics object, and no file descriptor or open widget more than
+    after warm-up."""
+    monitors = live_monitors()  # earlier tests' monitors, if any are still referenced
+    run(shell, "%load_ext gpumem_nb")
+    for _ in range(3):  # warm up: first-use imports and caches open what they keep
+        run(shell, "%reload_ext gpumem_nb")
+    fds, widgets = open_fds(), open_widgets()
+    for _ in range(times):
+        assert run(shell, "%reload_ext gpumem_nb").success
+    assert live_monitors() == monitors + 1
+    assert open_fds() <= fds
+    assert open_widgets() <= widgets
+    assert sampler_threads() == 1
+    assert sum(type(c).__name__ == "GpumemMagics" for c in shell.configurables) == 1
+
+
+def test_reload_ext_keeps_monitors_and_file_descriptors_flat_over_50_reloads(shell, no_gpu):
+    reloads_stay_flat(shell, 50)
+
+
+def test_reload_ext_with_the_chart_shown_keeps_monitors_flat(shell, no_gpu, private_settings):
+    private_settings.write_text('{"auto_show": true}')
+    reloads_stay_flat(shell, 20)
+    assert current_monitor(shell).widget is not None
+
+
+def test_unload_leaves_nothing_that_references_the_monitor(shell, no_gpu):
+    monitors = live_monitors()
+    run(shell, "%load_ext gpumem_nb")
+    run(shell, "%unload_ext gpumem_nb")
+    assert live_monitors() == monitors
+    assert not [c for c in shell.configurables if type(c).__name__ == "GpumemMagics"]
+    assert "GpumemMagics" not in shell.magics_manager.registry

@@ -25,6 +25,9 @@ OWNERS = {
     "pandas": "records.py",
     "torch": None,
 }
+# Modules that must stay standard-library only (plus the package itself): the static chart
+# is rendered for saved notebooks without numpy or plotly.
+STDLIB_ONLY = ("svgchart.py",)
 
 
 def imported_roots(path: Path) -> set[str]:
@@ -44,6 +47,12 @@ def test_each_third_party_library_is_imported_in_one_module_only():
             found.setdefault(root, []).append(path.relative_to(PKG).as_posix())
     for lib, owner in OWNERS.items():
         assert found.get(lib, []) == ([owner] if owner else []), (lib, found.get(lib))
+
+
+def test_stdlib_only_modules_import_no_third_party_library():
+    for name in STDLIB_ONLY:
+        roots = imported_roots(PKG / name) - {"__future__"}
+        assert roots <= set(sys.stdlib_module_names), (name, roots - set(sys.stdlib_module_names))
 
 
 def test_ruff_is_clean():
@@ -68,10 +77,25 @@ def test_binder_installs_every_runtime_dependency():
     assert "pip install --no-deps -e ." in (ROOT / "binder" / "postBuild").read_text()
 
 
+def tutorial_builder():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_tutorials",
+                                                  ROOT / "notebooks" / "build_tutorials.py")
+    assert spec is not None and spec.loader is not None
+    builder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(builder)
+    return builder
+
+
 def test_the_tutorials_carry_outputs_from_a_gpu_run():
+    """Every tutorial the builder writes, executed on the GPU machine. Fails until they are
+    executed there (python notebooks/run_tutorials.py OUT_DIR) after a change."""
     import nbformat
 
-    for path in sorted((ROOT / "notebooks").glob("0*.ipynb")):
+    for name in tutorial_builder().TUTORIALS:
+        path = ROOT / "notebooks" / name
+        assert path.exists(), f"{name} is missing: run notebooks/build_tutorials.py"
         nb = nbformat.read(path, as_version=4)
         nbformat.validate(nb)
         code = [c for c in nb.cells if c.cell_type == "code"]
@@ -81,17 +105,42 @@ def test_the_tutorials_carry_outputs_from_a_gpu_run():
         assert "NVIDIA H200" in text, path.name
 
 
-def test_the_executed_tutorials_are_exactly_the_builders_sources():
-    import importlib.util
+def test_every_tutorial_cell_and_subprocess_snippet_is_valid_python():
+    """A syntax error would otherwise surface only on the GPU machine, as a failed run."""
+    import ast
 
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    transform = TransformerManager().transform_cell
+    for name, cells in tutorial_builder().TUTORIALS.items():
+        for i, cell in enumerate(cells):
+            if cell["kind"] != "code":
+                continue
+            text = cell["source"]
+            body = text.split("\n", 1)[1] if text.startswith("%%") else transform(text)
+            tree = ast.parse(body, f"{name} cell {i}")
+            for node in ast.walk(tree):  # code strings run with python -c
+                if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                        and isinstance(node.value.value, str)
+                        and "import " in node.value.value and node.targets[0].__class__
+                        is ast.Name and node.targets[0].id.isupper()):
+                    ast.parse(node.value.value, f"{name} cell {i} {node.targets[0].id}")
+
+
+def test_the_executed_tutorials_are_exactly_the_builders_sources():
     import nbformat
 
-    spec = importlib.util.spec_from_file_location("build_tutorials",
-                                                  ROOT / "notebooks" / "build_tutorials.py")
-    assert spec is not None and spec.loader is not None
-    builder = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(builder)
+    builder = tutorial_builder()
     for name, cells in builder.TUTORIALS.items():
         built = builder.build(name, cells)
         ran = nbformat.read(ROOT / "notebooks" / name, as_version=4)
         assert [c.source for c in built.cells] == [c.source for c in ran.cells], name
+
+
+def test_readme_layout_lists_every_module():
+    readme = (ROOT / "README.md").read_text()
+    layout = readme.split("<!-- layout -->", 1)[1].split("```", 2)[1]
+    missing = [str(p.relative_to(ROOT / "gpumem_nb"))
+               for p in sorted((ROOT / "gpumem_nb").rglob("*.py"))
+               if p.name not in layout]
+    assert not missing, f"README layout does not mention: {missing}"

@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import os
+from dataclasses import fields
+from typing import Any
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpumem_nb.model import AllocatorReading, DeviceSample, NvmlReading, Sample
-from gpumem_nb.sources.replay import ReplaySource, load_trace, write_trace
+from gpumem_nb.sources import replay as replay_mod
+from gpumem_nb.sources.replay import (
+    ReplaySource,
+    TraceError,
+    load_trace,
+    parse_trace,
+    sample_to_json,
+    write_trace,
+)
 
 from .fakes import GiB
 
@@ -48,3 +63,204 @@ def test_a_file_that_is_not_a_trace_is_refused_plainly(tmp_path):
     p.write_text('{"samples": []}')
     with pytest.raises(ValueError, match="not a gpumem_nb trace"):
         load_trace(p)
+
+
+# -- issue 8: replay files fully checked on load -----------------------------------------------
+def good_body() -> dict[str, Any]:
+    return json.loads(json.dumps({"format": "gpumem_nb-trace", "version": 1, "note": "n",
+            "samples": [sample_to_json(sample(0.0, GiB)), sample_to_json(sample(0.5, 2 * GiB))]}))
+
+
+def edit(path: list[Any], value: Any) -> dict[str, Any]:
+    body = good_body()
+    target: Any = body
+    for key in path[:-1]:
+        target = target[key]
+    if value is DELETE:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    return body
+
+
+DELETE = object()
+NV = ["samples", 1, "devices", 0, "nvml"]
+AL = ["samples", 1, "devices", 0, "allocator"]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (edit([*NV, "used_bytes"], "x"), 'sample 1, device 0, nvml: "used_bytes" is "x"'),
+        (edit([*NV, "used_bytes"], -1), '"used_bytes" is -1, not a whole number of bytes'),
+        (edit([*NV, "used_bytes"], 1.5), '"used_bytes" is 1.5'),
+        (edit([*NV, "used_bytes"], True), '"used_bytes" is true'),
+        (edit([*NV, "used_bytes"], 2**70), '"used_bytes" is 1180591620717411303424'),
+        (edit([*NV, "name"], 7), '"name" is 7, not a string'),
+        (edit([*NV, "status"], "fine"), '"status" is "fine", not one of ok, lost, error'),
+        (edit([*NV, "uuid"], DELETE), 'lacks the field "uuid"'),
+        (edit([*NV, "colour"], "red"), 'unknown field "colour"'),
+        (edit([*AL, "num_ooms"], "many"), 'allocator: "num_ooms" is "many"'),
+        (edit([*AL, "num_ooms"], None), '"num_ooms" is null'),
+        (edit([*AL, "reserved_bytes"], DELETE), 'lacks the field "reserved_bytes"'),
+        (edit(AL, []), "allocator is [], not an object"),
+        (edit(["samples", 1, "devices", 0, "index"], "0"), '"index" is "0"'),
+        (edit(["samples", 1, "devices", 0], 3), "sample 1, device 0 is 3, not an object"),
+        (edit(["samples", 1, "devices"], {}), '"devices" is {}, not a list'),
+        (edit(["samples", 1, "t_s"], DELETE), 'sample 1 lacks the field "t_s"'),
+        (edit(["samples", 1, "t_s"], "soon"), '"t_s" is "soon", not a finite number'),
+        (edit(["samples", 1, "t_s"], float("nan")), '"t_s" is NaN'),
+        (edit(["samples", 1, "t_s"], -1.0), '"t_s" goes back in time'),
+        (edit(["samples", 1, "wall_s"], "now"), '"wall_s" is "now"'),
+        (edit(["samples", 1, "rss_bytes"], "1GB"), '"rss_bytes" is "1GB"'),
+        (edit(["samples", 1], None), "sample 1 is null, not an object"),
+        (edit(["samples"], {}), '"samples" is {}, not a list'),
+        (edit(["samples"], DELETE), '"samples" is null, not a list'),
+        (edit(["samples"], []), "holds no samples"),
+        (edit(["note"], 5), '"note" is 5, not a string'),
+        (edit(["version"], 2), "version 2"),
+        (edit(["format"], DELETE), "not a gpumem_nb trace"),
+        ([], "not a gpumem_nb trace"),
+        ("[" * 50_000, "not valid JSON"),
+        ('{"format": ', "not valid JSON"),
+    ],
+)
+def test_a_malformed_trace_is_refused_with_a_message_naming_the_problem(tmp_path, body, message):
+    p = tmp_path / "bad.json"
+    p.write_text(body if isinstance(body, str) else json.dumps(body))
+    with pytest.raises(TraceError) as e:
+        ReplaySource.from_file(p)
+    assert message in str(e.value) and "\n" not in str(e.value)
+    assert isinstance(e.value, ValueError)
+
+
+def test_the_edits_above_start_from_a_trace_that_loads(tmp_path):
+    p = tmp_path / "good.json"
+    p.write_text(json.dumps(good_body()))
+    samples, _ = load_trace(p)
+    assert [s.devices for s in samples] == [sample(0.0, GiB).devices, sample(0.5, 2 * GiB).devices]
+
+
+@pytest.mark.parametrize("special", ["fifo", "/dev/zero", "directory", "missing"])
+def test_a_special_or_missing_replay_file_is_refused_at_once(tmp_path, special):
+    from .test_safeio import finishes
+
+    path, release = {"fifo": (tmp_path / "pipe", tmp_path / "pipe"),
+                     "directory": (tmp_path, None), "missing": (tmp_path / "nope.json", None),
+                     "/dev/zero": ("/dev/zero", None)}[special]
+    if special == "fifo":
+        os.mkfifo(path)
+    with pytest.raises(TraceError, match=r"FIFO|device|directory|No such file"):
+        finishes(lambda: ReplaySource.from_file(path), release)
+
+
+def test_a_replay_over_the_size_cap_is_not_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(replay_mod, "MAX_TRACE_BYTES", 1000)
+    p = tmp_path / "big.json"
+    p.write_text(json.dumps(good_body()) + " " * 1000)
+    with pytest.raises(TraceError, match="larger than 1000 bytes"):
+        load_trace(p)
+
+
+def test_a_bad_replay_file_in_watch_is_a_usage_error_and_changes_nothing(shell, no_gpu, tmp_path):
+    from IPython.core.error import UsageError
+
+    from gpumem_nb.magics import current_monitor
+
+    shell.run_cell("%load_ext gpumem_nb")
+    shell.run_cell("x = 1")
+    mon = current_monitor(shell)
+    before = (mon.source, len(mon.history), mon.widget, mon.replay)
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(edit([*NV, "used_bytes"], "x")))
+    with pytest.raises(UsageError, match=r'cannot replay .*"used_bytes" is "x"'):
+        shell.run_line_magic("gpumem", f"watch --replay {p}")
+    assert (mon.source, len(mon.history), mon.widget, mon.replay) == before
+    assert mon.sampler.running
+
+
+# -- GPUMEM_NB_REPLAY that cannot be replayed --------------------------------------------------
+@pytest.mark.parametrize("value", ["/no/such/trace.json", "bundeld", "fifo", "bad"])
+def test_a_replay_variable_typo_loads_live_with_one_line(shell, no_gpu, monkeypatch, tmp_path,
+                                                          capsys, value):
+    from gpumem_nb.magics import current_monitor
+
+    from .test_safeio import finishes
+
+    release = None
+    if value == "fifo":
+        value = release = str(tmp_path / "pipe")
+        os.mkfifo(value)
+    elif value == "bad":
+        value = str(tmp_path / "bad.json")
+        with open(value, "w") as f:
+            json.dump(edit([*AL, "num_ooms"], "many"), f)
+    monkeypatch.setenv("GPUMEM_NB_REPLAY", value)
+    result = finishes(lambda: shell.run_cell("%load_ext gpumem_nb"), release)
+    assert result.success
+    mon = current_monitor(shell)
+    assert mon is not None and mon.replay is None and mon.sampler.running
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "GPUMEM_NB_REPLAY" in ln]
+    assert len(lines) == 1 and "ignored" in lines[0] and value in lines[0]
+
+
+def test_a_replay_variable_naming_a_good_trace_still_replays(shell, no_gpu, monkeypatch):
+    from gpumem_nb.magics import current_monitor
+
+    monkeypatch.setenv("GPUMEM_NB_REPLAY", "bundled")
+    shell.run_cell("%load_ext gpumem_nb")
+    assert isinstance(current_monitor(shell).replay.source, ReplaySource)
+
+
+# -- property: any edit to any field either loads as typed data or is a TraceError -------------
+def leaf_paths(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    if isinstance(value, dict):
+        return [path] + [p for k, v in value.items() for p in leaf_paths(v, (*path, k))]
+    if isinstance(value, list):
+        return [path] + [p for i, v in enumerate(value) for p in leaf_paths(v, (*path, i))]
+    return [path]
+
+
+PATHS = [p for p in leaf_paths(good_body()) if p]
+junk = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                    lambda c: st.lists(c, max_size=2) | st.dictionaries(st.text(max_size=4), c,
+                                                                        max_size=2),
+                    max_leaves=4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(edits=st.lists(st.tuples(st.sampled_from(PATHS), junk | st.just(DELETE)), min_size=1,
+                      max_size=3))
+def test_any_edit_to_a_trace_loads_typed_samples_or_is_a_trace_error(edits):
+    body: Any = good_body()
+    for path, value in edits:
+        try:
+            target = body
+            for key in path[:-1]:
+                target = target[key]
+            if value is DELETE:
+                del target[path[-1]]
+            else:
+                target[path[-1]] = value
+        except (KeyError, IndexError, TypeError):
+            continue  # an earlier edit removed or replaced this place
+    try:
+        samples, note = parse_trace(json.dumps(body))
+    except TraceError as e:
+        assert str(e) and "\n" not in str(e)
+        return
+    assert isinstance(note, str) and samples
+    for s in samples:
+        assert isinstance(s.t_s, float) and isinstance(s.wall_s, float)
+        assert s.rss_bytes is None or type(s.rss_bytes) is int
+        for d in s.devices:
+            assert type(d.index) is int
+            for reading in (d.nvml, d.allocator):
+                if reading is None:
+                    continue
+                for f in fields(reading):
+                    v = getattr(reading, f.name)
+                    assert v is None or type(v) in (int, str), (f.name, v)
+    src = ReplaySource(samples, clock=lambda: 1.0)  # what loaded also plays
+    assert src.read().devices in [s.devices for s in samples]
+    assert src.status().gpu_count == len(samples[0].devices)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 
 from gpumem_nb.magics import current_monitor
 from gpumem_nb.model import DeviceSample, NvmlReading, Sample
+from gpumem_nb.svgchart import thin_labels
 from gpumem_nb.timeline import (
     MAX_POINTS,
     SERIES,
@@ -18,13 +20,17 @@ from gpumem_nb.timeline import (
     keep_peaks,
     values_of,
 )
-from gpumem_nb.widget import _LABELS, _MARKS, _RECENT
+from gpumem_nb.widget import _LABELS, _MARKS, _ORDER, _RECENT
 
 from .fakes import GiB
+from .helpers import spaced
 
 
 def run(ip: Any, source: str, cell_id: str | None = None) -> Any:
-    return ip.run_cell(source, store_history=True, cell_id=cell_id)
+    """Run a cell as people do: with time after it for the sampler's next reading."""
+    result = ip.run_cell(source, store_history=True, cell_id=cell_id)
+    spaced(ip)
+    return result
 
 
 @pytest.fixture
@@ -41,7 +47,7 @@ def chart(shell: Any, fake_gpu: Any, capsys: Any) -> Any:
 
 def trace(widget: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
     """A series as the browser draws it: the history trace, then the recent one."""
-    i = SERIES.index(name)
+    i = _ORDER.index(name)
     old, new = widget.fig.data[i], widget.fig.data[_RECENT + i]
     def arr(v: Any) -> np.ndarray:
         return np.asarray(v if v is not None else [], dtype=float)
@@ -57,22 +63,96 @@ def test_chart_shows_nvml_process_reserved_and_allocated_in_gib(chart, fake_gpu)
     assert chart.selector.layout.display == "none"  # one GPU: nothing to choose
     assert trace(chart, "allocated")[1][-1] == pytest.approx(2.0)
     assert trace(chart, "reserved")[1][-1] == pytest.approx(2.0)
-    assert trace(chart, "nvml_used")[1][-1] == pytest.approx(2.0 + 500 / 1024)
-    assert trace(chart, "process")[1][-1] == pytest.approx(2.0 + 500 / 1024)
+    # Sent rounded to 0.1 MiB: the browser needs no more.
+    assert trace(chart, "nvml_used")[1][-1] == pytest.approx(2.0 + 500 / 1024, abs=1e-4)
+    assert trace(chart, "process")[1][-1] == pytest.approx(2.0 + 500 / 1024, abs=1e-4)
     note = chart.fig.layout.annotations[0].text
     assert note == "total 141.0 GiB · headroom 138.5 GiB"  # 141 − (2 GiB + 500 MiB context)
     assert chart.fig.layout.yaxis.range[1] < 10  # the axis follows the data, not the total
 
 
-def test_every_cell_boundary_gets_a_mark_labelled_with_its_count(chart, shell):
+def test_every_cell_boundary_gets_a_mark_and_the_newest_its_count(chart, shell):
     for i in range(3):
         run(shell, f"k{i} = {i}")
     chart.monitor.sampler.tick()
     labels = chart.fig.data[_LABELS]
     counts = [r.execution_count for r in chart.monitor.history.records()][-3:]
-    assert list(labels.text)[-3:] == [f"[{n}]" for n in counts]
+    assert list(labels.text)[-1] == f"[{counts[-1]}]"
     lines = chart.fig.data[_MARKS]
-    assert len(lines.x) == 3 * len(labels.x)  # x, x, gap per mark
+    assert len(lines.x) == 3 * len(chart.monitor.marks)  # x, x, gap per mark
+
+
+def test_cell_labels_in_a_long_session_never_overlap():
+    xs = [i * 0.37 for i in range(500)]  # a cell every 0.37 s for three minutes
+    gap = (xs[-1] - xs[0]) / 14
+    keep = thin_labels(xs, gap)
+    assert keep[-1] == 499  # the newest cell is always labelled
+    assert all(xs[b] - xs[a] >= gap for a, b in itertools.pairwise(keep))
+    assert 10 <= len(keep) <= 15
+
+
+def test_chart_traces_hold_plain_lists_never_numpy_arrays(chart, fake_gpu, shell):
+    # The browser echoes trace defaults back; plotly's _remove_overlapping_props then takes
+    # the truth value of whatever the trace holds, which raises for a numpy array.
+    fake_gpu.cuda.tensor(GiB)
+    run(shell, "x = 1")
+    chart.monitor.sampler.tick()
+    for trace_ in chart.fig.data:
+        for key in ("x", "y", "text"):
+            value = trace_[key] if key in trace_ else None  # noqa: SIM401 (plotly has no get)
+            assert value is None or isinstance(value, (list, tuple)), (trace_.name, key)
+            assert not any(isinstance(v, float) and v != v for v in value or ())
+
+
+class _TypedArray(list):  # type: ignore[type-arg]
+    """How plotly.js holds an array that arrived as binary (a numpy array): a typed array,
+    never equal to the plain array plotly.js puts in its full data."""
+
+
+def _browser_delta(full: Any, data: Any) -> Any:
+    """A port of plotly.js' widget ``createDeltaObject`` (plotly 6-7 widgetbundle.js):
+    what the browser sends back as a trace's delta after every restyle."""
+    out: dict[str, Any] = {}
+    for k, v in full.items():
+        if k.startswith("_") or v is None:
+            continue
+        d = data.get(k) if isinstance(data, dict) else None
+        if v == d and type(v) is type(d) and k != "uid":
+            continue
+        if k in data and isinstance(d, _TypedArray):  # iterated like an object: by index
+            out[k] = {str(i): x for i, x in enumerate(v)}
+        elif k in data and isinstance(v, dict):
+            sub = _browser_delta(v, d or {})
+            if sub:
+                out[k] = sub
+        else:
+            out[k] = v
+    return out
+
+
+def _as_browser_holds(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return _TypedArray(value.tolist())
+    if isinstance(value, dict):
+        return {k: _as_browser_holds(v) for k, v in value.items()}
+    return value
+
+
+def test_browser_trace_deltas_raise_nothing_in_the_kernel(chart, fake_gpu, shell):
+    fake_gpu.cuda.tensor(GiB)
+    run(shell, "x = 1")
+    chart.monitor.sampler.tick()
+    fig = chart.fig
+    deltas = []
+    for t in fig.data:
+        data = _as_browser_holds(dict(t._props))
+        full = {**{k: (list(v) if isinstance(v, list) else v) for k, v in data.items()},
+                "xaxis": "x", "yaxis": "y", "visible": True,
+                "line": {**(data.get("line") or {}), "simplify": True}}
+        deltas.append({"uid": t.uid, **_browser_delta(full, data)})
+    # Raises in the kernel (ValueError: truth value of an array) if a trace holds numpy.
+    fig._js2py_traceDeltas = {"trace_deltas": deltas, "trace_edit_id": fig._last_trace_edit_id}
+    assert fig.data[_ORDER.index("allocated")].y  # the data is still there
 
 
 def test_header_row_shows_the_numbers_and_the_last_cell_peak(chart, shell):
@@ -140,12 +220,31 @@ def test_watch_twice_shows_the_same_single_widget(chart, shell):
     assert current_monitor(shell).widget is chart and chart.fig is fig
 
 
-def test_display_bundle_carries_text_and_html_for_static_viewers(chart):
+def test_display_bundle_carries_a_picture_of_the_chart_for_saved_notebooks(chart, shell):
+    import base64
+    import xml.etree.ElementTree as ET
+
+    run(shell, "t = cuda.tensor(3 * 2**30)")
     chart.monitor.sampler.tick()
     bundle = chart._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
     assert "NVML used / total" in bundle["text/plain"]
-    assert "<table" in bundle["text/html"]
+    html_ = bundle["text/html"]
+    assert html_.startswith('<img src="data:image/svg+xml;base64,') and "<table" in html_
+    svg = base64.b64decode(html_.split("base64,", 1)[1].split('"', 1)[0]).decode()
+    assert svg == bundle["image/svg+xml"]
+    ET.fromstring(svg)  # well-formed
+    assert "allocated" in svg and "GPU 0" in svg
+
+
+def test_refresh_static_updates_the_displayed_picture_to_the_end_of_the_run(chart, shell):
+    updates = []
+    chart.display_handle = type("Handle", (), {"update": lambda self, obj: updates.append(
+        obj._repr_mimebundle_()["image/svg+xml"])})()
+    first = chart._repr_mimebundle_()["image/svg+xml"]
+    run(shell, "t = cuda.tensor(5 * 2**30)")
+    chart.monitor.sampler.tick()
+    assert chart.refresh_static() and updates and updates[-1] != first
 
 
 def test_unload_closes_the_widget(chart, shell):
@@ -169,9 +268,37 @@ def test_replay_drives_the_chart_from_the_bundled_h200_session(shell, no_gpu, ca
     run(shell, "%load_ext gpumem_nb")
     run(shell, "%gpumem watch --replay bundled")
     mon = current_monitor(shell)
-    mon.sampler.stop()
-    mon.sampler.tick()
+    mon.replay.sampler.stop()
+    mon.replay.sampler.tick()
     assert "NVIDIA H200" in mon.widget.header.value
+    assert "REPLAY" in mon.widget.header.value  # never mistaken for this machine
+
+
+def test_replay_never_touches_the_users_records_marks_or_allocator(shell, fake_gpu, capsys):
+    run(shell, "%load_ext gpumem_nb")
+    mon = current_monitor(shell)
+    shell.user_ns["cuda"] = fake_gpu.cuda
+    run(shell, "%gpumem watch --replay bundled")
+    for _ in range(5):
+        mon.replay.sampler.tick()
+    marks_before = len(mon.marks)
+    run(shell, "small = cuda.tensor(2**20)")
+    run(shell, "%gpumem bogus")  # raises a UsageError, as in the report
+    for _ in range(5):
+        mon.replay.sampler.tick()
+    for rec in mon.history.records():
+        for d in rec.devices:  # the user's fake GPU, never the recording's 10+ GiB
+            assert (d.peak_allocated_bytes or 0) <= 2**20
+            assert (d.nvml_used_after_bytes or 0) < 2 * GiB
+    assert not mon.verdicts
+    assert len(mon.marks) == marks_before + 2  # the user's cells are still marked...
+    w = mon.widget
+    assert not [t for t in w.fig.data[_LABELS].text or ()]  # ...but not over the recording
+    assert "empty_cache" not in fake_gpu.cuda.calls
+    assert not [c for c in fake_gpu.cuda.calls if c.startswith("reset_peak")]
+    assert "last cell" not in w.header.value or "(recording)" in w.header.value
+    run(shell, "%gpumem watch --live")
+    assert mon.replay is None and mon.widget.replay is None
 
 
 def test_bad_replay_file_is_a_usage_error(shell, no_gpu, capsys, tmp_path):
@@ -221,16 +348,19 @@ def test_long_history_is_resent_only_every_refresh_while_recent_points_flow(char
 
     tick = chart.monitor.sampler.tick
     tick()
+    sent = []
+    chart.fig.data[0].on_change(lambda *a: sent.append(1), "x")
     history = chart.fig.data[0].x
     recent_lengths = []
     for _ in range(3):
+        fake_gpu.cuda.tensor(2**20)
         tick()
         recent_lengths.append(len(chart.fig.data[_RECENT].x))
-    assert chart.fig.data[0].x is history  # untouched between refreshes
+    assert chart.fig.data[0].x == history and not sent  # untouched between refreshes
     assert recent_lengths[-1] >= 1
     chart._history_until_s -= widget_mod.HISTORY_REFRESH_S
     tick()
-    assert chart.fig.data[0].x is not history
+    assert chart.fig.data[0].x != history
 
 
 def test_a_running_cell_is_marked_with_a_star_until_it_ends(chart):
@@ -253,10 +383,67 @@ def test_two_gpus_get_a_selector_and_switching_redraws_that_gpu(shell, two_fake_
     w = mon.widget
     held = cuda.tensor(3 * GiB, device=1)
     mon.sampler.tick()
-    assert w.selector.layout.display == "flex" and w.selector.options == (("GPU 0", 0),
-                                                                          ("GPU 1", 1))
+    assert w.selector.layout.display == "flex" and w.selector.options == (
+        ("all GPUs (sum)", -1), ("GPU 0", 0), ("GPU 1", 1))
+    w.selector.value = 0
+    mon.sampler.tick()
+    assert mon.config.device == 0  # the dropdown goes through the monitor
     assert trace(w, "allocated")[1][-1] == pytest.approx(0.0)
     w.selector.value = 1
     mon.sampler.tick()
+    assert mon.config.device == 1
     assert trace(w, "allocated")[1][-1] == pytest.approx(3.0)
     assert held is not None
+
+
+def _last_point_moves(w: Any, mon: Any, cuda: Any, device: int) -> bool:
+    """The chart is live on ``device``: an allocation there shows up as a new point."""
+    before = trace(w, "allocated")[1][-1]
+    keep = cuda.tensor(GiB, device=device)
+    mon.sampler.tick()
+    moved = trace(w, "allocated")[1][-1] == pytest.approx(before + 1.0)
+    del keep
+    return bool(moved)
+
+
+def test_config_device_from_a_cell_moves_the_chart_too(shell, two_fake_gpus):
+    cuda = two_fake_gpus
+    run(shell, "%load_ext gpumem_nb")
+    mon = current_monitor(shell)
+    mon.sampler.stop()
+    run(shell, "%gpumem watch")
+    w = mon.widget
+    run(shell, "%gpumem config --device 1")
+    mon.sampler.tick()
+    assert w.device == 1 and w.selector.value == 1
+    assert _last_point_moves(w, mon, cuda, 1)  # not a frozen line
+    w.selector.value = 0
+    mon.sampler.tick()
+    assert _last_point_moves(w, mon, cuda, 0)
+
+
+def test_saved_device_setting_is_what_the_next_chart_shows(shell, two_fake_gpus):
+    run(shell, "%load_ext gpumem_nb")
+    run(shell, "%gpumem config --device 1 --save")
+    run(shell, "%reload_ext gpumem_nb")
+    mon = current_monitor(shell)
+    run(shell, "%gpumem watch")
+    mon.sampler.stop()
+    mon.sampler.tick()
+    assert mon.config.device == mon.widget.device
+
+
+def test_this_process_figure_is_the_listed_one_everywhere(chart, shell, fake_gpu, capsys):
+    from gpumem_nb.views import Snapshot
+
+    keep = fake_gpu.cuda.tensor(600 * 2**20)
+    # NVML's "used" counts 8.81 MiB nobody's listing accounts for (seen on the H200): a
+    # share derived as used minus the others would say 8.81 MiB more than the listing.
+    fake_gpu.gpu.used_bytes += int(8.81 * 2**20)
+    sample = chart.monitor.sampler.tick()
+    listed = fake_gpu.gpu.procs[0][1]
+    assert sample.devices[0].nvml.process_bytes == listed
+    mon = chart.monitor
+    status_row = Snapshot(status=mon.source.status(), sample=mon.read()).rows()[0]
+    assert status_row[2] in chart.header.value
+    assert keep is not None

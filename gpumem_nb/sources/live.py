@@ -35,7 +35,10 @@ class LiveSource:
         self._mapped_with_torch = False
         self._started = False
         self.selected: Sequence[int] | None = None  # None: every visible device
-        self.process_refresh_s = 1.0
+        # Processes are listed on every sampler tick: the hooks no longer read NVML, so the
+        # listing (about 145 µs per GPU) is off the cell's path, and this process's share is
+        # always the listed figure, never one derived between listings.
+        self.process_refresh_s = 0.0
         self._listed_at_s = float("-inf")
 
     def start(self) -> bool:
@@ -116,6 +119,26 @@ class LiveSource:
             rss_bytes=self.host.rss_bytes(),
             devices=tuple(devices),
         )
+
+    def read_hot(self, nvml_from: Sample | None) -> Sample:
+        """The cell hooks' reading: exact allocator stats and RSS, no NVML call.
+
+        NVML can be slow when idle (115–158 µs for a first query on an H200) and can hang, so
+        the hooks take its figures from ``nvml_from``, the sampler's latest reading; the
+        record then says how old they are.
+        """
+        now = self._clock()
+        indices = self.indices()
+        allocators = self.torch.read_active(indices)  # {} before CUDA is up
+        devices = []
+        for i in indices:
+            nv = None
+            if nvml_from is not None:
+                d = nvml_from.device(i)
+                nv = d.nvml if d is not None else None
+            devices.append(DeviceSample(index=i, nvml=nv, allocator=allocators.get(i)))
+        return Sample(t_s=now, wall_s=time.time(), rss_bytes=self.host.rss_bytes(),
+                      devices=tuple(devices), nvml_t_s=nvml_from.t_s if nvml_from else None)
 
     def status(self) -> SourceStatus:
         if not self._started:

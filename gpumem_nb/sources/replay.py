@@ -9,42 +9,145 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict
+from dataclasses import MISSING, asdict, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..model import AllocatorReading, DeviceSample, NvmlReading, Sample, SourceStatus
+from .. import safeio
+from ..model import (
+    STATUS_ERROR,
+    STATUS_LOST,
+    STATUS_OK,
+    AllocatorReading,
+    DeviceSample,
+    NvmlReading,
+    Sample,
+    SourceStatus,
+)
 
 TRACE_FORMAT = "gpumem_nb-trace"
 BUNDLED_TRACE = "h200_session.json"
+
+
+# A long recorded session is a few MB; the cap keeps a wrong file from filling memory.
+MAX_TRACE_BYTES = 64 << 20
+_STATUSES = (STATUS_OK, STATUS_LOST, STATUS_ERROR)
+
+
+class TraceError(ValueError):
+    """A trace that cannot be replayed, with the problem in plain words."""
 
 
 def sample_to_json(sample: Sample) -> dict[str, Any]:
     return asdict(sample)
 
 
-def sample_from_json(data: dict[str, Any]) -> Sample:
-    devices = []
-    for d in data.get("devices", ()):
-        nv = d.get("nvml")
-        al = d.get("allocator")
-        devices.append(
-            DeviceSample(
-                index=int(d["index"]),
-                nvml=NvmlReading(**nv) if nv else None,
-                allocator=AllocatorReading(**al) if al else None,
-            )
-        )
-    return Sample(
-        t_s=float(data["t_s"]),
-        wall_s=float(data.get("wall_s", 0.0)),
-        rss_bytes=data.get("rss_bytes"),
-        devices=tuple(devices),
-    )
+# -- validation: every field of every sample, before anything is built ----------------------
+def _show(value: Any) -> str:
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        return f"a {type(value).__name__}"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _maybe_whole(where: str, key: str, value: Any, *, optional: bool = True) -> int | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << 63:
+        raise TraceError(f"{where}: \"{key}\" is {_show(value)}, not a whole number "
+                         f"{'of bytes ' if key.endswith('_bytes') else ''}"
+                         f"(0 or more){' or null' if optional else ''}")
+    return value
+
+
+def _whole(where: str, key: str, value: Any) -> int:
+    n = _maybe_whole(where, key, value, optional=False)
+    assert n is not None
+    return n
+
+
+def _seconds(where: str, key: str, value: Any) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise TraceError(f"{where}: \"{key}\" is {_show(value)}, not a finite number of seconds")
+    return float(value)
+
+
+def _maybe_seconds(where: str, key: str, value: Any) -> float | None:
+    return None if value is None else _seconds(where, key, value)
+
+
+def _text(where: str, key: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise TraceError(f"{where}: \"{key}\" is {_show(value)}, not a string")
+    return value
+
+
+# Each scalar field type of the records, by its annotation, and its check. A new field of a
+# type not listed here fails the round-trip test rather than loading unchecked.
+_SCALARS: dict[str, Callable[[str, str, Any], Any]] = {
+    "int": _whole, "int | None": _maybe_whole, "str": _text, "float": _seconds,
+    "float | None": _maybe_seconds,
+}
+
+
+def _record(where: str, data: Any, cls: type, *, nested: dict[str, Callable[[Any], Any]]
+            | None = None, lenient: dict[str, Any] | None = None) -> Any:
+    """A ``cls`` from ``data``, every field checked by its type: an object with every field
+    that has no default (``lenient`` ones too, with the given stand-in) and no unknown one."""
+    if not isinstance(data, dict):
+        raise TraceError(f"{where} is {_show(data)}, not an object")
+    nested, lenient = nested or {}, lenient or {}
+    known = fields(cls)
+    if unknown := sorted(set(data) - {f.name for f in known}, key=str):
+        raise TraceError(f"{where} has an unknown field {_show(unknown[0])}")
+    kw: dict[str, Any] = {}
+    for f in known:
+        if f.name not in data:
+            if f.name in lenient:
+                kw[f.name] = lenient[f.name]
+            elif f.default is MISSING and f.default_factory is MISSING:
+                raise TraceError(f"{where} lacks the field {_show(f.name)}")
+            continue
+        value = data[f.name]
+        kw[f.name] = (nested[f.name](value) if f.name in nested
+                      else _SCALARS[str(f.type)](where, f.name, value))
+    return cls(**kw)
+
+
+def _nvml_from_json(where: str, nv: Any) -> NvmlReading:
+    reading: NvmlReading = _record(where, nv, NvmlReading)
+    if reading.status not in _STATUSES:
+        raise TraceError(f"{where}: \"status\" is {_show(reading.status)}, not one of "
+                         f"{', '.join(_STATUSES)}")
+    return reading
+
+
+def _device_from_json(where: str, d: Any) -> DeviceSample:
+    return _record(where, d, DeviceSample, nested={
+        "nvml": lambda nv: None if nv is None else _nvml_from_json(f"{where}, nvml", nv),
+        "allocator": lambda al: None if al is None else _record(
+            f"{where}, allocator", al, AllocatorReading),
+    })
+
+
+def _devices_from_json(where: str, raw: Any) -> tuple[DeviceSample, ...]:
+    if not isinstance(raw, list):
+        raise TraceError(f"{where}: \"devices\" is {_show(raw)}, not a list")
+    return tuple(_device_from_json(f"{where}, device {j}", d) for j, d in enumerate(raw))
+
+
+def sample_from_json(data: Any, where: str = "sample") -> Sample:
+    """A ``Sample`` from its JSON form; ``TraceError`` names the first field that is wrong."""
+    return _record(where, data, Sample,
+                   nested={"devices": lambda raw: _devices_from_json(where, raw)},
+                   # Early traces had neither; they replay with no wall clock and no RSS.
+                   lenient={"wall_s": 0.0, "rss_bytes": None})
 
 
 def write_trace(path: str | Path, samples: Iterable[Sample], *, note: str = "") -> None:
@@ -59,19 +162,48 @@ def write_trace(path: str | Path, samples: Iterable[Sample], *, note: str = "") 
     Path(path).write_text(json.dumps(body, separators=(",", ":")))
 
 
+def parse_trace(text: str) -> tuple[list[Sample], str]:
+    """Samples and note of a trace's text, every field checked; ``TraceError`` otherwise."""
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        where = f" ({e.msg}, line {e.lineno})" if isinstance(e, json.JSONDecodeError) else ""
+        raise TraceError(f"it is not valid JSON{where}") from None
+    if not isinstance(body, dict) or body.get("format") != TRACE_FORMAT:
+        raise TraceError(f"it is not a gpumem_nb trace (no \"format\": \"{TRACE_FORMAT}\")")
+    if body.get("version", 1) != 1 or isinstance(body.get("version"), bool):
+        raise TraceError(f"it is a trace of version {_show(body.get('version'))}; "
+                         "this gpumem_nb reads version 1")
+    raw = body.get("samples")
+    if not isinstance(raw, list):
+        raise TraceError(f"\"samples\" is {_show(raw)}, not a list")
+    if not raw:
+        raise TraceError("it holds no samples")
+    samples = [sample_from_json(s, f"sample {i}") for i, s in enumerate(raw)]
+    for i in range(1, len(samples)):
+        if samples[i].t_s < samples[i - 1].t_s:  # playback looks samples up by time
+            raise TraceError(f"sample {i}: \"t_s\" goes back in time "
+                             f"({samples[i].t_s:g} after {samples[i - 1].t_s:g})")
+    note = body.get("note", "")
+    if not isinstance(note, str):
+        raise TraceError(f"\"note\" is {_show(note)}, not a string")
+    return samples, note
+
+
 def load_trace(path: str | Path | None = None) -> tuple[list[Sample], str]:
-    """Samples and note of a trace file; ``None`` loads the bundled H200 recording."""
+    """Samples and note of a trace file; ``None`` loads the bundled H200 recording.
+
+    Reads only a regular file of at most ``MAX_TRACE_BYTES`` (never a FIFO or a device, see
+    ``safeio``). Every failure is a ``TraceError`` whose text says what is wrong.
+    """
     if path is None:
         text = resources.files("gpumem_nb.data").joinpath(BUNDLED_TRACE).read_text()
     else:
-        text = Path(path).read_text()
-    body = json.loads(text)
-    if body.get("format") != TRACE_FORMAT:
-        raise ValueError(f"{path} is not a gpumem_nb trace (no \"format\": \"{TRACE_FORMAT}\")")
-    samples = [sample_from_json(s) for s in body["samples"]]
-    if not samples:
-        raise ValueError(f"{path} holds no samples")
-    return samples, str(body.get("note", ""))
+        try:
+            text = safeio.read_text(path, max_bytes=MAX_TRACE_BYTES)
+        except OSError as e:
+            raise TraceError(safeio.reason(e)) from None
+    return parse_trace(text)
 
 
 def _shift(s: Sample, dt: float, wall: float | None = None) -> Sample:
@@ -103,6 +235,9 @@ class ReplaySource:
 
     @classmethod
     def from_file(cls, path: str | Path | None = None, **kw: Any) -> ReplaySource:
+        """A source playing ``path`` (None: the bundled trace). Raises ``TraceError`` (a
+        ``ValueError``) with a plain message for a file that is missing, special, too large
+        or malformed in any field; nothing else has happened then."""
         samples, note = load_trace(path)
         return cls(samples, note=note, **kw)
 

@@ -29,7 +29,7 @@ TORCH_INITIALIZED = "CUDA initialized"
 def _stat(stats: Mapping[str, Any], name: str, which: str) -> int:
     try:
         return int(stats[name]["all"][which])
-    except (KeyError, TypeError):
+    except (KeyError, TypeError, ValueError, OverflowError):
         return 0
 
 
@@ -42,9 +42,22 @@ def parse_stats(stats: Mapping[str, Any]) -> AllocatorReading:
         inactive_split_bytes=_stat(stats, "inactive_split_bytes", "current"),
         peak_allocated_bytes=_stat(stats, "allocated_bytes", "peak"),
         peak_reserved_bytes=_stat(stats, "reserved_bytes", "peak"),
-        num_alloc_retries=int(stats.get("num_alloc_retries", 0) or 0),
-        num_ooms=int(stats.get("num_ooms", 0) or 0),
+        num_alloc_retries=_count(stats, "num_alloc_retries"),
+        num_ooms=_count(stats, "num_ooms"),
+        allocations=_stat(stats, "allocation", "allocated"),
+        frees=_stat(stats, "allocation", "freed"),
     )
+
+
+def _count(stats: Mapping[str, Any], name: str) -> int:
+    # Junk in a stats dict (a patched allocator, a future format) reads as 0, never raises.
+    try:
+        return int(stats.get(name, 0) or 0)
+    except (TypeError, ValueError, OverflowError):
+        return 0
+
+
+ZERO_READING = AllocatorReading(0, 0, 0, 0, 0, 0, 0, 0)
 
 
 def alloc_conf(env: Mapping[str, str] | None = None) -> tuple[str, str]:
@@ -68,6 +81,7 @@ class TorchSource:
     def __init__(self, modules: Mapping[str, Any] | None = None) -> None:
         self._modules = sys.modules if modules is None else modules
         self._identity: dict[int, tuple[str | None, str | None]] = {}
+        self._with_context: set[int] = set()
         self.last_error = ""
 
     def _cuda(self) -> Any | None:
@@ -122,6 +136,41 @@ class TorchSource:
         if not stats:
             return None
         return parse_stats(stats)
+
+    def read_active(self, indices: list[int]) -> dict[int, AllocatorReading | None]:
+        """The cell hooks' read: exact stats for each device this process has a context on.
+
+        A device without a primary context has never allocated, so its reading is all zeros
+        and needs no stats call: the cost stays flat in the number of GPUs this process does
+        not use. Once a context is seen it is remembered (PyTorch never releases one).
+        """
+        cuda = self._cuda()
+        if cuda is None:
+            return {}
+        torch_c = getattr(self._modules.get("torch"), "_C", None)
+        stats_fn = getattr(torch_c, "_cuda_memoryStats", None)
+        has_ctx = getattr(torch_c, "_cuda_hasPrimaryContext", None)
+        out: dict[int, AllocatorReading | None] = {}
+        for i in indices:
+            if i not in self._with_context and has_ctx is not None:
+                try:
+                    if not has_ctx(i):
+                        out[i] = ZERO_READING
+                        continue
+                except Exception:
+                    pass
+                self._with_context.add(i)
+            if stats_fn is None:
+                out[i] = self.read(i)
+                continue
+            try:
+                stats = stats_fn(i)
+            except Exception as e:
+                self.last_error = f"{type(e).__name__}: {e}"
+                out[i] = None
+                continue
+            out[i] = parse_stats(stats) if stats else None
+        return out
 
     def identity(self, index: int) -> tuple[str | None, str | None]:
         """(uuid, pci bus id) of CUDA device ``index``, cached; (None, None) before init.
@@ -202,3 +251,133 @@ def _unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
             node = node.setdefault(p, {})
         node[parts[-1]] = value
     return out
+
+
+# ------------------------------------------------------------------------------------------
+# The allocator's debugging hooks (issue 10): OOM observer, allocation history, snapshots.
+# Each is a private torch API that moved between releases, so each is feature-detected; and
+# each can initialise CUDA when called too early, so each sits behind ``_cuda()``'s guard.
+# ------------------------------------------------------------------------------------------
+OOM_OBSERVER_ATTR = "_gpumem_nb_oom_observer"
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+class TorchDebug(TorchSource):
+    """TorchSource plus the calls only the OOM explainer and the cell trace make."""
+
+    def _torch_c(self) -> Any | None:
+        torch = self._modules.get("torch")
+        return getattr(torch, "_C", None) if torch is not None else None
+
+    def oom_observer(self, factory: Any) -> tuple[Any | None, str]:
+        """The process's one OOM observer: the one registered before (by any load or reload
+        of gpumem_nb) or ``factory()``'s, registered now; ``(None, why not)`` otherwise.
+
+        PyTorch cannot detach an observer, so the registered object is kept on ``torch._C``
+        itself: it lives exactly as long as the allocator it is registered with, and a
+        reloaded gpumem_nb finds it there instead of registering a second one. Registering
+        runs ``lazyInitCUDA``, hence the initialised guard.
+        """
+        if self._cuda() is None:
+            return None, TORCH_NOT_INITIALIZED
+        c = self._torch_c()
+        existing = getattr(c, OOM_OBSERVER_ATTR, None)
+        if existing is not None:
+            return existing, ""
+        attach = getattr(c, "_cuda_attach_out_of_memory_observer", None)
+        if attach is None:
+            return None, "this torch build has no OOM observer"
+        observer = factory()
+        try:
+            attach(observer)
+        except Exception as e:  # cudaMallocAsync: "does not yet support ...Observer"
+            return None, _first_line(e)
+        setattr(c, OOM_OBSERVER_ATTR, observer)
+        return observer, ""
+
+    def allocator_backend(self) -> str | None:
+        """"native" or "cudaMallocAsync"; None before CUDA is up or when torch cannot say."""
+        fn = getattr(self._cuda(), "get_allocator_backend", None)
+        if fn is None:
+            return None
+        try:
+            return str(fn())
+        except Exception:
+            return None
+
+    def device_total_bytes(self, index: int) -> int | None:
+        """The device's memory as CUDA counts it (the OOM message's "total capacity")."""
+        cuda = self._cuda()
+        if cuda is None:
+            return None
+        try:
+            total = getattr(cuda.get_device_properties(index), "total_memory", None)
+        except Exception:
+            return None
+        return int(total) if total is not None else None
+
+    def memory_fraction(self, index: int) -> float | None:
+        """``set_per_process_memory_fraction``'s value (1.0 when unset); None if unknown."""
+        fn = getattr(self._cuda(), "get_per_process_memory_fraction", None)
+        if fn is None:
+            return None
+        try:
+            return float(fn(index))
+        except Exception:
+            return None
+
+    def history_enabled(self) -> bool | None:
+        """Whether allocation history is recorded now; None when this build cannot say."""
+        if self._cuda() is None:
+            return False
+        fn = getattr(self._torch_c(), "_cuda_isHistoryEnabled", None)
+        if fn is None:
+            return None
+        try:
+            return bool(fn())
+        except Exception:
+            return None
+
+    def record_history(self, enabled: bool, *, max_entries: int = 100_000) -> str:
+        """Switch allocation history on (Python stacks, frames on allocations) or off.
+
+        "" on success, else why not. The keyword form arrived in torch 2.1; older builds
+        take the legacy boolean form, tried when the keywords are refused.
+        """
+        cuda = self._cuda()
+        if cuda is None:
+            return TORCH_NOT_INITIALIZED
+        record = getattr(getattr(cuda, "memory", None), "_record_memory_history", None)
+        if record is None:
+            return "this torch build cannot record allocation history"
+        try:
+            if not enabled:
+                record(None)
+            else:
+                try:
+                    record("all", context="alloc", stacks="python", max_entries=max_entries)
+                except TypeError:
+                    record(True, trace_alloc_max_entries=max_entries,
+                           trace_alloc_record_context=True)
+        except Exception as e:  # cudaMallocAsync: "does not yet support recordHistory"
+            return _first_line(e)
+        return ""
+
+    def memory_snapshot(self) -> tuple[dict[str, Any] | None, str]:
+        """``torch.cuda.memory._snapshot()`` (segments, blocks, traces), or (None, why not).
+        Its cost grows with the recorded history (about 0.7 s for 100k entries)."""
+        cuda = self._cuda()
+        if cuda is None:
+            return None, TORCH_NOT_INITIALIZED
+        snap = getattr(getattr(cuda, "memory", None), "_snapshot", None)
+        if snap is None:
+            return None, "this torch build has no memory snapshot"
+        try:
+            result = snap()
+        except Exception as e:  # cudaMallocAsync: "Calling snapshot ... is not meaningful"
+            return None, _first_line(e)
+        return (dict(result) if isinstance(result, Mapping) else None), ""

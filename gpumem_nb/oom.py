@@ -1,0 +1,1064 @@
+"""Explain a CUDA out-of-memory error in the cell that hit it.
+
+Three layers, each testable alone:
+
+1. ``parse_oom_message``: every format PyTorch has printed (torch 1.x's ``(GPU 0; ... total
+   capacity; ...)``, 2.1's "capacty", 2.2+'s sentences, the ``cudaMallocAsync`` backend's
+   table, driver and library "out of memory" errors) read into one ``OomMessage``.
+2. ``classify``: the cause, most specific first, decided from measured numbers (the message
+   only fills gaps): impossible on this GPU, fragmentation, other processes, this process
+   outside PyTorch, memory held by things the user can let go of.
+3. ``OomWatch``: the runtime. It registers PyTorch's OOM observer once per process (never
+   creating a CUDA context, kept across ``%reload_ext``), records the allocator's state at
+   the failure, when every tensor is still alive, and turns a failing cell into an
+   ``OomExplanation`` with what to do next. Ordinary cells cost one attribute check.
+
+Nothing here imports torch or IPython.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import os
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from .cleanup import CleanupReport, CleanupRequest
+from .model import AllocatorReading, Holder, Sample
+from .report import html_table
+from .sources.torch import TorchDebug, alloc_conf
+from .units import format_bytes
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+# ------------------------------------------------------------------------------------------
+# 1. The message
+# ------------------------------------------------------------------------------------------
+FORM_NATIVE = "native"  # torch >= 2.1: "GPU 0 has a total capacity of ..."
+FORM_CLASSIC = "native (torch < 2.1)"  # "(GPU 0; 15.78 GiB total capacity; ...)"
+FORM_ASYNC = "cudaMallocAsync"  # "Allocation on device 0 would exceed allowed memory."
+FORM_SIZE_CHECK = "size check"  # "Tried to allocate more than 1EB memory."
+FORM_DRIVER = "CUDA runtime or library"  # "CUDA error: out of memory", cuBLAS/cuDNN
+FORM_UNKNOWN = "unrecognised"
+
+# c10's format_size prints "N bytes", or two decimals of KiB/MiB/GiB.
+_SIZE = r"([0-9]+(?:\.[0-9]+)?)\s*(bytes|B|KiB|MiB|GiB|TiB|KB|MB|GB)"
+_UNIT = {"bytes": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+         "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
+# NVML's "not available" and the async backend's "no limit" are 2**64 - 1, printed as
+# 17179869184.00 GiB. Anything this large is a sentinel, not a measurement.
+_SENTINEL_BYTES = 1 << 62
+_EB = 1 << 60
+
+_NATIVE_HEAD = re.compile(
+    r"Tried to allocate " + _SIZE + r"\.\s+GPU (\d+) has a total capac(?:i)?ty of " + _SIZE
+    + r" of which " + _SIZE + r" is free\.", re.S)
+_CLASSIC_HEAD = re.compile(r"Tried to allocate " + _SIZE + r"\s*\(GPU (\d+);([^)]*)\)", re.S)
+_OTHER_PROC = re.compile(r"\bProcess (\d+) has " + _SIZE + r" memory in use\.")
+_THIS_PROC = re.compile(r"\b[Tt]his process has " + _SIZE + r" memory in use\.")
+_ALLOWED = re.compile(_SIZE + r" allowed;")
+_OF_ALLOCATED = re.compile(
+    r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch,"
+    r"(?:\s*with " + _SIZE + r" allocated in private pools(?: \([^)]*\))?,)?"
+    r"\s*and " + _SIZE + r" is reserved by PyTorch but unallocated", re.S)
+_ASYNC_HEAD = re.compile(r"Allocation on device (\d+) would exceed allowed memory")
+_ASYNC_FIELDS = {
+    "allocated": re.compile(r"Currently allocated\s*:\s*" + _SIZE),
+    "requested": re.compile(r"Requested\s*:\s*" + _SIZE),
+    "total": re.compile(r"Device limit\s*:\s*" + _SIZE),
+    "free": re.compile(r"Free \(according to CUDA\)\s*:\s*" + _SIZE),
+    "limit": re.compile(r"PyTorch limit[^:]*:\s*" + _SIZE, re.S),
+}
+_DRIVER = re.compile(
+    r"CUDA error: out of memory|CUDA driver error: out of memory|cudaErrorMemoryAllocation"
+    r"|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED|CUFFT_ALLOC_FAILED"
+    r"|CUSOLVER_STATUS_ALLOC_FAILED|CURAND_STATUS_ALLOCATION_FAILED")
+_CUDA_OOM = re.compile(r"CUDA out of memory|would exceed allowed memory\. \(out of memory\)")
+_NOT_CUDA = re.compile(r"\b(?:XPU|MPS backend|MTIA|HPU) out of memory")
+
+
+def _bytes(number: str, unit: str) -> tuple[int | None, int]:
+    """(bytes or None for a sentinel, rounding error of the printed figure)."""
+    scale = _UNIT[unit]
+    value = round(float(number) * scale)
+    decimals = len(number.split(".")[1]) if "." in number else 0
+    precision = int(scale * 0.5 * 10 ** -decimals) if scale > 1 else 0
+    return (None if value >= _SENTINEL_BYTES else value), precision
+
+
+@dataclass(frozen=True)
+class OomMessage:
+    """What an OOM error's text says. Every figure is optional: formats differ by version."""
+
+    form: str
+    device: int | None = None
+    requested_bytes: int | None = None
+    total_bytes: int | None = None
+    free_bytes: int | None = None
+    allowed_bytes: int | None = None
+    allocated_bytes: int | None = None  # allocated by PyTorch
+    reserved_bytes: int | None = None  # PyTorch's whole reservation (torch < 2.1 prints it)
+    unallocated_bytes: int | None = None  # reserved by PyTorch but unallocated
+    private_pool_bytes: int | None = None  # CUDA graphs' pools
+    this_process_bytes: int | None = None  # NVML's figure for the failing process
+    other_processes: tuple[tuple[int, int | None], ...] = ()
+    precision_bytes: int = 0  # the largest rounding error among the printed figures
+
+    @property
+    def reserved_total_bytes(self) -> int | None:
+        if self.reserved_bytes is not None:
+            return self.reserved_bytes
+        if self.allocated_bytes is not None and self.unallocated_bytes is not None:
+            return self.allocated_bytes + self.unallocated_bytes
+        return None
+
+
+def parse_oom_message(text: str) -> OomMessage | None:
+    """Read any CUDA OOM message PyTorch has printed; None when ``text`` is not one."""
+    if _NOT_CUDA.search(text):
+        return None
+    figures: dict[str, Any] = {}
+    precision = [0]
+
+    def size(m: re.Match[str] | None, group: int = 1) -> int | None:
+        if m is None:
+            return None
+        value, err = _bytes(m.group(group), m.group(group + 1))
+        precision[0] = max(precision[0], err)
+        return value
+
+    head = _NATIVE_HEAD.search(text)
+    if head is not None:
+        figures.update(form=FORM_NATIVE, requested_bytes=size(head, 1),
+                       device=int(head.group(3)), total_bytes=size(head, 4),
+                       free_bytes=size(head, 6))
+        of = _OF_ALLOCATED.search(text)
+        if of is not None:
+            figures.update(allocated_bytes=size(of, 1), unallocated_bytes=size(of, 5))
+            if of.group(3):
+                figures["private_pool_bytes"] = size(of, 3)
+        figures["allowed_bytes"] = size(_ALLOWED.search(text))
+        figures["this_process_bytes"] = size(_THIS_PROC.search(text))
+        figures["other_processes"] = tuple(
+            (int(m.group(1)), size(m, 2)) for m in _OTHER_PROC.finditer(text))
+    elif (classic := _CLASSIC_HEAD.search(text)) is not None:
+        figures.update(form=FORM_CLASSIC, requested_bytes=size(classic, 1),
+                       device=int(classic.group(3)))
+        for part in classic.group(4).split(";"):
+            m = re.match(r"\s*" + _SIZE + r"\s+(.*?)\s*$", part)
+            if m is None:
+                continue
+            what = m.group(3)
+            key = {"total capacity": "total_bytes", "already allocated": "allocated_bytes",
+                   "free": "free_bytes", "allowed": "allowed_bytes",
+                   "reserved in total by PyTorch": "reserved_bytes",
+                   # torch <= 1.3 called the cached-but-unused part "cached"
+                   "cached": "unallocated_bytes"}.get(what)
+            if key is not None:
+                figures[key] = size(m)
+    elif (a := _ASYNC_HEAD.search(text)) is not None:
+        found = {k: size(r.search(text)) for k, r in _ASYNC_FIELDS.items()}
+        figures.update(form=FORM_ASYNC, device=int(a.group(1)),
+                       allocated_bytes=found["allocated"], requested_bytes=found["requested"],
+                       total_bytes=found["total"], free_bytes=found["free"],
+                       allowed_bytes=found["limit"])
+    elif "Tried to allocate more than 1EB" in text:
+        figures.update(form=FORM_SIZE_CHECK, requested_bytes=_EB)
+    elif _DRIVER.search(text):
+        figures.update(form=FORM_DRIVER)
+    elif _CUDA_OOM.search(text):
+        figures.update(form=FORM_UNKNOWN)
+    else:
+        return None
+    return OomMessage(precision_bytes=precision[0], **figures)
+
+
+def find_cuda_oom(exc: BaseException | None) -> BaseException | None:
+    """The CUDA OOM in ``exc`` or in what caused it (a wrapper's ``__cause__``), else None.
+
+    ``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError`` before 2.5) is recognised by
+    type; the ``RuntimeError`` of torch < 1.13, ``torch.AcceleratorError`` and library errors
+    by their text.
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen and len(seen) < 8:
+        seen.add(id(exc))
+        text = str(exc)
+        by_type = type(exc).__name__ == "OutOfMemoryError" and \
+            type(exc).__module__.split(".")[0] == "torch"
+        if (by_type and not _NOT_CUDA.search(text)) or (
+                isinstance(exc, Exception) and parse_oom_message(text) is not None):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+# ------------------------------------------------------------------------------------------
+# 2. Facts and causes
+# ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ProcessUse:
+    pid: int
+    nbytes: int | None
+    what: str = ""  # "a Jupyter kernel", "python train.py"
+
+    @property
+    def label(self) -> str:
+        return f"PID {self.pid}" + (f" ({self.what})" if self.what else "")
+
+
+@dataclass(frozen=True)
+class OomFacts:
+    """The numbers a verdict rests on. ``measured_at`` says when they were read: "failure"
+    (the allocator's observer, every tensor still alive) or "after" (the error message plus
+    readings taken when the cell ended)."""
+
+    device: int
+    requested_bytes: int | None
+    total_bytes: int | None
+    free_bytes: int | None
+    allowed_bytes: int | None = None
+    allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+    this_process_bytes: int | None = None  # NVML: everything this process holds
+    other_processes: tuple[ProcessUse, ...] = ()
+    others_unknown: bool = False  # NVML could not attribute processes (containers, no NVML)
+    backend: str = "native"
+    expandable_segments: bool = False
+    largest_free_block_bytes: int | None = None  # inside PyTorch's segments, at the failure
+    private_pool_bytes: int | None = None
+    precision_bytes: int = 0
+    measured_at: str = "failure"
+    released_since_bytes: int | None = None  # allocated at the failure minus allocated now
+    # Allocated now but reachable from nothing the holder scan walks (measured "after" only):
+    # garbage in reference cycles, such as a replaced traceback, or objects it cannot enter.
+    unreachable_bytes: int | None = None
+    previous_error: str = ""  # the cell before this one raised this (its traceback replaced)
+
+    @property
+    def pool_reuses_unallocated(self) -> bool:
+        """Under cudaMallocAsync the driver's pool serves new tensors from the memory it holds
+        unused (it remaps pages, so its holes do not fragment), and it keeps what it grew
+        while trying a request that failed: on the H200 a failed 107.82 GiB request left the
+        pool holding 77.84 GiB unused, every byte that had been free. Those bytes are room the
+        request had, not a reason it failed."""
+        return self.backend == "cudaMallocAsync"
+
+    @property
+    def unallocated_bytes(self) -> int | None:
+        """Reserved by PyTorch but not allocated. At a native OOM the allocator has already
+        released every unsplit cached block, so this is memory inside segments that still hold
+        live tensors: fragmentation."""
+        if self.reserved_bytes is None or self.allocated_bytes is None:
+            return None
+        return max(self.reserved_bytes - self.allocated_bytes, 0)
+
+    @property
+    def outside_pytorch_bytes(self) -> int | None:
+        if self.this_process_bytes is None:
+            return None
+        return max(self.this_process_bytes - (self.reserved_bytes or 0), 0)
+
+    @property
+    def others_bytes(self) -> int:
+        return sum(p.nbytes or 0 for p in self.other_processes)
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        """What the allocator could still get: CUDA's free memory (plus, under
+        cudaMallocAsync, what its pool holds unused), and under a memory fraction no more
+        than the cap minus what PyTorch already holds (reserved natively; the async backend
+        checks its cap against allocated bytes)."""
+        if self.free_bytes is None:
+            return None
+        room = self.free_bytes
+        used = self.reserved_bytes
+        if self.pool_reuses_unallocated:
+            room += self.unallocated_bytes or 0
+            used = self.allocated_bytes
+        if self.allowed_bytes is not None and used is not None:
+            return min(room, max(self.allowed_bytes - used, 0))
+        return room
+
+    @property
+    def shortfall_bytes(self) -> int | None:
+        """How much more free memory the request needed."""
+        if self.requested_bytes is None or self.headroom_bytes is None:
+            return None
+        return max(self.requested_bytes - self.headroom_bytes, 0)
+
+
+CAUSE_IMPOSSIBLE = "impossible"
+CAUSE_FRAGMENTATION = "fragmentation"
+CAUSE_POOL = "cached by the cudaMallocAsync pool"
+CAUSE_OTHER_PROCESSES = "other processes"
+CAUSE_OUTSIDE = "outside PyTorch"
+CAUSE_HELD = "held by your session"
+CAUSE_WORKING_SET = "working set"
+CAUSE_UNKNOWN = "unknown"
+
+# A CUDA context, cuBLAS and cuDNN handles: memory every CUDA process holds outside PyTorch
+# (about 500-600 MiB on an H200). Only what goes beyond it counts as a cause.
+CONTEXT_ALLOWANCE_BYTES = 1 * GiB
+# Held objects and other processes are listed when they matter this much, even when alone
+# they would not have made the request fit.
+_NOTABLE_BYTES = 256 * MiB
+_HELD_KINDS_FIRST = ("output cache", "traceback")
+
+
+@dataclass(frozen=True)
+class Cause:
+    kind: str
+    nbytes: int | None  # the memory this cause accounts for
+    summary: str
+    covers: bool = False  # letting go of this alone would have made the request fit
+    details: tuple[str, ...] = ()
+
+
+def held_holders(holders: Iterable[Holder], device: int) -> list[Holder]:
+    """Holders of memory on ``device``, the accidental ones (Out, a traceback) first."""
+    on = [h for h in holders if h.device in (f"cuda:{device}", "cuda") and h.nbytes > 0]
+    return sorted(on, key=lambda h: (h.kind not in _HELD_KINDS_FIRST, -h.nbytes, h.name))
+
+
+def classify(facts: OomFacts, holders: Sequence[Holder] = ()) -> tuple[Cause, ...]:
+    """Every cause that applies, most specific first. The first one that alone covers the
+    shortfall is the verdict; the others are listed as contributing."""
+    f = facts
+    req = f.requested_bytes
+    slack = f.precision_bytes
+    if req is None:
+        return (Cause(CAUSE_UNKNOWN, None,
+                      "The error does not say how much was asked, so only the readings "
+                      "below can be shown."),)
+    if f.total_bytes is not None and req > f.total_bytes + slack:
+        return (Cause(CAUSE_IMPOSSIBLE, req,
+                      f"Impossible on this GPU: {format_bytes(req)} is more than the GPU's "
+                      f"whole memory ({format_bytes(f.total_bytes)}). No cleanup can make it "
+                      "fit.", covers=True),)
+    if f.allowed_bytes is not None and req > f.allowed_bytes + slack:
+        return (Cause(CAUSE_IMPOSSIBLE, req,
+                      f"Impossible under this process's cap: {format_bytes(req)} is more than "
+                      f"the {format_bytes(f.allowed_bytes)} that "
+                      "torch.cuda.set_per_process_memory_fraction allows.", covers=True),)
+    need = f.shortfall_bytes
+    causes: list[Cause] = []
+    # Under a memory-fraction cap that PyTorch has reached, memory elsewhere on the GPU
+    # cannot help; only what PyTorch itself holds can.
+    held_now = f.allocated_bytes if f.pool_reuses_unallocated else f.reserved_bytes
+    capped = f.allowed_bytes is not None and held_now is not None and \
+        f.allowed_bytes - held_now + slack < req
+
+    def covers(nbytes: int | None) -> bool:
+        return need is not None and nbytes is not None and nbytes > 0 and \
+            nbytes + slack >= need
+
+    def covers_outside(nbytes: int | None) -> bool:
+        return not capped and covers(nbytes)
+
+    split = f.unallocated_bytes
+    if f.pool_reuses_unallocated:
+        if need is not None and need <= slack and split:
+            # The pool's unused memory plus what was free would have fit, yet the driver did
+            # not serve it: that memory is the cause, and empty_cache is the cure. Freeing
+            # something else alone helps if it covers what the driver itself lacked.
+            need = max((req - (f.free_bytes or 0)), 0)
+            causes.append(Cause(
+                CAUSE_POOL, split,
+                f"The cudaMallocAsync pool held {format_bytes(split)} it was not using, with "
+                f"{format_bytes(f.free_bytes)} free besides: together enough for "
+                f"{format_bytes(req)}, yet the driver did not serve it from the pool (memory "
+                "freed on another stream and not yet reusable, or the pool's address range "
+                "cut up). torch.cuda.empty_cache() returns the pool's unused memory to the "
+                "driver.", covers=True))
+    elif split and (covers(split) or split >= _NOTABLE_BYTES):
+        causes.append(_fragmentation(f, split, covers(split)))
+    if f.other_processes and (covers(f.others_bytes) or f.others_bytes >= _NOTABLE_BYTES):
+        causes.append(Cause(
+            CAUSE_OTHER_PROCESSES, f.others_bytes,
+            f"Other processes hold {format_bytes(f.others_bytes)} of this GPU"
+            + (" (it would not help: this process is at its memory-fraction cap)."
+               if capped else "."),
+            covers=covers_outside(f.others_bytes),
+            details=tuple(f"{p.label}: {format_bytes(p.nbytes)}"
+                          for p in sorted(f.other_processes, key=lambda p: -(p.nbytes or 0)))))
+    outside = f.outside_pytorch_bytes
+    if outside is not None and outside > CONTEXT_ALLOWANCE_BYTES and (
+            covers_outside(outside) or outside >= _NOTABLE_BYTES):
+        causes.append(Cause(
+            CAUSE_OUTSIDE, outside,
+            f"This process holds {format_bytes(outside)} outside PyTorch's allocator: the "
+            "CUDA context (about 0.5 GiB), cuBLAS/cuDNN workspaces, and any other allocator "
+            "in the process (CuPy, JAX, NCCL, a library calling cudaMalloc).",
+            covers=covers_outside(outside)))
+    causes.extend(_held(f, holders, covers))
+    if not any(c.covers for c in causes):
+        causes.insert(0, _working_set(f, causes, need))
+    # Most specific first, among those that alone would have been enough.
+    return tuple(sorted(causes, key=lambda c: not c.covers))
+
+
+def _fragmentation(f: OomFacts, split: int, covering: bool) -> Cause:
+    largest = f.largest_free_block_bytes
+    piece = (f", the largest free piece {format_bytes(largest)}"
+             if largest is not None else "")
+    return Cause(
+        CAUSE_FRAGMENTATION, split,
+        f"Fragmentation: {format_bytes(split)} sat free inside PyTorch's cache{piece}, but in "
+        "pieces of segments that still hold live tensors, so the allocator could neither use "
+        f"them for {format_bytes(f.requested_bytes)} nor give them back to the driver.",
+        covers=covering)
+
+
+def _held(f: OomFacts, holders: Sequence[Holder],
+          covers: Callable[[int | None], bool]) -> list[Cause]:
+    out: list[Cause] = []
+    released, unreachable = f.released_since_bytes or 0, f.unreachable_bytes or 0
+    gone = released + unreachable
+    if f.previous_error and gone >= _NOTABLE_BYTES:
+        # Explained after the fact (no observer): this error has replaced the previous
+        # cell's stored traceback. What it held is either free already or, because IPython's
+        # frames and results form a reference cycle, waiting for the garbage collector.
+        if released and unreachable:
+            state = (f"{format_bytes(released)} of it is free again and "
+                     f"{format_bytes(unreachable)} waits for the garbage collector")
+        else:
+            state = "now free again" if released else "now waiting for the garbage collector"
+        out.append(Cause(
+            CAUSE_HELD, gone,
+            f"The previous cell's error ({f.previous_error}) kept its traceback, and with it "
+            f"the failed call's locals, until this error replaced it: {format_bytes(gone)}, "
+            f"{state}.", covers=covers(gone),
+            details=("measured after the error: PyTorch's allocated bytes at the failure "
+                     "(from the message) and now, minus everything reachable from your "
+                     "variables, Out and the stored traceback",)))
+    elif unreachable >= _NOTABLE_BYTES:
+        out.append(Cause(
+            CAUSE_HELD, unreachable,
+            f"{format_bytes(unreachable)} is allocated but reachable from none of your "
+            "variables, Out or the stored traceback: garbage in reference cycles (which "
+            "gc.collect() frees) or objects the scan does not look inside.",
+            covers=covers(unreachable)))
+    held = held_holders(holders, f.device)
+    total = sum(h.nbytes for h in held)
+    if held and (covers(total) or total >= _NOTABLE_BYTES):
+        when = "at the failure" if f.measured_at == "failure" else "now"
+        out.append(Cause(
+            CAUSE_HELD, total,
+            f"Your session holds {format_bytes(total)} on this GPU ({when}) in things you can "
+            "let go of: " + ", ".join(f"{h.name} {format_bytes(h.nbytes)}" for h in held[:5])
+            + (f" and {len(held) - 5} more" if len(held) > 5 else "") + ".",
+            covers=covers(total),
+            details=tuple(f"{h.name} ({h.kind}): {format_bytes(h.nbytes)}"
+                          + (f", {h.detail}" if h.detail else "") for h in held[:10])))
+    return out
+
+
+def _working_set(f: OomFacts, causes: Sequence[Cause], need: int | None) -> Cause:
+    together = sum(c.nbytes or 0 for c in causes)
+    if causes and need is not None and together + f.precision_bytes >= need:
+        return Cause(
+            CAUSE_WORKING_SET, together,
+            f"No single cause frees the {format_bytes(need)} missing; together the ones below "
+            "would.")
+    missing = f" {format_bytes(need)} more than was free" if need is not None else " more"
+    return Cause(
+        CAUSE_WORKING_SET, need,
+        f"The computation itself needs{missing}, and nothing gpumem_nb can see would free "
+        "enough: PyTorch's live tensors are the working set of the code that ran. Make the "
+        "step smaller (batch size, sequence length, precision, activation checkpointing).")
+
+
+# ------------------------------------------------------------------------------------------
+# The explanation
+# ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Action:
+    text: str
+    nbytes: int | None = None  # what it would free, when known
+
+
+@dataclass(frozen=True)
+class SiteAtFailure:
+    """An allocation site live at the failure (from ``%%gpumem --trace``)."""
+
+    label: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class OomExplanation:
+    facts: OomFacts
+    causes: tuple[Cause, ...]
+    actions: tuple[Action, ...]
+    error: str  # the error's first line
+    form: str  # which message format it was
+    source: str  # where the numbers came from
+    holders: tuple[Holder, ...] = ()
+    sites_at_failure: tuple[SiteAtFailure, ...] = ()
+    added_s: float = 0.0  # time the explainer added to the failing cell
+    observer_s: float = 0.0  # of which spent in the allocator's observer
+    notes: tuple[str, ...] = ()
+
+    @property
+    def cause(self) -> str:
+        return self.causes[0].kind if self.causes else CAUSE_UNKNOWN
+
+    @property
+    def verdict(self) -> str:
+        return self.causes[0].summary if self.causes else ""
+
+    def header(self) -> str:
+        f = self.facts
+        parts = [f"gpumem: CUDA out of memory on GPU {f.device}."]
+        if f.requested_bytes is not None:
+            parts.append(f"Asked {format_bytes(f.requested_bytes)};")
+        if f.total_bytes is not None:
+            parts.append(f"the GPU has {format_bytes(f.total_bytes)} in total, "
+                         f"{format_bytes(f.free_bytes)} free"
+                         + (f", {format_bytes(f.allowed_bytes)} allowed to this process"
+                            if f.allowed_bytes is not None else "") + ".")
+        if f.allocated_bytes is not None:
+            split = f.unallocated_bytes
+            cached = ""
+            if split and f.pool_reuses_unallocated:
+                cached = (f"; its cudaMallocAsync pool held {format_bytes(split)} more, unused, "
+                          "which it reuses for new tensors (counted as room for this request)")
+            elif split is not None:
+                cached = (f" and {format_bytes(split)} reserved but unallocated"
+                          + (" (it could not release that)" if split else ""))
+            parts.append(f"PyTorch had {format_bytes(f.allocated_bytes)} allocated{cached}.")
+        return " ".join(parts)
+
+    def lines(self) -> list[str]:
+        out = [self.header()]
+        for i, c in enumerate(self.causes):
+            out.append(("Cause: " if i == 0 else "Also: ") + c.summary)
+            out.extend(f"    {d}" for d in c.details)
+        if self.sites_at_failure:
+            out.append("Live at the failure (from --trace), by allocation site:")
+            out.extend(f"    {format_bytes(s.nbytes):>11}  {s.label}"
+                       for s in self.sites_at_failure)
+        if self.actions:
+            out.append("What to do next:")
+            out.extend(f"  - {a.text}" for a in self.actions)
+        out.extend(self.notes)
+        out.append(f"({self.source}; the explanation added {self.added_s * 1e3:.1f} ms.)")
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(str(self))
+
+    def _repr_html_(self) -> str:
+        esc = html.escape
+        body = [f"<div><b>{esc(self.header())}</b></div>"]
+        for i, c in enumerate(self.causes):
+            label = "Cause" if i == 0 else "Also"
+            body.append(f"<div><b>{label}:</b> {esc(c.summary)}</div>")
+            if c.details:
+                body.append("<ul>" + "".join(f"<li>{esc(d)}</li>" for d in c.details)
+                            + "</ul>")
+        if self.sites_at_failure:
+            body.append(html_table(
+                ("live at the failure", "allocation site"),
+                [[format_bytes(s.nbytes), s.label] for s in self.sites_at_failure]))
+        if self.actions:
+            body.append("<div><b>What to do next:</b></div><ul>"
+                        + "".join(f"<li>{esc(a.text)}</li>" for a in self.actions) + "</ul>")
+        body += [f"<div>{esc(n)}</div>" for n in self.notes]
+        body.append(f"<div style='color:#777'>{esc(self.source)}; the explanation added "
+                    f"{self.added_s * 1e3:.1f} ms.</div>")
+        return ("<div class='gpumem-nb gpumem-oom' style='border-left:4px solid #d62728;"
+                "padding-left:8px'>" + "".join(body) + "</div>")
+
+
+def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holder],
+               dry_run: CleanupReport | None) -> tuple[Action, ...]:
+    """What to do, in the causes' order, with what each step would free."""
+    f = facts
+    kinds = [c.kind for c in causes]
+    if CAUSE_IMPOSSIBLE in kinds:  # nothing else can help
+        return (Action(
+            "Make this one allocation smaller: process the data in chunks, lower the batch "
+            "size or resolution, use bf16/fp16 or 8-bit weights, or shard across GPUs."),)
+    out: list[Action] = []
+    for c in causes:
+        if c.kind == CAUSE_POOL:
+            out.append(Action("%gpumem cleanup runs torch.cuda.empty_cache(), which returns the "
+                              f"cudaMallocAsync pool's {format_bytes(c.nbytes)} of unused "
+                              "memory to the driver; then run the cell again.", c.nbytes))
+        elif c.kind == CAUSE_FRAGMENTATION:
+            out.append(_fragmentation_action(f))
+        elif c.kind == CAUSE_OTHER_PROCESSES:
+            for p in sorted(f.other_processes, key=lambda p: -(p.nbytes or 0))[:5]:
+                hint = ("shut that kernel down (JupyterLab: Running Terminals and Kernels)"
+                        if "Jupyter kernel" in p.what else "stop it, or wait for it to end")
+                out.append(Action(f"{p.label} holds {format_bytes(p.nbytes)}: {hint}.",
+                                  p.nbytes))
+        elif c.kind == CAUSE_OUTSIDE:
+            out.append(Action(
+                "Release what other libraries hold in this process (CuPy: "
+                "cupy.get_default_memory_pool().free_all_blocks(); JAX: set "
+                "XLA_PYTHON_CLIENT_PREALLOCATE=false before it starts).", c.nbytes))
+        elif c.kind == CAUSE_HELD and not c.details:  # unreachable: garbage or hidden
+            out.append(Action("%gpumem cleanup runs gc.collect(), which frees garbage in "
+                              "reference cycles; then run the cell again.", c.nbytes))
+        elif c.kind == CAUSE_HELD and c.details[0].startswith("measured after"):
+            what = ("%gpumem cleanup runs gc.collect(), which frees what the replaced "
+                    "traceback still holds; then run the cell again."
+                    if f.unreachable_bytes else
+                    "Run the cell again: what the replaced traceback held is free now.")
+            out.append(Action(what, c.nbytes))
+        elif c.kind == CAUSE_HELD:
+            out.extend(_held_actions(holders, f.device))
+        elif c.kind == CAUSE_WORKING_SET and not any(x.covers for x in causes[1:]):
+            out.append(Action("Shrink the step: a smaller batch or sequence, bf16/fp16, "
+                              "activation checkpointing, or torch.no_grad() for inference."))
+    if not any(c.kind == CAUSE_HELD and c.details and not c.details[0].startswith(
+            "measured after") for c in causes):
+        out.extend(_held_actions(holders, f.device))  # small holders, still worth a line
+    split = f.unallocated_bytes or 0
+    if f.pool_reuses_unallocated and split >= _NOTABLE_BYTES and CAUSE_POOL not in kinds:
+        # Not a cause (the pool could use it), but after an OOM the pool keeps what it grew
+        # while trying, and only empty_cache gives that back to anyone else.
+        out.append(Action(f"The cudaMallocAsync pool still holds {format_bytes(split)} unused "
+                          "(part of it may be what it reserved while trying this request): "
+                          "PyTorch reuses it, other processes and libraries cannot until "
+                          "%gpumem cleanup runs torch.cuda.empty_cache().", split))
+    if dry_run is not None:
+        out.extend(_dry_run_actions(dry_run))
+    return tuple(out)
+
+
+def _held_actions(holders: Sequence[Holder], device: int) -> list[Action]:
+    out = []
+    for h in held_holders(holders, device)[:5]:
+        if h.kind == "output cache":
+            out.append(Action(f"%gpumem cleanup --out clears {h.name} "
+                              f"({format_bytes(h.nbytes)}).", h.nbytes))
+        elif h.kind == "traceback":
+            out.append(Action(f"%gpumem cleanup drops the stored traceback: {h.name} "
+                              f"({format_bytes(h.nbytes)}).", h.nbytes))
+        else:
+            out.append(Action(f"del {h.name} ({h.kind}, {format_bytes(h.nbytes)}) if you no "
+                              "longer need it.", h.nbytes))
+    return out
+
+
+def _fragmentation_action(f: OomFacts) -> Action:
+    if not f.expandable_segments:
+        return Action(
+            "Restart the kernel with PYTORCH_ALLOC_CONF=expandable_segments:True set before "
+            "torch starts CUDA (os.environ in the first cell, before import torch): segments "
+            "then grow in place instead of splitting.")
+    return Action(
+        "expandable_segments is already on, so that setting will not help: free long-lived "
+        "tensors made between large ones, or restart the kernel.")
+
+
+def _dry_run_actions(report: CleanupReport) -> list[Action]:
+    """``%gpumem cleanup --dry-run``'s estimates, as one line."""
+    steps = {s.step: s for s in report.steps}
+    parts = []
+    tb = steps.get("last exception")
+    if tb is not None and tb.freed_allocated_bytes:
+        parts.append(f"{format_bytes(tb.freed_allocated_bytes)} held by this error's "
+                     "traceback (the failed call's locals)")
+    cache = steps.get("empty_cache")
+    if cache is not None and cache.freed_reserved_bytes:
+        parts.append(f"up to {format_bytes(cache.freed_reserved_bytes)} of cached blocks "
+                     "(empty_cache)")
+    outs = steps.get("output cache")
+    if outs is not None and outs.freed_allocated_bytes:
+        parts.append(f"with --out, {format_bytes(outs.freed_allocated_bytes)} held by Out")
+    if not parts:
+        return []
+    total = sum(x or 0 for x in (tb.freed_allocated_bytes if tb else 0,
+                                  outs.freed_allocated_bytes if outs else 0))
+    return [Action("%gpumem cleanup --dry-run estimates: " + "; ".join(parts) + ".",
+                   total or None)]
+
+
+# ------------------------------------------------------------------------------------------
+# 3. The runtime: the observer, counting, explaining a failing cell
+# ------------------------------------------------------------------------------------------
+class OomHost(Protocol):
+    """What the explainer needs from the monitor."""
+
+    shell: Any
+    source: Any
+
+    def scan(self, include_gc: bool = False) -> list[Holder]: ...
+
+    def read(self) -> Sample: ...
+
+    def cleanup(self, request: CleanupRequest) -> CleanupReport: ...
+
+
+class _Trampoline:
+    """What PyTorch holds as the OOM observer: forwards to whichever handler the current load
+    of gpumem_nb installed. PyTorch cannot detach observers, so this one object is registered
+    once per process and only its ``handler`` changes across loads and reloads. Kept trivial
+    on purpose: an instance made by an older copy of this module must keep working."""
+
+    def __init__(self) -> None:
+        self.handler: Callable[[int, int, int, int], None] | None = None
+
+    def __call__(self, device: int, alloc: int, limit: int, free: int) -> None:
+        handler = self.handler
+        if handler is None:
+            return
+        # Raising here would replace the user's OOM with our error.
+        with contextlib.suppress(BaseException):
+            handler(device, alloc, limit, free)
+
+
+@dataclass
+class OomEvent:
+    """The allocator's state when its observer fired: before the exception, every tensor
+    still alive."""
+
+    device: int
+    requested_bytes: int
+    limit_bytes: int  # the memory-fraction cap when set, else the device total
+    free_bytes: int
+    wall_s: float
+    generation: int
+    reading: AllocatorReading | None = None
+    processes: list[tuple[int, int | None]] | None = None
+    holders: tuple[Holder, ...] | None = None
+    largest_free_block_bytes: int | None = None
+    expandable_segments: bool | None = None
+    cost_s: float = 0.0
+
+
+def describe_pid(pid: int) -> str:
+    """A few words about a process from /proc (same PID namespace only); "" if unknown."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = [a.decode(errors="replace") for a in fh.read().split(b"\0") if a]
+    except OSError:
+        return ""
+    if not argv:
+        return ""
+    joined = " ".join(argv)
+    if "ipykernel" in joined:
+        conn = next((a for a in argv if a.endswith(".json")), "")
+        name = os.path.basename(conn)[: -len(".json")] if conn else ""
+        return "a Jupyter kernel" + (f" {name}" if name else "")
+    text = " ".join([os.path.basename(argv[0]), *argv[1:3]])
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def with_counted_ooms(sample: Sample, counts: Mapping[int, int]) -> Sample:
+    """``sample`` with each device's OOM count at least what gpumem_nb counted itself: the
+    cudaMallocAsync backend leaves ``num_ooms`` at 0."""
+    devices = []
+    for d in sample.devices:
+        n = counts.get(d.index, 0)
+        if d.allocator is not None and n > d.allocator.num_ooms:
+            d = replace(d, allocator=replace(d.allocator, num_ooms=n))
+        devices.append(d)
+    return replace(sample, devices=tuple(devices))
+
+
+@dataclass
+class _Pieces:
+    """Everything read for one explanation, gathered before classifying."""
+
+    facts: OomFacts
+    holders: tuple[Holder, ...]
+    source: str
+    observer_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+class OomWatch:
+    """One loaded extension's OOM explainer. ``on_cell_result`` is the only per-cell call."""
+
+    def __init__(self, host: OomHost, torch: TorchDebug | None = None,
+                 show: Callable[[Any], Any] = print,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.host = host
+        self.torch = torch if torch is not None else TorchDebug()
+        self.show = show
+        self.clock = clock
+        self.last: OomExplanation | None = None
+        self.counts: dict[int, int] = {}
+        self.events: deque[OomEvent] = deque(maxlen=32)
+        self.observer_status = "not attached: CUDA is not initialized yet"
+        self._observer: Any = None
+        self._attach_tried = False
+        self._generation = 0
+        self._scanned_generation = -1
+        self._previous_error = ""
+        self._lock = threading.Lock()
+
+    # -- the observer ------------------------------------------------------------------------
+    def ensure_attached(self) -> None:
+        """Register the observer once CUDA is up; a no-op afterwards (one attribute check)."""
+        if self._attach_tried or not self.torch.initialized:
+            return
+        self._attach_tried = True
+        observer, why = self.torch.oom_observer(_Trampoline)
+        if observer is None:
+            # torch's reason, up to its first sentence ("cudaMallocAsync does not yet
+            # support attachOutOfMemoryObserver.")
+            self.observer_status = f"not available: {why.split('. ')[0].rstrip('.')}"
+            return
+        observer.handler = self._on_oom
+        self._observer = observer
+        self.observer_status = "attached"
+
+    def close(self) -> None:
+        """Unload: the process keeps the registered observer; it stops calling us."""
+        obs = self._observer
+        if obs is not None and getattr(obs, "handler", None) == self._on_oom:
+            obs.handler = None
+        self._observer = None
+
+    def _on_oom(self, device: int, alloc: int, limit: int, free: int) -> None:
+        """Inside the allocator's OOM path, before the exception: read what only exists now.
+        Several can fire for one cell (cuDNN retries smaller workspaces); the session is
+        scanned once per cell."""
+        t0 = self.clock()
+        with self._lock:
+            self.counts[device] = self.counts.get(device, 0) + 1
+            generation = self._generation
+            scan = self._scanned_generation != generation
+            self._scanned_generation = generation
+        event = OomEvent(device=device, requested_bytes=int(alloc), limit_bytes=int(limit),
+                         free_bytes=int(free), wall_s=time.time(), generation=generation)
+        event.reading = self.torch.read(device)
+        event.processes = self._processes(device)
+        if scan:
+            event.holders = tuple(self.host.scan())
+        if not self.torch.history_enabled():
+            # Without recorded history the snapshot is just segments and blocks: cheap.
+            snap, _ = self.torch.memory_snapshot()
+            if snap is not None:
+                event.largest_free_block_bytes, event.expandable_segments = \
+                    _segment_facts(snap, device)
+        event.cost_s = self.clock() - t0
+        self.events.append(event)
+
+    def _processes(self, device: int) -> list[tuple[int, int | None]] | None:
+        src = self.host.source
+        nvml = getattr(src, "nvml", None)
+        ids = src.device_ids() if hasattr(src, "device_ids") else []
+        if nvml is None or not hasattr(nvml, "processes") or device >= len(ids):
+            return None
+        try:
+            result: list[tuple[int, int | None]] | None = nvml.processes(ids[device])
+            return result
+        except Exception:
+            return None
+
+    # -- per cell ----------------------------------------------------------------------------
+    def on_cell_result(self, result: Any,
+                       sites: Sequence[SiteAtFailure] = ()) -> OomExplanation | None:
+        """Called once per finished cell. Costs nothing unless the cell raised a CUDA OOM."""
+        self.ensure_attached()
+        generation = self._generation
+        with self._lock:
+            self._generation += 1
+        err = getattr(result, "error_in_exec", None)
+        if err is None:
+            self._previous_error = ""
+            return None
+        previous, self._previous_error = self._previous_error, \
+            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:120]
+        oom = find_cuda_oom(err)
+        if oom is None:
+            return None
+        t0 = self.clock()
+        explanation = self.explain(oom, generation=generation, previous_error=previous,
+                                   sites=sites)
+        explanation = replace(explanation, added_s=self.clock() - t0 + explanation.observer_s)
+        self.last = explanation
+        self.show(explanation)
+        return explanation
+
+    def explain(self, exc: BaseException, *, generation: int | None = None,
+                previous_error: str = "",
+                sites: Sequence[SiteAtFailure] = ()) -> OomExplanation:
+        text = str(exc)
+        msg = parse_oom_message(text) or OomMessage(FORM_UNKNOWN)
+        event = self._event_for(msg, generation)
+        if event is None:
+            # The observer did not see it (cudaMallocAsync, or before it was attached).
+            device = msg.device if msg.device is not None else 0
+            with self._lock:
+                self.counts[device] = self.counts.get(device, 0) + 1
+            pieces = self._from_message(msg, previous_error)
+        else:
+            pieces = self._from_event(event, msg)
+        causes = classify(pieces.facts, pieces.holders)
+        try:
+            dry = self.host.cleanup(CleanupRequest(dry_run=True, clear_output=True))
+        except Exception:
+            dry = None
+        if msg.form == FORM_DRIVER:
+            pieces.notes.append(
+                "This error comes from CUDA or a CUDA library, not from PyTorch's allocator: "
+                "memory ran out outside the caching allocator (context creation, a cuBLAS or "
+                "cuDNN workspace, another allocator).")
+        return OomExplanation(
+            facts=pieces.facts, causes=causes,
+            actions=next_steps(pieces.facts, causes, pieces.holders, dry),
+            error=text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__,
+            form=msg.form, source=pieces.source, holders=pieces.holders,
+            sites_at_failure=tuple(sites), observer_s=pieces.observer_s,
+            notes=tuple(pieces.notes))
+
+    def _event_for(self, msg: OomMessage, generation: int | None) -> OomEvent | None:
+        """The observer's record of this error: the latest event of this cell that matches
+        the message's device and size (the message prints sizes rounded)."""
+        for ev in reversed(self.events):
+            if generation is not None and ev.generation != generation:
+                continue
+            if msg.device is not None and ev.device != msg.device:
+                continue
+            if msg.requested_bytes is not None and abs(
+                    ev.requested_bytes - msg.requested_bytes) > msg.precision_bytes + 1:
+                continue
+            return ev
+        return None
+
+    def _expandable(self, seen: bool | None) -> bool:
+        if seen is not None:
+            return seen
+        return "expandable_segments:true" in alloc_conf()[0].replace(" ", "").lower()
+
+    def _processes_facts(self, listed: Sequence[tuple[int, int | None]] | None,
+                         from_message: Sequence[tuple[int, int | None]] = (),
+                         this_from_message: int | None = None, *, ours_expected: bool,
+                         ) -> tuple[int | None, tuple[ProcessUse, ...], bool]:
+        """(this process's bytes, the others, whether the others are unknown)."""
+        me = os.getpid()
+        if listed is None:
+            others = tuple(ProcessUse(p, n, describe_pid(p)) for p, n in from_message)
+            return this_from_message, others, not from_message and this_from_message is None
+        mine = [n for p, n in listed if p == me]
+        if not mine and (ours_expected or any(
+                not os.path.exists(f"/proc/{p}") for p, _ in listed)):
+            # PyTorch holds memory here, yet our PID is not listed, or the PIDs do not exist
+            # here: NVML shows another PID namespace (a container), so no listed process can
+            # be told apart from this one.
+            return None, (), True
+        this = sum(n or 0 for n in mine) if mine and None not in mine else None
+        others = tuple(ProcessUse(p, n, describe_pid(p)) for p, n in listed if p != me)
+        return this, others, False
+
+    def _from_event(self, ev: OomEvent, msg: OomMessage) -> _Pieces:
+        r = ev.reading
+        total = self.torch.device_total_bytes(ev.device) or msg.total_bytes
+        fraction = self.torch.memory_fraction(ev.device)
+        allowed = msg.allowed_bytes
+        if fraction is not None and fraction < 1.0:
+            allowed = ev.limit_bytes
+        this, others, unknown = self._processes_facts(
+            ev.processes, msg.other_processes, msg.this_process_bytes,
+            ours_expected=bool(r and r.reserved_bytes))
+        holders = ev.holders
+        if holders is None:  # a second OOM in the same cell: reuse the first one's scan
+            holders = next((e.holders for e in reversed(self.events)
+                            if e.generation == ev.generation and e.holders is not None), ())
+        facts = OomFacts(
+            device=ev.device, requested_bytes=ev.requested_bytes, total_bytes=total,
+            free_bytes=ev.free_bytes, allowed_bytes=allowed,
+            allocated_bytes=r.allocated_bytes if r else msg.allocated_bytes,
+            reserved_bytes=r.reserved_bytes if r else msg.reserved_total_bytes,
+            this_process_bytes=this, other_processes=others, others_unknown=unknown,
+            backend=self.torch.allocator_backend() or "native",
+            expandable_segments=self._expandable(ev.expandable_segments),
+            largest_free_block_bytes=ev.largest_free_block_bytes,
+            private_pool_bytes=msg.private_pool_bytes, measured_at="failure")
+        return _Pieces(facts=facts, holders=tuple(holders),
+                       source="Measured at the failure by the allocator's OOM observer",
+                       observer_s=ev.cost_s, notes=self._unknown_note(unknown))
+
+    def _from_message(self, msg: OomMessage, previous_error: str) -> _Pieces:
+        device = msg.device if msg.device is not None else 0
+        now = self.host.read()
+        d = now.device(device)
+        al = d.allocator if d is not None else None
+        backend = self.torch.allocator_backend() or (
+            "cudaMallocAsync" if msg.form == FORM_ASYNC else "native")
+        this, others, unknown = self._processes_facts(
+            self._processes(device), msg.other_processes, msg.this_process_bytes,
+            ours_expected=bool(al and al.reserved_bytes))
+        if this is None and d is not None and d.nvml is not None:
+            this = d.nvml.process_bytes
+        allocated = msg.allocated_bytes if msg.allocated_bytes is not None else (
+            al.allocated_bytes if al else None)
+        reserved = msg.reserved_total_bytes
+        if reserved is None and al is not None:
+            # The async message has no reservation: the pool's, read now, stands in.
+            reserved = max(al.reserved_bytes, allocated or 0)
+        released = unreachable = None
+        holders = tuple(self.host.scan())
+        if al is not None:
+            if msg.allocated_bytes is not None:
+                released = max(msg.allocated_bytes - al.allocated_bytes, 0)
+            reachable = sum(h.nbytes for h in held_holders(holders, device))
+            unreachable = max(al.allocated_bytes - reachable, 0)
+        total = self.torch.device_total_bytes(device) or msg.total_bytes  # exact, not printed
+        facts = OomFacts(
+            device=device, requested_bytes=msg.requested_bytes, total_bytes=total,
+            free_bytes=msg.free_bytes, allowed_bytes=msg.allowed_bytes,
+            allocated_bytes=allocated, reserved_bytes=reserved, this_process_bytes=this,
+            other_processes=others, others_unknown=unknown, backend=backend,
+            expandable_segments=self._expandable(None),
+            private_pool_bytes=msg.private_pool_bytes, precision_bytes=msg.precision_bytes,
+            measured_at="after", released_since_bytes=released,
+            unreachable_bytes=unreachable, previous_error=previous_error)
+        why = f"OOM observer {self.observer_status}" \
+            if self.observer_status != "attached" else "the OOM observer did not see this one"
+        notes = self._unknown_note(unknown)
+        return _Pieces(facts=facts, holders=holders,
+                       source=f"From the error message and readings after it ({why})",
+                       notes=notes)
+
+    @staticmethod
+    def _unknown_note(unknown: bool) -> list[str]:
+        if not unknown:
+            return []
+        return ["NVML could not attribute GPU memory to processes here (another PID "
+                "namespace, such as a container, or no NVML), so other processes and memory "
+                "outside PyTorch are not shown."]
+
+    def no_oom_line(self) -> str:
+        seen = sum(self.counts.values())
+        caught = f" ({seen} caught by your own code, none reached a cell)" if seen else ""
+        return (f"gpumem: no CUDA out-of-memory error has reached a cell yet{caught}. "
+                f"OOM observer: {self.observer_status}.")
+
+
+def _segment_facts(snapshot: Mapping[str, Any], device: int) -> tuple[int | None, bool | None]:
+    """(largest free block inside PyTorch's segments, expandable segments on) from a
+    snapshot taken at the failure."""
+    largest: int | None = None
+    expandable: bool | None = None
+    for seg in snapshot.get("segments", ()):
+        if seg.get("device", device) != device:
+            continue
+        if seg.get("is_expandable"):
+            expandable = True
+        for b in seg.get("blocks", ()):
+            if b.get("state") == "inactive":
+                largest = max(largest or 0, int(b.get("size", 0)))
+    settings = snapshot.get("allocator_settings")
+    if isinstance(settings, Mapping) and "expandable_segments" in settings:
+        expandable = bool(settings["expandable_segments"]) or bool(expandable)
+    return largest, expandable

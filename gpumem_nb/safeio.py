@@ -1,0 +1,182 @@
+"""Reading and writing the few files the user names: settings, replay traces, CSV exports.
+
+Two promises, kept for every such file:
+
+- **Reads never hang and never exhaust memory.** Only regular files are read: a FIFO would
+  block ``open`` until a writer appears, ``/dev/zero`` never ends, a directory is not text. The
+  file is opened with ``O_NONBLOCK`` (so opening a FIFO returns at once) and checked with
+  ``fstat`` on the open descriptor (so a path swapped between check and open cannot slip
+  through), and at most ``max_bytes`` are read.
+- **Writes are atomic and never follow a link.** Text goes to a temporary file in the same
+  directory, is flushed to disk, then ``os.replace``-d over the destination: a crash or a full
+  disk leaves the old file whole, never half a file. A destination that is a symbolic link or
+  anything but a regular file is *refused* with a plain reason rather than replaced: replacing
+  a link would silently break a dotfile manager's setup, following it would overwrite whatever
+  it points at. ``os.replace`` itself never follows a link, so a link planted between the
+  check and the rename is replaced, and its target is still untouched.
+
+Every failure is an ``OSError``; ``reason(e)`` gives its plain words for a message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+PathLike = str | os.PathLike[str]
+
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+class RefusedPath(OSError):
+    """A path gpumem_nb will not read or write, with the reason in plain words."""
+
+    def __init__(self, path: PathLike | str, why: str) -> None:
+        super().__init__(errno.EINVAL, why, os.fspath(path) if _is_path(path) else str(path))
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
+def _is_path(path: object) -> bool:
+    return isinstance(path, str | os.PathLike)
+
+
+def shown(path: PathLike | str) -> str:
+    """A path as text that can always be printed: a name holding bytes that are not UTF-8
+    (surrogate escapes) would make ``print`` itself raise."""
+    return os.fspath(path).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def reason(e: OSError) -> str:
+    """The plain part of an OSError: ``No such file or directory``, ``is a symbolic link``."""
+    return e.strerror or str(e)
+
+
+def _checked(path: PathLike) -> str:
+    if not _is_path(path):
+        raise RefusedPath(repr(path), "is not a file name")
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        raise RefusedPath(repr(text), "is not a file name")
+    if "\0" in text:
+        # os.open would raise ValueError("embedded null byte"), which callers do not expect.
+        raise RefusedPath(text.replace("\0", "\\0"), "contains a NUL character")
+    if not text:
+        raise RefusedPath("''", "is an empty file name")
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError:  # a lone surrogate: no file system can hold that name
+        raise RefusedPath(repr(text), "is not a valid file name (it holds a lone surrogate "
+                                      "character)") from None
+    return text
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def read_text(path: PathLike, *, max_bytes: int, follow_symlinks: bool = True) -> str:
+    """The UTF-8 text of a regular file of at most ``max_bytes``; ``OSError`` otherwise.
+
+    ``follow_symlinks=False`` refuses a path whose last component is a symbolic link.
+    """
+    text_path = _checked(path)
+    flags = os.O_RDONLY | _O_NONBLOCK | _O_CLOEXEC | (0 if follow_symlinks else _O_NOFOLLOW)
+    try:
+        fd = os.open(text_path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP and not follow_symlinks and os.path.islink(text_path):
+            raise RefusedPath(text_path, "is a symbolic link; gpumem_nb does not follow links "
+                                         "for this file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise RefusedPath(text_path, f"is {_kind(st.st_mode)}, not a regular file")
+        if st.st_size > max_bytes:
+            raise RefusedPath(text_path, f"is larger than {max_bytes} bytes")
+        # st_size can lie (a file still growing, /proc): read at most one byte past the cap.
+        chunks: list[bytes] = []
+        left = max_bytes + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise RefusedPath(text_path, f"is larger than {max_bytes} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RefusedPath(text_path, "is not UTF-8 text") from None
+
+
+def _umask() -> int:
+    # Linux shows the umask in /proc; elsewhere it can only be read by setting it, and the two
+    # calls are back to back.
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_text_atomic(path: PathLike, text: str) -> Path:
+    """Replace ``path`` with ``text`` in one step; refuse links and non-regular files.
+
+    The directory must exist. An existing file keeps its permission bits.
+    """
+    text_path = _checked(path)
+    try:
+        st = os.lstat(text_path)
+    except FileNotFoundError:
+        mode = 0o666 & ~_umask()  # what open() would give a new file
+    else:
+        if stat.S_ISLNK(st.st_mode):
+            raise RefusedPath(text_path, "is a symbolic link; gpumem_nb writes only regular "
+                                         "files and does not follow links")
+        if not stat.S_ISREG(st.st_mode):
+            raise RefusedPath(text_path, f"is {_kind(st.st_mode)}, not a regular file")
+        mode = stat.S_IMODE(st.st_mode)
+    directory, name = os.path.split(os.path.abspath(text_path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    try:
+        try:
+            # A lone surrogate (from a JSON frontend) cannot be UTF-8: write it escaped, not fail.
+            view = memoryview(text.encode("utf-8", errors="backslashreplace"))
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.chmod(tmp, mode)
+        os.replace(tmp, text_path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return Path(text_path)

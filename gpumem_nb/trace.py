@@ -1,0 +1,633 @@
+"""``%%gpumem --trace``: record one cell's allocations and say which lines took the memory.
+
+``CellTracer`` switches PyTorch's allocation history on before the cell and off after it,
+leaving a recording the user already had running untouched (switching history off clears
+its buffer, so a running recording is read, never toggled). It never starts CUDA: with CUDA
+not yet initialised, or under ``cudaMallocAsync`` (which records no history), it says so and
+the cell runs untraced.
+
+``analyze`` replays the snapshot's trace entries (pure, table-testable): which allocation
+sites held the most bytes at the cell's peak, which are still alive at its end (leak
+candidates), and which were live when an OOM entry was recorded. The timeline is a plain
+plotly JSON figure for the ``application/vnd.plotly.v1+json`` mime type, which JupyterLab's
+bundled plotly renderer draws without any CDN, with an inline SVG as the fallback for
+static viewers. ``--save`` pickles the raw snapshot at protocol 4, the newest that
+PyTorch's memory_viz reader accepts.
+"""
+
+from __future__ import annotations
+
+import html
+import linecache
+import os
+import pickle
+import re
+import sys
+import sysconfig
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .report import html_table, text_table
+from .sources.torch import TorchDebug
+from .units import format_bytes
+
+MAX_ENTRIES = 100_000  # history ring buffer: about 0.7 s to snapshot when full
+TOP_DEFAULT = 5
+_TIMELINE_SITES = 8
+_MAX_POINTS = 1500
+_PICKLE_PROTOCOL = 4  # memory_viz's JavaScript unpickler rejects protocol 5
+# Frames from these packages are never "the site": the user's line is what called them.
+_LIBRARY_MODULES = ("torch", "gpumem_nb", "IPython", "ipykernel", "tornado", "zmq",
+                    "traitlets", "jupyter_client", "comm", "debugpy", "asyncio", "runpy")
+_OUTER_MARKERS = ("IPython", "ipykernel", "runpy", "tornado", "asyncio")
+_CELL_FILE = re.compile(r"^<ipython-input-\d+-[0-9a-f]+>$|ipykernel_\d+[/\\]\d+\.py$")
+
+
+# ------------------------------------------------------------------------------------------
+# Sites
+# ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Site:
+    filename: str
+    line: int
+    function: str
+    via: str = ""  # the cell line that led there, when the site is inside a function
+
+    @property
+    def in_cell(self) -> bool:
+        return bool(_CELL_FILE.search(self.filename))
+
+    @property
+    def code(self) -> str:
+        return linecache.getline(self.filename, self.line).strip() if self.line else ""
+
+    @property
+    def label(self) -> str:
+        if not self.filename:
+            return "(no Python stack recorded)"
+        if self.in_cell:
+            where = f"cell line {self.line}" + (
+                f" in {self.function}" if self.function not in ("<module>", "") else "")
+        else:
+            where = f"{_short(self.filename)}:{self.line} in {self.function}"
+        code = self.code
+        text = f"{where}: {code}" if code else where
+        return text + (f"  (from {self.via})" if self.via else "")
+
+
+def _short(filename: str) -> str:
+    parts = filename.replace("\\", "/").split("/")
+    return "/".join(parts[-2:]) if len(parts) > 1 else filename
+
+
+def library_dirs(modules: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+    """Directories whose frames are the machinery, not the user's code."""
+    mods = sys.modules if modules is None else modules
+    dirs = []
+    for name in _LIBRARY_MODULES:
+        f = getattr(mods.get(name), "__file__", None)
+        if f:
+            dirs.append(os.path.dirname(os.path.abspath(f)) + os.sep)
+    return tuple(dirs)
+
+
+def _stdlib_dir() -> str:
+    stdlib = sysconfig.get_paths().get("stdlib")
+    return os.path.abspath(stdlib) + os.sep if stdlib else "\0"
+
+
+_STDLIB = _stdlib_dir()
+
+
+def site_of(frames: Sequence[Mapping[str, Any]], skip: tuple[str, ...]) -> Site:
+    """The innermost frame of the user's own code (torch records innermost first); when that
+    is inside a function, the cell line that called it as ``via``."""
+    def is_library(fr: Mapping[str, Any]) -> bool:
+        name = str(fr.get("filename", ""))
+        if not name or name.startswith(("<frozen", "??")) or name.endswith(".cpp"):
+            return True
+        if not os.path.isabs(name):
+            return False
+        # pyenv and conda put site-packages inside the stdlib directory: libraries there,
+        # other than the skipped ones, are code the user called.
+        return name.startswith(skip) or (name.startswith(_STDLIB) and not any(
+            d in name for d in ("site-packages", "dist-packages")))
+
+    frames = list(frames)
+    if frames and _is_outer(frames[0]) and not _is_outer(frames[-1]):
+        frames.reverse()  # a build that records outermost first
+    user = [fr for fr in frames if not is_library(fr)]
+    if not user:
+        if not frames:
+            return Site("", 0, "")
+        fr = frames[0]
+        return Site(str(fr.get("filename", "")), int(fr.get("line", 0)), str(fr.get("name", "")))
+    inner = user[0]
+    site = Site(str(inner.get("filename", "")), int(inner.get("line", 0)),
+                str(inner.get("name", "")))
+    # Inside a function: name the cell line that led there, the nearest cell's top level
+    # going outward (a %%gpumem cell's body runs inside the cell holding the magic).
+    start = next(i for i, fr in enumerate(frames) if fr is inner)
+    cell = next((fr for fr in frames[start:] if fr.get("name") == "<module>"
+                 and _CELL_FILE.search(str(fr.get("filename", "")))), None)
+    if cell is None or cell is inner:
+        return site
+    via = f"cell line {cell.get('line', 0)}"
+    return Site(site.filename, site.line, site.function, via)
+
+
+def _is_outer(fr: Mapping[str, Any]) -> bool:
+    name = str(fr.get("filename", "")).replace("\\", "/")
+    return any(f"/{m}/" in name for m in _OUTER_MARKERS)
+
+
+# ------------------------------------------------------------------------------------------
+# Replay
+# ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SiteBytes:
+    site: Site
+    nbytes: int
+    allocations: int
+
+    @property
+    def label(self) -> str:
+        return self.site.label
+
+
+@dataclass(frozen=True)
+class Series:
+    label: str
+    mib: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class DeviceTrace:
+    device: int
+    entries: int
+    allocations: int
+    peak_bytes: int  # this cell's own allocations live at once, at most
+    peak_ms: float
+    end_bytes: int
+    at_peak: tuple[SiteBytes, ...]
+    alive_at_end: tuple[SiteBytes, ...]
+    at_oom: tuple[SiteBytes, ...] = ()
+    oom_requested_bytes: int | None = None
+    oom_ms: float | None = None
+    times_ms: tuple[float, ...] = ()
+    series: tuple[Series, ...] = ()
+
+
+def _ranked(live: Mapping[Site, list[int]], top: int) -> tuple[SiteBytes, ...]:
+    ranked = sorted(((s, v[0], v[1]) for s, v in live.items() if v[0] > 0),
+                    key=lambda x: (-x[1], x[0].label))
+    return tuple(SiteBytes(s, n, c) for s, n, c in ranked[:top])
+
+
+class _Replay:
+    """Live allocations by site, advanced one history entry at a time.
+
+    A free counts at ``free_requested`` (when the tensor dies, as ``allocated_bytes``
+    counts it); ``free_completed`` only when no request was seen (histories recorded
+    with that action skipped). Frees of allocations made before the window are ignored.
+    """
+
+    def __init__(self, skip: tuple[str, ...]) -> None:
+        self.skip = skip
+        self.live: dict[int, tuple[int, Site]] = {}
+        self.by_site: dict[Site, list[int]] = {}
+        self.total = 0
+        self._requested: set[int] = set()
+        self._sites: dict[tuple[Any, ...], Site] = {}
+
+    def site(self, frames: Sequence[Mapping[str, Any]]) -> Site:
+        key = tuple((f.get("filename"), f.get("line"), f.get("name")) for f in frames)
+        s = self._sites.get(key)
+        if s is None:
+            s = self._sites[key] = site_of(frames, self.skip)
+        return s
+
+    def step(self, e: Mapping[str, Any]) -> str:
+        action, addr = e.get("action"), e.get("addr")
+        if action == "alloc" and addr is not None:
+            size = int(e.get("size", 0))
+            s = self.site(e.get("frames") or ())
+            self.live[addr] = (size, s)
+            self._requested.discard(addr)
+            v = self.by_site.setdefault(s, [0, 0])
+            v[0] += size
+            v[1] += 1
+            self.total += size
+            return "alloc"
+        if action == "free_requested" and addr in self.live:
+            self._requested.add(addr)
+            self._free(addr)
+        elif action == "free_completed":
+            if addr in self._requested:
+                self._requested.discard(addr)
+            elif addr in self.live:
+                self._free(addr)
+        return str(action)
+
+    def _free(self, addr: int) -> None:
+        size, s = self.live.pop(addr)
+        v = self.by_site[s]
+        v[0] -= size
+        v[1] -= 1
+        self.total -= size
+
+    def copy_sites(self) -> dict[Site, list[int]]:
+        return {s: list(v) for s, v in self.by_site.items()}
+
+
+def analyze(entries: Sequence[Mapping[str, Any]], *, device: int = 0,
+            since_us: float | None = None, top: int = TOP_DEFAULT,
+            skip: tuple[str, ...] = ()) -> DeviceTrace:
+    """Replay one device's history. Only allocations made in the window count, so the
+    figures are this cell's own: at its peak, at its end, and at an OOM entry."""
+    window = [e for e in entries
+              if since_us is None or e.get("time_us") is None or e["time_us"] >= since_us]
+    # First pass: where the peak and the OOM are.
+    first = _Replay(skip)
+    peak = 0
+    peak_i = oom_i = -1
+    oom_size: int | None = None
+    allocations = 0
+    for i, e in enumerate(window):
+        action = first.step(e)
+        if action == "alloc":
+            allocations += 1
+            if first.total > peak:
+                peak, peak_i = first.total, i
+        elif action == "oom":
+            oom_i, oom_size = i, int(e.get("size", 0))
+    # Second pass: who was live there, and the series at the instants to draw.
+    n = len(window)
+    step = max(1, -(-n // _MAX_POINTS))
+    keep = sorted({*range(0, n, step), n - 1, *(i for i in (peak_i, oom_i) if i >= 0)}) \
+        if n else []
+    keep_set = set(keep)
+    second = _Replay(skip)
+    second._sites = first._sites  # the same frames give the same Site, computed once
+    at_peak: dict[Site, list[int]] = {}
+    at_oom: dict[Site, list[int]] = {}
+    samples: list[dict[Site, int]] = []
+    for i, e in enumerate(window):
+        second.step(e)
+        if i == peak_i:
+            at_peak = second.copy_sites()
+        if i == oom_i:
+            at_oom = second.copy_sites()
+        if i in keep_set:
+            samples.append({s: v[0] for s, v in second.by_site.items() if v[0]})
+    t0 = _t0(window, since_us)
+
+    def ms(i: int) -> float:
+        t = window[i].get("time_us") if 0 <= i < n else None
+        return (float(t) - t0) / 1e3 if t is not None and t0 is not None else float(i)
+
+    ranked_peak = _ranked(at_peak, top)
+    ranked_end = _ranked(first.by_site, top)
+    times, series = _series(samples, [ms(i) for i in keep], ranked_peak, ranked_end)
+    return DeviceTrace(
+        device=device, entries=n, allocations=allocations, peak_bytes=peak,
+        peak_ms=ms(peak_i), end_bytes=first.total, at_peak=ranked_peak,
+        alive_at_end=ranked_end, at_oom=_ranked(at_oom, top), oom_requested_bytes=oom_size,
+        oom_ms=ms(oom_i) if oom_i >= 0 else None, times_ms=times, series=series)
+
+
+def _t0(window: Sequence[Mapping[str, Any]], since_us: float | None) -> float | None:
+    if since_us is not None:
+        return since_us
+    first = next((e.get("time_us") for e in window if e.get("time_us") is not None), None)
+    return float(first) if first is not None else None
+
+
+def _series(samples: Sequence[dict[Site, int]], times: Sequence[float],
+            at_peak: Sequence[SiteBytes], at_end: Sequence[SiteBytes],
+            ) -> tuple[tuple[float, ...], tuple[Series, ...]]:
+    """Live MiB per site at each kept instant for the biggest sites, the rest as "other"."""
+    chosen: list[Site] = []
+    for sb in (*at_peak, *at_end):
+        if sb.site not in chosen and len(chosen) < _TIMELINE_SITES:
+            chosen.append(sb.site)
+    if not samples or not chosen:
+        return (), ()
+    series = [Series(s.label, tuple(smp.get(s, 0) / 2**20 for smp in samples))
+              for s in chosen]
+    other = tuple((sum(smp.values()) - sum(smp.get(s, 0) for s in chosen)) / 2**20
+                  for smp in samples)
+    if any(v > 0 for v in other):
+        series.append(Series("other sites", other))
+    return tuple(round(t, 3) for t in times), tuple(series)
+
+
+# ------------------------------------------------------------------------------------------
+# Recording one cell
+# ------------------------------------------------------------------------------------------
+@dataclass
+class TraceResult:
+    devices: tuple[DeviceTrace, ...]
+    notes: tuple[str, ...]
+    added_s: float  # what tracing added to the cell: arming, snapshot, analysis, disarming
+    entries: int
+    top: int = TOP_DEFAULT
+    saved_to: str = ""
+    snapshot: dict[str, Any] | None = field(default=None, repr=False)
+    # Of added_s: inside PyTorch's own calls. The snapshot dominates: on the H200 (torch
+    # 2.11) one took about 3.6 s whether it held 7 history entries or 100k.
+    snapshot_s: float = 0.0  # torch.cuda.memory._snapshot()
+    switch_s: float = 0.0  # _record_memory_history on and off
+
+    @property
+    def torch_s(self) -> float:
+        return self.snapshot_s + self.switch_s
+
+    @property
+    def ours_s(self) -> float:
+        """What gpumem_nb itself added: reading the snapshot, ranking sites, saving."""
+        return max(self.added_s - self.torch_s, 0.0)
+
+    def sites_at_failure(self) -> list[tuple[str, int]]:
+        return [(sb.label, sb.nbytes) for d in self.devices for sb in d.at_oom]
+
+
+class CellTracer:
+    def __init__(self, torch: TorchDebug | None = None, *, max_entries: int = MAX_ENTRIES,
+                 clock: Callable[[], float] = time.perf_counter,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.torch = torch if torch is not None else TorchDebug()
+        self.max_entries = max_entries
+        self.clock = clock
+        self.wall = wall
+        self._ours = False
+        self._since_us: float | None = None
+        self._spent_s = 0.0
+        self._switch_s = 0.0  # of _spent_s, in torch's _record_memory_history
+        self._notes: list[str] = []
+
+    def _timed_record(self, enabled: bool) -> str:
+        t0 = self.clock()
+        try:
+            return self.torch.record_history(enabled, max_entries=self.max_entries) \
+                if enabled else self.torch.record_history(False)
+        finally:
+            self._switch_s += self.clock() - t0
+
+    def start(self) -> str:
+        """Arm the recording. "" when armed, else why this cell cannot be traced."""
+        t0 = self.clock()
+        try:
+            return self._start()
+        finally:
+            self._spent_s += self.clock() - t0
+
+    def _start(self) -> str:
+        t = self.torch
+        if not t.initialized:
+            return ("CUDA is not initialized yet and gpumem_nb never starts it: run a cell "
+                    "that uses the GPU first (for example torch.zeros(1, device='cuda')), "
+                    "then trace. This cell runs untraced.")
+        if t.allocator_backend() == "cudaMallocAsync":
+            return ("the cudaMallocAsync backend records no allocation history (PyTorch "
+                    "supports it on the native allocator only); start the kernel without "
+                    "backend:cudaMallocAsync to trace. This cell runs untraced.")
+        prior = t.history_enabled()
+        self._since_us = self.wall() * 1e6
+        if prior:
+            self._notes.append("Your own allocation-history recording was already on; it "
+                               "was read and left as it was.")
+            return ""
+        why = self._timed_record(True)
+        if why:
+            return f"cannot record allocation history: {why}. This cell runs untraced."
+        self._ours = True
+        if prior is None:
+            self._notes.append("This torch cannot say whether history was recording before "
+                               "the cell; it is off again now.")
+        return ""
+
+    def stop(self, *, top: int = TOP_DEFAULT, save: str | None = None) -> TraceResult:
+        """Snapshot, switch the recording back off (if it was ours), analyse, save."""
+        t0 = self.clock()
+        snap, why = self.torch.memory_snapshot()
+        snapshot_s = self.clock() - t0
+        if self._ours:
+            self._timed_record(False)
+        notes = list(self._notes)
+        devices: list[DeviceTrace] = []
+        entries = 0
+        if snap is None:
+            notes.append(f"No snapshot: {why}.")
+        else:
+            skip = library_dirs(self.torch._modules)
+            since = None if self._ours else self._since_us
+            for i, trace in enumerate(snap.get("device_traces") or ()):
+                trace = list(trace or ())
+                if not trace:
+                    continue
+                if since is not None and trace[0].get("time_us") is None:
+                    notes.append("These history entries carry no timestamps, so this cell's "
+                                 "cannot be told apart from earlier ones: all are shown.")
+                    since = None
+                d = analyze(trace, device=i, since_us=since, top=top, skip=skip)
+                entries += d.entries
+                if d.allocations:
+                    devices.append(d)
+                if self._ours and len(trace) >= self.max_entries:
+                    notes.append(f"GPU {i}: the history buffer filled up ({self.max_entries} "
+                                 "entries); the cell's earliest allocations are missing.")
+                elif since is not None and trace[0].get("time_us", 0) > since:
+                    notes.append(f"GPU {i}: your history buffer may have dropped this cell's "
+                                 "earliest entries.")
+        result = TraceResult(devices=tuple(devices), notes=tuple(notes), added_s=0.0,
+                             entries=entries, top=top, snapshot=snap, snapshot_s=snapshot_s,
+                             switch_s=self._switch_s)
+        if save and snap is not None:
+            try:
+                result.saved_to = save_snapshot(snap, save)
+            except OSError as e:
+                result.notes += (f"Could not write {save}: {e.strerror}.",)
+        elif save:
+            result.notes += (f"Nothing was saved to {save}: there is no snapshot.",)
+        result.added_s = self._spent_s + self.clock() - t0
+        return result
+
+
+def save_snapshot(snapshot: Mapping[str, Any], path: str) -> str:
+    """Pickle for PyTorch's memory_viz: protocol 4, which its reader accepts (5 it rejects)."""
+    path = os.path.expanduser(path)
+    with open(path, "wb") as f:
+        pickle.dump(dict(snapshot), f, protocol=_PICKLE_PROTOCOL)
+    return path
+
+
+# ------------------------------------------------------------------------------------------
+# Views
+# ------------------------------------------------------------------------------------------
+class TraceReport:
+    """The top sites at the peak and alive at the end, per GPU, as text and HTML."""
+
+    HEADERS = ("bytes", "allocations", "site")
+
+    def __init__(self, result: TraceResult, cell: Any = None) -> None:
+        self.result = result
+        self.cell = cell  # the %%gpumem measurement (CellReport) of the same cell
+
+    def _sections(self) -> list[tuple[str, list[list[str]]]]:
+        out: list[tuple[str, list[list[str]]]] = []
+        for d in self.result.devices:
+            gpu = f"GPU {d.device}"
+            out.append((f"{gpu}: top sites at the cell's peak ({format_bytes(d.peak_bytes)} "
+                        f"of its own allocations live at {d.peak_ms:.1f} ms)", _rows(d.at_peak)))
+            if d.alive_at_end:
+                out.append((f"{gpu}: still alive at the end ({format_bytes(d.end_bytes)}): "
+                            "leak candidates", _rows(d.alive_at_end)))
+            if d.at_oom:
+                out.append((f"{gpu}: live when it ran out of memory (asked "
+                            f"{format_bytes(d.oom_requested_bytes)})", _rows(d.at_oom)))
+        return out
+
+    def footer(self) -> str:
+        r = self.result
+        parts = [f"gpumem --trace: {r.entries} history entries; tracing added "
+                 f"{r.added_s * 1e3:.1f} ms (PyTorch's snapshot {r.snapshot_s * 1e3:.1f} ms, "
+                 f"switching its recording on and off {r.switch_s * 1e3:.1f} ms, gpumem_nb's "
+                 f"analysis {r.ours_s * 1e3:.1f} ms)"]
+        if r.saved_to:
+            parts.append(f"snapshot saved to {r.saved_to} (pickle protocol 4, for "
+                         "PyTorch's memory_viz)")
+        return "; ".join(parts) + "."
+
+    def __str__(self) -> str:
+        lines: list[str] = []
+        if not self.result.devices:
+            lines.append("gpumem --trace: this cell allocated nothing on the GPU.")
+        for title, rows in self._sections():
+            lines += [title, text_table(self.HEADERS, rows)]
+        lines += list(self.result.notes)
+        lines.append(self.footer())
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(str(self))
+
+    def _repr_html_(self) -> str:
+        parts = []
+        if not self.result.devices:
+            parts.append("<div>gpumem --trace: this cell allocated nothing on the GPU.</div>")
+        for title, rows in self._sections():
+            parts.append(html_table(self.HEADERS, rows, caption=title))
+        parts += [f"<div>{html.escape(n)}</div>" for n in self.result.notes]
+        parts.append(f"<div style='color:#777'>{html.escape(self.footer())}</div>")
+        return "<div class='gpumem-nb gpumem-trace'>" + "".join(parts) + "</div>"
+
+
+def _rows(sites: Iterable[SiteBytes]) -> list[list[str]]:
+    return [[format_bytes(s.nbytes), str(s.allocations), s.label] for s in sites]
+
+
+class TraceTimeline:
+    """Live bytes by site over the cell. Rendered by JupyterLab's bundled plotly mime
+    renderer (no CDN, kept in the saved notebook); an inline SVG elsewhere."""
+
+    MIME = "application/vnd.plotly.v1+json"
+
+    def __init__(self, device: DeviceTrace) -> None:
+        self.device = device
+
+    def figure(self) -> dict[str, Any]:
+        d = self.device
+        palette = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+                   "#e377c2", "#17becf", "#7f7f7f")
+        data = [{
+            "type": "scatter", "mode": "lines", "name": _clip(s.label, 70),
+            "x": list(d.times_ms), "y": [round(v, 3) for v in s.mib],
+            "stackgroup": "live", "line": {"shape": "hv", "width": 0.5,
+                                            "color": palette[i % len(palette)]},
+            "hovertemplate": "%{y:.1f} MiB<extra>" + html.escape(_clip(s.label, 50))
+                             + "</extra>",
+        } for i, s in enumerate(d.series)]
+        shapes = []
+        marks = [(d.peak_ms, "peak", "#444")]
+        if d.oom_ms is not None:
+            marks.append((d.oom_ms, "OOM", "#d62728"))
+        for x, _, color in marks:
+            shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x,
+                           "y0": 0, "y1": 1, "line": {"color": color, "dash": "dot",
+                                                       "width": 1}})
+        annotations = [{"x": x, "y": 1, "xref": "x", "yref": "paper", "text": text,
+                        "showarrow": False, "yanchor": "bottom", "font": {"color": color}}
+                       for x, text, color in marks]
+        return {"data": data, "layout": {
+            "title": {"text": f"GPU {d.device}: this cell's live allocations by site"},
+            "xaxis": {"title": {"text": "ms since the cell started"}},
+            "yaxis": {"title": {"text": "MiB live"}},
+            "height": 340, "margin": {"l": 60, "r": 20, "t": 50, "b": 50},
+            "legend": {"orientation": "h", "y": -0.25}, "shapes": shapes,
+            "annotations": annotations, "hovermode": "x unified",
+        }}
+
+    def svg(self, width: int = 640, height: int = 200) -> str:
+        """A static stacked-area drawing of the same series (no JavaScript)."""
+        d = self.device
+        xs = d.times_ms
+        if not xs or not d.series:
+            return ""
+        x0, x1 = xs[0], xs[-1] if xs[-1] > xs[0] else xs[0] + 1
+        totals = [sum(s.mib[i] for s in d.series) for i in range(len(xs))]
+        top = max(totals) or 1.0
+        colors = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+                  "#e377c2", "#17becf", "#7f7f7f")
+
+        def px(x: float) -> float:
+            return round((x - x0) / (x1 - x0) * (width - 2) + 1, 1)
+
+        def py(y: float) -> float:
+            return round(height - 1 - y / top * (height - 2), 1)
+
+        base = [0.0] * len(xs)
+        shapes = []
+        for k, s in enumerate(d.series):
+            upper = [b + v for b, v in zip(base, s.mib, strict=False)]
+            pts = []
+            for i in range(len(xs)):  # steps: hold each value until the next instant
+                nxt = xs[i + 1] if i + 1 < len(xs) else xs[i]
+                pts += [(px(xs[i]), py(upper[i])), (px(nxt), py(upper[i]))]
+            back = []
+            for i in reversed(range(len(xs))):
+                nxt = xs[i + 1] if i + 1 < len(xs) else xs[i]
+                back += [(px(nxt), py(base[i])), (px(xs[i]), py(base[i]))]
+            path = " ".join(f"{a},{b}" for a, b in pts + back)
+            shapes.append(f"<polygon points='{path}' fill='{colors[k % len(colors)]}' "
+                          f"fill-opacity='0.8'><title>{html.escape(s.label)}</title></polygon>")
+            base = upper
+        legend = "".join(
+            f"<div><span style='color:{colors[k % len(colors)]}'>&#9632;</span> "
+            f"{html.escape(_clip(s.label, 90))}</div>" for k, s in enumerate(d.series))
+        return (f"<div><div>GPU {d.device}: this cell's live allocations by site, "
+                f"0-{x1 - x0:.1f} ms, peak {top:.1f} MiB</div>"
+                f"<svg width='{width}' height='{height}' style='border:1px solid #ddd'>"
+                + "".join(shapes) + f"</svg>{legend}</div>")
+
+    def __str__(self) -> str:
+        d = self.device
+        return (f"gpumem --trace timeline, GPU {d.device}: {len(d.series)} sites over "
+                f"{(d.times_ms[-1] - d.times_ms[0]) if d.times_ms else 0:.1f} ms "
+                "(shown as a chart in JupyterLab)")
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        return {self.MIME: self.figure(), "text/html": self.svg(), "text/plain": str(self)}
+
+
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def views(result: TraceResult, cell: Any = None) -> list[Any]:
+    """What ``%%gpumem --trace`` displays: the report, then one timeline per GPU."""
+    out: list[Any] = [TraceReport(result, cell)]
+    out += [TraceTimeline(d) for d in result.devices if d.series]
+    return out

@@ -1,0 +1,17 @@
+"""Shared test helpers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def spaced(ip: Any) -> None:
+    """What the seconds between two cells bring: the sampler's next reading.
+
+    The hooks never read NVML; a cell's NVML "after" figures, and any verdict that needs
+    them, come from the sampler's first reading after the cell. A real session gets it a
+    moment after every cell; back-to-back ``run_cell`` calls must take it explicitly.
+    """
+    monitor = getattr(ip, "_gpumem_nb_monitor", None)
+    if monitor is not None and monitor.sampler.running:
+        monitor.sampler.tick()

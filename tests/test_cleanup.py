@@ -1,0 +1,278 @@
+"""`%gpumem cleanup` in IPython's real shell: it frees what it names and changes nothing else.
+
+Each test is one way the cleanup used to destroy or change the user's data (issue 8), offer an
+exception the user never raised (issue 7), or report a drop it did not make (issue 11).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+from IPython.core.error import UsageError
+
+from gpumem_nb.magics import current_monitor
+
+from .fakes import FakeTensor, GiB, MiB
+
+
+def run(ip: Any, source: str) -> Any:
+    return ip.run_cell(source, store_history=True)
+
+
+def magic(ip: Any, line: str) -> Any:
+    return ip.run_line_magic("gpumem", line)
+
+
+@pytest.fixture
+def loaded(shell: Any, fake_gpu: Any, capsys: Any) -> Any:
+    run(shell, "%load_ext gpumem_nb")
+    shell.user_ns["cuda"] = fake_gpu.cuda
+    capsys.readouterr()
+    return shell
+
+
+def step(report: Any, name: str) -> Any:
+    return next(s for s in report.steps if s.step == name)
+
+
+def output_cell(ip: Any, source: str) -> int:
+    """Run a cell that displays a value; return its number (its Out key)."""
+    n = ip.execution_count
+    run(ip, source)
+    assert n in ip.user_ns["Out"], source
+    return n
+
+
+# -- --out keeps what the user assigned --------------------------------------------------------
+def test_cleanup_out_keeps_the_underscore_names_the_user_assigned(loaded, fake_gpu):
+    ns = loaded.user_ns
+    n = output_cell(loaded, "cuda.tensor(64 * 2**20)")
+    m = output_cell(loaded, "'shown'")
+    run(loaded, f"_{n} = 'mine'; _ = ['my', 'list']")
+    mine, lst = ns[f"_{n}"], ns["_"]
+    report = magic(loaded, "cleanup --out -o")
+    assert ns[f"_{n}"] is mine and ns["_"] is lst and lst == ["my", "list"]
+    # What the cache put there is gone, and so is the tensor only the cache held.
+    assert f"_{m}" not in ns and ns["Out"] == {} and ns["__"] == ""
+    assert fake_gpu.cuda.devices[0].allocated == 0
+    did = step(report, "output cache").did
+    assert f"kept _, _{n} (yours)" in did
+
+
+def test_after_cleanup_out_ipython_still_leaves_a_user_underscore_alone(loaded):
+    ns = loaded.user_ns
+    output_cell(loaded, "41")
+    run(loaded, "_ = 'mine'")
+    magic(loaded, "cleanup --out")
+    k = output_cell(loaded, "42")
+    assert ns["_"] == "mine" and ns[f"_{k}"] == 42 and ns["Out"][k] == 42
+
+
+def test_cleanup_out_with_vars_naming_a_user_underscore_variable_deletes_only_it(loaded):
+    ns = loaded.user_ns
+    n = output_cell(loaded, "cuda.tensor(2**20)")
+    run(loaded, f"_{n} = 'mine'; _ = ['my', 'list']")
+    lst = ns["_"]
+    magic(loaded, f"cleanup --out --vars _{n}")
+    assert f"_{n}" not in ns and ns["_"] is lst
+
+
+def test_cleanup_out_clears_the_names_the_cache_set(loaded, fake_gpu):
+    ns = loaded.user_ns
+    a = output_cell(loaded, "cuda.tensor(64 * 2**20)")
+    b = output_cell(loaded, "cuda.tensor(64 * 2**20)")
+    hidden = loaded.user_ns_hidden
+    magic(loaded, "cleanup --out")
+    assert f"_{a}" not in ns and f"_{b}" not in ns
+    assert f"_{a}" not in hidden and f"_{b}" not in hidden
+    assert (ns["_"], ns["__"], ns["___"]) == ("", "", "")
+    assert fake_gpu.cuda.devices[0].allocated == 0
+
+
+# -- --vars: only the user's names, validated first ----------------------------------------------
+@pytest.mark.parametrize("name", ["_oh", "_ih", "_dh", "Out", "In", "get_ipython", "exit",
+                                  "quit", "__builtins__", "_i", "_ii"])
+def test_vars_refuses_ipythons_own_names_and_deletes_nothing(loaded, name):
+    ns = loaded.user_ns
+    run(loaded, "a = 1")
+    before = dict(ns)
+    with pytest.raises(UsageError, match=f"'{name}' is IPython's"):
+        magic(loaded, f"cleanup --vars a,{name}")
+    assert ns.keys() == before.keys() and all(ns[k] is v for k, v in before.items())
+    k = output_cell(loaded, "6 * 7")  # the shell still works: Out, _oh, _N
+    assert ns["Out"][k] == 42
+
+
+def test_vars_refuses_an_output_cache_entry_and_points_at_out(loaded):
+    n = output_cell(loaded, "cuda.tensor(2**20)")
+    for name in (f"_{n}", "_"):
+        with pytest.raises(UsageError, match=f"'{name}' is IPython's output cache.*--out"):
+            magic(loaded, f"cleanup --vars {name}")
+    assert loaded.user_ns[f"_{n}"] is loaded.user_ns["Out"][n]
+
+
+def test_vars_refuses_a_name_ipython_put_in_its_hidden_namespace(loaded):
+    loaded.push({"helper": object()}, interactive=False)  # as %pylab and extensions do
+    with pytest.raises(UsageError, match="'helper' is IPython's"):
+        magic(loaded, "cleanup --vars helper")
+    run(loaded, "helper = 'mine now'")  # rebound by the user: theirs to delete
+    magic(loaded, "cleanup --vars helper")
+    assert "helper" not in loaded.user_ns
+
+
+def test_vars_duplicates_are_harmless(loaded):
+    run(loaded, "a = cuda.tensor(2**20); b = 2")
+    report = magic(loaded, "cleanup --vars a,a -o")
+    assert "a" not in loaded.user_ns and loaded.user_ns["b"] == 2
+    assert step(report, "variables").did == "deleted a"
+
+
+def test_an_unknown_name_among_known_ones_deletes_nothing(loaded):
+    run(loaded, "a = 1; b = 2")
+    with pytest.raises(UsageError, match="no variable named 'nope'"):
+        magic(loaded, "cleanup --vars a,nope,b")
+    assert (loaded.user_ns["a"], loaded.user_ns["b"]) == (1, 2)
+
+
+# -- the default step: only the cell's stored exception, never the user's objects ----------------
+RAISE_IN_F = "def f():\n    big = cuda.tensor(2**30)\n    raise ValueError('boom')\n"
+
+
+def test_default_cleanup_leaves_a_generator_the_traceback_runs_through_working(loaded):
+    run(loaded, "def gen():\n    err = None\n    while True:\n        x = yield err\n"
+                "        try:\n            x()\n        except ZeroDivisionError as e:\n"
+                "            err = e\n"
+                "g = gen(); next(g)")
+    run(loaded, "raise g.send(lambda: 1/0)")  # the traceback now runs through g's frame
+    err = loaded.user_ns["g"].gi_frame.f_locals["err"]
+    tb = err.__traceback__
+    report = magic(loaded, "cleanup -o")
+    g = loaded.user_ns["g"]
+    assert g.send(lambda: None) is err  # still running, still holding its exception
+    assert err.__traceback__ is tb and tb.tb_next is not None
+    assert "held by" in step(report, "last exception").did
+
+
+def test_default_cleanup_keeps_the_traceback_of_an_exception_the_user_saved(loaded, fake_gpu):
+    run(loaded, RAISE_IN_F + "try:\n    f()\nexcept ValueError as e:\n    saved = e\n"
+                "    raise RuntimeError('wrapped')")
+    saved = loaded.user_ns["saved"]
+    tb = saved.__traceback__
+    links = []
+    t = tb
+    while t is not None:
+        links.append((t, t.tb_frame, t.tb_next))
+        t = t.tb_next
+    report = magic(loaded, "cleanup -o")
+    assert saved.__traceback__ is tb
+    t = tb
+    for link, frame, nxt in links:
+        assert (t, t.tb_frame, t.tb_next) == (link, frame, nxt)
+        t = t.tb_next
+    assert "big" in links[-1][1].f_locals  # f's locals are still there for the user
+    assert fake_gpu.cuda.devices[0].allocated == GiB  # kept: it is the user's data
+    assert "held by your variable saved" in step(report, "last exception").did
+
+
+def test_default_cleanup_frees_a_traceback_nothing_else_holds_and_says_which_cell(loaded,
+                                                                                  fake_gpu):
+    n = loaded.execution_count
+    run(loaded, RAISE_IN_F + "f()")
+    report = magic(loaded, "cleanup -o")
+    last = step(report, "last exception")
+    assert last.freed_allocated_bytes == GiB
+    assert f"dropped the stored ValueError of cell [{n}]" in last.did
+    assert not hasattr(sys, "last_value") and fake_gpu.cuda.devices[0].allocated == 0
+
+
+def test_a_second_cleanup_does_not_report_a_drop_it_did_not_make(loaded):
+    # Issue 11: "dropped the stored traceback (1 frames)" when nothing had raised since.
+    run(loaded, RAISE_IN_F + "f()")
+    magic(loaded, "cleanup")
+    run(loaded, "x = 1")
+    report = magic(loaded, "cleanup -o")
+    assert step(report, "last exception").did == "no stored exception from a cell"
+
+
+def test_debug_after_cleanup_says_there_is_no_traceback(loaded, caplog):
+    run(loaded, RAISE_IN_F + "f()")
+    magic(loaded, "cleanup")
+    loaded.run_line_magic("debug", "")  # with sys.last_* set to None it raised AttributeError
+    assert "No traceback has been produced" in caplog.text
+
+
+# -- exceptions not raised by a cell -------------------------------------------------------------
+def widget_handler_fails(ip: Any) -> BaseException:
+    """What ipywidgets' CallbackDispatcher does when a handler raises between cells (plotly's
+    trace-delta handler did, issue 7): ``showtraceback()`` stores it in ``sys.last_value``."""
+
+    def _remove_overlapping_props(deltas: Any) -> None:
+        raise ValueError("The truth value of an array with more than one element is ambiguous")
+
+    try:
+        _remove_overlapping_props(FakeTensor(256 * MiB))
+    except ValueError:
+        ip.showtraceback()
+    return sys.last_value
+
+
+def test_an_exception_from_a_widget_handler_is_neither_a_holder_nor_dropped(loaded, capsys):
+    err = widget_handler_fails(loaded)
+    holders = magic(loaded, "who -o").holders
+    assert not [h for h in holders if h.kind == "traceback"], holders
+    report = magic(loaded, "cleanup -o")
+    assert sys.last_value is err and err.__traceback__ is not None
+    did = step(report, "last exception").did
+    assert did.startswith("no stored exception from a cell") and "not raised by a cell" in did
+
+
+def test_a_cells_exception_stays_the_holder_after_a_widget_handler_fails(loaded, fake_gpu):
+    n = loaded.execution_count
+    run(loaded, RAISE_IN_F + "f()")
+    widget_handler_fails(loaded)
+    names = [h.name for h in magic(loaded, "who -o").holders if h.kind == "traceback"]
+    assert names == ["traceback: f() locals"]
+    report = magic(loaded, "cleanup -o")
+    assert f"cell [{n}]" in step(report, "last exception").did
+    assert fake_gpu.cuda.devices[0].allocated == 0
+
+
+def test_the_monitor_does_not_keep_a_cells_exception_alive_once_the_shell_let_go(loaded):
+    run(loaded, RAISE_IN_F + "f()")
+    mon = current_monitor(loaded)
+    assert mon.last_cell_exception.error is not None
+    widget_handler_fails(loaded)
+    run(loaded, "y = 1")  # the last result no longer holds it either
+    assert mon.last_cell_exception.error is None
+
+
+def test_an_exception_inside_a_gpumem_cell_magic_is_the_users(loaded, fake_gpu):
+    run(loaded, "%%gpumem -q\n" + RAISE_IN_F + "f()")
+    assert fake_gpu.cuda.devices[0].allocated == GiB
+    magic(loaded, "cleanup")
+    assert fake_gpu.cuda.devices[0].allocated == 0
+
+
+def test_an_exception_from_before_the_extension_loaded_is_still_the_users(shell, fake_gpu):
+    shell.user_ns["cuda"] = fake_gpu.cuda
+    run(shell, RAISE_IN_F + "f()")
+    run(shell, "%load_ext gpumem_nb")
+    assert [h.name for h in magic(shell, "who -o").holders] == ["traceback: f() locals"]
+    magic(shell, "cleanup")
+    assert fake_gpu.cuda.devices[0].allocated == 0
+
+
+# -- dry run -------------------------------------------------------------------------------------
+def test_dry_run_names_what_it_would_keep_and_changes_nothing(loaded, fake_gpu):
+    run(loaded, RAISE_IN_F + "try:\n    f()\nexcept ValueError as e:\n    saved = e\n    raise")
+    n = output_cell(loaded, "cuda.tensor(2**20)")
+    run(loaded, f"_{n} = 'mine'")
+    value = sys.last_value
+    report = magic(loaded, "cleanup --dry-run --out -o")
+    assert sys.last_value is value and value.__traceback__ is not None
+    assert loaded.user_ns[f"_{n}"] == "mine" and n in loaded.user_ns["Out"]
+    assert "held by your variable saved" in step(report, "last exception").did
+    assert step(report, "last exception").freed_allocated_bytes == 0
+    assert f"would keep _{n} (yours)" in step(report, "output cache").did

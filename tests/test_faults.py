@@ -1,0 +1,110 @@
+"""A faulty world must never hang or spam a cell: hung NVML, stop/start during a hung tick."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from gpumem_nb.magics import current_monitor
+
+
+def sampler_threads() -> int:
+    return sum(t.name == "gpumem_nb-sampler" and t.is_alive() for t in threading.enumerate())
+
+
+class Hang:
+    """Makes the fake NVML's memory query block until released, like a wedged driver."""
+
+    def __init__(self, nvml: Any) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self._orig = nvml.nvmlDeviceGetMemoryInfo
+
+        def hung(*args: Any, **kwargs: Any) -> Any:
+            self.entered.set()
+            self.release.wait(5.0)
+            return self._orig(*args, **kwargs)
+
+        nvml.nvmlDeviceGetMemoryInfo = hung
+
+
+def test_a_hung_nvml_never_holds_up_a_cell(shell, fake_gpu):
+    shell.run_cell("%load_ext gpumem_nb")
+    hang = Hang(fake_gpu.nvml)
+    try:
+        assert hang.entered.wait(2.0)  # the sampler is now stuck inside NVML
+        times = []
+        for i in range(5):
+            t0 = time.perf_counter()
+            shell.run_cell(f"x = {i}", store_history=True)
+            times.append(time.perf_counter() - t0)
+        assert max(times) < 0.05, times
+    finally:
+        hang.release.set()
+
+
+def test_a_hung_nvml_reads_as_unknown_not_stale_as_fresh(shell, fake_gpu):
+    shell.run_cell("%load_ext gpumem_nb")
+    mon = current_monitor(shell)
+    mon.sampler.interval_s = 0.05
+    hang = Hang(fake_gpu.nvml)
+    try:
+        assert hang.entered.wait(2.0)
+        time.sleep(2.2)  # longer than the staleness bound (max(3 intervals, 2 s))
+        shell.run_cell("y = 1", store_history=True)
+        rec = mon.history.records()[-1]
+        assert rec.devices[0].nvml_used_after_bytes is None
+        assert rec.devices[0].allocated_after_bytes is not None  # the allocator still counts
+    finally:
+        hang.release.set()
+
+
+def test_status_magic_answers_within_a_second_while_nvml_hangs(shell, fake_gpu, capsys):
+    shell.run_cell("%load_ext gpumem_nb")
+    hang = Hang(fake_gpu.nvml)
+    try:
+        assert hang.entered.wait(2.0)
+        t0 = time.perf_counter()
+        result = shell.run_cell("%gpumem")
+        assert time.perf_counter() - t0 < 1.5
+        assert result.error_in_exec is None
+    finally:
+        hang.release.set()
+
+
+def test_stop_and_start_during_a_hung_tick_leave_one_sampler_thread(shell, fake_gpu):
+    before = sampler_threads()
+    shell.run_cell("%load_ext gpumem_nb")
+    hang = Hang(fake_gpu.nvml)
+    try:
+        assert hang.entered.wait(2.0)
+        for _ in range(3):
+            shell.run_cell("%gpumem stop")
+            shell.run_cell("%gpumem start")
+        assert sampler_threads() == before + 1
+    finally:
+        hang.release.set()
+    time.sleep(0.2)
+    assert sampler_threads() == before + 1
+    shell.run_cell("%unload_ext gpumem_nb")
+    time.sleep(0.2)
+    assert sampler_threads() == before
+
+
+def test_an_error_whose_text_changes_every_call_is_reported_once(shell, fake_gpu, caplog):
+    import logging
+
+    shell.run_cell("%load_ext gpumem_nb")
+    mon = current_monitor(shell)
+    calls = iter(range(10**6))
+
+    def flaky(*_: Any, **__: Any) -> Any:
+        raise TimeoutError(f"timed out at t={next(calls)}")
+
+    mon.source.read_hot = flaky  # type: ignore[attr-defined]
+    with caplog.at_level(logging.WARNING, logger="gpumem_nb"):
+        for i in range(5):
+            shell.run_cell(f"z = {i}")
+    lines = [r.getMessage() for r in caplog.records if "timed out" in r.getMessage()]
+    assert len(lines) <= 2  # once per hook at most, never once per cell

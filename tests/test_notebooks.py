@@ -1,0 +1,341 @@
+"""What a saved notebook shows without a kernel (issue 7, defects 5 and 6).
+
+Two kinds of test:
+- the executed tutorials as committed: complete metadata, a static picture wherever the chart
+  was shown, saved widget state. These read notebooks/0*.ipynb, which only the GPU machine
+  can produce (notebooks/run_tutorials.py), so they fail until the tutorials are re-executed
+  there with a chart that puts its picture in its display bundle;
+- the runner and the tables themselves, which run here.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+
+from gpumem_nb.model import CellDevice, CellRecord
+from gpumem_nb.records import DISPLAY_HEADERS, HistoryTable
+
+ROOT = Path(__file__).resolve().parent.parent
+TUTORIALS = sorted((ROOT / "notebooks").glob("0*.ipynb"))
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+IMG_SVG = re.compile(r'<img src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)"')
+
+
+def load_runner() -> Any:
+    spec = importlib.util.spec_from_file_location("run_tutorials",
+                                                  ROOT / "notebooks" / "run_tutorials.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+RUNNER = load_runner()
+
+
+def assert_complete_metadata(nb: Any, name: str) -> None:
+    info = nb.metadata.get("language_info", {})
+    missing = [k for k in RUNNER.LANGUAGE_INFO_KEYS if not info.get(k)]
+    assert not missing, f"{name}: language_info lacks {missing}"
+    spec = nb.metadata.get("kernelspec", {})
+    missing = [k for k in RUNNER.KERNELSPEC_KEYS if not spec.get(k)]
+    assert not missing, f"{name}: kernelspec lacks {missing}"
+
+
+def svg_root(text: str) -> ET.Element:
+    root = ET.fromstring(text)
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    return root
+
+
+def chart_pictures(cell: Any) -> list[ET.Element]:
+    """The SVG pictures a cell's outputs carry, from both entries; asserts they agree."""
+    found = []
+    for out in cell.get("outputs", []):
+        data = out.get("data", {})
+        if "image/svg+xml" not in data and "<img" not in data.get("text/html", ""):
+            continue
+        svg = data.get("image/svg+xml")
+        assert svg, "an <img> picture without its image/svg+xml entry"
+        svg = "".join(svg) if isinstance(svg, list) else svg
+        m = IMG_SVG.search("".join(data.get("text/html", "")))
+        assert m, "image/svg+xml without the <img> data URI in text/html (untrusted views)"
+        assert base64.b64decode(m.group(1)).decode() == svg
+        found.append(svg_root(svg))
+    return found
+
+
+def shows_the_chart(cell: Any) -> bool:
+    return cell.cell_type == "code" and "%gpumem watch" in cell.source
+
+
+# -- the executed tutorials ------------------------------------------------------------------
+@pytest.mark.parametrize("path", TUTORIALS, ids=lambda p: p.name)
+def test_tutorials_carry_full_language_info_and_kernelspec(path):
+    """JupyterLab opens a notebook as modified when it has to fill these in (defect 5).
+    Fails until the tutorials are re-executed with notebooks/run_tutorials.py."""
+    assert_complete_metadata(nbformat.read(path, as_version=4), path.name)
+
+
+def test_every_cell_that_shows_the_chart_saved_a_picture_of_it():
+    """The chart as it was at the end of the run, for any viewer without a kernel (defect 5).
+    Fails until the widget's display bundle carries the picture (svgchart.static_bundle) and
+    the tutorials are re-executed on the GPU machine."""
+    shown = 0
+    for path in TUTORIALS:
+        nb = nbformat.read(path, as_version=4)
+        for cell in filter(shows_the_chart, nb.cells):
+            shown += 1
+            pictures = chart_pictures(cell)
+            assert pictures, f"{path.name} cell {cell.id}: the chart left no picture"
+            title = pictures[-1].findtext("{http://www.w3.org/2000/svg}title") or ""
+            assert "H200" in title and "waiting for data" not in title, title
+    assert shown, "no tutorial shows the chart: this test would prove nothing"
+
+
+def test_every_saved_widget_view_has_its_state_in_the_notebook():
+    """A trusted notebook renders widgets from saved state, or shows 'model not found'.
+    Fails until the tutorials are re-executed with notebooks/run_tutorials.py."""
+    for path in TUTORIALS:
+        nb = nbformat.read(path, as_version=4)
+        views = {o["data"][WIDGET_VIEW]["model_id"] for c in nb.cells if c.cell_type == "code"
+                 for o in c.outputs if WIDGET_VIEW in o.get("data", {})}
+        if not views:
+            continue
+        state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+        assert views <= set(state), f"{path.name}: no saved state for {views - set(state)}"
+
+
+# -- the runner, with a real kernel ----------------------------------------------------------
+def write_notebook(path: Path, cells: list[str]) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
+    nbformat.write(nb, path)
+    return path
+
+
+FAKE_CHART = """\
+from IPython.display import display
+from gpumem_nb.magics import current_monitor
+
+class FakeChart:
+    '''Stands in for the chart: a display to refresh, and a count of marks.'''
+    def __init__(self):
+        self.handle = display({"text/plain": "as displayed"}, raw=True, display_id=True)
+    def refresh_static(self):
+        marks = len(current_monitor().marks)
+        self.handle.update({"text/plain": f"refreshed; {marks} marks"}, raw=True)
+    def close(self):
+        pass
+
+current_monitor().widget = FakeChart()
+"""
+
+
+@pytest.mark.kernel
+def test_the_runner_settles_the_chart_display_silently_and_saves_full_metadata(tmp_path):
+    """The last refresh lands in the cell that showed the chart, and the settle step itself
+    leaves no cell, no output and no mark (it runs silently)."""
+    src = write_notebook(tmp_path / "t.ipynb", ["%load_ext gpumem_nb", FAKE_CHART, "x = 1"])
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    timings = RUNNER.run(src, out_dir)
+    nb = nbformat.read(out_dir / "t.ipynb", as_version=4)
+    nbformat.validate(nb)
+    assert_complete_metadata(nb, "t.ipynb")
+    assert len(nb.cells) == 3 and [c.execution_count for c in nb.cells] == [1, 2, 3]
+    texts = [o["data"]["text/plain"] for o in nb.cells[1].outputs]
+    assert texts == ["refreshed; 2 marks"]  # cells 2 and 3; the settle step is not one
+    assert "settle" in timings
+
+
+@pytest.mark.kernel
+def test_the_runner_saves_the_live_charts_widget_state_and_picture(tmp_path):
+    """The real chart without a GPU. Fails until the widget's ``refresh_static`` syncs
+    plotly's saved data (``fig._repr_mimebundle_()`` sets ``_widget_data``, which plotly
+    otherwise fills only when the figure itself is displayed) and updates its display with
+    svgchart's picture."""
+    src = write_notebook(tmp_path / "w.ipynb", ["%load_ext gpumem_nb", "%gpumem watch",
+                                                "import time; time.sleep(1)"])
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    RUNNER.run(src, out_dir)
+    nb = nbformat.read(out_dir / "w.ipynb", as_version=4)
+    views = [o for o in nb.cells[1].outputs if WIDGET_VIEW in o.get("data", {})]
+    assert views, nb.cells[1].outputs
+    state = nb.metadata["widgets"][WIDGET_STATE]["state"]
+    assert views[0]["data"][WIDGET_VIEW]["model_id"] in state
+    for model in state.values():  # every saved buffer has its place, or JupyterLab fails
+        assert all(RUNNER._placeholder(model["state"], b["path"])
+                   for b in model.get("buffers", [])), model["model_name"]
+    figure = next(m["state"] for m in state.values() if "_widget_data" in m["state"])
+    drawn = [t["name"] for t in figure["_widget_data"] if t.get("x") is not None
+             and (t["x"].get("shape", [0])[0] if isinstance(t["x"], dict) else len(t["x"]))]
+    assert "host RAM (RSS)" in drawn, "the saved figure is the empty one from its creation"
+    pictures = chart_pictures(nb.cells[1])
+    assert pictures, "the chart's display bundle carries no picture"
+    assert "host RAM" in ET.tostring(pictures[-1], encoding="unicode")
+
+
+def test_stale_widget_buffers_are_dropped_and_live_ones_kept():
+    """plotly resets ``_py2js_update`` to None after each update; nbclient kept its buffers,
+    and JupyterLab then could not create the figure from the saved state."""
+    model = {"model_name": "AnyModel", "state": {
+        "_py2js_update": None,
+        "_widget_data": [{"x": {"dtype": "float32", "shape": [2]}, "y": [1.0, 2.0]}]},
+        "buffers": [
+            {"path": ["_py2js_update", "style_data", "x", 0, "buffer"], "data": "AA=="},
+            {"path": ["_widget_data", 0, "x", "buffer"], "data": "AAAAAAAAgD8="},
+            {"path": ["_widget_data", 3, "x", "buffer"], "data": "AA=="}]}
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["widgets"] = {WIDGET_STATE: {"state": {"m": model}}}
+    assert RUNNER.drop_stale_buffers(nb) == 2
+    saved = nb.metadata["widgets"][WIDGET_STATE]["state"]["m"]
+    assert [b["path"] for b in saved["buffers"]] == [["_widget_data", 0, "x", "buffer"]]
+
+
+# -- the saved notebook in JupyterLab -----------------------------------------------------------
+@pytest.fixture(scope="module")
+def saved_lab(tmp_path_factory: Any) -> Any:
+    """A notebook with the live chart, executed by the runner, opened in JupyterLab 4 twice:
+    as an untrusted file (as from git) and trusted (as the user's own). Nothing is re-run."""
+    import os
+    import secrets
+    import shutil
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from nbformat.sign import NotebookNotary
+
+    from .test_browser import CHROMIUM, free_port
+
+    if not os.path.exists(CHROMIUM):
+        pytest.fail("Debian's chromium is required: apt-get install chromium (see README)")
+    tmp = tmp_path_factory.mktemp("saved")
+    src = write_notebook(tmp / "chart.ipynb", ["%load_ext gpumem_nb", "%gpumem watch",
+                                               "import time; time.sleep(1)"])
+    root = tmp / "nb"
+    root.mkdir()
+    RUNNER.run(src, root)
+    nb = nbformat.read(root / "chart.ipynb", as_version=4)
+    nb.metadata["copy"] = "trusted"  # trust is by content: the two copies must differ
+    (tmp / "data").mkdir()
+    NotebookNotary(data_dir=str(tmp / "data")).sign(nb)
+    nbformat.write(nb, root / "trusted.ipynb")
+    (root / "chart.ipynb").rename(root / "untrusted.ipynb")
+    settings = tmp / "lab-settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp / "cfg"), JUPYTER_DATA_DIR=str(tmp / "data"),
+               JUPYTERLAB_SETTINGS_DIR=str(tmp / "lab-settings"),
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"),
+               GPUMEM_NB_CONFIG=str(tmp / "settings.json"))
+    port, token = free_port(), secrets.token_hex(16)
+    log = open(tmp / "lab.log", "wb")  # noqa: SIM115 - closed below
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--allow-root",
+         "--LabApp.news_url=", "--LabApp.check_for_updates_class="
+         "jupyterlab.NeverCheckForUpdate"], stdout=log, stderr=subprocess.STDOUT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and server.poll() is None:
+        try:
+            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+            break
+        except OSError:
+            time.sleep(0.5)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=shutil.which("chromium") or CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+
+        def open_page(name: str) -> tuple[Any, list[str]]:
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            errors: list[str] = []
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            # A workspace per notebook, so neither page restores the other's tab.
+            page.goto(f"{base}/lab/workspaces/{name}/tree/{name}.ipynb?token={token}&reset")
+            page.wait_for_selector(".jp-Notebook .jp-OutputArea-output", timeout=60_000)
+            page.wait_for_timeout(6000)  # widget restore and rendering settle
+            return page, errors
+
+        try:
+            yield open_page
+        finally:
+            browser.close()
+            server.terminate()
+            try:
+                server.wait(15)
+            except subprocess.TimeoutExpired:
+                server.kill()
+            log.close()
+
+
+def output_texts(page: Any) -> str:
+    return " ".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+
+
+@pytest.mark.browser
+def test_an_untrusted_saved_notebook_shows_the_chart_picture_and_opens_unmodified(saved_lab):
+    """As a notebook from git opens: JupyterLab renders only sanitized text/html. Fails until
+    the widget's display bundle carries svgchart's picture."""
+    page, _ = saved_lab("untrusted")
+    assert page.locator(".jp-mod-dirty").count() == 0, "opened as modified"
+    sizes = page.evaluate(
+        "() => Array.from(document.querySelectorAll('.jp-OutputArea-output img'))"
+        ".filter(i => i.src.startsWith('data:image/svg+xml;base64,'))"
+        ".map(i => i.naturalWidth)")
+    assert sizes and min(sizes) > 0, (sizes, output_texts(page)[:500])
+
+
+@pytest.mark.browser
+def test_a_trusted_saved_notebook_renders_the_chart_from_saved_widget_state(saved_lab):
+    """As the user's own notebook opens: the widgets come back from the saved state, with the
+    data at the end of the run. Fails until ``refresh_static`` syncs plotly's saved data."""
+    page, errors = saved_lab("trusted")
+    assert page.locator(".jp-mod-dirty").count() == 0, "opened as modified"
+    assert "Error displaying widget" not in output_texts(page)
+    assert not [e for e in errors if "model not found" in e], errors
+    points = page.evaluate(
+        "() => { const p = document.querySelector('.js-plotly-plot');"
+        " return p && p.data ? p.data.map(t => (t.x ? t.x.length : 0)) : null; }")
+    assert points and max(points) > 0, points
+
+
+# -- tables in saved outputs -------------------------------------------------------------------
+def cell_record(raised: bool) -> CellRecord:
+    d = CellDevice(0, 0, 3 << 30, 0, 4 << 30, 3 << 30, True, 1 << 30, 5 << 30, 5 << 30,
+                   500 << 20, (4 << 30) + (500 << 20))
+    return CellRecord(7, "k", "x = torch.empty(3 * 2**30, dtype=torch.uint8)", 0.0, 0.25,
+                      (d,), 1 << 30, 1 << 30, raised=raised)
+
+
+def test_history_table_names_every_column_and_its_cells_never_wrap():
+    """The last column had no header, and JupyterLab wrapped "+3.00 GiB" (defect 6)."""
+    assert all(h.strip() for h in DISPLAY_HEADERS)
+    table = HistoryTable([cell_record(False), cell_record(True)], total=2)
+    page = table._repr_html_()
+    head = re.findall(r"<th(?: [^>]*)?>(.*?)</th>", page)
+    assert head == list(DISPLAY_HEADERS)
+    cells = re.findall(r"<t[hd]( [^>]*)?>", page)
+    assert cells and all("white-space:nowrap" in (attrs or "") for attrs in cells)
+    rows = table.rows()
+    assert [r[-1] for r in rows] == ["ok", "raised"]
+    assert all(len(r) == len(DISPLAY_HEADERS) for r in rows)
+    text = str(table).splitlines()
+    assert text[1].split()[-1] == DISPLAY_HEADERS[-1]
