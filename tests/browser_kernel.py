@@ -66,8 +66,11 @@ def _install_logging(rec: _Recorder) -> None:
                 text = record.getMessage()
             except Exception:
                 text = str(record.msg)
-            if record.exc_info and record.exc_info[1] is not None:
-                text += "\n" + _format(record.exc_info[1])
+            # gpumem_nb logs a contained failure without exc_info, from inside the except
+            # block: the exception being handled is then the one to show.
+            exc = record.exc_info[1] if record.exc_info else sys.exc_info()[1]
+            if exc is not None:
+                text += "\n" + _format(exc)
             rec.write("log", text, logger=record.name, level=record.levelname)
         original(self, record)
 

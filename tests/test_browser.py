@@ -146,10 +146,18 @@ def wait_chart_moves(page: Any, seconds: float = 3.0) -> list[dict[str, Any]]:
     return seen
 
 
-def chart_follows(page: Any, gpu: int, allocated_gib: float, what: str) -> list[str]:
-    """What is wrong with the chart's following this GPU: its allocated line must end at the
-    GPU's figure and keep advancing (not a frozen line), and the header must show the figure.
-    Returned, not raised, so one session reports every broken step."""
+ALL_GPUS = None  # the dropdown's "all GPUs (sum)": the default while no device is configured
+
+
+def shown_as(gpu: int | None) -> str:
+    return "all GPUs (sum)" if gpu is ALL_GPUS else f"GPU {gpu}"
+
+
+def chart_follows(page: Any, gpu: int | None, allocated_gib: float, what: str) -> list[str]:
+    """What is wrong with the chart's following this choice: its allocated line must end at the
+    GPU's figure (the sum for all GPUs) and keep advancing (not a frozen line), the dropdown
+    must show the choice, and the header a single GPU's figure. Returned, not raised, so one
+    session reports every broken step."""
     deadline = time.monotonic() + 8
     while True:
         y = latest(plot(page), ALLOCATED)["y"]
@@ -158,23 +166,31 @@ def chart_follows(page: Any, gpu: int, allocated_gib: float, what: str) -> list[
         page.wait_for_timeout(250)
     problems = []
     if abs(y - allocated_gib) >= 0.01:
-        problems.append(f"{what}: the chart should show GPU {gpu} (allocated {allocated_gib} "
-                        f"GiB); its allocated line ends at {y:.3f} GiB")
+        problems.append(f"{what}: the chart should show {shown_as(gpu)} (allocated "
+                        f"{allocated_gib} GiB); its allocated line ends at {y:.3f} GiB")
     before = latest(plot(page), ALLOCATED)["x"]
     page.wait_for_timeout(2000)
     after = latest(plot(page), ALLOCATED)["x"]
     if after - before < 1.0:
         problems.append(f"{what}: the allocated line is frozen at t={before:.1f} s "
                         f"(2 s later it ends at t={after:.1f} s)")
+    if dropdown_label(page) != shown_as(gpu):
+        problems.append(f"{what}: the dropdown shows {dropdown_label(page)!r}, "
+                        f"not {shown_as(gpu)!r}")
     header = header_text(page)
-    if f"{allocated_gib:.2f} GiB" not in header:
+    if gpu is not ALL_GPUS and f"{allocated_gib:.2f} GiB" not in header:
         problems.append(f"{what}: the header does not show GPU {gpu}'s {allocated_gib:.2f} GiB "
                         f"allocated: {header!r}")
     return problems
 
 
-def choose_gpu(page: Any, gpu: int) -> None:
-    page.locator(".jp-Notebook .widget-dropdown select").first.select_option(label=f"GPU {gpu}")
+def choose(page: Any, gpu: int | None) -> None:
+    """Pick in the chart's device dropdown, as a user does."""
+    select = page.locator(".jp-Notebook .widget-dropdown select").first
+    labels = select.evaluate("s => Array.from(s.options).map(o => o.text)")
+    wanted = [x for x in labels if x.replace("\xa0", " ") == shown_as(gpu)]
+    assert wanted, f"the dropdown offers no {shown_as(gpu)!r}: {labels}"
+    select.select_option(label=wanted[0])
 
 
 def dropdown_label(page: Any) -> str:
@@ -285,7 +301,7 @@ def test_live_session_with_two_gpus_hover_zoom_legend_pause_cleanup_and_device_s
         clock.phase("%gpumem watch")
         run_cell(page, 2)
         wait_chart_has_points(page)
-        problems += chart_follows(page, 0, 3.0, "after %gpumem watch")
+        problems += chart_follows(page, ALL_GPUS, 12.0, "after %gpumem watch")
 
         clock.phase("long cell")
         # A long cell: the chart keeps growing while it sleeps, and answers the mouse meanwhile.
@@ -357,25 +373,23 @@ def test_live_session_with_two_gpus_hover_zoom_legend_pause_cleanup_and_device_s
 
         clock.phase("dropdown")
         # The device dropdown: GPU 0 -> 1 -> 0, the chart and header following each time.
-        choose_gpu(page, 1)
+        choose(page, 1)
         problems += chart_follows(page, 1, 9.0, "after choosing GPU 1 in the dropdown")
         screenshot(page, "browser-live-gpu1.png")
-        choose_gpu(page, 0)
+        choose(page, 0)
         problems += chart_follows(page, 0, 3.0, "after choosing GPU 0 in the dropdown")
 
-        clock.phase("magic")
         # More work on GPU 0, then the magic moves the chart to GPU 1, and the dropdown back.
         run_cell(page, 4)
         problems += chart_follows(page, 0, 4.0, "after allocating 1 GiB more on GPU 0")
         page.wait_for_timeout(1000)
         run_cell(page, 5)
         problems += chart_follows(page, 1, 9.0, "after %gpumem config --device 1")
-        if dropdown_label(page) != "GPU 1":
-            problems.append("after %gpumem config --device 1: the dropdown still shows "
-                            + dropdown_label(page))
-        choose_gpu(page, 0)
+        choose(page, 0)
         problems += chart_follows(page, 0, 4.0,
                                   "after choosing GPU 0 in the dropdown after the magic")
+        choose(page, ALL_GPUS)
+        problems += chart_follows(page, ALL_GPUS, 13.0, "after choosing all GPUs")
         run_cell(page, 6)
         page.wait_for_timeout(1000)
 
@@ -397,7 +411,7 @@ def test_live_session_with_two_gpus_hover_zoom_legend_pause_cleanup_and_device_s
         try:
             wait_chart_moves(page, 2)
         except AssertionError as e:
-            problems.append(f"after the cleanup button, on GPU 0: {e}")
+            problems.append(f"after the cleanup button: {e}")
         elapsed_s = clock.elapsed_s()
         assert elapsed_s >= 30, f"the live session lasted only {elapsed_s:.0f} s"
         page.locator(".jp-Notebook .js-plotly-plot").first.scroll_into_view_if_needed()
