@@ -37,6 +37,7 @@ from .holders import (
     cuda_bytes,
     exception_chain,
     frame_is_live,
+    frames_of,
     is_function_frame,
     last_value,
     output_cache_names,
@@ -44,7 +45,7 @@ from .holders import (
     stored_cell_exception,
     traceback_links,
 )
-from .model import Sample
+from .model import Holder, Sample
 from .report import html_table, text_table
 from .sources.torch import TorchSource
 from .units import format_bytes
@@ -154,6 +155,11 @@ class CleanupRequest:
     # is asked for by the magic, not by the OOM explainer's in-cell estimate. A real run
     # always searches: its report must not claim memory it could not free.
     find_holders: bool = False
+    # The OOM explainer's in-cell dry run hands over what it already read and scanned after
+    # the failure: a second full read (NVML's process listing, on a thread) and a second scan
+    # of the namespace were most of the time it added to the failing cell. Dry run only.
+    reuse_sample: Sample | None = None
+    reuse_holders: Sequence[Holder] | None = None
 
 
 # -- naming variables ----------------------------------------------------------------------------
@@ -282,10 +288,9 @@ def _plan_exception(shell: Any, noted: CellException | None, *, find_holders: bo
     if stored is None:
         return _ExceptionPlan(None, 0, [], foreign)
     running = running_frame_ids()
-    frames = {id(tb.tb_frame): tb.tb_frame
-              for tb in traceback_links(exception_chain(stored.error))}
-    count = sum(1 for f in frames.values()
-                if is_function_frame(f) and not frame_is_live(f, running))
+    frames = frames_of(traceback_links(exception_chain(stored.error)))
+    count = sum(1 for f, links in frames.values()
+                if is_function_frame(f) and not frame_is_live(f, running, links))
     held: list[str] = []
     try:
         if find_holders:
@@ -450,7 +455,8 @@ def run(
                 failures.append(f"{type(e).__name__}: {e}")
             return UNKNOWN
 
-    first = read()
+    reused = request.reuse_sample if request.dry_run else None
+    first = read() if reused is None else Measure.of(reused)
     if request.dry_run:
         report = _estimate(request, names, shell, cell_exception, first, mods)
     else:
@@ -524,8 +530,10 @@ def _estimate(request: CleanupRequest, names: list[str], shell: Any,
               mods: Mapping[str, Any]) -> CleanupReport:
     plan = _plan_exception(shell, noted, find_holders=request.find_holders)
     stored = [plan.stored.error] if plan.stored is not None else []
-    holders = Scanner(mods).scan(shell.user_ns, output_cache=_out(shell),
-                                 last_exception=stored, hidden=_hidden(shell))
+    holders = request.reuse_holders
+    if holders is None:
+        holders = Scanner(mods).scan(shell.user_ns, output_cache=_out(shell),
+                                     last_exception=stored, hidden=_hidden(shell))
     steps: list[StepResult] = []
     if request.clear_traceback:
         held = 0 if plan.held_by else cuda_bytes(h for h in holders if h.kind == "traceback")

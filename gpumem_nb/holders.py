@@ -479,13 +479,24 @@ def running_frame_ids() -> set[int]:
     return ids
 
 
-def frame_is_live(frame: types.FrameType, running: set[int]) -> bool:
-    """Running, or a suspended generator's or coroutine's: its locals are in use."""
+def frame_is_live(frame: types.FrameType, running: set[int],
+                  links: Iterable[types.TracebackType] | None = None) -> bool:
+    """Running, or a suspended generator's or coroutine's: its locals are in use.
+
+    Given the traceback ``links`` through the frame, it answers without searching the heap
+    (the OOM explainer's in-cell estimate has tens of milliseconds): a generator's frame that
+    the exception unwound stopped where a link says, and is finished; one that caught it and
+    ran on may be suspended now, and counts as live. Every cell's traceback starts in IPython's
+    ``run_code``, a coroutine that caught it, so the exact answer would cost a heap search on
+    every look. Without ``links`` the owning generator is searched for.
+    """
     if id(frame) in running:
         return True
     if not frame.f_code.co_flags & _GENERATOR_FLAGS:
         return False
-    for r in gc.get_referrers(frame):  # rare: only frames of generator code get here
+    if links is not None:
+        return all(frame.f_lasti != tb.tb_lasti for tb in links)
+    for r in gc.get_referrers(frame):
         owner = (getattr(r, "gi_frame", None) if isinstance(r, types.GeneratorType) else
                  getattr(r, "cr_frame", None) if isinstance(r, types.CoroutineType) else
                  getattr(r, "ag_frame", None) if isinstance(r, types.AsyncGeneratorType) else
@@ -493,6 +504,15 @@ def frame_is_live(frame: types.FrameType, running: set[int]) -> bool:
         if owner is frame:
             return True
     return False
+
+
+def frames_of(links: Iterable[types.TracebackType],
+              ) -> dict[int, tuple[types.FrameType, list[types.TracebackType]]]:
+    """Each frame of these traceback links once, with the links through it, in order."""
+    out: dict[int, tuple[types.FrameType, list[types.TracebackType]]] = {}
+    for tb in links:
+        out.setdefault(id(tb.tb_frame), (tb.tb_frame, []))[1].append(tb)
+    return out
 
 
 def is_function_frame(frame: types.FrameType) -> bool:
@@ -510,13 +530,8 @@ def _frames(
     for obj in objs:
         excs += exception_chain(obj) if isinstance(obj, BaseException) else [obj]
     running = running_frame_ids()
-    seen: set[int] = set()
-    for tb in traceback_links(excs):
-        frame = tb.tb_frame
-        if id(frame) in seen:
-            continue
-        seen.add(id(frame))
-        if is_function_frame(frame) and not frame_is_live(frame, running):
+    for frame, links in frames_of(traceback_links(excs)).values():
+        if is_function_frame(frame) and not frame_is_live(frame, running, links):
             yield f"traceback: {frame.f_code.co_name}() locals", dict(frame.f_locals)
 
 

@@ -472,6 +472,13 @@ class FakeTorchC:
     def _cuda_isHistoryEnabled(self) -> bool:
         return self._cuda.history is not None
 
+    # The hot path's two calls: whether a device has a context, and its stats.
+    def _cuda_hasPrimaryContext(self, i: int) -> bool:
+        return bool(self._cuda.devices[i].context)
+
+    def _cuda_memoryStats(self, i: int) -> dict[str, Any]:
+        return self._cuda.memory.memory_stats_as_nested_dict(i)
+
 
 def format_size(n: int) -> str:
     """c10's format_size: how every figure in torch's OOM messages is printed."""

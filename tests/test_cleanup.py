@@ -276,3 +276,30 @@ def test_dry_run_names_what_it_would_keep_and_changes_nothing(loaded, fake_gpu):
     assert "held by your variable saved" in step(report, "last exception").did
     assert step(report, "last exception").freed_allocated_bytes == 0
     assert f"would keep _{n} (yours)" in step(report, "output cache").did
+
+
+def test_default_cleanup_frees_a_traceback_python_3_12_also_keeps_in_sys_last_exc(
+        loaded, fake_gpu, monkeypatch):
+    # The H200 host runs Python 3.12, where IPython also stores the exception in
+    # sys.last_exc; emulated here on whatever Python runs the suite. The whole GPU test's
+    # sequence: freed by default, kept while the user holds it, freed once they let go.
+    real = loaded._get_exc_info
+
+    def like_312(exc_tuple: Any = None) -> Any:
+        etype, value, tb = real(exc_tuple)
+        sys.last_exc = value
+        return etype, value, tb
+
+    monkeypatch.setattr(loaded, "_get_exc_info", like_312)
+    alloc = lambda: fake_gpu.cuda.devices[0].allocated  # noqa: E731
+    run(loaded, RAISE_IN_F + "f()")
+    assert sys.last_exc is sys.last_value and alloc() == GiB
+    report = magic(loaded, "cleanup -o")
+    assert step(report, "last exception").freed_allocated_bytes == GiB and alloc() == 0
+    assert not hasattr(sys, "last_exc")
+    run(loaded, "try:\n    f()\nexcept ValueError as e:\n    saved = e\n    raise")
+    report = magic(loaded, "cleanup -o")
+    assert "held by your variable saved" in step(report, "last exception").did
+    assert alloc() == GiB
+    magic(loaded, "cleanup --vars saved")
+    assert alloc() == 0

@@ -36,7 +36,7 @@ from gpumem_nb.magics import current_monitor
 from .fakes import FakeTensor
 
 MiB = 1 << 20
-SETTINGS = settings(max_examples=100, deadline=None, derandomize=False,
+SETTINGS = settings(max_examples=150, deadline=None, derandomize=False,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
                                            HealthCheck.too_slow])
 

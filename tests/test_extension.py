@@ -209,5 +209,7 @@ def test_a_second_gpu_the_notebook_never_touches_gets_no_rows(shell, two_fake_gp
     shell.user_ns["cuda"] = two_fake_gpus
     run(shell, "t = cuda.tensor(2**30)")
     rec = current_monitor(shell).history.records()[-1]
-    assert [d.index for d in rec.devices] == [0, 1]  # recorded, and exported
-    assert [d.index for d in rec.shown_devices()] == [0]  # but not shown
+    # Never read either: a GPU without this process's context costs the hooks nothing.
+    assert [d.index for d in rec.devices] == [0]
+    assert [d.index for d in rec.shown_devices()] == [0]
+

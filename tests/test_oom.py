@@ -727,3 +727,29 @@ def test_watch_accepts_a_stand_in_host_and_explains_from_the_message_alone():
                                                       (CAUSE_OTHER_PROCESSES, False)]
     assert "memory-fraction cap" in e.causes[1].summary
     assert w.counts == {0: 1}
+
+
+def test_the_explanation_says_where_its_time_went_and_the_dry_run_reuses_the_scan(
+        world, monkeypatch):
+    # The 50 ms budget was missed on the H200 by reading and scanning twice (once for the
+    # explanation, once more for its cleanup dry run): the stages are recorded, and a failure
+    # seen without the observer scans the namespace once.
+    from gpumem_nb.holders import Scanner
+
+    scans: list[int] = []
+    real = Scanner.scan
+    monkeypatch.setattr(Scanner, "scan", lambda *a, **k: scans.append(1) or real(*a, **k))
+    run(world.shell, "big = cuda.tensor(60 * GiB)")
+    scans.clear()
+    run(world.shell, "x = cuda.tensor(100 * GiB)")
+    e = last(world.shell)
+    assert e.cause == CAUSE_HELD
+    stages = set(e.stage_s)
+    assert {"classify", "dry_run"} <= stages, e.stage_s
+    if world.backend == "native":
+        assert {"observer", "observer_scan"} <= stages, e.stage_s
+    else:
+        assert {"read", "processes", "scan"} <= stages, e.stage_s
+        assert scans == [1]
+    assert sum(e.stage_s.values()) <= e.added_s + 1e-3
+    assert "dry_run" in e.stages_text()

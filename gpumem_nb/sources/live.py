@@ -15,7 +15,7 @@ from ..model import DeviceSample, Sample, SourceStatus
 from .devices import DeviceId, match_by_identity
 from .host import HostSource
 from .nvml import NvmlSource
-from .torch import TorchSource
+from .torch import ZERO_READING, TorchSource
 
 
 class LiveSource:
@@ -130,6 +130,11 @@ class LiveSource:
         now = self._clock()
         indices = self.indices()
         allocators = self.torch.read_active(indices)  # {} before CUDA is up
+        used = [i for i in indices if allocators.get(i) is not ZERO_READING]
+        if allocators and used:
+            # Only devices this process has a context on: the cost stays flat in the GPUs
+            # it does not use (their rows would be all zeros anyway).
+            indices = used
         devices = []
         for i in indices:
             nv = None

@@ -57,6 +57,9 @@ def _count(stats: Mapping[str, Any], name: str) -> int:
         return 0
 
 
+
+
+# The reading of a device this process has no context on: it has never allocated there.
 ZERO_READING = AllocatorReading(0, 0, 0, 0, 0, 0, 0, 0)
 
 
@@ -155,7 +158,7 @@ class TorchSource:
             if i not in self._with_context and has_ctx is not None:
                 try:
                     if not has_ctx(i):
-                        out[i] = ZERO_READING
+                        out[i] = ZERO_READING  # never allocated on: nothing to read
                         continue
                 except Exception:
                     pass

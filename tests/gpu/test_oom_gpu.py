@@ -53,6 +53,7 @@ PRELUDE = """
                 out.update(cause=e.cause, verdict=e.verdict, text=str(e),
                            shortfall=e.facts.shortfall_bytes,
                            added_ms=e.added_s * 1e3, observer_ms=e.observer_s * 1e3,
+                           stages=e.stages_text(),
                            causes=[[c.kind, c.nbytes, c.covers] for c in e.causes],
                            holders=[[h.name, h.kind, h.nbytes] for h in e.holders],
                            facts=dataclasses.asdict(e.facts), source=e.source)
@@ -73,8 +74,8 @@ def scenario(backend: str, body: str) -> dict[str, Any]:
 def check(r: dict[str, Any], cause: str, name: str, beyond_free: int | None = None) -> None:
     assert r["explained"], r
     line = (f"[{r['backend']:>15}] {name:<22} -> {r['cause']:<20} "
-            f"added {r['added_ms']:5.1f} ms (observer {r['observer_ms']:4.1f} ms): "
-            f"{r['verdict']}")
+            f"added {r['added_ms']:5.1f} ms (observer {r['observer_ms']:4.1f} ms) "
+            f"[{r['stages']}]: {r['verdict']}")
     print("\nVERDICT " + line)
     if r.get("before"):
         f = r["facts"]
