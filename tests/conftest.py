@@ -109,3 +109,12 @@ def two_fake_gpus(monkeypatch: Any) -> FakeCuda:
     monkeypatch.setattr(monitor_mod, "make_source",
                         lambda: LiveSource(nvml=NvmlSource(module=nvml)))  # type: ignore[arg-type]
     return cuda
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: Any, call: Any) -> Any:
+    """Keep each phase's report on the item, so a fixture can tell whether the test failed
+    (the browser tests take a screenshot then)."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report

@@ -218,7 +218,7 @@ def saved_lab(tmp_path_factory: Any) -> Any:
 
     from nbformat.sign import NotebookNotary
 
-    from .test_browser import CHROMIUM, free_port
+    from .browser_harness import CHROMIUM, free_port
 
     if not os.path.exists(CHROMIUM):
         pytest.fail("Debian's chromium is required: apt-get install chromium (see README)")
