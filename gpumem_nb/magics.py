@@ -9,10 +9,12 @@ previous load set up.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import importlib.util
 import re
 import shlex
+import weakref
 from dataclasses import replace
 from typing import Any
 
@@ -423,6 +425,14 @@ class GpumemMagics(Magics):
 # ------------------------------------------------------------------------------------------
 # Extension entry points
 # ------------------------------------------------------------------------------------------
+def _stop_at_exit(ref: Any) -> None:
+    monitor = ref()
+    if monitor is not None:
+        with contextlib.suppress(Exception):
+            monitor.stop_replay()
+            monitor.sampler.stop(timeout_s=0.5)
+
+
 def current_monitor(shell: Any = None) -> Monitor | None:
     if shell is None:
         from IPython import get_ipython
@@ -448,6 +458,9 @@ def load(shell: Any) -> None:
         magics = GpumemMagics(shell, monitor)
         shell.register_magics(magics)
         setattr(shell, _SHELL_ATTR, monitor)
+        # Stop sampling before the kernel closes its sockets: a last tick publishing to a
+        # closed socket logs an error at exit.
+        atexit.register(_stop_at_exit, weakref.ref(monitor))
         setattr(shell, _MAGICS_ATTR, magics)
         setattr(shell, _HISTORY_ATTR, monitor.history)
         setattr(shell, _CONFIG_ATTR, monitor.config)

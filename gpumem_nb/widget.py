@@ -171,7 +171,7 @@ class MemoryWidget:
         self.selector = widgets.Dropdown(
             options=options, value=_key(self.device) if gpus > 1 else 0,
             description="device", layout=widgets.Layout(
-                width="190px", display="flex" if gpus > 1 else "none"))
+                width="230px", display="flex" if gpus > 1 else "none"))
         self.selector.observe(self._on_select, names="value")
         controls = widgets.HBox([self.selector, self.pause_button, self.cleanup_button])
         self.box = widgets.VBox([self.header, self.banner, self.fig, controls, self.report])
