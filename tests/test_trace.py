@@ -436,8 +436,15 @@ def test_the_timeline_draws_in_jupyterlab_with_no_network_and_again_from_the_sav
                         if attempt == 2:
                             raise
                 names = page.evaluate(drawn)
-                page.keyboard.press("Control+s")
-                page.wait_for_timeout(2000)
+                # The plotly renderer adds its PNG to the output a moment after drawing:
+                # save until the file holds it (or 30 s pass; the assertion below then says so).
+                for _ in range(30):
+                    page.keyboard.press("Control+s")
+                    page.wait_for_timeout(1000)
+                    on_disk = nbformat.read(tmp_path / "nb" / "trace.ipynb", as_version=4)
+                    outs = on_disk.cells[0].get("outputs", [])
+                    if outs and "image/png" in outs[0].get("data", {}):
+                        break
                 page.goto(url)  # the saved file, not re-run
                 # Reopened, the output is drawn again: interactively when the notebook is
                 # trusted, else from the PNG the plotly renderer stored beside the figure.
