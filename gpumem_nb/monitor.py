@@ -210,12 +210,7 @@ class Monitor:
         self.oom.close()
         self.sampler.remove_listener(self._on_sample)
         self.sampler.stop()
-        if self.widget is not None:
-            try:
-                self.widget.close()
-            except Exception as e:
-                self._contain("widget close", e)
-            self.widget = None
+        self._drop_widget()
         try:
             self.source.close()
         except Exception as e:
