@@ -1,44 +1,99 @@
-"""Execute the tutorials on a GPU machine and keep their outputs.
+"""Execute the tutorials and keep their outputs.
 
-A code cell whose metadata says ``{"tutorial": {"runs": 3}}`` is executed three times in a
-row, as a user re-running it would; the notebook keeps the last run's outputs. (The chart's
-updates during a long cell are counted by benchmarks/gpu_widget_check.py, which reads every
-IOPub message; nbclient only passes on the ones parented to the running cell.)
+Each tutorial's source is one file in Jupytext's percent format beside its notebook:
+``00_quickstart.py`` is the source of ``00_quickstart.ipynb``. A contributor edits the ``.py``
+(in any editor, or in JupyterLab with jupytext installed); this runner reads it, executes it
+in a fresh kernel and writes the ``.ipynb`` with its outputs. Each cell's id is in its header
+(``# %% id="01-11"``), so ids survive edits and reviews can cite them.
 
-What a saved notebook needs to show the chart without a kernel, and to open unmodified:
+A code cell whose header says ``tutorial={"runs": 3}`` is executed three times in a row, as a
+user re-running it would; the notebook keeps the last run's outputs. ``tags=["raises-exception"]``
+marks a cell that fails on purpose (an OOM the lesson is about).
+
+The tutorials check their own prose (``claims.py``): a cell whose run contradicts the text
+raises ``ClaimFailed``. The runner then stops that notebook, saves it as far as it got, goes on
+with the next one (one GPU call should show everything), prints which claim failed in which
+cell, and exits with status 1.
+
+What a saved notebook needs to show its charts without a kernel, and to open unmodified:
 
 - a settle step after the last cell: a silent execution (no cell, no history entry, no mark
   on the chart) that lets the sampler take a last reading and asks the chart to refresh its
-  display by display_id, so the saved bundle (static SVG picture and numbers) is the chart as
-  it was at the end of the run;
+  display by display_id, so the saved bundle (static picture and numbers) is the chart as it
+  was at the end of the run;
 - the kernel's full ``language_info`` and ``kernelspec``; JupyterLab fills in what is missing
   on open and then shows the notebook as modified;
 - the widgets' state (``application/vnd.jupyter.widget-state+json``), so a trusted notebook
-  in JupyterLab renders the widgets without a kernel. It includes plotly's 5 MB script;
-  ``--no-widget-state`` leaves it out (the static picture stays).
+  renders the widgets without a kernel, but no model above ``WIDGET_STATE_LIMIT_BYTES``:
+  plotly's ``FigureWidget`` carries its whole 5 MB script in its state. Such a model is left
+  out, with every view of it, and its outputs show their static picture instead.
+  ``--no-widget-state`` leaves all widget state out.
 
-    python notebooks/run_tutorials.py [--no-widget-state] OUT_DIR [NOTEBOOK ...]
+Provenance goes into the metadata (key ``gpumem_nb``): GPU, driver, CUDA, torch, IPython,
+ipykernel, gpumem_nb, Python, commit, whether the tree was clean, the date, and a digest of the
+package and tutorial sources, which tests compare with the checkout.
+
+    python notebooks/run_tutorials.py [--no-widget-state] [--budget-s S] OUT_DIR [NAME ...]
+
+NAME is a tutorial's stem or file name (``00_quickstart``, ``00_quickstart.py``); all of
+them by default, in order. After ``--budget-s`` seconds no further notebook is started.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import jupytext
 import nbformat
 from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionComplete
+from nbclient.exceptions import CellExecutionComplete, CellExecutionError
 from nbclient.util import ensure_async, run_sync
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 
 LANGUAGE_INFO_KEYS = ("name", "version", "mimetype", "file_extension", "codemirror_mode",
                       "nbconvert_exporter", "pygments_lexer")
 KERNELSPEC_KEYS = ("name", "display_name", "language")
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+# A saved model above this is a bundled script (plotly's is 5 MB), not chart data.
+WIDGET_STATE_LIMIT_BYTES = 200_000
+CLAIM_FAILED = "ClaimFailed"
+FAILED_MARK = "✗ CLAIM FAILED"  # claims.py, in TUTORIAL_CLAIMS=report mode
+
+
+def tutorial_sources(folder: Path = HERE) -> list[Path]:
+    """The tutorials' sources, in reading order: ``NN_name.py``."""
+    return sorted(p for p in folder.glob("[0-9][0-9]_*.py"))
+
+
+def load_source(path: Path) -> Any:
+    """The notebook a percent-format source describes, with the ids from its cell headers,
+    ready to execute (no outputs)."""
+    nb = jupytext.read(path, fmt="py:percent")
+    for index, cell in enumerate(nb.cells):
+        cell_id = cell.metadata.pop("id", None)
+        if not cell_id:
+            raise ValueError(f"{path.name}: cell {index} has no id= in its header")
+        cell.id = str(cell_id)
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    ids = [c.id for c in nb.cells]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise ValueError(f"{path.name}: duplicate cell ids {dupes}")
+    nb.metadata.pop("jupytext", None)  # the .ipynb is the runner's output, not a paired copy
+    nb.metadata.setdefault("kernelspec", {"name": "python3", "language": "python",
+                                          "display_name": "Python 3 (ipykernel)"})
+    nbformat.validate(nb)
+    return nb
+
 
 # Runs silently: IPython fires no pre/post_run_cell for it, so gpumem_nb records no cell and
 # draws no mark. ``refresh_static`` updates the chart's display (by display_id) with its
@@ -140,54 +195,119 @@ def _placeholder(state: Any, path: list[Any]) -> bool:
     return _has(node, last)
 
 
+def drop_heavy_widget_state(nb: Any, limit_bytes: int = WIDGET_STATE_LIMIT_BYTES) -> list[str]:
+    """Leave out saved widget models above ``limit_bytes``, the models that show them, and
+    their views in the outputs; return the dropped models' names.
+
+    A view whose model is missing reads "Error displaying widget: model not found" in a
+    trusted JupyterLab, so the view entry goes with the model and the output falls back to
+    the next entry of its bundle: the static picture.
+    """
+    states = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    dropped = {mid for mid, model in states.items()
+               if len(json.dumps(model)) > limit_bytes}
+    changed = bool(dropped)
+    while changed:  # a box that shows a dropped model cannot be rendered either
+        changed = False
+        for mid, model in states.items():
+            text = json.dumps(model.get("state", {}))
+            if mid not in dropped and any(f"IPY_MODEL_{d}" in text for d in dropped):
+                dropped.add(mid)
+                changed = True
+    names = [states[mid].get("model_name", "?") for mid in sorted(dropped)]
+    for mid in dropped:
+        del states[mid]
+    for cell in nb.cells:
+        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            view = out.get("data", {}).get(WIDGET_VIEW)
+            if view and view.get("model_id") in dropped:
+                del out["data"][WIDGET_VIEW]
+    return names
+
+
 # ------------------------------------------------------------------------------------------
 # Provenance: what the outputs were produced with, recorded in the notebook's metadata.
-# (Imports are local so that this section stays separate from the rest of the runner.)
 # ------------------------------------------------------------------------------------------
 PROVENANCE_KEY = "gpumem_nb"
 # Evaluated in the kernel after the last cell, so they name what the cells really used.
 KERNEL_EXPRESSIONS = {
     "torch": "getattr(__import__('sys').modules.get('torch'), '__version__', None)",
+    "cuda_runtime": "getattr(getattr(__import__('sys').modules.get('torch'), 'version', None),"
+                    " 'cuda', None)",
     "gpumem_nb": "__import__('gpumem_nb').__version__",
+    "ipython": "__import__('IPython').__version__",
+    "ipykernel": "__import__('ipykernel').__version__",
     "python": "__import__('platform').python_version()",
 }
+# What the digest covers: the package and everything the tutorials run.
+DIGEST_GLOBS = ("gpumem_nb/**/*.py", "gpumem_nb/data/*", "notebooks/*.py")
 
 
-def gpus_and_driver() -> tuple[list[str], str | None]:
-    """The GPUs' names and the driver version from NVML; ([], None) without a driver."""
+def sources_digest(root: Path = ROOT) -> str:
+    """SHA-256 over the package's and the tutorials' sources (paths and contents), so that a
+    saved notebook can be checked against the checkout without git on the GPU machine."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    paths = sorted({p for g in DIGEST_GLOBS for p in root.glob(g)
+                    if p.is_file() and "__pycache__" not in p.parts})
+    for p in paths:
+        digest.update(p.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(p.read_bytes().replace(b"\r\n", b"\n") + b"\0")
+    return digest.hexdigest()
+
+
+def gpu_facts() -> dict[str, Any]:
+    """The GPUs, their MIG mode, the driver and its CUDA version, from NVML; empty without a
+    driver."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
     except Exception:
-        return [], None
+        return {}
+
+    def text(value: Any) -> str:
+        return value.decode() if isinstance(value, bytes) else str(value)
+
     try:
-        names = []
+        names, mig = [], []
         for i in range(pynvml.nvmlDeviceGetCount()):
-            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
-            names.append(name.decode() if isinstance(name, bytes) else str(name))
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        return names, driver.decode() if isinstance(driver, bytes) else str(driver)
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            names.append(text(pynvml.nvmlDeviceGetName(handle)))
+            try:
+                mig.append("on" if pynvml.nvmlDeviceGetMigMode(handle)[0] else "off")
+            except pynvml.NVMLError:
+                mig.append("n/a")
+        facts: dict[str, Any] = {"gpu": ", ".join(names), "gpu_count": len(names),
+                                 "mig": ", ".join(mig),
+                                 "driver": text(pynvml.nvmlSystemGetDriverVersion())}
+        try:
+            v = pynvml.nvmlSystemGetCudaDriverVersion_v2()
+            facts["cuda_driver_api"] = f"{v // 1000}.{v % 1000 // 10}"
+        except pynvml.NVMLError:
+            pass
+        return facts
     finally:
         pynvml.nvmlShutdown()
 
 
-def git_commit() -> str | None:
-    """``GPUMEM_NB_COMMIT`` when set (a GPU host may get a copy without .git), else HEAD;
-    ``+dirty`` when tracked files differ from it."""
-    import os
+def git_state() -> tuple[str | None, bool | None]:
+    """(commit, tree clean). ``GPUMEM_NB_COMMIT`` and ``GPUMEM_NB_TREE_CLEAN`` (``1``/``0``)
+    when set, for a GPU host that gets a copy without .git; else HEAD and ``git status``."""
     import subprocess
 
     if os.environ.get("GPUMEM_NB_COMMIT"):
-        return os.environ["GPUMEM_NB_COMMIT"]
+        clean = os.environ.get("GPUMEM_NB_TREE_CLEAN")
+        return os.environ["GPUMEM_NB_COMMIT"], None if clean is None else clean == "1"
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True,
                               text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
                                cwd=HERE, capture_output=True, text=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return None
-    return head + ("+dirty" if dirty else "")
+        return None, None
+    return head, not dirty
 
 
 def kernel_values(client: NotebookClient) -> dict[str, str | None]:
@@ -205,12 +325,13 @@ def kernel_values(client: NotebookClient) -> dict[str, str | None]:
 
 
 def provenance(client: NotebookClient) -> dict[str, object]:
-    """GPU, driver, torch, gpumem_nb, Python, commit and date of this execution."""
+    """What produced the outputs: GPU, driver, CUDA, torch, IPython, gpumem_nb, commit, date."""
     import datetime
 
-    gpus, driver = gpus_and_driver()
-    return {"gpu": ", ".join(gpus) or "none", "driver": driver or "none",
-            **kernel_values(client), "commit": git_commit(),
+    commit, clean = git_state()
+    facts = {"gpu": "none", "gpu_count": 0, "driver": "none", **gpu_facts()}
+    return {**facts, **kernel_values(client), "commit": commit, "tree_clean": clean,
+            "sources_sha256": sources_digest(),
             "executed": datetime.datetime.now(datetime.timezone.utc).isoformat(
                 timespec="seconds")}
 
@@ -218,12 +339,30 @@ def provenance(client: NotebookClient) -> dict[str, object]:
 CELL_GAP_S = 0.25
 
 
-def run(path: Path, out_dir: Path, widget_state: bool = True) -> dict[str, float]:
-    nb = nbformat.read(path, as_version=4)
+class ClaimError(RuntimeError):
+    """A tutorial's cell contradicted its prose (``claims.ClaimFailed``)."""
+
+
+def failed_claims(nb: Any) -> list[str]:
+    """``cell id: sentence`` for each claim that failed in report mode."""
+    found = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            if out.get("output_type") == "stream" and out.get("name") == "stdout":
+                found += [f"{cell.id}: {line}" for line in out.get("text", "").splitlines()
+                          if line.startswith(FAILED_MARK)]
+    return found
+
+
+def run(path: Path, out_dir: Path, widget_state: bool = True) -> dict[str, Any]:
+    """Execute one tutorial (its ``.py`` source, or an ``.ipynb``) and write
+    ``out_dir/<stem>.ipynb``; return the seconds each cell took. Raises ``ClaimError`` when a
+    cell contradicts the prose, after saving the notebook as far as it got."""
+    nb = load_source(path) if path.suffix == ".py" else nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=900, kernel_name="python3", allow_errors=False,
                             store_widget_state=widget_state,
                             resources={"metadata": {"path": str(HERE)}})
-    timings: dict[str, float] = {}
+    timings: dict[str, Any] = {}
     try:
         with client.setup_kernel():
             nb.metadata.update(kernel_metadata(client))
@@ -232,11 +371,16 @@ def run(path: Path, out_dir: Path, widget_state: bool = True) -> dict[str, float
                     continue
                 runs = cell.metadata.get("tutorial", {}).get("runs", 1)
                 t0 = time.monotonic()
-                for _ in range(runs):
-                    client.execute_cell(cell, index)
-                    # People pause between cells; the sampler's reading after each one (at
-                    # most 0.1 s later) completes the cell's NVML figures in the history.
-                    time.sleep(CELL_GAP_S)
+                try:
+                    for _ in range(runs):
+                        client.execute_cell(cell, index)
+                        # People pause between cells; the sampler's reading after each one
+                        # (at most 0.1 s later) completes the cell's NVML figures.
+                        time.sleep(CELL_GAP_S)
+                except CellExecutionError as e:
+                    if e.ename == CLAIM_FAILED:
+                        raise ClaimError(f"{path.stem} cell {cell.id}: {e.evalue}") from None
+                    raise
                 timings[cell.id] = round(time.monotonic() - t0, 2)
             t0 = time.monotonic()
             settle(client)
@@ -247,26 +391,74 @@ def run(path: Path, out_dir: Path, widget_state: bool = True) -> dict[str, float
         if widget_state:
             client.set_widgets_metadata()
             drop_stale_buffers(nb)
-        nbformat.write(nb, out_dir / path.name)
+            dropped = drop_heavy_widget_state(nb)
+            if dropped:
+                timings["widget_state_left_out"] = dropped
+        nbformat.write(nb, out_dir / f"{path.stem}.ipynb")
+    reported = failed_claims(nb)
+    if reported:
+        timings["claims_failed"] = reported
     return timings
 
 
-def main(argv: list[str] | None = None) -> None:
+def resolve(names: list[str]) -> list[Path]:
+    sources = {p.stem: p for p in tutorial_sources()}
+    if not names:
+        return list(sources.values())
+    chosen = []
+    for name in names:
+        stem = Path(name).stem
+        if stem not in sources:
+            raise SystemExit(f"no tutorial {name!r}; the tutorials are: {', '.join(sources)}")
+        chosen.append(sources[stem])
+    return chosen
+
+
+def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     widget_state = "--no-widget-state" not in args
     args = [a for a in args if a != "--no-widget-state"]
+    budget_s = None
+    if "--budget-s" in args:
+        i = args.index("--budget-s")
+        budget_s = float(args[i + 1])
+        del args[i:i + 2]
+    if not args:
+        raise SystemExit(__doc__)
     out_dir = Path(args[0])
     out_dir.mkdir(parents=True, exist_ok=True)
-    names = args[1:] or sorted(p.name for p in HERE.glob("0*.ipynb"))
-    summary: dict[str, object] = {}
-    for name in names:
+    summary: dict[str, Any] = {}
+    problems: list[str] = []
+    start = time.monotonic()
+    for path in resolve(args[1:]):
+        if budget_s is not None and time.monotonic() - start > budget_s:
+            summary[path.stem] = {"skipped": f"the budget of {budget_s:.0f} s was spent"}
+            problems.append(f"{path.stem}: not run (budget spent)")
+            continue
+        t0 = time.monotonic()
         try:
-            summary[name] = run(HERE / name, out_dir, widget_state=widget_state)
-        except Exception as e:  # keep going: one call to the GPU machine should show all
-            summary[name] = {"error": f"{type(e).__name__}: {e}"[:4000]}
+            summary[path.stem] = run(path, out_dir, widget_state=widget_state)
+            problems += [f"{path.stem} {c}" for c in summary[path.stem].get("claims_failed", [])]
+        except ClaimError as e:  # keep going: one call to the GPU machine should show all
+            summary[path.stem] = {"claim_failed": str(e)[:4000]}
+            problems.append(f"CLAIM FAILED in {e}")
+        except Exception as e:
+            summary[path.stem] = {"error": f"{type(e).__name__}: {e}"[:4000]}
+            problems.append(f"{path.stem}: {type(e).__name__}: {str(e)[:300]}")
+        summary[path.stem]["total_s"] = round(time.monotonic() - t0, 1)
+        (out_dir / "tutorial_timings.json").write_text(json.dumps(summary, indent=2))
+    summary["all_s"] = round(time.monotonic() - start, 1)
     (out_dir / "tutorial_timings.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
+    if problems:
+        bar = "!" * 78
+        print(f"\n{bar}\nTUTORIALS NOT SAVED AS TRUE ({len(problems)}):", file=sys.stderr)
+        for p in problems:
+            print("  " + p.replace("\n", "\n    "), file=sys.stderr)
+        print(bar, file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

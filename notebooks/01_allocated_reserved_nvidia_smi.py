@@ -1,0 +1,363 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] id="01-00"
+# # 1. Allocated, reserved, and what nvidia-smi sees
+#
+# "I deleted everything and nvidia-smi still says the GPU is full." This notebook shows why, one
+# step at a time, with PyTorch's caching allocator and NVML (the library `nvidia-smi` reads)
+# side by side. It also settles a few claims that circulate in blog posts, each with a measured
+# cell.
+#
+# > The outputs in this notebook were produced by running it on an NVIDIA H200; the notebook's metadata (`gpumem_nb` key) records the GPU, driver, torch and gpumem_nb versions, commit and date. The text quotes no measured figure of its own: it points at the printed lines, so what you read is what the cells measured.
+
+# %% id="01-01"
+# %load_ext gpumem_nb
+
+# %% [markdown] id="01-02"
+# ## Importing is not initializing
+#
+# Three steps that are easy to blur: importing torch, initializing CUDA, and creating the CUDA
+# *context* (the driver's per-process state on the GPU, which is what costs memory). To tell
+# them apart we read NVML directly, the way `nvidia-smi` does: the device's used memory, and
+# this process's line in NVML's process list.
+
+# %% id="01-03"
+import os
+
+import pynvml  # from the nvidia-ml-py package: what nvidia-smi reads
+
+from gpumem_nb.units import format_bytes as fmt
+
+pynvml.nvmlInit()
+gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+MiB = 2**20
+
+
+def nvml_used():
+    # Used memory of GPU 0 as nvidia-smi shows it (v2 leaves driver-reserved memory out).
+    try:
+        return pynvml.nvmlDeviceGetMemoryInfo(gpu, version=pynvml.nvmlMemory_v2).used
+    except (AttributeError, TypeError, pynvml.NVMLError):
+        return pynvml.nvmlDeviceGetMemoryInfo(gpu).used
+
+
+def this_process():
+    # This process's bytes in NVML's process list; None when it is not listed.
+    for p in pynvml.nvmlDeviceGetComputeRunningProcesses(gpu):
+        if p.pid == os.getpid():
+            return p.usedGpuMemory
+    return None
+
+
+used_at_start = nvml_used()
+print(f"NVML used before this process touched the GPU: {fmt(used_at_start)}")
+print(f"this process listed by NVML: {this_process() is not None}")
+
+# %% id="01-04"
+import torch
+
+after_import = nvml_used()
+print("torch", torch.__version__)
+print(f"import torch: NVML used {fmt(after_import - used_at_start, signed=True)}; "
+      f"CUDA initialized: {torch.cuda.is_initialized()}")
+
+# %% id="01-05"
+name = torch.cuda.get_device_name(0)
+after_init = nvml_used()
+print(name)
+print(f"get_device_name: NVML used {fmt(after_init - after_import, signed=True)}; "
+      f"CUDA initialized: {torch.cuda.is_initialized()}; "
+      f"this process listed by NVML: {this_process() is not None}")
+
+# %% [markdown] id="01-06"
+# Importing torch puts nothing on the GPU (first delta), and neither does loading gpumem_nb.
+# `get_device_name` does initialize PyTorch's CUDA state (`is_initialized()` is now `True`),
+# but compare its NVML delta with the next one: the driver creates the context lazily, when the
+# first real GPU work needs it.
+#
+# `%gpumem` shows each GPU: NVML's used/total, this process's share, PyTorch's `allocated`
+# (live tensors) and `reserved` (live tensors plus the cache), and memory outside PyTorch.
+
+# %% id="01-07"
+# %gpumem
+
+# %% [markdown] id="01-08"
+# ## The CUDA context
+#
+# The first allocation creates the context: driver state, loaded kernels, library handles. It
+# is this process's memory, but PyTorch's allocator does not manage it, so it appears as
+# **outside PyTorch** and never as `reserved`.
+
+# %% id="01-09"
+t = torch.zeros(1, device="cuda")
+after_alloc = nvml_used()
+print(f"first allocation: NVML used {fmt(after_alloc - after_init, signed=True)}")
+print(f"a {t.element_size()}-byte tensor: allocated {fmt(torch.cuda.memory_allocated())}, "
+      f"reserved {fmt(torch.cuda.memory_reserved())}")
+
+# %% id="01-10"
+# %gpumem
+
+# %% [markdown] id="01-11"
+# ## Why a 4-byte tensor shows 512 B allocated and 2 MiB reserved
+#
+# The caching allocator never hands out less than 512 B: every request is rounded up to a
+# multiple of it (that rounded *block* is what `allocated` counts). Blocks are cut from
+# *segments* that it gets from the driver with `cudaMalloc` (that is what `reserved` counts):
+#
+# - requests up to 1 MiB come from a small pool of 2 MiB segments;
+# - larger requests below 10 MiB share segments of 20 MiB;
+# - from 10 MiB on, a request that fits no cached block gets a segment of its own, rounded up
+#   to a multiple of 2 MiB.
+#
+# The cell below measures one request of each kind, starting each time from an empty cache so
+# that nothing is reused.
+
+# %% id="01-12"
+del t
+
+
+def footprint(nbytes):
+    # What one tensor of `nbytes` costs: its block (allocated) and the new segment (reserved).
+    torch.cuda.empty_cache()  # nothing cached to reuse
+    a0, r0 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    x = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    block = torch.cuda.memory_allocated() - a0
+    segment = torch.cuda.memory_reserved() - r0
+    del x
+    return block, segment
+
+
+print(f"{'request':>28}   {'block (allocated)':>26}   {'new segment (reserved)':>22}")
+for label, n in [("4 B", 4), ("1 MiB", MiB), ("1 MiB + 1 B", MiB + 1),
+                 ("9 MiB", 9 * MiB), ("10 MiB", 10 * MiB), ("11 MiB", 11 * MiB),
+                 ("100 MiB + 1 B", 100 * MiB + 1)]:
+    block, segment = footprint(n)
+    print(f"{label:>14} = {n:>11,} B   {block:>11,} B = {fmt(block):>10}   "
+          f"{fmt(segment):>22}")
+
+# %% [markdown] id="01-13"
+# So `allocated` is already a little more than your tensors' sizes, and `reserved` more again,
+# before any caching happens. (Notebook 5 shows settings that change this rounding.)
+#
+# ## NVML "used" versus "this process"
+#
+# NVML charges each process its own memory. The device's *used* figure also counts memory the
+# driver keeps for itself and charges to no process: it was not zero before this process
+# touched the GPU (the first output above), and it grows a little with each context.
+
+# %% id="01-14"
+used, mine = nvml_used(), this_process()
+print(f"NVML used on the device:      {fmt(used)}")
+if mine is None:
+    print("this process is not in NVML's list (in a container NVML may report host PIDs)")
+else:
+    print(f"NVML's line for this process: {fmt(mine)}")
+    print(f"used − this process:          {fmt(used - mine)} "
+          f"(before this process started CUDA: {fmt(used_at_start)})")
+
+# %% [markdown] id="01-15"
+# ### Per-process memory without parsing `nvidia-smi`
+#
+# A popular snippet finds a process's memory by searching `nvidia-smi`'s table for lines with
+# the PID and "python", then matching `(\d+)MiB / (\d+)MiB`. That pattern is the *device*
+# column (`used / total`); a process line has a single figure, so the search finds nothing, and
+# inside containers the PID shown is often the host's. NVML's process list is the reliable way
+# (it is what `this_process()` above reads). The cell runs the snippet as published:
+
+# %% id="01-16"
+import re
+import shutil
+import subprocess
+
+
+def get_gpu_memory_by_pid(pid):  # the snippet, as published
+    result = subprocess.run(["nvidia-smi"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    for line in result.stdout.split("\n"):
+        if str(pid) in line and "python" in line:
+            match = re.search(r"(\d+)MiB\s*/\s*(\d+)MiB", line)
+            if match:
+                return int(match.group(1)), int(match.group(2))
+    return None, None
+
+
+if shutil.which("nvidia-smi"):
+    print("the snippet for this process:", get_gpu_memory_by_pid(os.getpid()))
+else:
+    print("nvidia-smi is not installed here; the snippet cannot run at all")
+mine = this_process()
+print("NVML for this process:", fmt(mine) if mine is not None else "not listed")
+
+# %% [markdown] id="01-17"
+# ## A tensor, then `del`
+#
+# A 20000×20000 float32 tensor is 20000·20000·4 bytes. The article this project started from
+# put it at about 3 GB, and 10000×10000 at 0.76 GB; the first lines print the real sizes (a
+# `meta` tensor has a size but no storage, so measuring the second costs nothing).
+
+# %% id="01-18"
+x = torch.randn(20000, 20000, device="cuda")
+for shape in [(20000, 20000), (10000, 10000)]:
+    nbytes = torch.empty(shape, device="meta").nbytes
+    claim = {20000: "about 3 GB", 10000: "0.76 GB"}[shape[0]]
+    print(f"{shape[0]}×{shape[1]} float32: {nbytes / 2**30:.2f} GiB = {nbytes / 1e9:.2f} GB "
+          f"(the article: {claim})")
+# %gpumem
+
+# %% [markdown] id="01-19"
+# After `del`, `allocated` falls back at once, with no `torch.cuda.synchronize()` (another
+# article adds one "to make the deletion take effect"; the allocator's bookkeeping is on the
+# host and needs none). `reserved` does not fall: the allocator keeps the block for the next
+# tensor, and the driver still counts it as used. That is the "false leak".
+
+# %% id="01-20"
+del x
+print(f"allocated right after del, no synchronize(): {fmt(torch.cuda.memory_allocated())}")
+# %gpumem
+
+# %% [markdown] id="01-21"
+# ## Reuse
+#
+# A new tensor of the same size takes the cached block: `allocated` rises, `reserved` and NVML
+# do not move. The cache is working for you.
+
+# %% id="01-22"
+y = torch.randn(20000, 20000, device="cuda")
+# %gpumem
+
+# %% id="01-23"
+del y
+
+
+# %% [markdown] id="01-24"
+# ## `empty_cache()`
+#
+# `torch.cuda.empty_cache()` hands unused cached blocks back to the driver, and NVML drops by
+# the same amount (one article claims it gives nothing back: the `NVML freed` column below says
+# otherwise). Other processes can then use that memory; yours gains nothing, because it would
+# have reused the cache anyway. `%gpumem cleanup` calls it for you and reports what each step
+# freed.
+
+# %% id="01-25"
+# %gpumem cleanup
+
+# %% id="01-26"
+# %gpumem
+
+# %% [markdown] id="01-27"
+# ## The context keeps growing
+#
+# The context is not fixed at creation. Libraries load lazily: the first matrix product loads
+# cuBLAS's kernels, which count outside PyTorch, and gives cuBLAS a *workspace*, which PyTorch
+# allocates from its own cache. The next cell measures both around the first product of this
+# process.
+
+# %% id="01-28"
+def outside_pytorch():
+    # This process's NVML line minus what PyTorch reserved; None when NVML lists no line.
+    mine = this_process()
+    return None if mine is None else mine - torch.cuda.memory_reserved()
+
+
+a = torch.randn(8192, 8192, device="cuda")
+torch.cuda.synchronize()
+alloc0, outside0 = torch.cuda.memory_allocated(), outside_pytorch()
+out = a @ a  # the first matrix product of this process
+torch.cuda.synchronize()
+grown = torch.cuda.memory_allocated() - alloc0
+print(f"first matmul: allocated {fmt(grown, signed=True)}: the product {fmt(out.nbytes)} "
+      f"and {fmt(grown - out.nbytes)} that is no tensor of yours")
+if outside0 is not None:
+    print(f"outside PyTorch: {fmt(outside_pytorch() - outside0, signed=True)}")
+
+# %% [markdown] id="01-29"
+# The part of `allocated` that is no tensor of yours is cuBLAS's workspace; the end of this
+# notebook shows it outliving every tensor. It is also why `%gpumem who` (notebook 2) cannot
+# account for every allocated byte: no Python object holds it.
+#
+# ### `empty_cache()` is not free
+#
+# It must not release a block the GPU may still be using, so when it has cached blocks to free
+# it first waits for the GPU to finish all queued work. The next cell queues 40 large matrix
+# products (which return at once: CUDA calls are asynchronous) and times three things: how long
+# the queued work takes, `empty_cache()` with nothing cached, and `empty_cache()` with a cached
+# block to free.
+
+# %% id="01-30"
+import time
+
+
+def queue_matmuls(n=40):
+    for _ in range(n):
+        torch.matmul(a, a, out=out)  # writes into `out`: allocates and caches nothing
+
+
+def ms(fn):
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+torch.cuda.empty_cache()
+queue_matmuls()
+queued_ms = ms(torch.cuda.synchronize)
+queue_matmuls()
+nothing_ms = ms(torch.cuda.empty_cache)
+torch.cuda.synchronize()
+junk = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
+del junk  # now a 2 GiB block sits in the cache
+queue_matmuls()
+cached_ms = ms(torch.cuda.empty_cache)
+torch.cuda.synchronize()
+print(f"40 queued matmuls: synchronize() waited {queued_ms:.0f} ms")
+print(f"empty_cache() with nothing cached returned after {nothing_ms:.2f} ms")
+print(f"empty_cache() with {fmt(2 * 2**30)} cached blocked for {cached_ms:.0f} ms")
+
+# %% [markdown] id="01-31"
+# With a block to free, `empty_cache()` blocked for about as long as the queued work (compare
+# the first and third lines); with nothing to free it returned at once. So it is not harmless:
+# inside a training loop it stalls the pipeline every time it has something to free. Call it
+# between phases, and never from a background thread.
+#
+# Its docstring gives it one more purpose: it "may help reduce fragmentation". Returning whole
+# free segments lets a later, larger request be served by a fresh `cudaMalloc` instead of
+# failing to fit in the cached pieces. The allocator already does this itself, once, when a
+# `cudaMalloc` fails (notebook 4 measures that retry), so for your own process calling it is
+# rarely needed; it matters when *another* process needs the memory.
+#
+# ## What a cleanup cannot free
+#
+# With every tensor deleted and the cache emptied, `allocated` is still not zero: cuBLAS keeps
+# its workspace for the life of the process. A private PyTorch call drops it.
+
+# %% id="01-32"
+del a, out
+# %gpumem cleanup
+
+# %% id="01-33"
+print(f"allocated with no tensor of yours alive: {fmt(torch.cuda.memory_allocated())}")
+torch._C._cuda_clearCublasWorkspaces()  # private: drops cuBLAS's cached workspaces
+print(f"after dropping cuBLAS's workspaces: {fmt(torch.cuda.memory_allocated())}")
+
+# %% [markdown] id="01-34"
+# ## The per-cell record
+#
+# Every cell above was measured: allocated and reserved before and after, the allocator's peak
+# during the cell (exact when the cell set a new peak, `≥` otherwise), NVML before, after and at
+# its sampled peak, and host RAM. `gpumem_nb.history()` returns the same as a DataFrame.
+
+# %% id="01-35"
+# %gpumem history

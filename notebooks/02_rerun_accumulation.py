@@ -1,0 +1,192 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] id="02-00"
+# # 2. Re-running a cell quietly eats memory
+#
+# Re-running a cell should cost nothing extra: it rebinds the same names. Three things break that,
+# and gpumem_nb names each one: results kept alive by IPython's output cache (`Out[n]`, `_`), a
+# stored traceback that keeps a failed cell's frames, and tensors that carry their autograd
+# graph.
+#
+# > The outputs in this notebook were produced by running it on an NVIDIA H200; the notebook's metadata (`gpumem_nb` key) records the GPU, driver, torch and gpumem_nb versions, commit and date. The text quotes no measured figure of its own: it points at the printed lines, so what you read is what the cells measured.
+
+# %% id="02-01"
+# %load_ext gpumem_nb
+import torch
+
+from gpumem_nb.units import format_bytes as fmt
+
+torch.zeros(1, device="cuda");
+
+# %% [markdown] id="02-02"
+# ## The output cache
+#
+# The next cell was run **three times**, as you would re-run it while experimenting (the output
+# shows the last run). It rebinds `y`, so memory should stay flat, but its last line displays a
+# result, and IPython keeps every displayed result in `Out`. On the third run gpumem_nb flags it,
+# says the cause is live tensors, and names who holds them.
+
+# %% id="02-03" tutorial={"runs": 3}
+y = torch.randn(4096, 4096, device="cuda")
+y @ y
+
+
+# %% id="02-04"
+# %gpumem who
+
+# %% [markdown] id="02-05"
+# `%gpumem cleanup --out` clears the output cache. Your variables, `y` included, are untouched;
+# only results IPython kept for you go. The `output cache` row says what that freed.
+
+# %% id="02-06"
+# %gpumem cleanup --out
+
+# %% [markdown] id="02-07"
+# To avoid it, end such cells with `;` or assign the result: nothing is displayed, nothing is
+# cached.
+#
+# ## A cell that raised
+#
+# When a cell fails, Python keeps the exception, its traceback and every frame in it, with all
+# their local tensors, so that `%debug` can inspect them. A failed training step can pin its
+# activations until the next error. gpumem_nb flags this on the first run.
+
+# %% id="02-08" tags=["raises-exception"]
+def step():
+    activations = torch.empty(4 * 2**30, dtype=torch.uint8, device="cuda")
+    raise RuntimeError("shape mismatch in layer 3")
+
+
+step()
+
+# %% id="02-09"
+# %gpumem cleanup
+
+# %% [markdown] id="02-10"
+# The `last exception` row dropped the stored exception, and the `empty_cache` row then returned
+# the freed block to the driver. IPython keeps a failed cell's traceback in three places:
+# `sys.last_value` and friends (`sys.last_exc` from Python 3.12), its record of the last result,
+# and its traceback formatter, which `%debug` reads. Dropping only one of them frees nothing; the
+# cleanup cuts the traceback's frames, so whoever still holds a reference holds no locals. Any
+# later cleanup's `last exception` row says whether a stored exception was left to drop.
+#
+# ## A stored loss keeps its graph
+#
+# Appending the loss tensor to a list keeps the whole autograd graph of that step alive, with the
+# activations it saved. The next cell was run three times.
+
+# %% id="02-11"
+model = torch.nn.Sequential(
+    torch.nn.Linear(4096, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 4096)
+).cuda()
+opt = torch.optim.Adam(model.parameters())
+batch = torch.randn(8192, 4096, device="cuda")
+losses = []
+
+# %% id="02-12" tutorial={"runs": 3}
+loss = model(batch).pow(2).mean()
+losses.append(loss)
+
+# %% [markdown] id="02-13"
+# The flag names `losses` first: its own storage is a few bytes, but its tensors carry a
+# `grad_fn`. The usual advice is to store `loss.item()`, a Python float, instead. Try it, again
+# three times:
+
+# %% id="02-14"
+losses = [l.item() for l in losses]
+del loss
+# %gpumem cleanup
+
+# %% id="02-15" tutorial={"runs": 3}
+loss = model(batch).pow(2).mean()
+losses.append(loss.item())
+
+
+# %% id="02-16"
+# %gpumem history -n 3
+
+# %% [markdown] id="02-17"
+# Only partly fixed. `allocated` no longer grows after the first run, but look at `reserved Δ`
+# on the second run: it grew again. The cause is `loss` itself. The variable still holds the
+# last step's loss *tensor*, and with it that step's whole graph. On the second run the forward
+# pass executes while the first run's `loss` (and graph) is still bound: two graphs are alive at
+# once until the assignment replaces the old one. The cache has to grow to hold both; from the
+# third run on, it is big enough.
+#
+# `%gpumem who` shows the holder: a tensor of a few bytes that holds its autograd graph. Its
+# bytes column counts only the tensor's own storage, because sizing a graph means unpacking what
+# it saved.
+
+# %% id="02-18"
+# %gpumem who
+
+# %% [markdown] id="02-19"
+# ## What `who` cannot see
+#
+# `who` lists Python objects that hold tensors. Two things hold GPU memory without being such
+# an object: the tensors an autograd graph saved, and cuBLAS's workspaces (PyTorch keeps one per
+# cuBLAS handle and stream; every thread that multiplies matrices has its own handle, and
+# backward runs on autograd's own thread). The next cell accounts for `allocated` in full:
+# what `who` lists, then what deleting `loss` frees (its graph), then what dropping cuBLAS's
+# workspaces frees.
+
+# %% id="02-20"
+def listed_bytes():
+    report = get_ipython().run_line_magic("gpumem", "who -o -n 1000")
+    return sum(h.nbytes for h in report.holders if h.device.startswith("cuda"))
+
+
+allocated = torch.cuda.memory_allocated()
+listed = listed_bytes()
+print(f"allocated:                 {fmt(allocated)}")
+print(f"listed by who:             {fmt(listed)}")
+print(f"not listed:                {fmt(allocated - listed)}")
+before = torch.cuda.memory_allocated()
+del loss
+print(f"del loss freed:            {fmt(before - torch.cuda.memory_allocated())} (its graph)")
+before = torch.cuda.memory_allocated()
+torch._C._cuda_clearCublasWorkspaces()  # private: drops cuBLAS's cached workspaces
+print(f"cuBLAS workspaces freed:   {fmt(before - torch.cuda.memory_allocated())}")
+print(f"still not listed:          {fmt(torch.cuda.memory_allocated() - listed_bytes())}")
+
+# %% [markdown] id="02-21"
+# The fix is not to keep the tensor at all. Start from an empty cache and re-run three times:
+
+# %% id="02-22"
+# %gpumem cleanup
+
+# %% id="02-23" tutorial={"runs": 3}
+losses.append(model(batch).pow(2).mean().item())
+
+# %% id="02-24"
+# %gpumem history -n 3
+
+# %% [markdown] id="02-25"
+# The first run fills the cache with the forward pass's blocks; the second and third reuse them:
+# `allocated` and `reserved` stay flat.
+#
+# ## Optimizer state
+#
+# Adam keeps two tensors per parameter (`exp_avg`, `exp_avg_sq`), created at the first `step()`.
+# `%gpumem who` lists the optimizer's state next to the model's parameters.
+
+# %% id="02-26"
+model(batch).pow(2).mean().backward()
+opt.step()
+opt.zero_grad()
+# %gpumem who
+
+# %% id="02-27"
+# %gpumem history -n 12

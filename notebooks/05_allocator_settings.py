@@ -1,0 +1,218 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] id="05-00"
+# # 5. Allocator settings, measured side by side
+#
+# PyTorch's CUDA allocator is configured with one environment variable, `PYTORCH_ALLOC_CONF`
+# (the older name `PYTORCH_CUDA_ALLOC_CONF` still works), holding comma-separated `key:value`
+# pairs. This notebook says what each setting changes, which backend honours it and when it is
+# read; it then runs one workload under each setting, in fresh processes, and compares them in
+# one table. It ends with `torch.cuda.memory_summary()`, read line by line.
+#
+# > The outputs in this notebook were produced by running it on an NVIDIA H200; the notebook's metadata (`gpumem_nb` key) records the GPU, driver, torch and gpumem_nb versions, commit and date. The text quotes no measured figure of its own: it points at the printed lines, so what you read is what the cells measured.
+
+# %% id="05-01"
+# %load_ext gpumem_nb
+import os
+
+import torch
+
+from gpumem_nb.units import format_bytes as fmt
+
+MiB = 2**20
+torch.zeros(1, device="cuda")
+print("torch", torch.__version__)
+print("allocator backend in this kernel:", torch.cuda.get_allocator_backend())
+for var in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+    print(f"{var} = {os.environ.get(var)!r}")
+
+# %% [markdown] id="05-02"
+# With nothing set, the backend is `native`, PyTorch's own caching allocator (one article
+# claims a recent torch "defaults to the async pool"; the line above says otherwise).
+#
+# ## The settings
+#
+# - **`backend:native`** (the default) or **`backend:cudaMallocAsync`**: who manages memory,
+#   PyTorch's own caching allocator or CUDA's stream-ordered pool, which keeps its own cache and
+#   reports fewer statistics. *Read when torch is imported.*
+# - **`expandable_segments:True`**: segments are ranges of virtual memory that grow and shrink
+#   page by page, so free pages inside a partly used segment can be returned (notebook 3).
+#   *Native only; read when CUDA starts.*
+# - **`max_split_size_mb:N`**: cached blocks larger than N MB are never split for smaller
+#   requests ("oversize" blocks), and are the first to be freed when `cudaMalloc` fails.
+#   *Native only; read when CUDA starts.*
+# - **`roundup_power2_divisions:N`**: request sizes are rounded up to one of N steps between
+#   consecutive powers of two, so sizes that vary a little reuse the same cached blocks; the
+#   rounding itself costs memory. *Native only; read when CUDA starts.*
+# - **`garbage_collection_threshold:F`**: with a cap set by
+#   `torch.cuda.set_per_process_memory_fraction`, once reserved memory passes the fraction F of
+#   the cap, the allocator frees cached blocks that have not been reused before asking for more,
+#   rather than waiting for a failed `cudaMalloc`. *Native only; read when CUDA starts.*
+#
+# `cudaMallocAsync` ignores the last three, and says so; an article that tunes
+# `max_split_size_mb` to configure `cudaMallocAsync` tunes nothing. The table below shows it.
+#
+# ## One workload under each setting
+#
+# The workload allocates tensors of varying sizes (like batches of varying length), keeping the
+# last few alive, under a cap that makes this process's GPU a small one; then it reads the
+# allocator's statistics and calls `empty_cache()` with the last tensors still alive. Each
+# setting runs in a fresh process, a few at a time (each process reads only its own statistics).
+
+# %% id="05-03"
+from fresh_process import run_fresh_many
+
+WORKLOAD = r'''
+import json, torch
+MiB = 2**20
+total = torch.cuda.get_device_properties(0).total_memory
+torch.cuda.set_per_process_memory_fraction(2 * 2**30 / total)
+sizes = [13, 200, 37, 410, 90, 256, 18, 333, 64, 150]
+live, peak_reserved, oom_at = [], 0, None
+for step in range(60):
+    nbytes = sizes[step % len(sizes)] * MiB + 4096 * step
+    try:
+        live.append(torch.empty(nbytes, dtype=torch.uint8, device="cuda"))
+    except torch.cuda.OutOfMemoryError:
+        oom_at = step
+        break
+    if len(live) > 4:
+        live.pop(0)
+    peak_reserved = max(peak_reserved, torch.cuda.memory_reserved())
+s = torch.cuda.memory_stats()
+out = {"backend": torch.cuda.get_allocator_backend(), "oom_at": oom_at,
+       "peak_reserved": peak_reserved, "reserved": torch.cuda.memory_reserved(),
+       "allocated": torch.cuda.memory_allocated(),
+       "requested": s.get("requested_bytes.all.current", 0),
+       "inactive_split": s.get("inactive_split_bytes.all.current", 0),
+       "retries": s.get("num_alloc_retries", 0),
+       "oversize": s.get("oversize_allocations.peak", 0)}
+torch.cuda.empty_cache()
+out["after_empty_cache"] = torch.cuda.memory_reserved()
+print(json.dumps(out))
+'''
+CAP = fmt(2 * 2**30)
+CONFIGS = ["", "expandable_segments:True", "max_split_size_mb:128",
+           "roundup_power2_divisions:4", "garbage_collection_threshold:0.6",
+           "backend:cudaMallocAsync", "backend:cudaMallocAsync,max_split_size_mb:128"]
+results = run_fresh_many(WORKLOAD, CONFIGS)
+
+
+def mib(n):
+    return f"{n / MiB:,.0f}"
+
+
+print(f"cap: {CAP} per process; sizes in MiB")
+head = ("setting", "backend", "peak res.", "reserved", "allocated", "requested",
+        "inact.split", "retries", "oversize", "after e_c", "OOM at")
+print(f"{head[0]:<46}{head[1]:>16}" + "".join(f"{h:>12}" for h in head[2:]))
+for conf, r in zip(CONFIGS, results):
+    cells = [mib(r["peak_reserved"]), mib(r["reserved"]), mib(r["allocated"]),
+             mib(r["requested"]), mib(r["inactive_split"]), r["retries"], r["oversize"],
+             mib(r["after_empty_cache"]), "—" if r["oom_at"] is None else r["oom_at"]]
+    print(f"{conf or '(default)':<46}{r['backend']:>16}" + "".join(f"{c:>12}" for c in cells))
+for conf, r in zip(CONFIGS, results):
+    for w in r["warnings"]:
+        print(f"warning under {conf!r}: {w.strip()}")
+
+# %% [markdown] id="05-04"
+# How to read it (columns in MiB; *after e_c* is `reserved` after `empty_cache()` with the last
+# tensors alive):
+#
+# - **allocated vs requested** is the rounding: under `roundup_power2_divisions` blocks are
+#   bigger than the requests, by design.
+# - **oversize** counts blocks above `max_split_size_mb`: zero without the setting, and zero
+#   under `cudaMallocAsync` even with it.
+# - **inact.split** and **retries** are the native allocator's fragmentation signals; compare
+#   the default row with the others. `expandable_segments` reports no inactive split at all,
+#   which is bookkeeping (notebook 3), and `cudaMallocAsync` reports neither.
+# - **after e_c**: what `empty_cache()` gave back with the last tensors still alive. The native
+#   allocator without expandable segments can only return segments that hold no live tensor.
+# - The two `cudaMallocAsync` rows are the same workload with and without `max_split_size_mb`:
+#   compare them, and read the warning printed under the table.
+#
+# ## When the options are read
+#
+# The backend is read when torch is imported (notebook 3 shows what happens if you set it
+# later). The other options are read when CUDA starts: set `max_split_size_mb` after the first
+# CUDA call and a large block is not counted as oversize; set it before, and it is.
+
+# %% id="05-05"
+WHEN = r'''
+import json, os, torch
+torch.zeros(1, device="cuda")  # CUDA starts here
+if "LATE_CONF" in os.environ:
+    os.environ["PYTORCH_ALLOC_CONF"] = os.environ["LATE_CONF"]  # after CUDA started
+x = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+print(json.dumps({"oversize": torch.cuda.memory_stats().get("oversize_allocations.current", 0)}))
+'''
+before, after = run_fresh_many(WHEN, ["max_split_size_mb:128", ""],
+                               extra_envs=[{}, {"LATE_CONF": "max_split_size_mb:128"}])
+print(f"max_split_size_mb set before CUDA starts: oversize allocations {before['oversize']}")
+print(f"max_split_size_mb set after CUDA started:  oversize allocations {after['oversize']}")
+
+# %% [markdown] id="05-06"
+# ## `memory_summary()`, line by line
+#
+# `torch.cuda.memory_summary()` prints the native allocator's statistics as a table. First a small
+# state to describe: a split 1 GiB segment (as in notebook 3) and some small tensors.
+
+# %% id="05-07"
+a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+del a
+b = torch.empty(600 * 10**6, dtype=torch.uint8, device="cuda")
+small = [torch.empty(1000, device="cuda") for _ in range(10)]
+summary = torch.cuda.memory_summary()
+print(summary)
+
+# %% [markdown] id="05-08"
+# The header counts OOMs and `cudaMalloc` retries (notebook 4). Each metric then has four columns:
+# *Cur Usage* (now), *Peak Usage* (since start or the last `reset_peak_memory_stats`),
+# *Tot Alloc* and *Tot Freed* (cumulative), and each is split into the large pool and the small
+# pool of small requests (notebook 1 measures where one ends). What each metric means:
+
+# %% id="05-09"
+MEANING = {
+    "Allocated memory": "blocks held by live tensors, after rounding (memory_allocated)",
+    "Active memory": "allocated, plus freed blocks a stream may still be using",
+    "Requested memory": "what the tensors asked for, before rounding",
+    "GPU reserved memory": "segments obtained from cudaMalloc (memory_reserved)",
+    "Non-releasable memory": "free blocks inside partly used segments: the inactive split",
+    "Allocations": "number of live blocks",
+    "Active allocs": "number of active blocks",
+    "GPU reserved segments": "number of segments",
+    "Non-releasable allocs": "number of inactive split blocks",
+    "Oversize allocations": "blocks above max_split_size_mb (none without that setting)",
+    "Oversize GPU segments": "segments above max_split_size_mb",
+}
+for line in summary.splitlines():
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if len(cells) == 5 and cells[0] and not cells[0].startswith(("from", "Metric")):
+        note = MEANING.get(cells[0], "(not described here)")
+        print(f"{cells[0]:<24} now {cells[1]:>11}  peak {cells[2]:>11}  {note}")
+
+# %% [markdown] id="05-10"
+# Every row is a size or a count of blocks or segments. None is an operation type (an article
+# says the summary lists "the operation types that allocated most"; it does not: for that, see
+# the allocation traces in notebook 7). Its "Inactive split" is today's *Non-releasable memory*,
+# the statistic `inactive_split_bytes`. The same numbers are available as a dict,
+# `torch.cuda.memory_stats()`, and `%gpumem summary` puts the important ones in words:
+
+# %% id="05-11"
+# %gpumem summary
+
+# %% id="05-12"
+del b, small
+# %gpumem cleanup

@@ -1,0 +1,321 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] id="06-00"
+# # 6. Budgeting training memory
+#
+# Before a run you want to know whether it fits. The usual estimate adds four parts:
+#
+# - **parameters**: 4 bytes each in float32;
+# - **gradients**: the same again;
+# - **optimizer state**: AdamW keeps two float32 tensors per parameter (`exp_avg`,
+#   `exp_avg_sq`), 8 bytes per parameter;
+# - **activations**: what the forward pass saves for the backward pass; it grows with batch size
+#   and sequence length.
+#
+# This notebook predicts each part for a small language model built from `torch.nn` alone, then
+# measures it, and settles an article's claim that a 100M-parameter model with AdamW needs
+# "nearly 4 GB" for its static part. Then the things that change the budget, each measured:
+# `no_grad` vs `inference_mode`, bf16 and fp16 autocast, and activation checkpointing.
+#
+# > The outputs in this notebook were produced by running it on an NVIDIA H200; the notebook's metadata (`gpumem_nb` key) records the GPU, driver, torch and gpumem_nb versions, commit and date. The text quotes no measured figure of its own: it points at the printed lines, so what you read is what the cells measured.
+
+# %% id="06-01"
+# %load_ext gpumem_nb
+import contextlib
+import copy
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from gpumem_nb.units import format_bytes as fmt
+
+torch.manual_seed(0)
+torch.zeros(1, device="cuda")
+allocated = torch.cuda.memory_allocated
+
+# %% [markdown] id="06-02"
+# ## The model
+#
+# A decoder-sized transformer: token embedding, pre-norm transformer layers (attention and
+# feed-forward), a final norm, and an output head tied to the embedding. Nothing is downloaded.
+
+# %% id="06-03"
+VOCAB, D, HEADS, FF, LAYERS, SEQ, BATCH = 24576, 1024, 16, 4096, 6, 512, 8
+
+
+class TinyLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, D)
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(D, HEADS, FF, dropout=0.0, batch_first=True,
+                                       norm_first=True) for _ in range(LAYERS))
+        self.norm = nn.LayerNorm(D)
+        self.checkpointing = False
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for layer in self.layers:
+            # Checkpointing keeps only each layer's input and recomputes the rest in backward.
+            x = checkpoint(layer, x, use_reentrant=False) if self.checkpointing else layer(x)
+        return self.norm(x) @ self.embed.weight.T  # logits; the head shares the embedding
+
+
+def tokens(batch):
+    return torch.randint(VOCAB, (batch, SEQ), device="cuda")
+
+
+def loss_fn(t):
+    logits = model(t)
+    return nn.functional.cross_entropy(logits.flatten(0, 1).float(), t.flatten())
+
+
+cpu_model = TinyLM()
+N = sum(p.numel() for p in cpu_model.parameters())
+before = allocated()
+model = cpu_model.cuda()
+params_measured = allocated() - before
+print(f"{N:,} parameters ({N / 1e6:.1f}M)")
+
+# %% [markdown] id="06-04"
+# ## Parameters, gradients and AdamW state
+#
+# One warm-up forward and backward on a tiny batch first: it creates cuBLAS's handles and
+# workspaces (notebook 1), so they do not count against the first real step. Then each part is
+# measured as the change in `allocated` when it appears.
+
+# %% id="06-05"
+loss_fn(tokens(1)[:, :16]).backward()  # warm-up
+model.zero_grad(set_to_none=True)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+batch = tokens(BATCH)
+
+before = allocated()
+loss = loss_fn(batch)
+loss.backward()
+del loss
+grads_measured = allocated() - before
+
+before = allocated()
+torch.cuda.reset_peak_memory_stats()
+opt.step()
+state_measured = allocated() - before
+step_temporaries = torch.cuda.max_memory_allocated() - allocated()
+where = next(iter(opt.state.values()))["step"].device
+
+rows = [("parameters", 4 * N, params_measured), ("gradients", 4 * N, grads_measured),
+        ("AdamW state", 8 * N, state_measured)]
+print(f"{'':<18}{'predicted':>14}{'measured':>14}")
+for name, predicted, measured in rows:
+    print(f"{name:<18}{fmt(predicted):>14}{fmt(measured):>14}")
+static = sum(m for _, _, m in rows)
+print(f"{'static total':<18}{fmt(16 * N):>14}{fmt(static):>14}  = {static / 1e9:.2f} GB")
+print(f"the article: nearly 4 GB for 100M parameters with AdamW; "
+      f"16 bytes per parameter gives {16 * 100e6 / 1e9:.1f} GB")
+print(f"AdamW's step counters live on: {where}")
+print(f"temporaries during opt.step(), on top: {fmt(step_temporaries)}")
+
+# %% [markdown] id="06-06"
+# Parameters, gradients and AdamW state match the 4 + 4 + 8 bytes per parameter rule closely
+# (the small differences are the allocator's rounding). The article's "nearly 4 GB" static part
+# is more than twice what the rule gives for 100M parameters (the two lines above); its own
+# formula, 4 + 4 + 8 to 16 bytes per parameter, never reaches it.
+#
+# The rule leaves out `opt.step()`'s temporaries: PyTorch's default (`foreach`) AdamW updates
+# all parameters with a few fused operations whose intermediate results are the size of the
+# state lists (last line). A budget needs that headroom at the step.
+#
+# ## Activations: count what autograd saves
+#
+# Activations are the hard part to estimate by formula; the shape of every saved tensor depends
+# on the layer's implementation. They can be *counted* instead:
+# `torch.autograd.graph.saved_tensors_hooks` sees every tensor the forward pass saves for
+# backward. Count the distinct storages (parameters excluded) at batch 1 and batch 2, and
+# extrapolate linearly to the real batch; then measure it.
+
+# %% id="06-07"
+region = {"now": "embed"}
+for name, module in [("embed", model.embed), ("norm", model.norm),
+                     *(("layers", layer) for layer in model.layers)]:
+    module.register_forward_pre_hook(lambda m, a, name=name: region.update(now=name))
+
+
+def saved_bytes(fn):
+    # Bytes of the distinct storages autograd saves while fn() runs, by model region.
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:  # counted once, where it was first saved
+            seen.setdefault(storage.data_ptr(), (region["now"], storage.nbytes()))
+        return t
+
+    region["now"] = "embed"
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = fn()
+    del loss
+    by_region = {}
+    for where, nbytes in seen.values():
+        by_region[where] = by_region.get(where, 0) + nbytes
+    return by_region
+
+
+def predict(fn_of_batch, batch):
+    one, two = saved_bytes(lambda: fn_of_batch(1)), saved_bytes(lambda: fn_of_batch(2))
+    return {k: one.get(k, 0) + (batch - 1) * (two.get(k, 0) - one.get(k, 0))
+            for k in set(one) | set(two)}
+
+
+def measure_activations(fn):
+    before = allocated()
+    loss = fn()
+    kept = allocated() - before
+    loss.backward()
+    del loss
+    return kept
+
+
+fp32 = predict(lambda b: loss_fn(tokens(b)), BATCH)
+opt.zero_grad(set_to_none=True)
+act_measured = measure_activations(lambda: loss_fn(batch))
+print(f"activations at batch {BATCH}, predicted from batches 1 and 2: "
+      f"{fmt(sum(fp32.values()))}")
+for part, key in [("embedding", "embed"), ("layers", "layers"),
+                  ("final norm, head and loss", "norm")]:
+    print(f"    {part:<26}{fmt(fp32.get(key, 0)):>12}")
+print(f"activations at batch {BATCH}, measured: {fmt(act_measured)}")
+
+# %% [markdown] id="06-08"
+# The two lines should agree to within the allocator's rounding; if they did not, something
+# other than autograd's saved tensors would be kept. Note how much of it is the head and loss:
+# the logits are batch × sequence × vocabulary floats, and the loss saves them. For language
+# models with large vocabularies the logits are often the largest single activation.
+#
+# ## A whole training step, and the usual formula
+#
+# `%%gpumem` measures the step's exact peak. The usual formula simply adds the four parts:
+
+# %% id="06-09"
+# %%gpumem --reset-peak -q -o
+opt.zero_grad(set_to_none=True)
+loss_fn(batch).backward()
+opt.step()
+
+# %% id="06-10"
+step_peak = _.peak_allocated_bytes
+formula = 16 * N + sum(fp32.values())
+print(f"formula (params + grads + AdamW + activations): {fmt(formula)}")
+print(f"measured peak of the step (%%gpumem):           {fmt(step_peak)}")
+print(f"difference:                                     {fmt(step_peak - formula, signed=True)}")
+
+
+# %% [markdown] id="06-11"
+# The two are not the same thing, for two reasons that pull in opposite directions:
+#
+# - gradients and activations are not alive at the same time: with `zero_grad(set_to_none=True)`
+#   there are no gradients during the forward pass, and the backward pass frees activations as
+#   it creates gradients, so simply adding them overestimates;
+# - temporaries are not in the formula: the gradient of the logits (as large as the logits), the
+#   step's intermediate results, the cuBLAS workspaces. These make the real peak higher.
+#
+# Budget with the measured peak of one real step, as above, and keep the headroom for the
+# temporaries.
+#
+# ## What changes the budget
+#
+# Each variant runs the same step (fresh gradients, same batch); the prediction uses the same
+# counting method, and for checkpointing the layers' part is replaced by what checkpointing
+# keeps: each layer's input.
+
+# %% id="06-12"
+def step_with(autocast_dtype=None, checkpointing=False):
+    def fwd(b, t=None):
+        ctx = (torch.autocast("cuda", dtype=autocast_dtype) if autocast_dtype
+               else contextlib.nullcontext())
+        with ctx:
+            return loss_fn(tokens(b) if t is None else t)
+
+    predicted = predict(fwd, BATCH)
+    if checkpointing:
+        predicted["layers"] = LAYERS * BATCH * SEQ * D * 4  # each layer's float32 input
+    model.checkpointing = checkpointing
+    opt.zero_grad(set_to_none=True)
+    torch.cuda.reset_peak_memory_stats()
+    base = allocated()
+    measured = measure_activations(lambda: fwd(BATCH, batch))
+    opt.step()
+    peak = torch.cuda.max_memory_allocated() - base
+    model.checkpointing = False
+    return sum(predicted.values()), measured, peak
+
+
+print(f"{'variant':<28}{'activations predicted':>22}{'measured':>12}{'step peak above':>18}")
+print(f"{'':<28}{'':>22}{'':>12}{'params + state':>18}")
+for name, kwargs in [("float32", {}), ("bf16 autocast", {"autocast_dtype": torch.bfloat16}),
+                     ("fp16 autocast", {"autocast_dtype": torch.float16}),
+                     ("float32, checkpointing", {"checkpointing": True})]:
+    predicted, measured, peak = step_with(**kwargs)
+    print(f"{name:<28}{fmt(predicted):>22}{fmt(measured):>12}{fmt(peak):>18}")
+
+
+# %% [markdown] id="06-13"
+# - **Autocast** (bf16 or fp16) runs matrix products in 16-bit, so most saved activations are
+#   half the size. Parameters, gradients and AdamW state stay float32 (autocast casts copies of
+#   the weights for each forward pass, and the graph keeps those copies: they are part of the
+#   activations). fp16 training also needs a `GradScaler`; compare its row with bf16's.
+# - **Checkpointing** keeps only each layer's input and recomputes the layer during backward:
+#   the activations shrink to the layer inputs plus what lies outside the layers (embedding,
+#   head, loss), at the cost of one extra forward pass per layer. Compare its step peak with
+#   float32's: during backward one layer's activations come back while it is recomputed, and
+#   the head's large tensors are not checkpointed.
+#
+# ## Inference: `no_grad`, `inference_mode`, half precision
+#
+# Without a graph, nothing is saved for backward: only the output (here the logits) stays.
+
+# %% id="06-14"
+def forward_only(mode):
+    torch.cuda.reset_peak_memory_stats()
+    before = allocated()
+    with mode():
+        logits = model(batch)
+    kept, peak = allocated() - before, torch.cuda.max_memory_allocated() - before
+    del logits
+    return kept, peak
+
+
+opt.zero_grad(set_to_none=True)
+print(f"{'forward pass':<26}{'kept after it':>16}{'peak during it':>16}")
+for name, mode in [("with autograd", contextlib.nullcontext), ("torch.no_grad()", torch.no_grad),
+                   ("torch.inference_mode()", torch.inference_mode)]:
+    kept, peak = forward_only(mode)
+    print(f"{name:<26}{fmt(kept):>16}{fmt(peak):>16}")
+
+before = allocated()
+half = copy.deepcopy(model).half()
+half_bytes = allocated() - before
+del half
+print(f"weights in float16: {fmt(half_bytes)}, in float32: {fmt(params_measured)}")
+
+# %% [markdown] id="06-15"
+# Compare the `no_grad` and `inference_mode` rows: the difference between them is speed, not
+# memory (`inference_mode` also skips autograd's version counters and view tracking). `.half()`
+# halves the weights (and `.detach()` on a result, like `.item()` in notebook 2, drops its
+# graph).
+
+# %% id="06-16"
+# %gpumem history -n 8

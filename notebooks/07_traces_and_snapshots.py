@@ -1,0 +1,181 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] id="07-00"
+# # 7. Where did my memory go? Per-cell traces and snapshots
+#
+# `allocated` says how much; it does not say which line. PyTorch can record every allocation
+# with the Python stack that made it (its *allocation history*). `%%gpumem --trace` switches that
+# recording on for one cell only, then shows the lines that held the most memory at the cell's
+# peak and the ones still holding memory at its end: the leak candidates. `--save` writes the
+# recording for PyTorch's own viewer, memory_viz.
+#
+# > The outputs in this notebook were produced by running it on an NVIDIA H200; the notebook's metadata (`gpumem_nb` key) records the GPU, driver, torch and gpumem_nb versions, commit and date. The text quotes no measured figure of its own: it points at the printed lines, so what you read is what the cells measured.
+
+# %% id="07-01"
+# %load_ext gpumem_nb
+import os
+import re
+import tempfile
+
+import torch
+from torch import nn
+
+from gpumem_nb.units import format_bytes as fmt
+
+GiB = 2**30
+torch.zeros(1, device="cuda");  # tracing needs CUDA started: gpumem_nb never starts it
+
+# %% [markdown] id="07-02"
+# ## A leak, traced
+#
+# A small model, and a helper with a bug: it keeps every step's hidden states in a list. Three
+# steps run in the traced cell.
+
+# %% id="07-03"
+model = nn.Sequential(nn.Linear(4096, 4096), nn.GELU(), nn.Linear(4096, 4096)).cuda()
+kept_hidden = []
+
+
+def forward(batch):
+    hidden = model[0](batch)
+    kept_hidden.append(hidden)  # the bug: every step's hidden states stay alive
+    return model[2](model[1](hidden))
+
+
+# %% id="07-04"
+# %%gpumem --trace --top 5
+for _ in range(3):
+    x = torch.randn(8192, 4096, device="cuda")
+    forward(x).square().mean().backward()
+
+# %% [markdown] id="07-05"
+# Three parts:
+#
+# - **top sites at the cell's peak**: which lines held the most memory at the moment the cell's
+#   own allocations peaked (a site inside a function shows the cell line that called it);
+# - **still alive at the end**: what the cell allocated and did not free. The leak shows as
+#   the helper's `hidden = model[0](batch)` line (reached from the cell's `forward(x)` call),
+#   holding one step's hidden states per step. Some of what is alive is expected: the last `x`,
+#   and the gradients, which `backward()` allocates on autograd's own thread, so they may carry
+#   no Python line;
+# - **the timeline**: the cell's live allocations over time, by site. It is drawn with plotly
+#   from the notebook itself, with no download, and a static picture is saved for viewers that
+#   run no JavaScript.
+#
+# The footer says how many history entries the cell produced and what tracing added to its time.
+#
+# ## The cost of tracing
+#
+# Recording a Python stack for every allocation costs time. The next two cells run the same
+# ten thousand small allocations without and with tracing:
+
+# %% id="07-06"
+import time
+
+N_ALLOC = 10_000
+
+
+def many_allocations():
+    for _ in range(N_ALLOC):
+        torch.empty(1024, device="cuda")
+
+
+t0 = time.perf_counter()
+many_allocations()
+plain_s = time.perf_counter() - t0
+
+# %% id="07-07"
+# %%gpumem --trace --top 1
+t0 = time.perf_counter()
+many_allocations()
+traced_s = time.perf_counter() - t0
+
+# %% id="07-08"
+print(f"untraced: {plain_s / N_ALLOC * 1e6:.2f} µs per allocation")
+print(f"traced:   {traced_s / N_ALLOC * 1e6:.2f} µs per allocation "
+      f"(+{(traced_s - plain_s) / N_ALLOC * 1e6:.2f} µs)")
+
+# %% [markdown] id="07-09"
+# Cells without `--trace` pay nothing: gpumem_nb switches the recording on before a traced cell
+# and off after it, and leaves any recording you started yourself as it was.
+#
+# ## Saving a snapshot for memory_viz
+#
+# `--save FILE` writes the raw recording: every segment and block, and the trace of allocation
+# events with their stacks. It is pickled with protocol 4, because memory_viz's JavaScript reader
+# handles protocols 2 to 4 only, and Python 3.14 pickles with protocol 5 by default.
+
+# %% id="07-10"
+snapshot_path = os.path.join(tempfile.gettempdir(), "gpumem_step.pickle")
+kept_hidden.clear()
+
+# %% id="07-11"
+# %%gpumem --trace --top 3 --save {snapshot_path}
+x = torch.randn(8192, 4096, device="cuda")
+forward(x).square().mean().backward()
+
+# %% id="07-12"
+import pickle
+
+with open(snapshot_path, "rb") as f:
+    raw = f.read()
+snapshot = pickle.loads(raw)
+protocol = raw[1] if raw[:1] == b"\x80" else None
+print(f"{snapshot_path}: {fmt(len(raw))}, pickle protocol {protocol}")
+print("keys:", ", ".join(sorted(snapshot)))
+print(f"{len(snapshot['segments'])} segments, "
+      f"{sum(len(t) for t in snapshot['device_traces'])} trace entries")
+
+# %% [markdown] id="07-13"
+# To look at it in PyTorch's viewer, open https://pytorch.org/memory_viz and drop the file on the
+# page: it shows the active memory over time, and each allocation's stack on hover. The file
+# never leaves your machine; the page itself, though, comes from the network.
+#
+# The stock offline route does not work offline either. `torch.cuda._memory_viz.trace_plot`
+# writes a standalone HTML file, but that file loads its JavaScript from a CDN (and that script
+# loads another library from a second one):
+
+# %% id="07-14"
+from torch.cuda import _memory_viz
+
+html = _memory_viz.trace_plot(snapshot)
+print(f"trace_plot's HTML: {fmt(len(html))}; it loads:")
+for url in sorted(set(re.findall(r"https?://[^\s\"'<>)]+", html))):
+    print("  ", url)
+
+# %% [markdown] id="07-15"
+# Two views that do work without a network: the timeline `%%gpumem --trace` draws in the
+# notebook (above), and the text summaries in `torch.cuda._memory_viz`. `segsum` prints each
+# segment and how it is filled; its first lines:
+
+# %% id="07-16"
+summary = _memory_viz.segsum(snapshot)
+print("\n".join(summary.splitlines()[:24]))
+
+# %% [markdown] id="07-17"
+# ## A trace at the moment of an OOM
+#
+# When a traced cell runs out of memory, the OOM explanation also lists the sites that were
+# holding memory when it failed:
+
+# %% id="07-18" tags=["raises-exception"]
+# %%gpumem --trace
+activations = [torch.empty(GiB, dtype=torch.uint8, device="cuda") for _ in range(3)]
+too_big = torch.empty(2 * torch.cuda.mem_get_info()[1], dtype=torch.uint8, device="cuda")
+
+# %% id="07-19"
+del activations
+kept_hidden.clear()
+# %gpumem cleanup
