@@ -25,7 +25,12 @@
 # can learn to read it. Your own cells are still measured live: on such a machine that means
 # host RAM only, and the GPU columns show `—`. Without torch, the examples use NumPy arrays.
 #
-# > The outputs in this notebook were produced by running it on an NVIDIA H200; the notebook's metadata (`gpumem_nb` key) records the GPU, driver, torch and gpumem_nb versions, commit and date. The text quotes no measured figure of its own: it points at the printed lines, so what you read is what the cells measured.
+# > The outputs were produced by running this notebook on an NVIDIA H200; its metadata
+# > (`gpumem_nb` key) records the GPU, driver, CUDA, torch and gpumem_nb versions, the commit
+# > and the date. Each sentence about what was measured is checked by the cell that measured
+# > it: the lines starting with ✓ are those checks (`claims.py`, beside this notebook), and a
+# > run that contradicts the text stops there instead of saving it. A number in the text is
+# > quoted from the output right above or below it.
 
 # %% id="00-01"
 # %load_ext gpumem_nb
@@ -45,6 +50,9 @@ try:
 except ImportError:  # gpumem_nb itself never needs torch
     torch = None
 GPU = torch is not None and torch.cuda.is_available()
+from claims import claim, near
+from gpumem_nb.units import format_bytes as fmt
+
 MiB = 2**20
 
 
@@ -70,25 +78,55 @@ print("GPU:", torch.cuda.get_device_name(0) if GPU else
 #   cache;
 # - **allocated**: live tensors only;
 # - **host RAM**: this process's resident memory;
-# - the gap between *NVML used* and *reserved* is memory outside PyTorch's allocator, mostly the
-#   CUDA context; the gap between *reserved* and *allocated* is the cache.
+# - the gap between *NVML used* and *reserved* is memory outside PyTorch's allocator (only one
+#   process used the GPU in this recording): mostly the CUDA context; the gap between
+#   *reserved* and *allocated* is the cache.
 #
-# In the recording you can see CUDA start (NVML jumps before any tensor exists), weights load
+# In the recording you can see CUDA start (NVML jumps by the CUDA context while PyTorch has
+# reserved almost nothing), weights load
 # (all three rise), training steps (allocated spikes, reserved keeps the high-water mark), a
 # `del` (allocated falls, reserved and NVML do not), `empty_cache` (reserved and NVML fall),
-# and re-runs that keep results alive until a cleanup.
+# and re-runs that keep results alive until a cleanup. The cell after the chart checks each of
+# these against the recorded samples.
 #
-# In a notebook with a frontend the chart is live; saved notebooks keep a static picture of it.
+# In a notebook with a frontend the chart is live; a saved notebook keeps a static picture of
+# the whole recording, which GitHub, nbviewer and a JupyterLab without a kernel show.
 # On a GPU machine `%gpumem watch --live` switches it to this machine's own memory.
+# <!-- DEPENDS(issue 17): the new chart's legend and its replay that stops at its end; check
+# the wording above against the chart issue 17 ships. -->
 
 # %% id="00-05"
 # %gpumem watch --replay bundled
+
+# %% id="00-17"
+# The story told above, checked against the recorded samples (the replay's data).
+from gpumem_nb.sources.replay import load_trace
+
+samples, note = load_trace()  # the bundled H200 recording
+gpu0 = [(s.t_s, s.devices[0]) for s in samples if s.devices]
+nvml = [(d.nvml.used_bytes or 0) if d.nvml else 0 for _, d in gpu0]
+reserved = [d.allocator.reserved_bytes if d.allocator else 0 for _, d in gpu0]
+allocated = [d.allocator.allocated_bytes if d.allocator else 0 for _, d in gpu0]
+first_tensor = next(i for i, r in enumerate(reserved) if r > 0)
+top = max(range(len(reserved)), key=reserved.__getitem__)
+print(f"{len(gpu0)} samples over {gpu0[-1][0] - gpu0[0][0]:.0f} s: {note}")
+context = nvml[first_tensor] - reserved[first_tensor]
+claim(context > 256 * MiB and reserved[first_tensor] <= 2 * MiB,
+      "CUDA start: NVML jumps by the context while PyTorch holds almost nothing",
+      nvml_jump=fmt(context), reserved=fmt(reserved[first_tensor]))
+claim(any(allocated[i + 1] < allocated[i] - 256 * MiB and reserved[i + 1] == reserved[i]
+          for i in range(len(gpu0) - 1)),
+      "a del: allocated falls while reserved does not")
+claim(any(reserved[i] < reserved[top] // 2 and nvml[i] < nvml[top] - reserved[top] // 2
+          for i in range(top, len(gpu0))),
+      "empty_cache: reserved and NVML fall after the high-water mark")
 
 # %% [markdown] id="00-06"
 # ## 2. Measure one cell: `%%gpumem`
 #
 # Put `%%gpumem` on the first line of a cell to get its time, the allocator's exact peak during
-# the cell (GPU), the changes in `allocated`, `reserved` and NVML, and the host RAM change.
+# the cell (GPU), the changes in `allocated` and `reserved`, the highest NVML reading sampled
+# during the cell, and the host RAM change.
 
 # %% id="00-07"
 # %%gpumem
@@ -96,9 +134,22 @@ data = big_array(256)
 scratch = big_array(512)  # a temporary: part of the peak, gone by the end
 del scratch
 
+# %% id="00-18"
+import gpumem_nb
+
+if GPU:  # without a GPU the peak is not measured: the line above shows `—`
+    cell = gpumem_nb.history().iloc[-1]  # the %%gpumem cell's record
+    claim(cell.peak_exact and cell.peak_allocated_bytes >= (256 + 512) * MiB,
+          "the exact peak includes the temporary",
+          peak=fmt(int(cell.peak_allocated_bytes)), exact=cell.peak_exact)
+    claim(cell.allocated_after_bytes - cell.allocated_before_bytes == 256 * MiB,
+          "the end of the cell shows only `data`",
+          allocated_delta=fmt(int(cell.allocated_after_bytes - cell.allocated_before_bytes)))
+
 # %% [markdown] id="00-08"
 # On a GPU the peak includes the temporary, although neither the start nor the end of the cell
-# shows it. Every cell is measured even without `%%gpumem`; `%gpumem history` lists them.
+# shows it (the two ✓ lines). Every cell is measured even without `%%gpumem`; `%gpumem history`
+# lists them.
 #
 # ## 3. Re-running a cell
 #
@@ -130,18 +181,53 @@ result * 2
 # %% id="00-13"
 # %gpumem history
 
+# %% id="00-19"
+rows = gpumem_nb.history()
+if GPU:
+    # Nothing else runs on this GPU, so NVML stands still between two cells: each cell's
+    # "after" reading must be where the next cell's "before" starts. A stale "after" (read
+    # before the cell's memory arrived) would move the change into the next row.
+    pairs = zip(rows.nvml_used_after_bytes[:-1], rows.nvml_used_before_bytes[1:])
+    gaps = [abs(b - a) for a, b in pairs if a == a and b == b]  # NaN: not read
+    claim(gaps and max(gaps) <= 64 * MiB,
+          "each row's NVML Δ is that cell's own change, read after it finished",
+          largest_gap_between_cells=fmt(int(max(gaps, default=0))))
+
 # %% [markdown] id="00-14"
 # ## 6. Clean up safely
 #
 # `%gpumem cleanup` drops a stored traceback, runs `gc.collect()` and returns PyTorch's unused
-# cache to the driver. `--out` also clears the output cache. It never deletes a variable you did
-# not name (`--vars a,b` deletes those), and it reports what each step freed.
+# cache to the driver: every cached *segment* that holds no live tensor. `--out` also clears the
+# output cache. It never deletes a variable you did not name (`--vars a,b` deletes those), and
+# it reports what each step freed.
 
 # %% id="00-15"
 # %gpumem cleanup --out
 
+# %% id="00-20"
+if GPU:
+    segments = torch.cuda.memory_snapshot()
+    cached = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    beside_live = sum(s["total_size"] - s["allocated_size"] for s in segments
+                      if s["allocated_size"] > 0)
+    print(f"still cached: {fmt(cached)}")
+    claim(all(s["allocated_size"] > 0 for s in segments),
+          "no cached segment is wholly free: empty_cache returned each of those")
+    claim(cached > 0 and cached == beside_live,
+          "what stays cached shares a segment with a live tensor",
+          cached=fmt(cached), beside_live_tensors=fmt(beside_live))
+claim(isinstance(result, (np.ndarray,) if torch is None else (np.ndarray, torch.Tensor)),
+      "`result` itself is untouched")
+
 # %% [markdown] id="00-16"
 # The `output cache` row shows what the three kept results cost; `result` itself is untouched.
+#
+# On a GPU the `empty_cache` row frees less than the output cache did. The allocator gets
+# memory from the driver in *segments* and cuts tensors out of them; `empty_cache()` can give
+# back only a segment with no live tensor in it. The three `Out` results were cut from the same
+# segment as `result`, which is alive, so their blocks stay cached: the allocator reuses them
+# for your next tensors, but the driver cannot have them. Notebook 1 shows segments and blocks
+# in detail.
 #
 # ## Next
 #
