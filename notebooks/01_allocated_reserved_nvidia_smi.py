@@ -20,7 +20,12 @@
 # side by side. It also settles a few claims that circulate in blog posts, each with a measured
 # cell.
 #
-# > The outputs in this notebook were produced by running it on an NVIDIA H200; the notebook's metadata (`gpumem_nb` key) records the GPU, driver, torch and gpumem_nb versions, commit and date. The text quotes no measured figure of its own: it points at the printed lines, so what you read is what the cells measured.
+# > The outputs were produced by running this notebook on an NVIDIA H200; its metadata
+# > (`gpumem_nb` key) records the GPU, driver, CUDA, torch and gpumem_nb versions, the commit
+# > and the date. Each sentence about what was measured is checked by the cell that measured
+# > it: the lines starting with ✓ are those checks (`claims.py`, beside this notebook), and a
+# > run that contradicts the text stops there instead of saving it. A number in the text is
+# > quoted from the output right above or below it.
 
 # %% id="01-01"
 # %load_ext gpumem_nb
@@ -38,6 +43,7 @@ import os
 
 import pynvml  # from the nvidia-ml-py package: what nvidia-smi reads
 
+from claims import claim, near
 from gpumem_nb.units import format_bytes as fmt
 
 pynvml.nvmlInit()
@@ -64,6 +70,7 @@ def this_process():
 used_at_start = nvml_used()
 print(f"NVML used before this process touched the GPU: {fmt(used_at_start)}")
 print(f"this process listed by NVML: {this_process() is not None}")
+claim(this_process() is None, "this process has no CUDA context yet")
 
 # %% id="01-04"
 import torch
@@ -72,6 +79,8 @@ after_import = nvml_used()
 print("torch", torch.__version__)
 print(f"import torch: NVML used {fmt(after_import - used_at_start, signed=True)}; "
       f"CUDA initialized: {torch.cuda.is_initialized()}")
+claim(not torch.cuda.is_initialized() and this_process() is None,
+      "importing torch initializes nothing on the GPU")
 
 # %% id="01-05"
 name = torch.cuda.get_device_name(0)
@@ -80,11 +89,13 @@ print(name)
 print(f"get_device_name: NVML used {fmt(after_init - after_import, signed=True)}; "
       f"CUDA initialized: {torch.cuda.is_initialized()}; "
       f"this process listed by NVML: {this_process() is not None}")
+claim(torch.cuda.is_initialized() and this_process() is None,
+      "get_device_name initializes PyTorch's CUDA state, but creates no context yet")
 
 # %% [markdown] id="01-06"
-# Importing torch puts nothing on the GPU (first delta), and neither does loading gpumem_nb.
+# Importing torch puts nothing on the GPU, and neither does loading gpumem_nb.
 # `get_device_name` does initialize PyTorch's CUDA state (`is_initialized()` is now `True`),
-# but compare its NVML delta with the next one: the driver creates the context lazily, when the
+# but NVML still lists no context for this process: the driver creates it lazily, when the
 # first real GPU work needs it.
 #
 # `%gpumem` shows each GPU: NVML's used/total, this process's share, PyTorch's `allocated`
@@ -96,9 +107,11 @@ print(f"get_device_name: NVML used {fmt(after_init - after_import, signed=True)}
 # %% [markdown] id="01-08"
 # ## The CUDA context
 #
-# The first allocation creates the context: driver state, loaded kernels, library handles. It
-# is this process's memory, but PyTorch's allocator does not manage it, so it appears as
-# **outside PyTorch** and never as `reserved`.
+# The first allocation creates the context: the driver's per-process state and the GPU code
+# PyTorch loads for its own kernels. It is this process's memory, but PyTorch's allocator does
+# not manage it, so it appears as **outside PyTorch** and never as `reserved`. Libraries come
+# later: cuBLAS loads its kernels at the first matrix product, which adds to the context (the
+# section "The context keeps growing" below measures it).
 
 # %% id="01-09"
 t = torch.zeros(1, device="cuda")
@@ -106,6 +119,9 @@ after_alloc = nvml_used()
 print(f"first allocation: NVML used {fmt(after_alloc - after_init, signed=True)}")
 print(f"a {t.element_size()}-byte tensor: allocated {fmt(torch.cuda.memory_allocated())}, "
       f"reserved {fmt(torch.cuda.memory_reserved())}")
+claim(after_alloc - after_init > 256 * MiB and this_process() is not None,
+      "the first allocation creates the context, hundreds of MiB outside PyTorch",
+      nvml_change=fmt(after_alloc - after_init))
 
 # %% id="01-10"
 # %gpumem
@@ -113,17 +129,25 @@ print(f"a {t.element_size()}-byte tensor: allocated {fmt(torch.cuda.memory_alloc
 # %% [markdown] id="01-11"
 # ## Why a 4-byte tensor shows 512 B allocated and 2 MiB reserved
 #
-# The caching allocator never hands out less than 512 B: every request is rounded up to a
-# multiple of it (that rounded *block* is what `allocated` counts). Blocks are cut from
-# *segments* that it gets from the driver with `cudaMalloc` (that is what `reserved` counts):
+# The caching allocator rounds every request up to a multiple of 512 B and hands out *blocks*
+# (what `allocated` counts), cut from *segments* that it gets from the driver with `cudaMalloc`
+# (what `reserved` counts). PyTorch's source (`c10/cuda/CUDACachingAllocator.cpp`) sets the
+# sizes:
 #
 # - requests up to 1 MiB come from a small pool of 2 MiB segments;
 # - larger requests below 10 MiB share segments of 20 MiB;
 # - from 10 MiB on, a request that fits no cached block gets a segment of its own, rounded up
 #   to a multiple of 2 MiB.
 #
+# A block bigger than the request is split, and the rest stays cached for later requests, but
+# only if the rest is worth keeping: in the large pool the remainder must be **more than
+# 1 MiB** (`should_split`: `remaining > kSmallSize`). An 11 MiB request gets a 12 MiB
+# segment; the 1 MiB left over is not more than 1 MiB, so the whole 12 MiB block is handed out,
+# and `allocated` counts all of it. 100 MiB + 1 B gets a 102 MiB segment and leaves almost
+# 2 MiB, so that block is split.
+#
 # The cell below measures one request of each kind, starting each time from an empty cache so
-# that nothing is reused.
+# that nothing is reused, and checks each row against these rules.
 
 # %% id="01-12"
 del t
@@ -147,16 +171,33 @@ for label, n in [("4 B", 4), ("1 MiB", MiB), ("1 MiB + 1 B", MiB + 1),
     block, segment = footprint(n)
     print(f"{label:>14} = {n:>11,} B   {block:>11,} B = {fmt(block):>10}   "
           f"{fmt(segment):>22}")
+    rounded = -(-n // 512) * 512
+    if rounded <= MiB:  # small pool
+        expected_segment = 2 * MiB
+    elif rounded < 10 * MiB:
+        expected_segment = 20 * MiB
+    else:
+        expected_segment = -(-rounded // (2 * MiB)) * 2 * MiB
+    # the large pool splits only a remainder of more than 1 MiB (the small pool: >= 512 B)
+    split = (expected_segment - rounded >= 512 if rounded <= MiB
+             else expected_segment - rounded > MiB)
+    expected_block = rounded if split or expected_segment == rounded else expected_segment
+    claim(block == expected_block and segment == expected_segment,
+          f"{label}: a {fmt(expected_block)} block from a {fmt(expected_segment)} segment",
+          block=fmt(block), segment=fmt(segment))
 
 # %% [markdown] id="01-13"
 # So `allocated` is already a little more than your tensors' sizes, and `reserved` more again,
 # before any caching happens. (Notebook 5 shows settings that change this rounding.)
 #
-# ## NVML "used" versus "this process"
+# ## NVML "used" versus "this process", and the two totals
 #
-# NVML charges each process its own memory. The device's *used* figure also counts memory the
-# driver keeps for itself and charges to no process: it was not zero before this process
-# touched the GPU (the first output above), and it grows a little with each context.
+# NVML charges each process its own memory. The device's *used* figure comes from NVML's v2
+# memory call, the one `nvidia-smi` uses: it leaves out the memory the driver reserves for
+# itself, which is why it was 0 B before this process touched the GPU (the first output above).
+# That reserved memory is also why a learner meets two "totals": NVML's total counts it, and
+# CUDA's (`torch.cuda.mem_get_info()`, `cudaMemGetInfo`, the figure in PyTorch's OOM message)
+# does not. The cell below reads both.
 
 # %% id="01-14"
 used, mine = nvml_used(), this_process()
@@ -167,6 +208,19 @@ else:
     print(f"NVML's line for this process: {fmt(mine)}")
     print(f"used − this process:          {fmt(used - mine)} "
           f"(before this process started CUDA: {fmt(used_at_start)})")
+    claim(0 <= used - mine <= 64 * MiB,
+          "nearly all of the device's used memory is this process's own",
+          used_minus_this_process=fmt(used - mine))
+
+v2 = pynvml.nvmlDeviceGetMemoryInfo(gpu, version=pynvml.nvmlMemory_v2)
+cuda_free, cuda_total = torch.cuda.mem_get_info()
+print(f"NVML total:                    {fmt(v2.total)}")
+print(f"  of which the driver reserves: {fmt(v2.reserved)}")
+print(f"CUDA total (cudaMemGetInfo):   {fmt(cuda_total)}")
+print(f"NVML total − CUDA total:       {fmt(v2.total - cuda_total)}")
+claim(near(v2.total - cuda_total, v2.reserved, within=16 * MiB),
+      "CUDA's total is NVML's total less what the driver reserves",
+      difference=fmt(v2.total - cuda_total), driver_reserved=fmt(v2.reserved))
 
 # %% [markdown] id="01-15"
 # ### Per-process memory without parsing `nvidia-smi`
@@ -206,15 +260,19 @@ print("NVML for this process:", fmt(mine) if mine is not None else "not listed")
 #
 # A 20000×20000 float32 tensor is 20000·20000·4 bytes. The article this project started from
 # put it at about 3 GB, and 10000×10000 at 0.76 GB; the first lines print the real sizes (a
-# `meta` tensor has a size but no storage, so measuring the second costs nothing).
+# `meta` tensor has a size but no storage, so measuring the second costs nothing; the first is
+# measured on the GPU as `allocated`).
 
 # %% id="01-18"
 x = torch.randn(20000, 20000, device="cuda")
 for shape in [(20000, 20000), (10000, 10000)]:
     nbytes = torch.empty(shape, device="meta").nbytes
-    claim = {20000: "about 3 GB", 10000: "0.76 GB"}[shape[0]]
+    article = {20000: "about 3 GB", 10000: "0.76 GB"}[shape[0]]
     print(f"{shape[0]}×{shape[1]} float32: {nbytes / 2**30:.2f} GiB = {nbytes / 1e9:.2f} GB "
-          f"(the article: {claim})")
+          f"(the article: {article})")
+claim(torch.cuda.memory_allocated() == x.nbytes == 20000 * 20000 * 4,
+      "the tensor takes 20000·20000·4 bytes on the GPU, about half of the article's 3 GB",
+      allocated=fmt(torch.cuda.memory_allocated()))
 # %gpumem
 
 # %% [markdown] id="01-19"
@@ -226,6 +284,8 @@ for shape in [(20000, 20000), (10000, 10000)]:
 # %% id="01-20"
 del x
 print(f"allocated right after del, no synchronize(): {fmt(torch.cuda.memory_allocated())}")
+claim(torch.cuda.memory_allocated() == 0 and torch.cuda.memory_reserved() > 0,
+      "allocated falls at once without synchronize(); reserved does not fall")
 # %gpumem
 
 # %% [markdown] id="01-21"
@@ -235,24 +295,41 @@ print(f"allocated right after del, no synchronize(): {fmt(torch.cuda.memory_allo
 # do not move. The cache is working for you.
 
 # %% id="01-22"
+reserved_before, nvml_before = torch.cuda.memory_reserved(), nvml_used()
 y = torch.randn(20000, 20000, device="cuda")
+claim(torch.cuda.memory_reserved() == reserved_before
+      and near(nvml_used(), nvml_before, within=4 * MiB),
+      "the new tensor reuses the cached block: reserved and NVML do not move")
 # %gpumem
 
 # %% id="01-23"
 del y
-
+reserved_before, nvml_before = torch.cuda.memory_reserved(), nvml_used()
 
 # %% [markdown] id="01-24"
 # ## `empty_cache()`
 #
-# `torch.cuda.empty_cache()` hands unused cached blocks back to the driver, and NVML drops by
-# the same amount (one article claims it gives nothing back: the `NVML freed` column below says
-# otherwise). Other processes can then use that memory; yours gains nothing, because it would
-# have reused the cache anyway. `%gpumem cleanup` calls it for you and reports what each step
-# freed.
+# `torch.cuda.empty_cache()` hands cached memory back to the driver, and NVML drops by the same
+# amount (one article claims it gives nothing back: the `NVML freed` column below and the check
+# after it say otherwise). Other processes can then use that memory; yours gains nothing,
+# because it would have reused the cache anyway. `%gpumem cleanup` calls it for you and reports
+# what each step freed.
+#
+# It can only return whole segments. A segment is one `cudaMalloc`, and `cudaFree` takes the
+# segment's start address and frees all of it or nothing, so the allocator frees only cached
+# blocks that were never split, i.e. segments with no live block in them (PyTorch's
+# `release_cached_blocks`: "Free all non-split cached blocks"). Here `y`'s block was the whole
+# segment, so everything goes back. A free block that shares its segment with a live tensor
+# stays cached until that tensor goes: notebooks 0 and 3 show that case.
 
 # %% id="01-25"
 # %gpumem cleanup
+
+# %% id="01-36"
+claim(torch.cuda.memory_reserved() == 0
+      and near(nvml_before - nvml_used(), reserved_before, within=4 * MiB),
+      "empty_cache gave the whole cache back, and NVML fell by the same amount",
+      reserved_before=fmt(reserved_before), nvml_fell_by=fmt(nvml_before - nvml_used()))
 
 # %% id="01-26"
 # %gpumem
@@ -280,8 +357,11 @@ torch.cuda.synchronize()
 grown = torch.cuda.memory_allocated() - alloc0
 print(f"first matmul: allocated {fmt(grown, signed=True)}: the product {fmt(out.nbytes)} "
       f"and {fmt(grown - out.nbytes)} that is no tensor of yours")
+claim(grown > out.nbytes, "the first product allocates more than its result: a workspace",
+      workspace=fmt(grown - out.nbytes))
 if outside0 is not None:
     print(f"outside PyTorch: {fmt(outside_pytorch() - outside0, signed=True)}")
+    claim(outside_pytorch() > outside0, "the first product also grows memory outside PyTorch")
 
 # %% [markdown] id="01-29"
 # The part of `allocated` that is no tensor of yours is cuBLAS's workspace; the end of this
@@ -325,10 +405,13 @@ torch.cuda.synchronize()
 print(f"40 queued matmuls: synchronize() waited {queued_ms:.0f} ms")
 print(f"empty_cache() with nothing cached returned after {nothing_ms:.2f} ms")
 print(f"empty_cache() with {fmt(2 * 2**30)} cached blocked for {cached_ms:.0f} ms")
+claim(cached_ms > 100 and cached_ms > 0.5 * queued_ms,
+      "with a block to free, empty_cache() blocked behind the queued work (> 100 ms)")
+claim(nothing_ms < 10, "with nothing to free, it returned at once (< 10 ms)")
 
 # %% [markdown] id="01-31"
-# With a block to free, `empty_cache()` blocked for about as long as the queued work (compare
-# the first and third lines); with nothing to free it returned at once. So it is not harmless:
+# With a block to free, `empty_cache()` blocked behind the queued work (compare the first and
+# third lines); with nothing to free it returned at once. So it is not harmless:
 # inside a training loop it stalls the pipeline every time it has something to free. Call it
 # between phases, and never from a background thread.
 #
@@ -351,13 +434,30 @@ del a, out
 print(f"allocated with no tensor of yours alive: {fmt(torch.cuda.memory_allocated())}")
 torch._C._cuda_clearCublasWorkspaces()  # private: drops cuBLAS's cached workspaces
 print(f"after dropping cuBLAS's workspaces: {fmt(torch.cuda.memory_allocated())}")
+claim(torch.cuda.memory_allocated() == 0, "dropping cuBLAS's workspaces leaves nothing allocated")
 
 # %% [markdown] id="01-34"
 # ## The per-cell record
 #
 # Every cell above was measured: allocated and reserved before and after, the allocator's peak
 # during the cell (exact when the cell set a new peak, `≥` otherwise), NVML before, after and at
-# its sampled peak, and host RAM. `gpumem_nb.history()` returns the same as a DataFrame.
+# its sampled peak, and host RAM. `gpumem_nb.history()` returns the same as a DataFrame; the
+# cell after the table checks two of its rows against what the cells printed.
 
 # %% id="01-35"
 # %gpumem history
+# %% id="01-37"
+import gpumem_nb
+
+rows = gpumem_nb.history()
+big = rows[rows.source.str.startswith("x = torch.randn(20000, 20000")].iloc[0]
+cleanup = rows[rows.source.str.startswith("%gpumem cleanup")].iloc[0]
+big_nvml = big.nvml_used_after_bytes - big.nvml_used_before_bytes
+cleanup_nvml = cleanup.nvml_used_after_bytes - cleanup.nvml_used_before_bytes
+claim(near(big_nvml, big.reserved_after_bytes - big.reserved_before_bytes, within=64 * MiB),
+      "the 20000×20000 tensor's row shows NVML rising with reserved",
+      nvml_delta=fmt(int(big_nvml), signed=True))
+claim(near(-cleanup_nvml, cleanup.reserved_before_bytes - cleanup.reserved_after_bytes,
+           within=64 * MiB),
+      "the first cleanup's row shows NVML falling with reserved",
+      nvml_delta=fmt(int(cleanup_nvml), signed=True))

@@ -21,7 +21,12 @@
 # peak and the ones still holding memory at its end: the leak candidates. `--save` writes the
 # recording for PyTorch's own viewer, memory_viz.
 #
-# > The outputs in this notebook were produced by running it on an NVIDIA H200; the notebook's metadata (`gpumem_nb` key) records the GPU, driver, torch and gpumem_nb versions, commit and date. The text quotes no measured figure of its own: it points at the printed lines, so what you read is what the cells measured.
+# > The outputs were produced by running this notebook on an NVIDIA H200; its metadata
+# > (`gpumem_nb` key) records the GPU, driver, CUDA, torch and gpumem_nb versions, the commit
+# > and the date. Each sentence about what was measured is checked by the cell that measured
+# > it: the lines starting with ✓ are those checks (`claims.py`, beside this notebook), and a
+# > run that contradicts the text stops there instead of saving it. A number in the text is
+# > quoted from the output right above or below it.
 
 # %% id="07-01"
 # %load_ext gpumem_nb
