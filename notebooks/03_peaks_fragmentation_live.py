@@ -30,6 +30,8 @@
 # %load_ext gpumem_nb
 import torch
 
+import gpumem_nb
+from claims import claim
 from gpumem_nb.units import format_bytes as fmt
 
 MiB = 2**20
@@ -52,7 +54,13 @@ del tmp
 torch.cuda.synchronize()
 
 # %% id="03-04"
+cell = gpumem_nb.history().iloc[-1]  # the %%gpumem cell above
 print(f"max_memory_allocated: {fmt(torch.cuda.max_memory_allocated())}")
+claim(cell.peak_exact and cell.peak_allocated_bytes >= 8 * 2**30,
+      "%%gpumem caught the transient 8 GiB exactly",
+      peak=fmt(int(cell.peak_allocated_bytes)), exact=cell.peak_exact)
+claim(torch.cuda.max_memory_allocated() >= 8 * 2**30,
+      "gpumem_nb did not reset PyTorch's own peak counter")
 
 # %% [markdown] id="03-05"
 # A smaller spike later does not raise the process-wide peak, so without a reset its exact size
@@ -67,6 +75,13 @@ tmp = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda"); del tmp
 # %%gpumem --reset-peak
 tmp = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda"); del tmp
 
+# %% id="03-22"
+smaller, reset = gpumem_nb.history().iloc[-2:].itertuples()
+claim(not smaller.peak_exact, "without a reset the smaller spike's peak is a lower bound")
+claim(reset.peak_exact and reset.peak_allocated_bytes >= 2 * 2**30,
+      "with --reset-peak the peak is exact again",
+      peak=fmt(int(reset.peak_allocated_bytes)), exact=reset.peak_exact)
+
 # %% [markdown] id="03-08"
 # ## Fragmentation
 #
@@ -77,9 +92,14 @@ tmp = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda"); del tmp
 # %% id="03-09"
 # %gpumem cleanup
 a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+print(f"a: {fmt(a.nbytes)}")
 del a
 b = torch.empty(600 * 10**6, dtype=torch.uint8, device="cuda")
 print(f"b: {fmt(b.nbytes)} = {b.nbytes / 1e6:.0f} MB")
+split = torch.cuda.memory_stats()["inactive_split_bytes.large_pool.current"]
+claim(split == 2**30 - -(-b.nbytes // 512) * 512,
+      "the rest of the 1 GiB segment is an inactive split block beside b",
+      inactive_split=fmt(split))
 
 # %% id="03-10"
 # %gpumem summary
@@ -130,7 +150,8 @@ def mib(n):
 
 
 CONFS = ["", "expandable_segments:True"]
-for conf, r in zip(CONFS, run_fresh_many(SPLIT, CONFS)):
+results = run_fresh_many(SPLIT, CONFS)
+for conf, r in zip(CONFS, results):
     steps = r["reserved_21_MiB"]
     print(f"{conf or 'default'} (segment expandable: {r['expandable']})")
     print(f"  allocated {mib(r['allocated'])}, reserved {mib(r['reserved'])}, "
@@ -141,6 +162,19 @@ for conf, r in zip(CONFS, run_fresh_many(SPLIT, CONFS)):
           f"reserved {mib(r['reserved_b_alive_after_empty_cache'])}")
     print(f"  then 1, 2, 3 tensors of 21 MiB: reserved {', '.join(mib(n) for n in steps)}; "
           f"reserved moves in multiples of {mib(math.gcd(*steps))}")
+default, expandable = results
+claim(expandable["expandable"] and expandable["inactive_split"] == 0
+      and len(expandable["blocks"]) >= 2 and len(default["blocks"]) >= 2,
+      "expandable segments report no inactive split, yet b's segment is still split",
+      blocks=expandable["blocks"])
+claim(default["reserved_b_alive_after_empty_cache"] == default["reserved"],
+      "default: empty_cache() with b alive returns nothing (b keeps its segment)")
+claim(expandable["reserved_b_alive_after_empty_cache"]
+      < default["reserved_b_alive_after_empty_cache"],
+      "expandable: empty_cache() with b alive unmaps the free pages")
+claim(math.gcd(*default["reserved_21_MiB"]) == 22 * MiB
+      and math.gcd(*expandable["reserved_21_MiB"]) == 20 * MiB,
+      "21 MiB tensors: 22 MiB segments each by default, 20 MiB pages when expandable")
 
 # %% [markdown] id="03-13"
 # Read the two runs line by line:
@@ -149,9 +183,10 @@ for conf, r in zip(CONFS, run_fresh_many(SPLIT, CONFS)):
 #   allocator does not track that statistic for expandable segments. The block list shows the
 #   same split in both runs: `b`'s block, and a free (`inactive`) block beside it. Blocks are
 #   still split.
-# - **`reserved` is a little higher.** Physical memory is mapped in pages of 20 MiB (the last
-#   line), so reserved is always a whole number of pages; the default allocator instead gives
-#   each 21 MiB tensor a segment of its own, rounded up to 22 MiB.
+# - **`reserved` is a little higher.** Physical memory for large requests is mapped in pages of
+#   20 MiB (the last line; the small pool, for requests up to 1 MiB, maps 2 MiB pages), so
+#   reserved grows a page at a time; the default allocator instead gives each 21 MiB tensor a
+#   segment of its own, rounded up to 22 MiB.
 # - **The real benefit is the third line.** With `b` alive, `empty_cache()` can unmap the free
 #   pages of an expandable segment, so reserved falls to about `b`'s own size, rounded up to
 #   whole pages. The default allocator can only return whole free segments, and `b` keeps its
@@ -169,7 +204,10 @@ del b
 # ## When the settings are read
 #
 # Most allocator options are read when CUDA starts, so setting `PYTORCH_ALLOC_CONF` in the
-# notebook after `import torch` still works, as long as no cell has used the GPU yet. The
+# notebook after `import torch` still works, as long as no cell has used the GPU yet. (After
+# that the variable is not read again; a private call, `torch.cuda.memory._set_allocator_settings`,
+# can still change some options at run time: PyTorch's source says expandable segments "can be
+# enabled/disabled throughout the run of a program".) The
 # `backend` option is different: it is read when torch is **imported**. Set after the import,
 # it makes CUDA's start fail with a mismatch error. Each case runs in a fresh process, which sets
 # the variable at the moment named:
@@ -201,6 +239,14 @@ results = run_fresh_many(LATE, ["" for _ in cases], check=False,
 for (conf, when), r in zip(cases, results):
     seen = r.get("error") or f"backend {r['backend']}, expandable {r['expandable']}"
     print(f"{conf:26} set {when:13} -> {seen}")
+outcome = {case: r for case, r in zip(cases, results)}
+claim("error" in outcome[("backend:cudaMallocAsync", "after import")]
+      and outcome[("backend:cudaMallocAsync", "before import")].get("backend")
+      == "cudaMallocAsync",
+      "the backend is read at import: set after it, CUDA's start fails")
+claim(all(outcome[("expandable_segments:True", w)].get("expandable")
+          for w in ("before import", "after import")),
+      "expandable_segments set after the import, before CUDA starts, still applies")
 
 # %% [markdown] id="03-17"
 # In a notebook, set the variable in the first cell, before `import torch`, or restart the
@@ -212,8 +258,11 @@ for (conf, when), r in zip(cases, results):
 # `%gpumem watch` shows NVML's usage beside PyTorch's `allocated` and `reserved`, with a mark at
 # every cell. A background thread updates it while a cell runs, so a long training cell is
 # visible as it happens. The cleanup button runs the same safe cleanup as `%gpumem cleanup`.
-# (On GitHub or nbviewer the widget cannot run; the picture and numbers below it are its static
-# fallback.)
+# (On GitHub or nbviewer the widget cannot run; the picture and the numbers below it are its
+# static fallback, and they show the state at the end of the run, when the notebook was saved:
+# after the training cell, not when the chart was first shown.)
+# <!-- DEPENDS(issue 17): the new chart's saved picture and header; check that the picture saved
+# here shows the training cell. -->
 
 # %% id="03-18"
 # %gpumem watch
@@ -244,10 +293,10 @@ print(steps, "steps")
 # (the cell did not set a new process-wide peak and nothing reset it).
 
 # %% id="03-21"
-import gpumem_nb
-
 df = gpumem_nb.history().dropna(subset=["peak_allocated_bytes"])
 for _, row in df.sort_values("peak_allocated_bytes", ascending=False).head(3).iterrows():
     bound = "" if row.peak_exact else "≥"
     print(f"[{row.execution_count:.0f}] peak {bound}{fmt(int(row.peak_allocated_bytes))} "
           f"in {row.duration_s:.2f} s: {row.source[:60]!r}")
+resets = df[df.source.str.contains("--reset-peak")]
+claim(len(resets) and resets.peak_exact.all(), "no --reset-peak row is marked ≥")
