@@ -44,15 +44,15 @@
 
 # %% id="00-03"
 import numpy as np
+from claims import claim
+
+from gpumem_nb.units import format_bytes as fmt
 
 try:
     import torch
 except ImportError:  # gpumem_nb itself never needs torch
     torch = None
 GPU = torch is not None and torch.cuda.is_available()
-from claims import claim, near
-from gpumem_nb.units import format_bytes as fmt
-
 MiB = 2**20
 
 

@@ -42,8 +42,8 @@
 import os
 
 import pynvml  # from the nvidia-ml-py package: what nvidia-smi reads
-
 from claims import claim, near
+
 from gpumem_nb.units import format_bytes as fmt
 
 pynvml.nvmlInit()

@@ -110,7 +110,7 @@ losses.append(loss)
 # three times:
 
 # %% id="02-14"
-losses = [l.item() for l in losses]
+losses = [loss.item() for loss in losses]
 del loss
 # %gpumem cleanup
 

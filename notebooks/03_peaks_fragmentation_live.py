@@ -29,9 +29,9 @@
 # %% id="03-01"
 # %load_ext gpumem_nb
 import torch
+from claims import claim
 
 import gpumem_nb
-from claims import claim
 from gpumem_nb.units import format_bytes as fmt
 
 MiB = 2**20
