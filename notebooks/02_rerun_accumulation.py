@@ -30,10 +30,18 @@
 # %% id="02-01"
 # %load_ext gpumem_nb
 import torch
+from claims import claim
 
+import gpumem_nb
 from gpumem_nb.units import format_bytes as fmt
 
 torch.zeros(1, device="cuda");
+
+
+def runs_of(first_line, n=3):
+    # The history rows of the last n runs of the cell that starts with first_line.
+    rows = gpumem_nb.history()
+    return rows[rows.source.str.startswith(first_line)].tail(n)
 
 # %% [markdown] id="02-02"
 # ## The output cache
@@ -56,7 +64,11 @@ y @ y
 # only results IPython kept for you go. The `output cache` row says what that freed.
 
 # %% id="02-06"
+out_before = torch.cuda.memory_allocated()
 # %gpumem cleanup --out
+claim(out_before - torch.cuda.memory_allocated() == 3 * y.nbytes and y.is_cuda,
+      "clearing the output cache freed the three kept products; `y` is untouched",
+      freed=fmt(out_before - torch.cuda.memory_allocated()))
 
 # %% [markdown] id="02-07"
 # To avoid it, end such cells with `;` or assign the result: nothing is displayed, nothing is
@@ -77,7 +89,11 @@ def step():
 step()
 
 # %% id="02-09"
+before = torch.cuda.memory_allocated()
 # %gpumem cleanup
+claim(before - torch.cuda.memory_allocated() >= 4 * 2**30,
+      "dropping the stored exception freed the failed step's 4 GiB of activations",
+      freed=fmt(before - torch.cuda.memory_allocated()))
 
 # %% [markdown] id="02-10"
 # The `last exception` row dropped the stored exception, and the `empty_cache` row then returned
@@ -122,6 +138,15 @@ losses.append(loss.item())
 # %% id="02-16"
 # %gpumem history -n 3
 
+# %% id="02-28"
+first, second, third = runs_of("loss = model(batch).pow(2).mean()").itertuples()
+claim(second.allocated_delta_bytes == 0 == third.allocated_delta_bytes,
+      "allocated no longer grows after the first run")
+claim(second.reserved_delta_bytes > 0 and third.reserved_delta_bytes == 0,
+      "reserved grew again on the second run, and not on the third",
+      second=fmt(int(second.reserved_delta_bytes), signed=True),
+      third=fmt(int(third.reserved_delta_bytes), signed=True))
+
 # %% [markdown] id="02-17"
 # Only partly fixed. `allocated` no longer grows after the first run, but look at `reserved Δ`
 # on the second run: it grew again. The cause is `loss` itself. The variable still holds the
@@ -130,9 +155,9 @@ losses.append(loss.item())
 # once until the assignment replaces the old one. The cache has to grow to hold both; from the
 # third run on, it is big enough.
 #
-# `%gpumem who` shows the holder: a tensor of a few bytes that holds its autograd graph. Its
-# bytes column counts only the tensor's own storage, because sizing a graph means unpacking what
-# it saved.
+# `%gpumem who` shows the holder: a tensor of a few bytes that holds its autograd graph, and
+# the bytes of the tensors that graph saved.
+# <!-- DEPENDS(issue 15): graph-aware `who` (the graph's saved tensors, counted by storage). -->
 
 # %% id="02-18"
 # %gpumem who
@@ -140,17 +165,20 @@ losses.append(loss.item())
 # %% [markdown] id="02-19"
 # ## What `who` cannot see
 #
-# `who` lists Python objects that hold tensors. Two things hold GPU memory without being such
-# an object: the tensors an autograd graph saved, and cuBLAS's workspaces (PyTorch keeps one per
-# cuBLAS handle and stream; every thread that multiplies matrices has its own handle, and
-# backward runs on autograd's own thread). The next cell accounts for `allocated` in full:
-# what `who` lists, then what deleting `loss` frees (its graph), then what dropping cuBLAS's
+# `who` lists Python objects that hold tensors, and the tensors their autograd graphs saved. One
+# thing holds GPU memory without being such an object: cuBLAS's workspaces. PyTorch keeps one
+# per cuBLAS handle and stream, every thread that multiplies matrices has its own handle, and
+# backward runs on autograd's own thread, so their total depends on how the process ran (compare
+# the size printed here with notebook 1's). The next cell accounts for `allocated` in full:
+# what `who` lists, what deleting `loss` frees (its graph), and what dropping cuBLAS's
 # workspaces frees.
+# <!-- DEPENDS(issue 15): the holder's graph bytes (called graph_bytes below). -->
 
 # %% id="02-20"
 def listed_bytes():
     report = get_ipython().run_line_magic("gpumem", "who -o -n 1000")
-    return sum(h.nbytes for h in report.holders if h.device.startswith("cuda"))
+    return sum(h.nbytes + (h.graph_bytes or 0)  # DEPENDS(issue 15): graph_bytes
+               for h in report.holders if h.device.startswith("cuda"))
 
 
 allocated = torch.cuda.memory_allocated()
@@ -163,8 +191,12 @@ del loss
 print(f"del loss freed:            {fmt(before - torch.cuda.memory_allocated())} (its graph)")
 before = torch.cuda.memory_allocated()
 torch._C._cuda_clearCublasWorkspaces()  # private: drops cuBLAS's cached workspaces
-print(f"cuBLAS workspaces freed:   {fmt(before - torch.cuda.memory_allocated())}")
+workspaces = before - torch.cuda.memory_allocated()
+print(f"cuBLAS workspaces freed:   {fmt(workspaces)}")
 print(f"still not listed:          {fmt(torch.cuda.memory_allocated() - listed_bytes())}")
+claim(allocated - listed == workspaces > 0,
+      "who lists everything allocated but cuBLAS's workspaces, graphs included",
+      not_listed=fmt(allocated - listed), workspaces=fmt(workspaces))
 
 # %% [markdown] id="02-21"
 # The fix is not to keep the tensor at all. Start from an empty cache and re-run three times:
@@ -178,9 +210,18 @@ losses.append(model(batch).pow(2).mean().item())
 # %% id="02-24"
 # %gpumem history -n 3
 
+# %% id="02-29"
+first, second, third = runs_of("losses.append(model(batch).pow(2).mean().item())").itertuples()
+claim(first.allocated_delta_bytes == workspaces,
+      "the first run's allocated Δ is the cuBLAS workspaces coming back",
+      first=fmt(int(first.allocated_delta_bytes), signed=True), workspaces=fmt(workspaces))
+claim(all(r.allocated_delta_bytes == 0 == r.reserved_delta_bytes for r in (second, third)),
+      "the second and third runs stay flat")
+
 # %% [markdown] id="02-25"
-# The first run fills the cache with the forward pass's blocks; the second and third reuse them:
-# `allocated` and `reserved` stay flat.
+# The first run fills the cache with the forward pass's blocks and brings back cuBLAS's
+# workspaces, which the cell before the cleanup dropped (its `allocated Δ` is their size); the
+# second and third reuse everything: `allocated` and `reserved` stay flat.
 #
 # ## Optimizer state
 #
@@ -191,6 +232,10 @@ losses.append(model(batch).pow(2).mean().item())
 model(batch).pow(2).mean().backward()
 opt.step()
 opt.zero_grad()
+state = sum(t.nbytes for s in opt.state.values() for t in s.values() if t.is_cuda)
+params = sum(p.nbytes for p in model.parameters())
+claim(state == 2 * params, "Adam's state is two tensors per parameter",
+      state=fmt(state), parameters=fmt(params))
 # %gpumem who
 
 # %% id="02-27"
