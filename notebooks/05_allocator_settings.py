@@ -33,6 +33,7 @@
 import os
 
 import torch
+from claims import claim
 
 from gpumem_nb.units import format_bytes as fmt
 
@@ -42,6 +43,9 @@ print("torch", torch.__version__)
 print("allocator backend in this kernel:", torch.cuda.get_allocator_backend())
 for var in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
     print(f"{var} = {os.environ.get(var)!r}")
+claim(torch.cuda.get_allocator_backend() == "native"
+      or os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+      "with nothing set, the backend is native")
 
 # %% [markdown] id="05-02"
 # With nothing set, the backend is `native`, PyTorch's own caching allocator (one article
@@ -66,7 +70,9 @@ for var in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
 #   the cap, the allocator frees cached blocks that have not been reused before asking for more,
 #   rather than waiting for a failed `cudaMalloc`. *Native only; read when CUDA starts.*
 #
-# `cudaMallocAsync` ignores the last three, and says so; an article that tunes
+# `cudaMallocAsync` ignores the last three, and in torch 2.11 it does so silently: no
+# warning is printed (PyTorch's parser warns only about a few other native-only options, such
+# as the `pinned_*` ones). An article that tunes
 # `max_split_size_mb` to configure `cudaMallocAsync` tunes nothing. The table below shows it.
 #
 # ## One workload under each setting
@@ -131,6 +137,20 @@ for conf, r in zip(CONFIGS, results):
 for conf, r in zip(CONFIGS, results):
     for w in r["warnings"]:
         print(f"warning under {conf!r}: {w.strip()}")
+by_conf = dict(zip(CONFIGS, results))
+compared = ("peak_reserved", "reserved", "allocated", "inactive_split", "oversize",
+            "after_empty_cache", "oom_at")
+pool, tuned = by_conf["backend:cudaMallocAsync"], by_conf[CONFIGS[-1]]
+claim(all(pool[k] == tuned[k] for k in compared),
+      "under cudaMallocAsync, max_split_size_mb changes nothing: the two rows are identical")
+claim(not tuned["warnings"], "and nothing warns about it", warnings=tuned["warnings"])
+claim(by_conf[""]["oversize"] == 0 < by_conf["max_split_size_mb:128"]["oversize"],
+      "oversize blocks appear only under max_split_size_mb")
+claim(by_conf["roundup_power2_divisions:4"]["allocated"] > by_conf[""]["requested"],
+      "roundup_power2_divisions hands out blocks bigger than the requests")
+claim(by_conf["expandable_segments:True"]["after_empty_cache"]
+      < by_conf[""]["after_empty_cache"],
+      "with the last tensors alive, empty_cache() returns more under expandable segments")
 
 # %% [markdown] id="05-04"
 # How to read it (columns in MiB; *after e_c* is `reserved` after `empty_cache()` with the last
@@ -146,7 +166,7 @@ for conf, r in zip(CONFIGS, results):
 # - **after e_c**: what `empty_cache()` gave back with the last tensors still alive. The native
 #   allocator without expandable segments can only return segments that hold no live tensor.
 # - The two `cudaMallocAsync` rows are the same workload with and without `max_split_size_mb`:
-#   compare them, and read the warning printed under the table.
+#   they are identical, and no warning was printed under the table.
 #
 # ## When the options are read
 #
@@ -167,6 +187,8 @@ before, after = run_fresh_many(WHEN, ["max_split_size_mb:128", ""],
                                extra_envs=[{}, {"LATE_CONF": "max_split_size_mb:128"}])
 print(f"max_split_size_mb set before CUDA starts: oversize allocations {before['oversize']}")
 print(f"max_split_size_mb set after CUDA started:  oversize allocations {after['oversize']}")
+claim(before["oversize"] >= 1 and after["oversize"] == 0,
+      "max_split_size_mb counts only when set before CUDA starts")
 
 # %% [markdown] id="05-06"
 # ## `memory_summary()`, line by line
