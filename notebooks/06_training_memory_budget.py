@@ -17,17 +17,18 @@
 #
 # Before a run you want to know whether it fits. The usual estimate adds four parts:
 #
-# - **parameters**: 4 bytes each in float32;
+# - **parameters**: one float32 each (the first output below prints its size);
 # - **gradients**: the same again;
 # - **optimizer state**: AdamW keeps two float32 tensors per parameter (`exp_avg`,
-#   `exp_avg_sq`), 8 bytes per parameter;
+#   `exp_avg_sq`);
 # - **activations**: what the forward pass saves for the backward pass; it grows with batch size
 #   and sequence length.
 #
 # This notebook predicts each part for a small language model built from `torch.nn` alone, then
-# measures it, and settles an article's claim that a 100M-parameter model with AdamW needs
-# "nearly 4 GB" for its static part. Then the things that change the budget, each measured:
-# `no_grad` vs `inference_mode`, bf16 and fp16 autocast, and activation checkpointing.
+# measures it, and settles an article's claim about the static part of a 100M-parameter model
+# with AdamW. Then the things that change the budget, each measured: `no_grad` vs
+# `inference_mode`, bf16 and fp16 autocast (fp16 with its `GradScaler`), and activation
+# checkpointing.
 #
 # > The outputs were produced by running this notebook on an NVIDIA H200; its metadata
 # > (`gpumem_nb` key) records the GPU, driver, CUDA, torch and gpumem_nb versions, the commit
@@ -42,6 +43,7 @@ import contextlib
 import copy
 
 import torch
+from claims import claim, near
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -50,6 +52,8 @@ from gpumem_nb.units import format_bytes as fmt
 torch.manual_seed(0)
 torch.zeros(1, device="cuda")
 allocated = torch.cuda.memory_allocated
+FLOAT32 = torch.empty(0).element_size()
+print(f"a float32 takes {FLOAT32} bytes")
 
 # %% [markdown] id="06-02"
 # ## The model
@@ -128,16 +132,22 @@ for name, predicted, measured in rows:
     print(f"{name:<18}{fmt(predicted):>14}{fmt(measured):>14}")
 static = sum(m for _, _, m in rows)
 print(f"{'static total':<18}{fmt(16 * N):>14}{fmt(static):>14}  = {static / 1e9:.2f} GB")
+print(f"the rule: parameters {FLOAT32} bytes + gradients {FLOAT32} bytes + AdamW "
+      f"{2 * FLOAT32} bytes = {4 * FLOAT32} bytes per parameter")
 print(f"the article: nearly 4 GB for 100M parameters with AdamW; "
       f"16 bytes per parameter gives {16 * 100e6 / 1e9:.1f} GB")
+claim(all(measured == predicted for _, predicted, measured in rows),
+      "parameters, gradients and AdamW state match the rule to the byte")
+claim(4e9 > 2 * 16 * 100e6, "the article's figure is more than twice the rule's")
 print(f"AdamW's step counters live on: {where}")
 print(f"temporaries during opt.step(), on top: {fmt(step_temporaries)}")
+claim(step_temporaries > 0, "opt.step() needs temporaries on top of the state")
 
 # %% [markdown] id="06-06"
-# Parameters, gradients and AdamW state match the 4 + 4 + 8 bytes per parameter rule closely
-# (the small differences are the allocator's rounding). The article's "nearly 4 GB" static part
-# is more than twice what the rule gives for 100M parameters (the two lines above); its own
-# formula, 4 + 4 + 8 to 16 bytes per parameter, never reaches it.
+# Parameters, gradients and AdamW state match the rule of 16 bytes per parameter exactly here:
+# every parameter tensor of this model is a multiple of 512 B, so the allocator's rounding adds
+# nothing. The article's "nearly 4 GB" static part is more than twice what the rule gives for
+# 100M parameters (the lines above); its own formula never reaches it.
 #
 # The rule leaves out `opt.step()`'s temporaries: PyTorch's default (`foreach`) AdamW updates
 # all parameters with a few fused operations whose intermediate results are the size of the
@@ -149,7 +159,7 @@ print(f"temporaries during opt.step(), on top: {fmt(step_temporaries)}")
 # on the layer's implementation. They can be *counted* instead:
 # `torch.autograd.graph.saved_tensors_hooks` sees every tensor the forward pass saves for
 # backward. Count the distinct storages (parameters excluded) at batch 1 and batch 2, and
-# extrapolate linearly to the real batch; then measure it.
+# extrapolate linearly to the real batch; then measure it, and count again at the real batch.
 
 # %% id="06-07"
 region = {"now": "embed"}
@@ -158,61 +168,82 @@ for name, module in [("embed", model.embed), ("norm", model.norm),
     module.register_forward_pre_hook(lambda m, a, name=name: region.update(now=name))
 
 
-def saved_bytes(fn):
-    # Bytes of the distinct storages autograd saves while fn() runs, by model region.
+def saved_bytes(fn, then=None):
+    # Bytes of the distinct GPU storages autograd saves while fn() runs, by model region;
+    # then(loss) runs before the graph is dropped (a measurement, a backward pass).
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen = {}
 
     def pack(t):
         storage = t.untyped_storage()
-        if storage.data_ptr() not in params:  # counted once, where it was first saved
+        if t.is_cuda and storage.data_ptr() not in params:  # once, where first saved
             seen.setdefault(storage.data_ptr(), (region["now"], storage.nbytes()))
         return t
 
     region["now"] = "embed"
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = fn()
+    if then is not None:
+        then(loss)
     del loss
     by_region = {}
     for where, nbytes in seen.values():
         by_region[where] = by_region.get(where, 0) + nbytes
-    return by_region
+    return by_region, len(seen)
 
 
 def predict(fn_of_batch, batch):
-    one, two = saved_bytes(lambda: fn_of_batch(1)), saved_bytes(lambda: fn_of_batch(2))
+    (one, _), (two, _) = saved_bytes(lambda: fn_of_batch(1)), saved_bytes(lambda: fn_of_batch(2))
     return {k: one.get(k, 0) + (batch - 1) * (two.get(k, 0) - one.get(k, 0))
             for k in set(one) | set(two)}
 
 
-def measure_activations(fn):
-    before = allocated()
-    loss = fn()
-    kept = allocated() - before
-    loss.backward()
-    del loss
-    return kept
+def measure_activations(fn, backward=lambda loss: loss.backward()):
+    # What the forward pass leaves allocated, and what autograd saved, counted in the same run.
+    before, kept = allocated(), {}
+
+    def then(loss):
+        kept["bytes"] = allocated() - before
+        backward(loss)
+
+    counted, storages = saved_bytes(fn, then)
+    return kept["bytes"], counted, storages
 
 
 fp32 = predict(lambda b: loss_fn(tokens(b)), BATCH)
 opt.zero_grad(set_to_none=True)
-act_measured = measure_activations(lambda: loss_fn(batch))
-print(f"activations at batch {BATCH}, predicted from batches 1 and 2: "
-      f"{fmt(sum(fp32.values()))}")
-for part, key in [("embedding", "embed"), ("layers", "layers"),
-                  ("final norm, head and loss", "norm")]:
-    print(f"    {part:<26}{fmt(fp32.get(key, 0)):>12}")
-print(f"activations at batch {BATCH}, measured: {fmt(act_measured)}")
+act_measured, counted, storages = measure_activations(lambda: loss_fn(batch))
+PARTS = [("embedding", "embed"), ("layers", "layers"), ("final norm, head and loss", "norm")]
+print(f"activations at batch {BATCH}: {'predicted from batches 1 and 2':>32}"
+      f"{'counted at batch ' + str(BATCH):>20}")
+for part, key in PARTS:
+    print(f"    {part:<26}{fmt(fp32.get(key, 0)):>28}{fmt(counted.get(key, 0)):>20}")
+print(f"    {'total':<26}{fmt(sum(fp32.values())):>28}{fmt(sum(counted.values())):>20}")
+print(f"activations at batch {BATCH}, measured (allocated after the forward pass): "
+      f"{fmt(act_measured)}")
+rounding = 2**20 + 512 * storages  # the loss itself, and at most 511 B per block
+claim(near(act_measured, sum(counted.values()), within=rounding),
+      "what the forward pass keeps is what autograd saved, to the allocator's rounding",
+      measured=fmt(act_measured), counted=fmt(sum(counted.values())))
+claim(near(sum(fp32.values()), sum(counted.values()), rel=0.10),
+      "extrapolating from batches 1 and 2 comes within 10% of the real batch's count",
+      predicted=fmt(sum(fp32.values())), counted=fmt(sum(counted.values())))
 
 # %% [markdown] id="06-08"
-# The two lines should agree to within the allocator's rounding; if they did not, something
-# other than autograd's saved tensors would be kept. Note how much of it is the head and loss:
-# the logits are batch × sequence × vocabulary floats, and the loss saves them. For language
-# models with large vocabularies the logits are often the largest single activation.
+# What the forward pass leaves allocated is what autograd saved, counted in the same run, to
+# the allocator's rounding (the first ✓ line): activations are saved tensors, and nothing else is
+# kept. The prediction from batches 1 and 2 comes close, but not to the byte: the region table
+# shows where the extrapolation is off, because not every saved tensor grows in proportion to
+# the batch. <!-- TODO-GPU: name the region and the reason from the first H200 run. -->
+#
+# Note how much of it is the head and loss: the logits are batch × sequence × vocabulary floats,
+# and the loss saves them. For language models with large vocabularies the logits are often the
+# largest single activation.
 #
 # ## A whole training step, and the usual formula
 #
-# `%%gpumem` measures the step's exact peak. The usual formula simply adds the four parts:
+# `%%gpumem` measures the step's exact peak, and the history keeps the same record. The usual
+# formula simply adds the four parts:
 
 # %% id="06-09"
 # %%gpumem --reset-peak -q -o
@@ -221,12 +252,20 @@ loss_fn(batch).backward()
 opt.step()
 
 # %% id="06-10"
-step_peak = _.peak_allocated_bytes
+import gpumem_nb
+
+record = _  # the -o measurement of the cell above
+row = gpumem_nb.history().iloc[-2]  # the same cell in the history (this one is the last)
+step_peak = record.peak_allocated_bytes
+claim(row.execution_count == record.execution_count and row.peak_exact and record.peak_exact
+      and row.peak_allocated_bytes == step_peak,
+      "the measurement and the history give the cell one exact peak",
+      record=(record.execution_count, fmt(step_peak)),
+      history=(row.execution_count, fmt(int(row.peak_allocated_bytes))))
 formula = 16 * N + sum(fp32.values())
 print(f"formula (params + grads + AdamW + activations): {fmt(formula)}")
 print(f"measured peak of the step (%%gpumem):           {fmt(step_peak)}")
 print(f"difference:                                     {fmt(step_peak - formula, signed=True)}")
-
 
 # %% [markdown] id="06-11"
 # The two are not the same thing, for two reasons that pull in opposite directions:
@@ -244,15 +283,19 @@ print(f"difference:                                     {fmt(step_peak - formula
 #
 # Each variant runs the same step (fresh gradients, same batch); the prediction uses the same
 # counting method, and for checkpointing the layers' part is replaced by what checkpointing
-# keeps: each layer's input.
+# keeps: each layer's input. fp16 runs as fp16 training must, with a `GradScaler`. The last
+# columns split the measured activations by region, as counted in the same run.
 
 # %% id="06-12"
-def step_with(autocast_dtype=None, checkpointing=False):
+def step_with(autocast_dtype=None, checkpointing=False, scaler=None):
     def fwd(b, t=None):
         ctx = (torch.autocast("cuda", dtype=autocast_dtype) if autocast_dtype
                else contextlib.nullcontext())
         with ctx:
             return loss_fn(tokens(b) if t is None else t)
+
+    def backward(loss):
+        (scaler.scale(loss) if scaler else loss).backward()
 
     predicted = predict(fwd, BATCH)
     if checkpointing:
@@ -261,27 +304,51 @@ def step_with(autocast_dtype=None, checkpointing=False):
     opt.zero_grad(set_to_none=True)
     torch.cuda.reset_peak_memory_stats()
     base = allocated()
-    measured = measure_activations(lambda: fwd(BATCH, batch))
-    opt.step()
+    measured, counted, _ = measure_activations(lambda: fwd(BATCH, batch), backward)
+    if scaler:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.step()
     peak = torch.cuda.max_memory_allocated() - base
     model.checkpointing = False
-    return sum(predicted.values()), measured, peak
+    return sum(predicted.values()), measured, peak, counted
 
 
-print(f"{'variant':<28}{'activations predicted':>22}{'measured':>12}{'step peak above':>18}")
+print(f"{'variant':<28}{'activations predicted':>22}{'measured':>12}{'step peak above':>18}"
+      f"{'layers':>12}{'head, loss':>12}")
 print(f"{'':<28}{'':>22}{'':>12}{'params + state':>18}")
+variants = {}
 for name, kwargs in [("float32", {}), ("bf16 autocast", {"autocast_dtype": torch.bfloat16}),
-                     ("fp16 autocast", {"autocast_dtype": torch.float16}),
+                     ("fp16 autocast + GradScaler",
+                      {"autocast_dtype": torch.float16, "scaler": torch.amp.GradScaler("cuda")}),
                      ("float32, checkpointing", {"checkpointing": True})]:
-    predicted, measured, peak = step_with(**kwargs)
-    print(f"{name:<28}{fmt(predicted):>22}{fmt(measured):>12}{fmt(peak):>18}")
-
+    predicted, measured, peak, counted = variants[name] = step_with(**kwargs)
+    print(f"{name:<28}{fmt(predicted):>22}{fmt(measured):>12}{fmt(peak):>18}"
+          f"{fmt(counted.get('layers', 0)):>12}{fmt(counted.get('norm', 0)):>12}")
+f32, bf16, fp16 = (variants[k][3] for k in ("float32", "bf16 autocast",
+                                             "fp16 autocast + GradScaler"))
+claim(bf16["layers"] < 0.75 * f32["layers"],
+      "autocast shrinks the layers' saved activations by more than a quarter",
+      bf16=fmt(bf16["layers"]), float32=fmt(f32["layers"]))
+claim(bf16["norm"] > 0.75 * f32["norm"],
+      "the head and loss part hardly shrinks: the loss is computed in float32",
+      bf16=fmt(bf16["norm"]), float32=fmt(f32["norm"]))
+claim(near(variants["fp16 autocast + GradScaler"][1], variants["bf16 autocast"][1], rel=0.01)
+      and near(variants["fp16 autocast + GradScaler"][2], variants["bf16 autocast"][2],
+               rel=0.02),
+      "fp16 with its GradScaler costs what bf16 costs")
+claim(variants["float32, checkpointing"][1] < variants["float32"][1],
+      "checkpointing keeps fewer activations")
 
 # %% [markdown] id="06-13"
-# - **Autocast** (bf16 or fp16) runs matrix products in 16-bit, so most saved activations are
-#   half the size. Parameters, gradients and AdamW state stay float32 (autocast casts copies of
-#   the weights for each forward pass, and the graph keeps those copies: they are part of the
-#   activations). fp16 training also needs a `GradScaler`; compare its row with bf16's.
+# - **Autocast** (bf16 or fp16) runs matrix products in 16-bit, so the layers' saved
+#   activations shrink (the `layers` column), though not quite to half: the graph also keeps the
+#   16-bit copies of the weights that autocast makes for each forward pass. The head and loss
+#   part hardly shrinks, because the loss is computed in float32 (`.float()` in `loss_fn`).
+#   Parameters, gradients and AdamW state stay float32.
+# - **fp16** needs a `GradScaler` (fp16's narrow range makes small gradients vanish without
+#   it). The scaler keeps only a few scalars: its row matches bf16's. bf16 needs no scaler.
 # - **Checkpointing** keeps only each layer's input and recomputes the layer during backward:
 #   the activations shrink to the layer inputs plus what lies outside the layers (embedding,
 #   head, loss), at the cost of one extra forward pass per layer. Compare its step peak with
@@ -315,6 +382,12 @@ half = copy.deepcopy(model).half()
 half_bytes = allocated() - before
 del half
 print(f"weights in float16: {fmt(half_bytes)}, in float32: {fmt(params_measured)}")
+kept = {name: forward_only(mode)[0] for name, mode in [
+    ("grad", contextlib.nullcontext), ("no_grad", torch.no_grad),
+    ("inference", torch.inference_mode)]}
+claim(kept["no_grad"] == kept["inference"] < kept["grad"],
+      "no_grad and inference_mode keep the same memory, far less than with autograd")
+claim(near(half_bytes, params_measured / 2, within=2**20), ".half() halves the weights")
 
 # %% [markdown] id="06-15"
 # Compare the `no_grad` and `inference_mode` rows: the difference between them is speed, not
