@@ -35,18 +35,23 @@ import re
 import tempfile
 
 import torch
+from claims import claim
 from torch import nn
 
 from gpumem_nb.units import format_bytes as fmt
 
 GiB = 2**30
+MiB = 2**20
 torch.zeros(1, device="cuda");  # tracing needs CUDA started: gpumem_nb never starts it
 
 # %% [markdown] id="07-02"
 # ## A leak, traced
 #
-# A small model, and a helper with a bug: it keeps every step's hidden states in a list. Three
-# steps run in the traced cell.
+# A small model, and a helper with a bug: it keeps every step's hidden states in a list. One
+# warm-up step runs first, outside the trace: the first matrix products of a process create
+# cuBLAS's workspaces (notebook 1), on the main thread for the forward pass and on autograd's
+# thread for the backward pass, and they would otherwise show up in the trace on the first line
+# that multiplies matrices. Three steps then run in the traced cell.
 
 # %% id="07-03"
 model = nn.Sequential(nn.Linear(4096, 4096), nn.GELU(), nn.Linear(4096, 4096)).cuda()
@@ -58,6 +63,15 @@ def forward(batch):
     kept_hidden.append(hidden)  # the bug: every step's hidden states stay alive
     return model[2](model[1](hidden))
 
+
+forward(torch.randn(8, 4096, device="cuda")).square().mean().backward()  # warm-up
+kept_hidden.clear()
+model.zero_grad(set_to_none=True)
+STEPS = """
+for _ in range(3):
+    x = torch.randn(8192, 4096, device="cuda")
+    forward(x).square().mean().backward()
+"""
 
 # %% id="07-04"
 # %%gpumem --trace --top 5
@@ -73,18 +87,32 @@ for _ in range(3):
 # - **still alive at the end**: what the cell allocated and did not free. The leak shows as
 #   the helper's `hidden = model[0](batch)` line (reached from the cell's `forward(x)` call),
 #   holding one step's hidden states per step. Some of what is alive is expected: the last `x`,
-#   and the gradients, which `backward()` allocates on autograd's own thread, so they may carry
-#   no Python line;
+#   and the gradients, which `backward()` allocates on autograd's own thread, so they carry no
+#   Python line;
 # - **the timeline**: the cell's live allocations over time, by site. It is drawn with plotly
 #   from the notebook itself, with no download, and a static picture is saved for viewers that
 #   run no JavaScript.
 #
 # The footer says how many history entries the cell produced and what tracing added to its time.
-#
-# ## The cost of tracing
-#
-# Recording a Python stack for every allocation costs time. The next two cells run the same
-# ten thousand small allocations without and with tracing:
+# The next cell runs the same three steps again from the same state, traced quietly, and checks
+# these readings against the tensors themselves.
+# <!-- DEPENDS(issue 17): the timeline's static picture as image/svg+xml in the bundle. -->
+
+# %% id="07-20"
+kept_hidden.clear()
+del x
+model.zero_grad(set_to_none=True)
+report = get_ipython().run_cell_magic("gpumem", "--trace -q -o", STEPS)
+alive = {sb.site.label: sb.nbytes for sb in report.result.devices[0].alive_at_end}
+hidden_line = next((n for label, n in alive.items() if "hidden = model[0](batch)" in label), 0)
+no_stack = alive.get("(no Python stack recorded)", 0)
+params = sum(p.nbytes for p in model.parameters())
+print(f"alive at the end: the hidden line {fmt(hidden_line)}, no Python stack {fmt(no_stack)}")
+claim(hidden_line == sum(h.nbytes for h in kept_hidden) == 3 * x.nbytes,
+      "the hidden line holds one step's hidden states per step, nothing else",
+      hidden_line=fmt(hidden_line), three_steps=fmt(3 * x.nbytes))
+claim(no_stack == params, "what carries no Python line is the gradients",
+      no_stack=fmt(no_stack), parameters=fmt(params))
 
 # %% id="07-06"
 import time
@@ -111,10 +139,22 @@ traced_s = time.perf_counter() - t0
 print(f"untraced: {plain_s / N_ALLOC * 1e6:.2f} µs per allocation")
 print(f"traced:   {traced_s / N_ALLOC * 1e6:.2f} µs per allocation "
       f"(+{(traced_s - plain_s) / N_ALLOC * 1e6:.2f} µs)")
+claim(traced_s > plain_s, "recording a stack makes each allocation slower")
 
 # %% [markdown] id="07-09"
+# Tracing has three costs, and the lines above show only the first:
+#
+# - **per allocation**, while the cell runs: recording the stack (the difference above);
+# - **per traced cell**, after it: PyTorch's snapshot of the recording and gpumem_nb's analysis
+#   of its entries, which grow with the number of allocations (the footer of the traced cell
+#   above gives both);
+# - **once per process**: the first snapshot PyTorch takes is far slower than later ones
+#   (compare the footer of the first traced cell of this notebook with the later footers).
+#
 # Cells without `--trace` pay nothing: gpumem_nb switches the recording on before a traced cell
 # and off after it, and leaves any recording you started yourself as it was.
+# <!-- DEPENDS(issue 18): tracing asks only for the stacks the reports use; re-read the footers
+# after the GPU run. -->
 #
 # ## Saving a snapshot for memory_viz
 #
@@ -140,6 +180,7 @@ snapshot = pickle.loads(raw)
 protocol = raw[1] if raw[:1] == b"\x80" else None
 print(f"{snapshot_path}: {fmt(len(raw))}, pickle protocol {protocol}")
 print("keys:", ", ".join(sorted(snapshot)))
+claim(protocol == 4, "the snapshot is pickled with protocol 4")
 print(f"{len(snapshot['segments'])} segments, "
       f"{sum(len(t) for t in snapshot['device_traces'])} trace entries")
 
@@ -157,8 +198,10 @@ from torch.cuda import _memory_viz
 
 html = _memory_viz.trace_plot(snapshot)
 print(f"trace_plot's HTML: {fmt(len(html))}; it loads:")
-for url in sorted(set(re.findall(r"https?://[^\s\"'<>)]+", html))):
+urls = sorted(set(re.findall(r"https?://[^\s\"'<>)]+", html)))
+for url in urls:
     print("  ", url)
+claim(urls, "the offline HTML loads its script from the network", urls=urls)
 
 # %% [markdown] id="07-15"
 # Two views that do work without a network: the timeline `%%gpumem --trace` draws in the
