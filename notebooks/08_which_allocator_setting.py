@@ -1,0 +1,203 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] id="08-00"
+# # 8. Which allocator setting for my workload?
+#
+# PyTorch's out-of-memory message always ends the same way: "try `expandable_segments:True`".
+# Whether that helps *your* workload, or whether `max_split_size_mb` or
+# `roundup_power2_divisions` would help more, usually means restarting the kernel under each
+# setting and running again. This notebook does it in one pass instead:
+#
+# 1. trace one real training step, once, under the default allocator (`%%gpumem --trace`);
+# 2. replay that trace through a model of PyTorch's caching allocator under the alternatives
+#    (`%gpumem whatif`), without running anything on the GPU again;
+# 3. pick the setting the replay says is best;
+# 4. prove it: run the same workload for real in a fresh process under each setting, and put
+#    the predicted and the real figures side by side.
+#
+# > The outputs were produced by running this notebook on an NVIDIA H200; its metadata
+# > (`gpumem_nb` key) records the GPU, driver, CUDA, torch and gpumem_nb versions, the commit
+# > and the date. Each sentence about what was measured is checked by the cell that measured
+# > it: the lines starting with ✓ are those checks (`claims.py`, beside this notebook), and a
+# > run that contradicts the text stops there instead of saving it. A number in the text is
+# > quoted from the output right above or below it.
+#
+# <!-- DEPENDS(issue 18): `%gpumem whatif` and `gpumem_nb.whatif(snapshot, settings,
+# capacity_bytes=None)`, rows with peak_reserved_bytes, end_reserved_bytes,
+# inactive_split_bytes, segment_allocs, segment_frees and oom. This notebook is written
+# against the API issue 18 describes; run it once in TUTORIAL_CLAIMS=report mode after 18
+# lands. -->
+
+# %% id="08-01"
+# %load_ext gpumem_nb
+import os
+import tempfile
+
+import torch
+from claims import claim, near
+from fresh_process import run_fresh_many
+
+import gpumem_nb
+from gpumem_nb.units import format_bytes as fmt
+
+MiB = 2**20
+torch.zeros(1, device="cuda");  # tracing needs CUDA started: gpumem_nb never starts it
+
+# %% [markdown] id="08-02"
+# ## The workload
+#
+# A GPT-2-shaped language model built by Hugging Face `transformers` from a config (no weights
+# are downloaded), trained with AdamW on batches whose sequence length changes from step to
+# step, as with unpadded text. Changing sizes are what make a caching allocator's choices
+# matter: a block cached for one length is too small, or too big, for the next.
+#
+# The workload is one piece of code, kept as a string, so that exactly the same steps run in
+# this kernel (traced) and later in the fresh processes (for real, under each setting).
+
+# %% id="08-03"
+WORKLOAD = r'''
+import json, torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+torch.manual_seed(0)
+config = GPT2Config(n_layer=6, n_embd=768, n_head=12, n_positions=1024)
+model = GPT2LMHeadModel(config).cuda()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+LENGTHS = [128, 512, 256, 1024, 384, 896, 192, 640]
+
+
+def run_steps():
+    for length in LENGTHS:
+        ids = torch.randint(config.vocab_size, (8, length), device="cuda")
+        model(ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+'''
+MEASURE = WORKLOAD + r'''
+torch.cuda.reset_peak_memory_stats()
+run_steps()
+print(json.dumps({"backend": torch.cuda.get_allocator_backend(),
+                  "peak_reserved": torch.cuda.max_memory_reserved(),
+                  "end_reserved": torch.cuda.memory_reserved()}))
+'''
+exec(WORKLOAD)  # defines model, opt and run_steps in this kernel
+print(f"{sum(p.numel() for p in model.parameters()):,} parameters; "
+      f"sequence lengths {LENGTHS}")
+
+# %% [markdown] id="08-04"
+# ## 1. Trace it once
+#
+# `%%gpumem --trace` records every allocation and free of the cell; `--save` keeps the recording
+# as a snapshot file, the same format as `torch.cuda.memory._dump_snapshot`.
+
+# %% id="08-05"
+snapshot_path = os.path.join(tempfile.gettempdir(), "gpumem_08_steps.pickle")
+torch.cuda.reset_peak_memory_stats()
+
+# %% id="08-06"
+# %%gpumem --trace --top 3 --save {snapshot_path}
+run_steps()
+
+# %% id="08-07"
+traced = {"peak_reserved": torch.cuda.max_memory_reserved(),
+          "end_reserved": torch.cuda.memory_reserved()}
+print(f"this kernel, default allocator: peak reserved {fmt(traced['peak_reserved'])}, "
+      f"reserved at the end {fmt(traced['end_reserved'])}")
+
+# %% [markdown] id="08-08"
+# ## 2. Replay it under the alternatives
+#
+# `%gpumem whatif` replays the last traced cell through a model of the native caching
+# allocator (it follows `c10/cuda/CUDACachingAllocator.cpp`: the pools, the 512 B rounding, the
+# split rule, `max_split_size_mb`, `roundup_power2_divisions`, expandable segments' pages). One
+# row per setting: the peak and final `reserved`, what sits stranded in split blocks at the
+# peak, how many `cudaMalloc` and `cudaFree` calls it would make, and whether the cell would
+# run out of memory on this GPU. `cudaMallocAsync` lives inside the driver and is not modelled.
+
+# %% id="08-09"
+# With no --conf, the replay runs under the setting in force and a default set of alternatives.
+SETTINGS = ["", "expandable_segments:True", "max_split_size_mb:64", "max_split_size_mb:256",
+            "roundup_power2_divisions:4", "roundup_power2_divisions:[256:4,>:1]"]
+# %gpumem whatif --trace last
+
+# %% id="08-10"
+predicted = gpumem_nb.whatif(snapshot_path, SETTINGS)
+default = predicted[0]
+claim(near(default.peak_reserved_bytes, traced["peak_reserved"],
+           within=max(20 * MiB, 0.01 * traced["peak_reserved"])),
+      "replayed under the setting it ran with, the trace predicts this kernel's own peak "
+      "within 1% or one 20 MiB segment",
+      predicted=fmt(default.peak_reserved_bytes), real=fmt(traced["peak_reserved"]))
+
+# %% [markdown] id="08-11"
+# ## 3. Pick the best
+#
+# The best setting here is the one with the lowest predicted peak `reserved` that does not run
+# out of memory: the peak is what decides whether the step fits on a smaller GPU, or beside
+# another process.
+
+# %% id="08-12"
+fits = [(row.peak_reserved_bytes, conf) for conf, row in zip(SETTINGS, predicted)
+        if not row.oom]
+best_peak, best = min(fits)
+saving = 1 - best_peak / default.peak_reserved_bytes
+print(f"best predicted: {best or '(default)'}, peak reserved {fmt(best_peak)}, "
+      f"{saving:.1%} below the default's {fmt(default.peak_reserved_bytes)}")
+
+# %% [markdown] id="08-13"
+# ## 4. Prove it
+#
+# A prediction is only as good as its check. PyTorch reads allocator settings once per
+# process, so each setting runs the same workload for real in a fresh process (the plumbing is
+# in `fresh_process.py` beside this notebook). Predicted and real, side by side:
+
+# %% id="08-14"
+real = run_fresh_many("import torch; torch.zeros(1, device='cuda')\n" + MEASURE, SETTINGS,
+                      workers=3)
+print(f"{'setting':<38}{'peak reserved':>28}{'reserved at the end':>28}")
+print(f"{'':<38}{'predicted':>14}{'real':>14}{'predicted':>14}{'real':>14}")
+for conf, p, r in zip(SETTINGS, predicted, real):
+    print(f"{conf or '(default)':<38}{fmt(p.peak_reserved_bytes):>14}"
+          f"{fmt(r['peak_reserved']):>14}{fmt(p.end_reserved_bytes):>14}"
+          f"{fmt(r['end_reserved']):>14}")
+for conf, p, r in zip(SETTINGS, predicted, real):
+    claim(near(p.peak_reserved_bytes, r["peak_reserved"],
+               within=max(20 * MiB, 0.01 * r["peak_reserved"])),
+          f"{conf or 'default'}: the predicted peak is within 1% or 20 MiB of the real one",
+          predicted=fmt(p.peak_reserved_bytes), real=fmt(r["peak_reserved"]))
+real_by = dict(zip(SETTINGS, real))
+real_saving = 1 - real_by[best]["peak_reserved"] / real_by[""]["peak_reserved"]
+print(f"{best or '(default)'}: predicted saving {saving:.1%}, real saving {real_saving:.1%}")
+claim(abs(real_saving - saving) <= 0.02,
+      "the saving the replay promised is the saving the real run gave, within 2 points",
+      predicted=f"{saving:.1%}", real=f"{real_saving:.1%}")
+claim(min(real_by, key=lambda c: real_by[c]["peak_reserved"]) == best
+      or near(real_by[best]["peak_reserved"], min(r["peak_reserved"] for r in real),
+              within=20 * MiB),
+      "the setting the replay picked is the best one for real too")
+
+# %% [markdown] id="08-15"
+# What to take away:
+#
+# - One traced step and a replay answer "which setting?" without restarting the kernel under
+#   each; the fresh processes above are the proof, not a step you need.
+# - The answer is this workload's: a model with fixed shapes gains little from any setting,
+#   changing shapes gain most. Trace your own step and replay it.
+# - Set the winner before CUDA starts (notebook 3): first cell, or `PYTORCH_ALLOC_CONF` in the
+#   environment of the kernel.
+#
+# <!-- TODO-GPU: after the first H200 run, say in one sentence which setting won here and why
+# (from the table above), quoting only figures printed by the cell above. -->
