@@ -265,6 +265,7 @@ print("NVML for this process:", fmt(mine) if mine is not None else "not listed")
 
 # %% id="01-18"
 x = torch.randn(20000, 20000, device="cuda")
+print(f"a float32 takes {x.element_size()} bytes")
 for shape in [(20000, 20000), (10000, 10000)]:
     nbytes = torch.empty(shape, device="meta").nbytes
     article = {20000: "about 3 GB", 10000: "0.76 GB"}[shape[0]]

@@ -184,7 +184,7 @@ claim(math.gcd(*default["reserved_21_MiB"]) == 22 * MiB
 #   same split in both runs: `b`'s block, and a free (`inactive`) block beside it. Blocks are
 #   still split.
 # - **`reserved` is a little higher.** Physical memory for large requests is mapped in pages of
-#   20 MiB (the last line; the small pool, for requests up to 1 MiB, maps 2 MiB pages), so
+#   20 MiB (the last line; the small pool, for small requests, maps smaller pages), so
 #   reserved grows a page at a time; the default allocator instead gives each 21 MiB tensor a
 #   segment of its own, rounded up to 22 MiB.
 # - **The real benefit is the third line.** With `b` alive, `empty_cache()` can unmap the free

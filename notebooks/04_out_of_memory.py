@@ -132,6 +132,7 @@ import time
 
 free, _ = torch.cuda.mem_get_info()
 blocks = [torch.empty(GiB, dtype=torch.uint8, device="cuda") for _ in range(free // GiB - 4)]
+print(f"filled the GPU with {len(blocks)} tensors of {fmt(GiB)}")
 del blocks  # all cached: free for PyTorch, not for cudaMalloc
 free_now = torch.cuda.mem_get_info()[0]
 before = torch.cuda.memory_stats()
@@ -319,7 +320,7 @@ del pieces
 filler = torch.empty(torch.cuda.mem_get_info()[0] - GiB // 2, dtype=torch.uint8, device="cuda")
 s = torch.cuda.memory_stats()
 print(f"a {fmt(40 * GiB)} segment in {fmt(GiB)} pieces, {len(keep)} of them kept, "
-      f"{fmt(20 * GiB)} of holes")
+      f"{fmt(20 * GiB)} of holes; next, a request for {fmt(2 * GiB)}")
 print(f"free on the GPU: {fmt(torch.cuda.mem_get_info()[0])}; reserved but unallocated: "
       f"{fmt(s['reserved_bytes.all.current'] - s['allocated_bytes.all.current'])}")
 
@@ -451,6 +452,7 @@ results.clear()
 torch.cuda.empty_cache()
 cap = base + need + kept // 2
 torch.cuda.set_per_process_memory_fraction(cap / total)
+print(f"weights: {fmt(sum(p.nbytes for p in model.parameters()))}")
 print(f"weights and the rest before a request: {fmt(base)}")
 print(f"one request: {fmt(need)} at its peak, {fmt(kept)} still allocated after it")
 print(f"cap for this process: {fmt(cap)}")

@@ -200,6 +200,7 @@ claim(before["oversize"] >= 1 and after["oversize"] == 0,
 a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
 del a
 b = torch.empty(600 * 10**6, dtype=torch.uint8, device="cuda")
+print(f"a: {fmt(2**30)}, freed; b: {fmt(b.nbytes)} in a's segment")
 small = [torch.empty(1000, device="cuda") for _ in range(10)]
 summary = torch.cuda.memory_summary()
 print(summary)

@@ -121,8 +121,9 @@ print(f"this kernel, default allocator: peak reserved {fmt(traced['peak_reserved
 # ## 2. Replay it under the alternatives
 #
 # `%gpumem whatif` replays the last traced cell through a model of the native caching
-# allocator (it follows `c10/cuda/CUDACachingAllocator.cpp`: the pools, the 512 B rounding, the
-# split rule, `max_split_size_mb`, `roundup_power2_divisions`, expandable segments' pages). One
+# allocator (it follows `c10/cuda/CUDACachingAllocator.cpp`: the pools, the rounding of requests,
+# the split rule, `max_split_size_mb`, `roundup_power2_divisions`, expandable segments' pages).
+# One
 # row per setting: the peak and final `reserved`, what sits stranded in split blocks at the
 # peak, how many `cudaMalloc` and `cudaFree` calls it would make, and whether the cell would
 # run out of memory on this GPU. `cudaMallocAsync` lives inside the driver and is not modelled.

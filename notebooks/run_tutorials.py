@@ -361,7 +361,7 @@ def run(path: Path, out_dir: Path, widget_state: bool = True) -> dict[str, Any]:
     nb = load_source(path) if path.suffix == ".py" else nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=900, kernel_name="python3", allow_errors=False,
                             store_widget_state=widget_state,
-                            resources={"metadata": {"path": str(HERE)}})
+                            resources={"metadata": {"path": str(path.parent)}})
     timings: dict[str, Any] = {}
     try:
         with client.setup_kernel():
