@@ -354,10 +354,12 @@ def failed_claims(nb: Any) -> list[str]:
     return found
 
 
-def run(path: Path, out_dir: Path, widget_state: bool = True) -> dict[str, Any]:
+def run(path: Path, out_dir: Path, widget_state: bool = True,
+        widget_state_limit_bytes: int | None = WIDGET_STATE_LIMIT_BYTES) -> dict[str, Any]:
     """Execute one tutorial (its ``.py`` source, or an ``.ipynb``) and write
     ``out_dir/<stem>.ipynb``; return the seconds each cell took. Raises ``ClaimError`` when a
-    cell contradicts the prose, after saving the notebook as far as it got."""
+    cell contradicts the prose, after saving the notebook as far as it got. Widget models
+    above ``widget_state_limit_bytes`` are left out (None keeps them all)."""
     nb = load_source(path) if path.suffix == ".py" else nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=900, kernel_name="python3", allow_errors=False,
                             store_widget_state=widget_state,
@@ -391,7 +393,8 @@ def run(path: Path, out_dir: Path, widget_state: bool = True) -> dict[str, Any]:
         if widget_state:
             client.set_widgets_metadata()
             drop_stale_buffers(nb)
-            dropped = drop_heavy_widget_state(nb)
+            dropped = (drop_heavy_widget_state(nb, widget_state_limit_bytes)
+                       if widget_state_limit_bytes is not None else [])
             if dropped:
                 timings["widget_state_left_out"] = dropped
         nbformat.write(nb, out_dir / f"{path.stem}.ipynb")

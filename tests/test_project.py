@@ -77,25 +77,25 @@ def test_binder_installs_every_runtime_dependency():
     assert "pip install --no-deps -e ." in (ROOT / "binder" / "postBuild").read_text()
 
 
-def tutorial_builder():
+def tutorial_runner():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("build_tutorials",
-                                                  ROOT / "notebooks" / "build_tutorials.py")
+    spec = importlib.util.spec_from_file_location("run_tutorials",
+                                                  ROOT / "notebooks" / "run_tutorials.py")
     assert spec is not None and spec.loader is not None
-    builder = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(builder)
-    return builder
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    return runner
 
 
 def test_the_tutorials_carry_outputs_from_a_gpu_run():
-    """Every tutorial the builder writes, executed on the GPU machine. Fails until they are
-    executed there (python notebooks/run_tutorials.py OUT_DIR) after a change."""
+    """Every tutorial source, executed on the GPU machine. Fails until they are executed there
+    (python notebooks/run_tutorials.py OUT_DIR) after a change."""
     import nbformat
 
-    for name in tutorial_builder().TUTORIALS:
-        path = ROOT / "notebooks" / name
-        assert path.exists(), f"{name} is missing: run notebooks/build_tutorials.py"
+    for source in tutorial_runner().tutorial_sources():
+        path = source.with_suffix(".ipynb")
+        assert path.exists(), f"{path.name} is missing: execute {source.name} on the GPU machine"
         nb = nbformat.read(path, as_version=4)
         nbformat.validate(nb)
         code = [c for c in nb.cells if c.cell_type == "code"]
@@ -111,30 +111,22 @@ def test_every_tutorial_cell_and_subprocess_snippet_is_valid_python():
 
     from IPython.core.inputtransformer2 import TransformerManager
 
+    runner = tutorial_runner()
     transform = TransformerManager().transform_cell
-    for name, cells in tutorial_builder().TUTORIALS.items():
-        for i, cell in enumerate(cells):
-            if cell["kind"] != "code":
+    for source in runner.tutorial_sources():
+        for cell in runner.load_source(source).cells:
+            if cell.cell_type != "code":
                 continue
-            text = cell["source"]
+            text = cell.source
             body = text.split("\n", 1)[1] if text.startswith("%%") else transform(text)
-            tree = ast.parse(body, f"{name} cell {i}")
-            for node in ast.walk(tree):  # code strings run with python -c
+            tree = ast.parse(body, f"{source.name} cell {cell.id}")
+            for node in ast.walk(tree):  # code strings run with python -c or exec
                 if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
                         and isinstance(node.value.value, str)
                         and "import " in node.value.value and node.targets[0].__class__
                         is ast.Name and node.targets[0].id.isupper()):
-                    ast.parse(node.value.value, f"{name} cell {i} {node.targets[0].id}")
-
-
-def test_the_executed_tutorials_are_exactly_the_builders_sources():
-    import nbformat
-
-    builder = tutorial_builder()
-    for name, cells in builder.TUTORIALS.items():
-        built = builder.build(name, cells)
-        ran = nbformat.read(ROOT / "notebooks" / name, as_version=4)
-        assert [c.source for c in built.cells] == [c.source for c in ran.cells], name
+                    ast.parse(node.value.value, f"{source.name} cell {cell.id} "
+                                                f"{node.targets[0].id}")
 
 
 def test_readme_layout_lists_every_module():
