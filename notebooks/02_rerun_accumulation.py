@@ -89,14 +89,20 @@ def step():
 step()
 
 # %% id="02-09"
-before = torch.cuda.memory_allocated()
-# %gpumem cleanup
-claim(before - torch.cuda.memory_allocated() >= 4 * 2**30,
-      "dropping the stored exception freed the failed step's 4 GiB of activations",
-      freed=fmt(before - torch.cuda.memory_allocated()))
+report = get_ipython().run_line_magic("gpumem", "cleanup -o")  # %gpumem cleanup, kept
+display(report)
+freed = {s.step: s.freed_allocated_bytes or 0 for s in report.steps}
+claim(freed.get("last exception", 0) >= 4 * 2**30,
+      "the `last exception` row freed the failed step's 4 GiB of activations",
+      last_exception=fmt(freed.get("last exception", 0)))
+claim(sum(freed.values()) == report.before.allocated_bytes - report.after.allocated_bytes,
+      "each row reports what its own step freed: the rows add up to the total",
+      rows=fmt(sum(freed.values())),
+      total=fmt(report.before.allocated_bytes - report.after.allocated_bytes))
 
 # %% [markdown] id="02-10"
-# The `last exception` row dropped the stored exception, and the `empty_cache` row then returned
+# The `last exception` row dropped the stored exception (the first ✓ line), and the `empty_cache`
+# row then returned
 # the freed block to the driver. IPython keeps a failed cell's traceback in three places:
 # `sys.last_value` and friends (`sys.last_exc` from Python 3.12), its record of the last result,
 # and its traceback formatter, which `%debug` reads. Dropping only one of them frees nothing; the

@@ -335,6 +335,8 @@ claim(verdict() == "fragmentation", "the explanation names fragmentation", verdi
 promised = [a for a in found.actions if "empty_cache" in a.text and a.nbytes]
 claim(not promised, "no advice promises that empty_cache() returns the holes",
       promised=[a.text for a in promised])
+claim("grow in place" not in str(found),
+      "nor that expandable segments would make segments grow in place instead of splitting")
 del keep, filler
 # %gpumem cleanup
 
