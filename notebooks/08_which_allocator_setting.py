@@ -167,7 +167,7 @@ print(f"best predicted: {best or '(default)'}, peak reserved {fmt(best_peak)}, "
 
 # %% id="08-14"
 real = run_fresh_many("import torch; torch.zeros(1, device='cuda')\n" + MEASURE, SETTINGS,
-                      workers=3)
+                      workers=len(SETTINGS))  # side by side: each reads its own stats
 print(f"{'setting':<38}{'peak reserved':>28}{'reserved at the end':>28}")
 print(f"{'':<38}{'predicted':>14}{'real':>14}{'predicted':>14}{'real':>14}")
 for conf, p, r in zip(SETTINGS, predicted, real):
