@@ -343,6 +343,10 @@ class ClaimError(RuntimeError):
     """A tutorial's cell contradicted its prose (``claims.ClaimFailed``)."""
 
 
+class CellFailed(RuntimeError):
+    """A tutorial's cell raised an error it was not tagged to raise."""
+
+
 def failed_claims(nb: Any) -> list[str]:
     """``cell id: sentence`` for each claim that failed in report mode."""
     found = []
@@ -382,7 +386,7 @@ def run(path: Path, out_dir: Path, widget_state: bool = True,
                 except CellExecutionError as e:
                     if e.ename == CLAIM_FAILED:
                         raise ClaimError(f"{path.stem} cell {cell.id}: {e.evalue}") from None
-                    raise
+                    raise CellFailed(f"{path.stem} cell {cell.id}: {e.ename}: {e.evalue}") from e
                 timings[cell.id] = round(time.monotonic() - t0, 2)
             t0 = time.monotonic()
             settle(client)
@@ -447,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
             problems.append(f"CLAIM FAILED in {e}")
         except Exception as e:
             summary[path.stem] = {"error": f"{type(e).__name__}: {e}"[:4000]}
-            problems.append(f"{path.stem}: {type(e).__name__}: {str(e)[:300]}")
+            problems.append(f"{type(e).__name__}: {str(e)[:300]}")
         summary[path.stem]["total_s"] = round(time.monotonic() - t0, 1)
         (out_dir / "tutorial_timings.json").write_text(json.dumps(summary, indent=2))
     summary["all_s"] = round(time.monotonic() - start, 1)
