@@ -257,6 +257,7 @@ class GpumemMagics(Magics):
             count = sum(m.sampler.errors.values())
             note = f"The sampler hit {count} error(s); the last: {m.sampler.last_error}"
             status = replace(status, notes=(*status.notes, note))
+        m.learn_child_roles()
         display(Snapshot(status=status, sample=m.read()))
 
     def _cmd_history(self, args: Any) -> Any:

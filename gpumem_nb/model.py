@@ -18,7 +18,8 @@ STATUS_ERROR = "error"
 
 # What a child process of this kernel is, where it can be told (``sources/processes.py``).
 ROLE_DATALOADER = "DataLoader worker"
-ROLE_LAUNCHED = "launched worker"  # torch.multiprocessing, torchrun, notebook_launcher, ddp_notebook
+# torch.multiprocessing, torchrun, notebook_launcher, ddp_notebook:
+ROLE_LAUNCHED = "launched worker"
 ROLE_MULTIPROCESSING = "multiprocessing child"
 ROLE_OTHER = "child process"
 

@@ -33,7 +33,16 @@ from .analysis import (
     verdict_message,
 )
 from .holders import CellException, Scanner, last_exception_objects
-from .model import CAUSE_LIVE_TENSORS, CellMark, CellRecord, Holder, Sample, Verdict
+from .model import (
+    CAUSE_LIVE_TENSORS,
+    ROLE_MULTIPROCESSING,
+    ROLE_OTHER,
+    CellMark,
+    CellRecord,
+    Holder,
+    Sample,
+    Verdict,
+)
 from .oom import OomWatch
 from .records import History
 from .sampler import Sampler
@@ -310,6 +319,21 @@ class Monitor:
             f"NVML did not answer within {timeout_s:g} s; its figures show as unknown"))
         hot = self.read_hot()
         return replace(hot, devices=tuple(replace(d, nvml=None) for d in hot.devices))
+
+    def learn_child_roles(self) -> None:
+        """On demand (main thread): when the sampler has seen children of this kernel whose
+        kind is not known, ask torch's own objects which are DataLoader or launched workers
+        (see ``ProcessTree.learn_roles``); the next reading names them."""
+        tree = getattr(self.source, "processes", None)
+        latest = self.sampler.latest()
+        if tree is None or latest is None:
+            return
+        if any(c.role in (ROLE_MULTIPROCESSING, ROLE_OTHER) for d in latest.devices
+               if d.nvml is not None for c in d.nvml.children):
+            try:
+                tree.learn_roles()
+            except Exception as e:
+                self._contain("learn_roles", e)
 
     def nvml_latest(self) -> Sample | None:
         """The sampler's latest reading if it is recent enough to stand for "now"; None when

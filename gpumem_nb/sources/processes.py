@@ -12,14 +12,17 @@ How, and why this way:
   process in ``/proc`` would cost milliseconds on a busy host, every tick, to learn about
   processes that hold no GPU memory. The sampler does this on its thread, at its pace, and only
   when NVML lists a PID other than ours; a cell hook never does.
-- **Roles, where they can be told.** In the kernel itself, ``multiprocessing`` keeps the
-  ``Process`` objects it started (read, never reaped: ``active_children()`` would join them),
-  and their targets say what they are: torch's DataLoader ``_worker_loop``, or
-  ``torch.multiprocessing``'s ``_wrap`` (which ``start_processes``, ``ddp_notebook`` and
-  ``notebook_launcher``'s elastic launch all use) with the process index. A child started with
-  its own environment (torchrun, a launcher that execs) carries ``RANK``/``LOCAL_RANK`` in
-  ``/proc/<pid>/environ`` when we may read it. A forked child's variables set after the fork
-  are not visible there (the file shows the environment the process began with).
+- **Roles, where they can be told.** ``multiprocessing`` keeps the ``Process`` objects it
+  started in this kernel (read, never reaped: ``active_children()`` would join them), so its
+  children are known as such; but ``start()`` drops each one's target, so what a child runs
+  comes from torch's own objects instead: its live DataLoader iterators list their workers,
+  and ``start_processes``' contexts (``torch.multiprocessing``, ``ddp_notebook``,
+  ``notebook_launcher``'s elastic launch) list theirs with the process index. Finding those
+  walks the collector's objects, so ``learn_roles`` runs on demand on the main thread only.
+  A child started with its own environment (torchrun, a launcher that execs) carries
+  ``RANK``/``LOCAL_RANK`` in ``/proc/<pid>/environ`` when we may read it; variables a forked
+  child sets after the fork are not visible there (the file shows the environment the
+  process began with).
 - **psutil** stands in for ``/proc`` only where there is none and only if the user's code has
   already imported it: its import costs more than this whole module does per tick.
 - **Other PID namespaces.** In a container NVML reports host PIDs, which may name unrelated
@@ -32,6 +35,7 @@ reused by a new process is read afresh. Nothing here kills, signals or changes a
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from collections.abc import Iterable, Mapping
@@ -64,6 +68,8 @@ class ProcessTree:
         self._modules = sys.modules if modules is None else modules
         # (pid, start time) -> (role, cmdline, rank, local_rank, world_size)
         self._known: dict[tuple[int, int], tuple[str, str, int | None, int | None, int | None]] = {}
+        # pid -> (role, process index) learned from torch's own objects (``learn_roles``).
+        self._hints: dict[int, tuple[str, int | None]] = {}
 
     # -- ancestry ----------------------------------------------------------------------------
     def _stat(self, pid: int) -> tuple[int, int] | None:
@@ -112,17 +118,17 @@ class ProcessTree:
     def children_of(self, listing: Iterable[tuple[int, int | None]]) -> tuple[ChildProcess, ...]:
         """The entries of NVML's (pid, bytes) ``listing`` that descend from the root, named."""
         out: list[ChildProcess] = []
-        targets: dict[int, tuple[str, tuple[Any, ...]]] | None = None
+        started: set[int] | None = None
         for pid, nbytes in listing:
             if not self.is_descendant(pid):
                 continue
             st = self._stat(pid)
             key = (pid, st[1] if st else -1)
             info = self._known.get(key)
-            if info is None:
-                if targets is None:
-                    targets = self._multiprocessing_targets()
-                info = self._describe(pid, targets.get(pid))
+            if info is None or (pid in self._hints and info[0] != self._hints[pid][0]):
+                if started is None:
+                    started = self._multiprocessing_pids()
+                info = self._describe(pid, pid in started)
                 if len(self._known) > 1024:
                     self._known.clear()
                 self._known[key] = info
@@ -131,54 +137,65 @@ class ProcessTree:
                                     rank=rank, local_rank=local_rank, world_size=world))
         return tuple(out)
 
-    def _describe(self, pid: int, target: tuple[str, tuple[Any, ...]] | None,
+    def _describe(self, pid: int, by_multiprocessing: bool,
                   ) -> tuple[str, str, int | None, int | None, int | None]:
         cmdline = self._cmdline(pid)
         env = self._environ(pid)
         rank, local_rank, world = (_int(env.get(v)) for v in _RANK_VARS)
-        role = ROLE_OTHER
-        if target is not None:
-            name, args = target
-            if name.startswith("torch.utils.data."):
-                role = ROLE_DATALOADER
-            elif name == "torch.multiprocessing.spawn._wrap":
-                role = ROLE_LAUNCHED
-                # _wrap(fn, i, args, error_file): i is the process index, the local rank.
-                if local_rank is None and len(args) > 1 and isinstance(args[1], int):
-                    local_rank = args[1]
-            else:
-                role = ROLE_MULTIPROCESSING
-        if role in (ROLE_OTHER, ROLE_MULTIPROCESSING) and (rank is not None
-                                                           or local_rank is not None):
+        role = ROLE_MULTIPROCESSING if by_multiprocessing else ROLE_OTHER
+        hint = self._hints.get(pid)
+        if hint is not None:
+            role = hint[0]
+            if role == ROLE_LAUNCHED and local_rank is None:
+                local_rank = hint[1]
+        elif rank is not None or local_rank is not None:
             role = ROLE_LAUNCHED
-        if role == ROLE_OTHER and "multiprocessing" in cmdline and "spawn_main" in cmdline:
+        elif "multiprocessing" in cmdline and "spawn_main" in cmdline:
             role = ROLE_MULTIPROCESSING
         return role, cmdline, rank, local_rank, world
 
-    def _multiprocessing_targets(self) -> dict[int, tuple[str, tuple[Any, ...]]]:
-        """PID -> (target's module.qualname, args) for the processes ``multiprocessing``
-        started in this process. Read only: never ``active_children()``, which reaps."""
+    def _multiprocessing_pids(self) -> set[int]:
+        """PIDs of the processes ``multiprocessing`` started in this process. Read only:
+        never ``active_children()``, which reaps. (``start()`` drops a process's target, so
+        what each one runs is not known here; ``learn_roles`` finds that out on demand.)"""
         if self.root_pid != os.getpid():
-            return {}
-        mp = self._modules.get("multiprocessing.process")
-        children = getattr(mp, "_children", None)
+            return set()
+        children = getattr(self._modules.get("multiprocessing.process"), "_children", None)
         if not children:
-            return {}
-        out: dict[int, tuple[str, tuple[Any, ...]]] = {}
+            return set()
         try:
             procs = list(children)  # a set the main thread mutates: copy, never iterate it
         except RuntimeError:
-            return {}
-        for p in procs:
-            popen = getattr(p, "_popen", None)
-            pid = getattr(popen, "pid", None)
-            target = getattr(p, "_target", None)
-            if not isinstance(pid, int) or target is None:
-                continue
-            name = f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', '')}"
-            args = getattr(p, "_args", ())
-            out[pid] = (name, tuple(args) if isinstance(args, (tuple, list)) else ())
-        return out
+            return set()
+        pids = (getattr(getattr(p, "_popen", None), "pid", None) for p in procs)
+        return {pid for pid in pids if isinstance(pid, int)}
+
+    def learn_roles(self) -> int:
+        """On demand, on the main thread (``%gpumem``, the OOM explainer): find torch's live
+        DataLoader iterators and ``start_processes`` contexts (``torch.multiprocessing``,
+        ``ddp_notebook``, ``notebook_launcher``'s elastic launch) and remember their workers'
+        PIDs and process indices. Each lookup walks the garbage collector's objects once
+        (about 10 ms per million objects), so the sampler never calls this. Returns how many
+        PIDs it learned."""
+        found: dict[int, tuple[str, int | None]] = {}
+        loader = getattr(self._modules.get("torch.utils.data.dataloader"),
+                         "_MultiProcessingDataLoaderIter", None)
+        for it in _instances(loader):
+            for i, w in enumerate(getattr(it, "_workers", None) or ()):
+                pid = getattr(w, "pid", None)
+                if isinstance(pid, int):
+                    found[pid] = (ROLE_DATALOADER, i)
+        context = getattr(self._modules.get("torch.multiprocessing.spawn"), "ProcessContext",
+                          None)
+        for ctx in _instances(context):
+            for i, p in enumerate(getattr(ctx, "processes", None) or ()):
+                pid = getattr(p, "pid", None)
+                if isinstance(pid, int):
+                    found[pid] = (ROLE_LAUNCHED, i)
+        self._hints.update(found)
+        if len(self._hints) > 1024:
+            self._hints = dict(found)
+        return len(found)
 
     def _cmdline(self, pid: int) -> str:
         try:
@@ -204,6 +221,22 @@ class ProcessTree:
             if name in _RANK_VARS:
                 out[name] = value.decode(errors="replace")
         return out
+
+
+def _instances(cls: Any) -> list[Any]:
+    """The live instances of ``cls`` and its subclasses. Instances of a Python class refer to
+    their type, so the collector's referrers of the class are its instances (and a few
+    dicts); no list of every object is built."""
+    if not isinstance(cls, type):
+        return []
+    classes = [cls, *cls.__subclasses__()]
+    out: list[Any] = []
+    try:
+        for c in classes:
+            out.extend(o for o in gc.get_referrers(c) if type(o) is c)
+    except Exception:
+        return []
+    return out
 
 
 def _int(text: str | None) -> int | None:
