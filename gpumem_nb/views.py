@@ -155,6 +155,12 @@ def children_lines(sample: Sample) -> list[str]:
     return lines
 
 
+def children_html(sample: Sample) -> str:
+    """``children_lines`` for the chart's header; "" when this kernel has none on a GPU."""
+    lines = children_lines(sample)
+    return f"<div class='gpumem-children'>{html_lines(lines)}</div>" if lines else ""
+
+
 def status_lines(status: SourceStatus, sample: Sample) -> list[str]:
     lines: list[str] = []
     if not status.has_gpu:

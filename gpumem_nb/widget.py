@@ -39,7 +39,7 @@ from .timeline import (
     values_of,
 )
 from .units import format_bytes
-from .views import Snapshot, device_row
+from .views import Snapshot, children_html, device_row
 
 
 class ChartReplay(Protocol):
@@ -338,7 +338,8 @@ class MemoryWidget:
                     "(<code>%gpumem history</code>); <code>%gpumem watch --live</code> "
                     "charts this machine.</div>")
         paused = " <b>(paused)</b>" if self.paused else ""
-        return (f"{note}<table class='gpumem-header'><tr>{head}</tr>{body}</table>{paused}")
+        return (f"{note}<table class='gpumem-header'><tr>{head}</tr>{body}</table>"
+                f"{children_html(sample)}{paused}")
 
     # -- producers: enqueue, never draw ------------------------------------------------------
     def _post(self, fn: Callable[[], None]) -> None:

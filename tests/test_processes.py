@@ -243,3 +243,20 @@ def test_the_advice_fits_what_the_child_is(role, words):
     from gpumem_nb.oom import child_advice
 
     assert words in child_advice(ChildProcess(pid=5, nbytes=GiB, role=role))
+
+
+def test_the_charts_header_names_the_kernels_children(shell, monkeypatch, forked_child):
+    pytest.importorskip("plotly")
+    from gpumem_nb.widget import show
+
+    cuda = child_world(monkeypatch, forked_child.pid, 600 * MiB)
+    shell.run_cell("%load_ext gpumem_nb")
+    shell.user_ns["cuda"] = cuda
+    shell.run_cell("x = cuda.tensor(1 << 30)")
+    m = shell._gpumem_nb_monitor
+    m.sampler.stop()
+    widget = show(m)
+    m.sampler.tick()
+    assert "This kernel&#x27;s children on GPU 0 hold 600.00 MiB" in widget.header.value
+    assert f"PID {forked_child.pid}, multiprocessing child: 600.00 MiB" in widget.header.value
+    m._drop_widget()
