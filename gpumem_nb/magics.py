@@ -257,6 +257,8 @@ class GpumemMagics(Magics):
             count = sum(m.sampler.errors.values())
             note = f"The sampler hit {count} error(s); the last: {m.sampler.last_error}"
             status = replace(status, notes=(*status.notes, note))
+        if m.cuda_start.line():
+            status = replace(status, notes=(*status.notes, m.cuda_start.line()))
         m.learn_child_roles()
         display(Snapshot(status=status, sample=m.read()))
 

@@ -32,6 +32,7 @@ from .analysis import (
     top_holders,
     verdict_message,
 )
+from .cudastart import CudaStartWatch, launcher_refusal, refusal_advice
 from .holders import CellException, Scanner, last_exception_objects
 from .model import (
     CAUSE_LIVE_TENSORS,
@@ -193,6 +194,7 @@ class Monitor:
         self.widget: Any = None
         self.started_t_s = time.monotonic()
         self.oom = OomWatch(self)  # explains a CUDA OOM in the cell that hit it
+        self.cuda_start = CudaStartWatch(self.torch, shell)  # the cell that started CUDA
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
@@ -200,6 +202,11 @@ class Monitor:
             self.source.start()
         except Exception as e:
             self._contain("start", e)
+        try:
+            self.cuda_start.on_load()
+            self.cuda_start.arm()
+        except Exception as e:
+            self._contain("CUDA start watch", e)
         self._check_starting_device()
         self.sampler.add_listener(self._on_sample)
         self.sampler.start()
@@ -217,6 +224,7 @@ class Monitor:
     def shutdown(self) -> None:
         self.stop_replay()
         self.oom.close()
+        self.cuda_start.close()
         self.sampler.remove_listener(self._on_sample)
         self.sampler.stop()
         self._drop_widget()
@@ -501,6 +509,8 @@ class Monitor:
                 before = self._baseline
                 if before is None or reset:
                     before = self._baseline = self.read_hot()
+            if self.cuda_start.started is None:
+                self.cuda_start.cell_started(_pre_count(self.shell, info))
             wm = Watermark()
             self._watermarks.append(wm)
             self._pending = _Pending(
@@ -526,6 +536,10 @@ class Monitor:
             self.oom.on_cell_result(result)
         except Exception as e:
             self._contain("OOM explainer", e)
+        try:
+            self._watch_cuda_start(result)
+        except Exception as e:
+            self._contain("CUDA start watch", e)
         pending = self._pending
         if pending is None:
             return
@@ -535,6 +549,18 @@ class Monitor:
             self._contain("post_run_cell", e)
         finally:
             self._pending = None
+
+    def _watch_cuda_start(self, result: Any) -> None:
+        """Until CUDA is up: did this cell start it? After a failing cell: was it a forking
+        launcher refusing because CUDA was up, and where did CUDA start?"""
+        count = getattr(result, "execution_count", None)
+        if self.cuda_start.started is None:
+            self.cuda_start.cell_ended(count if isinstance(count, int) else None)
+        err = _cell_exception(result)
+        if err is not None:
+            who = launcher_refusal(err)
+            if who is not None:
+                print(refusal_advice(who, self.cuda_start.started))
 
     def _finish(self, pending: _Pending, result: Any) -> None:
         """The one exact allocator read, then as little as possible before the reply.
