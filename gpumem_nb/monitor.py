@@ -195,6 +195,10 @@ class Monitor:
         self.started_t_s = time.monotonic()
         self.oom = OomWatch(self)  # explains a CUDA OOM in the cell that hit it
         self.cuda_start = CudaStartWatch(self.torch, shell)  # the cell that started CUDA
+        # %gpumem cluster / watch --cluster: the collector of the user's client, and the feed
+        # polling it for the chart (gpumem_nb.cluster; imported only when asked for).
+        self._cluster_collector: Any = None
+        self.cluster_feed: Any = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
@@ -222,6 +226,7 @@ class Monitor:
         return self.status_line() + replay_note
 
     def shutdown(self) -> None:
+        self.stop_cluster_feed()
         self.stop_replay()
         self.oom.close()
         self.cuda_start.close()
@@ -289,6 +294,34 @@ class Monitor:
         except Exception as e:
             self._contain("close", e)
         self._drop_widget()
+
+    # -- a cluster beside the kernel ---------------------------------------------------------
+    def cluster_collector(self, client: Any, factory: Callable[[Any], Any]) -> Any:
+        """The collector for ``client``, kept while it is the same client (it remembers the
+        workers it has seen, so a silent scheduler's rows still have names)."""
+        current = self._cluster_collector
+        if current is None or getattr(current, "client", None) is not client:
+            current = self._cluster_collector = factory(client)
+        return current
+
+    def start_cluster_feed(self, collector: Any) -> Any:
+        """Poll ``collector`` for the chart's cluster lines (``%gpumem watch --cluster``)."""
+        from .cluster.feed import ClusterFeed
+
+        feed = self.cluster_feed
+        if feed is None or feed.collector is not collector or feed.ended:
+            self.stop_cluster_feed()
+            feed = self.cluster_feed = ClusterFeed(collector, lambda: self.sampler.interval_s)
+        feed.start()
+        return feed
+
+    def stop_cluster_feed(self) -> None:
+        feed, self.cluster_feed = self.cluster_feed, None
+        if feed is not None:
+            try:
+                feed.stop()
+            except Exception as e:
+                self._contain("cluster feed", e)
 
     def _drop_widget(self) -> None:
         # A chart draws one feed for its whole life; switching feeds makes a new one.
