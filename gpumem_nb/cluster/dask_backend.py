@@ -109,14 +109,18 @@ class DaskCollector:
                 e, TimeoutError) else f"{type(e).__name__}: {e}"
             return self._unknown(now, why[:200])
         rows: list[WorkerGpu] = []
-        for address, answer in sorted(box.get("answers", {}).items()):
+        for address, answer in box.get("answers", {}).items():
             rows.extend(self._rows(str(address), answer))
+        rows.sort(key=lambda r: (r.name or r.worker, r.device if r.device is not None else -1))
         return ClusterReading(t_s=now, rows=tuple(rows), scheduler=self.scheduler)
 
     def _rows(self, address: str, answer: Any) -> list[WorkerGpu]:
         if isinstance(answer, BaseException):
             text = f"{type(answer).__name__}: {answer}"
-            missing = isinstance(answer, ImportError) and "gpumem_nb" in str(answer)
+            # The worker could not load the function: Dask hands back the ImportError itself,
+            # or (raised before the call, while unpickling) an Exception carrying its text.
+            missing = "gpumem_nb" in text and (isinstance(answer, ImportError)
+                                               or "No module named" in text)
             row = WorkerGpu(worker=address, name=self._name(address),
                             status=ROW_NO_GPUMEM if missing else ROW_ERROR,
                             detail=("install gpumem-nb in the workers' environment"

@@ -57,7 +57,7 @@ def report(dask_worker: Any = None) -> dict[str, Any]:
         })
     return {
         "pid": os.getpid(),
-        "name": str(getattr(dask_worker, "name", "") or ""),
+        "name": "" if getattr(dask_worker, "name", None) is None else str(dask_worker.name),
         "host": socket.gethostname(),
         "nvml": status.nvml,
         "torch": status.torch,
