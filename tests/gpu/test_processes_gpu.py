@@ -261,10 +261,11 @@ def test_two_localcluster_workers_on_one_gpu_exact_allocator_figures_device_coun
     rows = {(row[0], row[1]): row for row in r["rows"]}
     assert len(rows) == 2 * r["n_gpus"]  # one row per worker and GPU
     for name, size in (("0", GiB), ("1", 2 * GiB)):
-        _n, _d, _uuid, used, total, share, allocated, reserved, peak, status, _ = rows[(name, 0)]
+        _n, _d, _uuid, _used, _total, share, allocated, reserved, peak, status, _ = \
+            rows[(name, 0)]
         assert status == "ok" and allocated == size and peak == size, rows[(name, 0)]
         assert reserved >= size and share >= reserved  # its own NVML share holds its cache
     assert len(r["devices"]) == r["n_gpus"]  # each GPU once, by UUID
-    uuid0, used0, workers0 = next(d for d in r["devices"] if d[0] == rows[("0", 0)][2])
+    _uuid0, used0, workers0 = next(d for d in r["devices"] if d[0] == rows[("0", 0)][2])
     assert sorted(workers0) == ["0", "1"]
     assert used0 >= rows[("0", 0)][5] + rows[("1", 0)][5]  # both shares, counted once
