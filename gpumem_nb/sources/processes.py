@@ -68,6 +68,7 @@ class ProcessTree:
         self._modules = sys.modules if modules is None else modules
         # (pid, start time) -> (role, cmdline, rank, local_rank, world_size)
         self._known: dict[tuple[int, int], tuple[str, str, int | None, int | None, int | None]] = {}
+        self._not_ours: set[tuple[int, int]] = set()  # (pid, start time) walked, not ours
         # pid -> (role, process index) learned from torch's own objects (``learn_roles``).
         self._hints: dict[int, tuple[str, int | None]] = {}
 
@@ -99,20 +100,33 @@ class ProcessTree:
             return None
 
     def is_descendant(self, pid: int) -> bool:
+        return self._descent(pid) is not None
+
+    def _descent(self, pid: int) -> int | None:
+        """``pid``'s start time when it descends from the root, else None: one small read
+        per generation."""
         if pid == self.root_pid or pid <= 1:
-            return False
-        current = pid
+            return None
+        first = self._stat(pid)
+        if first is None:
+            return None
+        start = first[1]
+        if (pid, start) in self._not_ours:
+            return None  # a process never becomes our descendant later: walked once
+        parent = first[0]
         for _ in range(MAX_DEPTH):
-            st = self._stat(current)
-            if st is None:
-                return False
-            parent = st[0]
             if parent == self.root_pid:
-                return True
+                return start
             if parent <= 1:
-                return False
-            current = parent
-        return False
+                break
+            st = self._stat(parent)
+            if st is None:
+                break
+            parent = st[0]
+        if len(self._not_ours) > 4096:
+            self._not_ours.clear()
+        self._not_ours.add((pid, start))
+        return None
 
     # -- who it is ---------------------------------------------------------------------------
     def children_of(self, listing: Iterable[tuple[int, int | None]]) -> tuple[ChildProcess, ...]:
@@ -120,10 +134,10 @@ class ProcessTree:
         out: list[ChildProcess] = []
         started: set[int] | None = None
         for pid, nbytes in listing:
-            if not self.is_descendant(pid):
+            start = self._descent(pid)
+            if start is None:
                 continue
-            st = self._stat(pid)
-            key = (pid, st[1] if st else -1)
+            key = (pid, start)
             info = self._known.get(key)
             if info is None or (pid in self._hints and info[0] != self._hints[pid][0]):
                 if started is None:
