@@ -165,8 +165,12 @@ def test_the_cell_and_line_that_started_cuda_are_named_and_a_refusal_points_ther
 def test_accelerate_notebook_launcher_refusal_points_at_the_cell_that_started_cuda():
     """accelerate's own launcher, for real, when it can run here: what it raised is recorded
     either way, so its text is checked against what gpumem_nb matches."""
-    pytest.importorskip("accelerate") if not DRY else None
-    r = fresh(SHELL + """
+    if not DRY:
+        pytest.importorskip("accelerate")
+    try:
+        r = fresh(SHELL + """
+        import signal
+        signal.alarm(45)  # an elastic launch that hangs ends this process, not the run
         run("import torch")
         run("x = torch.zeros(1).cuda()" if not DRY else "x = 1")
         try:
@@ -185,6 +189,9 @@ def test_accelerate_notebook_launcher_refusal_points_at_the_cell_that_started_cu
                                    f"{failed.error_in_exec}"[:800],
                           "printed": buf.getvalue()[-1500:], "accelerate": accelerate.__version__}))
     """)
+    except AssertionError as e:  # the child died (the alarm): say so, do not hold the run
+        record("accelerate", {"failed": str(e)[-1500:]})
+        pytest.skip("accelerate's launch did not finish within 45 s")
     record("accelerate", r)
     if "skipped" in r or DRY:
         pytest.skip(r.get("skipped", "dry run"))
