@@ -347,7 +347,6 @@ del keep, filler
 # `torch.multiprocessing` worker or a vLLM engine would be; the explanation names it as this
 # kernel's child, with its command line, and says how to stop it rather than killing it. Ask for
 # more than is left:
-# <!-- DEPENDS(issue 19): children named as the kernel's own. -->
 
 # %% id="04-19"
 import subprocess
