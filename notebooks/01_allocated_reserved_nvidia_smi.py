@@ -318,8 +318,8 @@ reserved_before, nvml_before = torch.cuda.memory_reserved(), nvml_used()
 #
 # It can only return whole segments. A segment is one `cudaMalloc`, and `cudaFree` takes the
 # segment's start address and frees all of it or nothing, so the allocator frees only cached
-# blocks that were never split, i.e. segments with no live block in them (PyTorch's
-# `release_cached_blocks`: "Free all non-split cached blocks"). Here `y`'s block was the whole
+# blocks that were never split, i.e. segments with no live block in them (PyTorch's source:
+# "Free all non-split cached blocks"). Here `y`'s block was the whole
 # segment, so everything goes back. A free block that shares its segment with a live tensor
 # stays cached until that tensor goes: notebooks 0 and 3 show that case.
 

@@ -3,24 +3,28 @@
 # device returns at most 8): the GPU's description, the runner's log, and one tar with the
 # executed notebooks and tutorial_timings.json, written even when the run fails or times out.
 #
-#   bash notebooks/run_on_gpu.sh "$OUT" [report]
+#   bash notebooks/run_on_gpu.sh "$OUT" [report|strict] [NAME ...]
 #
+# NAME picks tutorials (00_quickstart, 08_which_allocator_setting ...); all by default.
 # `report` sets TUTORIAL_CLAIMS=report: a failed claim prints "✗ CLAIM FAILED" and the notebook
 # goes on, so a first run at new code lists every claim to revisit. Without it a failed claim
 # stops its notebook (the others still run) and the exit status is 1. Needs the wheelhouse
 # (../shared/tools/gpu-wheelhouse .whl jupytext) installed into /tmp/site first.
 set -u
-out=${1:?usage: run_on_gpu.sh OUT [report]}
+out=${1:?usage: run_on_gpu.sh OUT [report|strict] [NAME ...]}
+mode=${2:-strict}
+shift $(( $# < 2 ? $# : 2 ))
 work=/tmp/gpumem_tutorials
 rm -rf "$work" && mkdir -p "$work" "$out"
 export PYTHONUNBUFFERED=1 GPUMEM_NB_CONFIG=/tmp/gpumem_nb_tutorials.json
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if [ "${2:-}" = report ]; then export TUTORIAL_CLAIMS=report; fi
+if [ "$mode" = report ]; then export TUTORIAL_CLAIMS=report; fi
 { nvidia-smi --query-gpu=index,name,driver_version,memory.total,mig.mode.current --format=csv
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 } > "$out/gpu.txt" 2>&1
 # The runner starts no notebook after 400 s; the outer bound leaves the last one time to finish.
-timeout 540 python3 notebooks/run_tutorials.py --budget-s 400 "$work" > "$out/tutorials.log" 2>&1
+timeout 540 python3 notebooks/run_tutorials.py --budget-s 400 "$work" "$@" \
+  > "$out/tutorials.log" 2>&1
 status=$?
 tar cf "$out/tutorials.tar" -C "$work" .
 tail -25 "$out/tutorials.log"
