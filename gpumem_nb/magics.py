@@ -360,8 +360,6 @@ class GpumemMagics(Magics):
         print("gpumem: sampler stopped; cells are still recorded")
 
     def _cmd_watch(self, args: Any) -> None:
-        from .widget import show
-
         m = self.monitor
         if args.replay is not None:
             try:
@@ -370,8 +368,7 @@ class GpumemMagics(Magics):
                 raise UsageError(f"cannot replay {args.replay}: {e}") from None
         elif args.live:
             m.stop_replay()
-        widget = show(m)
-        widget.display_handle = display(widget, display_id=True)
+        show_chart(m)
 
     # -- cell magic --------------------------------------------------------------------------
     def _cell(self, argv: list[str], cell: str) -> Any:
@@ -429,8 +426,21 @@ def _stop_at_exit(ref: Any) -> None:
     monitor = ref()
     if monitor is not None:
         with contextlib.suppress(Exception):
+            # The process is ending: the chart's outputs can no longer be replaced, and a
+            # message to a closed socket logs an error. Forget the chart; stop the threads.
+            monitor.widget = None
             monitor.stop_replay()
             monitor.sampler.stop(timeout_s=0.5)
+
+
+def show_chart(monitor: Monitor) -> Any:
+    """Display the kernel's chart. Every display of one chart shares its display_id, so when
+    the chart ends each of them is replaced by its picture."""
+    from .widget import show
+
+    widget = show(monitor)
+    widget.display_handle = display(widget, display_id=widget.display_id)
+    return widget
 
 
 def current_monitor(shell: Any = None) -> Monitor | None:
@@ -455,6 +465,10 @@ def load(shell: Any) -> None:
         line = monitor.start()
         shell.events.register("pre_run_cell", monitor.pre_run_cell)
         shell.events.register("post_run_cell", monitor.post_run_cell)
+        # ipykernel sets exit_now while it handles a shutdown or restart request, before it
+        # replies: the chart can still turn its outputs into pictures then.
+        if hasattr(shell, "observe"):
+            shell.observe(monitor.on_shell_exit, names="exit_now")
         magics = GpumemMagics(shell, monitor)
         shell.register_magics(magics)
         setattr(shell, _SHELL_ATTR, monitor)
@@ -472,9 +486,7 @@ def load(shell: Any) -> None:
     print(line)
     if monitor.config.auto_show:
         try:
-            from .widget import show
-
-            display(show(monitor))
+            show_chart(monitor)
         except Exception as e:
             monitor._contain("auto-show", e)
 
@@ -493,6 +505,8 @@ def _teardown(shell: Any, monitor: Monitor, magics: GpumemMagics | None) -> None
                       ("post_run_cell", monitor.post_run_cell)):
         with contextlib.suppress(Exception):
             shell.events.unregister(event, fn)
+    with contextlib.suppress(Exception):
+        shell.unobserve(monitor.on_shell_exit, names="exit_now")
     monitor.shutdown()
     manager = getattr(shell, "magics_manager", None)
     if manager is not None:

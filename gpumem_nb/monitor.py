@@ -273,6 +273,12 @@ class Monitor:
             self._contain("close", e)
         self._drop_widget()
 
+    def on_shell_exit(self, change: Any) -> None:
+        """The shell is exiting (a kernel shutdown or restart, or ``exit``): end the chart
+        while the kernel can still reach the browser, so its outputs become its picture."""
+        if change.get("new"):
+            self._drop_widget()
+
     def _drop_widget(self) -> None:
         # A chart draws one feed for its whole life; switching feeds makes a new one.
         if self.widget is not None:

@@ -131,7 +131,10 @@ def collapse_runs(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
 class Timeline:
     """Fixed-capacity series for one device. When full, the older half is compacted by
-    ``keep_peaks`` so an hour at 10 Hz costs the same memory as a minute."""
+    ``keep_peaks`` so an hour at 10 Hz costs the same memory as a minute.
+
+    The columns are ``SERIES`` plus any named with ``add_series`` (another feature's lines);
+    a value a sample does not give is unknown (NaN)."""
 
     def __init__(self, capacity: int = 8192) -> None:
         self.capacity = capacity
@@ -139,12 +142,19 @@ class Timeline:
         self.v = {name: np.empty(capacity) for name in SERIES}
         self.n = 0
 
+    def add_series(self, name: str) -> None:
+        """A new column, unknown for every point so far."""
+        if name not in self.v:
+            column = np.empty(self.capacity)
+            column[: self.n] = np.nan
+            self.v[name] = column
+
     def append(self, t_s: float, values: dict[str, float]) -> None:
         if self.n == self.capacity:
             self._compact()
         self.t[self.n] = t_s
-        for name in SERIES:
-            self.v[name][self.n] = values[name]
+        for name, column in self.v.items():
+            column[self.n] = values.get(name, np.nan)
         self.n += 1
 
     def _compact(self) -> None:
@@ -155,8 +165,8 @@ class Timeline:
         keep = np.concatenate([idx, np.arange(half, self.n)])
         m = len(keep)
         self.t[:m] = self.t[keep]
-        for name in SERIES:
-            self.v[name][:m] = self.v[name][keep]
+        for column in self.v.values():
+            column[:m] = column[keep]
         self.n = m
 
     def max_value(self, names: tuple[str, ...] = SERIES) -> float:
