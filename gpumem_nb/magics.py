@@ -117,6 +117,9 @@ def _build_parser() -> _Parser:
                     help="drive the chart from a recorded trace ('bundled' for the H200 one); "
                          "a demonstration only: your cells are still measured live")
     wa.add_argument("--live", action="store_true", help="end a replay: chart this machine")
+    wa.add_argument("--stop", action="store_true",
+                    help="end the live chart: every output that showed it becomes a static "
+                         "picture (for a notebook to save and share)")
     return p
 
 
@@ -361,6 +364,12 @@ class GpumemMagics(Magics):
 
     def _cmd_watch(self, args: Any) -> None:
         m = self.monitor
+        if args.stop:
+            if args.replay is not None or args.live:
+                raise UsageError("--stop ends the chart; it goes with neither --replay "
+                                 "nor --live")
+            m.end_chart()
+            return
         if args.replay is not None:
             try:
                 m.start_replay(args.replay)

@@ -273,6 +273,13 @@ class Monitor:
             self._contain("close", e)
         self._drop_widget()
 
+    def end_chart(self) -> bool:
+        """End the chart, if one is shown: its outputs become its static picture (with the
+        numbers), and its widgets close. False when there was none."""
+        had = self.widget is not None
+        self._drop_widget()
+        return had
+
     def on_shell_exit(self, change: Any) -> None:
         """The shell is exiting (a kernel shutdown or restart, or ``exit``): end the chart
         while the kernel can still reach the browser, so its outputs become its picture."""
