@@ -284,13 +284,16 @@ class Monitor:
         """The shell is exiting (a kernel shutdown or restart, or ``exit``): end the chart
         while the kernel can still reach the browser, so its outputs become its picture."""
         if change.get("new"):
-            self._drop_widget()
+            self._drop_widget(kernel_exiting=True)
 
-    def _drop_widget(self) -> None:
+    def _drop_widget(self, *, kernel_exiting: bool = False) -> None:
         # A chart draws one feed for its whole life; switching feeds makes a new one.
         if self.widget is not None:
             try:
-                self.widget.close()
+                if kernel_exiting:
+                    self.widget.close(kernel_exiting=True)
+                else:
+                    self.widget.close()
             except Exception as e:
                 self._contain("widget close", e)
             self.widget = None

@@ -488,9 +488,14 @@ class MemoryWidget:
         handle.update(self)
         return True
 
-    def close(self) -> None:
+    def close(self, *, kernel_exiting: bool = False) -> None:
         """End the chart: every output showing it becomes its plain picture (see the module
-        docstring), then every widget closes. Safe from any thread, more than once."""
+        docstring), then every widget closes. Safe from any thread, more than once.
+
+        ``kernel_exiting``: the kernel is shutting down or restarting. The widgets are left
+        open then: a restarting JupyterLab has already dropped their comms, and a close
+        message for each would log "Comm not found" in the browser console (23 per restart
+        with plotly's chart); the kernel's exit closes them anyway."""
         with self._draw_lock:
             if self._closed:
                 return
@@ -500,15 +505,13 @@ class MemoryWidget:
             self.monitor.on_record.remove(self._on_record)
         if self._on_settings in self.monitor.settings_listeners:
             self.monitor.settings_listeners.remove(self._on_settings)
-        handle = self.display_handle
-        if handle is not None:
-            try:
+        handle, self.display_handle = self.display_handle, None
+        try:
+            if handle is not None:
                 handle.update(self.plain_bundle(), raw=True)
-            finally:
-                self.display_handle = None
+        finally:
+            if not kernel_exiting:
                 self._close_widgets()
-        else:
-            self._close_widgets()
 
     def _close_widgets(self) -> None:
         with self._draw_lock:
