@@ -561,14 +561,24 @@ class TraceTimeline:
         annotations = [{"x": x, "y": 1, "xref": "x", "yref": "paper", "text": text,
                         "showarrow": False, "yanchor": "bottom", "font": {"color": color}}
                        for x, text, color in marks]
+        # Nothing overlaps at any width (issue 17): the title sits under the modebar's band,
+        # the peak/OOM labels under the title, and the legend has a band of its own below the
+        # x axis title, one row per site at worst (a narrow output, long site names).
+        legend_px = 22 * len(data)
         return {"data": data, "layout": {
-            "title": {"text": f"GPU {d.device}: this cell's live allocations by site"},
+            "title": {"text": f"GPU {d.device}: this cell's live allocations by site",
+                      "x": 0, "xanchor": "left", "xref": "paper", "yref": "container",
+                      "y": 1, "yanchor": "top", "pad": {"t": 34}, "font": {"size": 14}},
             "xaxis": {"title": {"text": "ms since the cell started"}},
             "yaxis": {"title": {"text": "MiB live"}},
-            "height": 340, "margin": {"l": 60, "r": 20, "t": 50, "b": 50},
-            "legend": {"orientation": "h", "y": -0.25}, "shapes": shapes,
-            "annotations": annotations, "hovermode": "x unified",
-        }}
+            "height": 340 + legend_px,
+            "margin": {"l": 60, "r": 20, "t": 84, "b": 60 + legend_px},
+            "legend": {"orientation": "h", "x": 0, "xanchor": "left", "yref": "container",
+                       "y": 0, "yanchor": "bottom"},
+            "shapes": shapes, "annotations": annotations, "hovermode": "x unified",
+        }, "config": {"displaylogo": False, "modeBarButtonsToRemove": [
+            "select2d", "lasso2d", "autoScale2d", "toggleSpikelines", "hoverClosestCartesian",
+            "hoverCompareCartesian"]}}
 
     def svg(self, width: int = 640, height: int = 200) -> str:
         """A static stacked-area drawing of the same series (no JavaScript)."""
