@@ -37,7 +37,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.browser_harness import (  # noqa: E402
+import contextlib
+
+from tests.browser_harness import (
     chromium,
     open_notebook,
     run_cell,
@@ -197,10 +199,8 @@ def one_run(lab: Any, browser: Any, frontend: str, n: int) -> dict[str, Any]:
 def shutdown_kernel(lab: Any, kernel_id: str) -> None:
     req = urllib.request.Request(f"{lab.base}/api/kernels/{kernel_id}?token={lab.token}",
                                  method="DELETE")
-    try:
+    with contextlib.suppress(OSError):
         urllib.request.urlopen(req, timeout=30)
-    except OSError:
-        pass
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
