@@ -210,8 +210,9 @@ def shutdown_kernel(lab: Any, kernel_id: str) -> None:
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = ("load_1min", "first_chart_s", "kernel_s", "browser_s", "first_watch_kb", "later_watch_kb",
-            "later_chart_s", "rerun_replay_kb", "live_kb_per_s", "saved_notebook_kb")
+    keys = ("load_1min", "first_chart_s", "kernel_s", "browser_s", "first_watch_kb",
+            "later_watch_kb", "later_chart_s", "rerun_replay_kb", "live_kb_per_s",
+            "saved_notebook_kb")
     out: dict[str, Any] = {}
     for frontend in sorted({r["frontend"] for r in runs}):
         mine = [r for r in runs if r["frontend"] == frontend]

@@ -56,10 +56,9 @@ def main() -> None:
 
     from gpumem_nb.magics import current_monitor
     from gpumem_nb.model import CellMark
+    from gpumem_nb.sampler import Sampler
     from gpumem_nb.sources.replay import ReplaySource
     from gpumem_nb.widget import show
-
-    from gpumem_nb.sampler import Sampler
 
     ip = start_ipython()
     ip.run_cell("%load_ext gpumem_nb")

@@ -7,6 +7,7 @@
 //   series   [{key, name, color, width, dash, hidden}]   drawn in this order, later on top
 //   history  {key: [xs, ys]}   the long, downsampled past (resent every few seconds)
 //   recent   {key: [xs, ys]}   the points since history's last one (resent each tick)
+//   extra    {key: [xs, ys]}   a line another feature sends whole (the cluster's)
 //   marks    [[x, label]]      cell starts: a dotted line each, labels thinned so none overlap
 //   meta     {x_title, y_title, title, note, total}   total: a dashed line, in GiB, or null
 // x is in seconds, y in GiB; null is a gap. Zoom, pan, hidden series and the hover live in
@@ -70,6 +71,8 @@ function lastAtOrBefore(xs, t) {
 }
 
 function points(model, key) {
+  const whole = (model.get("extra") || {})[key];
+  if (whole) return { xs: whole[0], ys: whole[1] };
   const h = (model.get("history") || {})[key] || [[], []];
   const r = (model.get("recent") || {})[key] || [[], []];
   const xs = h[0].concat(r[0]);
@@ -327,7 +330,7 @@ function render({ model, el: host }) {
   resize.observe(plot);
   view.width = Math.floor(plot.clientWidth) || 800;
 
-  const keys = ["series", "history", "recent", "marks", "meta"];
+  const keys = ["series", "history", "recent", "extra", "marks", "meta"];
   for (const k of keys) model.on(`change:${k}`, schedule);
   draw();
 

@@ -51,6 +51,8 @@ class LiveChart(anywidget.AnyWidget):
     series = traitlets.List(traitlets.Dict()).tag(sync=True)
     history = traitlets.Dict().tag(sync=True)
     recent = traitlets.Dict().tag(sync=True)
+    # Lines another feature sends whole, as [xs, ys] per key (the cluster's, issue 19).
+    extra = traitlets.Dict().tag(sync=True)
     marks = traitlets.List(traitlets.List()).tag(sync=True)
     meta = traitlets.Dict().tag(sync=True)
 

@@ -35,7 +35,7 @@ from .svgchart import STYLES, SeriesStyle, chart_data, mark_label
 from .svgchart import static_bundle as svg_static_bundle
 from .timeline import ALL_DEVICES, GIB, SERIES, Timeline, values_of
 from .units import format_bytes
-from .views import Snapshot, device_row
+from .views import Snapshot, children_html, device_row
 
 
 class ChartReplay(Protocol):
@@ -83,6 +83,8 @@ HISTORY_REFRESH_S = 10.0
 HISTORY_POINTS = 1200
 _HEADER = ("GPU", "used / total", "this process", "reserved", "allocated", "last cell peak",
            "outside PyTorch")
+# The cluster's lines (issue 19), dotted, in colours the chart's own series do not use.
+CLUSTER_COLORS = ("#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#393b79")
 LIVE_X_TITLE = "seconds since %load_ext gpumem_nb"
 REPLAY_X_TITLE = "seconds into the recording"
 
@@ -121,6 +123,7 @@ class MemoryWidget:
         self.draws = 0
         self._extra: dict[str, _Extra] = {}
         self._history_until_s: float | None = None
+        self._cluster_keys: tuple[str, ...] = ()
         self._inbox: deque[Callable[[], None]] = deque()
         self._draw_lock = threading.Lock()
         self._closed = False
@@ -176,6 +179,9 @@ class MemoryWidget:
         if self.has_gpu:  # host RAM is one legend click away, not drawn by default
             specs.insert(0, _spec("rss", STYLES["rss"], hidden=True))
         specs += [_spec(k, e.style, e.hidden) for k, e in self._extra.items()]
+        specs += [_spec(name, SeriesStyle(name, CLUSTER_COLORS[i % len(CLUSTER_COLORS)], 1.5,
+                                          "2 3"), hidden=False)
+                  for i, name in enumerate(self._cluster_keys)]
         return specs
 
     def add_series(self, key: str, style: SeriesStyle,
@@ -261,7 +267,7 @@ class MemoryWidget:
             if refresh:
                 until = self._history_until_s = now
             t0 = self._t0_s
-            keys = [s["key"] for s in self.chart.series]
+            keys = [s["key"] for s in self.chart.series if s["key"] not in self._cluster_keys]
             # One message per tick: every changed trait together. A trait set to an equal
             # value sends nothing.
             with self.chart.hold_sync():
@@ -273,7 +279,22 @@ class MemoryWidget:
                                      for k in keys}
                 self.chart.marks = self._marks(t0)
                 self.chart.meta = self._meta(sample)
+                self._draw_cluster(t0)
             self.draws += 1
+
+    def _draw_cluster(self, t0: float) -> None:
+        """``%gpumem watch --cluster``: the feed's named per-GPU lines, dotted, each its own
+        series (added the first time a GPU shows up; the feed keeps their length bounded).
+        They travel in ``extra``, resent only when the feed has new points."""
+        feed = getattr(self.monitor, "cluster_feed", None)
+        if feed is None or self.replay is not None:
+            return
+        lines = feed.series(t0)
+        names = tuple(lines)
+        if names != self._cluster_keys:
+            self._cluster_keys = names
+            self.chart.series = self._series_specs()
+        self.chart.extra = {name: [list(xs), list(ys)] for name, (xs, ys) in lines.items()}
 
     def _marks(self, t0: float) -> list[list[Any]]:
         if self.replay is not None:
@@ -352,7 +373,8 @@ class MemoryWidget:
                     "(<code>%gpumem history</code>); <code>%gpumem watch --live</code> "
                     f"charts this machine.{ended}</div>")
         paused = " <b>(paused)</b>" if self.paused else ""
-        return (f"{note}<table class='gpumem-header'><tr>{head}</tr>{body}</table>{paused}")
+        return (f"{note}<table class='gpumem-header'><tr>{head}</tr>{body}</table>"
+                f"{children_html(sample)}{paused}")
 
     # -- producers: enqueue, never draw ------------------------------------------------------
     def _post(self, fn: Callable[[], None]) -> None:
