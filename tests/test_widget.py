@@ -418,3 +418,107 @@ def test_this_process_figure_is_the_listed_one_everywhere(chart, shell, fake_gpu
     status_row = Snapshot(status=mon.source.status(), sample=mon.read()).rows()[0]
     assert status_row[2] in chart.header.value
     assert keep is not None
+
+
+# -- when the chart ends (issue 17) -------------------------------------------------------------
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+class _Handle:
+    """Stands in for the DisplayHandle ``%gpumem watch`` keeps: records each update."""
+
+    def __init__(self) -> None:
+        self.updates: list[Any] = []
+
+    def update(self, obj: Any, **kw: Any) -> None:
+        self.updates.append((obj, kw))
+
+
+def test_ending_the_chart_turns_its_outputs_into_the_picture_so_no_reopen_reads_model_not_found(
+        chart, shell, fake_gpu):
+    run(shell, "t = cuda.tensor(3 * 2**30)")
+    chart.monitor.sampler.tick()
+    handle = chart.display_handle = _Handle()
+    run(shell, "%gpumem watch --stop")
+    (bundle, kw), = handle.updates
+    assert kw == {"raw": True} and WIDGET_VIEW not in bundle
+    assert bundle["image/svg+xml"].startswith("<svg") and "<img" in bundle["text/html"]
+    assert "NVML used / total" in bundle["text/plain"]
+    assert chart._closed and chart.chart.comm is None and chart.cleanup_button.comm is None
+    assert current_monitor(shell).widget is None
+    run(shell, "%gpumem watch")  # a new chart, live again
+    assert current_monitor(shell).widget is not chart
+
+
+def test_every_display_of_the_chart_shares_one_display_id(chart, shell):
+    mon = current_monitor(shell)
+    assert chart.display_handle is not None
+    assert chart.display_handle.display_id == chart.display_id
+    run(shell, "%gpumem watch")
+    assert mon.widget.display_handle.display_id == chart.display_id
+
+
+def test_a_kernel_shutting_down_turns_the_outputs_into_the_picture_and_leaves_the_comms(
+        chart, shell):
+    """ipykernel sets exit_now while it handles a shutdown or restart request. The comms are
+    left to the exit: a restarting JupyterLab has dropped them already, and a close for each
+    logged 'Comm not found' in the browser console (23 per restart with plotly's chart)."""
+    handle = chart.display_handle = _Handle()
+    try:
+        shell.exit_now = True
+    finally:
+        shell.exit_now = False
+    (bundle, _), = handle.updates
+    assert WIDGET_VIEW not in bundle and "image/svg+xml" in bundle
+    assert chart._closed and chart.chart.comm is not None  # not closed: no message sent
+    assert current_monitor(shell).widget is None
+
+
+def test_reload_ext_ends_the_chart_too(chart, shell):
+    handle = chart.display_handle = _Handle()
+    run(shell, "%reload_ext gpumem_nb")
+    assert handle.updates and WIDGET_VIEW not in handle.updates[0][0]
+    assert chart._closed and chart.chart.comm is None
+
+
+def test_watch_stop_with_a_replay_flag_is_a_usage_error(chart, shell):
+    result = run(shell, "%gpumem watch --stop --replay bundled")
+    assert type(result.error_in_exec).__name__ == "UsageError"
+
+
+def test_the_saved_picture_of_a_replay_is_the_whole_recorded_story_not_its_first_seconds(
+        shell, no_gpu, capsys):
+    """Issue 17: 00's saved picture was flat, the first 3 s of the replay, all at 0 B."""
+    import base64
+    import re
+
+    run(shell, "%load_ext gpumem_nb")
+    run(shell, "%gpumem watch --replay bundled")
+    mon = current_monitor(shell)
+    mon.replay.sampler.stop()
+    mon.replay.sampler.tick()  # a moment into the recording
+    svg = mon.widget.plain_bundle()["image/svg+xml"]
+    assert "seconds into the recording" in svg
+    ticks = [float(t) for t in re.findall(r'<text x="\d+" y="\d+" text-anchor="end">([\d.]+)<',
+                                          svg)]
+    assert max(ticks) >= 12, ticks  # the 14.6 GiB the recording reaches, on the y axis
+    assert "at 28 s" in svg  # to the end of the recording
+    html_ = mon.widget.plain_bundle()["text/html"]
+    assert base64.b64decode(html_.split("base64,", 1)[1].split('"', 1)[0]).decode() == svg
+
+
+def test_another_feature_adds_a_named_series_and_the_chart_draws_it(chart, fake_gpu):
+    from gpumem_nb.svgchart import SeriesStyle
+
+    chart.add_series("worker-1", SeriesStyle("worker 1", "#8c564b", 1.5, "2 3"),
+                     lambda sample: 3 * GiB)
+    chart.monitor.sampler.tick()
+    chart.monitor.sampler.tick()
+    spec = next(s for s in chart.chart.series if s["key"] == "worker-1")
+    assert spec["name"] == "worker 1" and spec["dash"] == "2 3"
+    assert trace(chart, "worker-1")[1][-1] == pytest.approx(3.0)
+    chart.remove_series("worker-1")
+    chart.monitor.sampler.tick()
+    assert "worker-1" not in {s["key"] for s in chart.chart.series}
+    with pytest.raises(ValueError):
+        chart.add_series("allocated", SeriesStyle("x", "#000", 1.0), lambda s: None)
