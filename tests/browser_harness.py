@@ -242,6 +242,16 @@ BENIGN = (
     re.compile(r"^pageerror: Cannot read properties of undefined \(reading 'schema'\)\n"
                r"TypeError: Cannot read properties of undefined \(reading 'schema'\)\n"
                r"\s+at http://127\.0\.0\.1:\d+/static/notebook/notebook_core\.[0-9a-f]+\.js"),
+    # Notebook 7.6.5 on reopening a notebook, now and then: the file browser's restore-on-route
+    # code (its stack: filebrowser's restoreBrowser) runs in the notebook page, which registers
+    # no file browser command, and a font of Notebook 7's own gets a 403 during that reload.
+    # Both are Notebook 7's code and files; nothing on the page is missing.
+    re.compile(r"^pageerror: Command 'filebrowser:open-path' not registered\.\n"
+               r"Error: Command 'filebrowser:open-path' not registered\.\n"
+               r"\s+at c\.execute \(http://127\.0\.0\.1:\d+/static/notebook/notebook_core\."),
+    re.compile(r"^console\.error: Failed to load resource: the server responded with a status "
+               r"of 403 \(Forbidden\) \(http://127\.0\.0\.1:\d+/static/notebook/"
+               r"[0-9a-f]+\.woff2\)$"),
 )
 
 

@@ -167,11 +167,13 @@ def test_saved_by_the_user_with_the_kernel_gone_it_reopens_as_the_picture_truste
         screenshot(page, f"browser-reopen-{frontend}-before.png")
 
         for trusted in (True, False):
+            watch.leaving_notebook()
+            page.goto("about:blank")  # closed, so no frontend sees the file change under it
+            page.wait_for_timeout(500)
             if not trusted:  # edited elsewhere: the signature no longer matches
                 nb = nbformat.read(file, as_version=4)
                 nb.metadata["edited"] = "elsewhere"
                 nbformat.write(nb, file)
-            watch.leaving_notebook()
             open_notebook(page, lab, path, frontend)
             wait_kernel_idle(page)
             page.wait_for_timeout(2000)  # the widget manager restores what it can by then
