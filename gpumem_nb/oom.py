@@ -69,7 +69,7 @@ _SENTINEL_BYTES = 1 << 62
 _EB = 1 << 60
 # A real OOM message is under 2 KiB; a longer text (a user's error quoting a log) is read
 # only this far from each end, so parsing costs the same for 10 kB and 10 MB.
-WINDOW_CHARS = 8192
+WINDOW_CHARS = 4096
 _GAP = "\n\x00\n"  # joins head and tail: no pattern can match across it
 # Device indexes and PIDs: more digits than this is not a device or a process.
 _MAX_INDEX_DIGITS = 9
@@ -80,7 +80,7 @@ _NATIVE_HEAD = re.compile(
     r"Tried to allocate " + _SIZE + r"\.\s{1,16}GPU ([0-9]+) has a total capac(?:i)?ty of "
     + _SIZE + r" of which " + _SIZE + r" is free\.")
 _CLASSIC_HEAD = re.compile(
-    r"Tried to allocate " + _SIZE + r"\s{0,16}\(GPU ([0-9]+);([^)]{0,512})\)")
+    r"Tried to allocate " + _SIZE + r"\s{0,16}\(GPU ([0-9]+);([^()]{0,512})\)")
 _CLASSIC_PART = re.compile(r"\s*" + _SIZE + r"\s+(.*)", re.S)
 _OTHER_PROC = re.compile(r"\bProcess ([0-9]+) has " + _SIZE + r" memory in use\.")
 _THIS_PROC = re.compile(r"\b[Tt]his process has " + _SIZE + r" memory in use\.")
