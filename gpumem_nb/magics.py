@@ -252,12 +252,15 @@ class GpumemMagics(Magics):
     # -- subcommands -------------------------------------------------------------------------
     def _cmd_status(self, args: Any) -> None:
         m = self.monitor
-        status = m.source.status()
+        status = m.status()
+        sample = m.read()
+        notes = [f"gpumem: {m.read_problem}"] if m.read_problem else []
         if m.sampler.errors:  # logged once when they happened; shown here while they last
             count = sum(m.sampler.errors.values())
-            note = f"The sampler hit {count} error(s); the last: {m.sampler.last_error}"
-            status = replace(status, notes=(*status.notes, note))
-        display(Snapshot(status=status, sample=m.read()))
+            notes.append(f"The sampler hit {count} error(s); the last: "
+                         f"{m.sampler.last_error[:300]}")
+        status = replace(status, notes=(*status.notes, *notes))
+        display(Snapshot(status=status, sample=sample))
 
     def _cmd_history(self, args: Any) -> Any:
         if args.n <= 0:
@@ -335,11 +338,15 @@ class GpumemMagics(Magics):
 
     def _cmd_summary(self, args: Any) -> None:
         m = self.monitor
-        if m.gpu_count() and not 0 <= args.device < m.gpu_count():
-            raise UsageError(f"there is no GPU {args.device}")
+        status = m.status()
+        if status.gpu_count and not 0 <= args.device < status.gpu_count:
+            raise UsageError(f"there is no GPU {_quoted(str(args.device))}")
         full = m.torch.memory_summary(args.device) if args.full else ""
         sample = with_counted_ooms(m.read(), m.oom.counts)  # cudaMallocAsync counts none
-        display(Summary.of(sample, m.source.status(), device=args.device, full_text=full))
+        summary = Summary.of(sample, status, device=args.device, full_text=full)
+        if m.read_problem:
+            summary = replace(summary, lines=(*summary.lines, f"gpumem: {m.read_problem}"))
+        display(summary)
 
     def _cmd_oom(self, args: Any) -> Any:
         last = self.monitor.oom.last

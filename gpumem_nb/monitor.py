@@ -33,8 +33,16 @@ from .analysis import (
     verdict_message,
 )
 from .holders import CellException, Scanner, last_exception_objects
-from .model import CAUSE_LIVE_TENSORS, CellMark, CellRecord, Holder, Sample, Verdict
-from .oom import OomWatch
+from .model import (
+    CAUSE_LIVE_TENSORS,
+    CellMark,
+    CellRecord,
+    Holder,
+    Sample,
+    SourceStatus,
+    Verdict,
+)
+from .oom import OomWatch, error_str, first_line
 from .records import History
 from .sampler import Sampler
 from .settings import (
@@ -182,6 +190,7 @@ class Monitor:
         self._seen_cells: set[str] = set()  # cells run before: a re-run may need a verdict
         self._apply_device(self.config.device)  # checked against the GPU count in start()
         self.widget: Any = None
+        self.read_problem = ""  # why the last on-demand reading is partial, for the magics
         self.started_t_s = time.monotonic()
         self.oom = OomWatch(self)  # explains a CUDA OOM in the cell that hit it
 
@@ -283,12 +292,15 @@ class Monitor:
             self.widget = None
 
     # -- readings ----------------------------------------------------------------------------
-    def read(self, timeout_s: float = ON_DEMAND_READ_TIMEOUT_S) -> Sample:
+    def read(self, timeout_s: float = ON_DEMAND_READ_TIMEOUT_S, *,
+             contain: bool = True) -> Sample:
         """A full reading, for on-demand work (status, cleanup), bounded in time.
 
         NVML can hang (a GPU falling off the bus, a wedged driver). The read runs on a
         helper thread; if it has not answered in ``timeout_s`` the magic goes on with the
-        allocator and host figures only, and NVML's columns read as unknown.
+        allocator and host figures only, and NVML's columns read as unknown. A reading that
+        fails does the same (``contain=False``: it raises instead, for cleanup's report to
+        say why). ``read_problem`` then holds the one line a magic shows; "" otherwise.
         """
         box: list[Sample] = []
         errors: list[BaseException] = []
@@ -303,13 +315,34 @@ class Monitor:
         worker.start()
         worker.join(timeout_s)
         if box:
+            self.read_problem = ""
             return box[0]
         if errors:
-            raise errors[0]
-        self._contain("NVML read", TimeoutError(
-            f"NVML did not answer within {timeout_s:g} s; its figures show as unknown"))
-        hot = self.read_hot()
+            if not contain:
+                raise errors[0]
+            e = errors[0]
+            self._contain("read", e)
+            why = f"reading the GPUs failed ({type(e).__name__}: " \
+                  f"{first_line(error_str(e), 120)})"
+        else:
+            why = f"NVML did not answer within {timeout_s:g} s"
+            self._contain("NVML read", TimeoutError(f"{why}; its figures show as unknown"))
+        self.read_problem = f"{why}; the columns it feeds show as unknown."
+        try:
+            hot = self.read_hot()
+        except Exception as e:
+            self._contain("read_hot", e)
+            return Sample(t_s=time.monotonic(), wall_s=time.time(), rss_bytes=None)
         return replace(hot, devices=tuple(replace(d, nvml=None) for d in hot.devices))
+
+    def status(self) -> SourceStatus:
+        """The sources' status, or a plain stand-in when asking fails."""
+        try:
+            return self.source.status()
+        except Exception as e:
+            self._contain("status", e)
+            return SourceStatus(nvml=f"status unavailable ({type(e).__name__})",
+                                torch="unknown", gpu_count=0)
 
     def nvml_latest(self) -> Sample | None:
         """The sampler's latest reading if it is recent enough to stand for "now"; None when
@@ -343,7 +376,7 @@ class Monitor:
                 self._drain_done(sample)
 
     def gpu_count(self) -> int:
-        return self.source.status().gpu_count
+        return self.status().gpu_count
 
     # -- settings (the monitor is their one owner) ----------------------------------------------
     def check_device(self, index: Any) -> int | None:
@@ -646,7 +679,8 @@ class Monitor:
     def cleanup(self, request: cleanup.CleanupRequest) -> cleanup.CleanupReport:
         if self.busy_elsewhere():
             raise RuntimeError("a cell is running; cleanup waits until it finishes")
-        report = cleanup.run(request, shell=self.shell, measure=self.read,
+        report = cleanup.run(request, shell=self.shell,
+                             measure=lambda: self.read(contain=False),
                              cell_exception=self.last_cell_exception)
         with self._baseline_lock:
             self._baseline = None  # cleanup changed the allocator: read afresh
@@ -670,7 +704,15 @@ def _repair(cfg: Config) -> None:
 
 
 def error_text(result: Any) -> str:
+    """A cell's error in one short line for its record; never raises, whatever the
+    exception's ``__str__`` or ``__bool__`` do, and costs the same for a 10 MB message."""
     if result is None:
         return ""
-    err = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
-    return f"{type(err).__name__}: {err}"[:200] if err is not None else ""
+    err = getattr(result, "error_in_exec", None)
+    if err is None:
+        err = getattr(result, "error_before_exec", None)
+    if not isinstance(err, BaseException):
+        return ""
+    name = type(err).__name__
+    text = first_line(error_str(err), 200)
+    return f"{name}: {text}"[:200] if text else name
