@@ -70,6 +70,12 @@ REPLAY_ENV = "GPUMEM_NB_REPLAY"
 # After a cell, the sampler ticks this much later, once the kernel has sent the reply.
 AFTER_CELL_TICK_DELAY_S = 0.05
 ON_DEMAND_READ_TIMEOUT_S = 1.0
+# Finished cells waiting for the sampler's reading: past this many (a hung NVML call, a
+# stopped thread), the oldest are recorded at once with NVML's "after" unknown.
+MAX_QUEUED_CELLS = 64
+# Unload judges the cells still queued (verdicts included) for at most this long; any left
+# after it are recorded unjudged. Nothing queued is dropped.
+UNLOAD_JUDGE_S = 0.5
 
 
 class _Keep(enum.Enum):
@@ -94,6 +100,8 @@ class _Pending:
     reset_peak: bool
     watermark: Watermark = field(default_factory=Watermark)
     mark: CellMark = field(default_factory=lambda: CellMark(0.0))
+    device: int | None = None  # the device selection the cell started under
+    selection: int = 0  # Monitor._selections when it started
 
 
 @dataclass
@@ -188,6 +196,15 @@ class Monitor:
         self._done: deque[_Done] = deque()
         self._record_lock = threading.RLock()
         self._seen_cells: set[str] = set()  # cells run before: a re-run may need a verdict
+        # When the latest top-level cell began and the latest one ended (monotonic): a
+        # sampler reading stands for a cell's "after" only if no cell began since that cell
+        # ended, and for a cell's "before" only if it was read after the previous one ended.
+        self._cell_began_t_s = float("-inf")
+        self._cell_ended_t_s = float("-inf")
+        # Device-selection changes: a reading made under another selection covers other
+        # devices, so it is neither a baseline nor half of a record's comparison.
+        self._selections = 0
+        self._selection_t_s = float("-inf")
         self._apply_device(self.config.device)  # checked against the GPU count in start()
         self.widget: Any = None
         self.read_problem = ""  # why the last on-demand reading is partial, for the magics
@@ -219,6 +236,12 @@ class Monitor:
         self.oom.close()
         self.sampler.remove_listener(self._on_sample)
         self.sampler.stop()
+        # Cells the sampler has not judged yet (the one run just before %reload_ext, a Run
+        # All's last few) are recorded and judged now: the next load keeps the history.
+        try:
+            self._finish_queue(UNLOAD_JUDGE_S)
+        except Exception as e:
+            self._contain("unload", e)
         self._drop_widget()
         try:
             self.source.close()
@@ -246,9 +269,11 @@ class Monitor:
             log.warning("gpumem_nb %s failed (reported once): %s", where, e)
 
     def _apply_device(self, index: int | None) -> None:
-        if hasattr(self.source, "selected"):
-            self.source.selected = None if index is None else [index]
         with self._baseline_lock:
+            self._selections += 1
+            self._selection_t_s = time.monotonic()
+            if hasattr(self.source, "selected"):
+                self.source.selected = None if index is None else [index]
             self._baseline = None  # other devices now: read them afresh
         self.sampler.request_tick()
 
@@ -369,7 +394,8 @@ class Monitor:
             wm.update(sample)
         with self._baseline_lock:
             base = self._baseline
-            if self._pending is None and base is not None and sample.t_s > base.t_s:
+            if self._pending is None and base is not None and sample.t_s > base.t_s \
+                    and sample.t_s > self._selection_t_s:
                 self._baseline = sample
         if self._done:
             with self._record_lock:
@@ -495,6 +521,7 @@ class Monitor:
             self._watermarks.remove(wm)
         with self._baseline_lock:
             self._baseline = after
+            self._cell_ended_t_s = after.t_s
         return after
 
     # -- cell hooks --------------------------------------------------------------------------
@@ -505,11 +532,20 @@ class Monitor:
             return  # nested (%%capture, run_cell from a cell): part of the outer cell
         try:
             t_s = time.monotonic()
+            with self._baseline_lock:
+                self._cell_began_t_s = t_s
             reset = self.config.peak == PEAK_RESET and self._reset_peaks()
             with self._baseline_lock:
                 before = self._baseline
                 if before is None or reset:
                     before = self._baseline = self.read_hot()
+                selection = self._selections
+                ended_t_s = self._cell_ended_t_s
+            if before.nvml_t_s is not None and before.nvml_t_s < ended_t_s:
+                # NVML's figures here were read before the previous cell ended (the hooks
+                # reuse the sampler's): what that cell did would count as this one's.
+                before = replace(before, devices=tuple(
+                    replace(d, nvml=None) for d in before.devices))
             wm = Watermark()
             self._watermarks.append(wm)
             self._pending = _Pending(
@@ -517,7 +553,7 @@ class Monitor:
                 source=getattr(info, "raw_cell", "") or "",
                 execution_count=_pre_count(self.shell, info),
                 thread_id=threading.get_ident(), reset_peak=reset, watermark=wm,
-                mark=CellMark(t_s),
+                mark=CellMark(t_s), device=self.config.device, selection=selection,
             )
             # Marked at its start, so a long cell shows on the chart while it runs.
             self.marks.append(self._pending.mark)
@@ -554,6 +590,11 @@ class Monitor:
         the cell, once the kernel has sent the reply.
         """
         after = self.end(pending.watermark)
+        if pending.selection != self._selections:
+            # The cell changed which GPUs are watched (%gpumem config --device): compare
+            # only the devices both its readings cover.
+            after = _covered(after, pending.device, self.config.device)
+            pending.before = _covered(pending.before, pending.device, self.config.device)
         raised = _cell_exception(result)
         count = getattr(result, "execution_count", None) or pending.execution_count
         self.last_cell_exception.note(count, result, self.shell)
@@ -569,11 +610,13 @@ class Monitor:
                 self._observe(done.record, None)
             with self._baseline_lock:
                 self._done.append(done)  # NVML's "after" still to come
-                while len(self._done) > 64 and self._done[0].record is not None:
-                    self._done.popleft()  # the sampler is stopped: keep what we have
         else:
             with self._baseline_lock:
                 self._done.append(done)
+        if len(self._done) > MAX_QUEUED_CELLS:
+            with self._record_lock:
+                # The sampler is stopped or stuck: record the oldest now, NVML unknown.
+                self._drain_done(None, keep=MAX_QUEUED_CELLS)
         # The sampler records, judges and redraws a moment later: that work must not compete
         # with the kernel sending this cell's reply.
         self.sampler.request_tick(delay_s=AFTER_CELL_TICK_DELAY_S)
@@ -615,24 +658,48 @@ class Monitor:
         self._history.append(rec)
         return rec
 
-    def _drain_done(self, sample: Sample | None) -> None:
+    def _drain_done(self, sample: Sample | None, *, keep: int = 0) -> None:
         """Record and judge finished cells in order; with ``sample`` (sampler thread) only
-        those that ended before it, completing their NVML figures from it."""
+        those that ended before it, completing their NVML figures from it; without, all but
+        the newest ``keep``.
+
+        A reading stands for a cell's NVML "after" only if no cell began between that cell's
+        end and the reading: in a fast Run All the next cell may already have allocated
+        when the sampler reads (issue 16: a ``pass`` cell flagged with 64 MB "outside
+        PyTorch"). Such a cell's NVML "after" is unknown instead, and its verdict rests on
+        the allocator alone."""
         while True:
             with self._baseline_lock:
-                if not self._done or (
+                if len(self._done) <= keep or (
                         sample is not None and self._done[0].after.t_s > sample.t_s):
                     return
                 done = self._done.popleft()
+                later_cell = self._cell_began_t_s > done.after.t_s
+            after = sample if sample is not None and not later_cell else None
             if done.record is None:
-                rec = self._record(done, sample)
+                rec = self._record(done, after)
                 self._observe(rec, done.context if sample is not None else None)
-            elif sample is not None:
-                self._history.replace(done.record, complete_nvml(done.record, sample))
             else:
-                # The next cell came before the sampler's reading after this one: NVML's
+                # Without a reading (or with one the next cell may have changed), NVML's
                 # "after" is unknown, and shown so rather than the stale figure.
-                self._history.replace(done.record, complete_nvml(done.record, None))
+                self._history.replace(done.record, complete_nvml(done.record, after))
+
+    def _finish_queue(self, budget_s: float) -> None:
+        """Unload: record every queued cell, judging them (each verdict printed into its own
+        cell's output) while ``budget_s`` lasts; later ones are recorded unjudged."""
+        deadline = time.monotonic() + budget_s
+        with self._record_lock:
+            while True:
+                with self._baseline_lock:
+                    if not self._done:
+                        return
+                    done = self._done.popleft()
+                if done.record is not None:
+                    self._history.replace(done.record, complete_nvml(done.record, None))
+                elif time.monotonic() < deadline:
+                    self._observe(self._record(done, None), done.context)
+                else:
+                    self._record(done, None)
 
     def _observe(self, rec: CellRecord, context: contextvars.Context | None) -> None:
         verdict = self.tracker.observe(rec)
@@ -685,6 +752,13 @@ class Monitor:
         with self._baseline_lock:
             self._baseline = None  # cleanup changed the allocator: read afresh
         return report
+
+
+def _covered(sample: Sample, before: int | None, after: int | None) -> Sample:
+    """``sample`` with only the devices both selections (None: every GPU) watch."""
+    return replace(sample, devices=tuple(
+        d for d in sample.devices
+        if (before is None or d.index == before) and (after is None or d.index == after)))
 
 
 def _cell_exception(result: Any) -> BaseException | None:
