@@ -894,6 +894,7 @@ class OomWatch:
         self.observer_status = "not attached: CUDA is not initialized yet"
         self._observer: Any = None
         self._attach_tried = False
+        self._closed = False
         self._generation = 0
         self._scanned_generation = -1
         self._previous_error = ""
@@ -901,8 +902,10 @@ class OomWatch:
 
     # -- the observer ------------------------------------------------------------------------
     def ensure_attached(self) -> None:
-        """Register the observer once CUDA is up; a no-op afterwards (one attribute check)."""
-        if self._attach_tried or not self.torch.initialized:
+        """Register the observer once CUDA is up; a no-op afterwards (one attribute check).
+        Never after ``close``: the process-wide observer would keep an unloaded monitor
+        alive (a ``%%gpumem`` cell that ran ``%unload_ext`` explains its own result after)."""
+        if self._attach_tried or self._closed or not self.torch.initialized:
             return
         self._attach_tried = True
         observer, why = self.torch.oom_observer(_Trampoline)
@@ -917,6 +920,7 @@ class OomWatch:
 
     def close(self) -> None:
         """Unload: the process keeps the registered observer; it stops calling us."""
+        self._closed = True
         obs = self._observer
         if obs is not None and getattr(obs, "handler", None) == self._on_oom:
             obs.handler = None
