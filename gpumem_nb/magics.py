@@ -12,6 +12,7 @@ import argparse
 import atexit
 import contextlib
 import importlib.util
+import os
 import re
 import shlex
 import weakref
@@ -389,28 +390,38 @@ class GpumemMagics(Magics):
                 m.check_device(_device_arg(str(args.device)))
             except SettingsError as e:
                 raise UsageError(f"--device: {e.why}") from None
-        if (args.top is not None or args.save) and not args.trace:
+        if (args.top is not None or args.save is not None) and not args.trace:
             raise UsageError("--top and --save go with --trace")
         if args.top is not None and args.top <= 0:
             raise UsageError("--top must be a positive number of sites")
+        save = _save_target(args.save) if args.save is not None else None
         tracer = trace.CellTracer() if args.trace else None
         why = tracer.start() if tracer is not None else ""
         if why:
             print(f"gpumem --trace: {why}")
             tracer = None
-        m.flush()  # earlier cells the sampler has not recorded yet
-        reset = args.reset_peak or m.config.peak == PEAK_RESET
-        before, wm, did_reset = m.begin(reset_peak=reset)
-        shell: Any = self.shell
-        result = shell.run_cell(cell, store_history=False)
-        after = m.end(wm)
-        traced = tracer.stop(top=args.top or trace.TOP_DEFAULT, save=args.save) \
-            if tracer is not None else None
+        try:
+            result, before, after, wm, did_reset = self._run_measured(cell, args.reset_peak)
+        except BaseException:
+            # Whatever failed (a KeyboardInterrupt between readings, a bug), allocation
+            # history is never left recording; stop() below switches it off otherwise.
+            if tracer is not None:
+                tracer.disarm()
+            raise
+        traced = None
+        if tracer is not None:
+            try:
+                traced = tracer.stop(top=args.top or trace.TOP_DEFAULT, save=save)
+            except Exception as e:
+                m._contain("%%gpumem --trace", e)
+                print(f"gpumem --trace: the trace could not be read ({type(e).__name__}).")
         try:  # the monitor's own hook sees only top-level cells; this one ran nested
             m.oom.on_cell_result(result, sites=[SiteAtFailure(label, n) for label, n in (
                 traced.sites_at_failure() if traced is not None else ())])
         except Exception as e:
             m._contain("OOM explainer", e)
+        if before is None or after is None or wm is None:
+            return None
         rec = build_record(
             execution_count=getattr(self.shell, "execution_count", None), cell_key="%%gpumem",
             source=cell, before=before, after=after, watermark=wm, reset_at_start=did_reset,
@@ -427,6 +438,43 @@ class GpumemMagics(Magics):
                 display(*shown)
             return shown[0] if args.o else None
         return report if args.o else None
+
+    def _run_measured(self, cell: str, reset_peak: bool) -> tuple[Any, Any, Any, Any, bool]:
+        """Run the cell between two exact readings. A reading that fails is reported in one
+        line and the cell still runs (unmeasured): the user's code comes first."""
+        m = self.monitor
+        before = after = wm = None
+        did_reset = False
+        try:
+            m.flush()  # earlier cells the sampler has not recorded yet
+            reset = reset_peak or m.config.peak == PEAK_RESET
+            before, wm, did_reset = m.begin(reset_peak=reset)
+        except Exception as e:
+            m._contain("%%gpumem", e)
+            print(f"gpumem: this cell runs unmeasured: reading memory failed "
+                  f"({type(e).__name__}).")
+            before = None
+        shell: Any = self.shell
+        result = shell.run_cell(cell, store_history=False)
+        if before is not None and wm is not None:
+            try:
+                after = m.end(wm)
+            except Exception as e:
+                m._contain("%%gpumem", e)
+                print(f"gpumem: this cell's end could not be read ({type(e).__name__}).")
+        return result, before, after, wm, did_reset
+
+
+def _save_target(path: str) -> str:
+    """``--save``'s file, checked before the cell runs: a regular file (or none yet) in a
+    directory that exists, never a link, a FIFO or a device."""
+    if not path.strip():
+        raise UsageError("--save needs a file name, for example --save cell.pickle")
+    try:
+        safeio.check_writable(os.path.expanduser(path))
+    except OSError as e:
+        raise UsageError(f"--save: cannot write {_quoted(path)}: {safeio.reason(e)}") from None
+    return path
 
 
 # ------------------------------------------------------------------------------------------
