@@ -334,7 +334,9 @@ class GpumemMagics(Magics):
             raise UsageError(f"could not save the settings to {safeio.shown(config_path())}: "
                              f"{safeio.reason(e)}; nothing was changed") from None
         if args.save:
-            print(f"gpumem: settings saved to {safeio.shown(config_path())}")
+            what = ", ".join(m.saved_keys) if m.saved_keys else \
+                "nothing (no setting was changed in this session; device is never saved)"
+            print(f"gpumem: saved {what} to {safeio.shown(config_path())}")
         display(ConfigView(m.config, m.sampler.running))
 
     def _cmd_summary(self, args: Any) -> None:

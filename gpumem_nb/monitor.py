@@ -178,6 +178,8 @@ class Monitor:
         # configure() is the one writer of interval, threshold and device selection.
         self.settings_listeners: list[SettingsListener] = []
         self._settings_lock = threading.Lock()
+        self._session_keys: set[str] = set()  # settings configure() changed in this load
+        self.saved_keys: tuple[str, ...] = ()  # what the latest save wrote
         self.on_record: list[Callable[[CellRecord, Verdict | None], None]] = []
         # The exception the user's latest failing cell raised, while the shell keeps it: only
         # that one is a holder or offered to cleanup (a widget handler's is not, issue 7).
@@ -455,8 +457,13 @@ class Monitor:
         with self._settings_lock:
             new = replace(self.config, **changes)
             if save:
-                save_config(new)
+                # Only what this call sets (or, for a bare save, what this session set):
+                # another kernel may have saved other keys since this one loaded the file.
+                keys = set(changes) or self._session_keys
+                save_config({k: getattr(new, k) for k in sorted(keys)})
+                self.saved_keys = tuple(sorted(keys - {"device"}))
             self._apply(new)
+            self._session_keys |= set(changes)
             now = replace(self.config)
         self._announce(now)
         return now

@@ -25,7 +25,8 @@ import errno
 import os
 import stat
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -227,3 +228,46 @@ def write_text_atomic(path: PathLike, text: str) -> Path:
     # A lone surrogate (from a JSON frontend) cannot be UTF-8: write it escaped, not fail.
     data = text.encode("utf-8", errors="backslashreplace")
     return write_atomic(path, lambda f: f.write(data))
+
+
+@contextlib.contextmanager
+def locked(path: PathLike, *, timeout_s: float = 2.0) -> Iterator[None]:
+    """Hold an exclusive lock on the lock file ``path`` (created if missing, never followed
+    through a link) so that two kernels saving the same file take turns. Waits at most
+    ``timeout_s``, then raises ``OSError``. Where ``fcntl`` is missing (Windows) the block
+    runs unlocked: the atomic replace still keeps the file whole."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not on Linux
+        yield
+        return
+    text_path = _checked(path)
+    flags = os.O_RDWR | os.O_CREAT | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC
+    try:
+        fd = os.open(text_path, flags, 0o600)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise RefusedPath(text_path, "is a symbolic link; gpumem_nb does not follow "
+                                         "links for its lock file") from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise RefusedPath(text_path, f"is {_kind(mode)}, not a regular file")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise RefusedPath(text_path, f"stayed locked by another process for "
+                                                 f"{timeout_s:g} s (another kernel saving)"
+                                      ) from None
+                time.sleep(0.01)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
