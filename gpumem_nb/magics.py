@@ -61,11 +61,12 @@ class _Parser(MagicArgumentParser):
         # argparse quotes the user's words as typed; a lone surrogate in them would make
         # printing the message raise in turn.
         message = message.encode("utf-8", "backslashreplace").decode("utf-8")
-        found = re.match(r"argument SUBCOMMAND: invalid choice: (.*) \(choose from", message)
+        found = re.match(r"argument SUBCOMMAND: invalid choice: (.*) \(choose from", message,
+                         re.S)
         if found:
-            raise UsageError(f"%gpumem has no subcommand {found.group(1)[:60]}; "
+            raise UsageError(f"%gpumem has no subcommand {_cut(found.group(1))}; "
                              "try %gpumem? for the list")
-        raise UsageError(f"{self.prog}: {message}")
+        raise UsageError(short_message(f"{self.prog}: {message}"))
 
 
 def _build_parser() -> _Parser:
@@ -221,10 +222,28 @@ def _device_arg(text: str) -> int | None:
     return index
 
 
+# A refused value is echoed this far, then "…": a 100,000-character argument must not come
+# back whole in the error.
+ECHO_CHARS = 80
+MAX_MESSAGE_CHARS = 400
+
+
+def _cut(text: str, limit: int = ECHO_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 def _quoted(text: str) -> str:
     """User text in a message: quoted, control characters (a NUL) escaped, long text cut."""
-    text = repr(text)  # ASCII escapes for NUL and the like; printable whatever the name
-    return text if len(text) <= 60 else text[:57] + "..."
+    return _cut(repr(text[: ECHO_CHARS + 1]) if len(text) > ECHO_CHARS else repr(text))
+
+
+def short_message(message: str) -> str:
+    """A message holding the user's words (argparse quotes them whole): every word longer
+    than ``ECHO_CHARS`` cut, and the whole at most ``MAX_MESSAGE_CHARS``."""
+    if len(message) <= ECHO_CHARS:
+        return message
+    words = re.sub(rf"\S{{{ECHO_CHARS + 1},}}", lambda m: _cut(m.group(0)), message)
+    return _cut(words, MAX_MESSAGE_CHARS)
 
 
 @magics_class
@@ -237,6 +256,15 @@ class GpumemMagics(Magics):
 
     @line_cell_magic
     def gpumem(self, line: str, cell: str | None = None) -> Any:
+        try:
+            return self._gpumem(line, cell)
+        except UsageError as e:
+            text = str(e)
+            if len(text) <= MAX_MESSAGE_CHARS:
+                raise
+            raise UsageError(short_message(text)) from None
+
+    def _gpumem(self, line: str, cell: str | None) -> Any:
         argv = _split(line)
         if "-h" in argv or "--help" in argv:  # help is an answer, never a UsageError
             print(help_text(None if cell is not None or not argv else argv[0]))
@@ -296,7 +324,8 @@ class GpumemMagics(Magics):
         names = [n.strip() for n in args.vars.split(",") if n.strip()]
         bad = [n for n in names if not n.isidentifier()]
         if bad:
-            raise UsageError(f"--vars takes variable names separated by commas, not {bad[0]!r}")
+            raise UsageError("--vars takes variable names separated by commas, not "
+                             f"{_quoted(bad[0])}")
         request = cleanup.CleanupRequest(
             clear_traceback=not args.keep_traceback, clear_output=args.out,
             delete_vars=names, dry_run=args.dry_run, find_holders=True,
@@ -304,7 +333,7 @@ class GpumemMagics(Magics):
         try:
             report = self.monitor.cleanup(request)
         except (ValueError, RuntimeError) as e:
-            raise UsageError(str(e)) from None
+            raise UsageError(short_message(str(e))) from None
         if args.o:
             return report
         display(report)
@@ -319,7 +348,7 @@ class GpumemMagics(Magics):
             try:
                 threshold = parse_size(args.threshold)
             except ValueError as e:
-                raise UsageError(f"--threshold: {e}") from None
+                raise UsageError(short_message(f"--threshold: {e}")) from None
         try:
             m.configure(
                 interval_s=args.interval, threshold_bytes=threshold,
@@ -377,7 +406,8 @@ class GpumemMagics(Magics):
             try:
                 m.start_replay(args.replay)
             except (ValueError, OSError) as e:
-                raise UsageError(f"cannot replay {args.replay}: {e}") from None
+                raise UsageError(short_message(f"cannot replay {_quoted(args.replay)}: {e}")
+                                 ) from None
         elif args.live:
             m.stop_replay()
         widget = show(m)
