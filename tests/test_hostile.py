@@ -101,6 +101,13 @@ def test_a_ten_megabyte_oom_message_is_explained_without_freezing_the_kernel(loa
     assert len(e.error) <= 300
 
 
+def test_a_long_message_of_repeated_oom_heads_does_not_hold_the_kernel(loaded):
+    loaded.user_ns["msg"] = "CUDA out of memory. Tried to allocate 1 B (GPU 1;" * 4000
+    t0 = time.perf_counter()
+    run(loaded, "raise RuntimeError(msg)")
+    assert time.perf_counter() - t0 < 2.0  # about 11 s before: quadratic in its length
+
+
 def test_a_400_digit_size_and_a_5000_digit_gpu_index_are_still_explained(loaded):
     head = "CUDA out of memory. Tried to allocate {}. GPU {} has a total capacity of 139.80 GiB"
     tail = (" of which 2.00 GiB is free. Of the allocated memory 130.00 GiB is allocated by "
