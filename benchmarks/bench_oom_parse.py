@@ -9,6 +9,7 @@ only the head and tail of a long text, with patterns that take linear time.
 
 from __future__ import annotations
 
+import functools
 import sys
 
 sys.path.insert(0, ".")
@@ -46,8 +47,8 @@ def main() -> None:
     worst = 0.0
     for name, text in messages().items():
         exc = RuntimeError(text)
-        parse = time_calls(lambda text=text: parse_oom_message(text), n=30, warmup=3)
-        find = time_calls(lambda exc=exc: find_cuda_oom(exc), n=30, warmup=3)
+        parse = time_calls(functools.partial(parse_oom_message, text), n=30, warmup=3)
+        find = time_calls(functools.partial(find_cuda_oom, exc), n=30, warmup=3)
         results[name] = {"parse_median_ms": round(parse["median_us"] / 1e3, 3),
                          "parse_p99_ms": round(parse["p99_us"] / 1e3, 3),
                          "find_cuda_oom_median_ms": round(find["median_us"] / 1e3, 3)}
