@@ -223,7 +223,7 @@ def attack_files(shell: Any, tmp: Path) -> dict[str, Any]:
         counts["other_errors"] += outcome[0].startswith("error")
         if label == "valid" and (tmp / "ok.pickle").read_bytes()[:2] == b"\x80\x04":
             counts["saved"] += 1
-    counts["victim_changed"] = int(victim.read_text() != "precious")
+    counts["victim_changed"] = int(victim.read_bytes() != b"precious")
     counts["temp_files_left"] = sum(p.name.endswith(".tmp") for p in tmp.iterdir())
     counts["recording_left_on"] = int(shell.user_ns["cuda"].history is not None)
     return counts
