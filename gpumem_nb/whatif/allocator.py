@@ -124,6 +124,7 @@ class DeviceCachingAllocator:
         self.pending: dict[int, Block] = {}  # id -> freed blocks waiting on an event
         self._va = _VA_BASE
         self._force = False  # after a predicted OOM: carry on past the limits
+        self._new_peak = False
         # DeviceStats, the ones the report uses.
         self.reserved = 0  # total_allocated_memory / reserved_bytes
         self.allocated = 0
@@ -149,7 +150,7 @@ class DeviceCachingAllocator:
         self.reserved += delta
         if self.reserved > self.peak_reserved:
             self.peak_reserved = self.reserved
-            self.inactive_split_at_peak = self.inactive_split
+            self._new_peak = True  # its stranded bytes are read once the request is served
         self.changes.append((self.now, self.reserved))
 
     def _new_va(self, size: int, align: int = _VA_ALIGN) -> int:
@@ -224,7 +225,11 @@ class DeviceCachingAllocator:
                 assert block is not None
         split = should_split(block.size, size, small=small, expandable_active=xa,
                              max_split_size=self.max_split)
-        return self.alloc_found_block(block, size, split), oom
+        block = self.alloc_found_block(block, size, split)
+        if self._new_peak:
+            self.inactive_split_at_peak = self.inactive_split
+            self._new_peak = False
+        return block, oom
 
     def free(self, block: Block, *, deferred: bool) -> None:
         """``free()``: the tensor is gone; ``deferred`` when the block waits on an event
@@ -562,6 +567,8 @@ class DeviceCachingAllocator:
                 at = addr + int(seg.get("total_size", 0))
             layout.append(Block(base + space - at, at, stream, small, es, mapped=False))
             self._link(layout)
+        self.inactive_split_at_peak = self.inactive_split
+        self._new_peak = False
         return live, waiting
 
     def _chain(self, seg: Mapping[str, Any], stream: int, small: bool,

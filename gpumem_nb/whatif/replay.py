@@ -16,11 +16,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .allocator import DeviceCachingAllocator, Limits
+from .allocator import Block, DeviceCachingAllocator, Limits
 from .config import AllocatorSettings
 from .rules import kLargeBuffer
 
@@ -148,7 +148,10 @@ class Replayed:
 def replay(trace: CompiledTrace, settings: AllocatorSettings, *, limits: Limits | None = None,
            start_segments: Sequence[Mapping[str, Any]] | None = None, device: int = 0,
            device_total_bytes: int | None = None, start_page_bytes: int = kLargeBuffer,
-           ) -> Replayed:
+           on_event: Callable[[int, DeviceCachingAllocator, Mapping[int, Block]], None]
+           | None = None) -> Replayed:
+    """Run the model over ``trace``. ``on_event(i, model, live)`` is called after each event
+    (the property tests check the model's invariants there)."""
     limits = limits or Limits()
     model = DeviceCachingAllocator(settings, limits, device_total_bytes=device_total_bytes)
     live, pending = model.load_segments(start_segments or (), device, start_page_bytes)
@@ -186,6 +189,8 @@ def replay(trace: CompiledTrace, settings: AllocatorSettings, *, limits: Limits 
                 oom_event, oom_size = i, size
         else:
             model.empty_cache()
+        if on_event is not None:
+            on_event(i, model, live)
     judged = limits.capacity_bytes is not None or limits.allowed_bytes is not None
     return Replayed(
         peak_reserved_bytes=model.peak_reserved, end_reserved_bytes=model.reserved,
