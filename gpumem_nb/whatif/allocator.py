@@ -53,14 +53,13 @@ class ExpandableSegment:
 
 class Block:
     __slots__ = ("allocated", "es", "gc_base", "key", "mapped", "next", "nonrel", "pending",
-                 "prev", "ptr", "size", "small", "stream")
+                 "pool", "prev", "ptr", "size")
 
-    def __init__(self, size: int, ptr: int, stream: int, small: bool,
+    def __init__(self, size: int, ptr: int, pool: BlockPool,
                  es: ExpandableSegment | None = None, mapped: bool = True) -> None:
         self.size = size
         self.ptr = ptr
-        self.stream = stream
-        self.small = small
+        self.pool = pool  # owning pool: small or large, and the stream
         self.es = es
         self.mapped = mapped
         self.allocated = False
@@ -125,6 +124,7 @@ class DeviceCachingAllocator:
         self._va = _VA_BASE
         self._force = False  # after a predicted OOM: carry on past the limits
         self._new_peak = False
+        self._rounded: dict[int, int] = {}  # round_size, for the sizes seen so far
         # DeviceStats, the ones the report uses.
         self.reserved = 0  # total_allocated_memory / reserved_bytes
         self.allocated = 0
@@ -159,11 +159,11 @@ class DeviceCachingAllocator:
         return ptr
 
     def insert_into_blocks(self, b: Block) -> None:
-        pool = self._pool(b.small, b.stream)
+        pool = b.pool
         b.key = key = (b.size << _KEY_SHIFT) | b.ptr
         insort(pool.keys, key)
         pool.blocks[key] = b
-        b.gc_base = self.gc_calls[b.small]
+        b.gc_base = self.gc_calls[pool.small]
         es = b.es
         if es is None:
             b.nonrel = b.size if (b.prev is not None or b.next is not None) else 0
@@ -174,19 +174,19 @@ class DeviceCachingAllocator:
         self.inactive_split += b.nonrel
 
     def erase_from_blocks(self, b: Block) -> None:
-        pool = self.pools[(b.small, b.stream)]
+        pool = b.pool
         keys = pool.keys
         del keys[bisect_left(keys, b.key)]
         del pool.blocks[b.key]
         self.inactive_split -= b.nonrel
 
     def _insert_unmapped(self, b: Block) -> None:
-        pool = self._pool(b.small, b.stream)
+        pool = b.pool
         insort(pool.unmapped_ptrs, b.ptr)
         pool.unmapped[b.ptr] = b
 
     def _erase_unmapped(self, b: Block) -> None:
-        pool = self.pools[(b.small, b.stream)]
+        pool = b.pool
         ptrs = pool.unmapped_ptrs
         del ptrs[bisect_left(ptrs, b.ptr)]
         del pool.unmapped[b.ptr]
@@ -197,7 +197,9 @@ class DeviceCachingAllocator:
         After a predicted OOM the block is still handed out, past the limits, so the replay
         goes on and the later figures say what the cell would have needed."""
         s = self.s
-        size = round_size(orig_size, s.roundup_power2_divisions)
+        size = self._rounded.get(orig_size)
+        if size is None:
+            size = self._rounded[orig_size] = round_size(orig_size, s.roundup_power2_divisions)
         small = size <= kSmallSize
         pool = self._pool(small, stream)
         alloc_size = get_allocation_size(size, s.large_segment_size)
@@ -295,7 +297,7 @@ class DeviceCachingAllocator:
     def alloc_found_block(self, block: Block, size: int, split: bool) -> Block:
         if split:
             remaining = block
-            block = Block(size, remaining.ptr, remaining.stream, remaining.small, remaining.es)
+            block = Block(size, remaining.ptr, remaining.pool, remaining.es)
             block.prev = remaining.prev
             if block.prev is not None:
                 block.prev.next = block
@@ -346,7 +348,7 @@ class DeviceCachingAllocator:
         if not self._force and self.capacity is not None and \
                 self.reserved + alloc_size > self.capacity:
             return None  # cudaMalloc: out of memory
-        block = Block(alloc_size, self._new_va(alloc_size), pool.stream, pool.small)
+        block = Block(alloc_size, self._new_va(alloc_size), pool)
         self.num_device_alloc += 1
         self._reserve(alloc_size)
         return block
@@ -457,7 +459,7 @@ class DeviceCachingAllocator:
         space = self.device_total * EXPANDABLE_ADDRESS_SPACE_NUM // EXPANDABLE_ADDRESS_SPACE_DEN
         space = -(-space // page) * page
         es = ExpandableSegment(self._new_va(space, page), page, space)
-        c = Block(space, es.base, pool.stream, pool.small, es, mapped=False)
+        c = Block(space, es.base, pool, es, mapped=False)
         self._insert_unmapped(c)
         return c
 
@@ -472,8 +474,8 @@ class DeviceCachingAllocator:
         self._erase_unmapped(to_map)
         to_map.mapped = True
         if mapped < to_map.size:
-            rest = Block(to_map.size - mapped, to_map.ptr + mapped, to_map.stream,
-                         to_map.small, es, mapped=False)
+            rest = Block(to_map.size - mapped, to_map.ptr + mapped, to_map.pool, es,
+                         mapped=False)
             _splice(rest, to_map, to_map.next)
             self._insert_unmapped(rest)
             to_map.size = mapped
@@ -510,12 +512,12 @@ class DeviceCachingAllocator:
         usize = (end - begin) * es.page
         before = uptr - b.ptr
         if before > 0:
-            bf = Block(before, b.ptr, b.stream, b.small, es)
+            bf = Block(before, b.ptr, b.pool, es)
             _splice(bf, b.prev, b)
             self.insert_into_blocks(bf)
         after = b.size - (before + usize)
         if after > 0:
-            af = Block(after, uptr + usize, b.stream, b.small, es)
+            af = Block(after, uptr + usize, b.pool, es)
             _splice(af, b, b.next)
             self.insert_into_blocks(af)
         b.ptr, b.size, b.mapped = uptr, usize, False
@@ -543,11 +545,12 @@ class DeviceCachingAllocator:
             if seg.get("is_expandable"):
                 groups.setdefault((stream, small), []).append(seg)
                 continue
-            chain = self._chain(seg, stream, small, None, live, waiting)
+            chain = self._chain(seg, self._pool(small, stream), None, live, waiting)
             if chain:
                 self._reserve(sum(b.size for b in chain))
                 self._link(chain)
         for (stream, small), segs in groups.items():
+            pool = self._pool(small, stream)
             page = kSmallBuffer if small else page_bytes
             segs = sorted(segs, key=lambda s: int(s.get("address", 0)))
             base = int(segs[0].get("address", 0))
@@ -560,18 +563,18 @@ class DeviceCachingAllocator:
             for seg in segs:
                 addr = int(seg.get("address", 0))
                 if addr > at:
-                    layout.append(Block(addr - at, at, stream, small, es, mapped=False))
-                mapped = self._chain(seg, stream, small, es, live, waiting)
+                    layout.append(Block(addr - at, at, pool, es, mapped=False))
+                mapped = self._chain(seg, pool, es, live, waiting)
                 self._reserve(sum(b.size for b in mapped))
                 layout += mapped
                 at = addr + int(seg.get("total_size", 0))
-            layout.append(Block(base + space - at, at, stream, small, es, mapped=False))
+            layout.append(Block(base + space - at, at, pool, es, mapped=False))
             self._link(layout)
         self.inactive_split_at_peak = self.inactive_split
         self._new_peak = False
         return live, waiting
 
-    def _chain(self, seg: Mapping[str, Any], stream: int, small: bool,
+    def _chain(self, seg: Mapping[str, Any], pool: BlockPool,
                es: ExpandableSegment | None, live: dict[int, Block],
                waiting: dict[int, Block]) -> list[Block]:
         at = int(seg.get("address", 0))
@@ -580,7 +583,7 @@ class DeviceCachingAllocator:
             size = int(blk.get("size", 0))
             if size <= 0:
                 continue
-            b = Block(size, int(blk.get("address", at)), stream, small, es)
+            b = Block(size, int(blk.get("address", at)), pool, es)
             state = blk.get("state")
             if state == "active_allocated":
                 b.allocated = True

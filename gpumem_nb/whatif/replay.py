@@ -24,7 +24,7 @@ from .allocator import Block, DeviceCachingAllocator, Limits
 from .config import AllocatorSettings
 from .rules import kLargeBuffer
 
-ALLOC, FREE_REQUESTED, FREE_COMPLETED, OOM, EMPTY_CACHE = range(5)
+ALLOC, FREE_REQUESTED, FREE_COMPLETED, OOM, EMPTY_CACHE, FREE = range(6)
 _SEGMENT_GROW = {"segment_alloc": 1, "segment_map": 1}
 _SEGMENT_SHRINK = {"segment_free": -1, "segment_unmap": -1}
 _INTERNAL_AFTER = frozenset({"segment_alloc", "segment_map", "oom"})
@@ -84,10 +84,17 @@ def compile_trace(entries: Sequence[Any]) -> CompiledTrace:
             stream = _int(e.get("stream")) or 0
             if addr is None or size is None or size < 0 or (code == ALLOC and size == 0):
                 skip(f"{action} without a valid address and size")
-            else:
-                completions = completions or code == FREE_COMPLETED
-                events.append((code, addr, size, stream))
-                times.append(t)
+                i += 1
+                continue
+            if code == FREE_REQUESTED and i + 1 < n:
+                nxt = entries[i + 1]
+                if isinstance(nxt, Mapping) and nxt.get("action") == "free_completed" and \
+                        nxt.get("addr") == addr:
+                    code = FREE  # returned to its pool at once: one step, not two
+                    i += 1
+            completions = completions or code in (FREE_COMPLETED, FREE)
+            events.append((code, addr, size, stream))
+            times.append(t)
             i += 1
             continue
         if action in _SEGMENT_GROW or action in _SEGMENT_SHRINK:
@@ -163,7 +170,12 @@ def replay(trace: CompiledTrace, settings: AllocatorSettings, *, limits: Limits 
     unmatched = 0
     for i, (code, addr, size, stream) in enumerate(trace.events):
         model.now = i
-        if code == ALLOC:
+        if code == FREE:
+            if addr in live:
+                free(live.pop(addr), deferred=False)
+            else:
+                unmatched += 1
+        elif code == ALLOC:
             if addr in live:  # a second alloc at a live address: an entry went missing
                 free(live.pop(addr), deferred=False)
                 unmatched += 1
