@@ -184,6 +184,7 @@ class Monitor:
         self.widget: Any = None
         self.started_t_s = time.monotonic()
         self.oom = OomWatch(self)  # explains a CUDA OOM in the cell that hit it
+        self.last_trace: Any = None  # the latest %%gpumem --trace result, for %gpumem whatif
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:

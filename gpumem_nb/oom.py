@@ -814,6 +814,9 @@ class OomWatch:
         self._scanned_generation = -1
         self._previous_error = ""
         self._lock = threading.Lock()
+        # More lines for the explanation, from features the caller sets per cell (the
+        # allocator what-if of a traced cell). Given the facts; a hook that fails adds none.
+        self.extra_lines: Callable[[OomFacts], Sequence[str]] | None = None
 
     # -- the observer ------------------------------------------------------------------------
     def ensure_attached(self) -> None:
@@ -933,6 +936,7 @@ class OomWatch:
         except Exception:
             dry = None
         stages["dry_run"] = self.clock() - t
+        extra = self._extra_lines(pieces.facts, stages)
         if msg.form == FORM_DRIVER:
             pieces.notes.append(
                 "This error comes from CUDA or a CUDA library, not from PyTorch's allocator: "
@@ -944,7 +948,19 @@ class OomWatch:
             error=text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__,
             form=msg.form, source=pieces.source, holders=pieces.holders,
             sites_at_failure=tuple(sites), observer_s=pieces.observer_s,
-            notes=tuple(pieces.notes), stage_s=stages)
+            notes=tuple(pieces.notes) + extra, stage_s=stages)
+
+    def _extra_lines(self, facts: OomFacts, stages: dict[str, float]) -> tuple[str, ...]:
+        hook = self.extra_lines
+        if hook is None:
+            return ()
+        t = self.clock()
+        try:
+            return tuple(line for line in hook(facts) if line)
+        except Exception:
+            return ()
+        finally:
+            stages["extra"] = self.clock() - t
 
     def _dry_run_request(self, pieces: _Pieces, event: OomEvent | None) -> CleanupRequest:
         """The in-cell ``cleanup --dry-run``, reusing what was already read after the failure.

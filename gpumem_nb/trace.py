@@ -32,6 +32,7 @@ from typing import Any
 from .report import html_table, text_table
 from .sources.torch import TorchDebug
 from .units import format_bytes
+from .whatif.snapshot import START_KEY
 
 MAX_ENTRIES = 100_000  # history ring buffer: about 0.7 s to snapshot when full
 TOP_DEFAULT = 5
@@ -367,6 +368,8 @@ class CellTracer:
         self._spent_s = 0.0
         self._switch_s = 0.0  # of _spent_s, in torch's _record_memory_history
         self._notes: list[str] = []
+        self._start_state: dict[str, Any] = {}  # the allocator when tracing began, for the what-if
+        self._start_snapshot_s = 0.0
 
     def _timed_record(self, enabled: bool) -> str:
         t0 = self.clock()
@@ -395,6 +398,7 @@ class CellTracer:
                     "supports it on the native allocator only); start the kernel without "
                     "backend:cudaMallocAsync to trace. This cell runs untraced.")
         prior = t.history_enabled()
+        self._start_state = self._record_start()
         self._since_us = self.wall() * 1e6
         if prior:
             self._notes.append("Your own allocation-history recording was already on; it "
@@ -409,11 +413,29 @@ class CellTracer:
                                "the cell; it is off again now.")
         return ""
 
+    def _record_start(self) -> dict[str, Any]:
+        """The segments that exist now (no history: cheap) and, per GPU this process uses,
+        what the driver has free: the what-if replays the cell from this state and judges
+        OOMs against what PyTorch could have had."""
+        t = self.torch
+        t0 = self.clock()
+        segments, why = t.segments_snapshot()
+        self._start_snapshot_s = self.clock() - t0
+        devices: dict[str, dict[str, Any]] = {}
+        for i in range(t.device_count()):
+            info = t.mem_info(i)
+            if info is not None:
+                devices[str(i)] = {"free_bytes": info[0], "total_bytes": info[1],
+                                   "fraction": t.memory_fraction(i)}
+        if segments is None:
+            self._notes.append(f"The what-if has no start state for this cell: {why}.")
+        return {"segments": segments, "devices": devices}
+
     def stop(self, *, top: int = TOP_DEFAULT, save: str | None = None) -> TraceResult:
         """Snapshot, switch the recording back off (if it was ours), analyse, save."""
         t0 = self.clock()
         snap, why = self.torch.memory_snapshot()
-        snapshot_s = self.clock() - t0
+        snapshot_s = self.clock() - t0 + self._start_snapshot_s  # both of torch's snapshots
         if self._ours:
             self._timed_record(False)
         notes = list(self._notes)
@@ -424,6 +446,8 @@ class CellTracer:
         else:
             skip = library_dirs(self.torch._modules)
             since = None if self._ours else self._since_us
+            if self._start_state:
+                snap[START_KEY] = {**self._start_state, "since_us": since}
             for i, trace in enumerate(snap.get("device_traces") or ()):
                 trace = list(trace or ())
                 if not trace:

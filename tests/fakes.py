@@ -208,6 +208,15 @@ class FakeCudaMemory:
     def _snapshot(self) -> dict[str, Any]:
         c = self._cuda
         c.calls.append("snapshot")
+        return self._build_snapshot()
+
+    def memory_snapshot(self, mempool_id: Any = None, include_traces: bool = True) -> Any:
+        """torch >= 2.12's segments-only form (``include_traces=False`` is cheap)."""
+        self._cuda.calls.append(f"memory_snapshot(include_traces={include_traces})")
+        return self._build_snapshot()["segments"]
+
+    def _build_snapshot(self) -> dict[str, Any]:
+        c = self._cuda
         if c.backend == "cudaMallocAsync":
             raise RuntimeError("Calling snapshot with backend:cudaMallocAsync is not meaningful.")
         if not c.initialized:
@@ -283,6 +292,12 @@ class FakeCuda:
 
     def get_per_process_memory_fraction(self, i: int) -> float:
         return self.fraction
+
+    def mem_get_info(self, i: int) -> tuple[int, int]:
+        self.calls.append(f"mem_get_info({i})")
+        if not self.initialized or not self.devices[i].context:
+            raise AssertionError("mem_get_info would create a CUDA context")
+        return self.device_free(i), self.devices[i].total
 
     # The driver's view: a context plus whatever the cache holds, like the real thing.
     context_bytes = 500 * MiB

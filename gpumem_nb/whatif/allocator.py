@@ -589,7 +589,7 @@ class DeviceCachingAllocator:
                 b.allocated = True
                 self.allocated += size
                 live[b.ptr] = b
-            elif state == "active_pending_free":
+            elif state in ("active_awaiting_free", "active_pending_free"):
                 b.pending = True
                 self.pending[id(b)] = b
                 waiting[b.ptr] = b
