@@ -117,6 +117,18 @@ def _build_parser() -> _Parser:
                     help="drive the chart from a recorded trace ('bundled' for the H200 one); "
                          "a demonstration only: your cells are still measured live")
     wa.add_argument("--live", action="store_true", help="end a replay: chart this machine")
+    wi = add("whatif", "replay a traced cell's allocations under other allocator settings:\n"
+                       "peak and end reserved, stranded bytes, cudaMalloc/cudaFree calls, OOM")
+    wi.add_argument("--trace", metavar="last|FILE", default="last",
+                    help="the history: the last cell traced with --trace, or a snapshot file")
+    wi.add_argument("--conf", metavar="SETTING", action="append",
+                    help="a PYTORCH_ALLOC_CONF setting to try (repeat; default: a few "
+                         "alternatives)")
+    wi.add_argument("--capacity", metavar="SIZE",
+                    help="judge OOMs at this size (default: what was free to PyTorch)")
+    wi.add_argument("--device", type=int, metavar="N",
+                    help="which GPU's history (default: the one with the most entries)")
+    wi.add_argument("-o", action="store_true", help="return the result object")
     return p
 
 
@@ -351,6 +363,49 @@ class GpumemMagics(Magics):
             display(last)
         return None
 
+    def _cmd_whatif(self, args: Any) -> Any:
+        from .whatif import api as wi
+
+        if args.trace == "last":
+            last = self.monitor.last_trace
+            source: Any = getattr(last, "snapshot", None)
+            if source is None:
+                raise UsageError("no traced cell to replay yet: run a cell under %%gpumem "
+                                 "--trace first, or name a snapshot file with --trace FILE")
+        else:
+            source = args.trace
+        capacity = None
+        if args.capacity is not None:
+            try:
+                capacity = parse_size(args.capacity)
+            except ValueError as e:
+                raise UsageError(f"--capacity: {e}") from None
+            if capacity <= 0:
+                raise UsageError("--capacity must be a size above zero")
+        if args.device is not None and args.device < 0:
+            raise UsageError("--device takes a GPU number")
+        try:
+            ti = wi.trace_input(wi.load(source), args.device)
+        except wi.SnapshotError as e:
+            raise UsageError(str(e)) from None
+        confs = args.conf if args.conf else list(wi.DEFAULT_ALTERNATIVES)
+        parsed = []
+        current = wi.parse_settings_or_none(ti.recorded_setting)
+        if current is not None:
+            parsed.append(current)
+        for conf in confs:
+            try:
+                s = wi.parse_settings(conf)
+            except wi.SettingError as e:
+                raise UsageError(f"--conf {_quoted(conf)}: {e}") from None
+            if not any(wi.same_rules(s, p) for p in parsed):
+                parsed.append(s)
+        result = wi.run(ti, parsed, capacity)
+        if args.o:
+            return result
+        display(*wi.views(result))
+        return None
+
     def _cmd_start(self, args: Any) -> None:
         self.monitor.sampler.start()
         print(f"gpumem: sampling every {self.monitor.sampler.interval_s:g} s")
@@ -399,11 +454,16 @@ class GpumemMagics(Magics):
         after = m.end(wm)
         traced = tracer.stop(top=args.top or trace.TOP_DEFAULT, save=args.save) \
             if tracer is not None else None
+        if traced is not None and traced.snapshot is not None:
+            m.last_trace = traced
+            m.oom.extra_lines = _whatif_lines(traced.snapshot)
         try:  # the monitor's own hook sees only top-level cells; this one ran nested
             m.oom.on_cell_result(result, sites=[SiteAtFailure(label, n) for label, n in (
                 traced.sites_at_failure() if traced is not None else ())])
         except Exception as e:
             m._contain("OOM explainer", e)
+        finally:
+            m.oom.extra_lines = None
         rec = build_record(
             execution_count=getattr(self.shell, "execution_count", None), cell_key="%%gpumem",
             source=cell, before=before, after=after, watermark=wm, reset_at_start=did_reset,
@@ -420,6 +480,25 @@ class GpumemMagics(Magics):
                 display(*shown)
             return shown[0] if args.o else None
         return report if args.o else None
+
+
+def _whatif_lines(snapshot: dict[str, Any]) -> Any:
+    """The OOM explainer's what-if line for a traced cell: replayed with expandable segments,
+    at the memory PyTorch could use when the request failed."""
+    from .whatif.api import expandable_oom_line
+
+    def lines(facts: Any) -> list[str]:
+        if facts.backend != "native" or facts.expandable_segments:
+            return []
+        if facts.allowed_bytes is not None:
+            cap = facts.allowed_bytes
+        elif facts.free_bytes is not None and facts.reserved_bytes is not None:
+            cap = facts.free_bytes + facts.reserved_bytes
+        else:
+            return []
+        return [expandable_oom_line(snapshot, device=facts.device, capacity_bytes=cap)]
+
+    return lines
 
 
 # ------------------------------------------------------------------------------------------

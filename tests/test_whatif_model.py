@@ -4,12 +4,13 @@ rule of the native caching allocator on its own, and the invariants any allocato
 from __future__ import annotations
 
 import pickle
+from itertools import pairwise
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpumem_nb import whatif as w
+from gpumem_nb.whatif import api as w
 from gpumem_nb.whatif.allocator import Limits
 from gpumem_nb.whatif.config import SettingError, parse_settings
 from gpumem_nb.whatif.replay import EMPTY_CACHE, compile_trace, replay
@@ -133,7 +134,8 @@ def test_garbage_collection_acts_only_under_a_memory_fraction():
     h.free(h.alloc(300 * MiB))
     h.free(h.alloc(400 * MiB))
     h.alloc(500 * MiB)
-    start = {"segments": [], "devices": {"0": {"total_bytes": 2000 * MiB, "free_bytes": 2000 * MiB}}}
+    gpu = {"total_bytes": 2000 * MiB, "free_bytes": 2000 * MiB}
+    start = {"segments": [], "devices": {"0": gpu}}
     r = w.whatif(h.snapshot(start=start), [
         "", "garbage_collection_threshold:0.5",
         "per_process_memory_fraction:0.5",
@@ -328,7 +330,7 @@ def histories(draw: st.DrawFn) -> tuple[History, int]:
     for _ in range(draw(st.integers(1, 60))):
         op = draw(st.sampled_from(["alloc", "alloc", "free", "defer", "complete", "orphan",
                                    "empty"]))
-        if op == "alloc" or not live and op in ("free", "defer"):
+        if op == "alloc" or (not live and op in ("free", "defer")):
             stream = draw(st.sampled_from([0, 0, 5]))
             live.append((h.alloc(draw(SIZES), stream), stream))
         elif op in ("free", "defer"):
@@ -356,14 +358,14 @@ def check_invariants(i, model, live):
     mapped = 0
     spans = []
     for chain in model.segments(live.values()):
-        for a, b in zip(chain, chain[1:], strict=False):
+        for a, b in pairwise(chain):
             assert a.ptr + a.size == b.ptr, "blocks of a segment must tile it"
             assert a.next is b and b.prev is a
         mapped += sum(b.size for b in chain if b.mapped)
         spans += [(b.ptr, b.ptr + b.size) for b in chain if b.allocated]
     assert mapped == model.reserved
     spans.sort()
-    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+    for (_, end), (start, _) in pairwise(spans):
         assert end <= start, "two live blocks overlap"
     for pool in model.pools.values():
         assert pool.keys == sorted(pool.keys) and len(pool.keys) == len(pool.blocks)
