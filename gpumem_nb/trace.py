@@ -431,6 +431,27 @@ class CellTracer:
             self._notes.append(f"The what-if has no start state for this cell: {why}.")
         return {"segments": segments, "devices": devices}
 
+    def _devices_at_start(self, snap: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+        """The start's free memory per GPU; for a GPU that had no context yet when the cell
+        began (so could not be asked then), what is free now plus what the cell reserved."""
+        devices = dict(self._start_state.get("devices") or {})
+        start_segments = self._start_state.get("segments") or ()
+        for i, entries in enumerate(snap.get("device_traces") or ()):
+            if not entries or str(i) in devices:
+                continue
+            info = self.torch.mem_info(i)
+            if info is None:
+                continue
+
+            def held(segs: Any, dev: int = i) -> int:
+                return sum(int(x.get("total_size", 0)) for x in segs
+                           if int(x.get("device", dev)) == dev)
+
+            devices[str(i)] = {
+                "free_bytes": info[0] + held(snap.get("segments") or ()) - held(start_segments),
+                "total_bytes": info[1], "fraction": self.torch.memory_fraction(i)}
+        return devices
+
     def stop(self, *, top: int = TOP_DEFAULT, save: str | None = None) -> TraceResult:
         """Snapshot, switch the recording back off (if it was ours), analyse, save."""
         t0 = self.clock()
@@ -447,7 +468,8 @@ class CellTracer:
             skip = library_dirs(self.torch._modules)
             since = None if self._ours else self._since_us
             if self._start_state:
-                snap[START_KEY] = {**self._start_state, "since_us": since}
+                snap[START_KEY] = {**self._start_state, "since_us": since,
+                                   "devices": self._devices_at_start(snap)}
             for i, trace in enumerate(snap.get("device_traces") or ()):
                 trace = list(trace or ())
                 if not trace:

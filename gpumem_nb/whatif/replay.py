@@ -81,6 +81,8 @@ def compile_trace(entries: Sequence[Any]) -> CompiledTrace:
         code = _MODEL.get(action) if isinstance(action, str) else None
         if code is not None:
             addr, size = _int(e.get("addr")), _int(e.get("size"))
+            if code == OOM and addr is None:
+                addr = 0  # an OOM's "addr" is the driver's free memory, not an address
             stream = _int(e.get("stream")) or 0
             if addr is None or size is None or size < 0 or (code == ALLOC and size == 0):
                 skip(f"{action} without a valid address and size")
