@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+from itertools import pairwise
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -149,7 +150,7 @@ class _DryHistory:
         rec = self
 
         class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 out = func(*args, **(kwargs or {}))
                 for t in out if isinstance(out, (tuple, list)) else (out,):
                     if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():
@@ -448,7 +449,7 @@ def choose_capacity(api: Any, snap: dict[str, Any], settings: list[str], peaks: 
                     total: int) -> tuple[int, dict[str, bool]]:
     """Among capacities between the predicted peaks, the one that splits the settings most
     evenly into fitting and not (the model's own call, checked by the real runs)."""
-    candidates = [(a + b) // 2 for a, b in zip(peaks, peaks[1:], strict=False) if b > a * 1.02]
+    candidates = [(a + b) // 2 for a, b in pairwise(peaks) if b > a * 1.02]
     candidates += [int(peaks[0] * 0.8), int(peaks[-1] * 1.1)]
     best: tuple[float, int, dict[str, bool]] | None = None
     for cap in candidates:

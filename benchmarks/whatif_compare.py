@@ -161,8 +161,10 @@ def markdown(report: dict[str, Any]) -> str:
     for r in report["rows"]:
         oom = (f"{_yn(r['real_oom'])} / {_yn(r['predicted_oom'])} at "
                f"{_mib(r['capacity_bytes'])}" if "real_oom" in r else "")
-        lines.append(f"| {r['workload']} | `{r['setting']}` | {_mib(r['real_peak_reserved_bytes'])} "
-                     f"| {_mib(r['predicted_peak_reserved_bytes'])} | {r['peak_error_pct']:+.2f}% "
+        lines.append(f"| {r['workload']} | `{r['setting']}` "
+                     f"| {_mib(r['real_peak_reserved_bytes'])} "
+                     f"| {_mib(r['predicted_peak_reserved_bytes'])} "
+                     f"| {r['peak_error_pct']:+.2f}% "
                      f"| {_mib(r['real_end_reserved_bytes'])} "
                      f"| {_mib(r['predicted_end_reserved_bytes'])} | {oom} |")
     return "\n".join(lines)
