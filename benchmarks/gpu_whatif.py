@@ -201,6 +201,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             start = {"segments": [], "devices": {"0": {
                 "free_bytes": free, "total_bytes": total, "total_bytes_mem_get_info": total_info,
                 "fraction": torch.cuda.get_per_process_memory_fraction(0)}}}
+        if kind in ("record", "real"):
+            # History changes nothing the allocator decides; in the real runs it shows where
+            # the real allocator's cudaMallocs fell, to find where a prediction went wrong.
             torch.cuda.memory._record_memory_history("all", context=None, stacks="python",
                                                      max_entries=3_000_000)
     elif kind == "record":
@@ -235,11 +238,12 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             num_device_alloc=s.get("num_device_alloc"), num_device_free=s.get("num_device_free"),
             num_alloc_retries=s.get("num_alloc_retries"), num_ooms=s.get("num_ooms"),
             total_bytes=total, torch=torch.__version__)
-        if kind == "record":
+        if kind in ("record", "real"):
             t1 = time.perf_counter()
             snap = torch.cuda.memory._snapshot()
             out["snapshot_s"] = round(time.perf_counter() - t1, 3)
             torch.cuda.memory._record_memory_history(None)
+            out.update(_digest(snap))
         else:
             snap = torch.cuda.memory._snapshot()  # history off: segments only, cheap
         out["allocator_settings"] = _plain(snap.get("allocator_settings"))
@@ -261,6 +265,25 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         with gzip.open(spec["trace_path"], "wt") as f:
             json.dump(trace, f)
     return out
+
+
+def _digest(snap: dict[str, Any], max_events: int = 20000) -> dict[str, Any]:
+    """The allocation sequence's fingerprint (the same program must ask for the same sizes
+    in every run, or no replay can be exact) and where the allocator called cudaMalloc,
+    cudaFree, map or unmap: [allocations so far, action, size, address]."""
+    import hashlib
+
+    sizes: list[int] = []
+    seg: list[list[Any]] = []
+    for e in (snap.get("device_traces") or [[]])[0]:
+        a = e.get("action")
+        if a == "alloc":
+            sizes.append(int(e.get("size", 0)))
+        elif isinstance(a, str) and a.startswith("segment_") and len(seg) < max_events:
+            seg.append([len(sizes), a, e.get("size"), e.get("addr")])
+    return {"allocs": len(sizes),
+            "alloc_sizes_sha1": hashlib.sha1(json.dumps(sizes).encode()).hexdigest(),
+            "segment_events": seg}
 
 
 def _dry_figures(spec: dict[str, Any]) -> dict[str, Any]:

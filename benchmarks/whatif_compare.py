@@ -75,6 +75,11 @@ def compare(results: dict[str, Any], traces: dict[str, Any]) -> dict[str, Any]:
                 "predicted_cudaMalloc": p.segment_allocs,
                 "real_cudaFree": r.get("num_device_free"), "predicted_cudaFree": p.segment_frees,
             }
+            if record is not None and r.get("alloc_sizes_sha1"):
+                row["same_allocations_as_recorded"] = \
+                    r["alloc_sizes_sha1"] == record.get("alloc_sizes_sha1")
+            if not row["peak_within_target"] or r.get("num_device_alloc") != p.segment_allocs:
+                row["divergence"] = divergence(api, snap, r)
             o = ooms.get(r["setting"])
             if o is not None:
                 po = api.whatif(snap, [model_setting(api, o)])[0]
@@ -135,6 +140,45 @@ def compare(results: dict[str, Any], traces: dict[str, Any]) -> dict[str, Any]:
         "rows": rows, "savings": savings, "parser": parser, "consistency": consistency,
         "trace_cost": cost,
     }
+
+
+def divergence(api: Any, snap: dict[str, Any], run: dict[str, Any]) -> dict[str, Any] | None:
+    """Where the model's cudaMalloc/cudaFree (map/unmap) sequence first parts from the real
+    run's: both as (allocations made before it, bytes reserved or released)."""
+    from gpumem_nb.whatif.config import parse_settings
+    from gpumem_nb.whatif.replay import ALLOC, OOM, compile_trace, replay
+    from gpumem_nb.whatif.snapshot import trace_input
+
+    real = [(n, (size if a in ("segment_alloc", "segment_map") else -size))
+            for n, a, size, _ in run.get("segment_events") or ()]
+    if not real:
+        return None
+    ti = trace_input(snap, 0)
+    trace = compile_trace(ti.entries)
+    allocs_before = []
+    n = 0
+    for code, *_ in trace.events:
+        allocs_before.append(n)
+        n += code in (ALLOC, OOM)
+    s = parse_settings(model_setting(api, run))
+    total = ti.start.device_total_bytes
+    allowed = int(s.per_process_memory_fraction * total) if \
+        s.per_process_memory_fraction and total else None
+    r = replay(trace, s, limits=api.Limits(allowed_bytes=allowed), device_total_bytes=total)
+    model, last = [], r.start_reserved_bytes
+    for i, v in r.changes:
+        model.append((allocs_before[min(i, len(allocs_before) - 1)], v - last))
+        last = v
+    for k, (a, b) in enumerate(zip(real, model, strict=False)):
+        if a != b:
+            return {"index": k, "real": real[max(0, k - 3):k + 4],
+                    "model": model[max(0, k - 3):k + 4], "real_events": len(real),
+                    "model_events": len(model)}
+    if len(real) != len(model):
+        k = min(len(real), len(model))
+        return {"index": k, "real": real[k - 3:k + 4], "model": model[k - 3:k + 4],
+                "real_events": len(real), "model_events": len(model)}
+    return {"index": None, "real_events": len(real), "model_events": len(model)}
 
 
 def _parsed_table(api: Any, setting: str) -> tuple[int, ...] | None:
