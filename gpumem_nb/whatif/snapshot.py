@@ -61,8 +61,7 @@ def load(source: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
             obj = json.loads(data)
         else:
             obj = _DataOnlyUnpickler(io.BytesIO(data)).load()
-    except (pickle.UnpicklingError, json.JSONDecodeError, EOFError, ValueError, TypeError,
-            IndexError, KeyError, AttributeError, UnicodeDecodeError, MemoryError) as e:
+    except Exception as e:  # junk makes the unpickler raise nearly anything
         raise SnapshotError(f"{safeio.shown(source)} is not a memory snapshot: "
                             f"{type(e).__name__}: {str(e)[:200]}") from None
     if not isinstance(obj, dict):
@@ -107,35 +106,70 @@ class TraceInput:
         return cap
 
 
+def _num(v: Any) -> Any:
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def segments_of(raw: Any) -> list[dict[str, Any]]:
+    """A snapshot's segments as the model reads them: plain ints, blocks with a size and a
+    state; anything else dropped (a segment with junk in it is no segment)."""
+    out = []
+    for seg in raw if isinstance(raw, list) else ():
+        if not isinstance(seg, Mapping):
+            continue
+        ints = {k: seg.get(k, 0) for k in ("device", "address", "total_size", "stream")}
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                   for v in ints.values()):
+            continue
+        blocks: list[dict[str, Any]] = []
+        at = ints["address"]
+        raw_blocks = seg.get("blocks")
+        for b in raw_blocks if isinstance(raw_blocks, list) else ():
+            size = b.get("size") if isinstance(b, Mapping) else None
+            addr = b.get("address", at) if isinstance(b, Mapping) else None
+            if not isinstance(size, int) or not isinstance(addr, int) or size < 0:
+                break
+            blocks.append({"address": addr, "size": size, "state": str(b.get("state", ""))})
+            at = addr + size
+        else:
+            out.append({**ints, "segment_type": seg.get("segment_type"),
+                        "is_expandable": bool(seg.get("is_expandable")), "blocks": blocks})
+    return out
+
+
+
 def start_of(snapshot: Mapping[str, Any], device: int) -> Start:
     rec = snapshot.get(START_KEY)
     if not isinstance(rec, Mapping):
         return Start(None)
-    dev = (rec.get("devices") or {}).get(str(device)) or (rec.get("devices") or {}).get(device)
+    devices = rec.get("devices")
+    devices = devices if isinstance(devices, Mapping) else {}
+    dev = devices.get(str(device)) or devices.get(device)
     dev = dev if isinstance(dev, Mapping) else {}
     segs = rec.get("segments")
 
-    def num(key: str) -> Any:
-        v = dev.get(key)
-        return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-    since = rec.get("since_us")
-    return Start(segments=list(segs) if isinstance(segs, list) else None,
-                 device_total_bytes=num("total_bytes"), device_free_bytes=num("free_bytes"),
-                 memory_fraction=num("fraction"),
-                 since_us=float(since) if isinstance(since, (int, float)) else None)
+    total, free, since = _num(dev.get("total_bytes")), _num(dev.get("free_bytes")), \
+        _num(rec.get("since_us"))
+    return Start(segments=segments_of(segs) if isinstance(segs, list) else None,
+                 device_total_bytes=int(total) if total and total > 0 else None,
+                 device_free_bytes=int(free) if free is not None and free >= 0 else None,
+                 memory_fraction=_num(dev.get("fraction")),
+                 since_us=float(since) if since is not None else None)
 
 
 def trace_input(snapshot: Mapping[str, Any], device: int | None = None) -> TraceInput:
     traces = snapshot.get("device_traces")
     if not isinstance(traces, list) or not any(isinstance(t, list) and t for t in traces):
+        traces = None
+    if traces is None:
         raise SnapshotError("this snapshot holds no allocation history (device_traces is "
                             "empty): record it with torch.cuda.memory._record_memory_history "
                             "or %%gpumem --trace")
     if device is None:
         device = max(range(len(traces)),
                      key=lambda i: len(traces[i]) if isinstance(traces[i], list) else 0)
-    elif not 0 <= device < len(traces) or not traces[device]:
+    elif not 0 <= device < len(traces) or not isinstance(traces[device], list) or \
+            not traces[device]:
         raise SnapshotError(f"this snapshot has no history for GPU {device}")
     entries: Sequence[Mapping[str, Any]] = traces[device]
     start = start_of(snapshot, device)
@@ -181,8 +215,8 @@ def rebuild_start(snapshot: Mapping[str, Any], entries: Sequence[Mapping[str, An
             allocated.add(addr)
         elif a == "free_requested" and addr not in allocated:
             early_live.setdefault(addr, size)
-    segments = [s for s in snapshot.get("segments") or ()
-                if isinstance(s, Mapping) and int(s.get("device", device)) == device]
+    segments = [s for s in segments_of(snapshot.get("segments"))
+                if s.get("device", device) == device]
     out: list[dict[str, Any]] = []
     for seg in segments:
         addr = int(seg.get("address", 0))
