@@ -385,3 +385,28 @@ def test_any_history_keeps_the_allocator_invariants(history, setting, capacity):
     assert r.peak_reserved_bytes >= r.end_reserved_bytes >= 0
     if capacity is None and allowed is None:
         assert r.oom is None
+
+
+def test_a_compact_trace_without_stacks_replays_like_the_full_snapshot(tmp_path):
+    import gzip
+    import json
+
+    from gpumem_nb.whatif.snapshot import compact
+
+    h = History()
+    xs = [h.alloc(16 * MiB) for _ in range(8)]
+    for x in xs[1::2]:
+        h.free(x)
+    h.alloc(32 * MiB)
+    for e in h.entries:
+        e["frames"] = [{"filename": "cell.py", "line": 1, "name": "<module>"}]
+    full = h.snapshot()
+    path = tmp_path / "trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(compact(full), f)
+    with gzip.open(path, "rt") as f:
+        assert "frames" not in f.read()
+    a = w.whatif(full, [NATIVE, EXPANDABLE])
+    b = w.whatif(str(path), [NATIVE, EXPANDABLE])
+    assert [r.peak_reserved_bytes for r in a] == [r.peak_reserved_bytes for r in b] == \
+        [160 * MiB, 160 * MiB]
