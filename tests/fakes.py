@@ -178,6 +178,12 @@ def nested_stats(
     }
 
 
+def _memory_snapshot(self: Any, mempool_id: Any = None, include_traces: bool = True) -> Any:
+    """torch >= 2.12's segments-only form (``include_traces=False`` is cheap)."""
+    self._cuda.calls.append(f"memory_snapshot(include_traces={include_traces})")
+    return self._build_snapshot()["segments"]
+
+
 class FakeCudaMemory:
     def __init__(self, cuda: FakeCuda) -> None:
         self._cuda = cuda
@@ -211,9 +217,7 @@ class FakeCudaMemory:
         return self._build_snapshot()
 
     def memory_snapshot(self, mempool_id: Any = None, include_traces: bool = True) -> Any:
-        """torch >= 2.12's segments-only form (``include_traces=False`` is cheap)."""
-        self._cuda.calls.append(f"memory_snapshot(include_traces={include_traces})")
-        return self._build_snapshot()["segments"]
+        return _memory_snapshot(self, mempool_id, include_traces)
 
     def _build_snapshot(self) -> dict[str, Any]:
         c = self._cuda

@@ -139,3 +139,56 @@ def test_the_expandable_line_is_silent_when_expandable_segments_were_already_on(
     h = History(setting="expandable_segments:True")
     h.alloc(5 * MiB)
     assert api.expandable_oom_line(h.snapshot(), device=0, capacity_bytes=GiB) == ""
+
+
+# ------------------------------------------------------------------------------------------
+# What tracing records for the what-if.
+# ------------------------------------------------------------------------------------------
+def _tracer(cuda: Any) -> Any:
+    from gpumem_nb.sources.torch import TorchDebug
+    from gpumem_nb.trace import CellTracer
+
+    from .fakes import fake_torch
+
+    return CellTracer(TorchDebug({"torch": fake_torch(cuda)}))
+
+
+def test_a_trace_starts_with_the_segments_only_snapshot_and_the_gpus_free_memory():
+    from .fakes import FakeCuda, FakeGpu
+
+    cuda = FakeCuda(initialized=True)
+    cuda.link([FakeGpu("GPU-aaaa-1111")])
+    keep = cuda.tensor(64 * MiB)  # existed before the cell: a segment and a context
+    t = _tracer(cuda)
+    assert t.start() == ""
+    # The cheap form, before history is switched on: no traces to gather.
+    first = cuda.calls.index("memory_snapshot(include_traces=False)")
+    assert first < cuda.calls.index("record_memory_history('all')")
+    assert "snapshot" not in cuda.calls[:first + 2]
+    x = cuda.tensor(16 * MiB)
+    r = t.stop()
+    start = r.snapshot["gpumem_start"]
+    assert [s["total_size"] for s in start["segments"]] == [64 * MiB]
+    assert start["devices"]["0"]["free_bytes"] == cuda.device_free(0) + 16 * MiB
+    assert start["devices"]["0"]["total_bytes"] == cuda.devices[0].total
+    assert start["since_us"] is None  # our own recording: the whole history is the cell's
+    del keep, x
+
+
+def test_without_a_cheap_segments_snapshot_and_history_on_the_start_is_said_missing():
+    from .fakes import FakeCuda
+
+    cuda = FakeCuda(initialized=True)
+    del type(cuda.memory).memory_snapshot  # a torch without it (restored below)
+    try:
+        cuda.memory._record_memory_history("all")  # the user's own recording
+        t = _tracer(cuda)
+        assert t.start() == ""
+        r = t.stop()
+        assert any("no start state" in n for n in r.notes)
+        assert r.snapshot["gpumem_start"]["segments"] is None
+        assert r.snapshot["gpumem_start"]["since_us"] is not None
+    finally:
+        from . import fakes
+
+        type(cuda.memory).memory_snapshot = fakes._memory_snapshot  # type: ignore[attr-defined]
