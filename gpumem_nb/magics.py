@@ -490,13 +490,11 @@ def _whatif_lines(snapshot: dict[str, Any]) -> Any:
     def lines(facts: Any) -> list[str]:
         if facts.backend != "native" or facts.expandable_segments:
             return []
-        if facts.allowed_bytes is not None:
-            cap = facts.allowed_bytes
-        elif facts.free_bytes is not None and facts.reserved_bytes is not None:
+        cap = None
+        if facts.free_bytes is not None and facts.reserved_bytes is not None:
             cap = facts.free_bytes + facts.reserved_bytes
-        else:
-            return []
-        return [expandable_oom_line(snapshot, device=facts.device, capacity_bytes=cap)]
+        return [expandable_oom_line(snapshot, device=facts.device, capacity_bytes=cap,
+                                    allowed_bytes=facts.allowed_bytes)]
 
     return lines
 

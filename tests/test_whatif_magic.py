@@ -192,3 +192,19 @@ def test_without_a_cheap_segments_snapshot_and_history_on_the_start_is_said_miss
         from . import fakes
 
         type(cuda.memory).memory_snapshot = fakes._memory_snapshot  # type: ignore[attr-defined]
+
+
+def test_under_a_memory_fraction_the_line_checks_the_cap_as_the_allocator_does():
+    # 100 MiB freed, 30 MiB reusing it (70 stranded natively), then 80 MiB, with 150 MiB
+    # allowed: natively 100 + 80 > 150 and nothing can be released; expandable segments
+    # unmap the free pages first, then map 80 MiB more (peak 120 MiB).
+    h = History()
+    h.free(h.alloc(100 * MiB))
+    h.alloc(30 * MiB)
+    h.alloc(80 * MiB)
+    native, = api.run(api.trace_input(h.snapshot()), [api.parse_settings("")],
+                      allowed_bytes=150 * MiB)
+    assert native.oom
+    line = api.expandable_oom_line(h.snapshot(), device=0, capacity_bytes=10 * GiB,
+                                   allowed_bytes=150 * MiB)
+    assert "peaked at 120.00 MiB reserved (fits in the 150.00 MiB" in line

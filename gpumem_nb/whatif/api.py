@@ -48,7 +48,10 @@ def whatif(snapshot: Mapping[str, Any] | str | os.PathLike[str], settings: Seque
 
 
 def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int | None = None,
-        *, t_start: float | None = None) -> WhatIf:
+        *, allowed_bytes: int | None = None, t_start: float | None = None) -> WhatIf:
+    """Replay ``ti`` under each setting. ``capacity_bytes`` is what the driver could hand out;
+    ``allowed_bytes`` a memory fraction's cap (checked as the allocator checks it), which
+    otherwise comes from the setting's or the recorded process's fraction."""
     t_start = time.perf_counter() if t_start is None else t_start
     trace = compile_trace(ti.entries)
     notes = list(ti.notes)
@@ -81,8 +84,8 @@ def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int
         fraction = s.per_process_memory_fraction
         if fraction is None:
             fraction = st.memory_fraction
-        allowed = None
-        if fraction is not None and fraction < 1.0:
+        allowed = allowed_bytes
+        if allowed is None and fraction is not None and fraction < 1.0:
             if total:
                 allowed = int(fraction * total)
             else:
@@ -148,10 +151,11 @@ def with_setting(text: str, key: str, value: str) -> str:
 
 
 def expandable_oom_line(snapshot: Mapping[str, Any], *, device: int,
-                        capacity_bytes: int | None) -> str:
+                        capacity_bytes: int | None, allowed_bytes: int | None = None) -> str:
     """The OOM explainer's line for a traced cell: the same history replayed with
-    expandable segments on, at the memory PyTorch could use when it failed."""
-    if capacity_bytes is None:
+    expandable segments on, at the memory PyTorch could use when it failed (what the driver
+    had, and under a memory fraction its cap, checked the way the allocator checks it)."""
+    if capacity_bytes is None and allowed_bytes is None:
         return ""
     try:
         ti = trace_input(snapshot, device)
@@ -162,10 +166,11 @@ def expandable_oom_line(snapshot: Mapping[str, Any], *, device: int,
     recorded = parse_settings_or_none(ti.recorded_setting)
     if recorded is None or recorded.expandable_segments or not recorded.modelled:
         return ""
-    row = run(ti, [parsed], capacity_bytes)[0]
+    row = run(ti, [parsed], capacity_bytes, allowed_bytes=allowed_bytes)[0]
     if row.peak_reserved_bytes is None:
         return ""
     verdict = "fits" if not row.oom else "still out of memory"
+    room = min(x for x in (capacity_bytes, allowed_bytes) if x is not None)
     return (f"Replayed under expandable_segments:True this cell would have peaked at "
             f"{format_bytes(row.peak_reserved_bytes)} reserved ({verdict} in the "
-            f"{format_bytes(capacity_bytes)} PyTorch could use).")
+            f"{format_bytes(room)} PyTorch could use).")
