@@ -267,7 +267,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _digest(snap: dict[str, Any], max_events: int = 20000) -> dict[str, Any]:
+def _digest(snap: dict[str, Any], max_events: int = 5000) -> dict[str, Any]:
     """The allocation sequence's fingerprint (the same program must ask for the same sizes
     in every run, or no replay can be exact) and where the allocator called cudaMalloc,
     cudaFree, map or unmap: [allocations so far, action, size, address]."""
@@ -377,8 +377,11 @@ class Runner:
         with self.lock:
             self.results["elapsed_s"] = round(time.monotonic() - self.t0, 1)
             tmp = os.path.join(self.out, RESULTS + ".part")
-            with open(tmp, "w") as f:
-                json.dump(self.results, f, indent=1)
+            with open(tmp, "w") as f:  # one line per run: small enough to come back whole
+                f.write("{" + ",\n".join(f"{json.dumps(k)}: {json.dumps(v)}"
+                                          for k, v in self.results.items() if k != "runs"))
+                f.write(',\n"runs": [\n' + ",\n".join(json.dumps(r) for r in
+                                                        self.results["runs"]) + "\n]}\n")
             os.replace(tmp, os.path.join(self.out, RESULTS))
 
     def run_child(self, spec: dict[str, Any]) -> dict[str, Any]:
