@@ -471,11 +471,22 @@ def traceback_links(excs: Iterable[BaseException | types.TracebackType | None],
 def running_frame_ids() -> set[int]:
     """Frames executing now, on every thread."""
     ids: set[int] = set()
-    for top in (sys._getframe(), *sys._current_frames().values()):
-        f: types.FrameType | None = top
-        while f is not None and id(f) not in ids:
-            ids.add(id(f))
-            f = f.f_back
+    tops = [sys._getframe(), *sys._current_frames().values()]
+    f: types.FrameType | None = None
+    try:
+        for top in tops:
+            f = top
+            while f is not None and id(f) not in ids:
+                ids.add(id(f))
+                f = f.f_back
+    finally:
+        # This frame is among ``tops``: left in its locals it would refer to itself, a cycle
+        # that outlives the call, and a finished frame keeps its caller's frame (``f_back``),
+        # which keeps the next, up the whole stack. Called from the OOM observer, that stack
+        # runs through the user's failing function: its tensors then survived the user's own
+        # ``del`` until the garbage collector ran (issue 15, tutorial 04 on Python 3.12).
+        tops.clear()
+        f = top = None
     return ids
 
 
