@@ -30,7 +30,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .graph import GraphWalker
 from .model import Holder
+from .units import format_bytes
 
 # Names the shell itself keeps and reads; what each is, for messages.
 SHELL_NAMES = {
@@ -51,8 +53,10 @@ _CONTAINER_DEPTH = 2
 # A container longer than this is read up to here: a tensor past a million items is missed
 # rather than `who` taking minutes over a list of ten million objects.
 _MAX_ITEMS = 1_000_000
-_GRAPH_NODE_CAP = 10_000  # autograd nodes walked per holder
-_GRAPH_BUDGET = 50_000  # and per scan, over all holders
+# Autograd graphs are walked after every holder has taken its own tensors, in this time per
+# scan (the OOM explainer has 50 ms in all, `who` 100 ms on the H200): a GPT-2 step's graph
+# of about 600 nodes takes a few milliseconds.
+GRAPH_BUDGET_S = 0.03
 _CHAIN_CAP = 100  # chained exceptions followed
 _LINK_CAP = 10_000  # traceback links followed per exception
 _GENERATOR_FLAGS = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
@@ -71,6 +75,10 @@ class _Found:
     graph: str = ""  # the first tensor with grad_fn, described
     graph_nodes: int | None = None
     graph_capped: bool = False
+    graph_bytes: int | None = None
+    graph_unsized: int = 0
+    roots: list[Any] = field(default_factory=list)  # the grad_fns of its tensors
+    root_ids: set[int] = field(default_factory=set)
     details: list[str] = field(default_factory=list)
 
 
@@ -154,17 +162,21 @@ def alias_order(name: str) -> tuple[int, int]:
 
 
 class Scanner:
-    def __init__(self, modules: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, modules: Mapping[str, Any] | None = None, *,
+                 graph_budget_s: float = GRAPH_BUDGET_S) -> None:
         mods = sys.modules if modules is None else modules
         torch = mods.get("torch")
         self._tensor_type: Any = getattr(torch, "Tensor", None) if torch else None
         nn = getattr(torch, "nn", None) if torch else None
         optim = getattr(torch, "optim", None) if torch else None
         self._module_type: Any = getattr(nn, "Module", None) if nn else None
+        self._param_type: Any = getattr(nn, "Parameter", None) if nn else None
         self._optimizer_type: Any = getattr(optim, "Optimizer", None) if optim else None
         self._seen: set[tuple[str, int]] = set()
-        self._graph_budget = _GRAPH_BUDGET
+        self.graph_budget_s = graph_budget_s
         self.skipped = 0  # objects that raised while being looked at
+        self.graph_s = 0.0  # the last scan's time in graph walks
+        self.graph_nodes = 0  # and the nodes they walked
 
     # -- single objects ----------------------------------------------------------------------
     def _tensor_info(self, t: Any) -> tuple[str, int, tuple[str, int]] | None:
@@ -294,9 +306,12 @@ class Scanner:
             if f.tensors == 1:
                 f.first = self._describe(t)
             grad_fn = self._grad_fn(t)
-            if grad_fn is not None and not f.graph:
-                f.graph = self._describe(t)
-                f.graph_nodes, f.graph_capped = self._graph_size(grad_fn)
+            if grad_fn is not None:
+                if not f.graph:
+                    f.graph = self._describe(t)
+                if id(grad_fn) not in f.root_ids:
+                    f.root_ids.add(id(grad_fn))
+                    f.roots.append(grad_fn)
 
     def _describe(self, t: Any) -> str:
         try:
@@ -313,37 +328,37 @@ class Scanner:
             text += f", grad_fn={type(grad_fn).__name__}"
         return text
 
-    def _graph_size(self, grad_fn: Any) -> tuple[int | None, bool]:
-        """Autograd nodes reachable from ``grad_fn`` through ``next_functions``, up to a cap.
-
-        Walking edges reads no saved tensor, so it runs no hooks and allocates nothing. The
-        wrappers met are kept until the walk ends, so no id is reused while it runs."""
-        cap = min(_GRAPH_NODE_CAP, self._graph_budget)
-        if cap <= 0:
-            return None, False
-        seen = {id(grad_fn)}
-        held = [grad_fn]
-        stack = [grad_fn]
-        while stack and len(seen) < cap:
-            node = stack.pop()
-            try:
-                edges = tuple(itertools.islice(node.next_functions, _MAX_ITEMS))
-            except Exception:
-                continue
-            for edge in edges:
-                try:
-                    nxt = edge[0]
-                except Exception:
+    def _size_graphs(self, found: dict[str, _Found]) -> None:
+        """Every holder's graphs, in attribution order, once all holders have taken their own
+        tensors: a saved tensor a variable or a module also holds is theirs, not the graph's."""
+        walker = GraphWalker(self._tensor_info, self._seen,
+                             exclude=lambda t: _is_a(t, self._param_type),
+                             budget_s=self.graph_budget_s)
+        try:
+            for f in list(found.values()):
+                if not f.roots:
                     continue
-                if nxt is None or id(nxt) in seen:
-                    continue
-                seen.add(id(nxt))
-                held.append(nxt)
-                stack.append(nxt)
-                if len(seen) >= cap:
-                    break
-        self._graph_budget -= len(seen)
-        return len(seen), len(seen) >= cap and bool(stack)
+                size = walker.size(f.roots)
+                if size.capped and not size.nodes:
+                    continue  # the time for graphs ran out before this one: not walked
+                f.graph_nodes = size.nodes
+                f.graph_capped = size.capped
+                f.graph_unsized = size.hooked + size.unknown
+                f.graph_bytes = size.bytes_by_device.get(f.device, 0)
+                for device, nbytes in size.bytes_by_device.items():
+                    if device == f.device:
+                        continue
+                    # A graph can save tensors on another device (a CPU copy): those bytes
+                    # are the same holder's there.
+                    other = found.setdefault(f"{f.name}\0{device}",
+                                             _Found(name=f.name, kind=f.kind, device=device))
+                    other.graph_bytes = (other.graph_bytes or 0) + nbytes
+                    other.graph_capped = other.graph_capped or size.capped
+                f.roots.clear()
+        finally:
+            self.graph_s, self.graph_nodes = walker.elapsed_s, walker.nodes
+            for f in found.values():
+                f.roots.clear()  # no graph outlives the scan
 
     # -- whole scans -------------------------------------------------------------------------
     def scan(self, *args: Any, **kwargs: Any) -> list[Holder]:
@@ -380,7 +395,7 @@ class Scanner:
         hidden: Mapping[str, Any] | None = None,
     ) -> None:
         self._seen.clear()
-        self._graph_budget = _GRAPH_BUDGET
+        self.graph_s, self.graph_nodes = 0.0, 0
         out = dict(output_cache or {})
         cached = output_cache_names(user_ns, out, hidden)
         aliases: dict[int, list[str]] = {}
@@ -414,23 +429,38 @@ class Scanner:
                     continue
                 if self._tensor_info(obj) is not None:
                     self._attribute("unreachable from your variables", "gc", obj, found)
+        self._size_graphs(found)
 
 
 def _holder(f: _Found) -> Holder:
     if f.tensors == 1:
         detail = f.first
-    else:
+    elif f.tensors:
         detail = f"{f.tensors} tensors" + (f"; one has {f.graph.split(', ', 1)[-1]}"
                                            if f.graph else "")
+    else:
+        detail = "tensors its autograd graph saved on this device"
     if f.graph:
-        size = ("not walked" if f.graph_nodes is None else
-                f"{'≥' if f.graph_capped else ''}{f.graph_nodes} "
-                f"node{'' if f.graph_nodes == 1 else 's'}")
-        detail += (f"; holds its autograd graph ({size}): the graph's saved tensors are not "
-                   "in these bytes")
+        detail += "; " + graph_text(f.graph_bytes, f.graph_nodes, f.graph_capped,
+                                    f.graph_unsized)
     return Holder(name=f.name, kind=f.kind, device=f.device, nbytes=f.nbytes, detail=detail,
-                  holds_graph=bool(f.graph), graph_nodes=f.graph_nodes,
-                  graph_nodes_capped=f.graph_capped)
+                  holds_graph=bool(f.graph) or f.graph_bytes is not None,
+                  graph_nodes=f.graph_nodes, graph_nodes_capped=f.graph_capped,
+                  graph_bytes=f.graph_bytes, graph_bytes_capped=f.graph_capped,
+                  graph_unsized=f.graph_unsized)
+
+
+def graph_text(nbytes: int | None, nodes: int | None, capped: bool, unsized: int = 0) -> str:
+    """``its graph 11.50 GiB (615 nodes)``; ``≥`` where the walk was cut."""
+    if nodes is None:
+        return "holds its autograd graph (not walked: the scan's time for graphs ran out)"
+    at_least = "≥" if capped else ""
+    text = (f"its graph {at_least}{format_bytes(nbytes or 0)} "
+            f"({at_least}{nodes} node{'' if nodes == 1 else 's'})")
+    if unsized:
+        text += (f", and {unsized} saved tensor{'s' if unsized != 1 else ''} behind "
+                 "saved-tensor hooks, not sized")
+    return text
 
 
 # -- stored exceptions ---------------------------------------------------------------------------
