@@ -160,6 +160,7 @@ class CleanupRequest:
     # of the namespace were most of the time it added to the failing cell. Dry run only.
     reuse_sample: Sample | None = None
     reuse_holders: Sequence[Holder] | None = None
+    graph_budget_s: float | None = None  # the dry run's scan: time for autograd graphs
 
 
 # -- naming variables ----------------------------------------------------------------------------
@@ -532,8 +533,10 @@ def _estimate(request: CleanupRequest, names: list[str], shell: Any,
     stored = [plan.stored.error] if plan.stored is not None else []
     holders = request.reuse_holders
     if holders is None:
-        holders = Scanner(mods).scan(shell.user_ns, output_cache=_out(shell),
-                                     last_exception=stored, hidden=_hidden(shell))
+        scanner = Scanner(mods) if request.graph_budget_s is None else \
+            Scanner(mods, graph_budget_s=request.graph_budget_s)
+        holders = scanner.scan(shell.user_ns, output_cache=_out(shell),
+                               last_exception=stored, hidden=_hidden(shell))
     steps: list[StepResult] = []
     if request.clear_traceback:
         held = 0 if plan.held_by else cuda_bytes(h for h in holders if h.kind == "traceback")

@@ -162,7 +162,7 @@ class GraphWalker:
                 if info is not None:
                     self._leaves.add(info[2])
             for name in plan.raw_names:
-                raw = getattr(node, name, None)
+                raw: Any = getattr(node, name, None)
                 for item in (raw if type(raw) in _SEQUENCES else (raw,)):
                     self._saved_tensor(item, found, counts)
             if plan.has_dict:

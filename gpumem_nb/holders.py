@@ -501,7 +501,7 @@ def traceback_links(excs: Iterable[BaseException | types.TracebackType | None],
 def running_frame_ids() -> set[int]:
     """Frames executing now, on every thread."""
     ids: set[int] = set()
-    tops = [sys._getframe(), *sys._current_frames().values()]
+    tops: list[types.FrameType | None] = [sys._getframe(), *sys._current_frames().values()]
     f: types.FrameType | None = None
     try:
         for top in tops:
@@ -665,4 +665,5 @@ def last_exception_objects(shell: Any = None, noted: CellException | None = None
 
 
 def cuda_bytes(holders: Iterable[Holder]) -> int:
-    return sum(h.nbytes for h in holders if h.device.startswith("cuda"))
+    """What these holders keep on GPUs, their autograd graphs' saved tensors included."""
+    return sum(h.held_bytes for h in holders if h.device.startswith("cuda"))

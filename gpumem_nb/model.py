@@ -234,6 +234,16 @@ class Holder:
 
 
 @dataclass(frozen=True)
+class CellStart:
+    """A running cell on one device, for weighing what the cell itself allocated."""
+
+    allocated_bytes: int | None  # PyTorch's allocated bytes when the cell started
+    # The same cell's last run that ended without an error: its peak above its own start.
+    previous_peak_bytes: int | None = None
+    previous_peak_exact: bool = False
+
+
+@dataclass(frozen=True)
 class Verdict:
     """A flagged re-run accumulation and its likely cause."""
 
