@@ -252,17 +252,21 @@ def top_holders(holders: Sequence[Holder], cause: str, n: int = 5) -> tuple[Hold
 
 
 def held_text(h: Holder) -> str:
-    """``1.53 GiB + its graph 11.50 GiB (615 nodes)``: what a holder keeps, its graph apart."""
+    """``1.53 GiB + its graph 11.50 GiB (615 nodes)``: what a holder keeps, its autograd
+    graph's saved tensors apart; ``≥`` where the walk was cut short."""
     own = format_bytes(h.nbytes)
-    if h.graph_bytes:
-        at_least = "≥" if h.graph_bytes_capped else ""
-        nodes = f" ({at_least}{h.graph_nodes} nodes)" if h.graph_nodes is not None else ""
-        return f"{own} + its graph {at_least}{format_bytes(h.graph_bytes)}{nodes}"
-    if h.holds_graph and h.graph_bytes is None:
-        return f"{own} + an autograd graph that was not sized"
-    if h.graph_unsized:
-        return f"{own} + its graph ({h.graph_unsized} saved tensors behind hooks, not sized)"
-    return own
+    if not h.holds_graph:
+        return own
+    if h.graph_bytes is None:
+        return f"{own} + an autograd graph not walked (the scan's time for graphs ran out)"
+    at_least = "≥" if h.graph_bytes_capped else ""
+    nodes = "" if h.graph_nodes is None else \
+        f" ({at_least}{h.graph_nodes} node{'' if h.graph_nodes == 1 else 's'})"
+    hooked = (f", and {h.graph_unsized} saved behind saved-tensor hooks, not sized"
+              if h.graph_unsized else "")
+    if not h.graph_bytes and not hooked:
+        return f"{own}; its graph{nodes} keeps nothing more"
+    return f"{own} + its graph {at_least}{format_bytes(h.graph_bytes)}{nodes}{hooked}"
 
 
 def holder_action(h: Holder) -> str:

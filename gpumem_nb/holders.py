@@ -32,7 +32,6 @@ from typing import Any
 
 from .graph import GraphWalker
 from .model import Holder
-from .units import format_bytes
 
 # Names the shell itself keeps and reads; what each is, for messages.
 SHELL_NAMES = {
@@ -382,7 +381,7 @@ class Scanner:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             holders = [_holder(f) for f in found.values()]
-            return sorted(holders, key=lambda h: (-h.nbytes, h.name))
+            return sorted(holders, key=lambda h: (-h.held_bytes, h.name))
 
     def _scan(
         self,
@@ -433,6 +432,8 @@ class Scanner:
 
 
 def _holder(f: _Found) -> Holder:
+    """The scan's record of one holder. What its graph keeps is in the ``graph_*`` fields
+    (``analysis.held_text`` says it), not in ``detail``."""
     if f.tensors == 1:
         detail = f.first
     elif f.tensors:
@@ -440,27 +441,11 @@ def _holder(f: _Found) -> Holder:
                                            if f.graph else "")
     else:
         detail = "tensors its autograd graph saved on this device"
-    if f.graph:
-        detail += "; " + graph_text(f.graph_bytes, f.graph_nodes, f.graph_capped,
-                                    f.graph_unsized)
     return Holder(name=f.name, kind=f.kind, device=f.device, nbytes=f.nbytes, detail=detail,
                   holds_graph=bool(f.graph) or f.graph_bytes is not None,
                   graph_nodes=f.graph_nodes, graph_nodes_capped=f.graph_capped,
                   graph_bytes=f.graph_bytes, graph_bytes_capped=f.graph_capped,
                   graph_unsized=f.graph_unsized)
-
-
-def graph_text(nbytes: int | None, nodes: int | None, capped: bool, unsized: int = 0) -> str:
-    """``its graph 11.50 GiB (615 nodes)``; ``≥`` where the walk was cut."""
-    if nodes is None:
-        return "holds its autograd graph (not walked: the scan's time for graphs ran out)"
-    at_least = "≥" if capped else ""
-    text = (f"its graph {at_least}{format_bytes(nbytes or 0)} "
-            f"({at_least}{nodes} node{'' if nodes == 1 else 's'})")
-    if unsized:
-        text += (f", and {unsized} saved tensor{'s' if unsized != 1 else ''} behind "
-                 "saved-tensor hooks, not sized")
-    return text
 
 
 # -- stored exceptions ---------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import itertools
 import time
 from typing import Any
 
+from gpumem_nb.analysis import held_text
 from gpumem_nb.graph import GraphWalker
 from gpumem_nb.holders import Scanner
 
@@ -146,7 +147,7 @@ def test_who_shows_an_outputs_graph_beside_its_own_bytes():
     (h,) = scan({}, output_cache={4: logits})
     assert (h.name, h.nbytes, h.graph_bytes, h.graph_nodes) == ("Out[4]", 512 * MiB, 3 * GiB, 4)
     assert h.held_bytes == 3 * GiB + 512 * MiB
-    assert "its graph 3.00 GiB (4 nodes)" in h.detail
+    assert held_text(h) == "512.00 MiB + its graph 3.00 GiB (4 nodes)"
 
 
 def test_every_tensors_graph_in_a_list_is_walked_not_just_the_first():
