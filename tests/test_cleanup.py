@@ -329,4 +329,4 @@ def test_each_step_is_credited_with_what_it_alone_freed_and_the_rows_add_up(load
     assert freed["output cache"] == 4 * GiB
     rows = [s.freed_allocated_bytes or 0 for s in report.steps]
     assert sum(rows) == report.before.allocated_bytes - report.after.allocated_bytes == 7 * GiB
-    assert [s.step for s in report.steps][0] == "gc.collect"
+    assert report.steps[0].step == "gc.collect"
