@@ -19,6 +19,7 @@ reading ``f_locals`` stores a snapshot on the frame that keeps its locals alive.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import gc
 import inspect
 import itertools
@@ -172,6 +173,7 @@ class Scanner:
         self._param_type: Any = getattr(nn, "Parameter", None) if nn else None
         self._optimizer_type: Any = getattr(optim, "Optimizer", None) if optim else None
         self._seen: set[tuple[str, int]] = set()
+        self._device_names: dict[Any, str] = {}
         self.graph_budget_s = graph_budget_s
         self.skipped = 0  # objects that raised while being looked at
         self.graph_s = 0.0  # the last scan's time in graph walks
@@ -188,7 +190,12 @@ class Scanner:
     def _tensor_info_of(self, t: Any) -> tuple[str, int, tuple[str, int]] | None:
         if _is_a(t, self._tensor_type):
             dev = t.device
-            device = f"{dev.type}:{dev.index}" if dev.index is not None else str(dev.type)
+            try:  # named once per device: graph walks ask for every saved tensor
+                device = self._device_names[dev]
+            except (KeyError, TypeError):  # TypeError: a device object that cannot be hashed
+                device = f"{dev.type}:{dev.index}" if dev.index is not None else str(dev.type)
+                with contextlib.suppress(TypeError):
+                    self._device_names[dev] = device
             try:
                 storage = t.untyped_storage()
                 return device, int(storage.nbytes()), (device, int(storage.data_ptr()))
