@@ -96,6 +96,8 @@ def cell_devices(
                 nvml_peak_bytes=max(known) if known else None,
                 process_before_bytes=b_nv.process_bytes if b_nv else None,
                 process_after_bytes=a_nv.process_bytes if a_nv else None,
+                children_before_bytes=b_nv.children_bytes if b_nv else None,
+                children_after_bytes=a_nv.children_bytes if a_nv else None,
             )
         )
     return tuple(out)
@@ -108,7 +110,8 @@ def complete_nvml(record: CellRecord, sample: Sample | None) -> CellRecord:
     devices = []
     for d in record.devices:
         if sample is None:
-            devices.append(replace(d, nvml_used_after_bytes=None, process_after_bytes=None))
+            devices.append(replace(d, nvml_used_after_bytes=None, process_after_bytes=None,
+                                   children_after_bytes=None))
             continue
         s = sample.device(d.index)
         nv = s.nvml if s is not None else None
@@ -118,6 +121,7 @@ def complete_nvml(record: CellRecord, sample: Sample | None) -> CellRecord:
         peaks = [v for v in (d.nvml_peak_bytes, nv.used_bytes) if v is not None]
         devices.append(replace(d, nvml_used_after_bytes=nv.used_bytes,
                                process_after_bytes=nv.process_bytes,
+                               children_after_bytes=nv.children_bytes,
                                nvml_peak_bytes=max(peaks)))
     return replace(record, devices=tuple(devices))
 

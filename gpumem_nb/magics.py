@@ -118,6 +118,16 @@ def _build_parser() -> _Parser:
                     help="drive the chart from a recorded trace ('bundled' for the H200 one); "
                          "a demonstration only: your cells are still measured live")
     wa.add_argument("--live", action="store_true", help="end a replay: chart this machine")
+    wa.add_argument("--cluster", nargs="?", const="", metavar="CLIENT",
+                    help="add each Dask worker GPU's lines (default: the current client); "
+                         "at most one collection a second")
+    cl = add("cluster", "a Dask cluster's GPUs: one row per worker and GPU (NVML used/total, "
+                        "that\nworker's own share, its allocator), each GPU counted once")
+    cl.add_argument("client", nargs="?", metavar="CLIENT",
+                    help="the variable holding your distributed.Client (default: the current)")
+    cl.add_argument("--timeout", type=float, default=2.0, metavar="S",
+                    help="how long to wait for the scheduler (2 s); then rows read unknown")
+    cl.add_argument("-o", action="store_true", help="return the reading")
     return p
 
 
@@ -258,6 +268,9 @@ class GpumemMagics(Magics):
             count = sum(m.sampler.errors.values())
             note = f"The sampler hit {count} error(s); the last: {m.sampler.last_error}"
             status = replace(status, notes=(*status.notes, note))
+        if m.cuda_start.line():
+            status = replace(status, notes=(*status.notes, m.cuda_start.line()))
+        m.learn_child_roles()
         display(Snapshot(status=status, sample=m.read()))
 
     def _cmd_history(self, args: Any) -> Any:
@@ -360,10 +373,50 @@ class GpumemMagics(Magics):
         self.monitor.sampler.stop()
         print("gpumem: sampler stopped; cells are still recorded")
 
+    def _collector(self, name: str | None) -> Any:
+        """The collector for the user's Dask client: the named variable's, else the current
+        client's. Any problem is a UsageError with what to do."""
+        try:
+            from .cluster import dask_backend
+        except ImportError as e:  # a broken install: say so plainly
+            raise UsageError(f"the cluster view could not load: {e}") from None
+        if name:
+            if not name.isidentifier():
+                raise UsageError(f"CLIENT is a variable name, not {_quoted(name)}")
+            user_ns: dict[str, Any] = getattr(self.shell, "user_ns", {})
+            if name not in user_ns:
+                raise UsageError(f"there is no variable {_quoted(name)} in this notebook")
+            client = user_ns[name]
+            if not dask_backend.is_client(client):
+                if importlib.util.find_spec("distributed") is None:
+                    raise UsageError(dask_backend.INSTALL_HINT)
+                raise UsageError(f"{name} is a {type(client).__name__}, not a "
+                                 "distributed.Client")
+        else:
+            try:
+                client = dask_backend.default_client()
+            except (ImportError, LookupError) as e:
+                raise UsageError(str(e)) from None
+        return self.monitor.cluster_collector(client, dask_backend.DaskCollector)
+
+    def _cmd_cluster(self, args: Any) -> Any:
+        if not 0 < args.timeout <= 60:
+            raise UsageError("--timeout takes seconds between 0 and 60")
+        from .cluster import ClusterView
+
+        collector = self._collector(args.client)
+        reading = collector.collect(args.timeout)
+        if args.o:
+            return reading
+        display(ClusterView(reading))
+        return None
+
     def _cmd_watch(self, args: Any) -> None:
         from .widget import show
 
         m = self.monitor
+        if args.cluster is not None:
+            m.start_cluster_feed(self._collector(args.cluster))
         if args.replay is not None:
             try:
                 m.start_replay(args.replay)

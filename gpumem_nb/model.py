@@ -16,6 +16,37 @@ STATUS_OK = "ok"
 STATUS_LOST = "lost"
 STATUS_ERROR = "error"
 
+# What a child process of this kernel is, where it can be told (``sources/processes.py``).
+ROLE_DATALOADER = "DataLoader worker"
+# torch.multiprocessing, torchrun, notebook_launcher, ddp_notebook:
+ROLE_LAUNCHED = "launched worker"
+ROLE_MULTIPROCESSING = "multiprocessing child"
+ROLE_OTHER = "child process"
+
+
+@dataclass(frozen=True)
+class ChildProcess:
+    """A process descended from this kernel that holds memory on a GPU (NVML lists it)."""
+
+    pid: int
+    nbytes: int | None  # NVML's figure for it on one device; None when NVML cannot say
+    role: str = ROLE_OTHER
+    cmdline: str = ""
+    # From its environment (RANK, LOCAL_RANK, WORLD_SIZE) or its launcher, when known.
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+
+    @property
+    def label(self) -> str:
+        """"PID 4242, launched worker rank 1 of 2": who it is, in a few words."""
+        ranks = ""
+        if self.rank is not None:
+            ranks = f" rank {self.rank}" + (f" of {self.world_size}" if self.world_size else "")
+        elif self.local_rank is not None:
+            ranks = f" local rank {self.local_rank}"
+        return f"PID {self.pid}, {self.role}{ranks}"
+
 
 @dataclass(frozen=True)
 class NvmlReading:
@@ -31,10 +62,15 @@ class NvmlReading:
     driver_reserved_bytes: int | None = None
     # This process's usage: None when NVML cannot attribute it (PID not visible).
     process_bytes: int | None = None
-    # Sum of the other processes NVML lists, None when unknown.
+    # Sum of the other processes NVML lists, this kernel's children excepted; None when unknown.
     other_processes_bytes: int | None = None
     status: str = STATUS_OK
     detail: str = ""
+    # This kernel's descendants among the processes NVML lists (DataLoader workers, launched
+    # DDP workers, an inference engine's processes), and their sum: 0 when NVML lists none,
+    # None when it cannot tell (no listing, or another PID namespace).
+    children: tuple[ChildProcess, ...] = ()
+    children_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +178,9 @@ class CellDevice:
     nvml_peak_bytes: int | None  # highest NVML "used" sampled during the cell
     process_before_bytes: int | None
     process_after_bytes: int | None
+    # What this kernel's child processes held on the device (NVML), at either end.
+    children_before_bytes: int | None = None
+    children_after_bytes: int | None = None
 
     @property
     def idle(self) -> bool:

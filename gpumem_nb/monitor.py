@@ -32,9 +32,12 @@ from .analysis import (
     top_holders,
     verdict_message,
 )
+from .cudastart import CudaStartWatch, launcher_refusal, refusal_advice
 from .holders import CellException, Scanner, last_exception_objects
 from .model import (
     CAUSE_LIVE_TENSORS,
+    ROLE_MULTIPROCESSING,
+    ROLE_OTHER,
     CellMark,
     CellRecord,
     CellStart,
@@ -193,6 +196,11 @@ class Monitor:
         self.started_t_s = time.monotonic()
         self.last_scan_graph = (0.0, 0)  # the last scan's time in autograd graphs, nodes walked
         self.oom = OomWatch(self)  # explains a CUDA OOM in the cell that hit it
+        self.cuda_start = CudaStartWatch(self.torch, shell)  # the cell that started CUDA
+        # %gpumem cluster / watch --cluster: the collector of the user's client, and the feed
+        # polling it for the chart (gpumem_nb.cluster; imported only when asked for).
+        self._cluster_collector: Any = None
+        self.cluster_feed: Any = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
@@ -200,6 +208,11 @@ class Monitor:
             self.source.start()
         except Exception as e:
             self._contain("start", e)
+        try:
+            self.cuda_start.on_load()
+            self.cuda_start.arm()
+        except Exception as e:
+            self._contain("CUDA start watch", e)
         self._check_starting_device()
         self.sampler.add_listener(self._on_sample)
         self.sampler.start()
@@ -215,8 +228,10 @@ class Monitor:
         return self.status_line() + replay_note
 
     def shutdown(self) -> None:
+        self.stop_cluster_feed()
         self.stop_replay()
         self.oom.close()
+        self.cuda_start.close()
         self.sampler.remove_listener(self._on_sample)
         self.sampler.stop()
         self._drop_widget()
@@ -282,6 +297,34 @@ class Monitor:
             self._contain("close", e)
         self._drop_widget()
 
+    # -- a cluster beside the kernel ---------------------------------------------------------
+    def cluster_collector(self, client: Any, factory: Callable[[Any], Any]) -> Any:
+        """The collector for ``client``, kept while it is the same client (it remembers the
+        workers it has seen, so a silent scheduler's rows still have names)."""
+        current = self._cluster_collector
+        if current is None or getattr(current, "client", None) is not client:
+            current = self._cluster_collector = factory(client)
+        return current
+
+    def start_cluster_feed(self, collector: Any) -> Any:
+        """Poll ``collector`` for the chart's cluster lines (``%gpumem watch --cluster``)."""
+        from .cluster.feed import ClusterFeed
+
+        feed = self.cluster_feed
+        if feed is None or feed.collector is not collector or feed.ended:
+            self.stop_cluster_feed()
+            feed = self.cluster_feed = ClusterFeed(collector, lambda: self.sampler.interval_s)
+        feed.start()
+        return feed
+
+    def stop_cluster_feed(self) -> None:
+        feed, self.cluster_feed = self.cluster_feed, None
+        if feed is not None:
+            try:
+                feed.stop()
+            except Exception as e:
+                self._contain("cluster feed", e)
+
     def _drop_widget(self) -> None:
         # A chart draws one feed for its whole life; switching feeds makes a new one.
         if self.widget is not None:
@@ -319,6 +362,21 @@ class Monitor:
             f"NVML did not answer within {timeout_s:g} s; its figures show as unknown"))
         hot = self.read_hot()
         return replace(hot, devices=tuple(replace(d, nvml=None) for d in hot.devices))
+
+    def learn_child_roles(self) -> None:
+        """On demand (main thread): when the sampler has seen children of this kernel whose
+        kind is not known, ask torch's own objects which are DataLoader or launched workers
+        (see ``ProcessTree.learn_roles``); the next reading names them."""
+        tree = getattr(self.source, "processes", None)
+        latest = self.sampler.latest()
+        if tree is None or latest is None:
+            return
+        if any(c.role in (ROLE_MULTIPROCESSING, ROLE_OTHER) for d in latest.devices
+               if d.nvml is not None for c in d.nvml.children):
+            try:
+                tree.learn_roles()
+            except Exception as e:
+                self._contain("learn_roles", e)
 
     def nvml_latest(self) -> Sample | None:
         """The sampler's latest reading if it is recent enough to stand for "now"; None when
@@ -486,6 +544,8 @@ class Monitor:
                 before = self._baseline
                 if before is None or reset:
                     before = self._baseline = self.read_hot()
+            if self.cuda_start.started is None:
+                self.cuda_start.cell_started(_pre_count(self.shell, info))
             wm = Watermark()
             self._watermarks.append(wm)
             self._pending = _Pending(
@@ -511,6 +571,10 @@ class Monitor:
             self.oom.on_cell_result(result)
         except Exception as e:
             self._contain("OOM explainer", e)
+        try:
+            self._watch_cuda_start(result)
+        except Exception as e:
+            self._contain("CUDA start watch", e)
         pending = self._pending
         if pending is None:
             return
@@ -520,6 +584,18 @@ class Monitor:
             self._contain("post_run_cell", e)
         finally:
             self._pending = None
+
+    def _watch_cuda_start(self, result: Any) -> None:
+        """Until CUDA is up: did this cell start it? After a failing cell: was it a forking
+        launcher refusing because CUDA was up, and where did CUDA start?"""
+        count = getattr(result, "execution_count", None)
+        if self.cuda_start.started is None:
+            self.cuda_start.cell_ended(count if isinstance(count, int) else None)
+        err = _cell_exception(result)
+        if err is not None:
+            who = launcher_refusal(err)
+            if who is not None:
+                print(refusal_advice(who, self.cuda_start.started))
 
     def _finish(self, pending: _Pending, result: Any) -> None:
         """The one exact allocator read, then as little as possible before the reply.

@@ -32,7 +32,17 @@ from typing import Any, Protocol
 from .analysis import held_text, holder_action
 from .cleanup import CleanupReport, CleanupRequest
 from .holders import exception_chain, last_value
-from .model import AllocatorReading, CellStart, Holder, Sample
+from .model import (
+    ROLE_DATALOADER,
+    ROLE_LAUNCHED,
+    ROLE_MULTIPROCESSING,
+    ROLE_OTHER,
+    AllocatorReading,
+    CellStart,
+    ChildProcess,
+    Holder,
+    Sample,
+)
 from .report import html_table
 from .sources.torch import TorchDebug, alloc_conf
 from .units import format_bytes
@@ -210,9 +220,13 @@ class ProcessUse:
     pid: int
     nbytes: int | None
     what: str = ""  # "a Jupyter kernel", "python train.py"
+    child: ChildProcess | None = None  # set when the process descends from this kernel
 
     @property
     def label(self) -> str:
+        if self.child is not None:
+            pid, _, what = self.child.label.partition(", ")
+            return f"{pid} (this kernel's {what})"
         return f"PID {self.pid}" + (f" ({self.what})" if self.what else "")
 
 
@@ -281,6 +295,11 @@ class OomFacts:
     @property
     def others_bytes(self) -> int:
         return sum(p.nbytes or 0 for p in self.other_processes)
+
+    @property
+    def children_bytes(self) -> int:
+        """Of ``others_bytes``, what this kernel's own child processes hold."""
+        return sum(p.nbytes or 0 for p in self.other_processes if p.child is not None)
 
     @property
     def headroom_bytes(self) -> int | None:
@@ -405,7 +424,7 @@ def classify(facts: OomFacts, holders: Sequence[Holder] = ()) -> tuple[Cause, ..
     if f.other_processes and (covers(f.others_bytes) or f.others_bytes >= _NOTABLE_BYTES):
         causes.append(Cause(
             CAUSE_OTHER_PROCESSES, f.others_bytes,
-            f"Other processes hold {format_bytes(f.others_bytes)} of this GPU"
+            _others_summary(f)
             + (" (it would not help: this process is at its memory-fraction cap)."
                if capped else "."),
             covers=covers_outside(f.others_bytes),
@@ -482,6 +501,20 @@ def _demoted(c: Cause) -> Cause:
         return replace(c, covers=False, summary=c.summary + " Usable, it would have let "
                        "this one request through, not the computation.")
     return replace(c, covers=False)
+
+
+def _others_summary(f: OomFacts) -> str:
+    kids = f.children_bytes
+    n = sum(1 for p in f.other_processes if p.child is not None)
+    if n and kids == f.others_bytes:
+        return (f"This kernel's own child process{'es' if n > 1 else ''} "
+                f"hold{'' if n > 1 else 's'} {format_bytes(kids)} of this GPU, each with a CUDA "
+                "context of its own (about 0.5 GiB) besides what it allocated")
+    text = f"Other processes hold {format_bytes(f.others_bytes)} of this GPU"
+    if n:
+        text += (f", {format_bytes(kids)} of it this kernel's own child process"
+                 f"{'es' if n > 1 else ''}")
+    return text
 
 
 def _fragmentation(f: OomFacts, split: int, covering: bool) -> Cause:
@@ -703,6 +736,10 @@ def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holde
             out.append(_fragmentation_action(f))
         elif c.kind == CAUSE_OTHER_PROCESSES:
             for p in sorted(f.other_processes, key=lambda p: -(p.nbytes or 0))[:5]:
+                if p.child is not None:
+                    out.append(Action(f"{p.label} holds {format_bytes(p.nbytes)}: "
+                                      f"{child_advice(p.child)}", p.nbytes))
+                    continue
                 hint = ("shut that kernel down (JupyterLab: Running Terminals and Kernels)"
                         if "Jupyter kernel" in p.what else "stop it, or wait for it to end")
                 out.append(Action(f"{p.label} holds {format_bytes(p.nbytes)}: {hint}.",
@@ -758,6 +795,24 @@ def _workload_action(f: OomFacts) -> Action:
         text += (f". Its last run peaked at {format_bytes(f.cell_previous_peak_bytes)} above "
                  "its start: size the step from what fitted")
     return Action(text + ".")
+
+
+def child_advice(child: ChildProcess) -> str:
+    """How to make one of this kernel's child processes let go of the GPU, by what it is.
+    Advice only: gpumem_nb never signals or kills a process."""
+    if child.role == ROLE_DATALOADER:
+        return ("a DataLoader worker should hold no GPU memory; its Dataset or collate_fn "
+                "creates CUDA tensors. Let the loop finish or del the loader's iterator (with "
+                "persistent_workers=True the workers live as long as the DataLoader: del it), "
+                "and move to the GPU in the main process.")
+    if child.role == ROLE_LAUNCHED:
+        return ("a distributed worker this kernel launched. Let the launch finish: the "
+                "training function should end with torch.distributed.destroy_process_group(); "
+                "if it hangs, interrupt the kernel, and the launcher stops its workers.")
+    return ("release the object that started it, in this kernel: for an inference engine "
+            "such as vLLM, del llm, then gc.collect() and "
+            "torch.distributed.destroy_process_group(); for a multiprocessing pool, "
+            "pool.close() and pool.join() (pool.terminate() if it hangs).")
 
 
 def _held_actions(holders: Sequence[Holder], device: int) -> list[Action]:
@@ -1113,7 +1168,7 @@ class OomWatch:
         """(this process's bytes, the others, whether the others are unknown)."""
         me = os.getpid()
         if listed is None:
-            others = tuple(ProcessUse(p, n, describe_pid(p)) for p, n in from_message)
+            others = self._uses(from_message)
             return this_from_message, others, not from_message and this_from_message is None
         mine = [n for p, n in listed if p == me]
         if not mine and (ours_expected or any(
@@ -1123,8 +1178,24 @@ class OomWatch:
             # be told apart from this one.
             return None, (), True
         this = sum(n or 0 for n in mine) if mine and None not in mine else None
-        others = tuple(ProcessUse(p, n, describe_pid(p)) for p, n in listed if p != me)
+        others = self._uses([(p, n) for p, n in listed if p != me])
         return this, others, False
+
+    def _uses(self, listed: Sequence[tuple[int, int | None]]) -> tuple[ProcessUse, ...]:
+        """The other processes, this kernel's children named as such. Read on demand (the
+        failed cell only): a few small /proc reads per listed process."""
+        tree = getattr(self.host.source, "processes", None)
+        children: dict[int, ChildProcess] = {}
+        if tree is not None and listed and all(os.path.exists(f"/proc/{p}") for p, _ in listed):
+            try:
+                children = {c.pid: c for c in tree.children_of(listed)}
+                if any(c.role in (ROLE_MULTIPROCESSING, ROLE_OTHER) for c in children.values()
+                       ) and tree.learn_roles():
+                    children = {c.pid: c for c in tree.children_of(listed)}
+            except Exception:
+                children = {}
+        return tuple(ProcessUse(p, n, describe_pid(p) if p not in children else "",
+                                child=children.get(p)) for p, n in listed)
 
     def _from_event(self, ev: OomEvent, msg: OomMessage) -> _Pieces:
         r = ev.reading

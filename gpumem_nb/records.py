@@ -27,11 +27,33 @@ COLUMNS = (
     "reserved_before_bytes", "reserved_after_bytes", "reserved_delta_bytes",
     "peak_allocated_bytes", "peak_exact", "nvml_used_before_bytes", "nvml_used_after_bytes",
     "nvml_peak_bytes", "process_before_bytes", "process_after_bytes",
-    "rss_before_bytes", "rss_after_bytes",
+    "rss_before_bytes", "rss_after_bytes", "children_before_bytes", "children_after_bytes",
 )
 
 DISPLAY_HEADERS = ("cell", "source", "time", "GPU", "allocated Δ", "reserved Δ", "peak",
                    "NVML Δ", "NVML peak", "host RAM Δ", "outcome")
+# Shown only when some cell's devices had this kernel's child processes on them.
+CHILDREN_HEADER = "children (NVML)"
+
+
+def has_children(records: list[CellRecord]) -> bool:
+    return any(d.children_after_bytes or d.children_before_bytes
+               for r in records for d in r.devices)
+
+
+def display_headers(children: bool = False) -> tuple[str, ...]:
+    if not children:
+        return DISPLAY_HEADERS
+    return (*DISPLAY_HEADERS[:-1], CHILDREN_HEADER, DISPLAY_HEADERS[-1])
+
+
+def format_children(d: CellDevice) -> str:
+    """What the kernel's children held after the cell, and how that changed."""
+    after = d.children_after_bytes
+    if after is None:
+        return "—"
+    delta = after - (d.children_before_bytes or 0)
+    return format_bytes(after) + (f" ({format_bytes(delta, signed=True)})" if delta else "")
 
 
 def flat_rows(rec: CellRecord) -> Iterator[dict[str, Any]]:
@@ -61,6 +83,8 @@ def flat_rows(rec: CellRecord) -> Iterator[dict[str, Any]]:
             "nvml_peak_bytes": d.nvml_peak_bytes,
             "process_before_bytes": d.process_before_bytes,
             "process_after_bytes": d.process_after_bytes,
+            "children_before_bytes": d.children_before_bytes,
+            "children_after_bytes": d.children_after_bytes,
         })
         yield {c: row.get(c) for c in COLUMNS}
 
@@ -70,18 +94,20 @@ def format_peak(d: CellDevice) -> str:
     return text if d.peak_exact or d.peak_allocated_bytes is None else f"≥{text}"
 
 
-def display_rows(rec: CellRecord) -> list[list[str]]:
+def display_rows(rec: CellRecord, children: bool = False) -> list[list[str]]:
+    """The record's table rows; ``children`` adds the column of ``display_headers(True)``."""
     label = f"[{rec.execution_count}]" if rec.execution_count is not None else rec.cell_key[:8]
     flag = "raised" if rec.raised else "ok"
     common = [label, rec.source_preview[:40], f"{rec.duration_s:.3f} s"]
     rss = format_bytes(rec.rss_delta_bytes, signed=True)
     if not rec.devices:
-        return [[*common, "—", "—", "—", "—", "—", "—", rss, flag]]
+        return [[*common, "—", "—", "—", "—", "—", "—", rss, *(["—"] if children else []),
+                 flag]]
     return [
         [*common, str(d.index), format_bytes(d.allocated_delta_bytes, signed=True),
          format_bytes(d.reserved_delta_bytes, signed=True), format_peak(d),
          format_bytes(d.nvml_delta_bytes, signed=True), format_bytes(d.nvml_peak_bytes), rss,
-         flag]
+         *([format_children(d)] if children else []), flag]
         for d in rec.shown_devices()
     ]
 
@@ -148,8 +174,13 @@ class HistoryTable:
         self.records = records
         self.total = total
 
+    @property
+    def headers(self) -> tuple[str, ...]:
+        return display_headers(has_children(self.records))
+
     def rows(self) -> list[list[str]]:
-        return [row for rec in self.records for row in display_rows(rec)]
+        children = has_children(self.records)
+        return [row for rec in self.records for row in display_rows(rec, children)]
 
     @property
     def caption(self) -> str:
@@ -161,7 +192,7 @@ class HistoryTable:
     def __str__(self) -> str:
         if not self.records:
             return self.caption
-        return self.caption + "\n" + text_table(DISPLAY_HEADERS, self.rows())
+        return self.caption + "\n" + text_table(self.headers, self.rows())
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(str(self))
@@ -169,4 +200,4 @@ class HistoryTable:
     def _repr_html_(self) -> str:
         if not self.records:
             return f"<div>{self.caption}</div>"
-        return html_table(DISPLAY_HEADERS, self.rows(), caption=self.caption)
+        return html_table(self.headers, self.rows(), caption=self.caption)

@@ -118,6 +118,7 @@ DEVICE_HEADERS = (
     "peak allocated",
     "outside PyTorch",
     "other processes",
+    "this kernel's children",
 )
 
 
@@ -128,7 +129,7 @@ def device_row(d: DeviceSample) -> list[str]:
     if nv is not None:
         label = f"{d.index}: {nv.name}" if nv.name else label
         if nv.status != STATUS_OK:
-            return [label, f"{nv.status}: {nv.detail}"[:60], "—", "—", "—", "—", "—", "—"]
+            return [label, f"{nv.status}: {nv.detail}"[:60], *["—"] * (len(DEVICE_HEADERS) - 2)]
     used = "—" if nv is None else f"{format_bytes(nv.used_bytes)} / {format_bytes(nv.total_bytes)}"
     return [
         label,
@@ -139,7 +140,29 @@ def device_row(d: DeviceSample) -> list[str]:
         format_bytes(al.peak_allocated_bytes) if al else "—",
         format_bytes(d.outside_pytorch_bytes),
         format_bytes(nv.other_processes_bytes if nv else None),
+        format_bytes(nv.children_bytes if nv else None),
     ]
+
+
+def children_lines(sample: Sample) -> list[str]:
+    """One line per child process of this kernel that holds GPU memory, per device."""
+    lines: list[str] = []
+    for d in sample.devices:
+        nv = d.nvml
+        if nv is None or not nv.children:
+            continue
+        where = f"GPU {d.index}"
+        lines.append(f"This kernel's children on {where} hold {format_bytes(nv.children_bytes)}"
+                     " (each has a CUDA context of its own, about 0.5 GiB):")
+        lines.extend(f"  {c.label}: {format_bytes(c.nbytes)}"
+                     + (f" — {c.cmdline}" if c.cmdline else "") for c in nv.children)
+    return lines
+
+
+def children_html(sample: Sample) -> str:
+    """``children_lines`` for the chart's header; "" when this kernel has none on a GPU."""
+    lines = children_lines(sample)
+    return f"<div class='gpumem-children'>{html_lines(lines)}</div>" if lines else ""
 
 
 def status_lines(status: SourceStatus, sample: Sample) -> list[str]:
@@ -151,6 +174,7 @@ def status_lines(status: SourceStatus, sample: Sample) -> list[str]:
         if status.allocator is not None:
             conf = status.allocator.conf or "defaults"
             lines.append(f"allocator: {status.allocator.backend} ({conf}).")
+    lines.extend(children_lines(sample))
     lines.extend(status.notes)
     lines.append(f"Host RAM of this process: {format_bytes(sample.rss_bytes)}.")
     return lines

@@ -40,7 +40,7 @@ from .timeline import (
     values_of,
 )
 from .units import format_bytes
-from .views import Snapshot, device_row
+from .views import Snapshot, children_html, device_row
 
 
 class ChartReplay(Protocol):
@@ -123,6 +123,7 @@ class MemoryWidget:
         self._sent: dict[int, Arrays] = {}
         self._history_until_s: float | None = None
         self._marks_sent: tuple[Any, ...] = ()
+        self._cluster_traces: dict[str, Any] = {}
         self._inbox: deque[Callable[[], None]] = deque()
         self._draw_lock = threading.Lock()
         self._closed = False
@@ -244,7 +245,23 @@ class MemoryWidget:
                     # The recent trace starts at the history's last point, so they join.
                     self._set(_RECENT + i, tl.arrays(name, t0, since_s=until))
                 self._draw_marks(sample, tl, t0)
+            self._draw_cluster(t0)  # outside the batch: plotly adds no trace inside one
             self.draws += 1
+
+    def _draw_cluster(self, t0: float) -> None:
+        """``%gpumem watch --cluster``: the feed's named per-GPU lines, dotted, one trace each
+        (added the first time a GPU shows up; the feed keeps their length bounded)."""
+        feed = getattr(self.monitor, "cluster_feed", None)
+        if feed is None or self.replay is not None:
+            return
+        for name, (xs, ys) in feed.series(t0).items():
+            trace = self._cluster_traces.get(name)
+            if trace is None:
+                self.fig.add_scatter(x=xs, y=ys, name=name, mode="lines",
+                                     line={"dash": "dot", "width": 1.5, "shape": "hv"})
+                self._cluster_traces[name] = self.fig.data[-1]
+            elif list(trace.x or ()) != xs:
+                trace.x, trace.y = xs, ys
 
     def _set(self, index: int, arrays: Arrays) -> None:
         if not arrays.same_as(self._sent.get(index)):
@@ -339,7 +356,8 @@ class MemoryWidget:
                     "(<code>%gpumem history</code>); <code>%gpumem watch --live</code> "
                     "charts this machine.</div>")
         paused = " <b>(paused)</b>" if self.paused else ""
-        return (f"{note}<table class='gpumem-header'><tr>{head}</tr>{body}</table>{paused}")
+        return (f"{note}<table class='gpumem-header'><tr>{head}</tr>{body}</table>"
+                f"{children_html(sample)}{paused}")
 
     # -- producers: enqueue, never draw ------------------------------------------------------
     def _post(self, fn: Callable[[], None]) -> None:

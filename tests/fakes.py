@@ -260,6 +260,23 @@ class FakeCuda:
         self.history_max = 0
         self.traces: list[list[dict[str, Any]]] = [[] for _ in self.devices]
         self.others: dict[int, list[tuple[int, int]]] = {}  # other processes, per device
+        self.queued_calls: list[Any] = []  # torch.cuda._lazy_call's queue
+
+    def _lazy_call(self, fn: Any) -> None:
+        """torch.cuda._lazy_call: run now if CUDA is up, else queue until it starts."""
+        if self.initialized:
+            fn()
+        else:
+            self.queued_calls.append(fn)
+
+    def _lazy_init(self) -> None:
+        """What any first CUDA call does: start CUDA, then run the queued calls (on the
+        calling thread, inside the user's stack)."""
+        if self.initialized:
+            return
+        self.initialized = True
+        for fn in self.queued_calls:
+            fn()
 
     def is_initialized(self) -> bool:
         return self.initialized
@@ -370,7 +387,7 @@ class FakeCuda:
                                                   d.reserved, procs))
 
     def tensor(self, nbytes: int, device: int = 0, grad_fn: Any = None) -> FakeTensor:
-        self.initialized = True
+        self._lazy_init()
         self._fit(device, nbytes)
         t = FakeTensor(nbytes, f"cuda:{device}", grad_fn=grad_fn)
         self.allocate(device, nbytes, addr=id(t))

@@ -23,6 +23,8 @@ OWNERS = {
     "numpy": "timeline.py",
     "psutil": "sources/host.py",
     "pandas": "records.py",
+    "distributed": "cluster/dask_backend.py",
+    "dask": None,
     "torch": None,
 }
 # Modules that must stay standard-library only (plus the package itself): the static chart

@@ -10,11 +10,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
-from ..model import DeviceSample, Sample, SourceStatus
+from ..model import ChildProcess, DeviceSample, NvmlReading, Sample, SourceStatus
 from .devices import DeviceId, match_by_identity
 from .host import HostSource
 from .nvml import NvmlSource
+from .processes import ProcessTree, split_children
 from .torch import ZERO_READING, TorchSource
 
 
@@ -25,10 +27,15 @@ class LiveSource:
         torch: TorchSource | None = None,
         host: HostSource | None = None,
         clock: Callable[[], float] = time.monotonic,
+        processes: ProcessTree | None = None,
     ) -> None:
         self.nvml = nvml if nvml is not None else NvmlSource()
         self.torch = torch if torch is not None else TorchSource()
         self.host = host if host is not None else HostSource()
+        self.processes = processes if processes is not None else ProcessTree()
+        # Per NVML device: this kernel's children in the last listing, their bytes, and the
+        # other processes' bytes without them (reused by readings that list nothing).
+        self._children: dict[int, tuple[tuple[ChildProcess, ...], int | None, int | None]] = {}
         self._clock = clock
         self._lock = threading.Lock()
         self._mapping: list[DeviceId] = []
@@ -105,20 +112,34 @@ class LiveSource:
             # Reserved memory proves a context on this device; its absence from NVML's list
             # would then mean NVML cannot see us, not that we use nothing.
             has_context = allocator is not None and allocator.reserved_bytes > 0
-            devices.append(
-                DeviceSample(
-                    index=i,
-                    nvml=self.nvml.read(mapping[i], context_expected=has_context,
-                                        processes=processes),
-                    allocator=allocator,
-                )
-            )
+            nv = self.nvml.read(mapping[i], context_expected=has_context, processes=processes)
+            devices.append(DeviceSample(index=i, nvml=self._with_children(mapping[i], nv,
+                                                                           processes),
+                                        allocator=allocator))
         return Sample(
             t_s=now,
             wall_s=time.time(),
             rss_bytes=self.host.rss_bytes(),
             devices=tuple(devices),
         )
+
+    def _with_children(self, dev: DeviceId, nv: NvmlReading, listed: bool) -> NvmlReading:
+        """``nv`` with this kernel's descendants split out of "other processes". Only after a
+        listing (the sampler's pace) is the process tree read; other readings reuse the last
+        split."""
+        if listed:
+            if nv.process_bytes is None:  # no listing, or PIDs of another namespace
+                self._children.pop(dev.nvml_index, None)
+            else:
+                others = self.nvml.others_listing(dev)
+                self._children[dev.nvml_index] = split_children(
+                    self.processes, others) if others else ((), 0, nv.other_processes_bytes)
+        split = self._children.get(dev.nvml_index)
+        if split is None or nv.process_bytes is None:
+            return nv
+        children, children_bytes, rest_bytes = split
+        return replace(nv, children=children, children_bytes=children_bytes,
+                       other_processes_bytes=rest_bytes)
 
     def read_hot(self, nvml_from: Sample | None) -> Sample:
         """The cell hooks' reading: exact allocator stats and RSS, no NVML call.

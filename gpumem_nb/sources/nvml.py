@@ -49,6 +49,9 @@ class NvmlSource:
         # Per device: did the last process listing attribute memory to us, and what did the
         # other processes use then.
         self._last_others: dict[int, tuple[bool, int | None]] = {}
+        # Per device: the other processes of the last listing, as (pid, bytes), when their
+        # PIDs are known to be of this PID namespace (for naming this kernel's children).
+        self._last_listing: dict[int, tuple[tuple[int, int | None], ...]] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> bool:
@@ -225,8 +228,9 @@ class NvmlSource:
             return NvmlReading(**base, total_bytes=None, used_bytes=None,
                                status=STATUS_LOST if lost else STATUS_ERROR, detail=str(e))
         if processes:
-            ours, others = self._processes(h, context_expected)
+            ours, others, rest = self._processes(h, context_expected)
             self._last_others[dev.nvml_index] = (ours is not None, others)
+            self._last_listing[dev.nvml_index] = rest if ours is not None else ()
         else:
             seen, others = self._last_others.get(dev.nvml_index, (False, None))
             ours = max(used - others, 0) if seen and used is not None and others is not None \
@@ -277,24 +281,33 @@ class NvmlSource:
         except Exception:
             return None
 
-    def _processes(self, h: Any, context_expected: bool) -> tuple[int | None, int | None]:
+    def _processes(self, h: Any, context_expected: bool,
+                   ) -> tuple[int | None, int | None, tuple[tuple[int, int | None], ...]]:
+        """(this process's bytes, the others' sum, the others as (pid, bytes))."""
         procs = self._list_processes(h)
         if procs is None:
-            return None, None
+            return None, None, ()
         ours = [p for p in procs if p.pid == self._pid]
         rest = [p for p in procs if p.pid != self._pid]
+        listing = tuple((int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory))
+                        for p in rest)
         others: int | None = None
         if all(p.usedGpuMemory is not None for p in rest):
             others = sum(int(p.usedGpuMemory) for p in rest)
         if ours:
             used = [p.usedGpuMemory for p in ours]
-            return (None if None in used else sum(int(u) for u in used)), others
+            return (None if None in used else sum(int(u) for u in used)), others, listing
         # Our PID is absent. That means "no context here" only if NVML shows PIDs from our
         # own namespace and nothing in this process is known to hold a context; in a
         # container NVML reports host PIDs and we cannot tell which one is us.
         if context_expected or any(not os.path.exists(f"/proc/{p.pid}") for p in rest):
-            return None, None
-        return 0, others
+            return None, None, ()
+        return 0, others, listing
+
+    def others_listing(self, dev: DeviceId) -> tuple[tuple[int, int | None], ...]:
+        """The other processes of ``dev``'s last listing, as (pid, bytes): () when there were
+        none, or when their PIDs may be another namespace's (a container)."""
+        return self._last_listing.get(dev.nvml_index, ())
 
     def processes(self, dev: DeviceId) -> list[tuple[int, int | None]] | None:
         """Every compute process NVML lists on ``dev`` as (pid, bytes or None), for the OOM

@@ -24,6 +24,7 @@ from ..model import (
     STATUS_LOST,
     STATUS_OK,
     AllocatorReading,
+    ChildProcess,
     DeviceSample,
     NvmlReading,
     Sample,
@@ -120,8 +121,15 @@ def _record(where: str, data: Any, cls: type, *, nested: dict[str, Callable[[Any
     return cls(**kw)
 
 
+def _children_from_json(where: str, raw: Any) -> tuple[ChildProcess, ...]:
+    if not isinstance(raw, list):
+        raise TraceError(f"{where}: \"children\" is {_show(raw)}, not a list")
+    return tuple(_record(f"{where}, child {i}", c, ChildProcess) for i, c in enumerate(raw))
+
+
 def _nvml_from_json(where: str, nv: Any) -> NvmlReading:
-    reading: NvmlReading = _record(where, nv, NvmlReading)
+    reading: NvmlReading = _record(where, nv, NvmlReading, nested={
+        "children": lambda raw: _children_from_json(where, raw)})
     if reading.status not in _STATUSES:
         raise TraceError(f"{where}: \"status\" is {_show(reading.status)}, not one of "
                          f"{', '.join(_STATUSES)}")

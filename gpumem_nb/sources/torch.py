@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..model import AllocatorInfo, AllocatorReading
 
 ALLOC_CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+INIT_HOOK_ATTR = "_gpumem_nb_init_hook"
 
 TORCH_NOT_IMPORTED = "torch is not imported"
 TORCH_NOT_INITIALIZED = "torch is imported; CUDA not initialized yet"
@@ -231,6 +232,43 @@ class TorchSource:
             return str(cuda.memory_summary(index))
         except Exception as e:
             return f"memory_summary failed: {e}"
+
+    def on_cuda_init(self, factory: Callable[[], Any]) -> tuple[Any | None, str]:
+        """The process's one CUDA start-up hook: ``factory()``'s object, queued through
+        ``torch.cuda._lazy_call`` so that torch calls it while it initialises CUDA, on the
+        thread and inside the stack that caused it. ``(None, why not)`` when torch is not
+        imported, CUDA is already up, or the build has no such queue.
+
+        Queueing initialises nothing and imports nothing; the queue cannot be emptied, so
+        the object is kept on ``torch.cuda`` and a reloaded gpumem_nb finds it there (only its
+        ``handler`` changes). While queueing, ``registering`` is set: a CUDA start that races
+        this call makes ``_lazy_call`` run it at once, here, where its stack means nothing.
+        """
+        torch = self._modules.get("torch")
+        cuda = getattr(torch, "cuda", None) if torch is not None else None
+        if cuda is None:
+            return None, TORCH_NOT_IMPORTED
+        existing = getattr(cuda, INIT_HOOK_ATTR, None)
+        if existing is not None:
+            return existing, ""
+        try:
+            if cuda.is_initialized():
+                return None, TORCH_INITIALIZED
+        except Exception as e:
+            return None, _first_line(e)
+        lazy = getattr(cuda, "_lazy_call", None)
+        if lazy is None:
+            return None, "this torch build has no lazy-init queue"
+        hook = factory()
+        hook.registering = True
+        try:
+            lazy(hook)
+        except Exception as e:
+            return None, _first_line(e)
+        finally:
+            hook.registering = False
+        setattr(cuda, INIT_HOOK_ATTR, hook)
+        return hook, ""
 
     def allocator_info(self) -> AllocatorInfo | None:
         cuda = self._cuda()

@@ -1,0 +1,167 @@
+"""A cluster's GPUs beside the kernel's own: one row per worker and GPU, devices counted once.
+
+Dask's own ``scheduler_info()`` carries each worker's NVML reading of the *whole device*, so two
+workers on one GPU count it twice, and it has no allocator figures. Here each worker runs
+gpumem_nb's own sources (``cluster.worker.report``: NVML, the allocator read without importing
+torch, the worker process's own NVML share) through the cluster engine's own machinery, and the
+rows are joined by device UUID.
+
+Layout: this module holds the records, the collector protocol and the table; ``worker`` is what
+runs in a worker (imports no engine); ``dask_backend`` is the one Dask implementation and the
+only importer of ``distributed``; ``feed`` polls a collector off the cell's path for the chart.
+Nothing here is imported unless the user asks for a cluster view. Another engine (Ray's
+per-process GPU metrics, say) is one more class with ``collect`` and ``close``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..report import html_lines, html_table, text_table
+from ..units import format_bytes
+
+ROW_OK = "ok"
+ROW_UNKNOWN = "unknown"  # no answer in time: figures unknown, not zero
+ROW_NO_GPUMEM = "no gpumem_nb"
+ROW_NO_NVML = "no NVML"
+ROW_ERROR = "error"
+
+
+@dataclass(frozen=True)
+class WorkerGpu:
+    """One worker and one of its GPUs (or the worker alone, when it reports none)."""
+
+    worker: str  # the worker's address
+    name: str = ""  # the worker's name
+    host: str = ""
+    pid: int | None = None
+    device: int | None = None  # the CUDA index inside the worker
+    uuid: str = ""
+    gpu_name: str = ""
+    used_bytes: int | None = None  # NVML, the whole device
+    total_bytes: int | None = None
+    process_bytes: int | None = None  # NVML, this worker process's own share
+    allocated_bytes: int | None = None  # the worker's PyTorch allocator
+    reserved_bytes: int | None = None
+    peak_allocated_bytes: int | None = None
+    status: str = ROW_OK
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ClusterDevice:
+    """A physical GPU (or MIG instance) by UUID, whichever workers share it."""
+
+    uuid: str
+    host: str
+    gpu_name: str
+    used_bytes: int | None
+    total_bytes: int | None
+    workers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ClusterReading:
+    """One collection from every worker."""
+
+    t_s: float
+    rows: tuple[WorkerGpu, ...]
+    engine: str = "dask"
+    scheduler: str = ""
+    status: str = ROW_OK  # ok, or why the whole collection failed (rows then unknown)
+    detail: str = ""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def devices(self) -> list[ClusterDevice]:
+        """Each device once, by UUID: the largest "used" any of its workers read (they read
+        the same device a moment apart)."""
+        by_uuid: dict[str, list[WorkerGpu]] = {}
+        for r in self.rows:
+            if r.uuid and r.status == ROW_OK:
+                by_uuid.setdefault(r.uuid, []).append(r)
+        out = []
+        for uuid, rows in by_uuid.items():
+            used = [r.used_bytes for r in rows if r.used_bytes is not None]
+            total = next((r.total_bytes for r in rows if r.total_bytes is not None), None)
+            out.append(ClusterDevice(uuid=uuid, host=rows[0].host, gpu_name=rows[0].gpu_name,
+                                     used_bytes=max(used) if used else None, total_bytes=total,
+                                     workers=tuple(r.name or r.worker for r in rows)))
+        return out
+
+
+class Collector(Protocol):
+    """What a cluster engine gives gpumem_nb: a bounded collection, and a way to stop."""
+
+    engine: str
+
+    def collect(self, timeout_s: float) -> ClusterReading:
+        """Every worker's rows; never raises, never waits much past ``timeout_s`` (rows of a
+        worker or scheduler that did not answer are ``unknown``)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+HEADERS = ("worker", "host", "GPU", "UUID", "NVML used / total", "this worker",
+           "allocated", "reserved", "peak allocated", "status")
+
+
+def _short_uuid(uuid: str) -> str:
+    return uuid if len(uuid) <= 16 else uuid[:15] + "…"
+
+
+def _row(r: WorkerGpu) -> list[str]:
+    gpu = "—" if r.device is None else f"{r.device}" + (f": {r.gpu_name}" if r.gpu_name else "")
+    used = "—" if r.total_bytes is None and r.used_bytes is None else \
+        f"{format_bytes(r.used_bytes)} / {format_bytes(r.total_bytes)}"
+    status = r.status + (f": {r.detail}" if r.detail else "")
+    return [r.name or r.worker, r.host or "—", gpu, _short_uuid(r.uuid) or "—", used,
+            format_bytes(r.process_bytes), format_bytes(r.allocated_bytes),
+            format_bytes(r.reserved_bytes), format_bytes(r.peak_allocated_bytes), status[:80]]
+
+
+class ClusterView:
+    """``%gpumem cluster``: the table, and each device counted once."""
+
+    def __init__(self, reading: ClusterReading) -> None:
+        self.reading = reading
+
+    def rows(self) -> list[list[str]]:
+        return [_row(r) for r in self.reading.rows]
+
+    def lines(self) -> list[str]:
+        rd = self.reading
+        out = []
+        if rd.status != ROW_OK:
+            out.append(f"The {rd.engine} scheduler {rd.scheduler} did not answer: {rd.detail}. "
+                       "Its workers' figures are unknown.")
+        devices = rd.devices()
+        workers = {r.worker for r in rd.rows}
+        if devices:
+            used = [d.used_bytes for d in devices if d.used_bytes is not None]
+            total = [d.total_bytes for d in devices if d.total_bytes is not None]
+            out.append(f"{len(workers)} worker(s) on {len(devices)} GPU(s), each GPU counted "
+                       f"once by UUID: {format_bytes(sum(used) if used else None)} used of "
+                       f"{format_bytes(sum(total) if total else None)}.")
+            out.extend(f"  {_short_uuid(d.uuid)} ({d.gpu_name or 'GPU'} on {d.host or '?'}): "
+                       f"{format_bytes(d.used_bytes)} used, shared by workers "
+                       f"{', '.join(d.workers)}" for d in devices if len(d.workers) > 1)
+        elif rd.status == ROW_OK:
+            out.append(f"{len(workers)} worker(s), none with a GPU gpumem_nb could read.")
+        out.extend(rd.notes)
+        return out
+
+    def __str__(self) -> str:
+        parts = []
+        if self.reading.rows:
+            parts.append(text_table(HEADERS, self.rows()))
+        parts.extend(self.lines())
+        return "\n".join(parts)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(str(self))
+
+    def _repr_html_(self) -> str:
+        table = html_table(HEADERS, self.rows()) if self.reading.rows else ""
+        return table + html_lines(self.lines())

@@ -1,0 +1,283 @@
+"""The kernel's descendants among the processes NVML lists: who they are, from ``/proc``.
+
+A notebook outgrows its one process through children: DataLoader workers,
+``torch.multiprocessing`` and ``notebook_launcher``/``ddp_notebook`` DDP workers, an inference
+engine's processes (vLLM). NVML lists each one with its own CUDA context (about 518 MiB on an
+H200) by PID; this module tells which of those PIDs descend from this kernel and what each is.
+
+How, and why this way:
+
+- **Ancestry, not a full process scan.** Only PIDs NVML lists are looked at, each walked up
+  its parents through ``/proc/<pid>/stat`` (one small read per generation). Scanning every
+  process in ``/proc`` would cost milliseconds on a busy host, every tick, to learn about
+  processes that hold no GPU memory. The sampler does this on its thread, at its pace, and only
+  when NVML lists a PID other than ours; a cell hook never does.
+- **Roles, where they can be told.** ``multiprocessing`` keeps the ``Process`` objects it
+  started in this kernel (read, never reaped: ``active_children()`` would join them), so its
+  children are known as such; but ``start()`` drops each one's target, so what a child runs
+  comes from torch's own objects instead: its live DataLoader iterators list their workers,
+  and ``start_processes``' contexts (``torch.multiprocessing``, ``ddp_notebook``,
+  ``notebook_launcher``'s elastic launch) list theirs with the process index. Finding those
+  walks the collector's objects, so ``learn_roles`` runs on demand on the main thread only.
+  A child started with its own environment (torchrun, a launcher that execs) carries
+  ``RANK``/``LOCAL_RANK`` in ``/proc/<pid>/environ`` when we may read it; variables a forked
+  child sets after the fork are not visible there (the file shows the environment the
+  process began with).
+- **psutil** stands in for ``/proc`` only where there is none and only if the user's code has
+  already imported it: its import costs more than this whole module does per tick.
+- **Other PID namespaces.** In a container NVML reports host PIDs, which may name unrelated
+  processes here. The caller classifies only when NVML's PIDs are known to be ours (see
+  ``NvmlSource``); this module trusts the PIDs it is given.
+
+Information about a process (role, command line) is cached by PID and start time, so a PID
+reused by a new process is read afresh. Nothing here kills, signals or changes any process.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ..model import (
+    ROLE_DATALOADER,
+    ROLE_LAUNCHED,
+    ROLE_MULTIPROCESSING,
+    ROLE_OTHER,
+    ChildProcess,
+)
+
+# Deeper than any launcher nests (kernel -> agent -> worker -> its own children).
+MAX_DEPTH = 32
+CMDLINE_CHARS = 160
+_RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+class ProcessTree:
+    """Tells which PIDs descend from ``root_pid`` (this process by default) and what each is.
+
+    ``proc_root`` and ``modules`` are injectable so tests can script a process table.
+    """
+
+    def __init__(self, root_pid: int | None = None, proc_root: str = "/proc",
+                 modules: Mapping[str, Any] | None = None) -> None:
+        self.root_pid = os.getpid() if root_pid is None else root_pid
+        self._proc = proc_root
+        self._modules = sys.modules if modules is None else modules
+        # (pid, start time) -> (role, cmdline, rank, local_rank, world_size)
+        self._known: dict[tuple[int, int], tuple[str, str, int | None, int | None, int | None]] = {}
+        self._not_ours: set[tuple[int, int]] = set()  # (pid, start time) walked, not ours
+        # pid -> (role, process index) learned from torch's own objects (``learn_roles``).
+        self._hints: dict[int, tuple[str, int | None]] = {}
+
+    # -- ancestry ----------------------------------------------------------------------------
+    def _stat(self, pid: int) -> tuple[int, int] | None:
+        """(parent PID, start time in clock ticks) of ``pid``; None if it is gone."""
+        try:
+            with open(f"{self._proc}/{pid}/stat", "rb") as fh:
+                raw = fh.read()
+        except OSError:
+            return self._psutil_stat(pid)
+        # The command name sits in parentheses and may itself hold spaces or ')'.
+        fields = raw[raw.rfind(b")") + 2:].split()
+        try:
+            return int(fields[1]), int(fields[19])
+        except (IndexError, ValueError):
+            return None
+
+    def _psutil_stat(self, pid: int) -> tuple[int, int] | None:
+        if os.path.isdir(self._proc):
+            return None  # /proc exists: the process is gone, not unreadable
+        psutil = self._modules.get("psutil")
+        if psutil is None:
+            return None
+        try:
+            p = psutil.Process(pid)
+            return int(p.ppid()), int(p.create_time() * 100)
+        except Exception:
+            return None
+
+    def is_descendant(self, pid: int) -> bool:
+        return self._descent(pid) is not None
+
+    def _descent(self, pid: int) -> int | None:
+        """``pid``'s start time when it descends from the root, else None: one small read
+        per generation."""
+        if pid == self.root_pid or pid <= 1:
+            return None
+        first = self._stat(pid)
+        if first is None:
+            return None
+        start = first[1]
+        if (pid, start) in self._not_ours:
+            return None  # a process never becomes our descendant later: walked once
+        parent = first[0]
+        for _ in range(MAX_DEPTH):
+            if parent == self.root_pid:
+                return start
+            if parent <= 1:
+                break
+            st = self._stat(parent)
+            if st is None:
+                break
+            parent = st[0]
+        if len(self._not_ours) > 4096:
+            self._not_ours.clear()
+        self._not_ours.add((pid, start))
+        return None
+
+    # -- who it is ---------------------------------------------------------------------------
+    def children_of(self, listing: Iterable[tuple[int, int | None]]) -> tuple[ChildProcess, ...]:
+        """The entries of NVML's (pid, bytes) ``listing`` that descend from the root, named."""
+        out: list[ChildProcess] = []
+        started: set[int] | None = None
+        for pid, nbytes in listing:
+            start = self._descent(pid)
+            if start is None:
+                continue
+            key = (pid, start)
+            info = self._known.get(key)
+            if info is None or (pid in self._hints and info[0] != self._hints[pid][0]):
+                if started is None:
+                    started = self._multiprocessing_pids()
+                info = self._describe(pid, pid in started)
+                if len(self._known) > 1024:
+                    self._known.clear()
+                self._known[key] = info
+            role, cmdline, rank, local_rank, world = info
+            out.append(ChildProcess(pid=pid, nbytes=nbytes, role=role, cmdline=cmdline,
+                                    rank=rank, local_rank=local_rank, world_size=world))
+        return tuple(out)
+
+    def _describe(self, pid: int, by_multiprocessing: bool,
+                  ) -> tuple[str, str, int | None, int | None, int | None]:
+        cmdline = self._cmdline(pid)
+        env = self._environ(pid)
+        rank, local_rank, world = (_int(env.get(v)) for v in _RANK_VARS)
+        role = ROLE_MULTIPROCESSING if by_multiprocessing else ROLE_OTHER
+        hint = self._hints.get(pid)
+        if hint is not None:
+            role = hint[0]
+            if role == ROLE_LAUNCHED and local_rank is None:
+                local_rank = hint[1]
+        elif rank is not None or local_rank is not None:
+            role = ROLE_LAUNCHED
+        elif "multiprocessing" in cmdline and "spawn_main" in cmdline:
+            role = ROLE_MULTIPROCESSING
+        return role, cmdline, rank, local_rank, world
+
+    def _multiprocessing_pids(self) -> set[int]:
+        """PIDs of the processes ``multiprocessing`` started in this process. Read only:
+        never ``active_children()``, which reaps. (``start()`` drops a process's target, so
+        what each one runs is not known here; ``learn_roles`` finds that out on demand.)"""
+        if self.root_pid != os.getpid():
+            return set()
+        children = getattr(self._modules.get("multiprocessing.process"), "_children", None)
+        if not children:
+            return set()
+        try:
+            procs = list(children)  # a set the main thread mutates: copy, never iterate it
+        except RuntimeError:
+            return set()
+        pids = (getattr(getattr(p, "_popen", None), "pid", None) for p in procs)
+        return {pid for pid in pids if isinstance(pid, int)}
+
+    def learn_roles(self) -> int:
+        """On demand, on the main thread (``%gpumem``, the OOM explainer): find torch's live
+        DataLoader iterators and ``start_processes`` contexts (``torch.multiprocessing``,
+        ``ddp_notebook``, ``notebook_launcher``'s elastic launch) and remember their workers'
+        PIDs and process indices. Each lookup walks the garbage collector's objects once
+        (about 10 ms per million objects), so the sampler never calls this. Returns how many
+        PIDs it learned."""
+        found: dict[int, tuple[str, int | None]] = {}
+        loader = getattr(self._modules.get("torch.utils.data.dataloader"),
+                         "_MultiProcessingDataLoaderIter", None)
+        for it in _instances(loader):
+            for i, w in enumerate(getattr(it, "_workers", None) or ()):
+                pid = getattr(w, "pid", None)
+                if isinstance(pid, int):
+                    found[pid] = (ROLE_DATALOADER, i)
+        context = getattr(self._modules.get("torch.multiprocessing.spawn"), "ProcessContext",
+                          None)
+        for ctx in _instances(context):
+            for i, p in enumerate(getattr(ctx, "processes", None) or ()):
+                pid = getattr(p, "pid", None)
+                if isinstance(pid, int):
+                    found[pid] = (ROLE_LAUNCHED, i)
+        self._hints.update(found)
+        if len(self._hints) > 1024:
+            self._hints = dict(found)
+        return len(found)
+
+    def _cmdline(self, pid: int) -> str:
+        try:
+            with open(f"{self._proc}/{pid}/cmdline", "rb") as fh:
+                raw = fh.read(4096)
+        except OSError:
+            return ""
+        text = " ".join(a.decode(errors="replace") for a in raw.split(b"\0") if a)
+        return text if len(text) <= CMDLINE_CHARS else text[: CMDLINE_CHARS - 3] + "..."
+
+    def _environ(self, pid: int) -> dict[str, str]:
+        """The rank variables of ``pid``'s starting environment; {} when not readable (another
+        user's process, or a hardened /proc)."""
+        try:
+            with open(f"{self._proc}/{pid}/environ", "rb") as fh:
+                raw = fh.read(1 << 20)
+        except OSError:
+            return {}
+        out: dict[str, str] = {}
+        for item in raw.split(b"\0"):
+            key, _, value = item.partition(b"=")
+            name = key.decode(errors="replace")
+            if name in _RANK_VARS:
+                out[name] = value.decode(errors="replace")
+        return out
+
+
+def _instances(cls: Any) -> list[Any]:
+    """The live instances of ``cls`` and its subclasses. Instances of a Python class refer to
+    their type, so the collector's referrers of the class are its instances (and a few
+    dicts); no list of every object is built."""
+    if not isinstance(cls, type):
+        return []
+    classes = [cls, *cls.__subclasses__()]
+    out: list[Any] = []
+    try:
+        for c in classes:
+            out.extend(o for o in gc.get_referrers(c) if type(o) is c)
+    except Exception:
+        return []
+    return out
+
+
+def _int(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def split_children(tree: ProcessTree | None, others: Iterable[tuple[int, int | None]],
+                   ) -> tuple[tuple[ChildProcess, ...], int | None, int | None]:
+    """(children, their bytes, the remaining others' bytes) of NVML's other processes on a
+    device. A byte sum is None when NVML gave no figure for one of its processes."""
+    listing = list(others)
+    children = tree.children_of(listing) if tree is not None else ()
+    child_pids = {c.pid for c in children}
+    rest = [n for p, n in listing if p not in child_pids]
+    return (children, _sum(c.nbytes for c in children),
+            _sum(rest))
+
+
+def _sum(values: Iterable[int | None]) -> int | None:
+    total = 0
+    for v in values:
+        if v is None:
+            return None
+        total += int(v)
+    return total

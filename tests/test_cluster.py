@@ -1,0 +1,247 @@
+"""A real Dask LocalCluster (worker processes) whose workers see the project's fake GPUs
+through a preload: the %gpumem cluster table, devices counted once by UUID, workers without
+NVML or gpumem_nb, a scheduler that does not answer, and the chart's cluster lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+distributed = pytest.importorskip("distributed")
+
+from gpumem_nb.cluster import (  # noqa: E402 - after the skip
+    ROW_NO_GPUMEM,
+    ROW_NO_NVML,
+    ROW_OK,
+    ROW_UNKNOWN,
+    ClusterView,
+)
+from gpumem_nb.cluster.dask_backend import DaskCollector  # noqa: E402
+from gpumem_nb.cluster.feed import ClusterFeed  # noqa: E402
+
+GiB = 1 << 30
+PRELOAD = str(Path(__file__).with_name("cluster_preload.py"))
+SHARED = "GPU-shared-0000"
+
+
+def local_cluster(scenarios: dict[str, Any]) -> Any:
+    old = dict(os.environ)
+    os.environ["GPUMEM_TEST_CLUSTER"] = json.dumps(scenarios)
+    # Dask's own NVML monitor would read the fake too; it is not what is tested here.
+    os.environ["DASK_DISTRIBUTED__DIAGNOSTICS__NVML"] = "False"
+    try:
+        return distributed.LocalCluster(n_workers=len(scenarios), processes=True,
+                                        threads_per_worker=1, dashboard_address=":0",
+                                        preload=[PRELOAD], silence_logs=40)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+
+
+@pytest.fixture(scope="module")
+def shared_gpu(tmp_path_factory: Any) -> Iterator[Any]:
+    """Two workers on one GPU: worker 0 has torch with CUDA up, worker 1 never imported it."""
+    flag = tmp_path_factory.mktemp("hang") / "hang"
+    cluster = local_cluster({
+        "0": {"gpus": [{"uuid": SHARED, "share": 3 * GiB, "others": 2 * GiB}],
+              "torch": {"allocated": 2 * GiB, "reserved": 5 * GiB // 2, "peak": 4 * GiB}},
+        "1": {"gpus": [{"uuid": SHARED, "share": 2 * GiB, "others": 3 * GiB}],
+              "hang_s": 3, "hang_when": str(flag)},
+    })
+    client = distributed.Client(cluster)
+    client.hang_flag = flag
+    yield client
+    client.close()
+    cluster.close()
+
+
+@pytest.fixture(scope="module")
+def broken_workers() -> Iterator[Any]:
+    cluster = local_cluster({"0": {"nvml": "missing"}, "1": {"gpumem_nb": "missing"}})
+    client = distributed.Client(cluster)
+    yield client
+    client.close()
+    cluster.close()
+
+
+def by_name(reading: Any) -> dict[str, Any]:
+    return {r.name: r for r in reading.rows}
+
+
+def test_one_row_per_worker_and_gpu_with_its_own_share_and_allocator(shared_gpu):
+    reading = DaskCollector(shared_gpu).collect(5.0)
+    rows = by_name(reading)
+    assert sorted(rows) == ["0", "1"] and reading.status == ROW_OK
+    w0, w1 = rows["0"], rows["1"]
+    assert (w0.uuid, w0.used_bytes, w0.total_bytes) == (SHARED, 5 * GiB, 141 * GiB)
+    assert w0.process_bytes == 3 * GiB and w1.process_bytes == 2 * GiB  # each its own share
+    assert (w0.allocated_bytes, w0.reserved_bytes, w0.peak_allocated_bytes) == (
+        2 * GiB, 5 * GiB // 2, 4 * GiB)
+    assert (w1.allocated_bytes, w1.reserved_bytes) == (None, None)  # no torch there
+    assert w0.pid != w1.pid != os.getpid() and w0.host
+
+
+def test_two_workers_on_one_gpu_count_it_once(shared_gpu):
+    reading = DaskCollector(shared_gpu).collect(5.0)
+    (device,) = reading.devices()
+    assert (device.uuid, device.used_bytes, device.workers) == (SHARED, 5 * GiB, ("0", "1"))
+    text = str(ClusterView(reading))
+    assert "2 worker(s) on 1 GPU(s), each GPU counted once by UUID: 5.00 GiB used of " \
+           "141.00 GiB" in text
+    assert "shared by workers 0, 1" in text
+
+
+def test_the_workers_never_import_torch_for_us(shared_gpu):
+    DaskCollector(shared_gpu).collect(5.0)
+    imported = shared_gpu.run(lambda: "torch" in sys.modules)
+    names = {w["name"]: a for a, w in shared_gpu.scheduler_info()["workers"].items()}
+    assert imported[names[1]] is False  # worker 1 had not imported torch: still has not
+    assert imported[names[0]] is True  # worker 0's own (fake) torch
+
+
+def test_a_worker_without_nvml_and_one_without_gpumem_nb_say_so(broken_workers):
+    rows = by_name(DaskCollector(broken_workers).collect(5.0))
+    assert rows["0"].status == ROW_NO_NVML and "driver" in rows["0"].detail
+    (missing,) = [r for r in rows.values() if r.status == ROW_NO_GPUMEM]
+    assert "install gpumem-nb" in missing.detail
+    text = str(ClusterView(DaskCollector(broken_workers).collect(5.0)))
+    assert "no NVML" in text and "no gpumem_nb" in text
+
+
+def test_a_scheduler_that_does_not_answer_shows_unknown_rows_without_holding_the_cell(
+        shared_gpu, shell, no_gpu, capsys):
+    shell.run_cell("%load_ext gpumem_nb")
+    shell.user_ns["client"] = shared_gpu
+    assert shell.run_cell("%gpumem cluster client").error_in_exec is None  # workers seen
+    capsys.readouterr()
+    shared_gpu.hang_flag.touch()  # worker 1's NVML now hangs 3 s: the broadcast waits on it
+    try:
+        t0 = time.monotonic()
+        result = shell.run_cell("%gpumem cluster client --timeout 0.5")
+        took = time.monotonic() - t0
+    finally:
+        shared_gpu.hang_flag.unlink()
+    assert result.error_in_exec is None and took < 1.5, took
+    out = capsys.readouterr().out
+    assert "did not answer: no answer within 0.5 s" in out
+    reading = shell.run_line_magic("gpumem", "cluster client --timeout 0.5 -o")
+    # The one call still out is not doubled; its workers' rows read unknown, by name.
+    assert reading.status == ROW_UNKNOWN
+    assert {r.name: r.status for r in reading.rows} == {"0": ROW_UNKNOWN, "1": ROW_UNKNOWN}
+    assert all(r.used_bytes is None for r in reading.rows)
+    time.sleep(3.2)  # the hung call returns; the next one answers again
+    assert DaskCollector(shared_gpu).collect(5.0).status == ROW_OK
+
+
+def test_a_blocked_scheduler_loop_never_blocks_the_collection_past_its_timeout(shared_gpu):
+    collector = DaskCollector(shared_gpu)
+    collector.collect(5.0)
+    blocker = threading.Thread(target=shared_gpu.run_on_scheduler, args=(time.sleep, 2))
+    blocker.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    reading = collector.collect(0.5)
+    assert time.monotonic() - t0 < 1.0 and reading.status == ROW_UNKNOWN
+    blocker.join()
+
+
+def test_watch_cluster_draws_one_line_per_gpu_at_most_once_a_second(
+        shared_gpu, shell, no_gpu):
+    pytest.importorskip("plotly")
+    shell.run_cell("%load_ext gpumem_nb")
+    shell.user_ns["client"] = shared_gpu
+    m = shell._gpumem_nb_monitor
+    m.sampler.stop()
+    assert shell.run_cell("%gpumem watch --cluster client").error_in_exec is None
+    feed = m.cluster_feed
+    assert feed.pace_s == 1.0  # the sampler's 0.5 s, but at most once a second
+    deadline = time.monotonic() + 10
+    while feed.collections < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    m.sampler.tick()
+    names = {t.name: t for t in m.widget.fig.data if t.name.startswith("cluster ")}
+    used = [n for n in names if n.endswith("NVML used")]
+    assert len(used) == 1 and SHARED[:12] in used[0]  # one line for the shared GPU
+    assert names[used[0]].y[-1] == 5.0
+    alloc = [n for n in names if "allocated" in n]
+    assert names[alloc[0]].y[-1] == 2.0  # worker 0's allocator (worker 1 has none)
+    m.stop_cluster_feed()
+    assert not feed.running
+
+
+def test_closing_the_client_while_the_chart_runs_ends_the_feed_and_nothing_breaks(
+        shared_gpu, shell, no_gpu):
+    pytest.importorskip("plotly")
+    own = distributed.Client(shared_gpu.cluster, set_as_default=False)
+    shell.run_cell("%load_ext gpumem_nb")
+    shell.user_ns["mine"] = own
+    m = shell._gpumem_nb_monitor
+    shell.run_cell("%gpumem watch --cluster mine")
+    feed = m.cluster_feed
+    deadline = time.monotonic() + 10
+    while feed.collections < 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    own.close()
+    deadline = time.monotonic() + 10
+    while feed.running and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not feed.running and "closed" in feed.ended
+    (used,) = [k for k in feed.series(0.0) if k.endswith("NVML used")]
+    assert feed.series(0.0)[used][1][-1] is None  # a gap once closed, not the last value
+    m.sampler.tick()
+    assert m.sampler.errors == {} and m.widget is not None
+    assert shell.run_cell("x = 1").error_in_exec is None
+
+
+def test_the_feed_turns_a_collector_that_raises_into_a_gap():
+    class Broken:
+        engine = "test"
+        closed = False
+
+        def collect(self, timeout_s: float) -> Any:
+            raise RuntimeError("boom")
+
+        def close(self) -> None: ...
+
+    feed = ClusterFeed(Broken(), lambda: 0.5)
+    reading = feed.poll_once()
+    assert reading.status == "error" and "boom" in reading.detail
+
+
+def test_without_distributed_the_magic_says_how_to_install_it(shell, no_gpu, monkeypatch,
+                                                              capsys):
+    monkeypatch.setitem(sys.modules, "distributed", None)
+    shell.run_cell("%load_ext gpumem_nb")
+    result = shell.run_cell("%gpumem cluster")
+    err = capsys.readouterr().err + str(result.error_in_exec or "")
+    assert "pip install 'gpumem-nb[cluster]'" in err
+
+
+def test_no_client_and_a_wrong_variable_are_plain_usage_errors(shell, no_gpu, capsys):
+    shell.run_cell("%load_ext gpumem_nb")
+    shell.user_ns["notaclient"] = 3
+    for line, words in (("cluster notaclient", "notaclient is a int, not a distributed.Client"),
+                        ("cluster nosuch", "there is no variable 'nosuch'"),
+                        ("cluster client --timeout 0", "--timeout takes seconds")):
+        shell.run_cell(f"%gpumem {line}")
+        assert words in capsys.readouterr().err, line
+
+
+def test_loading_and_reading_never_import_dask():
+    code = ("import sys\nfrom IPython.testing.globalipapp import start_ipython\n"
+            "ip = start_ipython()\nip.run_cell('%load_ext gpumem_nb')\n"
+            "ip.run_cell('%gpumem')\nip.run_cell('%gpumem history')\n"
+            "print(sorted(m for m in ('distributed', 'dask', 'gpumem_nb.cluster') "
+            "if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "GPUMEM_NB_AUTO_SHOW": "0"})
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
