@@ -571,12 +571,13 @@ def _held(f: OomFacts, holders: Sequence[Holder],
             "let go of: " + ", ".join(f"{h.name} {held_text(h)}" for h in held[:5])
             + (f" and {len(held) - 5} more" if len(held) > 5 else "") + ".",
             covers=covers(total),
-            details=tuple(f"{h.name} ({h.kind}): {format_bytes(h.nbytes)}"
+            details=tuple(f"{h.name} ({h.kind}): {held_text(h)}"
                           + (f", {h.detail}" if h.detail else "") for h in held[:10])))
     return out
 
 
-UNREACHABLE = "not reachable from what the scan walks"
+UNREACHABLE = ("allocated now, minus what your variables, Out, the stored traceback and their "
+               "autograd graphs hold")
 
 
 def _working_set(f: OomFacts, causes: Sequence[Cause], need: int | None) -> Cause:
@@ -816,7 +817,18 @@ def child_advice(child: ChildProcess) -> str:
 
 
 def _held_actions(holders: Sequence[Holder], device: int) -> list[Action]:
-    return [Action(holder_action(h), h.held_bytes) for h in held_holders(holders, device)[:5]]
+    held = held_holders(holders, device)
+    outs = [h for h in held if h.kind == "output cache"]
+    out = []
+    if len(outs) > 1:  # one line for the output cache: one command clears it all
+        total = sum(h.held_bytes for h in outs)
+        graphs = " with their graphs" if any(h.graph_bytes for h in outs) else ""
+        names = ", ".join(h.name for h in outs[:4]) + (" and more" if len(outs) > 4 else "")
+        out.append(Action(f"%gpumem cleanup --out clears {names} ({format_bytes(total)}"
+                          f"{graphs}); end a line with `;` or assign its result, and Out will "
+                          "not keep it.", total))
+        held = [h for h in held if h.kind != "output cache"]
+    return out + [Action(holder_action(h), h.held_bytes) for h in held[:5]]
 
 
 def _fragmentation_action(f: OomFacts) -> Action:
