@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED=1 BENCH_OUT=/tmp/bench GPUMEM_NB_CONFIG=/tmp/gpumem_nb.j
 # Real workloads under the three allocators (issue 15), at most 295 s; tests/gpu's
 # test_diagnosis_gpu.py then asserts on these rows instead of running them again.
 timeout 320 python3 benchmarks/gpu_diagnosis.py --out /tmp/bench 2>&1 | tail -40 \
-  | tee "$out/diagnosis.txt"
+  | tee -a "$out/bench.log"
 export GPUMEM_NB_DIAGNOSIS_JSON=/tmp/bench/diagnosis_h200.json
 python3 -m pytest -m gpu tests/gpu -v -s -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log"
 # bench_widget.py needs no GPU (it replays a trace); it runs on the development machine.
