@@ -86,8 +86,9 @@ def _build_parser() -> _Parser:
     w.add_argument("--gc", action="store_true",
                    help="also search every object the garbage collector tracks")
     w.add_argument("-o", action="store_true", help="return the report object")
-    c = add("cleanup", "drop the stored exception, gc.collect, empty_cache; --out also clears "
-                       "the\noutput cache; --vars deletes only the names given")
+    c = add("cleanup", "gc.collect, drop the stored exception, empty_cache (each row: what its "
+                       "own\nstep freed); --out also clears the output cache; --vars deletes "
+                       "only the names given")
     c.add_argument("--dry-run", action="store_true", help="estimate only; change nothing")
     c.add_argument("--out", action="store_true", help="also clear Out, _, __, ___ and _N")
     c.add_argument("--keep-traceback", action="store_true",

@@ -350,6 +350,17 @@ class TorchDebug(TorchSource):
         except Exception:
             return None
 
+    def grad_enabled(self) -> bool | None:
+        """``torch.is_grad_enabled()`` on the calling thread (a thread-local flag: reading it
+        starts nothing); None without torch."""
+        fn = getattr(self._modules.get("torch"), "is_grad_enabled", None)
+        if fn is None:
+            return None
+        try:
+            return bool(fn())
+        except Exception:
+            return None
+
     def device_total_bytes(self, index: int) -> int | None:
         """The device's memory as CUDA counts it (the OOM message's "total capacity")."""
         cuda = self._cuda()
