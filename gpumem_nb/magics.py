@@ -88,8 +88,9 @@ def _build_parser() -> _Parser:
     w.add_argument("--gc", action="store_true",
                    help="also search every object the garbage collector tracks")
     w.add_argument("-o", action="store_true", help="return the report object")
-    c = add("cleanup", "drop the stored exception, gc.collect, empty_cache; --out also clears "
-                       "the\noutput cache; --vars deletes only the names given")
+    c = add("cleanup", "gc.collect, drop the stored exception, empty_cache (each row: what its "
+                       "own\nstep freed); --out also clears the output cache; --vars deletes "
+                       "only the names given")
     c.add_argument("--dry-run", action="store_true", help="estimate only; change nothing")
     c.add_argument("--out", action="store_true", help="also clear Out, _, __, ___ and _N")
     c.add_argument("--keep-traceback", action="store_true",
@@ -129,6 +130,18 @@ def _build_parser() -> _Parser:
     cl.add_argument("--timeout", type=float, default=2.0, metavar="S",
                     help="how long to wait for the scheduler (2 s); then rows read unknown")
     cl.add_argument("-o", action="store_true", help="return the reading")
+    wi = add("whatif", "replay a traced cell's allocations under other allocator settings:\n"
+                       "peak and end reserved, stranded bytes, cudaMalloc/cudaFree calls, OOM")
+    wi.add_argument("--trace", metavar="last|FILE", default="last",
+                    help="the history: the last cell traced with --trace, or a snapshot file")
+    wi.add_argument("--conf", metavar="SETTING", action="append",
+                    help="a PYTORCH_ALLOC_CONF setting to try (repeat; default: a few "
+                         "alternatives)")
+    wi.add_argument("--capacity", metavar="SIZE",
+                    help="judge OOMs at this size (default: what was free to PyTorch)")
+    wi.add_argument("--device", type=int, metavar="N",
+                    help="which GPU's history (default: the one with the most entries)")
+    wi.add_argument("-o", action="store_true", help="return the result object")
     return p
 
 
@@ -403,6 +416,49 @@ class GpumemMagics(Magics):
             display(last)
         return None
 
+    def _cmd_whatif(self, args: Any) -> Any:
+        from .whatif import api as wi
+
+        if args.trace == "last":
+            last = self.monitor.last_trace
+            source: Any = getattr(last, "snapshot", None)
+            if source is None:
+                raise UsageError("no traced cell to replay yet: run a cell under %%gpumem "
+                                 "--trace first, or name a snapshot file with --trace FILE")
+        else:
+            source = args.trace
+        capacity = None
+        if args.capacity is not None:
+            try:
+                capacity = parse_size(args.capacity)
+            except ValueError as e:
+                raise UsageError(f"--capacity: {e}") from None
+            if capacity <= 0:
+                raise UsageError("--capacity must be a size above zero")
+        if args.device is not None and args.device < 0:
+            raise UsageError("--device takes a GPU number")
+        try:
+            ti = wi.trace_input(wi.load(source), args.device)
+        except wi.SnapshotError as e:
+            raise UsageError(str(e)) from None
+        confs = args.conf if args.conf else list(wi.DEFAULT_ALTERNATIVES)
+        parsed = []
+        current = wi.parse_settings_or_none(ti.recorded_setting)
+        if current is not None:
+            parsed.append(current)
+        for conf in confs:
+            try:
+                s = wi.parse_settings(conf)
+            except wi.SettingError as e:
+                raise UsageError(f"--conf {_quoted(conf)}: {e}") from None
+            if not any(wi.same_rules(s, p) for p in parsed):
+                parsed.append(s)
+        result = wi.run(ti, parsed, capacity)
+        if args.o:
+            return result
+        display(*wi.views(result))
+        return None
+
     def _cmd_start(self, args: Any) -> None:
         self.monitor.sampler.start()
         print(f"gpumem: sampling every {self.monitor.sampler.interval_s:g} s")
@@ -500,11 +556,16 @@ class GpumemMagics(Magics):
             except Exception as e:
                 m._contain("%%gpumem --trace", e)
                 print(f"gpumem --trace: the trace could not be read ({type(e).__name__}).")
+        if traced is not None and traced.snapshot is not None:
+            m.last_trace = traced
+            m.oom.extra_lines = _whatif_lines(traced.snapshot)
         try:  # the monitor's own hook sees only top-level cells; this one ran nested
             m.oom.on_cell_result(result, sites=[SiteAtFailure(label, n) for label, n in (
                 traced.sites_at_failure() if traced is not None else ())])
         except Exception as e:
             m._contain("OOM explainer", e)
+        finally:
+            m.oom.extra_lines = None
         if before is None or after is None or wm is None:
             return None
         rec = build_record(
@@ -560,6 +621,23 @@ def _save_target(path: str) -> str:
     except OSError as e:
         raise UsageError(f"--save: cannot write {_quoted(path)}: {safeio.reason(e)}") from None
     return path
+
+
+def _whatif_lines(snapshot: dict[str, Any]) -> Any:
+    """The OOM explainer's what-if line for a traced cell: replayed with expandable segments,
+    at the memory PyTorch could use when the request failed."""
+    from .whatif.api import expandable_oom_line
+
+    def lines(facts: Any) -> list[str]:
+        if facts.backend != "native" or facts.expandable_segments:
+            return []
+        cap = None
+        if facts.free_bytes is not None and facts.reserved_bytes is not None:
+            cap = facts.free_bytes + facts.reserved_bytes
+        return [expandable_oom_line(snapshot, device=facts.device, capacity_bytes=cap,
+                                    allowed_bytes=facts.allowed_bytes)]
+
+    return lines
 
 
 # ------------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from .model import (
     ROLE_OTHER,
     CellMark,
     CellRecord,
+    CellStart,
     Holder,
     Sample,
     SourceStatus,
@@ -214,7 +215,9 @@ class Monitor:
         self.widget: Any = None
         self.read_problem = ""  # why the last on-demand reading is partial, for the magics
         self.started_t_s = time.monotonic()
+        self.last_scan_graph = (0.0, 0)  # the last scan's time in autograd graphs, nodes walked
         self.oom = OomWatch(self)  # explains a CUDA OOM in the cell that hit it
+        self.last_trace: Any = None  # the latest %%gpumem --trace result, for %gpumem whatif
         self.cuda_start = CudaStartWatch(self.torch, shell)  # the cell that started CUDA
         # %gpumem cluster / watch --cluster: the collector of the user's client, and the feed
         # polling it for the chart (gpumem_nb.cluster; imported only when asked for).
@@ -819,12 +822,41 @@ class Monitor:
         oh = self.shell.user_ns.get("_oh")
         return dict(oh) if isinstance(oh, dict) else {}
 
-    def scan(self, include_gc: bool = False) -> list[Holder]:
-        return Scanner().scan(self.shell.user_ns, output_cache=self.out_entries(),
-                              last_exception=last_exception_objects(
-                                  self.shell, self.last_cell_exception),
-                              include_gc=include_gc,
-                              hidden=getattr(self.shell, "user_ns_hidden", None))
+    def scan(self, include_gc: bool = False,
+             graph_budget_s: float | None = None) -> list[Holder]:
+        scanner = Scanner() if graph_budget_s is None else Scanner(graph_budget_s=graph_budget_s)
+        holders = scanner.scan(self.shell.user_ns, output_cache=self.out_entries(),
+                               last_exception=last_exception_objects(
+                                   self.shell, self.last_cell_exception),
+                               include_gc=include_gc,
+                               hidden=getattr(self.shell, "user_ns_hidden", None))
+        self.last_scan_graph = (scanner.graph_s, scanner.graph_nodes)
+        return holders
+
+    def cell_start(self, device: int) -> CellStart | None:
+        """The running cell's allocated bytes on ``device`` at its start, and the same cell's
+        last run's peak above its own start (a run that raised is passed over): what the OOM
+        explainer weighs the failing cell's own working set by."""
+        p = self._pending
+        if p is None:
+            return None
+        d = p.before.device(device)
+        start = d.allocator.allocated_bytes if d is not None and d.allocator else None
+        with self._baseline_lock:
+            queued = [q for q in self._done if q.pending.cell_key == p.cell_key]
+        # Finished runs the sampler has not recorded yet are judged as they will be recorded.
+        runs = [r for r in self._history.records() if r.cell_key == p.cell_key] + [
+            q.record or build_record(
+                execution_count=q.count, cell_key=q.pending.cell_key, source="",
+                before=q.pending.before, after=q.after, watermark=q.pending.watermark,
+                reset_at_start=q.pending.reset_peak, error=q.error) for q in queued]
+        for rec in reversed(runs):
+            dev = next((x for x in rec.devices if x.index == device), None)
+            if rec.raised or dev is None or dev.peak_allocated_bytes is None:
+                continue
+            return CellStart(start, dev.peak_allocated_bytes - (dev.allocated_before_bytes or 0),
+                             dev.peak_exact)
+        return CellStart(start)
 
     def cleanup(self, request: cleanup.CleanupRequest) -> cleanup.CleanupReport:
         if self.busy_elsewhere():

@@ -29,13 +29,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from .analysis import held_text, holder_action
 from .cleanup import CleanupReport, CleanupRequest
+from .holders import exception_chain, last_value
 from .model import (
     ROLE_DATALOADER,
     ROLE_LAUNCHED,
     ROLE_MULTIPROCESSING,
     ROLE_OTHER,
     AllocatorReading,
+    CellStart,
     ChildProcess,
     Holder,
     Sample,
@@ -338,6 +341,16 @@ class OomFacts:
     # garbage in reference cycles, such as a replaced traceback, or objects it cannot enter.
     unreachable_bytes: int | None = None
     previous_error: str = ""  # the cell before this one raised this (its traceback replaced)
+    # The failing cell's own working set: PyTorch's allocated bytes at the failure minus at
+    # the cell's start (what the cell made and still held), and the same cell's previous
+    # run's peak above its own start, when it ran before.
+    cell_bytes: int | None = None
+    cell_previous_peak_bytes: int | None = None
+    cell_previous_peak_exact: bool = False
+    # Explained after the fact: what this error's own traceback holds (the failed call's
+    # locals and their graphs) belongs to the computation, not to the session.
+    computation_bytes: int | None = None
+    grad_enabled: bool | None = None  # autograd on where the allocation failed
 
     @property
     def pool_reuses_unallocated(self) -> bool:
@@ -413,6 +426,14 @@ CONTEXT_ALLOWANCE_BYTES = 1 * GiB
 # they would not have made the request fit.
 _NOTABLE_BYTES = 256 * MiB
 _HELD_KINDS_FIRST = ("output cache", "traceback")
+# The failing call's own traceback, when the explanation comes after the fact: the
+# computation's working set, not something the session keeps.
+KIND_FAILED_CALL = "failed call"
+# The cell's working set is the verdict when it is this many times every other cause: then
+# freeing anything else would let this one request through, not the computation.
+_DWARFS = 4
+# A next step freeing less than this share of what was missing is not worth a line.
+_WORTH_A_LINE = 0.01
 
 
 @dataclass(frozen=True)
@@ -425,9 +446,11 @@ class Cause:
 
 
 def held_holders(holders: Iterable[Holder], device: int) -> list[Holder]:
-    """Holders of memory on ``device``, the accidental ones (Out, a traceback) first."""
-    on = [h for h in holders if h.device in (f"cuda:{device}", "cuda") and h.nbytes > 0]
-    return sorted(on, key=lambda h: (h.kind not in _HELD_KINDS_FIRST, -h.nbytes, h.name))
+    """What the session holds on ``device`` (with their graphs), the accidental holders (Out,
+    a traceback) first; the failing call's own locals are the computation's, not listed."""
+    on = [h for h in holders if h.device in (f"cuda:{device}", "cuda") and h.held_bytes > 0
+          and h.kind != KIND_FAILED_CALL]
+    return sorted(on, key=lambda h: (h.kind not in _HELD_KINDS_FIRST, -h.held_bytes, h.name))
 
 
 def classify(facts: OomFacts, holders: Sequence[Holder] = ()) -> tuple[Cause, ...]:
@@ -501,10 +524,67 @@ def classify(facts: OomFacts, holders: Sequence[Holder] = ()) -> tuple[Cause, ..
             "in the process (CuPy, JAX, NCCL, a library calling cudaMalloc).",
             covers=covers_outside(outside)))
     causes.extend(_held(f, holders, covers))
-    if not any(c.covers for c in causes):
+    working = _dominant_working_set(f, causes, holders, need)
+    if working is not None:
+        # Whatever else covers this request's shortfall would only let this one request
+        # through: the computation keeps asking. Those causes stay listed, not as the verdict.
+        causes = [_demoted(c) for c in causes]
+        causes.insert(0, working)
+    elif not any(c.covers for c in causes):
         causes.insert(0, _working_set(f, causes, need))
     # Most specific first, among those that alone would have been enough.
     return tuple(sorted(causes, key=lambda c: not c.covers))
+
+
+def cell_working_set_bytes(f: OomFacts, holders: Sequence[Holder] = ()) -> int | None:
+    """What the failing cell allocated and still held at the failure, none of it held by the
+    session: the cell's allocated bytes since its start, at most what PyTorch had allocated
+    beyond everything the session's holders account for (a tensor an earlier cell made and
+    this cell freed does not make the cell's own figure smaller than it is)."""
+    own = f.cell_bytes
+    if own is None:
+        return f.computation_bytes
+    if f.allocated_bytes is not None:
+        session = sum(h.held_bytes for h in held_holders(holders, f.device))
+        own = min(own, max(f.allocated_bytes - session, 0))
+    return max(own, f.computation_bytes or 0)
+
+
+def _dominant_working_set(f: OomFacts, causes: Sequence[Cause], holders: Sequence[Holder],
+                          need: int | None) -> Cause | None:
+    working = cell_working_set_bytes(f, holders)
+    if working is None or need is None or working < max(need, _NOTABLE_BYTES):
+        return None
+    biggest = max(causes, key=lambda c: c.nbytes or 0, default=None)
+    other = (biggest.nbytes or 0) if biggest is not None else 0
+    if working < _DWARFS * other:
+        return None
+    gpu = (f" ({working / f.total_bytes:.0%} of the GPU's {format_bytes(f.total_bytes)})"
+           if f.total_bytes else "")
+    past = ""
+    prev = f.cell_previous_peak_bytes
+    if prev:
+        times = working / prev
+        past = (f"; its previous run peaked {'at' if f.cell_previous_peak_exact else 'at least at'}"
+                f" {format_bytes(prev)} above its start"
+                + (f", {times:.0f}× less" if times >= 2 else ""))
+    besides = (f" Nothing else comes close: the next largest cause below is "
+               f"{format_bytes(other)}." if biggest is not None else "")
+    return Cause(
+        CAUSE_WORKING_SET, working,
+        f"The failing cell's own working set: it had allocated {format_bytes(working)} since "
+        f"it started{gpu}, and still held it when {format_bytes(f.requested_bytes)} more was "
+        f"asked{past}. The computation is too large for this GPU as it is.{besides}",
+        covers=True)
+
+
+def _demoted(c: Cause) -> Cause:
+    if not c.covers:
+        return c
+    if c.kind in (CAUSE_FRAGMENTATION, CAUSE_POOL):
+        return replace(c, covers=False, summary=c.summary + " Usable, it would have let "
+                       "this one request through, not the computation.")
+    return replace(c, covers=False)
 
 
 def _others_summary(f: OomFacts) -> str:
@@ -556,25 +636,32 @@ def _held(f: OomFacts, holders: Sequence[Holder],
                      "(from the message) and now, minus everything reachable from your "
                      "variables, Out and the stored traceback",)))
     elif unreachable >= _NOTABLE_BYTES:
+        # Nothing says these are garbage: with no replaced traceback there is no cycle to
+        # expect, and most often the scan just does not look where they are held.
         out.append(Cause(
             CAUSE_HELD, unreachable,
-            f"{format_bytes(unreachable)} is allocated but reachable from none of your "
-            "variables, Out or the stored traceback: garbage in reference cycles (which "
-            "gc.collect() frees) or objects the scan does not look inside.",
-            covers=covers(unreachable)))
+            f"{format_bytes(unreachable)} is allocated but reachable from nothing the scan "
+            "walks (your variables, Out, the stored traceback, and the autograd graphs "
+            "behind them): objects it does not look inside, such as your own classes' "
+            "attributes, closures or a library's caches.",
+            covers=covers(unreachable), details=(UNREACHABLE,)))
     held = held_holders(holders, f.device)
-    total = sum(h.nbytes for h in held)
+    total = sum(h.held_bytes for h in held)
     if held and (covers(total) or total >= _NOTABLE_BYTES):
         when = "at the failure" if f.measured_at == "failure" else "now"
         out.append(Cause(
             CAUSE_HELD, total,
             f"Your session holds {format_bytes(total)} on this GPU ({when}) in things you can "
-            "let go of: " + ", ".join(f"{h.name} {format_bytes(h.nbytes)}" for h in held[:5])
+            "let go of: " + ", ".join(f"{h.name} {held_text(h)}" for h in held[:5])
             + (f" and {len(held) - 5} more" if len(held) > 5 else "") + ".",
             covers=covers(total),
-            details=tuple(f"{h.name} ({h.kind}): {format_bytes(h.nbytes)}"
+            details=tuple(f"{h.name} ({h.kind}): {held_text(h)}"
                           + (f", {h.detail}" if h.detail else "") for h in held[:10])))
     return out
+
+
+UNREACHABLE = ("allocated now, minus what your variables, Out, the stored traceback and their "
+               "autograd graphs hold")
 
 
 def _working_set(f: OomFacts, causes: Sequence[Cause], need: int | None) -> Cause:
@@ -585,11 +672,13 @@ def _working_set(f: OomFacts, causes: Sequence[Cause], need: int | None) -> Caus
             f"No single cause frees the {format_bytes(need)} missing; together the ones below "
             "would.")
     missing = f" {format_bytes(need)} more than was free" if need is not None else " more"
+    working = f.cell_bytes if f.cell_bytes is not None else f.computation_bytes
+    own = (f" The failing cell had allocated {format_bytes(working)} of it since it started."
+           if working else "")
     return Cause(
         CAUSE_WORKING_SET, need,
         f"The computation itself needs{missing}, and nothing gpumem_nb can see would free "
-        "enough: PyTorch's live tensors are the working set of the code that ran. Make the "
-        "step smaller (batch size, sequence length, precision, activation checkpointing).")
+        f"enough: PyTorch's live tensors are the working set of the code that ran.{own}")
 
 
 # ------------------------------------------------------------------------------------------
@@ -707,15 +796,23 @@ class OomExplanation:
 
 def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holder],
                dry_run: CleanupReport | None) -> tuple[Action, ...]:
-    """What to do, in the causes' order, with what each step would free."""
+    """What to do, in the causes' order, with what each step would free. A step that would
+    free less than 1% of what was missing (of the working set, when that is the verdict) is
+    not listed."""
     f = facts
     kinds = [c.kind for c in causes]
     if CAUSE_IMPOSSIBLE in kinds:  # nothing else can help
         return (Action(
             "Make this one allocation smaller: process the data in chunks, lower the batch "
             "size or resolution, use bf16/fp16 or 8-bit weights, or shard across GPUs."),)
+    verdict = causes[0] if causes else None
+    dominant = verdict is not None and verdict.kind == CAUSE_WORKING_SET and verdict.covers
     out: list[Action] = []
+    if dominant:
+        out.append(_workload_action(f))
     for c in causes:
+        if dominant and not c.covers and c.kind != CAUSE_HELD:
+            continue  # it would not let the computation through
         if c.kind == CAUSE_POOL:
             out.append(Action("%gpumem cleanup runs torch.cuda.empty_cache(), which returns the "
                               f"cudaMallocAsync pool's {format_bytes(c.nbytes)} of unused "
@@ -737,10 +834,11 @@ def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holde
                 "Release what other libraries hold in this process (CuPy: "
                 "cupy.get_default_memory_pool().free_all_blocks(); JAX: set "
                 "XLA_PYTHON_CLIENT_PREALLOCATE=false before it starts).", c.nbytes))
-        elif c.kind == CAUSE_HELD and not c.details:  # unreachable: garbage or hidden
-            out.append(Action("%gpumem cleanup runs gc.collect(), which frees garbage in "
-                              "reference cycles; then run the cell again.", c.nbytes))
-        elif c.kind == CAUSE_HELD and c.details[0].startswith("measured after"):
+        elif c.kind == CAUSE_HELD and c.details == (UNREACHABLE,):
+            out.append(Action("%gpumem who --gc also searches every object the garbage "
+                              "collector tracks, and names what holds these tensors.",
+                              c.nbytes))
+        elif c.kind == CAUSE_HELD and c.details and c.details[0].startswith("measured after"):
             what = ("%gpumem cleanup runs gc.collect(), which frees what the replaced "
                     "traceback still holds; then run the cell again."
                     if f.unreachable_bytes else
@@ -748,11 +846,11 @@ def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holde
             out.append(Action(what, c.nbytes))
         elif c.kind == CAUSE_HELD:
             out.extend(_held_actions(holders, f.device))
-        elif c.kind == CAUSE_WORKING_SET and not any(x.covers for x in causes[1:]):
-            out.append(Action("Shrink the step: a smaller batch or sequence, bf16/fp16, "
-                              "activation checkpointing, or torch.no_grad() for inference."))
-    if not any(c.kind == CAUSE_HELD and c.details and not c.details[0].startswith(
-            "measured after") for c in causes):
+        elif c.kind == CAUSE_WORKING_SET and not dominant and not any(
+                x.covers for x in causes[1:]):
+            out.append(_workload_action(f))
+    if not any(c.kind == CAUSE_HELD and c.details and c.details[0] != UNREACHABLE
+               and not c.details[0].startswith("measured after") for c in causes):
         out.extend(_held_actions(holders, f.device))  # small holders, still worth a line
     split = f.unallocated_bytes or 0
     if f.pool_reuses_unallocated and split >= _NOTABLE_BYTES and CAUSE_POOL not in kinds:
@@ -762,9 +860,26 @@ def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holde
                           "(part of it may be what it reserved while trying this request): "
                           "PyTorch reuses it, other processes and libraries cannot until "
                           "%gpumem cleanup runs torch.cuda.empty_cache().", split))
+    scale = (verdict.nbytes if dominant and verdict is not None else None) or \
+        f.shortfall_bytes or 0
+    out = [a for a in out if a.nbytes is None or a.nbytes >= _WORTH_A_LINE * scale]
     if dry_run is not None:
         out.extend(_dry_run_actions(dry_run))
     return tuple(out)
+
+
+def _workload_action(f: OomFacts) -> Action:
+    text = ("Make the step smaller: a smaller batch or sequence length (activations grow with "
+            "both), activation checkpointing (torch.utils.checkpoint), or bf16/fp16 autocast "
+            "(torch.autocast)")
+    if f.grad_enabled:
+        text += ("; if this is inference, run it under torch.no_grad() or "
+                 "torch.inference_mode(): autograd is on here, so every layer's activations "
+                 "are kept for a backward pass")
+    if f.cell_previous_peak_bytes:
+        text += (f". Its last run peaked at {format_bytes(f.cell_previous_peak_bytes)} above "
+                 "its start: size the step from what fitted")
+    return Action(text + ".")
 
 
 def child_advice(child: ChildProcess) -> str:
@@ -786,18 +901,18 @@ def child_advice(child: ChildProcess) -> str:
 
 
 def _held_actions(holders: Sequence[Holder], device: int) -> list[Action]:
+    held = held_holders(holders, device)
+    outs = [h for h in held if h.kind == "output cache"]
     out = []
-    for h in held_holders(holders, device)[:5]:
-        if h.kind == "output cache":
-            out.append(Action(f"%gpumem cleanup --out clears {h.name} "
-                              f"({format_bytes(h.nbytes)}).", h.nbytes))
-        elif h.kind == "traceback":
-            out.append(Action(f"%gpumem cleanup drops the stored traceback: {h.name} "
-                              f"({format_bytes(h.nbytes)}).", h.nbytes))
-        else:
-            out.append(Action(f"del {h.name} ({h.kind}, {format_bytes(h.nbytes)}) if you no "
-                              "longer need it.", h.nbytes))
-    return out
+    if len(outs) > 1:  # one line for the output cache: one command clears it all
+        total = sum(h.held_bytes for h in outs)
+        graphs = " with their graphs" if any(h.graph_bytes for h in outs) else ""
+        names = ", ".join(h.name for h in outs[:4]) + (" and more" if len(outs) > 4 else "")
+        out.append(Action(f"%gpumem cleanup --out clears {names} ({format_bytes(total)}"
+                          f"{graphs}); end a line with `;` or assign its result, and Out will "
+                          "not keep it.", total))
+        held = [h for h in held if h.kind != "output cache"]
+    return out + [Action(holder_action(h), h.held_bytes) for h in held[:5]]
 
 
 def _fragmentation_action(f: OomFacts) -> Action:
@@ -819,7 +934,7 @@ def _dry_run_actions(report: CleanupReport) -> list[Action]:
     tb = steps.get("last exception")
     if tb is not None and tb.freed_allocated_bytes:
         parts.append(f"{format_bytes(tb.freed_allocated_bytes)} held by this error's "
-                     "traceback (the failed call's locals)")
+                     "traceback (the failed call's locals and their autograd graphs)")
     cache = steps.get("empty_cache")
     if cache is not None and cache.freed_reserved_bytes:
         parts.append(f"up to {format_bytes(cache.freed_reserved_bytes)} of cached blocks "
@@ -844,7 +959,8 @@ class OomHost(Protocol):
     shell: Any
     source: Any
 
-    def scan(self, include_gc: bool = False) -> list[Holder]: ...
+    def scan(self, include_gc: bool = False,
+             graph_budget_s: float | None = None) -> list[Holder]: ...
 
     def read(self) -> Sample: ...
 
@@ -885,6 +1001,8 @@ class OomEvent:
     holders: tuple[Holder, ...] | None = None
     largest_free_block_bytes: int | None = None
     expandable_segments: bool | None = None
+    grad_enabled: bool | None = None  # on the allocating thread (a backward runs on its own)
+    cell: CellStart | None = None
     cost_s: float = 0.0
     stage_s: dict[str, float] = field(default_factory=dict)
 
@@ -924,8 +1042,10 @@ class _Pieces:
     """Everything read for one explanation, gathered before classifying."""
 
     facts: OomFacts
-    holders: tuple[Holder, ...]
+    holders: tuple[Holder, ...]  # as scanned (the dry run reuses them)
     source: str
+    # As judged: the failing call's own traceback set apart (kind KIND_FAILED_CALL).
+    judged: tuple[Holder, ...] = ()
     observer_s: float = 0.0
     notes: list[str] = field(default_factory=list)
     sample: Sample | None = None  # a full reading made after the failure, for the dry run
@@ -953,6 +1073,9 @@ class OomWatch:
         self._scanned_generation = -1
         self._previous_error = ""
         self._lock = threading.Lock()
+        # More lines for the explanation, from features the caller sets per cell (the
+        # allocator what-if of a traced cell). Given the facts; a hook that fails adds none.
+        self.extra_lines: Callable[[OomFacts], Sequence[str]] | None = None
 
     # -- the observer ------------------------------------------------------------------------
     def ensure_attached(self) -> None:
@@ -993,13 +1116,15 @@ class OomWatch:
         event = OomEvent(device=device, requested_bytes=int(alloc), limit_bytes=int(limit),
                          free_bytes=int(free), wall_s=time.time(), generation=generation)
         event.reading = self.torch.read(device)
+        event.grad_enabled = self.torch.grad_enabled()
+        event.cell = self._cell_start(device)
         t = self.clock()
         event.stage_s["observer_read"] = t - t0
         event.processes = self._processes(device)
         event.stage_s["observer_processes"] = self.clock() - t
         if scan:
             t = self.clock()
-            event.holders = tuple(self.host.scan())
+            event.holders = tuple(self.host.scan(graph_budget_s=EXPLAIN_GRAPH_BUDGET_S))
             event.stage_s["observer_scan"] = self.clock() - t
         if not self.torch.history_enabled() and \
                 self.torch.allocator_backend() != "cudaMallocAsync":
@@ -1013,6 +1138,16 @@ class OomWatch:
             event.stage_s["observer_segments"] = self.clock() - t
         event.cost_s = self.clock() - t0
         self.events.append(event)
+
+    def _cell_start(self, device: int) -> CellStart | None:
+        fn = getattr(self.host, "cell_start", None)
+        if fn is None:
+            return None
+        try:
+            start: CellStart | None = fn(device)
+            return start
+        except Exception:
+            return None
 
     def _processes(self, device: int) -> list[tuple[int, int | None]] | None:
         src = self.host.source
@@ -1045,15 +1180,15 @@ class OomWatch:
             return None
         t0 = self.clock()
         explanation = self.explain(oom, generation=generation, previous_error=previous,
-                                   sites=sites)
+                                   sites=sites, cell_error=err)
         explanation = replace(explanation, added_s=self.clock() - t0 + explanation.observer_s)
         self.last = explanation
         self.show(explanation)
         return explanation
 
     def explain(self, exc: BaseException, *, generation: int | None = None,
-                previous_error: str = "",
-                sites: Sequence[SiteAtFailure] = ()) -> OomExplanation:
+                previous_error: str = "", sites: Sequence[SiteAtFailure] = (),
+                cell_error: BaseException | None = None) -> OomExplanation:
         text = error_str(exc)
         msg = parse_oom_message(text) or OomMessage(FORM_UNKNOWN)
         event = self._event_for(msg, generation)
@@ -1062,12 +1197,12 @@ class OomWatch:
             device = msg.device if msg.device is not None else 0
             with self._lock:
                 self.counts[device] = self.counts.get(device, 0) + 1
-            pieces = self._from_message(msg, previous_error)
+            pieces = self._from_message(msg, previous_error, cell_error or exc)
         else:
             pieces = self._from_event(event, msg)
         stages = pieces.stage_s
         t = self.clock()
-        causes = classify(pieces.facts, pieces.holders)
+        causes = classify(pieces.facts, pieces.judged)
         stages["classify"] = self.clock() - t
         t = self.clock()
         try:
@@ -1075,6 +1210,7 @@ class OomWatch:
         except Exception:
             dry = None
         stages["dry_run"] = self.clock() - t
+        extra = self._extra_lines(pieces.facts, stages)
         if msg.form == FORM_DRIVER:
             pieces.notes.append(
                 "This error comes from CUDA or a CUDA library, not from PyTorch's allocator: "
@@ -1082,11 +1218,23 @@ class OomWatch:
                 "cuDNN workspace, another allocator).")
         return OomExplanation(
             facts=pieces.facts, causes=causes,
-            actions=next_steps(pieces.facts, causes, pieces.holders, dry),
+            actions=next_steps(pieces.facts, causes, pieces.judged, dry),
             error=first_line(text, 300) or type(exc).__name__,
             form=msg.form, source=pieces.source, holders=pieces.holders,
             sites_at_failure=tuple(sites), observer_s=pieces.observer_s,
-            notes=tuple(pieces.notes), stage_s=stages)
+            notes=tuple(pieces.notes) + extra, stage_s=stages)
+
+    def _extra_lines(self, facts: OomFacts, stages: dict[str, float]) -> tuple[str, ...]:
+        hook = self.extra_lines
+        if hook is None:
+            return ()
+        t = self.clock()
+        try:
+            return tuple(line for line in hook(facts) if line)
+        except Exception:
+            return ()
+        finally:
+            stages["extra"] = self.clock() - t
 
     def _dry_run_request(self, pieces: _Pieces, event: OomEvent | None) -> CleanupRequest:
         """The in-cell ``cleanup --dry-run``, reusing what was already read after the failure.
@@ -1107,7 +1255,8 @@ class OomWatch:
                 sample = hot()
             except Exception:
                 sample = None
-        return CleanupRequest(dry_run=True, clear_output=True, reuse_sample=sample)
+        return CleanupRequest(dry_run=True, clear_output=True, reuse_sample=sample,
+                              graph_budget_s=EXPLAIN_GRAPH_BUDGET_S)
 
     def _event_for(self, msg: OomMessage, generation: int | None) -> OomEvent | None:
         """The observer's record of this error: the latest event of this cell that matches
@@ -1187,15 +1336,18 @@ class OomWatch:
             backend=self.torch.allocator_backend() or "native",
             expandable_segments=self._expandable(ev.expandable_segments),
             largest_free_block_bytes=ev.largest_free_block_bytes,
-            private_pool_bytes=msg.private_pool_bytes, measured_at="failure")
+            private_pool_bytes=msg.private_pool_bytes, measured_at="failure",
+            grad_enabled=ev.grad_enabled,
+            **_cell_facts(ev.cell, r.allocated_bytes if r else msg.allocated_bytes))
         stages = {"observer": ev.cost_s}
         stages.update(ev.stage_s)
-        return _Pieces(facts=facts, holders=tuple(holders),
+        return _Pieces(facts=facts, holders=tuple(holders), judged=tuple(holders),
                        source="Measured at the failure by the allocator's OOM observer",
                        observer_s=ev.cost_s, notes=self._unknown_note(unknown),
                        stage_s=stages)
 
-    def _from_message(self, msg: OomMessage, previous_error: str) -> _Pieces:
+    def _from_message(self, msg: OomMessage, previous_error: str,
+                      error: BaseException) -> _Pieces:
         device = msg.device if msg.device is not None else 0
         stages: dict[str, float] = {}
         t = self.clock()
@@ -1221,12 +1373,20 @@ class OomWatch:
             reserved = max(al.reserved_bytes, allocated or 0)
         released = unreachable = None
         t = self.clock()
-        holders = tuple(self.host.scan())
+        holders = tuple(self.host.scan(graph_budget_s=EXPLAIN_GRAPH_BUDGET_S))
         stages["scan"] = self.clock() - t
+        judged = _failed_call_apart(holders, error)
+        failed = [h for h in judged if h.kind == KIND_FAILED_CALL
+                  and h.device in (f"cuda:{device}", "cuda")]
+        computation = sum(h.held_bytes for h in failed) if failed else None
+        # A failed call whose tensors carry graphs ran with autograd on; without graphs it
+        # may have run under no_grad, or made nothing yet: unknown.
+        grad = True if any(h.holds_graph for h in failed) else None
         if al is not None:
             if msg.allocated_bytes is not None:
                 released = max(msg.allocated_bytes - al.allocated_bytes, 0)
-            reachable = sum(h.nbytes for h in held_holders(holders, device))
+            reachable = sum(h.held_bytes for h in held_holders(judged, device)) + \
+                (computation or 0)
             unreachable = max(al.allocated_bytes - reachable, 0)
         total = self.torch.device_total_bytes(device) or msg.total_bytes  # exact, not printed
         facts = OomFacts(
@@ -1237,11 +1397,13 @@ class OomWatch:
             expandable_segments=self._expandable(None),
             private_pool_bytes=msg.private_pool_bytes, precision_bytes=msg.precision_bytes,
             measured_at="after", released_since_bytes=released,
-            unreachable_bytes=unreachable, previous_error=previous_error)
+            unreachable_bytes=unreachable, previous_error=previous_error,
+            computation_bytes=computation, grad_enabled=grad,
+            **_cell_facts(self._cell_start(device), allocated))
         why = f"OOM observer {self.observer_status}" \
             if self.observer_status != "attached" else "the OOM observer did not see this one"
         notes = self._unknown_note(unknown)
-        return _Pieces(facts=facts, holders=holders,
+        return _Pieces(facts=facts, holders=holders, judged=judged,
                        source=f"From the error message and readings after it ({why})",
                        notes=notes, sample=now, stage_s=stages)
 
@@ -1277,3 +1439,33 @@ def _segment_facts(snapshot: Mapping[str, Any], device: int) -> tuple[int | None
     if isinstance(settings, Mapping) and "expandable_segments" in settings:
         expandable = bool(settings["expandable_segments"]) or bool(expandable)
     return largest, expandable
+
+
+# The explainer's two scans (in the observer, then the dry run after the failure) each get this
+# long for autograd graphs, so that the whole explanation stays within its 50 ms.
+EXPLAIN_GRAPH_BUDGET_S = 0.015
+
+
+def _cell_facts(cell: CellStart | None, allocated: int | None) -> dict[str, Any]:
+    """The failing cell's working-set facts, from its start and PyTorch's allocated bytes at
+    the failure."""
+    if cell is None:
+        return {}
+    own = None
+    if cell.allocated_bytes is not None and allocated is not None:
+        own = max(allocated - cell.allocated_bytes, 0)
+    return {"cell_bytes": own, "cell_previous_peak_bytes": cell.previous_peak_bytes,
+            "cell_previous_peak_exact": cell.previous_peak_exact}
+
+
+def _failed_call_apart(holders: Sequence[Holder], error: BaseException) -> tuple[Holder, ...]:
+    """The holders, with the failing call's own traceback marked as such: when the stored
+    exception is this error, its frames' locals are the computation's working set (under
+    cudaMallocAsync the explanation comes after the exception unwound), not memory the
+    session keeps."""
+    stored = last_value()
+    if not isinstance(stored, BaseException) or not any(
+            e is error for e in exception_chain(stored)):
+        return tuple(holders)
+    return tuple(replace(h, kind=KIND_FAILED_CALL) if h.kind == "traceback" else h
+                 for h in holders)

@@ -102,6 +102,15 @@ def read_text(path: PathLike, *, max_bytes: int, follow_symlinks: bool = True) -
 
     ``follow_symlinks=False`` refuses a path whose last component is a symbolic link.
     """
+    data = read_bytes(path, max_bytes=max_bytes, follow_symlinks=follow_symlinks)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RefusedPath(os.fspath(path), "is not UTF-8 text") from None
+
+
+def read_bytes(path: PathLike, *, max_bytes: int, follow_symlinks: bool = True) -> bytes:
+    """The contents of a regular file of at most ``max_bytes``; ``OSError`` otherwise."""
     text_path = _checked(path)
     flags = os.O_RDONLY | _O_NONBLOCK | _O_CLOEXEC | (0 if follow_symlinks else _O_NOFOLLOW)
     try:
@@ -131,10 +140,7 @@ def read_text(path: PathLike, *, max_bytes: int, follow_symlinks: bool = True) -
         os.close(fd)
     if len(data) > max_bytes:
         raise RefusedPath(text_path, f"is larger than {max_bytes} bytes")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise RefusedPath(text_path, "is not UTF-8 text") from None
+    return data
 
 
 def _umask() -> int:

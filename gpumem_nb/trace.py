@@ -34,6 +34,7 @@ from . import safeio
 from .report import html_table, text_table
 from .sources.torch import TorchDebug
 from .units import format_bytes
+from .whatif.snapshot import START_KEY
 
 MAX_ENTRIES = 100_000  # history ring buffer: about 0.7 s to snapshot when full
 TOP_DEFAULT = 5
@@ -425,6 +426,8 @@ class CellTracer:
         self._spent_s = 0.0
         self._switch_s = 0.0  # of _spent_s, in torch's _record_memory_history
         self._notes: list[str] = []
+        self._start_state: dict[str, Any] = {}  # the allocator when tracing began, for the what-if
+        self._start_snapshot_s = 0.0
 
     def _timed_record(self, enabled: bool) -> str:
         t0 = self.clock()
@@ -453,6 +456,7 @@ class CellTracer:
                     "supports it on the native allocator only); start the kernel without "
                     "backend:cudaMallocAsync to trace. This cell runs untraced.")
         prior = t.history_enabled()
+        self._start_state = self._record_start()
         self._since_us = self.wall() * 1e6
         if prior:
             self._notes.append("Your own allocation-history recording was already on; it "
@@ -466,6 +470,45 @@ class CellTracer:
             self._notes.append("This torch cannot say whether history was recording before "
                                "the cell; it is off again now.")
         return ""
+
+    def _record_start(self) -> dict[str, Any]:
+        """The segments that exist now (no history: cheap) and, per GPU this process uses,
+        what the driver has free: the what-if replays the cell from this state and judges
+        OOMs against what PyTorch could have had."""
+        t = self.torch
+        t0 = self.clock()
+        segments, why = t.segments_snapshot()
+        self._start_snapshot_s = self.clock() - t0
+        devices: dict[str, dict[str, Any]] = {}
+        for i in range(t.device_count()):
+            info = t.mem_info(i)
+            if info is not None:
+                devices[str(i)] = {"free_bytes": info[0], "total_bytes": info[1],
+                                   "fraction": t.memory_fraction(i)}
+        if segments is None:
+            self._notes.append(f"The what-if has no start state for this cell: {why}.")
+        return {"segments": segments, "devices": devices}
+
+    def _devices_at_start(self, snap: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+        """The start's free memory per GPU; for a GPU that had no context yet when the cell
+        began (so could not be asked then), what is free now plus what the cell reserved."""
+        devices = dict(self._start_state.get("devices") or {})
+        start_segments = self._start_state.get("segments") or ()
+        for i, entries in enumerate(snap.get("device_traces") or ()):
+            if not entries or str(i) in devices:
+                continue
+            info = self.torch.mem_info(i)
+            if info is None:
+                continue
+
+            def held(segs: Any, dev: int = i) -> int:
+                return sum(int(x.get("total_size", 0)) for x in segs
+                           if int(x.get("device", dev)) == dev)
+
+            devices[str(i)] = {
+                "free_bytes": info[0] + held(snap.get("segments") or ()) - held(start_segments),
+                "total_bytes": info[1], "fraction": self.torch.memory_fraction(i)}
+        return devices
 
     def disarm(self) -> None:
         """Switch our recording off, once (it was never the user's). ``stop`` does this
@@ -481,7 +524,7 @@ class CellTracer:
         try:
             snap, why = self.torch.memory_snapshot()
         finally:  # whatever the snapshot does, the recording is not left on
-            snapshot_s = self.clock() - t0
+            snapshot_s = self.clock() - t0 + self._start_snapshot_s  # both of torch's
             ours = self._ours or self._disarmed
             self.disarm()
         notes = list(self._notes)
@@ -492,6 +535,13 @@ class CellTracer:
         else:
             skip = library_dirs(self.torch._modules)
             since = None if ours else self._since_us
+            if self._start_state:
+                try:
+                    at_start = self._devices_at_start(snap)
+                except Exception:  # a snapshot not in the form torch writes
+                    at_start = dict(self._start_state.get("devices") or {})
+                snap[START_KEY] = {**self._start_state, "since_us": since,
+                                   "devices": at_start}
             traces = snap.get("device_traces")
             for i, trace in enumerate(traces if isinstance(traces, list | tuple) else ()):
                 trace = _as_list(trace)

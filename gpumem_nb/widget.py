@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
+from .analysis import held_text
 from .cleanup import CleanupReport, CleanupRequest
 from .model import CellMark, CellRecord, Sample, SourceStatus, Verdict
 from .records import History, format_peak
@@ -372,7 +373,7 @@ class MemoryWidget:
 
     def _show_banner(self, v: Verdict) -> None:
         holders = "".join(
-            f"<li><code>{html.escape(h.name)}</code>: {format_bytes(h.nbytes)} "
+            f"<li><code>{html.escape(h.name)}</code>: {html.escape(held_text(h))} "
             f"({html.escape(h.kind)})</li>" for h in v.holders)
         label = f"[{v.execution_count}]" if v.execution_count is not None else v.cell_key
         self.banner.value = (
