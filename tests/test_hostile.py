@@ -577,3 +577,13 @@ def test_a_long_refused_value_through_the_shell_is_cut(shell, no_gpu, capsys):
     with pytest.raises(UsageError) as info:
         shell.run_cell_magic("gpumem", "--top y" + "9" * 3000, "pass")
     assert len(str(info.value)) <= MAX_MESSAGE_CHARS
+
+
+def test_whatif_on_a_trace_with_malformed_entries_answers_or_refuses_in_a_sentence(loaded,
+                                                                                  capsys):
+    loaded.user_ns["junk"] = MALFORMED
+    run(loaded, "%%gpumem --trace -q\nkeep2 = cuda.tensor(64 * MiB)\ncuda.traces[0].extend(junk)")
+    try:
+        loaded.run_line_magic("gpumem", "whatif")
+    except UsageError as e:
+        assert "Traceback" not in str(e) and len(str(e)) <= MAX_MESSAGE_CHARS

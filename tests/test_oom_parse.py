@@ -269,3 +269,25 @@ def test_the_window_keeps_head_and_tail_and_cannot_join_them():
     assert len(cut) < 3 * oom.WINDOW_CHARS
     assert cut.startswith("A" * oom.WINDOW_CHARS) and cut.endswith("B" * oom.WINDOW_CHARS)
     assert dataclasses.is_dataclass(EXPECTED[TORCH_1_0])
+
+
+def test_real_torch_oom_classes_are_recognised(tmp_path):
+    """torch.OutOfMemoryError, torch.cuda.OutOfMemoryError and torch.AcceleratorError as a
+    real (CPU) torch defines them; in a subprocess, so this process never imports torch."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "from gpumem_nb.oom import is_cuda_oom\n"
+        "assert is_cuda_oom(torch.OutOfMemoryError('anything'))\n"
+        "assert is_cuda_oom(torch.cuda.OutOfMemoryError('CUDA out of memory.'))\n"
+        "acc = getattr(torch, 'AcceleratorError', None)\n"
+        "if acc is not None:\n"
+        "    assert is_cuda_oom(acc('CUDA error: out of memory\\nSearch for cudaError'))\n"
+        "    assert not is_cuda_oom(acc('CUDA error: an illegal memory access'))\n"
+        "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
