@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import ipywidgets as widgets
 
+from .analysis import held_text
 from .cleanup import CleanupReport, CleanupRequest
 from .livechart import LiveChart, SeriesSpec
 from .model import CellMark, CellRecord, Sample, SourceStatus, Verdict
@@ -390,7 +391,7 @@ class MemoryWidget:
 
     def _show_banner(self, v: Verdict) -> None:
         holders = "".join(
-            f"<li><code>{html.escape(h.name)}</code>: {format_bytes(h.nbytes)} "
+            f"<li><code>{html.escape(h.name)}</code>: {html.escape(held_text(h))} "
             f"({html.escape(h.kind)})</li>" for h in v.holders)
         label = f"[{v.execution_count}]" if v.execution_count is not None else v.cell_key
         self.banner.value = (
