@@ -332,7 +332,7 @@ def test_nothing_overlaps_in_the_live_chart_or_the_trace_timeline(lab, browser, 
         "%load_ext gpumem_nb", "%gpumem watch",
         *[f"a{i} = torch.cuda.tensor({i + 1} << 28, device=0)" if i else
           "import torch" for i in range(6)],
-        TIMELINE_CELL])
+        TIMELINE_CELL, "%gpumem watch --replay bundled"])
     ctx = browser.new_context(viewport={"width": width, "height": 1400})
     page = ctx.new_page()
     try:
@@ -355,5 +355,16 @@ def test_nothing_overlaps_in_the_live_chart_or_the_trace_timeline(lab, browser, 
             found = page.evaluate(OVERLAPS, TIMELINE_PARTS)
             screenshot(page, f"browser-overlap-timeline-{width}.png")
             assert not found, f"the trace timeline at {width} px: {found}"
+            # A replay's chart: its long title and the total/headroom note (00's collided).
+            run_cell(page, 9)
+            page.wait_for_function(
+                f"() => !!document.querySelector('{CHART} .gl-title')"
+                f" && document.querySelector('{CHART} .gl-title').textContent.length > 0",
+                timeout=20_000)
+            page.wait_for_timeout(1500)
+            page.locator(CHART).first.scroll_into_view_if_needed()
+            found = page.evaluate(OVERLAPS, LIVE_PARTS)
+            screenshot(page, f"browser-overlap-replay-{width}.png")
+            assert not found, f"the replay's chart at {width} px: {found}"
     finally:
         ctx.close()
