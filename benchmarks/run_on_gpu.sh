@@ -9,9 +9,14 @@ mkdir -p "$out" /tmp/bench
 export PYTHONUNBUFFERED=1 BENCH_OUT=/tmp/bench GPUMEM_NB_CONFIG=/tmp/gpumem_nb.json
 { nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
   python3 -c "import torch; print('torch', torch.__version__)"; } 2>&1 | tee "$out/gpu.txt"
+# Real workloads under the three allocators (issue 15), at most 295 s; tests/gpu's
+# test_diagnosis_gpu.py then asserts on these rows instead of running them again.
+timeout 320 python3 benchmarks/gpu_diagnosis.py --out /tmp/bench 2>&1 | tail -40 \
+  | tee -a "$out/bench.log"
+export GPUMEM_NB_DIAGNOSIS_JSON=/tmp/bench/diagnosis_h200.json
 python3 -m pytest -m gpu tests/gpu -v -s -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log"
 # bench_widget.py needs no GPU (it replays a trace); it runs on the development machine.
-for b in bench_sources bench_hooks bench_who gpu_widget_check; do
+for b in bench_sources bench_hooks bench_who bench_graph gpu_widget_check; do
   timeout 300 python3 "benchmarks/$b.py" 2>&1 | tee -a "$out/bench.log"
 done
 # Per-cell cost in real kernels, cells 0.2 s apart (issue 9); about 3 minutes.

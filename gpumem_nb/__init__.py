@@ -1,6 +1,7 @@
 """gpumem_nb: see, explain and clean up GPU memory in Jupyter.
 
-``%load_ext gpumem_nb`` hooks every cell; ``gpumem_nb.snapshot()`` reads every source once.
+``%load_ext gpumem_nb`` hooks every cell; ``gpumem_nb.snapshot()`` reads every source once;
+``gpumem_nb.whatif()`` replays a recorded allocation history under other allocator settings.
 Importing this package is cheap and imports none of torch, plotly, ipywidgets or pynvml: the
 IPython layer and every source load lazily.
 """
@@ -11,6 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+# Bound here, at import: the package gpumem_nb.whatif shares the function's name, and
+# importing a submodule later would otherwise replace the function with the module. It is
+# pure Python and standard library only, so importing it costs little.
+from .whatif import whatif
+
 if TYPE_CHECKING:
     from .views import Snapshot
 
@@ -20,6 +26,7 @@ __all__ = [
     "load_ipython_extension",
     "snapshot",
     "unload_ipython_extension",
+    "whatif",
 ]
 
 

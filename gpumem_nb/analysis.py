@@ -116,7 +116,8 @@ def complete_nvml(record: CellRecord, sample: Sample | None) -> CellRecord:
         s = sample.device(d.index)
         nv = s.nvml if s is not None else None
         if nv is None or nv.used_bytes is None:
-            devices.append(d)
+            # Not in this reading: the hooks' figure predates the cell's end, so unknown.
+            devices.append(replace(d, nvml_used_after_bytes=None, process_after_bytes=None))
             continue
         peaks = [v for v in (d.nvml_peak_bytes, nv.used_bytes) if v is not None]
         devices.append(replace(d, nvml_used_after_bytes=nv.used_bytes,
@@ -240,18 +241,61 @@ class AccumulationTracker:
 def top_holders(holders: Sequence[Holder], cause: str, n: int = 5) -> tuple[Holder, ...]:
     """The holders worth naming for a cause: only GPU memory explains GPU growth.
 
-    A tensor that keeps an autograd graph (``Holder.holds_graph``) is named whatever its own
-    size: a stored loss is four bytes, but the graph behind it keeps every saved activation
-    alive, and no scan of references can size that.
+    What each holds counts its autograd graph's saved tensors (``Holder.held_bytes``). A
+    tensor that keeps a graph (``Holder.holds_graph``) is named first whatever its size: a
+    stored loss is four bytes, and its graph can be the largest thing in the session.
     """
     if cause != CAUSE_LIVE_TENSORS:
         return ()
-    gpu = sorted((h for h in holders if h.device.startswith("cuda")), key=lambda h: -h.nbytes)
+    gpu = sorted((h for h in holders if h.device.startswith("cuda")),
+                 key=lambda h: -h.held_bytes)
     # Holders users do not think of as theirs come first: a graph behind a stored tensor, a
     # traceback, the output cache. Their own variables follow, largest first.
     rank = {"traceback": 1, "output cache": 2}
     ordered = sorted(gpu, key=lambda h: 0 if h.holds_graph else rank.get(h.kind, 3))
     return tuple(ordered[:n])
+
+
+def held_text(h: Holder) -> str:
+    """``1.53 GiB + its graph 11.50 GiB (615 nodes)``: what a holder keeps, its autograd
+    graph's saved tensors apart; ``≥`` where the walk was cut short."""
+    own = format_bytes(h.nbytes)
+    if not h.holds_graph:
+        return own
+    if h.graph_bytes is None:
+        return f"{own} + an autograd graph not walked (the scan's time for graphs ran out)"
+    at_least = "≥" if h.graph_bytes_capped else ""
+    nodes = "" if h.graph_nodes is None else \
+        f" ({at_least}{h.graph_nodes} node{'' if h.graph_nodes == 1 else 's'})"
+    hooked = (f", and {h.graph_unsized} saved behind saved-tensor hooks, not sized"
+              if h.graph_unsized else "")
+    if not h.graph_bytes and not hooked:
+        return f"{own}; its graph{nodes} keeps nothing more"
+    return f"{own} + its graph {at_least}{format_bytes(h.graph_bytes)}{nodes}{hooked}"
+
+
+def holder_action(h: Holder) -> str:
+    """What to do about one holder, by what it is."""
+    what = held_text(h)
+    graph = bool(h.graph_bytes) or (h.holds_graph and h.graph_bytes is None)
+    if h.kind == "output cache":
+        return (f"%gpumem cleanup --out clears {h.name} ({what}); end a line with `;` or "
+                "assign its result, and Out will not keep it.")
+    if h.kind == "traceback":
+        return f"%gpumem cleanup drops the stored traceback: {h.name} ({what})."
+    if graph and h.kind == "container":
+        return (f"{h.name} ({what}) keeps its tensors' autograd graphs: store `loss.item()` "
+                "(a float) or `t.detach()` instead of the tensors.")
+    if graph:
+        return (f"{h.name} ({what}) keeps its autograd graph: keep `{h.name}.detach()` (or "
+                f"`.item()` for a number), or `del {h.name}`.")
+    if h.kind == "module":
+        return (f"{h.name} is a torch.nn.Module: its parameters, gradients and buffers hold "
+                f"{what}; `del {h.name}` only if you are done with it.")
+    if h.kind == "optimizer state":
+        return (f"{h.name} is an optimizer: its state holds {what} (Adam keeps two values "
+                f"per parameter); `del {h.name}` only once training is done.")
+    return f"del {h.name} ({h.kind}, {what}) if you no longer need it."
 
 
 _RAISED_ADVICE = "the stored exception keeps the failed cell's local tensors alive"
@@ -269,9 +313,7 @@ _ADVICE = {
 
 
 def _holder_text(h: Holder) -> str:
-    if h.holds_graph:
-        return f"{h.name} ({format_bytes(h.nbytes)} itself, plus the autograd graph it keeps)"
-    return f"{h.name} ({format_bytes(h.nbytes)})"
+    return f"{h.name} ({held_text(h)})"
 
 
 def verdict_message(v: Verdict, holders: Sequence[Holder]) -> str:
@@ -285,11 +327,26 @@ def verdict_message(v: Verdict, holders: Sequence[Holder]) -> str:
     if not holders:
         return msg + "."
     msg += ". Held by: " + ", ".join(_holder_text(h) for h in holders)
-    kinds = {h.kind for h in holders}
-    if any(h.holds_graph for h in holders):
-        msg += ". Keep `loss.item()` (a float) rather than the tensor"
-    elif "traceback" in kinds:
-        msg += ". `%gpumem cleanup` drops the stored traceback"
-    elif "output cache" in kinds:
-        msg += ". `%gpumem cleanup --out` clears the output cache"
-    return msg + "."
+    return msg + ". " + " ".join(_kind_advice(holders))
+
+
+def _kind_advice(holders: Sequence[Holder]) -> list[str]:
+    """One line per kind of holder named, in their order: what lets each go."""
+    out: list[str] = []
+    for h in holders:
+        graph = bool(h.graph_bytes) or (h.holds_graph and h.graph_bytes is None)
+        if h.kind == "output cache":
+            line = ("End the line with `;` or assign the result, so Out does not keep it "
+                    "(and its graph); `%gpumem cleanup --out` clears what it keeps now.")
+        elif h.kind == "traceback":
+            line = "`%gpumem cleanup` drops the stored traceback."
+        elif graph and h.kind == "container":
+            line = (f"Store `loss.item()` (a float) or `.detach()` in {h.name}, not tensors "
+                    "that keep their autograd graphs.")
+        elif graph:
+            line = f"Keep `{h.name}.detach()` (or `.item()`): its autograd graph then goes."
+        else:
+            continue
+        if line not in out:
+            out.append(line)
+    return out[:2]

@@ -19,6 +19,7 @@ reading ``f_locals`` stores a snapshot on the frame that keeps its locals alive.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import gc
 import inspect
 import itertools
@@ -30,6 +31,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .graph import GraphWalker
 from .model import Holder
 
 # Names the shell itself keeps and reads; what each is, for messages.
@@ -51,8 +53,10 @@ _CONTAINER_DEPTH = 2
 # A container longer than this is read up to here: a tensor past a million items is missed
 # rather than `who` taking minutes over a list of ten million objects.
 _MAX_ITEMS = 1_000_000
-_GRAPH_NODE_CAP = 10_000  # autograd nodes walked per holder
-_GRAPH_BUDGET = 50_000  # and per scan, over all holders
+# Autograd graphs are walked after every holder has taken its own tensors, in this time per
+# scan (the OOM explainer has 50 ms in all, `who` 100 ms on the H200): a GPT-2 step's graph
+# of about 600 nodes takes a few milliseconds.
+GRAPH_BUDGET_S = 0.03
 _CHAIN_CAP = 100  # chained exceptions followed
 _LINK_CAP = 10_000  # traceback links followed per exception
 _GENERATOR_FLAGS = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
@@ -71,6 +75,10 @@ class _Found:
     graph: str = ""  # the first tensor with grad_fn, described
     graph_nodes: int | None = None
     graph_capped: bool = False
+    graph_bytes: int | None = None
+    graph_unsized: int = 0
+    roots: list[Any] = field(default_factory=list)  # the grad_fns of its tensors
+    root_ids: set[int] = field(default_factory=set)
     details: list[str] = field(default_factory=list)
 
 
@@ -154,17 +162,22 @@ def alias_order(name: str) -> tuple[int, int]:
 
 
 class Scanner:
-    def __init__(self, modules: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, modules: Mapping[str, Any] | None = None, *,
+                 graph_budget_s: float = GRAPH_BUDGET_S) -> None:
         mods = sys.modules if modules is None else modules
         torch = mods.get("torch")
         self._tensor_type: Any = getattr(torch, "Tensor", None) if torch else None
         nn = getattr(torch, "nn", None) if torch else None
         optim = getattr(torch, "optim", None) if torch else None
         self._module_type: Any = getattr(nn, "Module", None) if nn else None
+        self._param_type: Any = getattr(nn, "Parameter", None) if nn else None
         self._optimizer_type: Any = getattr(optim, "Optimizer", None) if optim else None
         self._seen: set[tuple[str, int]] = set()
-        self._graph_budget = _GRAPH_BUDGET
+        self._device_names: dict[Any, str] = {}
+        self.graph_budget_s = graph_budget_s
         self.skipped = 0  # objects that raised while being looked at
+        self.graph_s = 0.0  # the last scan's time in graph walks
+        self.graph_nodes = 0  # and the nodes they walked
 
     # -- single objects ----------------------------------------------------------------------
     def _tensor_info(self, t: Any) -> tuple[str, int, tuple[str, int]] | None:
@@ -177,7 +190,12 @@ class Scanner:
     def _tensor_info_of(self, t: Any) -> tuple[str, int, tuple[str, int]] | None:
         if _is_a(t, self._tensor_type):
             dev = t.device
-            device = f"{dev.type}:{dev.index}" if dev.index is not None else str(dev.type)
+            try:  # named once per device: graph walks ask for every saved tensor
+                device = self._device_names[dev]
+            except (KeyError, TypeError):  # TypeError: a device object that cannot be hashed
+                device = f"{dev.type}:{dev.index}" if dev.index is not None else str(dev.type)
+                with contextlib.suppress(TypeError):
+                    self._device_names[dev] = device
             try:
                 storage = t.untyped_storage()
                 return device, int(storage.nbytes()), (device, int(storage.data_ptr()))
@@ -294,9 +312,12 @@ class Scanner:
             if f.tensors == 1:
                 f.first = self._describe(t)
             grad_fn = self._grad_fn(t)
-            if grad_fn is not None and not f.graph:
-                f.graph = self._describe(t)
-                f.graph_nodes, f.graph_capped = self._graph_size(grad_fn)
+            if grad_fn is not None:
+                if not f.graph:
+                    f.graph = self._describe(t)
+                if id(grad_fn) not in f.root_ids:
+                    f.root_ids.add(id(grad_fn))
+                    f.roots.append(grad_fn)
 
     def _describe(self, t: Any) -> str:
         try:
@@ -313,37 +334,37 @@ class Scanner:
             text += f", grad_fn={type(grad_fn).__name__}"
         return text
 
-    def _graph_size(self, grad_fn: Any) -> tuple[int | None, bool]:
-        """Autograd nodes reachable from ``grad_fn`` through ``next_functions``, up to a cap.
-
-        Walking edges reads no saved tensor, so it runs no hooks and allocates nothing. The
-        wrappers met are kept until the walk ends, so no id is reused while it runs."""
-        cap = min(_GRAPH_NODE_CAP, self._graph_budget)
-        if cap <= 0:
-            return None, False
-        seen = {id(grad_fn)}
-        held = [grad_fn]
-        stack = [grad_fn]
-        while stack and len(seen) < cap:
-            node = stack.pop()
-            try:
-                edges = tuple(itertools.islice(node.next_functions, _MAX_ITEMS))
-            except Exception:
-                continue
-            for edge in edges:
-                try:
-                    nxt = edge[0]
-                except Exception:
+    def _size_graphs(self, found: dict[str, _Found]) -> None:
+        """Every holder's graphs, in attribution order, once all holders have taken their own
+        tensors: a saved tensor a variable or a module also holds is theirs, not the graph's."""
+        walker = GraphWalker(self._tensor_info, self._seen,
+                             exclude=lambda t: _is_a(t, self._param_type),
+                             budget_s=self.graph_budget_s)
+        try:
+            for f in list(found.values()):
+                if not f.roots:
                     continue
-                if nxt is None or id(nxt) in seen:
-                    continue
-                seen.add(id(nxt))
-                held.append(nxt)
-                stack.append(nxt)
-                if len(seen) >= cap:
-                    break
-        self._graph_budget -= len(seen)
-        return len(seen), len(seen) >= cap and bool(stack)
+                size = walker.size(f.roots)
+                if size.capped and not size.nodes:
+                    continue  # the time for graphs ran out before this one: not walked
+                f.graph_nodes = size.nodes
+                f.graph_capped = size.capped
+                f.graph_unsized = size.hooked + size.unknown
+                f.graph_bytes = size.bytes_by_device.get(f.device, 0)
+                for device, nbytes in size.bytes_by_device.items():
+                    if device == f.device:
+                        continue
+                    # A graph can save tensors on another device (a CPU copy): those bytes
+                    # are the same holder's there.
+                    other = found.setdefault(f"{f.name}\0{device}",
+                                             _Found(name=f.name, kind=f.kind, device=device))
+                    other.graph_bytes = (other.graph_bytes or 0) + nbytes
+                    other.graph_capped = other.graph_capped or size.capped
+                f.roots.clear()
+        finally:
+            self.graph_s, self.graph_nodes = walker.elapsed_s, walker.nodes
+            for f in found.values():
+                f.roots.clear()  # no graph outlives the scan
 
     # -- whole scans -------------------------------------------------------------------------
     def scan(self, *args: Any, **kwargs: Any) -> list[Holder]:
@@ -367,7 +388,7 @@ class Scanner:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             holders = [_holder(f) for f in found.values()]
-            return sorted(holders, key=lambda h: (-h.nbytes, h.name))
+            return sorted(holders, key=lambda h: (-h.held_bytes, h.name))
 
     def _scan(
         self,
@@ -380,7 +401,7 @@ class Scanner:
         hidden: Mapping[str, Any] | None = None,
     ) -> None:
         self._seen.clear()
-        self._graph_budget = _GRAPH_BUDGET
+        self.graph_s, self.graph_nodes = 0.0, 0
         out = dict(output_cache or {})
         cached = output_cache_names(user_ns, out, hidden)
         aliases: dict[int, list[str]] = {}
@@ -414,23 +435,24 @@ class Scanner:
                     continue
                 if self._tensor_info(obj) is not None:
                     self._attribute("unreachable from your variables", "gc", obj, found)
+        self._size_graphs(found)
 
 
 def _holder(f: _Found) -> Holder:
+    """The scan's record of one holder. What its graph keeps is in the ``graph_*`` fields
+    (``analysis.held_text`` says it), not in ``detail``."""
     if f.tensors == 1:
         detail = f.first
-    else:
+    elif f.tensors:
         detail = f"{f.tensors} tensors" + (f"; one has {f.graph.split(', ', 1)[-1]}"
                                            if f.graph else "")
-    if f.graph:
-        size = ("not walked" if f.graph_nodes is None else
-                f"{'≥' if f.graph_capped else ''}{f.graph_nodes} "
-                f"node{'' if f.graph_nodes == 1 else 's'}")
-        detail += (f"; holds its autograd graph ({size}): the graph's saved tensors are not "
-                   "in these bytes")
+    else:
+        detail = "tensors its autograd graph saved on this device"
     return Holder(name=f.name, kind=f.kind, device=f.device, nbytes=f.nbytes, detail=detail,
-                  holds_graph=bool(f.graph), graph_nodes=f.graph_nodes,
-                  graph_nodes_capped=f.graph_capped)
+                  holds_graph=bool(f.graph) or f.graph_bytes is not None,
+                  graph_nodes=f.graph_nodes, graph_nodes_capped=f.graph_capped,
+                  graph_bytes=f.graph_bytes, graph_bytes_capped=f.graph_capped,
+                  graph_unsized=f.graph_unsized)
 
 
 # -- stored exceptions ---------------------------------------------------------------------------
@@ -471,11 +493,22 @@ def traceback_links(excs: Iterable[BaseException | types.TracebackType | None],
 def running_frame_ids() -> set[int]:
     """Frames executing now, on every thread."""
     ids: set[int] = set()
-    for top in (sys._getframe(), *sys._current_frames().values()):
-        f: types.FrameType | None = top
-        while f is not None and id(f) not in ids:
-            ids.add(id(f))
-            f = f.f_back
+    tops: list[types.FrameType | None] = [sys._getframe(), *sys._current_frames().values()]
+    f: types.FrameType | None = None
+    try:
+        for top in tops:
+            f = top
+            while f is not None and id(f) not in ids:
+                ids.add(id(f))
+                f = f.f_back
+    finally:
+        # This frame is among ``tops``: left in its locals it would refer to itself, a cycle
+        # that outlives the call, and a finished frame keeps its caller's frame (``f_back``),
+        # which keeps the next, up the whole stack. Called from the OOM observer, that stack
+        # runs through the user's failing function: its tensors then survived the user's own
+        # ``del`` until the garbage collector ran (issue 15, tutorial 04 on Python 3.12).
+        tops.clear()
+        f = top = None
     return ids
 
 
@@ -624,4 +657,5 @@ def last_exception_objects(shell: Any = None, noted: CellException | None = None
 
 
 def cuda_bytes(holders: Iterable[Holder]) -> int:
-    return sum(h.nbytes for h in holders if h.device.startswith("cuda"))
+    """What these holders keep on GPUs, their autograd graphs' saved tensors included."""
+    return sum(h.held_bytes for h in holders if h.device.startswith("cuda"))

@@ -209,9 +209,11 @@ class CellDevice:
 
 
 def _delta(before: int | None, after: int | None) -> int | None:
-    if after is None:
+    """``after - before``; unknown when either is. (An allocator that was not up before a
+    cell reads 0 there, not None: see ``analysis.cell_devices``.)"""
+    if after is None or before is None:
         return None
-    return after - (before or 0)
+    return after - before
 
 
 @dataclass(frozen=True)
@@ -253,15 +255,33 @@ class Holder:
     name: str  # how the user can reach it: "y", "Out[5]", "traceback: f() local x"
     kind: str  # "variable", "output cache", "traceback", "module", "optimizer state", ...
     device: str  # "cuda:0", "cpu"
-    nbytes: int  # the tensors' own storage; a graph's saved tensors are not in it
+    nbytes: int  # the tensors' own storage; what their autograd graph keeps is graph_bytes
     detail: str = ""
     # One of its tensors has ``grad_fn``: it keeps an autograd graph alive, and with it every
-    # tensor that graph saved for backward. Those bytes can only be sized by unpacking the saved
-    # tensors, which runs saved-tensor hooks (checkpointing recomputes the forward there), so
-    # they are never counted; the graph's node count, walked up to a cap, is.
+    # tensor that graph saved for backward (see graph.py: sized without unpacking anything).
     holds_graph: bool = False
-    graph_nodes: int | None = None  # nodes reachable from that grad_fn; None: not walked
-    graph_nodes_capped: bool = False  # the walk stopped at its cap: at least graph_nodes
+    graph_nodes: int | None = None  # nodes walked from its grad_fns; None: not walked
+    graph_nodes_capped: bool = False  # the walk stopped at its budget: at least graph_nodes
+    # The saved tensors on ``device`` only its graph keeps (not counted under another holder,
+    # parameters never); None when no graph was walked. A lower bound when capped.
+    graph_bytes: int | None = None
+    graph_bytes_capped: bool = False
+    graph_unsized: int = 0  # saved tensors behind hooks (or an unknown torch): not sized
+
+    @property
+    def held_bytes(self) -> int:
+        """What letting go of this holder would free: its tensors and its graph's."""
+        return self.nbytes + (self.graph_bytes or 0)
+
+
+@dataclass(frozen=True)
+class CellStart:
+    """A running cell on one device, for weighing what the cell itself allocated."""
+
+    allocated_bytes: int | None  # PyTorch's allocated bytes when the cell started
+    # The same cell's last run that ended without an error: its peak above its own start.
+    previous_peak_bytes: int | None = None
+    previous_peak_exact: bool = False
 
 
 @dataclass(frozen=True)

@@ -29,13 +29,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from .analysis import held_text, holder_action
 from .cleanup import CleanupReport, CleanupRequest
+from .holders import exception_chain, last_value
 from .model import (
     ROLE_DATALOADER,
     ROLE_LAUNCHED,
     ROLE_MULTIPROCESSING,
     ROLE_OTHER,
     AllocatorReading,
+    CellStart,
     ChildProcess,
     Holder,
     Sample,
@@ -58,32 +61,53 @@ FORM_DRIVER = "CUDA runtime or library"  # "CUDA error: out of memory", cuBLAS/c
 FORM_UNKNOWN = "unrecognised"
 
 # c10's format_size prints "N bytes", or two decimals of KiB/MiB/GiB.
-_SIZE = r"([0-9]+(?:\.[0-9]+)?)\s*(bytes|B|KiB|MiB|GiB|TiB|KB|MB|GB)"
+#
+# Every pattern here runs on the text of any exception a cell raises, so each must take time
+# linear in the text, whatever it holds (issue 16: a 1,200-space run once froze the kernel for
+# seconds in a pattern that backtracked cubically). The rules that keep it so:
+# - a number starts only where no digit or point precedes it (the lookbehind), so a run of
+#   digits is tried from its first digit only, not from each of its n positions;
+# - every "anything up to" is bounded ({0,N}), never ``[^)]*`` or ``.*?`` followed by more
+#   pattern, which retries from every start;
+# - no two adjacent quantifiers can share characters (``\s+(.*?)\s*$`` was the cubic one).
+# And long messages are read only at their head and tail (``_window``).
+_NUMBER = r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)"
+_SIZE = _NUMBER + r"[ \t]*(bytes|B|KiB|MiB|GiB|TiB|KB|MB|GB)"
 _UNIT = {"bytes": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
          "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
 # NVML's "not available" and the async backend's "no limit" are 2**64 - 1, printed as
 # 17179869184.00 GiB. Anything this large is a sentinel, not a measurement.
 _SENTINEL_BYTES = 1 << 62
 _EB = 1 << 60
+# A real OOM message is under 2 KiB; a longer text (a user's error quoting a log) is read
+# only this far from each end, so parsing costs the same for 10 kB and 10 MB.
+WINDOW_CHARS = 4096
+_GAP = "\n\x00\n"  # joins head and tail: no pattern can match across it
+# Device indexes and PIDs: more digits than this is not a device or a process.
+_MAX_INDEX_DIGITS = 9
+# Python refuses int() on more than 4300 digits; a size this long is a sentinel anyway.
+_MAX_SIZE_DIGITS = 30
 
 _NATIVE_HEAD = re.compile(
-    r"Tried to allocate " + _SIZE + r"\.\s+GPU (\d+) has a total capac(?:i)?ty of " + _SIZE
-    + r" of which " + _SIZE + r" is free\.", re.S)
-_CLASSIC_HEAD = re.compile(r"Tried to allocate " + _SIZE + r"\s*\(GPU (\d+);([^)]*)\)", re.S)
-_OTHER_PROC = re.compile(r"\bProcess (\d+) has " + _SIZE + r" memory in use\.")
+    r"Tried to allocate " + _SIZE + r"\.\s{1,16}GPU ([0-9]+) has a total capac(?:i)?ty of "
+    + _SIZE + r" of which " + _SIZE + r" is free\.")
+_CLASSIC_HEAD = re.compile(
+    r"Tried to allocate " + _SIZE + r"\s{0,16}\(GPU ([0-9]+);([^()]{0,512})\)")
+_CLASSIC_PART = re.compile(r"\s*" + _SIZE + r"\s+(.*)", re.S)
+_OTHER_PROC = re.compile(r"\bProcess ([0-9]+) has " + _SIZE + r" memory in use\.")
 _THIS_PROC = re.compile(r"\b[Tt]his process has " + _SIZE + r" memory in use\.")
 _ALLOWED = re.compile(_SIZE + r" allowed;")
 _OF_ALLOCATED = re.compile(
     r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch,"
-    r"(?:\s*with " + _SIZE + r" allocated in private pools(?: \([^)]*\))?,)?"
-    r"\s*and " + _SIZE + r" is reserved by PyTorch but unallocated", re.S)
-_ASYNC_HEAD = re.compile(r"Allocation on device (\d+) would exceed allowed memory")
+    r"(?:\s{0,16}with " + _SIZE + r" allocated in private pools(?: \([^)]{0,200}\))?,)?"
+    r"\s{0,16}and " + _SIZE + r" is reserved by PyTorch but unallocated")
+_ASYNC_HEAD = re.compile(r"Allocation on device ([0-9]+) would exceed allowed memory")
 _ASYNC_FIELDS = {
-    "allocated": re.compile(r"Currently allocated\s*:\s*" + _SIZE),
-    "requested": re.compile(r"Requested\s*:\s*" + _SIZE),
-    "total": re.compile(r"Device limit\s*:\s*" + _SIZE),
-    "free": re.compile(r"Free \(according to CUDA\)\s*:\s*" + _SIZE),
-    "limit": re.compile(r"PyTorch limit[^:]*:\s*" + _SIZE, re.S),
+    "allocated": re.compile(r"Currently allocated\s{0,64}:\s{0,64}" + _SIZE),
+    "requested": re.compile(r"Requested\s{0,64}:\s{0,64}" + _SIZE),
+    "total": re.compile(r"Device limit\s{0,64}:\s{0,64}" + _SIZE),
+    "free": re.compile(r"Free \(according to CUDA\)\s{0,64}:\s{0,64}" + _SIZE),
+    "limit": re.compile(r"PyTorch limit[^:]{0,200}:\s{0,64}" + _SIZE),
 }
 _DRIVER = re.compile(
     r"CUDA error: out of memory|CUDA driver error: out of memory|cudaErrorMemoryAllocation"
@@ -91,14 +115,39 @@ _DRIVER = re.compile(
     r"|CUSOLVER_STATUS_ALLOC_FAILED|CURAND_STATUS_ALLOCATION_FAILED")
 _CUDA_OOM = re.compile(r"CUDA out of memory|would exceed allowed memory\. \(out of memory\)")
 _NOT_CUDA = re.compile(r"\b(?:XPU|MPS backend|MTIA|HPU) out of memory")
+# How a RuntimeError that *is* an allocator or driver OOM begins (torch < 1.13 raised the
+# allocator's as a plain RuntimeError; torch.AcceleratorError and library errors still are).
+# A message that only quotes one further in is someone's own error, not an OOM.
+_OOM_START = re.compile(
+    r"\s{0,16}(?:CUDA out of memory"
+    r"|Allocation on device [0-9]+ would exceed allowed memory"
+    r"|(?:CUDA|CUDA driver|cuBLAS|CUBLAS|cuDNN|CUDNN|cuFFT|cuSOLVER|cusolver|cuRAND|curand)"
+    r" error: (?:out of memory|cudaErrorMemoryAllocation|[A-Z_]{0,40}ALLOC(?:ATION)?_FAILED)"
+    r"|cudaErrorMemoryAllocation"
+    r"|(?:CUBLAS_STATUS|CUDNN_STATUS|CUFFT|CUSOLVER_STATUS|CURAND_STATUS)_ALLOC(?:ATION)?_FAILED)")
+
+
+def _window(text: str) -> str:
+    """The head and tail of a long text, where an OOM message's figures are."""
+    if len(text) <= 2 * WINDOW_CHARS + len(_GAP):
+        return text
+    return text[:WINDOW_CHARS] + _GAP + text[-WINDOW_CHARS:]
+
+
+def _index(digits: str) -> int | None:
+    """A device index or PID as printed; None when it is too long to be one."""
+    return int(digits) if len(digits) <= _MAX_INDEX_DIGITS else None
 
 
 def _bytes(number: str, unit: str) -> tuple[int | None, int]:
     """(bytes or None for a sentinel, rounding error of the printed figure)."""
+    whole, _, decimals = number.partition(".")
+    if len(whole) > _MAX_SIZE_DIGITS:  # beyond any sentinel (and beyond float's range)
+        return None, 0
     scale = _UNIT[unit]
-    value = round(float(number) * scale)
-    decimals = len(number.split(".")[1]) if "." in number else 0
-    precision = int(scale * 0.5 * 10 ** -decimals) if scale > 1 else 0
+    value = round(float(f"{whole}.{decimals[:_MAX_SIZE_DIGITS] or '0'}") * scale)
+    shown = min(len(decimals), _MAX_SIZE_DIGITS)
+    precision = int(scale * 0.5 * 10 ** -shown) if scale > 1 else 0
     return (None if value >= _SENTINEL_BYTES else value), precision
 
 
@@ -130,7 +179,10 @@ class OomMessage:
 
 
 def parse_oom_message(text: str) -> OomMessage | None:
-    """Read any CUDA OOM message PyTorch has printed; None when ``text`` is not one."""
+    """Read any CUDA OOM message PyTorch has printed; None when ``text`` is not one.
+
+    Takes time linear in ``text`` and reads at most ``WINDOW_CHARS`` from each end of it."""
+    text = _window(text)
     if _NOT_CUDA.search(text):
         return None
     figures: dict[str, Any] = {}
@@ -146,7 +198,7 @@ def parse_oom_message(text: str) -> OomMessage | None:
     head = _NATIVE_HEAD.search(text)
     if head is not None:
         figures.update(form=FORM_NATIVE, requested_bytes=size(head, 1),
-                       device=int(head.group(3)), total_bytes=size(head, 4),
+                       device=_index(head.group(3)), total_bytes=size(head, 4),
                        free_bytes=size(head, 6))
         of = _OF_ALLOCATED.search(text)
         if of is not None:
@@ -155,16 +207,16 @@ def parse_oom_message(text: str) -> OomMessage | None:
                 figures["private_pool_bytes"] = size(of, 3)
         figures["allowed_bytes"] = size(_ALLOWED.search(text))
         figures["this_process_bytes"] = size(_THIS_PROC.search(text))
-        figures["other_processes"] = tuple(
-            (int(m.group(1)), size(m, 2)) for m in _OTHER_PROC.finditer(text))
+        others = ((_index(m.group(1)), size(m, 2)) for m in _OTHER_PROC.finditer(text))
+        figures["other_processes"] = tuple((pid, n) for pid, n in others if pid is not None)
     elif (classic := _CLASSIC_HEAD.search(text)) is not None:
         figures.update(form=FORM_CLASSIC, requested_bytes=size(classic, 1),
-                       device=int(classic.group(3)))
+                       device=_index(classic.group(3)))
         for part in classic.group(4).split(";"):
-            m = re.match(r"\s*" + _SIZE + r"\s+(.*?)\s*$", part)
+            m = _CLASSIC_PART.match(part)
             if m is None:
                 continue
-            what = m.group(3)
+            what = " ".join(m.group(3).split())
             key = {"total capacity": "total_bytes", "already allocated": "allocated_bytes",
                    "free": "free_bytes", "allowed": "allowed_bytes",
                    "reserved in total by PyTorch": "reserved_bytes",
@@ -174,7 +226,7 @@ def parse_oom_message(text: str) -> OomMessage | None:
                 figures[key] = size(m)
     elif (a := _ASYNC_HEAD.search(text)) is not None:
         found = {k: size(r.search(text)) for k, r in _ASYNC_FIELDS.items()}
-        figures.update(form=FORM_ASYNC, device=int(a.group(1)),
+        figures.update(form=FORM_ASYNC, device=_index(a.group(1)),
                        allocated_bytes=found["allocated"], requested_bytes=found["requested"],
                        total_bytes=found["total"], free_bytes=found["free"],
                        allowed_bytes=found["limit"])
@@ -189,21 +241,56 @@ def parse_oom_message(text: str) -> OomMessage | None:
     return OomMessage(precision_bytes=precision[0], **figures)
 
 
+def error_str(exc: BaseException) -> str:
+    """``str(exc)``, or "" when its ``__str__`` raises or returns no text: an odd exception
+    must neither lose its cell's record nor stop its OOM from being explained."""
+    try:
+        text = str(exc)
+    except Exception:
+        return ""
+    return text if isinstance(text, str) else ""
+
+
+def first_line(text: str, limit: int) -> str:
+    """The first non-blank line of ``text``, at most ``limit`` characters, in time bounded by
+    ``limit`` whatever the text's length."""
+    head = text[: limit + 4096].lstrip()
+    return head[: limit + 1].splitlines()[0][:limit] if head else ""
+
+
+def _torch_oom_type(exc: BaseException) -> bool:
+    """``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError`` before 2.5) or a subclass,
+    recognised by name and module so that torch is never imported."""
+    for cls in type(exc).__mro__:
+        module = getattr(cls, "__module__", None)
+        if cls.__name__ == "OutOfMemoryError" and isinstance(module, str) and (
+                module == "torch" or module.startswith("torch.")):
+            return True
+    return False
+
+
+def is_cuda_oom(exc: BaseException) -> bool:
+    """Whether ``exc`` itself is an allocator or driver out-of-memory error: by type, or a
+    ``RuntimeError`` whose message begins like one. A user's own error that merely quotes
+    "CUDA out of memory" is not."""
+    text = error_str(exc)
+    if _torch_oom_type(exc):
+        return not _NOT_CUDA.search(_window(text))
+    return isinstance(exc, RuntimeError) and _OOM_START.match(text) is not None and \
+        parse_oom_message(text) is not None
+
+
 def find_cuda_oom(exc: BaseException | None) -> BaseException | None:
     """The CUDA OOM in ``exc`` or in what caused it (a wrapper's ``__cause__``), else None.
 
     ``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError`` before 2.5) is recognised by
     type; the ``RuntimeError`` of torch < 1.13, ``torch.AcceleratorError`` and library errors
-    by their text.
+    by how their text begins.
     """
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen and len(seen) < 8:
         seen.add(id(exc))
-        text = str(exc)
-        by_type = type(exc).__name__ == "OutOfMemoryError" and \
-            type(exc).__module__.split(".")[0] == "torch"
-        if (by_type and not _NOT_CUDA.search(text)) or (
-                isinstance(exc, Exception) and parse_oom_message(text) is not None):
+        if is_cuda_oom(exc):
             return exc
         exc = exc.__cause__ or exc.__context__
     return None
@@ -254,6 +341,16 @@ class OomFacts:
     # garbage in reference cycles, such as a replaced traceback, or objects it cannot enter.
     unreachable_bytes: int | None = None
     previous_error: str = ""  # the cell before this one raised this (its traceback replaced)
+    # The failing cell's own working set: PyTorch's allocated bytes at the failure minus at
+    # the cell's start (what the cell made and still held), and the same cell's previous
+    # run's peak above its own start, when it ran before.
+    cell_bytes: int | None = None
+    cell_previous_peak_bytes: int | None = None
+    cell_previous_peak_exact: bool = False
+    # Explained after the fact: what this error's own traceback holds (the failed call's
+    # locals and their graphs) belongs to the computation, not to the session.
+    computation_bytes: int | None = None
+    grad_enabled: bool | None = None  # autograd on where the allocation failed
 
     @property
     def pool_reuses_unallocated(self) -> bool:
@@ -329,6 +426,14 @@ CONTEXT_ALLOWANCE_BYTES = 1 * GiB
 # they would not have made the request fit.
 _NOTABLE_BYTES = 256 * MiB
 _HELD_KINDS_FIRST = ("output cache", "traceback")
+# The failing call's own traceback, when the explanation comes after the fact: the
+# computation's working set, not something the session keeps.
+KIND_FAILED_CALL = "failed call"
+# The cell's working set is the verdict when it is this many times every other cause: then
+# freeing anything else would let this one request through, not the computation.
+_DWARFS = 4
+# A next step freeing less than this share of what was missing is not worth a line.
+_WORTH_A_LINE = 0.01
 
 
 @dataclass(frozen=True)
@@ -341,9 +446,11 @@ class Cause:
 
 
 def held_holders(holders: Iterable[Holder], device: int) -> list[Holder]:
-    """Holders of memory on ``device``, the accidental ones (Out, a traceback) first."""
-    on = [h for h in holders if h.device in (f"cuda:{device}", "cuda") and h.nbytes > 0]
-    return sorted(on, key=lambda h: (h.kind not in _HELD_KINDS_FIRST, -h.nbytes, h.name))
+    """What the session holds on ``device`` (with their graphs), the accidental holders (Out,
+    a traceback) first; the failing call's own locals are the computation's, not listed."""
+    on = [h for h in holders if h.device in (f"cuda:{device}", "cuda") and h.held_bytes > 0
+          and h.kind != KIND_FAILED_CALL]
+    return sorted(on, key=lambda h: (h.kind not in _HELD_KINDS_FIRST, -h.held_bytes, h.name))
 
 
 def classify(facts: OomFacts, holders: Sequence[Holder] = ()) -> tuple[Cause, ...]:
@@ -417,10 +524,67 @@ def classify(facts: OomFacts, holders: Sequence[Holder] = ()) -> tuple[Cause, ..
             "in the process (CuPy, JAX, NCCL, a library calling cudaMalloc).",
             covers=covers_outside(outside)))
     causes.extend(_held(f, holders, covers))
-    if not any(c.covers for c in causes):
+    working = _dominant_working_set(f, causes, holders, need)
+    if working is not None:
+        # Whatever else covers this request's shortfall would only let this one request
+        # through: the computation keeps asking. Those causes stay listed, not as the verdict.
+        causes = [_demoted(c) for c in causes]
+        causes.insert(0, working)
+    elif not any(c.covers for c in causes):
         causes.insert(0, _working_set(f, causes, need))
     # Most specific first, among those that alone would have been enough.
     return tuple(sorted(causes, key=lambda c: not c.covers))
+
+
+def cell_working_set_bytes(f: OomFacts, holders: Sequence[Holder] = ()) -> int | None:
+    """What the failing cell allocated and still held at the failure, none of it held by the
+    session: the cell's allocated bytes since its start, at most what PyTorch had allocated
+    beyond everything the session's holders account for (a tensor an earlier cell made and
+    this cell freed does not make the cell's own figure smaller than it is)."""
+    own = f.cell_bytes
+    if own is None:
+        return f.computation_bytes
+    if f.allocated_bytes is not None:
+        session = sum(h.held_bytes for h in held_holders(holders, f.device))
+        own = min(own, max(f.allocated_bytes - session, 0))
+    return max(own, f.computation_bytes or 0)
+
+
+def _dominant_working_set(f: OomFacts, causes: Sequence[Cause], holders: Sequence[Holder],
+                          need: int | None) -> Cause | None:
+    working = cell_working_set_bytes(f, holders)
+    if working is None or need is None or working < max(need, _NOTABLE_BYTES):
+        return None
+    biggest = max(causes, key=lambda c: c.nbytes or 0, default=None)
+    other = (biggest.nbytes or 0) if biggest is not None else 0
+    if working < _DWARFS * other:
+        return None
+    gpu = (f" ({working / f.total_bytes:.0%} of the GPU's {format_bytes(f.total_bytes)})"
+           if f.total_bytes else "")
+    past = ""
+    prev = f.cell_previous_peak_bytes
+    if prev:
+        times = working / prev
+        past = (f"; its previous run peaked {'at' if f.cell_previous_peak_exact else 'at least at'}"
+                f" {format_bytes(prev)} above its start"
+                + (f", {times:.0f}× less" if times >= 2 else ""))
+    besides = (f" Nothing else comes close: the next largest cause below is "
+               f"{format_bytes(other)}." if biggest is not None else "")
+    return Cause(
+        CAUSE_WORKING_SET, working,
+        f"The failing cell's own working set: it had allocated {format_bytes(working)} since "
+        f"it started{gpu}, and still held it when {format_bytes(f.requested_bytes)} more was "
+        f"asked{past}. The computation is too large for this GPU as it is.{besides}",
+        covers=True)
+
+
+def _demoted(c: Cause) -> Cause:
+    if not c.covers:
+        return c
+    if c.kind in (CAUSE_FRAGMENTATION, CAUSE_POOL):
+        return replace(c, covers=False, summary=c.summary + " Usable, it would have let "
+                       "this one request through, not the computation.")
+    return replace(c, covers=False)
 
 
 def _others_summary(f: OomFacts) -> str:
@@ -472,25 +636,32 @@ def _held(f: OomFacts, holders: Sequence[Holder],
                      "(from the message) and now, minus everything reachable from your "
                      "variables, Out and the stored traceback",)))
     elif unreachable >= _NOTABLE_BYTES:
+        # Nothing says these are garbage: with no replaced traceback there is no cycle to
+        # expect, and most often the scan just does not look where they are held.
         out.append(Cause(
             CAUSE_HELD, unreachable,
-            f"{format_bytes(unreachable)} is allocated but reachable from none of your "
-            "variables, Out or the stored traceback: garbage in reference cycles (which "
-            "gc.collect() frees) or objects the scan does not look inside.",
-            covers=covers(unreachable)))
+            f"{format_bytes(unreachable)} is allocated but reachable from nothing the scan "
+            "walks (your variables, Out, the stored traceback, and the autograd graphs "
+            "behind them): objects it does not look inside, such as your own classes' "
+            "attributes, closures or a library's caches.",
+            covers=covers(unreachable), details=(UNREACHABLE,)))
     held = held_holders(holders, f.device)
-    total = sum(h.nbytes for h in held)
+    total = sum(h.held_bytes for h in held)
     if held and (covers(total) or total >= _NOTABLE_BYTES):
         when = "at the failure" if f.measured_at == "failure" else "now"
         out.append(Cause(
             CAUSE_HELD, total,
             f"Your session holds {format_bytes(total)} on this GPU ({when}) in things you can "
-            "let go of: " + ", ".join(f"{h.name} {format_bytes(h.nbytes)}" for h in held[:5])
+            "let go of: " + ", ".join(f"{h.name} {held_text(h)}" for h in held[:5])
             + (f" and {len(held) - 5} more" if len(held) > 5 else "") + ".",
             covers=covers(total),
-            details=tuple(f"{h.name} ({h.kind}): {format_bytes(h.nbytes)}"
+            details=tuple(f"{h.name} ({h.kind}): {held_text(h)}"
                           + (f", {h.detail}" if h.detail else "") for h in held[:10])))
     return out
+
+
+UNREACHABLE = ("allocated now, minus what your variables, Out, the stored traceback and their "
+               "autograd graphs hold")
 
 
 def _working_set(f: OomFacts, causes: Sequence[Cause], need: int | None) -> Cause:
@@ -501,11 +672,13 @@ def _working_set(f: OomFacts, causes: Sequence[Cause], need: int | None) -> Caus
             f"No single cause frees the {format_bytes(need)} missing; together the ones below "
             "would.")
     missing = f" {format_bytes(need)} more than was free" if need is not None else " more"
+    working = f.cell_bytes if f.cell_bytes is not None else f.computation_bytes
+    own = (f" The failing cell had allocated {format_bytes(working)} of it since it started."
+           if working else "")
     return Cause(
         CAUSE_WORKING_SET, need,
         f"The computation itself needs{missing}, and nothing gpumem_nb can see would free "
-        "enough: PyTorch's live tensors are the working set of the code that ran. Make the "
-        "step smaller (batch size, sequence length, precision, activation checkpointing).")
+        f"enough: PyTorch's live tensors are the working set of the code that ran.{own}")
 
 
 # ------------------------------------------------------------------------------------------
@@ -623,15 +796,23 @@ class OomExplanation:
 
 def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holder],
                dry_run: CleanupReport | None) -> tuple[Action, ...]:
-    """What to do, in the causes' order, with what each step would free."""
+    """What to do, in the causes' order, with what each step would free. A step that would
+    free less than 1% of what was missing (of the working set, when that is the verdict) is
+    not listed."""
     f = facts
     kinds = [c.kind for c in causes]
     if CAUSE_IMPOSSIBLE in kinds:  # nothing else can help
         return (Action(
             "Make this one allocation smaller: process the data in chunks, lower the batch "
             "size or resolution, use bf16/fp16 or 8-bit weights, or shard across GPUs."),)
+    verdict = causes[0] if causes else None
+    dominant = verdict is not None and verdict.kind == CAUSE_WORKING_SET and verdict.covers
     out: list[Action] = []
+    if dominant:
+        out.append(_workload_action(f))
     for c in causes:
+        if dominant and not c.covers and c.kind != CAUSE_HELD:
+            continue  # it would not let the computation through
         if c.kind == CAUSE_POOL:
             out.append(Action("%gpumem cleanup runs torch.cuda.empty_cache(), which returns the "
                               f"cudaMallocAsync pool's {format_bytes(c.nbytes)} of unused "
@@ -653,10 +834,11 @@ def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holde
                 "Release what other libraries hold in this process (CuPy: "
                 "cupy.get_default_memory_pool().free_all_blocks(); JAX: set "
                 "XLA_PYTHON_CLIENT_PREALLOCATE=false before it starts).", c.nbytes))
-        elif c.kind == CAUSE_HELD and not c.details:  # unreachable: garbage or hidden
-            out.append(Action("%gpumem cleanup runs gc.collect(), which frees garbage in "
-                              "reference cycles; then run the cell again.", c.nbytes))
-        elif c.kind == CAUSE_HELD and c.details[0].startswith("measured after"):
+        elif c.kind == CAUSE_HELD and c.details == (UNREACHABLE,):
+            out.append(Action("%gpumem who --gc also searches every object the garbage "
+                              "collector tracks, and names what holds these tensors.",
+                              c.nbytes))
+        elif c.kind == CAUSE_HELD and c.details and c.details[0].startswith("measured after"):
             what = ("%gpumem cleanup runs gc.collect(), which frees what the replaced "
                     "traceback still holds; then run the cell again."
                     if f.unreachable_bytes else
@@ -664,11 +846,11 @@ def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holde
             out.append(Action(what, c.nbytes))
         elif c.kind == CAUSE_HELD:
             out.extend(_held_actions(holders, f.device))
-        elif c.kind == CAUSE_WORKING_SET and not any(x.covers for x in causes[1:]):
-            out.append(Action("Shrink the step: a smaller batch or sequence, bf16/fp16, "
-                              "activation checkpointing, or torch.no_grad() for inference."))
-    if not any(c.kind == CAUSE_HELD and c.details and not c.details[0].startswith(
-            "measured after") for c in causes):
+        elif c.kind == CAUSE_WORKING_SET and not dominant and not any(
+                x.covers for x in causes[1:]):
+            out.append(_workload_action(f))
+    if not any(c.kind == CAUSE_HELD and c.details and c.details[0] != UNREACHABLE
+               and not c.details[0].startswith("measured after") for c in causes):
         out.extend(_held_actions(holders, f.device))  # small holders, still worth a line
     split = f.unallocated_bytes or 0
     if f.pool_reuses_unallocated and split >= _NOTABLE_BYTES and CAUSE_POOL not in kinds:
@@ -678,9 +860,26 @@ def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holde
                           "(part of it may be what it reserved while trying this request): "
                           "PyTorch reuses it, other processes and libraries cannot until "
                           "%gpumem cleanup runs torch.cuda.empty_cache().", split))
+    scale = (verdict.nbytes if dominant and verdict is not None else None) or \
+        f.shortfall_bytes or 0
+    out = [a for a in out if a.nbytes is None or a.nbytes >= _WORTH_A_LINE * scale]
     if dry_run is not None:
         out.extend(_dry_run_actions(dry_run))
     return tuple(out)
+
+
+def _workload_action(f: OomFacts) -> Action:
+    text = ("Make the step smaller: a smaller batch or sequence length (activations grow with "
+            "both), activation checkpointing (torch.utils.checkpoint), or bf16/fp16 autocast "
+            "(torch.autocast)")
+    if f.grad_enabled:
+        text += ("; if this is inference, run it under torch.no_grad() or "
+                 "torch.inference_mode(): autograd is on here, so every layer's activations "
+                 "are kept for a backward pass")
+    if f.cell_previous_peak_bytes:
+        text += (f". Its last run peaked at {format_bytes(f.cell_previous_peak_bytes)} above "
+                 "its start: size the step from what fitted")
+    return Action(text + ".")
 
 
 def child_advice(child: ChildProcess) -> str:
@@ -702,18 +901,18 @@ def child_advice(child: ChildProcess) -> str:
 
 
 def _held_actions(holders: Sequence[Holder], device: int) -> list[Action]:
+    held = held_holders(holders, device)
+    outs = [h for h in held if h.kind == "output cache"]
     out = []
-    for h in held_holders(holders, device)[:5]:
-        if h.kind == "output cache":
-            out.append(Action(f"%gpumem cleanup --out clears {h.name} "
-                              f"({format_bytes(h.nbytes)}).", h.nbytes))
-        elif h.kind == "traceback":
-            out.append(Action(f"%gpumem cleanup drops the stored traceback: {h.name} "
-                              f"({format_bytes(h.nbytes)}).", h.nbytes))
-        else:
-            out.append(Action(f"del {h.name} ({h.kind}, {format_bytes(h.nbytes)}) if you no "
-                              "longer need it.", h.nbytes))
-    return out
+    if len(outs) > 1:  # one line for the output cache: one command clears it all
+        total = sum(h.held_bytes for h in outs)
+        graphs = " with their graphs" if any(h.graph_bytes for h in outs) else ""
+        names = ", ".join(h.name for h in outs[:4]) + (" and more" if len(outs) > 4 else "")
+        out.append(Action(f"%gpumem cleanup --out clears {names} ({format_bytes(total)}"
+                          f"{graphs}); end a line with `;` or assign its result, and Out will "
+                          "not keep it.", total))
+        held = [h for h in held if h.kind != "output cache"]
+    return out + [Action(holder_action(h), h.held_bytes) for h in held[:5]]
 
 
 def _fragmentation_action(f: OomFacts) -> Action:
@@ -735,7 +934,7 @@ def _dry_run_actions(report: CleanupReport) -> list[Action]:
     tb = steps.get("last exception")
     if tb is not None and tb.freed_allocated_bytes:
         parts.append(f"{format_bytes(tb.freed_allocated_bytes)} held by this error's "
-                     "traceback (the failed call's locals)")
+                     "traceback (the failed call's locals and their autograd graphs)")
     cache = steps.get("empty_cache")
     if cache is not None and cache.freed_reserved_bytes:
         parts.append(f"up to {format_bytes(cache.freed_reserved_bytes)} of cached blocks "
@@ -760,7 +959,8 @@ class OomHost(Protocol):
     shell: Any
     source: Any
 
-    def scan(self, include_gc: bool = False) -> list[Holder]: ...
+    def scan(self, include_gc: bool = False,
+             graph_budget_s: float | None = None) -> list[Holder]: ...
 
     def read(self) -> Sample: ...
 
@@ -801,6 +1001,8 @@ class OomEvent:
     holders: tuple[Holder, ...] | None = None
     largest_free_block_bytes: int | None = None
     expandable_segments: bool | None = None
+    grad_enabled: bool | None = None  # on the allocating thread (a backward runs on its own)
+    cell: CellStart | None = None
     cost_s: float = 0.0
     stage_s: dict[str, float] = field(default_factory=dict)
 
@@ -840,8 +1042,10 @@ class _Pieces:
     """Everything read for one explanation, gathered before classifying."""
 
     facts: OomFacts
-    holders: tuple[Holder, ...]
+    holders: tuple[Holder, ...]  # as scanned (the dry run reuses them)
     source: str
+    # As judged: the failing call's own traceback set apart (kind KIND_FAILED_CALL).
+    judged: tuple[Holder, ...] = ()
     observer_s: float = 0.0
     notes: list[str] = field(default_factory=list)
     sample: Sample | None = None  # a full reading made after the failure, for the dry run
@@ -864,15 +1068,21 @@ class OomWatch:
         self.observer_status = "not attached: CUDA is not initialized yet"
         self._observer: Any = None
         self._attach_tried = False
+        self._closed = False
         self._generation = 0
         self._scanned_generation = -1
         self._previous_error = ""
         self._lock = threading.Lock()
+        # More lines for the explanation, from features the caller sets per cell (the
+        # allocator what-if of a traced cell). Given the facts; a hook that fails adds none.
+        self.extra_lines: Callable[[OomFacts], Sequence[str]] | None = None
 
     # -- the observer ------------------------------------------------------------------------
     def ensure_attached(self) -> None:
-        """Register the observer once CUDA is up; a no-op afterwards (one attribute check)."""
-        if self._attach_tried or not self.torch.initialized:
+        """Register the observer once CUDA is up; a no-op afterwards (one attribute check).
+        Never after ``close``: the process-wide observer would keep an unloaded monitor
+        alive (a ``%%gpumem`` cell that ran ``%unload_ext`` explains its own result after)."""
+        if self._attach_tried or self._closed or not self.torch.initialized:
             return
         self._attach_tried = True
         observer, why = self.torch.oom_observer(_Trampoline)
@@ -887,6 +1097,7 @@ class OomWatch:
 
     def close(self) -> None:
         """Unload: the process keeps the registered observer; it stops calling us."""
+        self._closed = True
         obs = self._observer
         if obs is not None and getattr(obs, "handler", None) == self._on_oom:
             obs.handler = None
@@ -905,13 +1116,15 @@ class OomWatch:
         event = OomEvent(device=device, requested_bytes=int(alloc), limit_bytes=int(limit),
                          free_bytes=int(free), wall_s=time.time(), generation=generation)
         event.reading = self.torch.read(device)
+        event.grad_enabled = self.torch.grad_enabled()
+        event.cell = self._cell_start(device)
         t = self.clock()
         event.stage_s["observer_read"] = t - t0
         event.processes = self._processes(device)
         event.stage_s["observer_processes"] = self.clock() - t
         if scan:
             t = self.clock()
-            event.holders = tuple(self.host.scan())
+            event.holders = tuple(self.host.scan(graph_budget_s=EXPLAIN_GRAPH_BUDGET_S))
             event.stage_s["observer_scan"] = self.clock() - t
         if not self.torch.history_enabled() and \
                 self.torch.allocator_backend() != "cudaMallocAsync":
@@ -925,6 +1138,16 @@ class OomWatch:
             event.stage_s["observer_segments"] = self.clock() - t
         event.cost_s = self.clock() - t0
         self.events.append(event)
+
+    def _cell_start(self, device: int) -> CellStart | None:
+        fn = getattr(self.host, "cell_start", None)
+        if fn is None:
+            return None
+        try:
+            start: CellStart | None = fn(device)
+            return start
+        except Exception:
+            return None
 
     def _processes(self, device: int) -> list[tuple[int, int | None]] | None:
         src = self.host.source
@@ -951,22 +1174,22 @@ class OomWatch:
             self._previous_error = ""
             return None
         previous, self._previous_error = self._previous_error, \
-            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:120]
+            f"{type(err).__name__}: {first_line(error_str(err), 120)}"[:120]
         oom = find_cuda_oom(err)
         if oom is None:
             return None
         t0 = self.clock()
         explanation = self.explain(oom, generation=generation, previous_error=previous,
-                                   sites=sites)
+                                   sites=sites, cell_error=err)
         explanation = replace(explanation, added_s=self.clock() - t0 + explanation.observer_s)
         self.last = explanation
         self.show(explanation)
         return explanation
 
     def explain(self, exc: BaseException, *, generation: int | None = None,
-                previous_error: str = "",
-                sites: Sequence[SiteAtFailure] = ()) -> OomExplanation:
-        text = str(exc)
+                previous_error: str = "", sites: Sequence[SiteAtFailure] = (),
+                cell_error: BaseException | None = None) -> OomExplanation:
+        text = error_str(exc)
         msg = parse_oom_message(text) or OomMessage(FORM_UNKNOWN)
         event = self._event_for(msg, generation)
         if event is None:
@@ -974,12 +1197,12 @@ class OomWatch:
             device = msg.device if msg.device is not None else 0
             with self._lock:
                 self.counts[device] = self.counts.get(device, 0) + 1
-            pieces = self._from_message(msg, previous_error)
+            pieces = self._from_message(msg, previous_error, cell_error or exc)
         else:
             pieces = self._from_event(event, msg)
         stages = pieces.stage_s
         t = self.clock()
-        causes = classify(pieces.facts, pieces.holders)
+        causes = classify(pieces.facts, pieces.judged)
         stages["classify"] = self.clock() - t
         t = self.clock()
         try:
@@ -987,6 +1210,7 @@ class OomWatch:
         except Exception:
             dry = None
         stages["dry_run"] = self.clock() - t
+        extra = self._extra_lines(pieces.facts, stages)
         if msg.form == FORM_DRIVER:
             pieces.notes.append(
                 "This error comes from CUDA or a CUDA library, not from PyTorch's allocator: "
@@ -994,11 +1218,23 @@ class OomWatch:
                 "cuDNN workspace, another allocator).")
         return OomExplanation(
             facts=pieces.facts, causes=causes,
-            actions=next_steps(pieces.facts, causes, pieces.holders, dry),
-            error=text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__,
+            actions=next_steps(pieces.facts, causes, pieces.judged, dry),
+            error=first_line(text, 300) or type(exc).__name__,
             form=msg.form, source=pieces.source, holders=pieces.holders,
             sites_at_failure=tuple(sites), observer_s=pieces.observer_s,
-            notes=tuple(pieces.notes), stage_s=stages)
+            notes=tuple(pieces.notes) + extra, stage_s=stages)
+
+    def _extra_lines(self, facts: OomFacts, stages: dict[str, float]) -> tuple[str, ...]:
+        hook = self.extra_lines
+        if hook is None:
+            return ()
+        t = self.clock()
+        try:
+            return tuple(line for line in hook(facts) if line)
+        except Exception:
+            return ()
+        finally:
+            stages["extra"] = self.clock() - t
 
     def _dry_run_request(self, pieces: _Pieces, event: OomEvent | None) -> CleanupRequest:
         """The in-cell ``cleanup --dry-run``, reusing what was already read after the failure.
@@ -1019,7 +1255,8 @@ class OomWatch:
                 sample = hot()
             except Exception:
                 sample = None
-        return CleanupRequest(dry_run=True, clear_output=True, reuse_sample=sample)
+        return CleanupRequest(dry_run=True, clear_output=True, reuse_sample=sample,
+                              graph_budget_s=EXPLAIN_GRAPH_BUDGET_S)
 
     def _event_for(self, msg: OomMessage, generation: int | None) -> OomEvent | None:
         """The observer's record of this error: the latest event of this cell that matches
@@ -1099,15 +1336,18 @@ class OomWatch:
             backend=self.torch.allocator_backend() or "native",
             expandable_segments=self._expandable(ev.expandable_segments),
             largest_free_block_bytes=ev.largest_free_block_bytes,
-            private_pool_bytes=msg.private_pool_bytes, measured_at="failure")
+            private_pool_bytes=msg.private_pool_bytes, measured_at="failure",
+            grad_enabled=ev.grad_enabled,
+            **_cell_facts(ev.cell, r.allocated_bytes if r else msg.allocated_bytes))
         stages = {"observer": ev.cost_s}
         stages.update(ev.stage_s)
-        return _Pieces(facts=facts, holders=tuple(holders),
+        return _Pieces(facts=facts, holders=tuple(holders), judged=tuple(holders),
                        source="Measured at the failure by the allocator's OOM observer",
                        observer_s=ev.cost_s, notes=self._unknown_note(unknown),
                        stage_s=stages)
 
-    def _from_message(self, msg: OomMessage, previous_error: str) -> _Pieces:
+    def _from_message(self, msg: OomMessage, previous_error: str,
+                      error: BaseException) -> _Pieces:
         device = msg.device if msg.device is not None else 0
         stages: dict[str, float] = {}
         t = self.clock()
@@ -1133,12 +1373,20 @@ class OomWatch:
             reserved = max(al.reserved_bytes, allocated or 0)
         released = unreachable = None
         t = self.clock()
-        holders = tuple(self.host.scan())
+        holders = tuple(self.host.scan(graph_budget_s=EXPLAIN_GRAPH_BUDGET_S))
         stages["scan"] = self.clock() - t
+        judged = _failed_call_apart(holders, error)
+        failed = [h for h in judged if h.kind == KIND_FAILED_CALL
+                  and h.device in (f"cuda:{device}", "cuda")]
+        computation = sum(h.held_bytes for h in failed) if failed else None
+        # A failed call whose tensors carry graphs ran with autograd on; without graphs it
+        # may have run under no_grad, or made nothing yet: unknown.
+        grad = True if any(h.holds_graph for h in failed) else None
         if al is not None:
             if msg.allocated_bytes is not None:
                 released = max(msg.allocated_bytes - al.allocated_bytes, 0)
-            reachable = sum(h.nbytes for h in held_holders(holders, device))
+            reachable = sum(h.held_bytes for h in held_holders(judged, device)) + \
+                (computation or 0)
             unreachable = max(al.allocated_bytes - reachable, 0)
         total = self.torch.device_total_bytes(device) or msg.total_bytes  # exact, not printed
         facts = OomFacts(
@@ -1149,11 +1397,13 @@ class OomWatch:
             expandable_segments=self._expandable(None),
             private_pool_bytes=msg.private_pool_bytes, precision_bytes=msg.precision_bytes,
             measured_at="after", released_since_bytes=released,
-            unreachable_bytes=unreachable, previous_error=previous_error)
+            unreachable_bytes=unreachable, previous_error=previous_error,
+            computation_bytes=computation, grad_enabled=grad,
+            **_cell_facts(self._cell_start(device), allocated))
         why = f"OOM observer {self.observer_status}" \
             if self.observer_status != "attached" else "the OOM observer did not see this one"
         notes = self._unknown_note(unknown)
-        return _Pieces(facts=facts, holders=holders,
+        return _Pieces(facts=facts, holders=holders, judged=judged,
                        source=f"From the error message and readings after it ({why})",
                        notes=notes, sample=now, stage_s=stages)
 
@@ -1189,3 +1439,33 @@ def _segment_facts(snapshot: Mapping[str, Any], device: int) -> tuple[int | None
     if isinstance(settings, Mapping) and "expandable_segments" in settings:
         expandable = bool(settings["expandable_segments"]) or bool(expandable)
     return largest, expandable
+
+
+# The explainer's two scans (in the observer, then the dry run after the failure) each get this
+# long for autograd graphs, so that the whole explanation stays within its 50 ms.
+EXPLAIN_GRAPH_BUDGET_S = 0.015
+
+
+def _cell_facts(cell: CellStart | None, allocated: int | None) -> dict[str, Any]:
+    """The failing cell's working-set facts, from its start and PyTorch's allocated bytes at
+    the failure."""
+    if cell is None:
+        return {}
+    own = None
+    if cell.allocated_bytes is not None and allocated is not None:
+        own = max(allocated - cell.allocated_bytes, 0)
+    return {"cell_bytes": own, "cell_previous_peak_bytes": cell.previous_peak_bytes,
+            "cell_previous_peak_exact": cell.previous_peak_exact}
+
+
+def _failed_call_apart(holders: Sequence[Holder], error: BaseException) -> tuple[Holder, ...]:
+    """The holders, with the failing call's own traceback marked as such: when the stored
+    exception is this error, its frames' locals are the computation's working set (under
+    cudaMallocAsync the explanation comes after the exception unwound), not memory the
+    session keeps."""
+    stored = last_value()
+    if not isinstance(stored, BaseException) or not any(
+            e is error for e in exception_chain(stored)):
+        return tuple(holders)
+    return tuple(replace(h, kind=KIND_FAILED_CALL) if h.kind == "traceback" else h
+                 for h in holders)

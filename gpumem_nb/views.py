@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .analysis import held_text
 from .model import STATUS_OK, CellRecord, DeviceSample, Holder, Sample, SourceStatus
 from .records import DISPLAY_HEADERS, display_rows
 from .report import html_lines, html_table, text_table
@@ -61,14 +62,17 @@ class WhoReport:
         self.total = total
 
     def rows(self) -> list[list[str]]:
-        return [[h.name, h.kind, h.device, format_bytes(h.nbytes), h.detail]
-                for h in self.holders]
+        return [[h.name, h.kind, h.device, held_text(h), h.detail] for h in self.holders]
 
     @property
     def caption(self) -> str:
         if not self.total:
             return "No tensors or arrays are held by your variables, Out or a traceback."
-        return f"Largest {len(self.holders)} of {self.total} holders of memory, largest first."
+        text = f"Largest {len(self.holders)} of {self.total} holders of memory, largest first"
+        if any(h.graph_bytes for h in self.holders):
+            text += ("; a graph's bytes are the tensors it saved for backward that nothing "
+                     "listed above it holds")
+        return text + "."
 
     def __str__(self) -> str:
         if not self.holders:

@@ -17,17 +17,18 @@ cell, and exits with status 1.
 
 What a saved notebook needs to show its charts without a kernel, and to open unmodified:
 
-- a settle step after the last cell: a silent execution (no cell, no history entry, no mark
-  on the chart) that lets the sampler take a last reading and asks the chart to refresh its
-  display by display_id, so the saved bundle (static picture and numbers) is the chart as it
-  was at the end of the run;
+- a settle step after the last cell (or the cell that failed): a silent execution (no cell,
+  no history entry, no mark on the chart) that lets the sampler take a last reading and then
+  ends the chart, as ``%gpumem watch --stop`` does: its outputs, found by display_id, become
+  its static picture and numbers, the chart as it was at the end of the run, and need no
+  widget state to show everywhere (JupyterLab trusted or not, nbconvert's HTML, GitHub);
 - the kernel's full ``language_info`` and ``kernelspec``; JupyterLab fills in what is missing
   on open and then shows the notebook as modified;
-- the widgets' state (``application/vnd.jupyter.widget-state+json``), so a trusted notebook
-  renders the widgets without a kernel, but no model above ``WIDGET_STATE_LIMIT_BYTES``:
-  plotly's ``FigureWidget`` carries its whole 5 MB script in its state. Such a model is left
-  out, with every view of it, and its outputs show their static picture instead.
-  ``--no-widget-state`` leaves all widget state out.
+- the state (``application/vnd.jupyter.widget-state+json``) only of widgets an output still
+  shows (nbclient keeps every widget ever opened, the ended chart's too), and no model above
+  ``WIDGET_STATE_LIMIT_BYTES`` (a bundled script, not data): such a model is left out with
+  every view of it, and its outputs fall back to their static picture. ``--no-widget-state``
+  leaves all widget state out.
 
 Provenance goes into the metadata (key ``gpumem_nb``): GPU, driver, CUDA, torch, IPython,
 ipykernel, gpumem_nb, Python, commit, whether the tree was clean, the date, and a digest of the
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -96,8 +98,10 @@ def load_source(path: Path) -> Any:
 
 
 # Runs silently: IPython fires no pre/post_run_cell for it, so gpumem_nb records no cell and
-# draws no mark. ``refresh_static`` updates the chart's display (by display_id) with its
-# current picture; the sleep lets the sampler's last readings reach the chart first.
+# draws no mark. ``end_chart`` replaces the chart's outputs (by display_id) with its picture
+# and table, as the chart does when a kernel shuts down with JupyterLab watching: the saved
+# tutorials then need no widget state and open with the picture everywhere. The sleep lets
+# the sampler's last readings reach the chart first.
 SETTLE = """\
 import time as _gpumem_time
 from gpumem_nb.magics import current_monitor as _gpumem_current
@@ -105,7 +109,9 @@ _gpumem_m = _gpumem_current()
 if _gpumem_m is not None and _gpumem_m.widget is not None:
     _gpumem_m.sampler.request_tick()
     _gpumem_time.sleep(max(1.0, 3 * _gpumem_m.sampler.interval_s))
-    if hasattr(_gpumem_m.widget, "refresh_static"):
+    if hasattr(_gpumem_m, "end_chart"):
+        _gpumem_m.end_chart()
+    elif hasattr(_gpumem_m.widget, "refresh_static"):
         _gpumem_m.widget.refresh_static()
 del _gpumem_time, _gpumem_current, _gpumem_m
 """
@@ -151,6 +157,28 @@ def settle(client: NotebookClient, code: str = SETTLE) -> None:
     content = (reply or {}).get("content", {})
     if content.get("status") != "ok":
         raise RuntimeError("settle step failed: " + "\n".join(content.get("traceback", [])))
+
+
+def drop_unshown_widgets(nb: Any) -> int:
+    """Remove the saved state of widgets no output shows (nbclient keeps every widget ever
+    opened, the closed chart's too): what an output's view references, directly or through
+    ``IPY_MODEL_`` links, stays."""
+    states = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    todo = [o["data"][WIDGET_VIEW]["model_id"] for c in nb.cells if c.cell_type == "code"
+            for o in c.get("outputs", []) if WIDGET_VIEW in o.get("data", {})]
+    keep: set[str] = set()
+    while todo:
+        model_id = todo.pop()
+        if model_id in keep or model_id not in states:
+            continue
+        keep.add(model_id)
+        todo += re.findall(r"IPY_MODEL_([0-9a-f]+)", json.dumps(states[model_id]["state"]))
+    dropped = [k for k in states if k not in keep]
+    for k in dropped:
+        del states[k]
+    if not states and "widgets" in nb.metadata:
+        del nb.metadata["widgets"]
+    return len(dropped)
 
 
 def drop_stale_buffers(nb: Any) -> int:
@@ -369,6 +397,7 @@ def run(path: Path, out_dir: Path, widget_state: bool = True,
                             store_widget_state=widget_state,
                             resources={"metadata": {"path": str(path.parent)}})
     timings: dict[str, Any] = {}
+    failure: RuntimeError | None = None
     try:
         with client.setup_kernel():
             nb.metadata.update(kernel_metadata(client))
@@ -385,11 +414,20 @@ def run(path: Path, out_dir: Path, widget_state: bool = True,
                         time.sleep(CELL_GAP_S)
                 except CellExecutionError as e:
                     if e.ename == CLAIM_FAILED:
-                        raise ClaimError(f"{path.stem} cell {cell.id}: {e.evalue}") from None
-                    raise CellFailed(f"{path.stem} cell {cell.id}: {e.ename}: {e.evalue}") from e
+                        failure = ClaimError(f"{path.stem} cell {cell.id}: {e.evalue}")
+                    else:
+                        failure = CellFailed(
+                            f"{path.stem} cell {cell.id}: {e.ename}: {e.evalue}")
+                    break
                 timings[cell.id] = round(time.monotonic() - t0, 2)
+            # Also after a failure: the notebook saved as far as it got still shows its chart
+            # as a picture and says what produced it.
             t0 = time.monotonic()
-            settle(client)
+            try:
+                settle(client)
+            except Exception:
+                if failure is None:
+                    raise  # else the cell's failure is the news, not the settle step's
             timings["settle"] = round(time.monotonic() - t0, 2)
             nb.metadata[PROVENANCE_KEY] = provenance(client)
     finally:
@@ -397,6 +435,7 @@ def run(path: Path, out_dir: Path, widget_state: bool = True,
         if widget_state:
             client.set_widgets_metadata()
             drop_stale_buffers(nb)
+            drop_unshown_widgets(nb)
             dropped = (drop_heavy_widget_state(nb, widget_state_limit_bytes)
                        if widget_state_limit_bytes is not None else [])
             if dropped:
@@ -405,6 +444,8 @@ def run(path: Path, out_dir: Path, widget_state: bool = True,
     reported = failed_claims(nb)
     if reported:
         timings["claims_failed"] = reported
+    if failure is not None:
+        raise failure
     return timings
 
 

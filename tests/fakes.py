@@ -178,6 +178,12 @@ def nested_stats(
     }
 
 
+def _memory_snapshot(self: Any, mempool_id: Any = None, include_traces: bool = True) -> Any:
+    """torch >= 2.12's segments-only form (``include_traces=False`` is cheap)."""
+    self._cuda.calls.append(f"memory_snapshot(include_traces={include_traces})")
+    return self._build_snapshot()["segments"]
+
+
 class FakeCudaMemory:
     def __init__(self, cuda: FakeCuda) -> None:
         self._cuda = cuda
@@ -208,6 +214,13 @@ class FakeCudaMemory:
     def _snapshot(self) -> dict[str, Any]:
         c = self._cuda
         c.calls.append("snapshot")
+        return self._build_snapshot()
+
+    def memory_snapshot(self, mempool_id: Any = None, include_traces: bool = True) -> Any:
+        return _memory_snapshot(self, mempool_id, include_traces)
+
+    def _build_snapshot(self) -> dict[str, Any]:
+        c = self._cuda
         if c.backend == "cudaMallocAsync":
             raise RuntimeError("Calling snapshot with backend:cudaMallocAsync is not meaningful.")
         if not c.initialized:
@@ -300,6 +313,12 @@ class FakeCuda:
 
     def get_per_process_memory_fraction(self, i: int) -> float:
         return self.fraction
+
+    def mem_get_info(self, i: int) -> tuple[int, int]:
+        self.calls.append(f"mem_get_info({i})")
+        if not self.initialized or not self.devices[i].context:
+            raise AssertionError("mem_get_info would create a CUDA context")
+        return self.device_free(i), self.devices[i].total
 
     # The driver's view: a context plus whatever the cache holds, like the real thing.
     context_bytes = 500 * MiB
@@ -423,9 +442,10 @@ class FakeTensor:
     """
 
     def __init__(self, nbytes: int, device: str = "cuda:0", grad_fn: Any = None,
-                 owner: Any = None) -> None:
+                 owner: Any = None, base: FakeTensor | None = None) -> None:
         self._nbytes = nbytes
         self._owner = owner
+        self._base = base  # a view: it shares its base's storage (and keeps it alive)
         self.device = SimpleNamespace(type=device.split(":")[0],
                                       index=int(device.split(":")[1]) if ":" in device else None)
         self.is_cuda = device.startswith("cuda")
@@ -441,7 +461,14 @@ class FakeTensor:
                 self._owner.free(self.device.index or 0, self._nbytes, addr=id(self))
 
     def untyped_storage(self) -> Any:
+        if self._base is not None:
+            return self._base.untyped_storage()
         return SimpleNamespace(nbytes=lambda: self._nbytes, data_ptr=lambda: id(self))
+
+    def view(self) -> FakeTensor:
+        """A view: another tensor object over the same storage."""
+        return FakeTensor(self._nbytes, f"{self.device.type}:{self.device.index}",
+                          base=self._base or self)
 
     def element_size(self) -> int:
         return 4
@@ -544,3 +571,63 @@ def async_oom_message(device: int, allocated: int, requested: int, total: int,
 
 def our_pid() -> int:
     return os.getpid()
+
+
+# --------------------------------------------------------------------------------------------
+# autograd graphs
+# --------------------------------------------------------------------------------------------
+class FakeSaved:
+    """``torch._C._autograd.SavedTensor``: ``data`` is the saved tensor, or with saved-tensor
+    hooks whatever the pack hook returned; ``None`` once a backward pass released it. Only
+    ``unpack()`` (what reading ``node._saved_x`` does) runs the unpack hook."""
+
+    def __init__(self, tensor: Any, unpack_hook: Any = None, packed: Any = None) -> None:
+        self._tensor = tensor
+        self.unpack_hook = unpack_hook
+        self._packed = packed
+        self.unpacks = 0
+
+    @property
+    def data(self) -> Any:
+        return self._packed if self.unpack_hook is not None else self._tensor
+
+    def unpack(self) -> Any:
+        self.unpacks += 1
+        return self.unpack_hook(self._packed) if self.unpack_hook else self._tensor
+
+    def release(self) -> None:
+        self._tensor = self._packed = None
+
+
+_NODE_TYPES: dict[tuple[str, tuple[str, ...]], type] = {}
+
+
+def node_type(kind: str, *saved: str) -> type:
+    """An autograd node class, like torch's generated ones: ``next_functions`` and one
+    ``_raw_saved_<name>`` per saved input, and no ``__dict__``."""
+    key = (kind, saved)
+    if key not in _NODE_TYPES:
+        slots = ("next_functions", *(f"_raw_saved_{n}" for n in saved))
+        if kind == "AccumulateGrad":
+            slots += ("variable",)
+
+        def init(obj: Any, *inputs: Any, **values: Any) -> None:
+            obj.next_functions = tuple((n, 0) for n in inputs)
+            for n in saved:
+                v = values[n]
+                if isinstance(v, tuple):
+                    v = tuple(FakeSaved(x) if isinstance(x, FakeTensor) else x for x in v)
+                elif isinstance(v, FakeTensor):
+                    v = FakeSaved(v)
+                setattr(obj, f"_raw_saved_{n}", v)
+            if kind == "AccumulateGrad":
+                obj.variable = values.get("variable")
+
+        _NODE_TYPES[key] = type(kind, (), {"__slots__": slots, "__init__": init})
+    return _NODE_TYPES[key]
+
+
+def node(kind: str, *inputs: Any, **saved: Any) -> Any:
+    """``node("MulBackward0", prev, self=a, other=b)``: a node saving ``a`` and ``b``."""
+    variable = saved.pop("variable", None) if kind == "AccumulateGrad" else None
+    return node_type(kind, *saved)(*inputs, variable=variable, **saved)

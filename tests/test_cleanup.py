@@ -303,3 +303,30 @@ def test_default_cleanup_frees_a_traceback_python_3_12_also_keeps_in_sys_last_ex
     assert alloc() == GiB
     magic(loaded, "cleanup --vars saved")
     assert alloc() == 0
+
+
+# -- each step credited with what it freed (issue 15) --------------------------------------------
+def test_each_step_is_credited_with_what_it_alone_freed_and_the_rows_add_up(loaded, fake_gpu):
+    import gc
+
+    ip, cuda = loaded, fake_gpu.cuda
+    gc.disable()  # so the garbage stays garbage until cleanup collects it
+    try:
+        # 1 GiB only a reference cycle keeps (garbage already), 2 GiB in a failed cell's
+        # traceback, 4 GiB in Out.
+        run(ip, "class Cycle:\n    pass\nc = Cycle(); c.me = c; c.t = cuda.tensor(2**30); del c")
+        run(ip, "def f():\n    t = cuda.tensor(2 * 2**30)\n    raise ValueError('x')\nf()")
+        output_cell(ip, "cuda.tensor(4 * 2**30)")
+        assert cuda.devices[0].allocated == 7 * GiB
+        report = magic(ip, "cleanup --out -o")
+    finally:
+        gc.enable()
+    freed = {s.step: s.freed_allocated_bytes for s in report.steps}
+    # Collected inside the first step, the cycle's 1 GiB was credited to the exception, and
+    # the gc.collect row read 0 B in every notebook.
+    assert freed["gc.collect"] == GiB
+    assert freed["last exception"] == 2 * GiB
+    assert freed["output cache"] == 4 * GiB
+    rows = [s.freed_allocated_bytes or 0 for s in report.steps]
+    assert sum(rows) == report.before.allocated_bytes - report.after.allocated_bytes == 7 * GiB
+    assert report.steps[0].step == "gc.collect"

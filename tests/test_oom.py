@@ -344,7 +344,9 @@ def test_held_memory_lists_out_and_the_traceback_before_variables():
     steps = [a.text for a in next_steps(facts(), causes, held, None)]
     assert steps[0].startswith("%gpumem cleanup --out clears Out[3] (9.00 GiB)")
     assert "%gpumem cleanup drops the stored traceback" in steps[1]
-    assert steps[2].startswith("del model (module, 30.00 GiB)")
+    # A module is said to be one: deleting the model is rarely what the user wants.
+    assert steps[2].startswith("model is a torch.nn.Module: its parameters, gradients and "
+                               "buffers hold 30.00 GiB")
 
 
 def test_the_order_is_impossible_fragmentation_processes_outside_held():
@@ -399,11 +401,15 @@ def test_memory_released_after_the_failure_is_credited_to_the_replaced_traceback
     assert "Run the cell again" in next_steps(f, causes, (), None)[0].text
 
 
-def test_unreachable_memory_without_a_previous_error_points_at_garbage_collection():
+def test_unreachable_memory_without_a_replaced_traceback_is_not_called_garbage():
+    # Issue 15: 122 GiB were called "garbage in reference cycles (which gc.collect() frees)";
+    # gc.collect then freed 0 B. With no replaced traceback there is no cycle to expect.
     f = facts(unreachable_bytes=20 * GiB, measured_at="after")
     causes = classify(f)
-    assert causes[0].kind == CAUSE_HELD and "reference cycles" in causes[0].summary
-    assert "gc.collect()" in next_steps(f, causes, (), None)[0].text
+    assert causes[0].kind == CAUSE_HELD and "does not look inside" in causes[0].summary
+    text = str(causes[0].summary) + " ".join(a.text for a in next_steps(f, causes, (), None))
+    assert "gc.collect" not in text and "reference cycles" not in text
+    assert "%gpumem who --gc" in text
 
 
 def replace_facts(f: OomFacts, **kw: Any) -> OomFacts:
@@ -706,7 +712,8 @@ def test_watch_accepts_a_stand_in_host_and_explains_from_the_message_alone():
         shell = None
         source = None
 
-        def scan(self, include_gc: bool = False) -> list[Holder]:
+        def scan(self, include_gc: bool = False,
+                 graph_budget_s: float | None = None) -> list[Holder]:
             return [Holder("x", "variable", "cuda:0", 2 * GiB)]
 
         def read(self) -> Any:
@@ -751,5 +758,7 @@ def test_the_explanation_says_where_its_time_went_and_the_dry_run_reuses_the_sca
     else:
         assert {"read", "processes", "scan"} <= stages, e.stage_s
         assert scans == [1]
-    assert sum(e.stage_s.values()) <= e.added_s + 1e-3
+    # "observer_*" are parts of "observer": counted once.
+    top = sum(v for k, v in e.stage_s.items() if not k.startswith("observer_"))
+    assert top <= e.added_s + 1e-3
     assert "dry_run" in e.stages_text()

@@ -65,10 +65,19 @@ def history():
         raise AssertionError("history() without the extension loaded returned")
 
 
+def whatif():
+    snap = {"segments": [], "device_traces": [[
+        {"action": "alloc", "addr": 1, "size": 4096, "stream": 0}]],
+        "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""}, "gpumem_start": {"segments": []}}
+    rows = gpumem_nb.whatif(snap, ["", "expandable_segments:True"])
+    assert [r.peak_reserved_bytes for r in rows] == [2 << 20, 2 << 20], rows
+
+
 def use():
     check("__version__", version)
     check("snapshot", snapshot)
     check("history", history)
+    check("whatif", whatif)
 
 
 def step(word):

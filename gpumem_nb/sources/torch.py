@@ -350,6 +350,17 @@ class TorchDebug(TorchSource):
         except Exception:
             return None
 
+    def grad_enabled(self) -> bool | None:
+        """``torch.is_grad_enabled()`` on the calling thread (a thread-local flag: reading it
+        starts nothing); None without torch."""
+        fn = getattr(self._modules.get("torch"), "is_grad_enabled", None)
+        if fn is None:
+            return None
+        try:
+            return bool(fn())
+        except Exception:
+            return None
+
     def device_total_bytes(self, index: int) -> int | None:
         """The device's memory as CUDA counts it (the OOM message's "total capacity")."""
         cuda = self._cuda()
@@ -422,3 +433,42 @@ class TorchDebug(TorchSource):
         except Exception as e:  # cudaMallocAsync: "Calling snapshot ... is not meaningful"
             return None, _first_line(e)
         return (dict(result) if isinstance(result, Mapping) else None), ""
+
+    def segments_snapshot(self) -> tuple[list[dict[str, Any]] | None, str]:
+        """The allocator's segments alone, no history: cheap (about 0.06 ms on the H200), so
+        taken when a trace begins, as the what-if's start state. ``memory_snapshot(
+        include_traces=False)`` where this torch has it; with history off, ``_snapshot()``
+        carries no traces and costs the same."""
+        cuda = self._cuda()
+        if cuda is None:
+            return None, TORCH_NOT_INITIALIZED
+        fn = getattr(getattr(cuda, "memory", None), "memory_snapshot", None)
+        if fn is not None:
+            try:
+                return [dict(s) for s in fn(include_traces=False)], ""
+            except TypeError:  # a torch without include_traces
+                pass
+            except Exception as e:  # cudaMallocAsync: "not meaningful"
+                return None, _first_line(e)
+        if self.history_enabled() is False:
+            snap, why = self.memory_snapshot()
+            return ([dict(s) for s in snap.get("segments") or ()] if snap is not None
+                    else None), why
+        return None, ("this torch lists segments only with the whole history, which is on; "
+                      "the segments at the trace's start are not recorded")
+
+    def mem_info(self, index: int) -> tuple[int, int] | None:
+        """(free, total) bytes from ``cudaMemGetInfo``, only for a device this process
+        already has a context on (the call would create one otherwise)."""
+        cuda = self._cuda()
+        has_ctx = getattr(self._torch_c(), "_cuda_hasPrimaryContext", None)
+        fn = getattr(cuda, "mem_get_info", None)
+        if cuda is None or has_ctx is None or fn is None:
+            return None
+        try:
+            if not has_ctx(index):
+                return None
+            free, total = fn(index)
+            return int(free), int(total)
+        except Exception:
+            return None

@@ -1,0 +1,200 @@
+"""The memory an autograd graph keeps alive: the tensors its nodes saved for backward.
+
+A tensor with ``grad_fn`` keeps its whole graph alive, and every node keeps what it saved for
+the backward pass: a stored loss is 4 bytes, but the activations behind it can be a hundred
+GiB. Each node exposes those as ``_raw_saved_<name>`` (a ``SavedTensor``, or a tuple of them),
+and a Python ``autograd.Function``'s node also keeps whatever was stored on its ``ctx``.
+
+Looking must change nothing, and reading a ``_saved_<name>`` attribute unpacks it: with
+saved-tensor hooks that runs user code (checkpointing recomputes the forward there, offloading
+copies back to the GPU). So only ``SavedTensor.data`` is read: the saved tensor itself, or,
+behind hooks, whatever the pack hook returned (a tensor is sized; anything else is counted as
+not sized). A torch that cannot say whether hooks are set is never unpacked either.
+
+Storages are counted once (by device and data pointer) across one scan: a storage a holder
+already owns (a variable, a module's parameters) is not credited to a graph, and a storage two
+graphs share goes to the first. Parameters (the graph's leaves, ``AccumulateGrad.variable``)
+are never counted: they belong to their module.
+
+The walk is bounded in nodes and in time; when cut, its figures are lower bounds. Nothing here
+imports torch: tensors are recognised by a function the caller passes in.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+# (device, bytes, storage key) of a tensor, or None for anything else.
+StorageOf = Callable[[Any], "tuple[str, int, tuple[str, int]] | None"]
+
+_MISSING = object()
+_SEQUENCES = (tuple, list)
+_CLOCK_EVERY = 32  # nodes between two looks at the clock
+DEFAULT_NODE_CAP = 200_000
+DEFAULT_BUDGET_S = 0.03
+
+
+@dataclass(frozen=True)
+class GraphSize:
+    """What one holder's graphs keep alive, beyond what is counted elsewhere."""
+
+    nodes: int  # nodes walked for this holder (a node shared with an earlier holder: not again)
+    bytes_by_device: dict[str, int] = field(default_factory=dict)
+    tensors: int = 0  # distinct storages counted
+    capped: bool = False  # the walk stopped at its node or time budget: lower bounds
+    hooked: int = 0  # saved behind hooks that packed them into something not a tensor
+    released: int = 0  # already freed by a backward pass (retain_graph=False)
+    unknown: int = 0  # this torch does not say whether hooks are set: left alone
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.bytes_by_device.values())
+
+
+@dataclass
+class _Plan:
+    """Per node type: which attributes hold saved tensors."""
+
+    raw_names: tuple[str, ...]
+    has_dict: bool  # a Python Function's node: its ctx attributes may hold tensors
+    leaf: bool  # AccumulateGrad: ``variable`` is a leaf (a parameter, or an input)
+
+
+class GraphWalker:
+    """One scan's graph walks. Storages in ``seen`` are counted elsewhere; what a walk
+    counts is added to it, so the next holder's graph does not count it again.
+
+    The nodes met are kept until the walker is dropped, so no id is reused while it runs.
+    """
+
+    def __init__(self, storage_of: StorageOf, seen: set[tuple[str, int]] | None = None, *,
+                 exclude: Callable[[Any], bool] | None = None,
+                 budget_s: float = DEFAULT_BUDGET_S, node_cap: int = DEFAULT_NODE_CAP,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.storage_of = storage_of
+        self.seen = seen if seen is not None else set()
+        self.exclude = exclude
+        self.clock = clock
+        self.deadline = clock() + budget_s
+        self.node_cap = node_cap
+        self.nodes = 0  # over every walk of this scan
+        self.elapsed_s = 0.0
+        self.out_of_budget = False
+        self._walked: set[int] = set()
+        self._held: list[Any] = []
+        self._plans: dict[type, _Plan] = {}
+        self._leaves: set[tuple[str, int]] = set()
+
+    def size(self, roots: Iterable[Any]) -> GraphSize:
+        """What the graphs behind these ``grad_fn`` nodes keep alive. Never raises."""
+        t0 = self.clock()
+        if t0 > self.deadline:
+            self.out_of_budget = True
+        found: list[tuple[str, int, tuple[str, int]]] = []
+        counts = {"hooked": 0, "released": 0, "unknown": 0}
+        stack = []
+        for root in roots:
+            if root is not None and id(root) not in self._walked:
+                self._walked.add(id(root))
+                self._held.append(root)
+                stack.append(root)
+        walked = 0
+        capped = False
+        while stack:
+            if self.out_of_budget or self.nodes >= self.node_cap or (
+                    walked % _CLOCK_EVERY == 0 and walked and self.clock() > self.deadline):
+                self.out_of_budget = capped = True
+                break
+            node = stack.pop()
+            walked += 1
+            self.nodes += 1
+            self._saved_by(node, found, counts)
+            try:
+                edges = tuple(node.next_functions)
+            except Exception:
+                continue
+            for edge in edges:
+                try:
+                    nxt = edge[0]
+                except Exception:
+                    continue
+                if nxt is None or id(nxt) in self._walked:
+                    continue
+                self._walked.add(id(nxt))
+                self._held.append(nxt)
+                stack.append(nxt)
+        by_device: dict[str, int] = {}
+        tensors = 0
+        for device, nbytes, key in found:
+            if key in self.seen or key in self._leaves:
+                continue
+            self.seen.add(key)
+            by_device[device] = by_device.get(device, 0) + nbytes
+            tensors += 1
+        self.elapsed_s += self.clock() - t0
+        return GraphSize(nodes=walked, bytes_by_device=by_device, tensors=tensors,
+                         capped=capped, **counts)
+
+    # -- one node ----------------------------------------------------------------------------
+    def _plan(self, node: Any) -> _Plan:
+        kind = type(node)
+        plan = self._plans.get(kind)
+        if plan is None:
+            try:
+                names = dir(node)
+            except Exception:
+                names = []
+            plan = _Plan(raw_names=tuple(n for n in names if n.startswith("_raw_saved_")),
+                         has_dict="__dict__" in names,
+                         leaf="variable" in names and not kind.__name__.endswith("Backward"))
+            self._plans[kind] = plan
+        return plan
+
+    def _saved_by(self, node: Any, found: list[tuple[str, int, tuple[str, int]]],
+                  counts: dict[str, int]) -> None:
+        try:
+            plan = self._plan(node)
+            if plan.leaf:
+                info = self.storage_of(getattr(node, "variable", None))
+                if info is not None:
+                    self._leaves.add(info[2])
+            for name in plan.raw_names:
+                raw: Any = getattr(node, name, None)
+                for item in (raw if type(raw) in _SEQUENCES else (raw,)):
+                    self._saved_tensor(item, found, counts)
+            if plan.has_dict:
+                attrs = getattr(node, "__dict__", None)
+                if type(attrs) is dict:
+                    for value in list(attrs.values()):
+                        self._tensors(value, found)
+        except Exception:
+            counts["unknown"] += 1
+
+    def _saved_tensor(self, item: Any, found: list[tuple[str, int, tuple[str, int]]],
+                      counts: dict[str, int]) -> None:
+        if item is None:
+            return
+        hook = getattr(item, "unpack_hook", _MISSING)
+        data = getattr(item, "data", _MISSING)
+        if hook is _MISSING or data is _MISSING:
+            counts["unknown"] += 1  # unpacking could run hooks: left alone
+            return
+        if data is None:
+            counts["released"] += 1
+            return
+        if not self._tensors(data, found) and hook is not None:
+            counts["hooked"] += 1
+
+    def _tensors(self, value: Any, found: list[tuple[str, int, tuple[str, int]]]) -> bool:
+        """Add the tensor ``value`` is, or the tensors a tuple or list of it holds."""
+        any_found = False
+        for v in (value if type(value) in _SEQUENCES else (value,)):
+            info = self.storage_of(v)
+            if info is None or (self.exclude is not None and self.exclude(v)):
+                continue
+            found.append(info)
+            any_found = True
+        return any_found

@@ -1,0 +1,634 @@
+"""A model of PyTorch's native CUDA caching allocator (``DeviceCachingAllocator``), one
+device, driven by a recorded history instead of a program.
+
+It follows ``c10/cuda/CUDACachingAllocator.cpp`` of torch 2.11 step for step: the method
+names below are the C++ ones, and ``rules.py`` holds the constants and sizing rules. What it
+keeps is what decides reserved memory: blocks and their neighbours inside segments, the
+free blocks of each pool and stream ordered as ``BlockComparatorSize`` orders them (size,
+then address), oversize blocks (``max_split_size_mb``), the GC ages
+(``garbage_collection_threshold``), the free-cached-and-retry path before an OOM, blocks
+waiting on another stream's event (freed but not yet reusable), and expandable segments
+mapping and unmapping pages. Addresses of new segments are made up (``cudaMalloc``'s are
+unknowable): increasing, so among equal-size free blocks the older segment's wins.
+
+Left out: CUDA graphs' private pools and ``MemPool``s (their allocations are replayed as if
+made in the default pools), the free-memory callbacks (none are registered in stock
+PyTorch), and IPC.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any
+
+from .config import AllocatorSettings
+from .rules import (
+    EXPANDABLE_ADDRESS_SPACE_DEN,
+    EXPANDABLE_ADDRESS_SPACE_NUM,
+    SIZE_MAX,
+    get_allocation_size,
+    kSmallBuffer,
+    kSmallSize,
+    round_size,
+    should_split,
+)
+
+_KEY_SHIFT = 64  # free blocks sort by (size, address): one int, (size << 64) | address
+_VA_BASE = 1 << 52  # made-up addresses for new segments: above any real device address
+_VA_ALIGN = 2 << 20
+_DEFAULT_DEVICE_BYTES = 1 << 40  # for an expandable segment's address space when unknown
+
+
+class ExpandableSegment:
+    __slots__ = ("base", "page", "size")
+
+    def __init__(self, base: int, page: int, size: int) -> None:
+        self.base = base
+        self.page = page  # 2 MiB for the small pool, large_segment_size for the large one
+        self.size = size
+
+
+class Block:
+    __slots__ = ("allocated", "es", "gc_base", "key", "mapped", "next", "nonrel", "pending",
+                 "pool", "prev", "ptr", "size")
+
+    def __init__(self, size: int, ptr: int, pool: BlockPool,
+                 es: ExpandableSegment | None = None, mapped: bool = True) -> None:
+        self.size = size
+        self.ptr = ptr
+        self.pool = pool  # owning pool: small or large, and the stream
+        self.es = es
+        self.mapped = mapped
+        self.allocated = False
+        self.pending = False  # freed, waiting on another stream's event: not reusable yet
+        self.prev: Block | None = None
+        self.next: Block | None = None
+        self.key = 0
+        self.gc_base = 0
+        self.nonrel = 0  # this free block's share of inactive_split_bytes
+
+    def is_split(self) -> bool:
+        return self.prev is not None or self.next is not None
+
+
+def _splice(b: Block, before: Block | None, after: Block | None) -> None:
+    if before is not None:
+        before.next = b
+    b.prev = before
+    if after is not None:
+        after.prev = b
+    b.next = after
+
+
+class BlockPool:
+    """One stream's free blocks of the small or the large pool."""
+
+    __slots__ = ("blocks", "keys", "small", "stream", "unmapped", "unmapped_ptrs")
+
+    def __init__(self, small: bool, stream: int) -> None:
+        self.small = small
+        self.stream = stream
+        self.keys: list[int] = []  # sorted (size << 64) | ptr of the free mapped blocks
+        self.blocks: dict[int, Block] = {}
+        self.unmapped_ptrs: list[int] = []  # expandable segments' unmapped ranges, by address
+        self.unmapped: dict[int, Block] = {}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the replay may reserve. ``allowed_bytes`` is ``set_per_process_memory_fraction``'s
+    cap (checked as the allocator checks it, and what the GC threshold is a fraction of);
+    ``capacity_bytes`` what the driver could hand out (a ``cudaMalloc`` or page map beyond
+    it fails)."""
+
+    allowed_bytes: int | None = None
+    capacity_bytes: int | None = None
+
+
+class DeviceCachingAllocator:
+    def __init__(self, settings: AllocatorSettings, limits: Limits | None = None, *,
+                 device_total_bytes: int | None = None) -> None:
+        limits = limits or Limits()
+        self.s = settings
+        self.allowed = limits.allowed_bytes
+        self.capacity = limits.capacity_bytes
+        self.device_total = device_total_bytes or _DEFAULT_DEVICE_BYTES
+        self.gc_active = self.allowed is not None and settings.garbage_collection_threshold > 0
+        self.max_split = settings.max_split_size
+        self.pools: dict[tuple[bool, int], BlockPool] = {}
+        self.gc_calls = {True: 0, False: 0}  # BlockPool::get_free_blocks_call_count
+        self.pending: dict[int, Block] = {}  # id -> freed blocks waiting on an event
+        self._va = _VA_BASE
+        self._force = False  # after a predicted OOM: carry on past the limits
+        self._new_peak = False
+        self._rounded: dict[int, int] = {}  # round_size, for the sizes seen so far
+        # DeviceStats, the ones the report uses.
+        self.reserved = 0  # total_allocated_memory / reserved_bytes
+        self.allocated = 0
+        self.peak_reserved = 0
+        self.peak_allocated = 0
+        self.inactive_split = 0  # free bytes empty_cache could not give back
+        self.inactive_split_at_peak = 0
+        self.num_device_alloc = 0
+        self.num_device_free = 0
+        self.num_alloc_retries = 0
+        self.num_ooms = 0
+        self.now = 0  # the replay's event index, stamped on each change of reserved
+        self.changes: list[tuple[int, int]] = []
+
+    # -- bookkeeping -------------------------------------------------------------------------
+    def _pool(self, small: bool, stream: int) -> BlockPool:
+        p = self.pools.get((small, stream))
+        if p is None:
+            p = self.pools[(small, stream)] = BlockPool(small, stream)
+        return p
+
+    def _reserve(self, delta: int) -> None:
+        self.reserved += delta
+        if self.reserved > self.peak_reserved:
+            self.peak_reserved = self.reserved
+            self._new_peak = True  # its stranded bytes are read once the request is served
+        self.changes.append((self.now, self.reserved))
+
+    def _new_va(self, size: int, align: int = _VA_ALIGN) -> int:
+        ptr = -(-self._va // align) * align
+        self._va = ptr + size
+        return ptr
+
+    def insert_into_blocks(self, b: Block) -> None:
+        pool = b.pool
+        b.key = key = (b.size << _KEY_SHIFT) | b.ptr
+        insort(pool.keys, key)
+        pool.blocks[key] = b
+        b.gc_base = self.gc_calls[pool.small]
+        es = b.es
+        if es is None:
+            b.nonrel = b.size if (b.prev is not None or b.next is not None) else 0
+        else:  # what unmap() could not give back: the parts of pages it does not cover
+            off = b.ptr - es.base
+            pages = (off + b.size) // es.page - (-(-off // es.page))
+            b.nonrel = b.size - max(pages, 0) * es.page
+        self.inactive_split += b.nonrel
+
+    def erase_from_blocks(self, b: Block) -> None:
+        pool = b.pool
+        keys = pool.keys
+        del keys[bisect_left(keys, b.key)]
+        del pool.blocks[b.key]
+        self.inactive_split -= b.nonrel
+
+    def _insert_unmapped(self, b: Block) -> None:
+        pool = b.pool
+        insort(pool.unmapped_ptrs, b.ptr)
+        pool.unmapped[b.ptr] = b
+
+    def _erase_unmapped(self, b: Block) -> None:
+        pool = b.pool
+        ptrs = pool.unmapped_ptrs
+        del ptrs[bisect_left(ptrs, b.ptr)]
+        del pool.unmapped[b.ptr]
+
+    # -- the public calls --------------------------------------------------------------------
+    def malloc(self, orig_size: int, stream: int) -> tuple[Block, bool]:
+        """(the block handed out, whether the real allocator would have raised an OOM here).
+        After a predicted OOM the block is still handed out, past the limits, so the replay
+        goes on and the later figures say what the cell would have needed."""
+        s = self.s
+        size = self._rounded.get(orig_size)
+        if size is None:
+            size = self._rounded[orig_size] = round_size(orig_size, s.roundup_power2_divisions)
+        small = size <= kSmallSize
+        pool = self._pool(small, stream)
+        alloc_size = get_allocation_size(size, s.large_segment_size)
+        xa = s.expandable_segments
+        block = self.get_free_block(pool, size, xa)
+        oom = False
+        if block is None:
+            if self.gc_active:
+                self.garbage_collect_cached_blocks()
+            block = self.alloc_block(pool, size, alloc_size, False, xa)
+            if block is None:
+                if self.release_available_cached_blocks(pool, size):
+                    block = self.alloc_block(pool, size, alloc_size, False, xa)
+                if block is None:
+                    self.release_cached_blocks()
+                    block = self.alloc_block(pool, size, alloc_size, True, xa)
+            if block is None:
+                oom = True
+                self.num_ooms += 1
+                self._force = True
+                try:
+                    block = self.alloc_block(pool, size, alloc_size, False, xa)
+                finally:
+                    self._force = False
+                assert block is not None
+        split = should_split(block.size, size, small=small, expandable_active=xa,
+                             max_split_size=self.max_split)
+        block = self.alloc_found_block(block, size, split)
+        if self._new_peak:
+            self.inactive_split_at_peak = self.inactive_split
+            self._new_peak = False
+        return block, oom
+
+    def free(self, block: Block, *, deferred: bool) -> None:
+        """``free()``: the tensor is gone; ``deferred`` when the block waits on an event
+        (used on another stream) and only returns to its pool at ``complete``."""
+        block.allocated = False
+        self.allocated -= block.size
+        if deferred:
+            block.pending = True
+            self.pending[id(block)] = block
+        else:
+            self.free_block(block)
+
+    def complete(self, block: Block) -> None:
+        """The event a deferred free waited on has completed (``process_events``)."""
+        if self.pending.pop(id(block), None) is not None:
+            block.pending = False
+            self.free_block(block)
+
+    def empty_cache(self) -> None:
+        self.release_cached_blocks()
+
+    # -- malloc's steps ----------------------------------------------------------------------
+    def get_free_block(self, pool: BlockPool, size: int, xa: bool) -> Block | None:
+        if self.gc_active:
+            self.gc_calls[pool.small] += 1
+        keys = pool.keys
+        i = bisect_left(keys, size << _KEY_SHIFT)
+        n = len(keys)
+        if i == n:
+            return None
+        blocks = pool.blocks
+        b = blocks[keys[i]]
+        if b.es is not None:
+            if xa:
+                # Best fit by the size a block can grow to: an expandable block followed by
+                # unmapped pages counts those pages too.
+                def expandable_size(x: Block) -> int:
+                    nx = x.next
+                    return x.size + (nx.size if nx is not None and not nx.mapped else 0)
+
+                j = i + 1
+                while b.es is not None and j < n and \
+                        expandable_size(blocks[keys[j]]) < expandable_size(b):
+                    i, b = j, blocks[keys[j]]
+                    j += 1
+            else:  # expandable segments switched off: only ordinary blocks may be used
+                i += 1
+                while i < n and blocks[keys[i]].es is not None:
+                    i += 1
+                if i == n:
+                    return None
+                b = blocks[keys[i]]
+        mss = self.max_split
+        if size < mss and b.size >= mss:
+            return None  # do not return an oversized block for a large request
+        if size >= mss and b.size >= size + self.s.max_non_split_rounding_size:
+            return None  # an oversized block may be rounded up, but within a limit
+        del keys[i]
+        del blocks[b.key]
+        self.inactive_split -= b.nonrel
+        return b
+
+    def alloc_found_block(self, block: Block, size: int, split: bool) -> Block:
+        if split:
+            remaining = block
+            block = Block(size, remaining.ptr, remaining.pool, remaining.es)
+            block.prev = remaining.prev
+            if block.prev is not None:
+                block.prev.next = block
+            block.next = remaining
+            remaining.prev = block
+            remaining.ptr += size
+            remaining.size -= size
+            self.insert_into_blocks(remaining)
+        block.allocated = True
+        self.allocated += block.size
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated = self.allocated
+        return block
+
+    def free_block(self, block: Block) -> None:
+        for candidate in (block.prev, block.next):
+            self.try_merge_blocks(block, candidate)
+        self.insert_into_blocks(block)
+
+    def try_merge_blocks(self, dst: Block, src: Block | None) -> int:
+        if src is None or src.allocated or src.pending or dst.mapped != src.mapped:
+            return 0
+        if dst.prev is src:  # [src dst]
+            dst.ptr = src.ptr
+            dst.prev = src.prev
+            if dst.prev is not None:
+                dst.prev.next = dst
+        else:  # [dst src]
+            dst.next = src.next
+            if dst.next is not None:
+                dst.next.prev = dst
+        dst.size += src.size
+        if src.mapped:
+            self.erase_from_blocks(src)
+        else:
+            self._erase_unmapped(src)
+        return src.size
+
+    def alloc_block(self, pool: BlockPool, size: int, alloc_size: int, is_retry: bool,
+                    xa: bool) -> Block | None:
+        if is_retry:
+            self.num_alloc_retries += 1
+        if not self._force and self.allowed is not None and \
+                self.reserved + alloc_size > self.allowed:
+            return None
+        if xa:
+            return self.try_allocate_expandable_block(pool, size)
+        if not self._force and self.capacity is not None and \
+                self.reserved + alloc_size > self.capacity:
+            return None  # cudaMalloc: out of memory
+        block = Block(alloc_size, self._new_va(alloc_size), pool)
+        self.num_device_alloc += 1
+        self._reserve(alloc_size)
+        return block
+
+    def release_available_cached_blocks(self, pool: BlockPool, size: int) -> bool:
+        """Free oversize cached blocks, only as many as the request needs."""
+        mss = self.max_split
+        if mss == SIZE_MAX:
+            return False
+        key_size = mss if size < mss else size
+        keys, blocks = pool.keys, pool.blocks
+        i = bisect_left(keys, key_size << _KEY_SHIFT)
+        if i == len(keys) or blocks[keys[i]].es is not None:
+            # No single block is large enough: free several, the largest first.
+            if i == 0:
+                return False
+            released = 0
+            i -= 1
+            while released < key_size and i >= 0 and blocks[keys[i]].size >= mss:
+                b = blocks[keys[i]]
+                i -= 1
+                if b.es is None:
+                    released += b.size
+                    self.release_block(b)
+            return released >= key_size
+        self.release_block(blocks[keys[i]])
+        return True
+
+    def release_cached_blocks(self) -> None:
+        """``empty_cache`` and the last retry before an OOM: wait for every pending event,
+        then give back every unsplit free segment and every free expandable page."""
+        for b in list(self.pending.values()):
+            self.complete(b)
+        for small in (False, True):
+            for (is_small, _), pool in list(self.pools.items()):
+                if is_small == small:
+                    self.release_blocks(pool)
+
+    def release_blocks(self, pool: BlockPool) -> None:
+        to_unmap = []
+        for b in [pool.blocks[k] for k in pool.keys]:
+            if b.es is not None:
+                to_unmap.append(b)
+            elif b.prev is None and b.next is None:
+                self.release_block(b)
+        for b in to_unmap:
+            self.unmap_block(b)
+            if not b.mapped and b.prev is None and b.next is None:
+                self._erase_unmapped(b)  # release_expandable_segment
+
+    def release_block(self, b: Block) -> None:
+        self.erase_from_blocks(b)
+        self.num_device_free += 1
+        self._reserve(-b.size)
+
+    def garbage_collect_cached_blocks(self) -> None:
+        """Give back the large pool's unsplit free blocks unused for longest, until reserved
+        is under ``garbage_collection_threshold`` x the memory fraction's cap."""
+        assert self.allowed is not None
+        threshold = int(self.s.garbage_collection_threshold * self.allowed)
+        if self.reserved <= threshold:
+            return
+        target = self.reserved - threshold
+        calls = self.gc_calls[False]
+        large = [p for (small, _), p in self.pools.items() if not small]
+        freeable = [b for p in large for b in p.blocks.values() if not b.is_split()]
+        if not freeable:
+            return
+        total_age = sum(calls - b.gc_base for b in freeable)
+        count = len(freeable)
+        reclaimed = 0
+        freed = True
+        while reclaimed < target and freed and count > 0:
+            age_threshold = total_age / count
+            freed = False
+            for p in large:
+                for b in [p.blocks[k] for k in p.keys]:
+                    age = calls - b.gc_base
+                    if not b.is_split() and b.es is None and age >= age_threshold:
+                        freed = True
+                        reclaimed += b.size
+                        total_age -= age
+                        count -= 1
+                        self.release_block(b)
+
+    # -- expandable segments -----------------------------------------------------------------
+    def find_expandable_block(self, pool: BlockPool, size: int) -> Block:
+        """The lowest address with ``size`` bytes of free or unmapped room in one of this
+        stream's segments, or a new segment's whole address space."""
+        def allocatable(b: Block | None) -> bool:
+            return b is not None and not b.allocated and not b.pending
+
+        def has_room(b: Block | None) -> bool:
+            got = 0
+            while got < size and b is not None and allocatable(b):
+                got += b.size
+                b = b.next
+            return got >= size
+
+        for ptr in pool.unmapped_ptrs:
+            c = pool.unmapped[ptr]
+            if allocatable(c.prev):
+                assert c.prev is not None
+                c = c.prev
+            if has_room(c):
+                return c
+        page = kSmallBuffer if pool.small else self.s.large_segment_size
+        space = self.device_total * EXPANDABLE_ADDRESS_SPACE_NUM // EXPANDABLE_ADDRESS_SPACE_DEN
+        space = -(-space // page) * page
+        es = ExpandableSegment(self._new_va(space, page), page, space)
+        c = Block(space, es.base, pool, es, mapped=False)
+        self._insert_unmapped(c)
+        return c
+
+    def map_block(self, to_map: Block, size: int) -> bool:
+        es = to_map.es
+        assert es is not None and not to_map.mapped
+        off = to_map.ptr - es.base
+        mapped = (-(-(off + size) // es.page) - off // es.page) * es.page
+        if not self._force and self.capacity is not None and \
+                self.reserved + mapped > self.capacity:
+            return False  # cuMemCreate: out of memory
+        self._erase_unmapped(to_map)
+        to_map.mapped = True
+        if mapped < to_map.size:
+            rest = Block(to_map.size - mapped, to_map.ptr + mapped, to_map.pool, es,
+                         mapped=False)
+            _splice(rest, to_map, to_map.next)
+            self._insert_unmapped(rest)
+            to_map.size = mapped
+        self.try_merge_blocks(to_map, to_map.prev)
+        self.try_merge_blocks(to_map, to_map.next)
+        self.insert_into_blocks(to_map)
+        self.num_device_alloc += 1
+        self._reserve(mapped)
+        return True
+
+    def try_allocate_expandable_block(self, pool: BlockPool, size: int) -> Block | None:
+        c = self.find_expandable_block(pool, size)
+        if not c.mapped and not self.map_block(c, min(c.size, size)):
+            return None
+        while c.size < size:
+            nxt = c.next
+            assert nxt is not None
+            if not self.map_block(nxt, min(size - c.size, nxt.size)):
+                return None
+            c = nxt
+        self.erase_from_blocks(c)
+        return c
+
+    def unmap_block(self, b: Block) -> None:
+        es = b.es
+        assert es is not None
+        off = b.ptr - es.base
+        begin = -(-off // es.page)
+        end = (off + b.size) // es.page
+        if begin >= end:
+            return
+        self.erase_from_blocks(b)
+        uptr = es.base + begin * es.page
+        usize = (end - begin) * es.page
+        before = uptr - b.ptr
+        if before > 0:
+            bf = Block(before, b.ptr, b.pool, es)
+            _splice(bf, b.prev, b)
+            self.insert_into_blocks(bf)
+        after = b.size - (before + usize)
+        if after > 0:
+            af = Block(after, uptr + usize, b.pool, es)
+            _splice(af, b, b.next)
+            self.insert_into_blocks(af)
+        b.ptr, b.size, b.mapped = uptr, usize, False
+        self.try_merge_blocks(b, b.prev)
+        self.try_merge_blocks(b, b.next)
+        self._insert_unmapped(b)
+        self.num_device_free += 1
+        self._reserve(-usize)
+
+    # -- the state at the trace's start ------------------------------------------------------
+    def load_segments(self, segments: Iterable[Mapping[str, Any]], device: int,
+                      page_bytes: int) -> tuple[dict[int, Block], dict[int, Block]]:
+        """Rebuild the segments a snapshot lists (one device's), returning the allocated
+        blocks and those waiting on an event, by address, so that the history's frees and
+        completions of earlier allocations find them. Expandable ranges of one stream and
+        pool become one segment, the gaps between them unmapped."""
+        live: dict[int, Block] = {}
+        waiting: dict[int, Block] = {}
+        groups: dict[tuple[int, bool], list[Mapping[str, Any]]] = {}
+        for seg in segments:
+            if int(seg.get("device", device)) != device:
+                continue
+            small = seg.get("segment_type") == "small"
+            stream = int(seg.get("stream", 0) or 0)
+            if seg.get("is_expandable"):
+                groups.setdefault((stream, small), []).append(seg)
+                continue
+            chain = self._chain(seg, self._pool(small, stream), None, live, waiting)
+            if chain:
+                self._reserve(sum(b.size for b in chain))
+                self._link(chain)
+        for (stream, small), segs in groups.items():
+            pool = self._pool(small, stream)
+            page = kSmallBuffer if small else page_bytes
+            segs = sorted(segs, key=lambda s: int(s.get("address", 0)))
+            base = int(segs[0].get("address", 0))
+            space = self.device_total * EXPANDABLE_ADDRESS_SPACE_NUM // EXPANDABLE_ADDRESS_SPACE_DEN
+            end_used = max(int(s.get("address", 0)) + int(s.get("total_size", 0)) for s in segs)
+            space = max(-(-space // page) * page, -(-(end_used - base) // page) * page + page)
+            es = ExpandableSegment(base, page, space)
+            layout: list[Block] = []
+            at = base
+            for seg in segs:
+                addr = int(seg.get("address", 0))
+                if addr > at:
+                    layout.append(Block(addr - at, at, pool, es, mapped=False))
+                mapped = self._chain(seg, pool, es, live, waiting)
+                self._reserve(sum(b.size for b in mapped))
+                layout += mapped
+                at = addr + int(seg.get("total_size", 0))
+            layout.append(Block(base + space - at, at, pool, es, mapped=False))
+            self._link(layout)
+        self.inactive_split_at_peak = self.inactive_split
+        self._new_peak = False
+        return live, waiting
+
+    def _chain(self, seg: Mapping[str, Any], pool: BlockPool,
+               es: ExpandableSegment | None, live: dict[int, Block],
+               waiting: dict[int, Block]) -> list[Block]:
+        at = int(seg.get("address", 0))
+        chain = []
+        for blk in seg.get("blocks") or ():
+            size = int(blk.get("size", 0))
+            if size <= 0:
+                continue
+            b = Block(size, int(blk.get("address", at)), pool, es)
+            state = blk.get("state")
+            if state == "active_allocated":
+                b.allocated = True
+                self.allocated += size
+                live[b.ptr] = b
+            elif state in ("active_awaiting_free", "active_pending_free"):
+                b.pending = True
+                self.pending[id(b)] = b
+                waiting[b.ptr] = b
+            chain.append(b)
+            at = b.ptr + size
+        return chain
+
+    def _link(self, chain: list[Block]) -> None:
+        for a, b in pairwise(chain):
+            a.next, b.prev = b, a
+        for b in chain:
+            if not b.mapped:
+                self._insert_unmapped(b)
+            elif not b.allocated and not b.pending:
+                self.insert_into_blocks(b)
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        self._va = max(self._va, *(b.ptr + b.size for b in chain))
+
+    # -- what the property tests check -----------------------------------------------------
+    def segments(self, allocated: Iterable[Block] = ()) -> list[list[Block]]:
+        """Every segment's blocks in address order, found from the free, unmapped and
+        pending blocks and ``allocated`` (the blocks handed out, which no pool holds)."""
+        everything: list[Block] = list(allocated)
+        for pool in self.pools.values():
+            everything += pool.blocks.values()
+            everything += pool.unmapped.values()
+        everything += self.pending.values()
+        seen: set[int] = set()
+        out = []
+        for b in everything:
+            while b.prev is not None:
+                b = b.prev
+            if id(b) in seen:
+                continue
+            seen.add(id(b))
+            chain = []
+            x: Block | None = b
+            while x is not None:
+                chain.append(x)
+                x = x.next
+            out.append(chain)
+        return out

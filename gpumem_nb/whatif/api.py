@@ -1,0 +1,176 @@
+"""The what-if's entry points: ``whatif()`` for a snapshot, ``run()`` for a history already
+read, and the OOM explainer's line."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from ..units import format_bytes
+from .allocator import Limits
+from .config import AllocatorSettings, SettingError, parse_settings
+from .replay import compile_trace, replay, series
+from .report import WhatIf, WhatIfChart, WhatIfRow, views
+from .snapshot import SnapshotError, TraceInput, load, trace_input
+
+__all__ = ["DEFAULT_ALTERNATIVES", "SettingError", "SnapshotError", "WhatIf", "WhatIfChart",
+           "WhatIfRow", "expandable_oom_line", "load", "parse_settings",
+           "parse_settings_or_none", "run", "same_rules", "trace_input", "views", "whatif",
+           "with_setting"]
+
+ASYNC_NOTE = ("cudaMallocAsync lives inside the CUDA driver, which decides where memory goes; "
+              "it cannot be modelled, so nothing is predicted for it.")
+DEFAULT_ALTERNATIVES = ("expandable_segments:True", "max_split_size_mb:64",
+                        "max_split_size_mb:512", "roundup_power2_divisions:4")
+
+
+def same_rules(a: AllocatorSettings, b: AllocatorSettings) -> bool:
+    """Whether two settings make the allocator behave the same (text and inert keys aside)."""
+    return replace(a, text="", ignored_keys=()) == replace(b, text="", ignored_keys=())
+
+
+def whatif(snapshot: Mapping[str, Any] | str | os.PathLike[str], settings: Sequence[str],
+           capacity_bytes: int | None = None, *, device: int | None = None) -> WhatIf:
+    """``gpumem_nb.whatif`` (documented there)."""
+    t_start = time.perf_counter()
+    if isinstance(settings, str):
+        raise SettingError("settings is a list of PYTORCH_ALLOC_CONF strings: write "
+                           f"[{settings!r}] for one")
+    parsed = [parse_settings(s) for s in settings]
+    if capacity_bytes is not None and (not isinstance(capacity_bytes, int)
+                                       or isinstance(capacity_bytes, bool) or capacity_bytes <= 0):
+        raise SettingError(f"capacity_bytes is a positive number of bytes, not {capacity_bytes!r}")
+    ti = trace_input(load(snapshot), device)
+    return run(ti, parsed, capacity_bytes, t_start=t_start)
+
+
+def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int | None = None,
+        *, allowed_bytes: int | None = None, t_start: float | None = None) -> WhatIf:
+    """Replay ``ti`` under each setting. ``capacity_bytes`` is what the driver could hand out;
+    ``allowed_bytes`` a memory fraction's cap (checked as the allocator checks it), which
+    otherwise comes from the setting's or the recorded process's fraction."""
+    t_start = time.perf_counter() if t_start is None else t_start
+    trace = compile_trace(ti.entries)
+    notes = list(ti.notes)
+    recorded = parse_settings_or_none(ti.recorded_setting)
+    if recorded is None:
+        notes.append(f"The recorded setting {ti.recorded_setting!r} could not be read; no row "
+                     "is marked as the current one.")
+    cap = capacity_bytes if capacity_bytes is not None else ti.capacity_bytes
+    st = ti.start
+    total = st.device_total_bytes
+    start_page = recorded.large_segment_size if recorded is not None else None
+    t0 = st.since_us if st.since_us is not None else next(
+        (t for t in trace.times_us if t is not None), None)
+
+    def ms(i: int) -> float:
+        if not trace.times_us:
+            return 0.0
+        t = trace.times_us[min(i, len(trace.times_us) - 1)]
+        return (t - t0) / 1e3 if t is not None and t0 is not None else float(i)
+
+    rows: list[WhatIfRow] = []
+    unmatched = 0
+    for s in parsed:
+        current = recorded is not None and same_rules(s, recorded)
+        if not s.modelled:
+            rows.append(WhatIfRow(setting=s.text, label=s.label, current=current,
+                                  modelled=False, note=ASYNC_NOTE))
+            continue
+        row_notes = []
+        fraction = s.per_process_memory_fraction
+        if fraction is None:
+            fraction = st.memory_fraction
+        allowed = allowed_bytes
+        if allowed is None and fraction is not None and fraction < 1.0:
+            if total:
+                allowed = int(fraction * total)
+            else:
+                row_notes.append("The memory fraction is ignored: the snapshot does not say "
+                                 "how much memory the GPU has.")
+        if s.garbage_collection_threshold and allowed is None:
+            row_notes.append("garbage_collection_threshold acts only under a memory fraction "
+                             "(set_per_process_memory_fraction); with none it changes nothing.")
+        r = replay(trace, s, limits=Limits(allowed_bytes=allowed, capacity_bytes=cap),
+                   start_segments=st.segments, device=ti.device, device_total_bytes=total,
+                   start_page_bytes=start_page or s.large_segment_size)
+        unmatched = max(unmatched, r.unmatched_frees)
+        pts = series(r.changes, len(trace.events), r.start_reserved_bytes)
+        rows.append(WhatIfRow(
+            setting=s.text, label=s.label, current=current, modelled=True,
+            peak_reserved_bytes=r.peak_reserved_bytes, end_reserved_bytes=r.end_reserved_bytes,
+            inactive_split_bytes=r.inactive_split_bytes, segment_allocs=r.segment_allocs,
+            segment_frees=r.segment_frees, oom=r.oom,
+            start_reserved_bytes=r.start_reserved_bytes,
+            peak_allocated_bytes=r.peak_allocated_bytes,
+            oom_at_ms=ms(r.oom_event) if r.oom_event is not None else None,
+            oom_requested_bytes=r.oom_requested_bytes, note=" ".join(row_notes),
+            series=tuple((round(ms(i), 3), v) for i, v in pts)))
+    start_bytes = sum(int(seg.get("total_size", 0)) for seg in st.segments or ()
+                      if int(seg.get("device", ti.device)) == ti.device)
+    rec = [(0.0, start_bytes)] + [(round(ms(i), 3), start_bytes + d) for i, d in trace.recorded]
+    if unmatched:
+        notes.append(f"{unmatched} free(s) of allocations made before the history began were "
+                     "skipped (their blocks are not in the start state).")
+    if trace.skipped:
+        notes.append("Skipped malformed history entries: " + ", ".join(
+            f"{n} {why}" for why, n in sorted(trace.skipped.items())) + ".")
+    return WhatIf(
+        rows=tuple(rows), device=ti.device, recorded_setting=ti.recorded_setting,
+        capacity_bytes=cap, entries=trace.entries, events=len(trace.events),
+        skipped=dict(trace.skipped), unmatched_frees=unmatched, notes=tuple(notes),
+        recorded_series=tuple(rec), recorded_peak_reserved_bytes=max(v for _, v in rec),
+        recorded_end_reserved_bytes=rec[-1][1],
+        time_unit="ms" if t0 is not None else "event",
+        elapsed_s=time.perf_counter() - t_start)
+
+
+def parse_settings_or_none(text: str) -> AllocatorSettings | None:
+    try:
+        return parse_settings(text)
+    except SettingError:
+        return None
+
+
+def with_setting(text: str, key: str, value: str) -> str:
+    """``text`` with ``key:value`` in place of any value ``key`` had (brackets respected)."""
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    kept = [p for p in parts if p.strip() and p.split(":", 1)[0].strip() != key]
+    return ",".join([*kept, f"{key}:{value}"])
+
+
+def expandable_oom_line(snapshot: Mapping[str, Any], *, device: int,
+                        capacity_bytes: int | None, allowed_bytes: int | None = None) -> str:
+    """The OOM explainer's line for a traced cell: the same history replayed with
+    expandable segments on, at the memory PyTorch could use when it failed (what the driver
+    had, and under a memory fraction its cap, checked the way the allocator checks it)."""
+    if capacity_bytes is None and allowed_bytes is None:
+        return ""
+    try:
+        ti = trace_input(snapshot, device)
+        setting = with_setting(ti.recorded_setting, "expandable_segments", "True")
+        parsed = parse_settings(setting)
+    except (SnapshotError, SettingError):
+        return ""
+    recorded = parse_settings_or_none(ti.recorded_setting)
+    if recorded is None or recorded.expandable_segments or not recorded.modelled:
+        return ""
+    row = run(ti, [parsed], capacity_bytes, allowed_bytes=allowed_bytes)[0]
+    if row.peak_reserved_bytes is None:
+        return ""
+    verdict = "fits" if not row.oom else "still out of memory"
+    room = min(x for x in (capacity_bytes, allowed_bytes) if x is not None)
+    return (f"Replayed under expandable_segments:True this cell would have peaked at "
+            f"{format_bytes(row.peak_reserved_bytes)} reserved ({verdict} in the "
+            f"{format_bytes(room)} PyTorch could use).")

@@ -1,0 +1,239 @@
+"""Replaying one device's recorded history through the allocator model, once per setting.
+
+``compile_trace`` reads the history once into plain tuples (shared by every setting):
+
+- ``alloc``, ``free_requested``, ``free_completed`` drive the model. A free counts at
+  ``free_requested`` (the tensor is gone) and the block goes back to its pool at
+  ``free_completed``, which comes later for a block used on another stream (its event).
+  Histories without any ``free_completed`` return blocks at the request.
+- ``oom`` is the request that failed: replayed as an allocation given back at once (what the
+  cell did after the error is unknown).
+- ``segment_*`` entries say what the recorded allocator did. A run of frees that no
+  ``cudaMalloc``/map follows is the user's ``empty_cache()``, replayed as one; all of them
+  give the recorded reserved memory, to compare the model with.
+- Anything malformed is skipped and counted by reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .allocator import Block, DeviceCachingAllocator, Limits
+from .config import AllocatorSettings
+from .rules import kLargeBuffer
+
+ALLOC, FREE_REQUESTED, FREE_COMPLETED, OOM, EMPTY_CACHE, FREE = range(6)
+_SEGMENT_GROW = {"segment_alloc": 1, "segment_map": 1}
+_SEGMENT_SHRINK = {"segment_free": -1, "segment_unmap": -1}
+_INTERNAL_AFTER = frozenset({"segment_alloc", "segment_map", "oom"})
+_INFO = frozenset({"snapshot", "user_defined", "annotate"})
+_MODEL = {"alloc": ALLOC, "free_requested": FREE_REQUESTED, "free_completed": FREE_COMPLETED,
+          "oom": OOM}
+MAX_POINTS = 2000  # per line of the chart
+
+
+@dataclass(frozen=True)
+class CompiledTrace:
+    events: list[tuple[int, int, int, int]]  # (code, addr, size, stream)
+    times_us: list[float | None]  # when each event was recorded
+    has_completions: bool
+    recorded: list[tuple[int, int]]  # (event index, recorded reserved change so far)
+    entries: int
+    skipped: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def skipped_total(self) -> int:
+        return sum(self.skipped.values())
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def compile_trace(entries: Sequence[Any]) -> CompiledTrace:
+    events: list[tuple[int, int, int, int]] = []
+    times: list[float | None] = []
+    recorded: list[tuple[int, int]] = []
+    skipped: dict[str, int] = {}
+    delta = 0
+    completions = False
+    n = len(entries)
+
+    def skip(why: str) -> None:
+        skipped[why] = skipped.get(why, 0) + 1
+
+    def action_at(j: int) -> Any:
+        e = entries[j]
+        return e.get("action") if isinstance(e, Mapping) else None
+
+    i = 0
+    while i < n:
+        e = entries[i]
+        if not isinstance(e, Mapping):
+            skip("not a history entry")
+            i += 1
+            continue
+        action = e.get("action")
+        t = e.get("time_us")
+        t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None
+        code = _MODEL.get(action) if isinstance(action, str) else None
+        if code is not None:
+            addr, size = _int(e.get("addr")), _int(e.get("size"))
+            if code == OOM and addr is None:
+                addr = 0  # an OOM's "addr" is the driver's free memory, not an address
+            stream = _int(e.get("stream")) or 0
+            if addr is None or size is None or size < 0 or (code == ALLOC and size == 0):
+                skip(f"{action} without a valid address and size")
+                i += 1
+                continue
+            if code == FREE_REQUESTED and i + 1 < n:
+                nxt = entries[i + 1]
+                if isinstance(nxt, Mapping) and nxt.get("action") == "free_completed" and \
+                        nxt.get("addr") == addr:
+                    code = FREE  # returned to its pool at once: one step, not two
+                    i += 1
+            completions = completions or code in (FREE_COMPLETED, FREE)
+            events.append((code, addr, size, stream))
+            times.append(t)
+            i += 1
+            continue
+        if action in _SEGMENT_GROW or action in _SEGMENT_SHRINK:
+            size = _int(e.get("size"))
+            if size is None or size < 0:
+                skip(f"{action} without a valid size")
+                i += 1
+                continue
+            if action in _SEGMENT_SHRINK:
+                # Look past this run of frees: a cudaMalloc, a map or an OOM after it means
+                # the allocator freed to make room; anything else, that the user emptied it.
+                j = i
+                while j < n and action_at(j) in _SEGMENT_SHRINK:
+                    j += 1
+                k = j
+                while k < n and action_at(k) in _INFO:
+                    k += 1
+                if k >= n or action_at(k) not in _INTERNAL_AFTER:
+                    events.append((EMPTY_CACHE, 0, 0, 0))
+                    times.append(t)
+                for m in range(i, j):
+                    em = entries[m]
+                    s = _int(em.get("size")) if isinstance(em, Mapping) else None
+                    delta -= s if s is not None and s > 0 else 0
+                recorded.append((len(events), delta))
+                i = j
+                continue
+            delta += size
+            recorded.append((len(events), delta))
+            i += 1
+            continue
+        if action not in _INFO:
+            skip(f"unknown action {str(action)[:40]!r}")
+        i += 1
+    return CompiledTrace(events=events, times_us=times, has_completions=completions,
+                         recorded=recorded, entries=n, skipped=skipped)
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """One setting's replay: what the model's allocator did."""
+
+    peak_reserved_bytes: int
+    end_reserved_bytes: int
+    start_reserved_bytes: int
+    peak_allocated_bytes: int
+    inactive_split_bytes: int  # free bytes empty_cache could not give back, at the peak
+    segment_allocs: int  # cudaMalloc calls (page maps under expandable segments)
+    segment_frees: int  # cudaFree calls (page unmaps)
+    num_alloc_retries: int
+    oom: bool | None  # None: no capacity known to judge by
+    oom_event: int | None  # the first event that would have failed
+    oom_requested_bytes: int | None
+    unmatched_frees: int  # frees of allocations the replay never saw made
+    changes: list[tuple[int, int]] = field(repr=False)  # (event index, reserved)
+
+
+def replay(trace: CompiledTrace, settings: AllocatorSettings, *, limits: Limits | None = None,
+           start_segments: Sequence[Mapping[str, Any]] | None = None, device: int = 0,
+           device_total_bytes: int | None = None, start_page_bytes: int = kLargeBuffer,
+           on_event: Callable[[int, DeviceCachingAllocator, Mapping[int, Block]], None]
+           | None = None) -> Replayed:
+    """Run the model over ``trace``. ``on_event(i, model, live)`` is called after each event
+    (the property tests check the model's invariants there)."""
+    limits = limits or Limits()
+    model = DeviceCachingAllocator(settings, limits, device_total_bytes=device_total_bytes)
+    live, pending = model.load_segments(start_segments or (), device, start_page_bytes)
+    start_reserved = model.reserved
+    deferred = trace.has_completions
+    malloc, free, complete = model.malloc, model.free, model.complete
+    oom_event: int | None = None
+    oom_size: int | None = None
+    unmatched = 0
+    for i, (code, addr, size, stream) in enumerate(trace.events):
+        model.now = i
+        if code == FREE:
+            if addr in live:
+                free(live.pop(addr), deferred=False)
+            else:
+                unmatched += 1
+        elif code == ALLOC:
+            if addr in live:  # a second alloc at a live address: an entry went missing
+                free(live.pop(addr), deferred=False)
+                unmatched += 1
+            block, oom = malloc(size, stream)
+            live[addr] = block
+            if oom and oom_event is None:
+                oom_event, oom_size = i, size
+        elif code == FREE_REQUESTED:
+            if addr not in live:
+                unmatched += 1
+            elif deferred:
+                block = pending[addr] = live.pop(addr)
+                free(block, deferred=True)
+            else:
+                free(live.pop(addr), deferred=False)
+        elif code == FREE_COMPLETED:
+            if addr in pending:
+                complete(pending.pop(addr))
+        elif code == OOM:
+            block, oom = malloc(size, stream)
+            free(block, deferred=False)
+            if oom and oom_event is None:
+                oom_event, oom_size = i, size
+        else:
+            model.empty_cache()
+        if on_event is not None:
+            on_event(i, model, live)
+    judged = limits.capacity_bytes is not None or limits.allowed_bytes is not None
+    return Replayed(
+        peak_reserved_bytes=model.peak_reserved, end_reserved_bytes=model.reserved,
+        start_reserved_bytes=start_reserved, peak_allocated_bytes=model.peak_allocated,
+        inactive_split_bytes=model.inactive_split_at_peak,
+        segment_allocs=model.num_device_alloc, segment_frees=model.num_device_free,
+        num_alloc_retries=model.num_alloc_retries,
+        oom=(oom_event is not None) if judged else None, oom_event=oom_event,
+        oom_requested_bytes=oom_size, unmatched_frees=unmatched, changes=model.changes)
+
+
+def series(changes: Sequence[tuple[int, int]], n_events: int, start_bytes: int,
+           max_points: int = MAX_POINTS) -> list[tuple[int, int]]:
+    """(event index, reserved) at most ``max_points`` long, keeping each bucket's highest
+    value so that no peak is lost."""
+    pts = [(0, start_bytes), *changes]
+    if n_events:
+        pts.append((n_events - 1, pts[-1][1]))
+    if len(pts) <= max_points:
+        return pts
+    width = max(1, -(-n_events // (max_points // 2)))
+    out: list[tuple[int, int]] = []
+    bucket = -1
+    for i, v in pts:
+        b = i // width
+        if b != bucket:
+            out.append((i, v))
+            bucket = b
+        elif v > out[-1][1]:
+            out[-1] = (out[-1][0], v)
+    out.append(pts[-1])
+    return out

@@ -1,0 +1,171 @@
+"""The autograd graph walk: what a graph's saved tensors keep alive, counted once, without
+unpacking anything, within its time budget (fake nodes shaped like torch's)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+from gpumem_nb.analysis import held_text
+from gpumem_nb.graph import GraphWalker
+from gpumem_nb.holders import Scanner
+
+from .fakes import FakeSaved, FakeTensor, GiB, MiB, fake_torch, node, node_type
+
+MOD = {"torch": fake_torch()}
+
+
+def storage_of(t: Any) -> Any:
+    return Scanner(MOD)._tensor_info(t)
+
+
+def walk(*roots: Any, seen: set | None = None, **kw: Any) -> Any:
+    return GraphWalker(storage_of, seen, **kw).size(roots)
+
+
+def test_a_graph_keeps_the_tensors_its_nodes_saved():
+    x, h = FakeTensor(GiB), FakeTensor(2 * GiB)
+    relu = node("ReluBackward0", None, result=h)
+    mul = node("MulBackward0", relu, self=x, other=h.view())
+    size = walk(node("SumBackward0", mul))
+    assert size.nodes == 3 and not size.capped
+    assert size.bytes_by_device == {"cuda:0": 3 * GiB}  # h and its view: one storage
+    assert size.tensors == 2
+
+
+def test_storages_another_holder_owns_and_parameters_are_not_the_graphs():
+    weight, act, held = FakeTensor(GiB), FakeTensor(256 * MiB), FakeTensor(GiB)
+    acc = node("AccumulateGrad", variable=weight)
+    # mm saves a view of the weight (torch saves weight.t()) and an activation.
+    mm = node("MmBackward0", None, acc, self=act, mat2=weight.view())
+    add = node("AddBackward0", mm, other=held)
+    seen = {storage_of(held)[2]}  # a variable the scan already attributed
+    size = walk(add, seen=seen)
+    assert size.bytes_by_device == {"cuda:0": 256 * MiB}
+    assert storage_of(act)[2] in seen  # credited now: the next graph will not count it again
+    assert walk(node("MulBackward0", None, self=act), seen=seen).nbytes == 0
+
+
+def test_a_cycle_among_nodes_ends_and_counts_each_once():
+    a = FakeTensor(GiB)
+    first = node("MulBackward0", None, self=a)
+    second = node("MulBackward0", first, self=a)
+    first.next_functions = ((second, 0),)  # hostile, or a fake: real graphs are acyclic
+    size = walk(second)
+    assert (size.nodes, size.nbytes, size.tensors) == (2, GiB, 1)
+
+
+def test_saved_tensor_hooks_are_never_run():
+    unpacked: list[int] = []
+
+    def unpack(p: Any) -> Any:
+        unpacked.append(1)
+        return p
+
+    checkpointed = FakeSaved(FakeTensor(GiB), unpack_hook=unpack, packed=object())
+    offloaded = FakeSaved(FakeTensor(GiB), unpack_hook=unpack,
+                          packed=FakeTensor(GiB, device="cpu"))
+    identity = FakeSaved(None, unpack_hook=unpack, packed=(FakeTensor(MiB), "meta"))
+    size = walk(node("MulBackward0", None, self=checkpointed, other=offloaded),
+                node("AddBackward0", None, self=identity))
+    assert unpacked == [] and checkpointed.unpacks == 0
+    # What the pack hooks returned is what the graph holds: sized where it is a tensor.
+    assert size.bytes_by_device == {"cpu": GiB, "cuda:0": MiB}
+    assert size.hooked == 1
+
+
+def test_saved_tensors_released_by_backward_count_nothing_and_raise_nothing():
+    saved = FakeSaved(FakeTensor(GiB))
+    saved.release()
+    size = walk(node("MulBackward0", None, self=saved))
+    assert (size.nbytes, size.released) == (0, 1)
+
+
+def test_a_torch_that_cannot_say_whether_hooks_are_set_is_left_alone():
+    class OldSaved:  # no .data, no .unpack_hook: only unpacking would tell
+        def unpack(self) -> Any:
+            raise AssertionError("unpacked")
+
+    size = walk(node("MulBackward0", None, self=OldSaved()))
+    assert (size.nbytes, size.unknown) == (0, 1)
+
+
+def test_tuples_of_saved_tensors_and_a_python_functions_ctx_are_counted():
+    class MyFnBackward:  # a Python autograd.Function's node is its ctx: it has a __dict__
+        def __init__(self) -> None:
+            self.next_functions = ()
+            self._raw_saved_tensors = (FakeSaved(FakeTensor(GiB)),)
+            self.extra = FakeTensor(2 * GiB)  # ctx.extra = tensor
+            self.inputs = [FakeTensor(MiB), None, 3]
+
+    index = node("IndexBackward0", MyFnBackward(),
+                 indices=(FakeTensor(MiB), FakeTensor(MiB)))
+    assert walk(index).nbytes == 3 * GiB + 3 * MiB
+
+
+def chain(n: int, saved_every: int = 1) -> Any:
+    """A graph of ``n`` nodes in a line, like a long unrolled loop."""
+    keep = node_type("AddBackward0", "other")
+    bare = node_type("AddBackward0")
+    prev = node("AccumulateGrad")
+    for i in range(n - 1):
+        prev = keep(prev, other=FakeTensor(MiB)) if i % saved_every == 0 else bare(prev)
+    return prev
+
+
+def test_a_100k_node_graph_stops_at_its_time_budget_and_says_at_least():
+    big = chain(100_000, saved_every=10)
+    ticks = itertools.count()
+    size = GraphWalker(storage_of, budget_s=20, clock=lambda: next(ticks)).size([big])
+    # The clock advances one unit per look, a look every 32 nodes: 20 units, ~640 nodes.
+    assert size.capped and 0 < size.nodes < 1_000
+    assert 0 < size.nbytes <= size.nodes * MiB
+    # Real time: the default budget (30 ms) holds on a 100k-node graph, with room for a
+    # slow shared machine; the whole graph is walked when the budget allows it.
+    start = time.perf_counter()
+    cut = GraphWalker(storage_of).size([big])
+    assert cut.capped and time.perf_counter() - start < 0.25
+    whole = GraphWalker(storage_of, budget_s=60).size([big])
+    assert not whole.capped and whole.nodes == 100_000 and whole.tensors == 10_000
+
+
+def test_a_node_cap_also_bounds_the_walk():
+    size = GraphWalker(storage_of, node_cap=500, budget_s=60).size([chain(2_000)])
+    assert size.capped and size.nodes == 500
+
+
+# -- in the holder scan -------------------------------------------------------------------------
+def scan(ns: dict, **kw: Any) -> list:
+    return Scanner(MOD).scan(ns, **kw)
+
+
+def test_who_shows_an_outputs_graph_beside_its_own_bytes():
+    acts = [FakeTensor(GiB) for _ in range(3)]
+    graph = node("SumBackward0", *[node("MulBackward0", None, self=a) for a in acts])
+    logits = FakeTensor(512 * MiB, grad_fn=graph)
+    (h,) = scan({}, output_cache={4: logits})
+    assert (h.name, h.nbytes, h.graph_bytes, h.graph_nodes) == ("Out[4]", 512 * MiB, 3 * GiB, 4)
+    assert h.held_bytes == 3 * GiB + 512 * MiB
+    assert held_text(h) == "512.00 MiB + its graph 3.00 GiB (4 nodes)"
+
+
+def test_every_tensors_graph_in_a_list_is_walked_not_just_the_first():
+    losses = [FakeTensor(4, grad_fn=node("MulBackward0", None, self=FakeTensor(GiB)))
+              for _ in range(5)]
+    (h,) = scan({"losses": losses})
+    assert (h.nbytes, h.graph_bytes, h.graph_nodes) == (20, 5 * GiB, 5)
+
+
+def test_a_saved_tensor_a_variable_holds_is_the_variables_whatever_the_order():
+    act = FakeTensor(GiB)
+    loss = FakeTensor(4, grad_fn=node("MulBackward0", None, self=act))
+    holders = {h.name: h for h in scan({"loss": loss, "act": act})}  # loss comes first
+    assert holders["act"].nbytes == GiB and holders["loss"].graph_bytes == 0
+
+
+def test_a_graphs_tensors_on_another_device_are_listed_there():
+    cpu = FakeTensor(GiB, device="cpu")
+    loss = FakeTensor(4, grad_fn=node("MulBackward0", None, self=cpu, other=FakeTensor(MiB)))
+    got = sorted((h.device, h.nbytes, h.graph_bytes) for h in scan({"loss": loss}))
+    assert got == [("cpu", 0, GiB), ("cuda:0", 4, MiB)]
