@@ -72,28 +72,30 @@ print("GPU:", torch.cuda.get_device_name(0) if GPU else
 # `%gpumem watch` draws the chart. Here it replays the bundled H200 recording on every machine,
 # so that everyone sees the same story; the caption under it says what was recorded. Reading it:
 #
-# - **NVML used** (dashed, on top): what `nvidia-smi` reports for the whole GPU, every process
-#   included;
-# - **reserved**: what PyTorch's caching allocator holds from the driver, live tensors plus its
-#   cache;
-# - **allocated**: live tensors only;
-# - **host RAM**: this process's resident memory;
-# - the gap between *NVML used* and *reserved* is memory outside PyTorch's allocator (only one
-#   process used the GPU in this recording): mostly the CUDA context; the gap between
-#   *reserved* and *allocated* is the cache.
+# - **NVML used (whole GPU)** (grey, dashed): what `nvidia-smi` reports for the whole GPU,
+#   every process included;
+# - **this process (NVML)**: NVML's line for this process alone (only one process used the GPU
+#   in this recording, so the two NVML lines coincide);
+# - **reserved (PyTorch cache)**: what PyTorch's caching allocator holds from the driver, live
+#   tensors plus its cache;
+# - **allocated (live tensors)**: live tensors only;
+# - **host RAM (RSS)**: this process's resident memory, drawn on a machine without a GPU; with
+#   one it is a click on the legend away;
+# - the gap between *this process* and *reserved* is memory outside PyTorch's allocator: mostly
+#   the CUDA context; the gap between *reserved* and *allocated* is the cache.
 #
 # In the recording you can see CUDA start (NVML jumps by the CUDA context while PyTorch has
 # reserved almost nothing), weights load
 # (all three rise), training steps (allocated spikes, reserved keeps the high-water mark), a
 # `del` (allocated falls, reserved and NVML do not), `empty_cache` (reserved and NVML fall),
-# and re-runs that keep results alive until a cleanup. The cell after the chart checks each of
-# these against the recorded samples.
+# and re-runs that keep results alive until a cleanup. The cell after the chart checks these
+# against the recorded samples.
 #
-# In a notebook with a frontend the chart is live; a saved notebook keeps a static picture of
-# the whole recording, which GitHub, nbviewer and a JupyterLab without a kernel show.
-# On a GPU machine `%gpumem watch --live` switches it to this machine's own memory.
-# <!-- DEPENDS(issue 17): the new chart's legend and its replay that stops at its end; check
-# the wording above against the chart issue 17 ships. -->
+# In a notebook with a frontend the chart is live. When it ends (`%gpumem watch --stop`, a
+# kernel shutdown, or the end of this notebook's run), its output becomes a static picture of
+# the whole recording with the numbers under it, which GitHub, nbviewer and a JupyterLab
+# without a kernel show. On a GPU machine `%gpumem watch --live` switches it to this machine's
+# own memory.
 
 # %% id="00-05"
 # %gpumem watch --replay bundled
@@ -107,19 +109,31 @@ gpu0 = [(s.t_s, s.devices[0]) for s in samples if s.devices]
 nvml = [(d.nvml.used_bytes or 0) if d.nvml else 0 for _, d in gpu0]
 reserved = [d.allocator.reserved_bytes if d.allocator else 0 for _, d in gpu0]
 allocated = [d.allocator.allocated_bytes if d.allocator else 0 for _, d in gpu0]
+GiB, n = 2**30, len(gpu0)
+print(f"{n} samples over {gpu0[-1][0] - gpu0[0][0]:.0f} s: {note}")
 first_tensor = next(i for i, r in enumerate(reserved) if r > 0)
-top = max(range(len(reserved)), key=reserved.__getitem__)
-print(f"{len(gpu0)} samples over {gpu0[-1][0] - gpu0[0][0]:.0f} s: {note}")
 context = nvml[first_tensor] - reserved[first_tensor]
 claim(context > 256 * MiB and reserved[first_tensor] <= 2 * MiB,
       "CUDA start: NVML jumps by the context while PyTorch holds almost nothing",
       nvml_jump=fmt(context), reserved=fmt(reserved[first_tensor]))
-claim(any(allocated[i + 1] < allocated[i] - 256 * MiB and reserved[i + 1] == reserved[i]
-          for i in range(len(gpu0) - 1)),
-      "a del: allocated falls while reserved does not")
+claim(any(min(allocated[i] - allocated[i - 1], reserved[i] - reserved[i - 1],
+              nvml[i] - nvml[i - 1]) >= GiB for i in range(1, n)),
+      "weights load: allocated, reserved and NVML rise together")
+falls = [i for i in range(1, n)
+         if allocated[i] < allocated[i - 1] - GiB and reserved[i] == reserved[i - 1]]
+claim(sum(allocated[i] > GiB for i in falls) >= 3,
+      "training steps: allocated spikes and falls back, reserved keeps the high-water mark")
+claim(any(allocated[i] <= 2 * MiB for i in falls),
+      "a del: allocated falls to nothing while reserved does not")
+top = max(range(n), key=reserved.__getitem__)
 claim(any(reserved[i] < reserved[top] // 2 and nvml[i] < nvml[top] - reserved[top] // 2
-          for i in range(top, len(gpu0))),
+          for i in range(top, n)),
       "empty_cache: reserved and NVML fall after the high-water mark")
+emptied = next(i for i in range(top, n) if reserved[i] < reserved[top] // 2)
+highest = max(range(emptied, n), key=allocated.__getitem__)
+climbs = sum(allocated[i] >= allocated[i - 1] + GiB for i in range(emptied + 1, highest + 1))
+claim(climbs >= 3 and allocated[-1] <= 2 * MiB,
+      "re-runs: allocated climbs run after run until a cleanup frees it", climbs=climbs)
 
 # %% [markdown] id="00-06"
 # ## 2. Measure one cell: `%%gpumem`
@@ -162,6 +176,18 @@ if GPU:  # without a GPU the peak is not measured: the line above shows `—`
 result = big_array(64)
 result * 2
 
+# %% id="00-21"
+from gpumem_nb.magics import current_monitor
+
+gpumem_nb.history()  # records, and judges, every cell that has finished
+if GPU:
+    flags = list(current_monitor().verdicts)
+    flag = flags[-1] if flags else None
+    claim(flag is not None and flag.runs == 3 and flag.cause == "live tensors"
+          and any(h.name.startswith("Out[") for h in flag.holders),
+          "the third run was flagged: live tensors, held by the output cache `Out`",
+          flag=flag.message if flag else None)
+
 # %% [markdown] id="00-10"
 # ## 4. Who holds memory: `%gpumem who`
 #
@@ -196,10 +222,10 @@ if GPU:
 # %% [markdown] id="00-14"
 # ## 6. Clean up safely
 #
-# `%gpumem cleanup` drops a stored traceback, runs `gc.collect()` and returns PyTorch's unused
+# `%gpumem cleanup` runs `gc.collect()`, drops a stored traceback and returns PyTorch's unused
 # cache to the driver: every cached *segment* that holds no live tensor. `--out` also clears the
 # output cache. It never deletes a variable you did not name (`--vars a,b` deletes those), and
-# it reports what each step freed.
+# it reports what each step freed, each step measured on its own.
 
 # %% id="00-15"
 # %gpumem cleanup --out

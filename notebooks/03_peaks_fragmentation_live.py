@@ -258,11 +258,13 @@ claim(all(outcome[("expandable_segments:True", w)].get("expandable")
 # `%gpumem watch` shows NVML's usage beside PyTorch's `allocated` and `reserved`, with a mark at
 # every cell. A background thread updates it while a cell runs, so a long training cell is
 # visible as it happens. The cleanup button runs the same safe cleanup as `%gpumem cleanup`.
-# (On GitHub or nbviewer the widget cannot run; the picture and the numbers below it are its
-# static fallback, and they show the state at the end of the run, when the notebook was saved:
-# after the training cell, not when the chart was first shown.)
-# <!-- DEPENDS(issue 17): the new chart's saved picture and header; check that the picture saved
-# here shows the training cell. -->
+#
+# When the chart ends (`%gpumem watch --stop`, a kernel shutdown, or, for this notebook, the end
+# of its run), its output becomes a static picture with the numbers under it: what GitHub,
+# nbviewer and a JupyterLab without a kernel show. Both are taken when the chart ends, so the
+# saved picture shows everything since the chart started, the training cell included, and the
+# numbers are those at the end, not those of the moment the chart was first shown. Before
+# saving a notebook of your own to share, run `%gpumem watch --stop`.
 
 # %% id="03-18"
 # %gpumem watch

@@ -46,6 +46,9 @@ from claims import claim
 from gpumem_nb.units import format_bytes as fmt
 
 GiB = 2**30
+# TF32 matrix products: the sections below fill the GPU with activations many times over, and
+# memory is what they measure, not arithmetic (TF32 changes no tensor's size).
+torch.backends.cuda.matmul.allow_tf32 = True
 torch.zeros(1, device="cuda")
 free, total = torch.cuda.mem_get_info()
 print(f"{torch.cuda.get_device_name(0)}: {fmt(total)} in total, {fmt(free)} free")
@@ -167,9 +170,6 @@ del big
 # A caught exception keeps its traceback, and the traceback keeps every frame it passed through,
 # with their local tensors. Inside the `except` block the failed call's tensors are therefore
 # still alive, and if you store the exception, they stay alive after it, until you delete it:
-# <!-- DEPENDS(issue 15, item 6): on the H200 `del error` freed nothing (review 04-1). Issue 15
-# finds who kept the frames; if the holder is Python's, not gpumem_nb's, rewrite this section
-# to teach it and change the last claim of the next cell. -->
 
 # %% id="04-11"
 def train_step(batch_gib):
@@ -240,9 +240,8 @@ claim(torch.cuda.memory_allocated() == base, "after del result nothing of the at
 # The most common OOM of all: the step itself needs more than the GPU has. A plain MLP of eight
 # 8192 × 8192 layers runs a training step at a small batch, then at a batch whose activations
 # alone are many times the GPU. No cleanup and no allocator setting helps; the fix is in the
-# workload (a smaller batch, activation checkpointing, autocast).
-# <!-- DEPENDS(issue 15): the explainer's "working set" verdict for the cell's own allocations.
-# -->
+# workload (a smaller batch, activation checkpointing, autocast), and the explanation says so:
+# the cell's own allocations, its *working set*, dwarf everything else it could name.
 
 # %% id="04-40"
 from torch import nn
@@ -280,7 +279,6 @@ claim(verdict() == "working set",
 # bytes, but it keeps its autograd graph, and with it every activation the step saved. The loop
 # runs until the GPU is full. `%gpumem who` and the explanation count the graphs' bytes, not only
 # the tensors' own:
-# <!-- DEPENDS(issue 15): graph-aware holders (the bytes of a graph's saved tensors). -->
 
 # %% id="04-44" tags=["raises-exception"]
 losses = []
@@ -294,7 +292,7 @@ losses_holder = next((h for h in found.holders if h.name.startswith("losses")), 
 claim(verdict() == "held by your session" and losses_holder is not None,
       "the explanation names `losses` as what holds the memory", verdict=verdict())
 held = torch.cuda.memory_allocated()
-listed = losses_holder.nbytes + (losses_holder.graph_bytes or 0)  # DEPENDS(issue 15)
+listed = losses_holder.held_bytes  # its tensors and the tensors their graphs saved
 losses = [loss.item() for loss in losses]  # the fix: keep numbers, not graphs
 freed = held - torch.cuda.memory_allocated()
 print(f"listed for `losses`, graphs included: {fmt(listed)}; keeping floats freed {fmt(freed)}")
@@ -330,23 +328,34 @@ y = torch.empty(2 * GiB, dtype=torch.uint8, device="cuda")
 # %% id="04-17"
 found = explanation()
 claim(verdict() == "fragmentation", "the explanation names fragmentation", verdict=verdict())
-# Holes in a segment that is still in use cannot go back to the driver: no next step may
-# promise that empty_cache() frees them (review 04-5).
-promised = [a for a in found.actions if "empty_cache" in a.text and a.nbytes]
-claim(not promised, "no advice promises that empty_cache() returns the holes",
-      promised=[a.text for a in promised])
 claim("grow in place" not in str(found),
-      "nor that expandable segments would make segments grow in place instead of splitting")
+      "it does not say expandable segments would make segments grow in place")
+s = torch.cuda.memory_stats()
+holes = s["reserved_bytes.all.current"] - s["allocated_bytes.all.current"]
+torch.cuda.empty_cache()
+s = torch.cuda.memory_stats()
+print(f"free inside the cache: {fmt(holes)}; empty_cache() returned "
+      f"{fmt(holes - (s['reserved_bytes.all.current'] - s['allocated_bytes.all.current']))}")
+claim(s["reserved_bytes.all.current"] - s["allocated_bytes.all.current"] >= 20 * GiB,
+      "empty_cache() cannot return the holes: their segment still holds live tensors",
+      still_cached=fmt(s["reserved_bytes.all.current"] - s["allocated_bytes.all.current"]))
 del keep, filler
 # %gpumem cleanup
 
-# %% [markdown] id="04-18"
+# %% [markdown] id="04-48"
+# The holes are real free memory, but only for requests that fit in one of them. No
+# `empty_cache()` gives them back (the line above): each is a piece of one segment whose other
+# pieces are alive, and a segment goes back to the driver whole or not at all (notebook 1).
+# The cures are to free the live pieces (here `keep`), or a process started with
+# `expandable_segments:True`, whose free pages can be unmapped and mapped again where a larger
+# block needs them (notebook 3).
+#
 # ### A child process of this kernel
 #
 # A second process holds 60 GiB. Here it is a child of this kernel, as a DataLoader worker, a
 # `torch.multiprocessing` worker or a vLLM engine would be; the explanation names it as this
-# kernel's child, with its command line, and says how to stop it rather than killing it. Ask for
-# more than is left:
+# kernel's child, by its PID, and says how to release it from this kernel rather than killing
+# it. Ask for more than is left:
 
 # %% id="04-19"
 import subprocess
@@ -382,22 +391,36 @@ child.wait()
 import cupy  # CuPy keeps its own memory pool, beside PyTorch's
 
 held_by_cupy = cupy.empty(60 * GiB, dtype=cupy.uint8)
+cupy_bytes = cupy.get_default_memory_pool().total_bytes()
 ask = torch.cuda.mem_get_info()[0] + 30 * GiB
-print(f"CuPy holds {fmt(cupy.get_default_memory_pool().used_bytes())}; PyTorch's allocated: "
+print(f"CuPy's pool holds {fmt(cupy_bytes)}; PyTorch's allocated: "
       f"{fmt(torch.cuda.memory_allocated())}; asking for {fmt(ask)}")
 
 # %% id="04-24" tags=["raises-exception"]
 y = torch.empty(ask, dtype=torch.uint8, device="cuda")
 
 # %% id="04-25"
-text = str(explanation())
+found = explanation()
 claim(verdict() == "outside PyTorch", "the explanation names memory outside PyTorch",
       verdict=verdict())
-claim("0.5 GiB" not in text and "cuBLAS/cuDNN workspaces" not in text,
-      "it does not blame cuBLAS's workspaces, which PyTorch's own allocator holds (notebook 1)")
+outside = next((c.nbytes or 0 for c in found.causes if c.kind == "outside PyTorch"), 0)
+rest = outside - cupy_bytes
+print(f"outside PyTorch at the failure: {fmt(outside)} = CuPy's pool {fmt(cupy_bytes)} "
+      f"+ {fmt(rest)}")
+claim(0 < rest < GiB,
+      "besides CuPy's pool, under 1 GiB is outside PyTorch: the CUDA context and its code",
+      rest=fmt(rest))
 del held_by_cupy
 cupy.get_default_memory_pool().free_all_blocks()  # CuPy's cache, like empty_cache()
 # %gpumem cleanup
+
+# %% [markdown] id="04-49"
+# What lies outside PyTorch here is CuPy's pool and, under 1 GiB, what every CUDA process
+# has: the CUDA context and the GPU code loaded into it (notebook 1 measures both). cuBLAS's
+# and cuDNN's workspaces are not part of it: PyTorch takes them from its own caching
+# allocator, so they count as `allocated` (notebook 1 measures cuBLAS's), whatever list of
+# usual suspects an explanation gives. CuPy keeps freed memory in its pool, as PyTorch
+# does; `free_all_blocks()` is its `empty_cache()`.
 
 # %% [markdown] id="04-26"
 # ### Memory your session holds

@@ -89,14 +89,13 @@ for _ in range(3):
 #   holding one step's hidden states per step. Some of what is alive is expected: the last `x`,
 #   and the gradients, which `backward()` allocates on autograd's own thread, so they carry no
 #   Python line;
-# - **the timeline**: the cell's live allocations over time, by site. It is drawn with plotly
-#   from the notebook itself, with no download, and a static picture is saved for viewers that
-#   run no JavaScript.
+# - **the timeline**: the cell's live allocations over time, by site. JupyterLab draws it with
+#   the plotly renderer that plotly's package installs (nothing is downloaded); the same output
+#   carries an SVG drawing of it in its HTML, for viewers without that renderer.
 #
 # The footer says how many history entries the cell produced and what tracing added to its time.
 # The next cell runs the same three steps again from the same state, traced quietly, and checks
 # these readings against the tensors themselves.
-# <!-- DEPENDS(issue 17): the timeline's static picture as image/svg+xml in the bundle. -->
 
 # %% id="07-20"
 kept_hidden.clear()
@@ -136,25 +135,32 @@ many_allocations()
 traced_s = time.perf_counter() - t0
 
 # %% id="07-08"
+# The same loop with PyTorch's default recording, C++ frames included, switched on by hand.
+torch.cuda.memory._record_memory_history("all", context="all", stacks="all")
+t0 = time.perf_counter()
+many_allocations()
+cpp_s = time.perf_counter() - t0
+torch.cuda.memory._record_memory_history(None)
 print(f"untraced: {plain_s / N_ALLOC * 1e6:.2f} µs per allocation")
 print(f"traced:   {traced_s / N_ALLOC * 1e6:.2f} µs per allocation "
       f"(+{(traced_s - plain_s) / N_ALLOC * 1e6:.2f} µs)")
+print(f"with C++ frames too: {cpp_s / N_ALLOC * 1e6:.2f} µs per allocation")
 claim(traced_s > plain_s, "recording a stack makes each allocation slower")
+claim(cpp_s > traced_s, "recording C++ frames as well makes it slower still")
 
 # %% [markdown] id="07-09"
-# Tracing has three costs, and the lines above show only the first:
+# Tracing has two costs, and the lines above show only the first:
 #
 # - **per allocation**, while the cell runs: recording the stack (the difference above);
 # - **per traced cell**, after it: PyTorch's snapshot of the recording and gpumem_nb's analysis
 #   of its entries, which grow with the number of allocations (the footer of the traced cell
-#   above gives both);
-# - **once per process**: the first snapshot PyTorch takes is far slower than later ones
-#   (compare the footer of the first traced cell of this notebook with the later footers).
+#   above gives both).
 #
-# Cells without `--trace` pay nothing: gpumem_nb switches the recording on before a traced cell
-# and off after it, and leaves any recording you started yourself as it was.
-# <!-- DEPENDS(issue 18): tracing asks only for the stacks the reports use; re-read the footers
-# after the GPU run. -->
+# gpumem_nb asks PyTorch for Python stacks only, the frames its reports name: recording C++
+# frames as well (PyTorch's default) costs more per allocation (the last line above). Cells
+# without `--trace` pay nothing: gpumem_nb switches the recording on
+# before a traced cell and off after it, and leaves any recording you started yourself as it
+# was.
 #
 # ## Saving a snapshot for memory_viz
 #

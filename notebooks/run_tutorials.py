@@ -267,8 +267,9 @@ KERNEL_EXPRESSIONS = {
     "ipykernel": "__import__('ipykernel').__version__",
     "python": "__import__('platform').python_version()",
 }
-# What the digest covers: the package and everything the tutorials run.
-DIGEST_GLOBS = ("gpumem_nb/**/*.py", "gpumem_nb/data/*", "notebooks/*.py")
+# What the digest covers: the package (its code, the chart's front end, its data) and
+# everything the tutorials run.
+DIGEST_GLOBS = ("gpumem_nb/**/*", "notebooks/*.py")
 
 
 def sources_digest(root: Path = ROOT) -> str:
@@ -278,7 +279,8 @@ def sources_digest(root: Path = ROOT) -> str:
 
     digest = hashlib.sha256()
     paths = sorted({p for g in DIGEST_GLOBS for p in root.glob(g)
-                    if p.is_file() and "__pycache__" not in p.parts})
+                    if p.is_file() and "__pycache__" not in p.parts
+                    and p.suffix not in (".pyc", ".pyo")})
     for p in paths:
         digest.update(p.relative_to(root).as_posix().encode() + b"\0")
         digest.update(p.read_bytes().replace(b"\r\n", b"\n") + b"\0")

@@ -361,6 +361,8 @@ def test_the_runner_stops_a_notebook_at_a_failed_claim_names_it_and_saves_what_r
     assert [c.execution_count for c in saved.cells] == [1, 2, None]
     assert "✓ it holds" in output_text(saved.cells[0])
     assert "ClaimFailed" in output_text(saved.cells[1])
+    # Saved as far as it got, it still says what produced it (and its chart was ended).
+    assert saved.metadata["gpumem_nb"]["sources_sha256"], saved.metadata
 
 
 def test_a_source_without_ids_or_with_a_duplicate_is_refused(tmp_path):
@@ -397,14 +399,15 @@ def test_heavy_widget_state_is_left_out_with_its_views_and_light_state_kept():
 
 
 def test_the_sources_digest_changes_with_the_package_and_the_tutorials(tmp_path):
-    for rel in ("gpumem_nb/a.py", "gpumem_nb/data/trace.json", "notebooks/00_x.py",
-                "README.md"):
+    for rel in ("gpumem_nb/a.py", "gpumem_nb/data/trace.json", "gpumem_nb/livechart.js",
+                "notebooks/00_x.py", "README.md"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("1")
     first = RUNNER.sources_digest(tmp_path)
     (tmp_path / "README.md").write_text("2")
     assert RUNNER.sources_digest(tmp_path) == first  # docs do not change outputs
-    for rel in ("gpumem_nb/a.py", "gpumem_nb/data/trace.json", "notebooks/00_x.py"):
+    for rel in ("gpumem_nb/a.py", "gpumem_nb/data/trace.json", "gpumem_nb/livechart.js",
+                "notebooks/00_x.py"):
         (tmp_path / rel).write_text("changed")
         assert RUNNER.sources_digest(tmp_path) != first, rel
         first = RUNNER.sources_digest(tmp_path)
