@@ -229,6 +229,10 @@ class Monitor:
         return self.status_line() + replay_note
 
     def shutdown(self) -> None:
+        # The noted cell exception keeps the failed call's frames (and their tensors): an
+        # unloaded monitor that something still references (a widget, a user's variable, a
+        # cycle the collector has not reached) must not keep them past the shell's own record.
+        self.last_cell_exception.release()
         self.stop_cluster_feed()
         self.stop_replay()
         self.oom.close()
