@@ -12,7 +12,6 @@ caller dies.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
