@@ -37,7 +37,6 @@ from .holders import CellException, Scanner, last_exception_objects
 from .model import (
     CAUSE_LIVE_TENSORS,
     ROLE_MULTIPROCESSING,
-    ROLE_OTHER,
     CellMark,
     CellRecord,
     CellStart,
@@ -376,7 +375,8 @@ class Monitor:
         latest = self.sampler.latest()
         if tree is None or latest is None:
             return
-        if any(c.role in (ROLE_MULTIPROCESSING, ROLE_OTHER) for d in latest.devices
+        # Only multiprocessing's children can be DataLoader or launched workers.
+        if any(c.role == ROLE_MULTIPROCESSING for d in latest.devices
                if d.nvml is not None for c in d.nvml.children):
             try:
                 tree.learn_roles()

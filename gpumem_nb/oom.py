@@ -36,7 +36,6 @@ from .model import (
     ROLE_DATALOADER,
     ROLE_LAUNCHED,
     ROLE_MULTIPROCESSING,
-    ROLE_OTHER,
     AllocatorReading,
     CellStart,
     ChildProcess,
@@ -1269,7 +1268,8 @@ class OomWatch:
         if tree is not None and listed and all(os.path.exists(f"/proc/{p}") for p, _ in listed):
             try:
                 children = {c.pid: c for c in tree.children_of(listed)}
-                if any(c.role in (ROLE_MULTIPROCESSING, ROLE_OTHER) for c in children.values()
+                # Only multiprocessing's children can be DataLoader or launched workers.
+                if any(c.role == ROLE_MULTIPROCESSING for c in children.values()
                        ) and tree.learn_roles():
                     children = {c.pid: c for c in tree.children_of(listed)}
             except Exception:

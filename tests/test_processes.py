@@ -113,6 +113,69 @@ def test_torchs_own_objects_name_dataloader_and_launched_workers_on_demand(tmp_p
     del alive
 
 
+def test_learning_roles_walks_the_collectors_objects_once(tmp_path, monkeypatch):
+    # Each walk costs about 20 ms with torch and transformers loaded; one per class made the
+    # OOM explainer take 60-150 ms on the H200 (its budget is 50 ms).
+    import gpumem_nb.sources.processes as processes
+
+    class _MultiProcessingDataLoaderIter:
+        def __init__(self, pids: list[int]) -> None:
+            self._workers = [SimpleNamespace(pid=p) for p in pids]
+
+    class _Persistent(_MultiProcessingDataLoaderIter):
+        pass
+
+    class ProcessContext:
+        def __init__(self, pids: list[int]) -> None:
+            self.processes = [SimpleNamespace(pid=p) for p in pids]
+
+    class SpawnContext(ProcessContext):
+        pass
+
+    walks: list[int] = []
+    real = processes.gc.get_referrers
+
+    def counted(*objs: Any) -> list[Any]:
+        walks.append(len(objs))
+        return real(*objs)
+
+    monkeypatch.setattr(processes.gc, "get_referrers", counted)
+    tree = ProcessTree(proc_root=str(tmp_path), modules={
+        "torch.utils.data.dataloader": SimpleNamespace(
+            _MultiProcessingDataLoaderIter=_MultiProcessingDataLoaderIter),
+        "torch.multiprocessing.spawn": SimpleNamespace(ProcessContext=ProcessContext)})
+    alive = [_MultiProcessingDataLoaderIter([201]), _Persistent([202]), ProcessContext([203]),
+             SpawnContext([204])]
+    assert tree.learn_roles() == 4
+    assert walks == [4]  # one walk for the four classes
+    assert tree._hints == {201: (ROLE_DATALOADER, 0), 202: (ROLE_DATALOADER, 0),
+                           203: (ROLE_LAUNCHED, 0), 204: (ROLE_LAUNCHED, 0)}
+    del alive
+
+
+def test_an_oom_naming_a_child_multiprocessing_did_not_start_does_not_walk_the_collector():
+    from gpumem_nb.oom import OomWatch
+
+    class Tree:
+        def __init__(self, role: str) -> None:
+            self.role, self.learned = role, 0
+
+        def children_of(self, listing: Any) -> tuple[ChildProcess, ...]:
+            return tuple(ChildProcess(pid=p, nbytes=n, role=self.role) for p, n in listing)
+
+        def learn_roles(self) -> int:
+            self.learned += 1
+            return 0
+
+    me = [(os.getpid(), 60 * GiB)]  # a PID that exists here
+    for role, walks in ((ROLE_OTHER, 0), (ROLE_MULTIPROCESSING, 1)):
+        tree = Tree(role)
+        watch = OomWatch(SimpleNamespace(source=SimpleNamespace(processes=tree)))  # type: ignore[arg-type]
+        (use,) = watch._uses(me)
+        assert use.child is not None and use.child.role == role
+        assert tree.learned == walks, role  # only multiprocessing's children can be workers
+
+
 def test_a_reused_pid_is_described_afresh(tmp_path):
     proc = fake_proc(tmp_path, {201: (ME, "python first.py", {})})
     tree = ProcessTree(proc_root=proc, modules={})
