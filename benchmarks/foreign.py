@@ -18,14 +18,10 @@ import time
 
 # The holder: ``nbytes`` on the GPU (nothing at all when ``device`` is "cpu", for dry runs),
 # then wait for stdin to close.
-HOLD = ("import sys\n"
-        "nbytes, device = int(sys.argv[1]), sys.argv[2]\n"
-        "if device != 'cpu':\n"
-        "    import torch\n"
-        "    x = torch.empty(nbytes, dtype=torch.uint8, device=device)\n"
-        "    torch.cuda.synchronize()\n"
-        "print('ready', flush=True)\n"
-        "sys.stdin.read()\n")
+HOLD = ("import sys; n, dev = int(sys.argv[1]), sys.argv[2]; "
+        "t = __import__('torch') if dev != 'cpu' else None; "
+        "x = t.empty(n, dtype=t.uint8, device=dev) if t else None; "
+        "t and t.cuda.synchronize(); print('ready', flush=True); sys.stdin.read()")
 LAUNCH = ("import subprocess, sys\n"
           "p = subprocess.Popen([sys.executable, '-c', sys.argv[1], *sys.argv[2:]], "
           "start_new_session=True)\n"

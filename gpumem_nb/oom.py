@@ -983,7 +983,8 @@ def describe_pid(pid: int) -> str:
         conn = next((a for a in argv if a.endswith(".json")), "")
         name = os.path.basename(conn)[: -len(".json")] if conn else ""
         return "a Jupyter kernel" + (f" {name}" if name else "")
-    text = " ".join([os.path.basename(argv[0]), *argv[1:3]])
+    # One line: a ``python -c`` script's newlines would break the explanation's lines.
+    text = " ".join(" ".join([os.path.basename(argv[0]), *argv[1:3]]).split())
     return text if len(text) <= 60 else text[:57] + "..."
 
 
