@@ -256,9 +256,9 @@ def _instances(*bases: Any) -> list[list[Any]]:
         return out
     try:
         for o in gc.get_referrers(*owner):
-            i = owner.get(type(o))
-            if i is not None:
-                out[i].append(o)
+            which = owner.get(type(o))
+            if which is not None:
+                out[which].append(o)
     except Exception:
         return [[] for _ in bases]
     return out
