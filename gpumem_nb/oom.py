@@ -1285,9 +1285,11 @@ class OomWatch:
         allowed = msg.allowed_bytes
         if fraction is not None and fraction < 1.0:
             allowed = ev.limit_bytes
+        t = self.clock()
         this, others, unknown = self._processes_facts(
             ev.processes, msg.other_processes, msg.this_process_bytes,
             ours_expected=bool(r and r.reserved_bytes))
+        children_s = self.clock() - t  # which listed processes are this kernel's children
         holders = ev.holders
         if holders is None:  # a second OOM in the same cell: reuse the first one's scan
             holders = next((e.holders for e in reversed(self.events)
@@ -1307,6 +1309,7 @@ class OomWatch:
             **_cell_facts(ev.cell, r.allocated_bytes if r else msg.allocated_bytes))
         stages = {"observer": ev.cost_s}
         stages.update(ev.stage_s)
+        stages["children"] = children_s
         return _Pieces(facts=facts, holders=tuple(holders), judged=tuple(holders),
                        source="Measured at the failure by the allocator's OOM observer",
                        observer_s=ev.cost_s, notes=self._unknown_note(unknown),
@@ -1326,9 +1329,11 @@ class OomWatch:
         t = self.clock()
         listed = self._processes(device)
         stages["processes"] = self.clock() - t
+        t = self.clock()
         this, others, unknown = self._processes_facts(
             listed, msg.other_processes, msg.this_process_bytes,
             ours_expected=bool(al and al.reserved_bytes))
+        stages["children"] = self.clock() - t
         if this is None and d is not None and d.nvml is not None:
             this = d.nvml.process_bytes
         allocated = msg.allocated_bytes if msg.allocated_bytes is not None else (

@@ -779,7 +779,7 @@ def test_the_explanation_says_where_its_time_went_and_the_dry_run_reuses_the_sca
     e = last(world.shell)
     assert e.cause == CAUSE_HELD
     stages = set(e.stage_s)
-    assert {"classify", "dry_run"} <= stages, e.stage_s
+    assert {"classify", "dry_run", "children"} <= stages, e.stage_s
     if world.backend == "native":
         assert {"observer", "observer_scan"} <= stages, e.stage_s
     else:
