@@ -13,10 +13,9 @@ returns the rows so far.
 Each allocator setting needs a fresh process (the backend is read when torch is imported), so
 every (allocator, group) runs in its own subprocess driving a real IPython shell with the
 extension loaded; inside it, the workloads run one after another, each with a clean namespace
-and a freshly loaded extension, each in its own try/except. A workload that finds more than
-256 MiB allocated when it starts (what an earlier one left) is refused, not explained. OOM
-workloads need the whole GPU, so nothing runs in parallel. Bound: ``--budget-s`` (295 s) in
-all; a group that cannot start in time is recorded as skipped. The first H200 run took 131 s.
+and a freshly loaded extension, each in its own try/except. OOM workloads need the whole GPU,
+so nothing runs in parallel. Bound: ``--budget-s`` (295 s) in all; a group that cannot start in
+time is recorded as skipped.
 """
 
 from __future__ import annotations
@@ -52,12 +51,11 @@ GROUPS = {
     "torch": ["gpt2_step_too_big", "mlp_8x8192_step_too_big", "mlp_inference_under_no_grad",
               "loss_list_keeping_graphs", "out_logits_rerun", "another_process",
               "caught_oom_in_a_loop", "cleanup_per_step"],
-    # One process for both (each process start costs about 4 s): CuPy gives its pool back
-    # before JAX starts, and JAX comes last, as it keeps what it preallocated until the
-    # process ends.
-    "cotenants": ["cotenant_cupy", "cotenant_jax"],
+    "cupy": ["cotenant_cupy"],
+    # Last: JAX keeps what it preallocated until the process ends.
+    "jax": ["cotenant_jax"],
 }
-GROUP_LIMIT_S = {"torch": 150, "cotenants": 75}
+GROUP_LIMIT_S = {"torch": 150, "cupy": 45, "jax": 60}
 ROW = "DIAGNOSIS-ROW "
 
 
@@ -75,7 +73,7 @@ def run_group(allocator: str, group: str, *, dry: bool, limit_s: float,
     # PYTORCH_CUDA_ALLOC_CONF wins over PYTORCH_ALLOC_CONF when both are set: set it alone.
     env["PYTORCH_CUDA_ALLOC_CONF"] = "" if dry else ALLOCATORS[allocator]
     env["PYTORCH_ALLOC_CONF"] = ""
-    if group == "cotenants":
+    if group == "jax":
         env.pop("XLA_PYTHON_CLIENT_PREALLOCATE", None)  # JAX's default: what users meet
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", group],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
