@@ -35,8 +35,6 @@ from .holders import exception_chain, last_value
 from .model import (
     ROLE_DATALOADER,
     ROLE_LAUNCHED,
-    ROLE_MULTIPROCESSING,
-    ROLE_OTHER,
     AllocatorReading,
     CellStart,
     ChildProcess,
@@ -44,6 +42,7 @@ from .model import (
     Sample,
 )
 from .report import html_table
+from .sources.processes import roles_to_learn
 from .sources.torch import TorchDebug, alloc_conf
 from .units import format_bytes
 
@@ -507,9 +506,10 @@ def _others_summary(f: OomFacts) -> str:
     kids = f.children_bytes
     n = sum(1 for p in f.other_processes if p.child is not None)
     if n and kids == f.others_bytes:
+        each = "each " if n > 1 else ""
         return (f"This kernel's own child process{'es' if n > 1 else ''} "
-                f"hold{'' if n > 1 else 's'} {format_bytes(kids)} of this GPU, each with a CUDA "
-                "context of its own (about 0.5 GiB) besides what it allocated")
+                f"hold{'' if n > 1 else 's'} {format_bytes(kids)} of this GPU, {each}with a "
+                "CUDA context of its own (about 0.5 GiB) besides what it allocated")
     text = f"Other processes hold {format_bytes(f.others_bytes)} of this GPU"
     if n:
         text += (f", {format_bytes(kids)} of it this kernel's own child process"
@@ -1217,8 +1217,8 @@ class OomWatch:
         if tree is not None and listed and all(os.path.exists(f"/proc/{p}") for p, _ in listed):
             try:
                 children = {c.pid: c for c in tree.children_of(listed)}
-                if any(c.role in (ROLE_MULTIPROCESSING, ROLE_OTHER) for c in children.values()
-                       ) and tree.learn_roles():
+                unknown = roles_to_learn(children.values())
+                if unknown and tree.learn_roles(unknown):
                     children = {c.pid: c for c in tree.children_of(listed)}
             except Exception:
                 children = {}
@@ -1232,9 +1232,11 @@ class OomWatch:
         allowed = msg.allowed_bytes
         if fraction is not None and fraction < 1.0:
             allowed = ev.limit_bytes
+        t = self.clock()
         this, others, unknown = self._processes_facts(
             ev.processes, msg.other_processes, msg.this_process_bytes,
             ours_expected=bool(r and r.reserved_bytes))
+        named_s = self.clock() - t
         holders = ev.holders
         if holders is None:  # a second OOM in the same cell: reuse the first one's scan
             holders = next((e.holders for e in reversed(self.events)
@@ -1253,6 +1255,7 @@ class OomWatch:
             **_cell_facts(ev.cell, r.allocated_bytes if r else msg.allocated_bytes))
         stages = {"observer": ev.cost_s}
         stages.update(ev.stage_s)
+        stages["children"] = named_s  # naming the other processes (this kernel's children)
         return _Pieces(facts=facts, holders=tuple(holders), judged=tuple(holders),
                        source="Measured at the failure by the allocator's OOM observer",
                        observer_s=ev.cost_s, notes=self._unknown_note(unknown),
@@ -1272,9 +1275,11 @@ class OomWatch:
         t = self.clock()
         listed = self._processes(device)
         stages["processes"] = self.clock() - t
+        t = self.clock()
         this, others, unknown = self._processes_facts(
             listed, msg.other_processes, msg.this_process_bytes,
             ours_expected=bool(al and al.reserved_bytes))
+        stages["children"] = self.clock() - t
         if this is None and d is not None and d.nvml is not None:
             this = d.nvml.process_bytes
         allocated = msg.allocated_bytes if msg.allocated_bytes is not None else (
