@@ -43,7 +43,7 @@ class _DataOnlyUnpickler(pickle.Unpickler):
 def load(source: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
     """A snapshot dict from a dict or a file (pickle, JSON, gzip'd JSON)."""
     if isinstance(source, Mapping):
-        return dict(source)
+        return expand(dict(source))
     if not isinstance(source, (str, os.PathLike)):
         raise SnapshotError("a snapshot is the dict torch.cuda.memory._snapshot() returns or "
                             f"a path to its pickle, not {type(source).__name__}")
