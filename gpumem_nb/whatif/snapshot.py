@@ -295,7 +295,7 @@ def expand(obj: dict[str, Any]) -> dict[str, Any]:
     """A compact trace back in the shape of ``_snapshot()``'s dict (entries as dicts)."""
     if obj.get("format") != COMPACT_FORMAT:
         return obj
-    out = {k: v for k, v in obj.items() if k != "device_traces_columns"}
+    out = {k: v for k, v in obj.items() if k not in ("device_traces_columns", "format")}
     out["device_traces"] = [list(_rows(cols)) for cols in obj.get("device_traces_columns") or ()]
     return out
 
