@@ -213,7 +213,10 @@ def launcher_refusal(exc: BaseException | None) -> str | None:
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen and len(seen) < 8:
         seen.add(id(exc))
-        text = str(exc)
+        try:
+            text = str(exc)
+        except Exception:  # an exception whose __str__ raises is no launcher's refusal
+            text = ""
         for who, words in LAUNCHER_REFUSALS:
             if words in text:
                 return who
