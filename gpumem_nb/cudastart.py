@@ -259,7 +259,10 @@ def launcher_refusal(exc: BaseException | None) -> Forker | None:
         chain.append(exc)
         exc = exc.__cause__ or exc.__context__
     for e in chain:
-        text = str(e)
+        try:
+            text = str(e)
+        except Exception:  # an exception whose __str__ raises is no launcher's refusal
+            text = ""
         for who, words in LAUNCHER_REFUSALS:
             if words in text:
                 return who if who is not None else forker_of(chain)
