@@ -34,13 +34,11 @@ CHECK = """
 import json, time, torch
 from gpumem_nb.magics import current_monitor
 from gpumem_nb.units import format_bytes
-from gpumem_nb.widget import _RECENT
-from gpumem_nb.timeline import SERIES
 mon = current_monitor()
 mon.sampler.request_tick(); time.sleep(1.0)
 w = mon.widget
 alloc, reserved = torch.cuda.memory_allocated(0), torch.cuda.memory_reserved(0)
-last = {name: float(w.fig.data[_RECENT + i].y[-1]) for i, name in enumerate(SERIES)}
+last = {k: float(ys[-1]) for k, (xs, ys) in w.chart.recent.items() if ys and ys[-1] is not None}
 print(json.dumps({
     "memory_allocated": alloc, "memory_reserved": reserved,
     "chart_allocated_gib": last["allocated"], "chart_reserved_gib": last["reserved"],

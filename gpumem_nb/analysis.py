@@ -116,7 +116,8 @@ def complete_nvml(record: CellRecord, sample: Sample | None) -> CellRecord:
         s = sample.device(d.index)
         nv = s.nvml if s is not None else None
         if nv is None or nv.used_bytes is None:
-            devices.append(d)
+            # Not in this reading: the hooks' figure predates the cell's end, so unknown.
+            devices.append(replace(d, nvml_used_after_bytes=None, process_after_bytes=None))
             continue
         peaks = [v for v in (d.nvml_peak_bytes, nv.used_bytes) if v is not None]
         devices.append(replace(d, nvml_used_after_bytes=nv.used_bytes,

@@ -12,6 +12,7 @@ import argparse
 import atexit
 import contextlib
 import importlib.util
+import os
 import re
 import shlex
 import weakref
@@ -60,11 +61,12 @@ class _Parser(MagicArgumentParser):
         # argparse quotes the user's words as typed; a lone surrogate in them would make
         # printing the message raise in turn.
         message = message.encode("utf-8", "backslashreplace").decode("utf-8")
-        found = re.match(r"argument SUBCOMMAND: invalid choice: (.*) \(choose from", message)
+        found = re.match(r"argument SUBCOMMAND: invalid choice: (.*) \(choose from", message,
+                         re.S)
         if found:
-            raise UsageError(f"%gpumem has no subcommand {found.group(1)[:60]}; "
+            raise UsageError(f"%gpumem has no subcommand {_cut(found.group(1))}; "
                              "try %gpumem? for the list")
-        raise UsageError(f"{self.prog}: {message}")
+        raise UsageError(short_message(f"{self.prog}: {message}"))
 
 
 def _build_parser() -> _Parser:
@@ -118,6 +120,9 @@ def _build_parser() -> _Parser:
                     help="drive the chart from a recorded trace ('bundled' for the H200 one); "
                          "a demonstration only: your cells are still measured live")
     wa.add_argument("--live", action="store_true", help="end a replay: chart this machine")
+    wa.add_argument("--stop", action="store_true",
+                    help="end the live chart: every output that showed it becomes a static "
+                         "picture (for a notebook to save and share)")
     wa.add_argument("--cluster", nargs="?", const="", metavar="CLIENT",
                     help="add each Dask worker GPU's lines (default: the current client); "
                          "at most one collection a second")
@@ -243,10 +248,28 @@ def _device_arg(text: str) -> int | None:
     return index
 
 
+# A refused value is echoed this far, then "…": a 100,000-character argument must not come
+# back whole in the error.
+ECHO_CHARS = 80
+MAX_MESSAGE_CHARS = 400
+
+
+def _cut(text: str, limit: int = ECHO_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 def _quoted(text: str) -> str:
     """User text in a message: quoted, control characters (a NUL) escaped, long text cut."""
-    text = repr(text)  # ASCII escapes for NUL and the like; printable whatever the name
-    return text if len(text) <= 60 else text[:57] + "..."
+    return _cut(repr(text[: ECHO_CHARS + 1]) if len(text) > ECHO_CHARS else repr(text))
+
+
+def short_message(message: str) -> str:
+    """A message holding the user's words (argparse quotes them whole): every word longer
+    than ``ECHO_CHARS`` cut, and the whole at most ``MAX_MESSAGE_CHARS``."""
+    if len(message) <= ECHO_CHARS:
+        return message
+    words = re.sub(rf"\S{{{ECHO_CHARS + 1},}}", lambda m: _cut(m.group(0)), message)
+    return _cut(words, MAX_MESSAGE_CHARS)
 
 
 @magics_class
@@ -259,6 +282,15 @@ class GpumemMagics(Magics):
 
     @line_cell_magic
     def gpumem(self, line: str, cell: str | None = None) -> Any:
+        try:
+            return self._gpumem(line, cell)
+        except UsageError as e:
+            text = str(e)
+            if len(text) <= MAX_MESSAGE_CHARS:
+                raise
+            raise UsageError(short_message(text)) from None
+
+    def _gpumem(self, line: str, cell: str | None) -> Any:
         argv = _split(line)
         if "-h" in argv or "--help" in argv:  # help is an answer, never a UsageError
             print(help_text(None if cell is not None or not argv else argv[0]))
@@ -275,15 +307,18 @@ class GpumemMagics(Magics):
     # -- subcommands -------------------------------------------------------------------------
     def _cmd_status(self, args: Any) -> None:
         m = self.monitor
-        status = m.source.status()
+        status = m.status()
+        m.learn_child_roles()
+        sample = m.read()
+        notes = [f"gpumem: {m.read_problem}"] if m.read_problem else []
         if m.sampler.errors:  # logged once when they happened; shown here while they last
             count = sum(m.sampler.errors.values())
-            note = f"The sampler hit {count} error(s); the last: {m.sampler.last_error}"
-            status = replace(status, notes=(*status.notes, note))
+            notes.append(f"The sampler hit {count} error(s); the last: "
+                         f"{m.sampler.last_error[:300]}")
         if m.cuda_start.line():
-            status = replace(status, notes=(*status.notes, m.cuda_start.line()))
-        m.learn_child_roles()
-        display(Snapshot(status=status, sample=m.read()))
+            notes.append(m.cuda_start.line())
+        status = replace(status, notes=(*status.notes, *notes))
+        display(Snapshot(status=status, sample=sample))
 
     def _cmd_history(self, args: Any) -> Any:
         if args.n <= 0:
@@ -318,7 +353,8 @@ class GpumemMagics(Magics):
         names = [n.strip() for n in args.vars.split(",") if n.strip()]
         bad = [n for n in names if not n.isidentifier()]
         if bad:
-            raise UsageError(f"--vars takes variable names separated by commas, not {bad[0]!r}")
+            raise UsageError("--vars takes variable names separated by commas, not "
+                             f"{_quoted(bad[0])}")
         request = cleanup.CleanupRequest(
             clear_traceback=not args.keep_traceback, clear_output=args.out,
             delete_vars=names, dry_run=args.dry_run, find_holders=True,
@@ -326,7 +362,7 @@ class GpumemMagics(Magics):
         try:
             report = self.monitor.cleanup(request)
         except (ValueError, RuntimeError) as e:
-            raise UsageError(str(e)) from None
+            raise UsageError(short_message(str(e))) from None
         if args.o:
             return report
         display(report)
@@ -341,7 +377,7 @@ class GpumemMagics(Magics):
             try:
                 threshold = parse_size(args.threshold)
             except ValueError as e:
-                raise UsageError(f"--threshold: {e}") from None
+                raise UsageError(short_message(f"--threshold: {e}")) from None
         try:
             m.configure(
                 interval_s=args.interval, threshold_bytes=threshold,
@@ -356,16 +392,22 @@ class GpumemMagics(Magics):
             raise UsageError(f"could not save the settings to {safeio.shown(config_path())}: "
                              f"{safeio.reason(e)}; nothing was changed") from None
         if args.save:
-            print(f"gpumem: settings saved to {safeio.shown(config_path())}")
+            what = ", ".join(m.saved_keys) if m.saved_keys else \
+                "nothing (no setting was changed in this session; device is never saved)"
+            print(f"gpumem: saved {what} to {safeio.shown(config_path())}")
         display(ConfigView(m.config, m.sampler.running))
 
     def _cmd_summary(self, args: Any) -> None:
         m = self.monitor
-        if m.gpu_count() and not 0 <= args.device < m.gpu_count():
-            raise UsageError(f"there is no GPU {args.device}")
+        status = m.status()
+        if status.gpu_count and not 0 <= args.device < status.gpu_count:
+            raise UsageError(f"there is no GPU {_quoted(str(args.device))}")
         full = m.torch.memory_summary(args.device) if args.full else ""
         sample = with_counted_ooms(m.read(), m.oom.counts)  # cudaMallocAsync counts none
-        display(Summary.of(sample, m.source.status(), device=args.device, full_text=full))
+        summary = Summary.of(sample, status, device=args.device, full_text=full)
+        if m.read_problem:
+            summary = replace(summary, lines=(*summary.lines, f"gpumem: {m.read_problem}"))
+        display(summary)
 
     def _cmd_oom(self, args: Any) -> Any:
         last = self.monitor.oom.last
@@ -467,20 +509,24 @@ class GpumemMagics(Magics):
         return None
 
     def _cmd_watch(self, args: Any) -> None:
-        from .widget import show
-
         m = self.monitor
+        if args.stop:
+            if args.replay is not None or args.live or args.cluster is not None:
+                raise UsageError("--stop ends the chart; it goes with none of --replay, "
+                                 "--live and --cluster")
+            m.end_chart()
+            return
         if args.cluster is not None:
             m.start_cluster_feed(self._collector(args.cluster))
         if args.replay is not None:
             try:
                 m.start_replay(args.replay)
             except (ValueError, OSError) as e:
-                raise UsageError(f"cannot replay {args.replay}: {e}") from None
+                raise UsageError(short_message(f"cannot replay {_quoted(args.replay)}: {e}")
+                                 ) from None
         elif args.live:
             m.stop_replay()
-        widget = show(m)
-        widget.display_handle = display(widget, display_id=True)
+        show_chart(m)
 
     # -- cell magic --------------------------------------------------------------------------
     def _cell(self, argv: list[str], cell: str) -> Any:
@@ -491,23 +537,31 @@ class GpumemMagics(Magics):
                 m.check_device(_device_arg(str(args.device)))
             except SettingsError as e:
                 raise UsageError(f"--device: {e.why}") from None
-        if (args.top is not None or args.save) and not args.trace:
+        if (args.top is not None or args.save is not None) and not args.trace:
             raise UsageError("--top and --save go with --trace")
         if args.top is not None and args.top <= 0:
             raise UsageError("--top must be a positive number of sites")
+        save = _save_target(args.save) if args.save is not None else None
         tracer = trace.CellTracer() if args.trace else None
         why = tracer.start() if tracer is not None else ""
         if why:
             print(f"gpumem --trace: {why}")
             tracer = None
-        m.flush()  # earlier cells the sampler has not recorded yet
-        reset = args.reset_peak or m.config.peak == PEAK_RESET
-        before, wm, did_reset = m.begin(reset_peak=reset)
-        shell: Any = self.shell
-        result = shell.run_cell(cell, store_history=False)
-        after = m.end(wm)
-        traced = tracer.stop(top=args.top or trace.TOP_DEFAULT, save=args.save) \
-            if tracer is not None else None
+        try:
+            result, before, after, wm, did_reset = self._run_measured(cell, args.reset_peak)
+        except BaseException:
+            # Whatever failed (a KeyboardInterrupt between readings, a bug), allocation
+            # history is never left recording; stop() below switches it off otherwise.
+            if tracer is not None:
+                tracer.disarm()
+            raise
+        traced = None
+        if tracer is not None:
+            try:
+                traced = tracer.stop(top=args.top or trace.TOP_DEFAULT, save=save)
+            except Exception as e:
+                m._contain("%%gpumem --trace", e)
+                print(f"gpumem --trace: the trace could not be read ({type(e).__name__}).")
         if traced is not None and traced.snapshot is not None:
             m.last_trace = traced
             m.oom.extra_lines = _whatif_lines(traced.snapshot)
@@ -518,6 +572,8 @@ class GpumemMagics(Magics):
             m._contain("OOM explainer", e)
         finally:
             m.oom.extra_lines = None
+        if before is None or after is None or wm is None:
+            return None
         rec = build_record(
             execution_count=getattr(self.shell, "execution_count", None), cell_key="%%gpumem",
             source=cell, before=before, after=after, watermark=wm, reset_at_start=did_reset,
@@ -534,6 +590,43 @@ class GpumemMagics(Magics):
                 display(*shown)
             return shown[0] if args.o else None
         return report if args.o else None
+
+    def _run_measured(self, cell: str, reset_peak: bool) -> tuple[Any, Any, Any, Any, bool]:
+        """Run the cell between two exact readings. A reading that fails is reported in one
+        line and the cell still runs (unmeasured): the user's code comes first."""
+        m = self.monitor
+        before = after = wm = None
+        did_reset = False
+        try:
+            m.flush()  # earlier cells the sampler has not recorded yet
+            reset = reset_peak or m.config.peak == PEAK_RESET
+            before, wm, did_reset = m.begin(reset_peak=reset)
+        except Exception as e:
+            m._contain("%%gpumem", e)
+            print(f"gpumem: this cell runs unmeasured: reading memory failed "
+                  f"({type(e).__name__}).")
+            before = None
+        shell: Any = self.shell
+        result = shell.run_cell(cell, store_history=False)
+        if before is not None and wm is not None:
+            try:
+                after = m.end(wm)
+            except Exception as e:
+                m._contain("%%gpumem", e)
+                print(f"gpumem: this cell's end could not be read ({type(e).__name__}).")
+        return result, before, after, wm, did_reset
+
+
+def _save_target(path: str) -> str:
+    """``--save``'s file, checked before the cell runs: a regular file (or none yet) in a
+    directory that exists, never a link, a FIFO or a device."""
+    if not path.strip():
+        raise UsageError("--save needs a file name, for example --save cell.pickle")
+    try:
+        safeio.check_writable(os.path.expanduser(path))
+    except OSError as e:
+        raise UsageError(f"--save: cannot write {_quoted(path)}: {safeio.reason(e)}") from None
+    return path
 
 
 def _whatif_lines(snapshot: dict[str, Any]) -> Any:
@@ -560,8 +653,21 @@ def _stop_at_exit(ref: Any) -> None:
     monitor = ref()
     if monitor is not None:
         with contextlib.suppress(Exception):
+            # The process is ending: the chart's outputs can no longer be replaced, and a
+            # message to a closed socket logs an error. Forget the chart; stop the threads.
+            monitor.widget = None
             monitor.stop_replay()
             monitor.sampler.stop(timeout_s=0.5)
+
+
+def show_chart(monitor: Monitor) -> Any:
+    """Display the kernel's chart. Every display of one chart shares its display_id, so when
+    the chart ends each of them is replaced by its picture."""
+    from .widget import show
+
+    widget = show(monitor)
+    widget.display_handle = display(widget, display_id=widget.display_id)
+    return widget
 
 
 def current_monitor(shell: Any = None) -> Monitor | None:
@@ -586,6 +692,10 @@ def load(shell: Any) -> None:
         line = monitor.start()
         shell.events.register("pre_run_cell", monitor.pre_run_cell)
         shell.events.register("post_run_cell", monitor.post_run_cell)
+        # ipykernel sets exit_now while it handles a shutdown or restart request, before it
+        # replies: the chart can still turn its outputs into pictures then.
+        if hasattr(shell, "observe"):
+            shell.observe(monitor.on_shell_exit, names="exit_now")
         magics = GpumemMagics(shell, monitor)
         shell.register_magics(magics)
         setattr(shell, _SHELL_ATTR, monitor)
@@ -603,9 +713,7 @@ def load(shell: Any) -> None:
     print(line)
     if monitor.config.auto_show:
         try:
-            from .widget import show
-
-            display(show(monitor))
+            show_chart(monitor)
         except Exception as e:
             monitor._contain("auto-show", e)
 
@@ -624,6 +732,8 @@ def _teardown(shell: Any, monitor: Monitor, magics: GpumemMagics | None) -> None
                       ("post_run_cell", monitor.post_run_cell)):
         with contextlib.suppress(Exception):
             shell.events.unregister(event, fn)
+    with contextlib.suppress(Exception):
+        shell.unobserve(monitor.on_shell_exit, names="exit_now")
     monitor.shutdown()
     manager = getattr(shell, "magics_manager", None)
     if manager is not None:

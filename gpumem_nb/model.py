@@ -209,9 +209,11 @@ class CellDevice:
 
 
 def _delta(before: int | None, after: int | None) -> int | None:
-    if after is None:
+    """``after - before``; unknown when either is. (An allocator that was not up before a
+    cell reads 0 there, not None: see ``analysis.cell_devices``.)"""
+    if after is None or before is None:
         return None
-    return after - (before or 0)
+    return after - before
 
 
 @dataclass(frozen=True)

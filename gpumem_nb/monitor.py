@@ -36,15 +36,15 @@ from .cudastart import CudaStartWatch, launcher_refusal, refusal_advice
 from .holders import CellException, Scanner, last_exception_objects
 from .model import (
     CAUSE_LIVE_TENSORS,
-    ROLE_MULTIPROCESSING,
     CellMark,
     CellRecord,
     CellStart,
     Holder,
     Sample,
+    SourceStatus,
     Verdict,
 )
-from .oom import OomWatch
+from .oom import OomWatch, error_str, first_line
 from .records import History
 from .sampler import Sampler
 from .settings import (
@@ -63,6 +63,7 @@ from .settings import (
     show_value,
 )
 from .sources import Source
+from .sources.processes import roles_to_learn
 from .sources.torch import TorchSource
 from .units import format_bytes
 
@@ -72,6 +73,12 @@ REPLAY_ENV = "GPUMEM_NB_REPLAY"
 # After a cell, the sampler ticks this much later, once the kernel has sent the reply.
 AFTER_CELL_TICK_DELAY_S = 0.05
 ON_DEMAND_READ_TIMEOUT_S = 1.0
+# Finished cells waiting for the sampler's reading: past this many (a hung NVML call, a
+# stopped thread), the oldest are recorded at once with NVML's "after" unknown.
+MAX_QUEUED_CELLS = 64
+# Unload judges the cells still queued (verdicts included) for at most this long; any left
+# after it are recorded unjudged. Nothing queued is dropped.
+UNLOAD_JUDGE_S = 0.5
 
 
 class _Keep(enum.Enum):
@@ -96,6 +103,8 @@ class _Pending:
     reset_peak: bool
     watermark: Watermark = field(default_factory=Watermark)
     mark: CellMark = field(default_factory=lambda: CellMark(0.0))
+    device: int | None = None  # the device selection the cell started under
+    selection: int = 0  # Monitor._selections when it started
 
 
 @dataclass
@@ -172,6 +181,8 @@ class Monitor:
         # configure() is the one writer of interval, threshold and device selection.
         self.settings_listeners: list[SettingsListener] = []
         self._settings_lock = threading.Lock()
+        self._session_keys: set[str] = set()  # settings configure() changed in this load
+        self.saved_keys: tuple[str, ...] = ()  # what the latest save wrote
         self.on_record: list[Callable[[CellRecord, Verdict | None], None]] = []
         # The exception the user's latest failing cell raised, while the shell keeps it: only
         # that one is a holder or offered to cleanup (a widget handler's is not, issue 7).
@@ -190,8 +201,18 @@ class Monitor:
         self._done: deque[_Done] = deque()
         self._record_lock = threading.RLock()
         self._seen_cells: set[str] = set()  # cells run before: a re-run may need a verdict
+        # When the latest top-level cell began and the latest one ended (monotonic): a
+        # sampler reading stands for a cell's "after" only if no cell began since that cell
+        # ended, and for a cell's "before" only if it was read after the previous one ended.
+        self._cell_began_t_s = float("-inf")
+        self._cell_ended_t_s = float("-inf")
+        # Device-selection changes: a reading made under another selection covers other
+        # devices, so it is neither a baseline nor half of a record's comparison.
+        self._selections = 0
+        self._selection_t_s = float("-inf")
         self._apply_device(self.config.device)  # checked against the GPU count in start()
         self.widget: Any = None
+        self.read_problem = ""  # why the last on-demand reading is partial, for the magics
         self.started_t_s = time.monotonic()
         self.last_scan_graph = (0.0, 0)  # the last scan's time in autograd graphs, nodes walked
         self.oom = OomWatch(self)  # explains a CUDA OOM in the cell that hit it
@@ -238,6 +259,12 @@ class Monitor:
         self.cuda_start.close()
         self.sampler.remove_listener(self._on_sample)
         self.sampler.stop()
+        # Cells the sampler has not judged yet (the one run just before %reload_ext, a Run
+        # All's last few) are recorded and judged now: the next load keeps the history.
+        try:
+            self._finish_queue(UNLOAD_JUDGE_S)
+        except Exception as e:
+            self._contain("unload", e)
         self._drop_widget()
         try:
             self.source.close()
@@ -265,9 +292,11 @@ class Monitor:
             log.warning("gpumem_nb %s failed (reported once): %s", where, e)
 
     def _apply_device(self, index: int | None) -> None:
-        if hasattr(self.source, "selected"):
-            self.source.selected = None if index is None else [index]
         with self._baseline_lock:
+            self._selections += 1
+            self._selection_t_s = time.monotonic()
+            if hasattr(self.source, "selected"):
+                self.source.selected = None if index is None else [index]
             self._baseline = None  # other devices now: read them afresh
         self.sampler.request_tick()
 
@@ -301,6 +330,19 @@ class Monitor:
             self._contain("close", e)
         self._drop_widget()
 
+    def end_chart(self) -> bool:
+        """End the chart, if one is shown: its outputs become its static picture (with the
+        numbers), and its widgets close. False when there was none."""
+        had = self.widget is not None
+        self._drop_widget()
+        return had
+
+    def on_shell_exit(self, change: Any) -> None:
+        """The shell is exiting (a kernel shutdown or restart, or ``exit``): end the chart
+        while the kernel can still reach the browser, so its outputs become its picture."""
+        if change.get("new"):
+            self._drop_widget(kernel_exiting=True)
+
     # -- a cluster beside the kernel ---------------------------------------------------------
     def cluster_collector(self, client: Any, factory: Callable[[Any], Any]) -> Any:
         """The collector for ``client``, kept while it is the same client (it remembers the
@@ -329,22 +371,28 @@ class Monitor:
             except Exception as e:
                 self._contain("cluster feed", e)
 
-    def _drop_widget(self) -> None:
+    def _drop_widget(self, *, kernel_exiting: bool = False) -> None:
         # A chart draws one feed for its whole life; switching feeds makes a new one.
         if self.widget is not None:
             try:
-                self.widget.close()
+                if kernel_exiting:
+                    self.widget.close(kernel_exiting=True)
+                else:
+                    self.widget.close()
             except Exception as e:
                 self._contain("widget close", e)
             self.widget = None
 
     # -- readings ----------------------------------------------------------------------------
-    def read(self, timeout_s: float = ON_DEMAND_READ_TIMEOUT_S) -> Sample:
+    def read(self, timeout_s: float = ON_DEMAND_READ_TIMEOUT_S, *,
+             contain: bool = True) -> Sample:
         """A full reading, for on-demand work (status, cleanup), bounded in time.
 
         NVML can hang (a GPU falling off the bus, a wedged driver). The read runs on a
         helper thread; if it has not answered in ``timeout_s`` the magic goes on with the
-        allocator and host figures only, and NVML's columns read as unknown.
+        allocator and host figures only, and NVML's columns read as unknown. A reading that
+        fails does the same (``contain=False``: it raises instead, for cleanup's report to
+        say why). ``read_problem`` then holds the one line a magic shows; "" otherwise.
         """
         box: list[Sample] = []
         errors: list[BaseException] = []
@@ -359,13 +407,34 @@ class Monitor:
         worker.start()
         worker.join(timeout_s)
         if box:
+            self.read_problem = ""
             return box[0]
         if errors:
-            raise errors[0]
-        self._contain("NVML read", TimeoutError(
-            f"NVML did not answer within {timeout_s:g} s; its figures show as unknown"))
-        hot = self.read_hot()
+            if not contain:
+                raise errors[0]
+            e = errors[0]
+            self._contain("read", e)
+            why = f"reading the GPUs failed ({type(e).__name__}: " \
+                  f"{first_line(error_str(e), 120)})"
+        else:
+            why = f"NVML did not answer within {timeout_s:g} s"
+            self._contain("NVML read", TimeoutError(f"{why}; its figures show as unknown"))
+        self.read_problem = f"{why}; the columns it feeds show as unknown."
+        try:
+            hot = self.read_hot()
+        except Exception as e:
+            self._contain("read_hot", e)
+            return Sample(t_s=time.monotonic(), wall_s=time.time(), rss_bytes=None)
         return replace(hot, devices=tuple(replace(d, nvml=None) for d in hot.devices))
+
+    def status(self) -> SourceStatus:
+        """The sources' status, or a plain stand-in when asking fails."""
+        try:
+            return self.source.status()
+        except Exception as e:
+            self._contain("status", e)
+            return SourceStatus(nvml=f"status unavailable ({type(e).__name__})",
+                                torch="unknown", gpu_count=0)
 
     def learn_child_roles(self) -> None:
         """On demand (main thread): when the sampler has seen children of this kernel whose
@@ -375,11 +444,11 @@ class Monitor:
         latest = self.sampler.latest()
         if tree is None or latest is None:
             return
-        # Only multiprocessing's children can be DataLoader or launched workers.
-        if any(c.role == ROLE_MULTIPROCESSING for d in latest.devices
-               if d.nvml is not None for c in d.nvml.children):
+        unknown = roles_to_learn(c for d in latest.devices if d.nvml is not None
+                                 for c in d.nvml.children)
+        if unknown:
             try:
-                tree.learn_roles()
+                tree.learn_roles(unknown)
             except Exception as e:
                 self._contain("learn_roles", e)
 
@@ -408,14 +477,15 @@ class Monitor:
             wm.update(sample)
         with self._baseline_lock:
             base = self._baseline
-            if self._pending is None and base is not None and sample.t_s > base.t_s:
+            if self._pending is None and base is not None and sample.t_s > base.t_s \
+                    and sample.t_s > self._selection_t_s:
                 self._baseline = sample
         if self._done:
             with self._record_lock:
                 self._drain_done(sample)
 
     def gpu_count(self) -> int:
-        return self.source.status().gpu_count
+        return self.status().gpu_count
 
     # -- settings (the monitor is their one owner) ----------------------------------------------
     def check_device(self, index: Any) -> int | None:
@@ -468,8 +538,13 @@ class Monitor:
         with self._settings_lock:
             new = replace(self.config, **changes)
             if save:
-                save_config(new)
+                # Only what this call sets (or, for a bare save, what this session set):
+                # another kernel may have saved other keys since this one loaded the file.
+                keys = set(changes) or self._session_keys
+                save_config({k: getattr(new, k) for k in sorted(keys)})
+                self.saved_keys = tuple(sorted(keys - {"device"}))
             self._apply(new)
+            self._session_keys |= set(changes)
             now = replace(self.config)
         self._announce(now)
         return now
@@ -534,6 +609,7 @@ class Monitor:
             self._watermarks.remove(wm)
         with self._baseline_lock:
             self._baseline = after
+            self._cell_ended_t_s = after.t_s
         return after
 
     # -- cell hooks --------------------------------------------------------------------------
@@ -544,11 +620,20 @@ class Monitor:
             return  # nested (%%capture, run_cell from a cell): part of the outer cell
         try:
             t_s = time.monotonic()
+            with self._baseline_lock:
+                self._cell_began_t_s = t_s
             reset = self.config.peak == PEAK_RESET and self._reset_peaks()
             with self._baseline_lock:
                 before = self._baseline
                 if before is None or reset:
                     before = self._baseline = self.read_hot()
+                selection = self._selections
+                ended_t_s = self._cell_ended_t_s
+            if before.nvml_t_s is not None and before.nvml_t_s < ended_t_s:
+                # NVML's figures here were read before the previous cell ended (the hooks
+                # reuse the sampler's): what that cell did would count as this one's.
+                before = replace(before, devices=tuple(
+                    replace(d, nvml=None) for d in before.devices))
             if self.cuda_start.started is None:
                 self.cuda_start.cell_started(_pre_count(self.shell, info))
             wm = Watermark()
@@ -558,7 +643,7 @@ class Monitor:
                 source=getattr(info, "raw_cell", "") or "",
                 execution_count=_pre_count(self.shell, info),
                 thread_id=threading.get_ident(), reset_peak=reset, watermark=wm,
-                mark=CellMark(t_s),
+                mark=CellMark(t_s), device=self.config.device, selection=selection,
             )
             # Marked at its start, so a long cell shows on the chart while it runs.
             self.marks.append(self._pending.mark)
@@ -611,6 +696,11 @@ class Monitor:
         the cell, once the kernel has sent the reply.
         """
         after = self.end(pending.watermark)
+        if pending.selection != self._selections:
+            # The cell changed which GPUs are watched (%gpumem config --device): compare
+            # only the devices both its readings cover.
+            after = _covered(after, pending.device, self.config.device)
+            pending.before = _covered(pending.before, pending.device, self.config.device)
         raised = _cell_exception(result)
         count = getattr(result, "execution_count", None) or pending.execution_count
         self.last_cell_exception.note(count, result, self.shell)
@@ -626,11 +716,13 @@ class Monitor:
                 self._observe(done.record, None)
             with self._baseline_lock:
                 self._done.append(done)  # NVML's "after" still to come
-                while len(self._done) > 64 and self._done[0].record is not None:
-                    self._done.popleft()  # the sampler is stopped: keep what we have
         else:
             with self._baseline_lock:
                 self._done.append(done)
+        if len(self._done) > MAX_QUEUED_CELLS:
+            with self._record_lock:
+                # The sampler is stopped or stuck: record the oldest now, NVML unknown.
+                self._drain_done(None, keep=MAX_QUEUED_CELLS)
         # The sampler records, judges and redraws a moment later: that work must not compete
         # with the kernel sending this cell's reply.
         self.sampler.request_tick(delay_s=AFTER_CELL_TICK_DELAY_S)
@@ -672,24 +764,48 @@ class Monitor:
         self._history.append(rec)
         return rec
 
-    def _drain_done(self, sample: Sample | None) -> None:
+    def _drain_done(self, sample: Sample | None, *, keep: int = 0) -> None:
         """Record and judge finished cells in order; with ``sample`` (sampler thread) only
-        those that ended before it, completing their NVML figures from it."""
+        those that ended before it, completing their NVML figures from it; without, all but
+        the newest ``keep``.
+
+        A reading stands for a cell's NVML "after" only if no cell began between that cell's
+        end and the reading: in a fast Run All the next cell may already have allocated
+        when the sampler reads (issue 16: a ``pass`` cell flagged with 64 MB "outside
+        PyTorch"). Such a cell's NVML "after" is unknown instead, and its verdict rests on
+        the allocator alone."""
         while True:
             with self._baseline_lock:
-                if not self._done or (
+                if len(self._done) <= keep or (
                         sample is not None and self._done[0].after.t_s > sample.t_s):
                     return
                 done = self._done.popleft()
+                later_cell = self._cell_began_t_s > done.after.t_s
+            after = sample if sample is not None and not later_cell else None
             if done.record is None:
-                rec = self._record(done, sample)
+                rec = self._record(done, after)
                 self._observe(rec, done.context if sample is not None else None)
-            elif sample is not None:
-                self._history.replace(done.record, complete_nvml(done.record, sample))
             else:
-                # The next cell came before the sampler's reading after this one: NVML's
+                # Without a reading (or with one the next cell may have changed), NVML's
                 # "after" is unknown, and shown so rather than the stale figure.
-                self._history.replace(done.record, complete_nvml(done.record, None))
+                self._history.replace(done.record, complete_nvml(done.record, after))
+
+    def _finish_queue(self, budget_s: float) -> None:
+        """Unload: record every queued cell, judging them (each verdict printed into its own
+        cell's output) while ``budget_s`` lasts; later ones are recorded unjudged."""
+        deadline = time.monotonic() + budget_s
+        with self._record_lock:
+            while True:
+                with self._baseline_lock:
+                    if not self._done:
+                        return
+                    done = self._done.popleft()
+                if done.record is not None:
+                    self._history.replace(done.record, complete_nvml(done.record, None))
+                elif time.monotonic() < deadline:
+                    self._observe(self._record(done, None), done.context)
+                else:
+                    self._record(done, None)
 
     def _observe(self, rec: CellRecord, context: contextvars.Context | None) -> None:
         verdict = self.tracker.observe(rec)
@@ -765,11 +881,19 @@ class Monitor:
     def cleanup(self, request: cleanup.CleanupRequest) -> cleanup.CleanupReport:
         if self.busy_elsewhere():
             raise RuntimeError("a cell is running; cleanup waits until it finishes")
-        report = cleanup.run(request, shell=self.shell, measure=self.read,
+        report = cleanup.run(request, shell=self.shell,
+                             measure=lambda: self.read(contain=False),
                              cell_exception=self.last_cell_exception)
         with self._baseline_lock:
             self._baseline = None  # cleanup changed the allocator: read afresh
         return report
+
+
+def _covered(sample: Sample, before: int | None, after: int | None) -> Sample:
+    """``sample`` with only the devices both selections (None: every GPU) watch."""
+    return replace(sample, devices=tuple(
+        d for d in sample.devices
+        if (before is None or d.index == before) and (after is None or d.index == after)))
 
 
 def _cell_exception(result: Any) -> BaseException | None:
@@ -789,7 +913,15 @@ def _repair(cfg: Config) -> None:
 
 
 def error_text(result: Any) -> str:
+    """A cell's error in one short line for its record; never raises, whatever the
+    exception's ``__str__`` or ``__bool__`` do, and costs the same for a 10 MB message."""
     if result is None:
         return ""
-    err = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
-    return f"{type(err).__name__}: {err}"[:200] if err is not None else ""
+    err = getattr(result, "error_in_exec", None)
+    if err is None:
+        err = getattr(result, "error_before_exec", None)
+    if not isinstance(err, BaseException):
+        return ""
+    name = type(err).__name__
+    text = first_line(error_str(err), 200)
+    return f"{name}: {text}"[:200] if text else name

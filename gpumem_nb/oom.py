@@ -35,7 +35,6 @@ from .holders import exception_chain, last_value
 from .model import (
     ROLE_DATALOADER,
     ROLE_LAUNCHED,
-    ROLE_MULTIPROCESSING,
     AllocatorReading,
     CellStart,
     ChildProcess,
@@ -43,6 +42,7 @@ from .model import (
     Sample,
 )
 from .report import html_table
+from .sources.processes import roles_to_learn
 from .sources.torch import TorchDebug, alloc_conf
 from .units import format_bytes
 
@@ -60,32 +60,53 @@ FORM_DRIVER = "CUDA runtime or library"  # "CUDA error: out of memory", cuBLAS/c
 FORM_UNKNOWN = "unrecognised"
 
 # c10's format_size prints "N bytes", or two decimals of KiB/MiB/GiB.
-_SIZE = r"([0-9]+(?:\.[0-9]+)?)\s*(bytes|B|KiB|MiB|GiB|TiB|KB|MB|GB)"
+#
+# Every pattern here runs on the text of any exception a cell raises, so each must take time
+# linear in the text, whatever it holds (issue 16: a 1,200-space run once froze the kernel for
+# seconds in a pattern that backtracked cubically). The rules that keep it so:
+# - a number starts only where no digit or point precedes it (the lookbehind), so a run of
+#   digits is tried from its first digit only, not from each of its n positions;
+# - every "anything up to" is bounded ({0,N}), never ``[^)]*`` or ``.*?`` followed by more
+#   pattern, which retries from every start;
+# - no two adjacent quantifiers can share characters (``\s+(.*?)\s*$`` was the cubic one).
+# And long messages are read only at their head and tail (``_window``).
+_NUMBER = r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)"
+_SIZE = _NUMBER + r"[ \t]*(bytes|B|KiB|MiB|GiB|TiB|KB|MB|GB)"
 _UNIT = {"bytes": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
          "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
 # NVML's "not available" and the async backend's "no limit" are 2**64 - 1, printed as
 # 17179869184.00 GiB. Anything this large is a sentinel, not a measurement.
 _SENTINEL_BYTES = 1 << 62
 _EB = 1 << 60
+# A real OOM message is under 2 KiB; a longer text (a user's error quoting a log) is read
+# only this far from each end, so parsing costs the same for 10 kB and 10 MB.
+WINDOW_CHARS = 4096
+_GAP = "\n\x00\n"  # joins head and tail: no pattern can match across it
+# Device indexes and PIDs: more digits than this is not a device or a process.
+_MAX_INDEX_DIGITS = 9
+# Python refuses int() on more than 4300 digits; a size this long is a sentinel anyway.
+_MAX_SIZE_DIGITS = 30
 
 _NATIVE_HEAD = re.compile(
-    r"Tried to allocate " + _SIZE + r"\.\s+GPU (\d+) has a total capac(?:i)?ty of " + _SIZE
-    + r" of which " + _SIZE + r" is free\.", re.S)
-_CLASSIC_HEAD = re.compile(r"Tried to allocate " + _SIZE + r"\s*\(GPU (\d+);([^)]*)\)", re.S)
-_OTHER_PROC = re.compile(r"\bProcess (\d+) has " + _SIZE + r" memory in use\.")
+    r"Tried to allocate " + _SIZE + r"\.\s{1,16}GPU ([0-9]+) has a total capac(?:i)?ty of "
+    + _SIZE + r" of which " + _SIZE + r" is free\.")
+_CLASSIC_HEAD = re.compile(
+    r"Tried to allocate " + _SIZE + r"\s{0,16}\(GPU ([0-9]+);([^()]{0,512})\)")
+_CLASSIC_PART = re.compile(r"\s*" + _SIZE + r"\s+(.*)", re.S)
+_OTHER_PROC = re.compile(r"\bProcess ([0-9]+) has " + _SIZE + r" memory in use\.")
 _THIS_PROC = re.compile(r"\b[Tt]his process has " + _SIZE + r" memory in use\.")
 _ALLOWED = re.compile(_SIZE + r" allowed;")
 _OF_ALLOCATED = re.compile(
     r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch,"
-    r"(?:\s*with " + _SIZE + r" allocated in private pools(?: \([^)]*\))?,)?"
-    r"\s*and " + _SIZE + r" is reserved by PyTorch but unallocated", re.S)
-_ASYNC_HEAD = re.compile(r"Allocation on device (\d+) would exceed allowed memory")
+    r"(?:\s{0,16}with " + _SIZE + r" allocated in private pools(?: \([^)]{0,200}\))?,)?"
+    r"\s{0,16}and " + _SIZE + r" is reserved by PyTorch but unallocated")
+_ASYNC_HEAD = re.compile(r"Allocation on device ([0-9]+) would exceed allowed memory")
 _ASYNC_FIELDS = {
-    "allocated": re.compile(r"Currently allocated\s*:\s*" + _SIZE),
-    "requested": re.compile(r"Requested\s*:\s*" + _SIZE),
-    "total": re.compile(r"Device limit\s*:\s*" + _SIZE),
-    "free": re.compile(r"Free \(according to CUDA\)\s*:\s*" + _SIZE),
-    "limit": re.compile(r"PyTorch limit[^:]*:\s*" + _SIZE, re.S),
+    "allocated": re.compile(r"Currently allocated\s{0,64}:\s{0,64}" + _SIZE),
+    "requested": re.compile(r"Requested\s{0,64}:\s{0,64}" + _SIZE),
+    "total": re.compile(r"Device limit\s{0,64}:\s{0,64}" + _SIZE),
+    "free": re.compile(r"Free \(according to CUDA\)\s{0,64}:\s{0,64}" + _SIZE),
+    "limit": re.compile(r"PyTorch limit[^:]{0,200}:\s{0,64}" + _SIZE),
 }
 _DRIVER = re.compile(
     r"CUDA error: out of memory|CUDA driver error: out of memory|cudaErrorMemoryAllocation"
@@ -93,14 +114,39 @@ _DRIVER = re.compile(
     r"|CUSOLVER_STATUS_ALLOC_FAILED|CURAND_STATUS_ALLOCATION_FAILED")
 _CUDA_OOM = re.compile(r"CUDA out of memory|would exceed allowed memory\. \(out of memory\)")
 _NOT_CUDA = re.compile(r"\b(?:XPU|MPS backend|MTIA|HPU) out of memory")
+# How a RuntimeError that *is* an allocator or driver OOM begins (torch < 1.13 raised the
+# allocator's as a plain RuntimeError; torch.AcceleratorError and library errors still are).
+# A message that only quotes one further in is someone's own error, not an OOM.
+_OOM_START = re.compile(
+    r"\s{0,16}(?:CUDA out of memory"
+    r"|Allocation on device [0-9]+ would exceed allowed memory"
+    r"|(?:CUDA|CUDA driver|cuBLAS|CUBLAS|cuDNN|CUDNN|cuFFT|cuSOLVER|cusolver|cuRAND|curand)"
+    r" error: (?:out of memory|cudaErrorMemoryAllocation|[A-Z_]{0,40}ALLOC(?:ATION)?_FAILED)"
+    r"|cudaErrorMemoryAllocation"
+    r"|(?:CUBLAS_STATUS|CUDNN_STATUS|CUFFT|CUSOLVER_STATUS|CURAND_STATUS)_ALLOC(?:ATION)?_FAILED)")
+
+
+def _window(text: str) -> str:
+    """The head and tail of a long text, where an OOM message's figures are."""
+    if len(text) <= 2 * WINDOW_CHARS + len(_GAP):
+        return text
+    return text[:WINDOW_CHARS] + _GAP + text[-WINDOW_CHARS:]
+
+
+def _index(digits: str) -> int | None:
+    """A device index or PID as printed; None when it is too long to be one."""
+    return int(digits) if len(digits) <= _MAX_INDEX_DIGITS else None
 
 
 def _bytes(number: str, unit: str) -> tuple[int | None, int]:
     """(bytes or None for a sentinel, rounding error of the printed figure)."""
+    whole, _, decimals = number.partition(".")
+    if len(whole) > _MAX_SIZE_DIGITS:  # beyond any sentinel (and beyond float's range)
+        return None, 0
     scale = _UNIT[unit]
-    value = round(float(number) * scale)
-    decimals = len(number.split(".")[1]) if "." in number else 0
-    precision = int(scale * 0.5 * 10 ** -decimals) if scale > 1 else 0
+    value = round(float(f"{whole}.{decimals[:_MAX_SIZE_DIGITS] or '0'}") * scale)
+    shown = min(len(decimals), _MAX_SIZE_DIGITS)
+    precision = int(scale * 0.5 * 10 ** -shown) if scale > 1 else 0
     return (None if value >= _SENTINEL_BYTES else value), precision
 
 
@@ -132,7 +178,10 @@ class OomMessage:
 
 
 def parse_oom_message(text: str) -> OomMessage | None:
-    """Read any CUDA OOM message PyTorch has printed; None when ``text`` is not one."""
+    """Read any CUDA OOM message PyTorch has printed; None when ``text`` is not one.
+
+    Takes time linear in ``text`` and reads at most ``WINDOW_CHARS`` from each end of it."""
+    text = _window(text)
     if _NOT_CUDA.search(text):
         return None
     figures: dict[str, Any] = {}
@@ -148,7 +197,7 @@ def parse_oom_message(text: str) -> OomMessage | None:
     head = _NATIVE_HEAD.search(text)
     if head is not None:
         figures.update(form=FORM_NATIVE, requested_bytes=size(head, 1),
-                       device=int(head.group(3)), total_bytes=size(head, 4),
+                       device=_index(head.group(3)), total_bytes=size(head, 4),
                        free_bytes=size(head, 6))
         of = _OF_ALLOCATED.search(text)
         if of is not None:
@@ -157,16 +206,16 @@ def parse_oom_message(text: str) -> OomMessage | None:
                 figures["private_pool_bytes"] = size(of, 3)
         figures["allowed_bytes"] = size(_ALLOWED.search(text))
         figures["this_process_bytes"] = size(_THIS_PROC.search(text))
-        figures["other_processes"] = tuple(
-            (int(m.group(1)), size(m, 2)) for m in _OTHER_PROC.finditer(text))
+        others = ((_index(m.group(1)), size(m, 2)) for m in _OTHER_PROC.finditer(text))
+        figures["other_processes"] = tuple((pid, n) for pid, n in others if pid is not None)
     elif (classic := _CLASSIC_HEAD.search(text)) is not None:
         figures.update(form=FORM_CLASSIC, requested_bytes=size(classic, 1),
-                       device=int(classic.group(3)))
+                       device=_index(classic.group(3)))
         for part in classic.group(4).split(";"):
-            m = re.match(r"\s*" + _SIZE + r"\s+(.*?)\s*$", part)
+            m = _CLASSIC_PART.match(part)
             if m is None:
                 continue
-            what = m.group(3)
+            what = " ".join(m.group(3).split())
             key = {"total capacity": "total_bytes", "already allocated": "allocated_bytes",
                    "free": "free_bytes", "allowed": "allowed_bytes",
                    "reserved in total by PyTorch": "reserved_bytes",
@@ -176,7 +225,7 @@ def parse_oom_message(text: str) -> OomMessage | None:
                 figures[key] = size(m)
     elif (a := _ASYNC_HEAD.search(text)) is not None:
         found = {k: size(r.search(text)) for k, r in _ASYNC_FIELDS.items()}
-        figures.update(form=FORM_ASYNC, device=int(a.group(1)),
+        figures.update(form=FORM_ASYNC, device=_index(a.group(1)),
                        allocated_bytes=found["allocated"], requested_bytes=found["requested"],
                        total_bytes=found["total"], free_bytes=found["free"],
                        allowed_bytes=found["limit"])
@@ -191,21 +240,56 @@ def parse_oom_message(text: str) -> OomMessage | None:
     return OomMessage(precision_bytes=precision[0], **figures)
 
 
+def error_str(exc: BaseException) -> str:
+    """``str(exc)``, or "" when its ``__str__`` raises or returns no text: an odd exception
+    must neither lose its cell's record nor stop its OOM from being explained."""
+    try:
+        text = str(exc)
+    except Exception:
+        return ""
+    return text if isinstance(text, str) else ""
+
+
+def first_line(text: str, limit: int) -> str:
+    """The first non-blank line of ``text``, at most ``limit`` characters, in time bounded by
+    ``limit`` whatever the text's length."""
+    head = text[: limit + 4096].lstrip()
+    return head[: limit + 1].splitlines()[0][:limit] if head else ""
+
+
+def _torch_oom_type(exc: BaseException) -> bool:
+    """``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError`` before 2.5) or a subclass,
+    recognised by name and module so that torch is never imported."""
+    for cls in type(exc).__mro__:
+        module = getattr(cls, "__module__", None)
+        if cls.__name__ == "OutOfMemoryError" and isinstance(module, str) and (
+                module == "torch" or module.startswith("torch.")):
+            return True
+    return False
+
+
+def is_cuda_oom(exc: BaseException) -> bool:
+    """Whether ``exc`` itself is an allocator or driver out-of-memory error: by type, or a
+    ``RuntimeError`` whose message begins like one. A user's own error that merely quotes
+    "CUDA out of memory" is not."""
+    text = error_str(exc)
+    if _torch_oom_type(exc):
+        return not _NOT_CUDA.search(_window(text))
+    return isinstance(exc, RuntimeError) and _OOM_START.match(text) is not None and \
+        parse_oom_message(text) is not None
+
+
 def find_cuda_oom(exc: BaseException | None) -> BaseException | None:
     """The CUDA OOM in ``exc`` or in what caused it (a wrapper's ``__cause__``), else None.
 
     ``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError`` before 2.5) is recognised by
     type; the ``RuntimeError`` of torch < 1.13, ``torch.AcceleratorError`` and library errors
-    by their text.
+    by how their text begins.
     """
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen and len(seen) < 8:
         seen.add(id(exc))
-        text = str(exc)
-        by_type = type(exc).__name__ == "OutOfMemoryError" and \
-            type(exc).__module__.split(".")[0] == "torch"
-        if (by_type and not _NOT_CUDA.search(text)) or (
-                isinstance(exc, Exception) and parse_oom_message(text) is not None):
+        if is_cuda_oom(exc):
             return exc
         exc = exc.__cause__ or exc.__context__
     return None
@@ -520,9 +604,10 @@ def _others_summary(f: OomFacts) -> str:
     kids = f.children_bytes
     n = sum(1 for p in f.other_processes if p.child is not None)
     if n and kids == f.others_bytes:
+        each = "each " if n > 1 else ""
         return (f"This kernel's own child process{'es' if n > 1 else ''} "
-                f"hold{'' if n > 1 else 's'} {format_bytes(kids)} of this GPU, each with a CUDA "
-                "context of its own (about 0.5 GiB) besides what it allocated")
+                f"hold{'' if n > 1 else 's'} {format_bytes(kids)} of this GPU, {each}with a "
+                "CUDA context of its own (about 0.5 GiB) besides what it allocated")
     text = f"Other processes hold {format_bytes(f.others_bytes)} of this GPU"
     if n:
         text += (f", {format_bytes(kids)} of it this kernel's own child process"
@@ -1031,6 +1116,7 @@ class OomWatch:
         self.observer_status = "not attached: CUDA is not initialized yet"
         self._observer: Any = None
         self._attach_tried = False
+        self._closed = False
         self._generation = 0
         self._scanned_generation = -1
         self._previous_error = ""
@@ -1042,8 +1128,10 @@ class OomWatch:
 
     # -- the observer ------------------------------------------------------------------------
     def ensure_attached(self) -> None:
-        """Register the observer once CUDA is up; a no-op afterwards (one attribute check)."""
-        if self._attach_tried or not self.torch.initialized:
+        """Register the observer once CUDA is up; a no-op afterwards (one attribute check).
+        Never after ``close``: the process-wide observer would keep an unloaded monitor
+        alive (a ``%%gpumem`` cell that ran ``%unload_ext`` explains its own result after)."""
+        if self._attach_tried or self._closed or not self.torch.initialized:
             return
         self._attach_tried = True
         observer, why = self.torch.oom_observer(_Trampoline)
@@ -1058,6 +1146,7 @@ class OomWatch:
 
     def close(self) -> None:
         """Unload: the process keeps the registered observer; it stops calling us."""
+        self._closed = True
         obs = self._observer
         if obs is not None and getattr(obs, "handler", None) == self._on_oom:
             obs.handler = None
@@ -1135,7 +1224,7 @@ class OomWatch:
             return None
         earlier, self._errors = self._errors, self._errors + 1
         previous, self._previous_error = self._previous_error, \
-            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:120]
+            f"{type(err).__name__}: {first_line(error_str(err), 120)}"[:120]
         oom = find_cuda_oom(err)
         if oom is None:
             return None
@@ -1151,7 +1240,7 @@ class OomWatch:
                 previous_error: str = "", sites: Sequence[SiteAtFailure] = (),
                 cell_error: BaseException | None = None,
                 earlier_errors: int = 0) -> OomExplanation:
-        text = str(exc)
+        text = error_str(exc)
         msg = parse_oom_message(text) or OomMessage(FORM_UNKNOWN)
         event = self._event_for(msg, generation)
         if event is None:
@@ -1183,7 +1272,7 @@ class OomWatch:
         return OomExplanation(
             facts=pieces.facts, causes=causes,
             actions=next_steps(pieces.facts, causes, pieces.judged, dry),
-            error=text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__,
+            error=first_line(text, 300) or type(exc).__name__,
             form=msg.form, source=pieces.source, holders=pieces.holders,
             sites_at_failure=tuple(sites), observer_s=pieces.observer_s,
             notes=tuple(pieces.notes) + extra, stage_s=stages)
@@ -1269,9 +1358,8 @@ class OomWatch:
         if tree is not None and listed and all(os.path.exists(f"/proc/{p}") for p, _ in listed):
             try:
                 children = {c.pid: c for c in tree.children_of(listed)}
-                # Only multiprocessing's children can be DataLoader or launched workers.
-                if any(c.role == ROLE_MULTIPROCESSING for c in children.values()
-                       ) and tree.learn_roles():
+                unknown = roles_to_learn(children.values())
+                if unknown and tree.learn_roles(unknown):
                     children = {c.pid: c for c in tree.children_of(listed)}
             except Exception:
                 children = {}
@@ -1289,7 +1377,7 @@ class OomWatch:
         this, others, unknown = self._processes_facts(
             ev.processes, msg.other_processes, msg.this_process_bytes,
             ours_expected=bool(r and r.reserved_bytes))
-        children_s = self.clock() - t  # which listed processes are this kernel's children
+        named_s = self.clock() - t
         holders = ev.holders
         if holders is None:  # a second OOM in the same cell: reuse the first one's scan
             holders = next((e.holders for e in reversed(self.events)
@@ -1309,7 +1397,7 @@ class OomWatch:
             **_cell_facts(ev.cell, r.allocated_bytes if r else msg.allocated_bytes))
         stages = {"observer": ev.cost_s}
         stages.update(ev.stage_s)
-        stages["children"] = children_s
+        stages["children"] = named_s  # naming the other processes (this kernel's children)
         return _Pieces(facts=facts, holders=tuple(holders), judged=tuple(holders),
                        source="Measured at the failure by the allocator's OOM observer",
                        observer_s=ev.cost_s, notes=self._unknown_note(unknown),

@@ -25,13 +25,20 @@ import errno
 import os
 import stat
 import tempfile
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Protocol
 
 PathLike = str | os.PathLike[str]
 
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+class Writer(Protocol):
+    def write(self, data: bytes | bytearray | memoryview, /) -> int: ...
 
 
 class RefusedPath(OSError):
@@ -151,8 +158,49 @@ def _umask() -> int:
     return mask
 
 
-def write_text_atomic(path: PathLike, text: str) -> Path:
-    """Replace ``path`` with ``text`` in one step; refuse links and non-regular files.
+def check_writable(path: PathLike) -> str:
+    """``path`` as text if ``write_atomic`` may write there: not a link, not a FIFO, device
+    or directory, in a directory that exists; ``OSError`` otherwise. Lets a caller refuse a
+    destination before doing the work whose result it would hold."""
+    text_path = _checked(path)
+    try:
+        st = os.lstat(text_path)
+    except FileNotFoundError:
+        pass
+    else:
+        _refuse_kind(text_path, st.st_mode)
+    directory = os.path.dirname(os.path.abspath(text_path))
+    if not os.path.isdir(directory):
+        raise RefusedPath(text_path, "is in a directory that does not exist")
+    return text_path
+
+
+def _refuse_kind(text_path: str, mode: int) -> None:
+    if stat.S_ISLNK(mode):
+        raise RefusedPath(text_path, "is a symbolic link; gpumem_nb writes only regular "
+                                     "files and does not follow links")
+    if not stat.S_ISREG(mode):
+        raise RefusedPath(text_path, f"is {_kind(mode)}, not a regular file")
+
+
+class _FdWriter:
+    """The one method ``pickle.dump`` and ``write_atomic``'s callers need, straight to the
+    descriptor (every byte written, or ``OSError``)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view):]
+        return len(data)
+
+
+def write_atomic(path: PathLike, fill: Callable[[Writer], object]) -> Path:
+    """Replace ``path`` in one step with what ``fill`` writes to the file it is handed;
+    refuse links and non-regular files. Whatever ``fill`` raises leaves the old file whole
+    and no temporary file behind.
 
     The directory must exist. An existing file keeps its permission bits.
     """
@@ -162,20 +210,13 @@ def write_text_atomic(path: PathLike, text: str) -> Path:
     except FileNotFoundError:
         mode = 0o666 & ~_umask()  # what open() would give a new file
     else:
-        if stat.S_ISLNK(st.st_mode):
-            raise RefusedPath(text_path, "is a symbolic link; gpumem_nb writes only regular "
-                                         "files and does not follow links")
-        if not stat.S_ISREG(st.st_mode):
-            raise RefusedPath(text_path, f"is {_kind(st.st_mode)}, not a regular file")
+        _refuse_kind(text_path, st.st_mode)
         mode = stat.S_IMODE(st.st_mode)
     directory, name = os.path.split(os.path.abspath(text_path))
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
     try:
         try:
-            # A lone surrogate (from a JSON frontend) cannot be UTF-8: write it escaped, not fail.
-            view = memoryview(text.encode("utf-8", errors="backslashreplace"))
-            while view:
-                view = view[os.write(fd, view):]
+            fill(_FdWriter(fd))
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -186,3 +227,53 @@ def write_text_atomic(path: PathLike, text: str) -> Path:
             os.unlink(tmp)
         raise
     return Path(text_path)
+
+
+def write_text_atomic(path: PathLike, text: str) -> Path:
+    """``write_atomic`` for UTF-8 text."""
+    # A lone surrogate (from a JSON frontend) cannot be UTF-8: write it escaped, not fail.
+    data = text.encode("utf-8", errors="backslashreplace")
+    return write_atomic(path, lambda f: f.write(data))
+
+
+@contextlib.contextmanager
+def locked(path: PathLike, *, timeout_s: float = 2.0) -> Iterator[None]:
+    """Hold an exclusive lock on the lock file ``path`` (created if missing, never followed
+    through a link) so that two kernels saving the same file take turns. Waits at most
+    ``timeout_s``, then raises ``OSError``. Where ``fcntl`` is missing (Windows) the block
+    runs unlocked: the atomic replace still keeps the file whole."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not on Linux
+        yield
+        return
+    text_path = _checked(path)
+    flags = os.O_RDWR | os.O_CREAT | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC
+    try:
+        fd = os.open(text_path, flags, 0o600)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise RefusedPath(text_path, "is a symbolic link; gpumem_nb does not follow "
+                                         "links for its lock file") from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise RefusedPath(text_path, f"is {_kind(mode)}, not a regular file")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise RefusedPath(text_path, f"stayed locked by another process for "
+                                                 f"{timeout_s:g} s (another kernel saving)"
+                                      ) from None
+                time.sleep(0.01)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

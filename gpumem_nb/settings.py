@@ -16,11 +16,13 @@ process sees is known only once the sources are up: the monitor checks that.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -208,13 +210,35 @@ def load_config() -> Config:
     return cfg
 
 
-def save_config(cfg: Config) -> Path:
-    """Write the settings atomically; an ``OSError`` means the old file is untouched.
+def lock_path(path: Path) -> Path:
+    """The lock file that saves of ``path`` take turns on (kept; removing it would race)."""
+    return path.with_name(path.name + ".lock")
 
-    The settings file is never written through a symbolic link (see ``safeio``).
+
+def save_config(changes: Mapping[str, Any]) -> Path:
+    """Write the settings in ``changes`` into the file, keeping everything else it holds.
+
+    The file is read as it is on disk at save time, under a lock (``safeio.locked``), so two
+    kernels saving different keys both keep theirs; a kernel never writes back values it
+    merely loaded. Atomic: an ``OSError`` (a link, a file that is not a JSON object of
+    settings, a lock held too long) means the old file is untouched. Which GPU to watch
+    belongs to a session, not to every notebook: ``device`` is never saved.
     """
     path = config_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = asdict(cfg)
-    data.pop("device")  # which GPU to watch belongs to a session, not to every notebook
-    return safeio.write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+    with safeio.locked(lock_path(path)):
+        try:
+            text = safeio.read_text(path, max_bytes=MAX_SETTINGS_BYTES, follow_symlinks=False)
+        except FileNotFoundError:
+            data: dict[str, Any] = {}
+        else:
+            loaded: Any = None
+            with contextlib.suppress(ValueError, RecursionError):
+                loaded = json.loads(text)
+            if not isinstance(loaded, dict):
+                raise safeio.RefusedPath(
+                    safeio.shown(path), "does not hold a JSON object of settings; fix or "
+                    "remove it before saving")
+            data = loaded
+        data.update((k, v) for k, v in changes.items() if k != "device")
+        return safeio.write_text_atomic(path, json.dumps(data, indent=2) + "\n")

@@ -66,6 +66,7 @@ class ChartData:
     total_bytes: int | None = None
     title: str = ""
     replay: str | None = None  # the recording's name when the chart plays one back
+    x_title: str = "seconds since %load_ext gpumem_nb"
 
     def known(self, key: str) -> list[tuple[float, float]]:
         return [(t, v) for t, v in self.series.get(key, ()) if v is not None]
@@ -159,7 +160,8 @@ def tick_text(v: float) -> str:
 
 # -- text ------------------------------------------------------------------------------------
 def replay_banner(replay: str) -> str:
-    return f"REPLAY of {replay} — not your GPU"
+    what = replay.removeprefix("replay of ")
+    return f"REPLAY of {what}, not your GPU"
 
 
 def describe(data: ChartData) -> str:
@@ -251,7 +253,16 @@ def render_svg(data: ChartData) -> str:
     """The chart as a standalone SVG document (a string, UTF-8 text)."""
     keys = [k for k in LEGEND_ORDER if data.known(k)]
     summary = describe(data)
-    plot_top = TITLE_BAND_PX + LABEL_BAND_PX
+    # The title sits left and the total/headroom note right; when the two would meet (a
+    # replay's long title), the note takes a line of its own.
+    note = _total_note(data)
+    title_w = text_width_px(data.title or "gpumem_nb", FONT_PX * 1.08)
+    if data.replay:
+        title_w += text_width_px(" " + replay_banner(data.replay), FONT_PX * 1.08)
+    note_w = text_width_px(note)
+    two_lines = bool(note) and LEFT_PX + title_w + 16 + note_w > WIDTH_PX - RIGHT_PX
+    title_band = TITLE_BAND_PX + (16 if two_lines else 0)
+    plot_top = title_band + LABEL_BAND_PX
     plot_bottom = plot_top + PLOT_HEIGHT_PX
     plot_w = WIDTH_PX - LEFT_PX - RIGHT_PX
     body: list[str] = []
@@ -308,16 +319,13 @@ def render_svg(data: ChartData) -> str:
     body.append(f'<text x="14" y="{plot_top + PLOT_HEIGHT_PX // 2}" text-anchor="middle" '
                 f'transform="rotate(-90 14 {plot_top + PLOT_HEIGHT_PX // 2})">GiB</text>')
     body.append(f'<text x="{LEFT_PX + plot_w // 2}" y="{plot_bottom + 30}" '
-                'text-anchor="middle">seconds since %load_ext gpumem_nb</text>')
+                f'text-anchor="middle">{html.escape(data.x_title)}</text>')
 
     # Total and headroom: named in the corner always, drawn as a line when in range.
     if total_gib > 0:
-        used = data.known("nvml_used")
-        note = f"total {total_gib:.1f} GiB"
-        if used:
-            note += f" · headroom {max(total_gib - used[-1][1] / GIB, 0):.1f} GiB"
-        body.append(f'<text class="total-note" x="{WIDTH_PX - RIGHT_PX}" y="16" '
-                    f'text-anchor="end" fill="{TOTAL_COLOR}">{note}</text>')
+        body.append(f'<text class="total-note" x="{WIDTH_PX - RIGHT_PX}" '
+                    f'y="{32 if two_lines else 16}" text-anchor="end" fill="{TOTAL_COLOR}">'
+                    f"{note}</text>")
         if total_gib <= top_gib:
             y = frame.py(total_gib)
             body.append(f'<path class="total" d="M{LEFT_PX} {y}h{plot_w}" stroke="{TOTAL_COLOR}"'
@@ -354,6 +362,17 @@ def render_svg(data: ChartData) -> str:
     return _document(summary, plot_bottom + 40 + legend_h, body)
 
 
+def _total_note(data: ChartData) -> str:
+    total_gib = (data.total_bytes or 0) / GIB
+    if total_gib <= 0:
+        return ""
+    used = data.known("nvml_used")
+    note = f"total {total_gib:.1f} GiB"
+    if used:
+        note += f" · headroom {max(total_gib - used[-1][1] / GIB, 0):.1f} GiB"
+    return note
+
+
 def _document(summary: str, height: int, body: list[str]) -> str:
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH_PX}" height="{height}" '
@@ -387,7 +406,7 @@ def mark_label(mark: CellMark) -> str:
 
 def chart_data(timeline: Timeline | None, t0_s: float, marks: Iterable[CellMark], *,
                total_bytes: int | None = None, title: str = "", replay: str | None = None,
-               include_rss: bool = False,
+               include_rss: bool = False, x_title: str = ChartData.x_title,
                max_points: int = MAX_POINTS_PER_SERIES) -> ChartData:
     """ChartData from one device's ``Timeline`` (values in GiB) and the monitor's marks.
 
@@ -401,4 +420,4 @@ def chart_data(timeline: Timeline | None, t0_s: float, marks: Iterable[CellMark]
             series[key] = [(float(t), None if math.isnan(v) else float(v) * GIB)
                            for t, v in zip(a.x.tolist(), a.y.tolist(), strict=True)]
     return ChartData(series=series, marks=[(m.t_s - t0_s, mark_label(m)) for m in marks],
-                     total_bytes=total_bytes, title=title, replay=replay)
+                     total_bytes=total_bytes, title=title, replay=replay, x_title=x_title)

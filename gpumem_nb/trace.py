@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import html
 import linecache
+import math
 import os
 import pickle
 import re
@@ -29,6 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import safeio
 from .report import html_table, text_table
 from .sources.torch import TorchDebug
 from .units import format_bytes
@@ -179,12 +181,43 @@ class DeviceTrace:
     oom_ms: float | None = None
     times_ms: tuple[float, ...] = ()
     series: tuple[Series, ...] = ()
+    skipped: int = 0  # history entries that could not be read (see ``analyze``)
 
 
 def _ranked(live: Mapping[Site, list[int]], top: int) -> tuple[SiteBytes, ...]:
     ranked = sorted(((s, v[0], v[1]) for s, v in live.items() if v[0] > 0),
                     key=lambda x: (-x[1], x[0].label))
     return tuple(SiteBytes(s, n, c) for s, n, c in ranked[:top])
+
+
+class _Malformed(Exception):
+    """A history entry this analysis cannot read: skipped and counted."""
+
+
+def _entry_ok(e: Any) -> bool:
+    """Whether a history entry's own fields are what torch writes (its frames are checked
+    where they are read). A user's own recording, or a future torch, may hold others."""
+    if not isinstance(e, Mapping) or not isinstance(e.get("action"), str):
+        return False
+    t = e.get("time_us")
+    if t is not None and not (_is_number(t) and math.isfinite(t)):
+        return False
+    size = e.get("size", 0)
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        return False
+    addr = e.get("addr")
+    return addr is None or (isinstance(addr, int) and not isinstance(addr, bool))
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _as_list(entries: Any) -> list[Any]:
+    """A device's trace as a list; anything that is not a list of entries reads as none."""
+    if isinstance(entries, list | tuple):
+        return list(entries)
+    return []
 
 
 class _Replay:
@@ -203,10 +236,20 @@ class _Replay:
         self._requested: set[int] = set()
         self._sites: dict[tuple[Any, ...], Site] = {}
 
-    def site(self, frames: Sequence[Mapping[str, Any]]) -> Site:
-        key = tuple((f.get("filename"), f.get("line"), f.get("name")) for f in frames)
-        s = self._sites.get(key)
+    def site(self, frames: Any) -> Site:
+        if not isinstance(frames, list | tuple):
+            raise _Malformed
+        try:
+            key = tuple((f.get("filename"), f.get("line"), f.get("name")) for f in frames)
+            s = self._sites.get(key)
+        except (AttributeError, TypeError):  # a frame that is not a dict, or unhashable
+            raise _Malformed from None
         if s is None:
+            if not all(isinstance(fn, str | None) and isinstance(name, str | None)
+                       and (line is None or (isinstance(line, int)
+                                             and not isinstance(line, bool)))
+                       for fn, line, name in key):
+                raise _Malformed
             s = self._sites[key] = site_of(frames, self.skip)
         return s
 
@@ -214,7 +257,7 @@ class _Replay:
         action, addr = e.get("action"), e.get("addr")
         if action == "alloc" and addr is not None:
             size = int(e.get("size", 0))
-            s = self.site(e.get("frames") or ())
+            s = self.site(e.get("frames") or ())  # may raise _Malformed: nothing changed yet
             self.live[addr] = (size, s)
             self._requested.discard(addr)
             v = self.by_site.setdefault(s, [0, 0])
@@ -247,23 +290,36 @@ def analyze(entries: Sequence[Mapping[str, Any]], *, device: int = 0,
             since_us: float | None = None, top: int = TOP_DEFAULT,
             skip: tuple[str, ...] = ()) -> DeviceTrace:
     """Replay one device's history. Only allocations made in the window count, so the
-    figures are this cell's own: at its peak, at its end, and at an OOM entry."""
-    window = [e for e in entries
+    figures are this cell's own: at its peak, at its end, and at an OOM entry.
+
+    Entries that are not what torch writes (not a dict, a size, line or time that is not a
+    number, frames that are not a list of dicts) are skipped and counted in ``skipped``."""
+    usable = [e for e in _as_list(entries) if _entry_ok(e)]
+    skipped = len(_as_list(entries)) - len(usable)
+    window = [e for e in usable
               if since_us is None or e.get("time_us") is None or e["time_us"] >= since_us]
-    # First pass: where the peak and the OOM are.
+    # First pass: where the peak and the OOM are; entries it cannot read are dropped.
     first = _Replay(skip)
     peak = 0
     peak_i = oom_i = -1
     oom_size: int | None = None
     allocations = 0
-    for i, e in enumerate(window):
-        action = first.step(e)
+    readable = []
+    for e in window:
+        try:
+            action = first.step(e)
+        except _Malformed:
+            skipped += 1
+            continue
+        readable.append(e)
+        i = len(readable) - 1
         if action == "alloc":
             allocations += 1
             if first.total > peak:
                 peak, peak_i = first.total, i
         elif action == "oom":
             oom_i, oom_size = i, int(e.get("size", 0))
+    window = readable
     # Second pass: who was live there, and the series at the instants to draw.
     n = len(window)
     step = max(1, -(-n // _MAX_POINTS))
@@ -296,7 +352,8 @@ def analyze(entries: Sequence[Mapping[str, Any]], *, device: int = 0,
         device=device, entries=n, allocations=allocations, peak_bytes=peak,
         peak_ms=ms(peak_i), end_bytes=first.total, at_peak=ranked_peak,
         alive_at_end=ranked_end, at_oom=_ranked(at_oom, top), oom_requested_bytes=oom_size,
-        oom_ms=ms(oom_i) if oom_i >= 0 else None, times_ms=times, series=series)
+        oom_ms=ms(oom_i) if oom_i >= 0 else None, times_ms=times, series=series,
+        skipped=skipped)
 
 
 def _t0(window: Sequence[Mapping[str, Any]], since_us: float | None) -> float | None:
@@ -364,6 +421,7 @@ class CellTracer:
         self.clock = clock
         self.wall = wall
         self._ours = False
+        self._disarmed = False  # switched off early by disarm(): stop still reads it as ours
         self._since_us: float | None = None
         self._spent_s = 0.0
         self._switch_s = 0.0  # of _spent_s, in torch's _record_memory_history
@@ -452,13 +510,23 @@ class CellTracer:
                 "total_bytes": info[1], "fraction": self.torch.memory_fraction(i)}
         return devices
 
+    def disarm(self) -> None:
+        """Switch our recording off, once (it was never the user's). ``stop`` does this
+        first thing; a caller whose work between ``start`` and ``stop`` failed calls it."""
+        if self._ours:
+            self._ours = False
+            self._disarmed = True
+            self._timed_record(False)
+
     def stop(self, *, top: int = TOP_DEFAULT, save: str | None = None) -> TraceResult:
         """Snapshot, switch the recording back off (if it was ours), analyse, save."""
         t0 = self.clock()
-        snap, why = self.torch.memory_snapshot()
-        snapshot_s = self.clock() - t0 + self._start_snapshot_s  # both of torch's snapshots
-        if self._ours:
-            self._timed_record(False)
+        try:
+            snap, why = self.torch.memory_snapshot()
+        finally:  # whatever the snapshot does, the recording is not left on
+            snapshot_s = self.clock() - t0 + self._start_snapshot_s  # both of torch's
+            ours = self._ours or self._disarmed
+            self.disarm()
         notes = list(self._notes)
         devices: list[DeviceTrace] = []
         entries = 0
@@ -466,15 +534,21 @@ class CellTracer:
             notes.append(f"No snapshot: {why}.")
         else:
             skip = library_dirs(self.torch._modules)
-            since = None if self._ours else self._since_us
+            since = None if ours else self._since_us
             if self._start_state:
+                try:
+                    at_start = self._devices_at_start(snap)
+                except Exception:  # a snapshot not in the form torch writes
+                    at_start = dict(self._start_state.get("devices") or {})
                 snap[START_KEY] = {**self._start_state, "since_us": since,
-                                   "devices": self._devices_at_start(snap)}
-            for i, trace in enumerate(snap.get("device_traces") or ()):
-                trace = list(trace or ())
+                                   "devices": at_start}
+            traces = snap.get("device_traces")
+            for i, trace in enumerate(traces if isinstance(traces, list | tuple) else ()):
+                trace = _as_list(trace)
                 if not trace:
                     continue
-                if since is not None and trace[0].get("time_us") is None:
+                first_t = next((e.get("time_us") for e in trace if _entry_ok(e)), None)
+                if since is not None and first_t is None:
                     notes.append("These history entries carry no timestamps, so this cell's "
                                  "cannot be told apart from earlier ones: all are shown.")
                     since = None
@@ -482,10 +556,13 @@ class CellTracer:
                 entries += d.entries
                 if d.allocations:
                     devices.append(d)
-                if self._ours and len(trace) >= self.max_entries:
+                if d.skipped:
+                    notes.append(f"GPU {i}: {d.skipped} history entries were not in the form "
+                                 "torch writes and were skipped.")
+                if ours and len(trace) >= self.max_entries:
                     notes.append(f"GPU {i}: the history buffer filled up ({self.max_entries} "
                                  "entries); the cell's earliest allocations are missing.")
-                elif since is not None and trace[0].get("time_us", 0) > since:
+                elif since is not None and first_t is not None and first_t > since:
                     notes.append(f"GPU {i}: your history buffer may have dropped this cell's "
                                  "earliest entries.")
         result = TraceResult(devices=tuple(devices), notes=tuple(notes), added_s=0.0,
@@ -494,19 +571,26 @@ class CellTracer:
         if save and snap is not None:
             try:
                 result.saved_to = save_snapshot(snap, save)
-            except OSError as e:
-                result.notes += (f"Could not write {save}: {e.strerror}.",)
+            except Exception as e:  # refused, disk full, a snapshot pickle cannot hold
+                why = safeio.reason(e) if isinstance(e, OSError) else type(e).__name__
+                result.notes += (f"Could not write {safeio.shown(save)}: {why}; any file "
+                                 "already there is unchanged.",)
         elif save:
-            result.notes += (f"Nothing was saved to {save}: there is no snapshot.",)
+            result.notes += (f"Nothing was saved to {safeio.shown(save)}: there is no "
+                             "snapshot.",)
         result.added_s = self._spent_s + self.clock() - t0
         return result
 
 
 def save_snapshot(snapshot: Mapping[str, Any], path: str) -> str:
-    """Pickle for PyTorch's memory_viz: protocol 4, which its reader accepts (5 it rejects)."""
+    """Pickle for PyTorch's memory_viz: protocol 4, which its reader accepts (5 it rejects).
+
+    Written the way settings and CSV are (``safeio.write_atomic``): a regular file only,
+    never through a link or into a FIFO, and a save that fails part-way leaves the old file
+    whole. ``OSError`` when refused."""
     path = os.path.expanduser(path)
-    with open(path, "wb") as f:
-        pickle.dump(dict(snapshot), f, protocol=_PICKLE_PROTOCOL)
+    data = dict(snapshot)
+    safeio.write_atomic(path, lambda f: pickle.dump(data, f, protocol=_PICKLE_PROTOCOL))
     return path
 
 
@@ -607,14 +691,24 @@ class TraceTimeline:
         annotations = [{"x": x, "y": 1, "xref": "x", "yref": "paper", "text": text,
                         "showarrow": False, "yanchor": "bottom", "font": {"color": color}}
                        for x, text, color in marks]
+        # Nothing overlaps at any width (issue 17): the title sits under the modebar's band,
+        # the peak/OOM labels under the title, and the legend has a band of its own below the
+        # x axis title, one row per site at worst (a narrow output, long site names).
+        legend_px = 22 * len(data)
         return {"data": data, "layout": {
-            "title": {"text": f"GPU {d.device}: this cell's live allocations by site"},
+            "title": {"text": f"GPU {d.device}: this cell's live allocations by site",
+                      "x": 0, "xanchor": "left", "xref": "paper", "yref": "container",
+                      "y": 1, "yanchor": "top", "pad": {"t": 34}, "font": {"size": 14}},
             "xaxis": {"title": {"text": "ms since the cell started"}},
             "yaxis": {"title": {"text": "MiB live"}},
-            "height": 340, "margin": {"l": 60, "r": 20, "t": 50, "b": 50},
-            "legend": {"orientation": "h", "y": -0.25}, "shapes": shapes,
-            "annotations": annotations, "hovermode": "x unified",
-        }}
+            "height": 340 + legend_px,
+            "margin": {"l": 60, "r": 20, "t": 84, "b": 60 + legend_px},
+            "legend": {"orientation": "h", "x": 0, "xanchor": "left", "yref": "container",
+                       "y": 0, "yanchor": "bottom"},
+            "shapes": shapes, "annotations": annotations, "hovermode": "x unified",
+        }, "config": {"displaylogo": False, "modeBarButtonsToRemove": [
+            "select2d", "lasso2d", "autoScale2d", "toggleSpikelines", "hoverClosestCartesian",
+            "hoverCompareCartesian"]}}
 
     def svg(self, width: int = 640, height: int = 200) -> str:
         """A static stacked-area drawing of the same series (no JavaScript)."""

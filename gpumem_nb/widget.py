@@ -1,44 +1,40 @@
 """The live chart: NVML usage beside PyTorch's allocated and reserved, a mark at every cell.
 
-The only module that imports ipywidgets and plotly. One writer for the UI: the sampler thread
+The only module that imports ipywidgets (the controls); the chart itself is ``LiveChart``, a
+small anywidget (livechart.py and livechart.js). One writer for the UI: the sampler thread
 draws (``_on_sample``); cell hooks and button clicks only enqueue work and ask for a tick, so
 a click arriving on a comm thread while a cell runs (JupyterLab >= 4.4 with ipykernel 7's
 subshells) never races the drawing. Widget updates sent from that thread reach the browser
 while a cell is still running, which is what keeps the chart live during a long cell.
 
-One widget per kernel: a plotly FigureWidget carries a 5 MB script per instance, so
-``%gpumem watch`` displays the same instance again.
+When the chart ends (``close``: a new feed, ``%reload_ext``, the kernel shutting down or
+restarting), every output that showed it is replaced, by display_id, with the plain picture
+and table: a notebook saved after that opens with the picture, never "Error displaying
+widget: model not found", in JupyterLab, Notebook 7, nbconvert and GitHub alike.
 """
 
 from __future__ import annotations
 
 import html
 import threading
+import uuid
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
 
 from .analysis import held_text
 from .cleanup import CleanupReport, CleanupRequest
+from .livechart import LiveChart, SeriesSpec
 from .model import CellMark, CellRecord, Sample, SourceStatus, Verdict
 from .records import History, format_peak
 from .sampler import Sampler
 from .settings import Config
-from .svgchart import chart_data, thin_labels
+from .svgchart import STYLES, SeriesStyle, chart_data, mark_label
 from .svgchart import static_bundle as svg_static_bundle
-from .timeline import (
-    ALL_DEVICES,
-    GIB,
-    MAX_POINTS,
-    SERIES,
-    Arrays,
-    Timeline,
-    mark_arrays,
-    values_of,
-)
+from .timeline import ALL_DEVICES, GIB, SERIES, Timeline, values_of
 from .units import format_bytes
 from .views import Snapshot, children_html, device_row
 
@@ -73,33 +69,39 @@ class ChartHost(Protocol):
     def configure(self, *, device: Any = ...) -> Config: ...
 
 
-# Drawn in this order, so later lines sit on top. "NVML used" is a dashed line above the
-# solid "this process" line: on a GPU this process has to itself the two are equal, and the
-# dashes let both show.
-_TRACES = {
-    "process": ("this process (NVML)", "#9467bd"),
-    "reserved": ("reserved (PyTorch cache)", "#ff7f0e"),
-    "allocated": ("allocated (live tensors)", "#1f77b4"),
-    "rss": ("host RAM (RSS)", "#2ca02c"),
-    "nvml_used": ("NVML used (whole GPU)", "#555555"),
-}
-_ORDER = tuple(_TRACES)
-_STYLE: dict[str, dict[str, Any]] = {
-    "process": {"width": 4}, "nvml_used": {"width": 1.5, "dash": "dash"}}
-# Cell labels closer than this fraction of the visible time span are thinned out (the newest
-# wins), so a long session's labels stay readable.
-LABEL_MIN_GAP = 1 / 14
-# Trace layout: one "history" and one "recent" trace per series, then cell marks and labels.
-_RECENT = len(SERIES)
-_MARKS, _LABELS = 2 * len(SERIES), 2 * len(SERIES) + 1
+# Drawn in this order, so later lines sit on top: wide lines underneath, and NVML's whole-GPU
+# line last and dashed, so where it equals "this process" both stay visible. Names and colours
+# are the static picture's (svgchart.STYLES).
+DRAW_ORDER = ("rss", "reserved", "allocated", "process", "nvml_used")
+# Cell labels closer than this fraction of the visible time span are thinned out in the static
+# picture; the live front end thins by pixels.
 MAX_MARKS = 100
-# FigureWidget resends whole arrays on every change. The long, downsampled history is resent
-# only every HISTORY_REFRESH_S; each tick resends just the few points since then. At the
-# default 0.5 s interval that keeps comm traffic around a few KB/s even for a busy GPU.
+# The long, downsampled history is resent only every HISTORY_REFRESH_S; each tick resends just
+# the points since then, so live traffic stays at a few KB/s however long the session.
 HISTORY_REFRESH_S = 10.0
-HISTORY_POINTS = MAX_POINTS - 200
+# Per series: about two points per pixel of a wide chart, with every bucket's minimum and
+# maximum kept (timeline.keep_peaks), and few enough that a saved chart stays small.
+HISTORY_POINTS = 1200
 _HEADER = ("GPU", "used / total", "this process", "reserved", "allocated", "last cell peak",
            "outside PyTorch")
+# The cluster's lines (issue 19), dotted, in colours the chart's own series do not use.
+CLUSTER_COLORS = ("#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#393b79")
+LIVE_X_TITLE = "seconds since %load_ext gpumem_nb"
+REPLAY_X_TITLE = "seconds into the recording"
+
+
+@dataclass(frozen=True)
+class _Extra:
+    """A series another feature added: its style and how to read it from a sample."""
+
+    style: SeriesStyle
+    value: Callable[[Sample], float | None]  # bytes, None when unknown
+    hidden: bool
+
+
+def _spec(key: str, style: SeriesStyle, hidden: bool) -> dict[str, Any]:
+    return SeriesSpec(key=key, name=style.name, color=style.color, width=style.width_px,
+                      dash=style.dash, hidden=hidden).as_json()
 
 
 class MemoryWidget:
@@ -120,42 +122,18 @@ class MemoryWidget:
         self.t0_s = monitor.started_t_s
         self.paused = False
         self.draws = 0
-        self._sent: dict[int, Arrays] = {}
+        self._extra: dict[str, _Extra] = {}
         self._history_until_s: float | None = None
-        self._marks_sent: tuple[Any, ...] = ()
-        self._cluster_traces: dict[str, Any] = {}
+        self._cluster_keys: tuple[str, ...] = ()
         self._inbox: deque[Callable[[], None]] = deque()
         self._draw_lock = threading.Lock()
         self._closed = False
+        # Every display of this chart shares one id, so closing it replaces them all.
+        self.display_id = f"gpumem-chart-{uuid.uuid4().hex}"
         # Set by ``%gpumem watch``: the display it made, so the static picture can follow.
         self.display_handle: Any = None
 
-        def series(k: str, recent: bool) -> go.Scatter:
-            return go.Scatter(
-                x=[], y=[], name=_TRACES[k][0], mode="lines", legendgroup=k,
-                showlegend=not recent,
-                line={"color": _TRACES[k][1], "width": 2, "shape": "hv", **_STYLE.get(k, {})},
-                hovertemplate="%{y:.2f} GiB<extra>" + _TRACES[k][0] + "</extra>",
-                visible=True if (k != "rss" or not self.has_gpu) else "legendonly")
-
-        self.fig = go.FigureWidget(
-            data=[series(k, False) for k in _ORDER] + [series(k, True) for k in _ORDER]
-            + [go.Scatter(x=[], y=[], name="cells", mode="lines", hoverinfo="skip",
-                          line={"color": "rgba(0,0,0,0.25)", "width": 1, "dash": "dot"},
-                          showlegend=False),
-               go.Scatter(x=[], y=[], text=[], mode="text", textposition="top center",
-                          name="cell", showlegend=False, textfont={"size": 10},
-                          cliponaxis=False,
-                          hovertemplate="cell %{text}<extra></extra>")],
-            layout=go.Layout(
-                height=380, margin={"l": 50, "r": 20, "t": 34, "b": 40},
-                xaxis={"title": {"text": "seconds since %load_ext gpumem_nb"
-                                 if self.replay is None else "seconds into the recording"}},
-                yaxis={"title": {"text": "GiB"}, "rangemode": "tozero"},
-                legend={"orientation": "h", "y": -0.22, "x": 0},
-                hovermode="x unified", template="plotly_white",
-            ),
-        )
+        self.chart = LiveChart(series=self._series_specs(), meta=self._meta(None))
         self.header = widgets.HTML()
         self.banner = widgets.HTML(layout=widgets.Layout(display="none"))
         self.report = widgets.HTML()
@@ -176,7 +154,7 @@ class MemoryWidget:
                 width="230px", display="flex" if gpus > 1 else "none"))
         self.selector.observe(self._on_select, names="value")
         controls = widgets.HBox([self.selector, self.pause_button, self.cleanup_button])
-        self.box = widgets.VBox([self.header, self.banner, self.fig, controls, self.report])
+        self.box = widgets.VBox([self.header, self.banner, self.chart, controls, self.report])
 
         for s in self.feed.samples():  # what happened before the chart was shown
             self._append(s)
@@ -192,16 +170,62 @@ class MemoryWidget:
         first = self.feed.samples()[:1]
         return first[0].t_s if first else 0.0
 
+    # -- series --------------------------------------------------------------------------------
+    def _keys(self) -> list[str]:
+        return [k for k in DRAW_ORDER if k != "rss" or not self.has_gpu] + list(self._extra)
+
+    def _series_specs(self) -> list[dict[str, Any]]:
+        specs = [_spec(k, STYLES[k], hidden=False) for k in DRAW_ORDER
+                 if k != "rss" or not self.has_gpu]
+        if self.has_gpu:  # host RAM is one legend click away, not drawn by default
+            specs.insert(0, _spec("rss", STYLES["rss"], hidden=True))
+        specs += [_spec(k, e.style, e.hidden) for k, e in self._extra.items()]
+        specs += [_spec(name, SeriesStyle(name, CLUSTER_COLORS[i % len(CLUSTER_COLORS)], 1.5,
+                                          "2 3"), hidden=False)
+                  for i, name in enumerate(self._cluster_keys)]
+        return specs
+
+    def add_series(self, key: str, style: SeriesStyle,
+                   value: Callable[[Sample], float | None], *, hidden: bool = False) -> None:
+        """Draw another line from now on: ``value(sample)`` gives its bytes (None when
+        unknown) for each reading of the feed, whichever device is shown. Issue 19's cluster
+        lines are one use. Safe from any thread: the sampler thread applies it."""
+        if key in SERIES:
+            raise ValueError(f"{key!r} is one of the chart's own series")
+
+        def apply() -> None:
+            self._extra[key] = _Extra(style, value, hidden)
+            for tl in self.timelines.values():
+                tl.add_series(key)
+            self.chart.series = self._series_specs()
+            self._history_until_s = None  # resend the history with the new series
+
+        self._post(apply)
+
+    def remove_series(self, key: str) -> None:
+        def apply() -> None:
+            if self._extra.pop(key, None) is not None:
+                self.chart.series = self._series_specs()
+                self._history_until_s = None
+
+        self._post(apply)
+
     # -- the one writer ----------------------------------------------------------------------
     def _append(self, sample: Sample) -> None:
         indices = [d.index for d in sample.devices] or [0]
         if len(sample.devices) > 1:
             indices.append(ALL_DEVICES)
+        extra = {k: _gib(e.value, sample) for k, e in self._extra.items()}
         for i in indices:
             tl = self.timelines.get(i)
             if tl is None:
                 tl = self.timelines[i] = Timeline()
-            tl.append(sample.t_s, values_of(sample, None if i == ALL_DEVICES else i))
+                for k in self._extra:
+                    tl.add_series(k)
+            if tl.n and sample.t_s <= tl.t[tl.n - 1]:
+                continue  # a replay that has ended repeats its last reading
+            tl.append(sample.t_s, {**values_of(sample, None if i == ALL_DEVICES else i),
+                                   **extra})
 
     def _on_sample(self, sample: Sample) -> None:
         """Sampler thread: record, then draw unless paused."""
@@ -215,14 +239,19 @@ class MemoryWidget:
         while self._inbox:
             self._inbox.popleft()()
 
+    def _timeline(self) -> Timeline | None:
+        tl = self.timelines.get(_key(self.device))
+        if tl is None and len(self.timelines) == 1:
+            tl = next(iter(self.timelines.values()))  # "all" of one GPU is that GPU
+        return tl
+
     def _draw(self, sample: Sample | None) -> None:
         if self._closed:
             return
         with self._draw_lock:
+            if self._closed:
+                return
             self._drain()
-            tl = self.timelines.get(_key(self.device))
-            if tl is None and self.device is None and len(self.timelines) == 1:
-                tl = next(iter(self.timelines.values()))  # "all" of one GPU is that GPU
             running = self.monitor.cell_running
             label = "Clean up (a cell is running)" if running else "Clean up"
             if self.cleanup_button.description != label:
@@ -230,6 +259,7 @@ class MemoryWidget:
             header = self._header_html(sample)
             if header != self.header.value:
                 self.header.value = header
+            tl = self._timeline()
             if tl is None or tl.n == 0:
                 return
             now = float(tl.t[tl.n - 1])
@@ -238,75 +268,61 @@ class MemoryWidget:
             if refresh:
                 until = self._history_until_s = now
             t0 = self._t0_s
-            with self.fig.batch_update():
-                for i, name in enumerate(_ORDER):
-                    if refresh:
-                        self._set(i, tl.arrays(name, t0, HISTORY_POINTS, until_s=until))
-                    # The recent trace starts at the history's last point, so they join.
-                    self._set(_RECENT + i, tl.arrays(name, t0, since_s=until))
-                self._draw_marks(sample, tl, t0)
-            self._draw_cluster(t0)  # outside the batch: plotly adds no trace inside one
+            keys = [s["key"] for s in self.chart.series if s["key"] not in self._cluster_keys]
+            # One message per tick: every changed trait together. A trait set to an equal
+            # value sends nothing.
+            with self.chart.hold_sync():
+                if refresh:
+                    self.chart.history = {k: _points(tl, k, t0, HISTORY_POINTS, until_s=until)
+                                          for k in keys}
+                # The recent part starts at the history's last point, so they join.
+                self.chart.recent = {k: _points(tl, k, t0, HISTORY_POINTS, since_s=until)
+                                     for k in keys}
+                self.chart.marks = self._marks(t0)
+                self.chart.meta = self._meta(sample)
+                self._draw_cluster(t0)
             self.draws += 1
 
     def _draw_cluster(self, t0: float) -> None:
-        """``%gpumem watch --cluster``: the feed's named per-GPU lines, dotted, one trace each
-        (added the first time a GPU shows up; the feed keeps their length bounded)."""
+        """``%gpumem watch --cluster``: the feed's named per-GPU lines, dotted, each its own
+        series (added the first time a GPU shows up; the feed keeps their length bounded).
+        They travel in ``extra``, resent only when the feed has new points."""
         feed = getattr(self.monitor, "cluster_feed", None)
         if feed is None or self.replay is not None:
             return
-        for name, (xs, ys) in feed.series(t0).items():
-            trace = self._cluster_traces.get(name)
-            if trace is None:
-                self.fig.add_scatter(x=xs, y=ys, name=name, mode="lines",
-                                     line={"dash": "dot", "width": 1.5, "shape": "hv"})
-                self._cluster_traces[name] = self.fig.data[-1]
-            elif list(trace.x or ()) != xs:
-                trace.x, trace.y = xs, ys
+        lines = feed.series(t0)
+        names = tuple(lines)
+        if names != self._cluster_keys:
+            self._cluster_keys = names
+            self.chart.series = self._series_specs()
+        self.chart.extra = {name: [list(xs), list(ys)] for name, (xs, ys) in lines.items()}
 
-    def _set(self, index: int, arrays: Arrays) -> None:
-        if not arrays.same_as(self._sent.get(index)):
-            trace = self.fig.data[index]
-            trace.x, trace.y = arrays.lists()
-            self._sent[index] = arrays
+    def _marks(self, t0: float) -> list[list[Any]]:
+        if self.replay is not None:
+            return []
+        marks: list[CellMark] = list(self.monitor.marks)[-MAX_MARKS:]
+        return [[round(m.t_s - t0, 3), mark_label(m)] for m in marks]
 
-    def _draw_marks(self, sample: Sample | None, tl: Timeline, t0: float) -> None:
-        """Cell marks, the y range and the total/headroom note: resent only when they change.
-
-        The y axis follows the data, not the device total: a 141 GiB axis would flatten a
-        notebook's few GiB into the floor. The total is drawn once it is in range and always
-        named, with the headroom, in the corner.
-        """
-        shown = SERIES if not self.has_gpu else tuple(k for k in SERIES if k != "rss")
-        top = round(max(tl.max_value(shown), 0.01) * 1.15, 3)
+    def _meta(self, sample: Sample | None) -> dict[str, Any]:
+        """Axis titles, the title line and the total/headroom note. The y axis follows the
+        data, not the device total: a 141 GiB axis would flatten a notebook's few GiB into
+        the floor; the total is drawn once it is in range and always named in the corner."""
         total = self._total_gib(sample)
-        used = self._used_gib(sample)
-        all_marks: list[CellMark] = [] if self.replay is not None else list(self.monitor.marks)
-        last = all_marks[-1] if all_marks else None
-        span_s = float(tl.t[tl.n - 1] - tl.t[0]) if tl.n else 0.0
-        key = (len(all_marks), last.execution_count if last else None, top, total,
-               round(used, 2), round(span_s * LABEL_MIN_GAP, 1))
-        if key == self._marks_sent:
-            return
-        self._marks_sent = key
-        marks = all_marks[-MAX_MARKS:]
-        xs = [m.t_s - t0 for m in marks]
-        lines, tops = mark_arrays(xs, top)
-        self.fig.data[_MARKS].x, self.fig.data[_MARKS].y = lines.lists()
-        keep = thin_labels(xs, span_s * LABEL_MIN_GAP)
-        labels = self.fig.data[_LABELS]
-        lx, ly = tops.lists()
-        labels.x, labels.y = [lx[i] for i in keep], [ly[i] for i in keep]
-        labels.text = [f"[{'*' if marks[i].execution_count is None else marks[i].execution_count}]"
-                       for i in keep]
-        self.fig.layout.yaxis.range = [0, max(top * 1.08, total * 1.02 if total <= top else 0)]
+        note = ""
         if total and self.has_gpu:
-            self.fig.layout.shapes = [{
-                "type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": total, "y1": total,
-                "line": {"color": "#d62728", "width": 1, "dash": "dash"}}] if total <= top else []
-            self.fig.layout.annotations = [{
-                "xref": "paper", "yref": "paper", "x": 1, "y": 1.04, "xanchor": "right",
-                "yanchor": "bottom", "showarrow": False, "font": {"color": "#d62728", "size": 11},
-                "text": f"total {total:.1f} GiB · headroom {max(total - used, 0):.1f} GiB"}]
+            note = (f"total {total:.1f} GiB · headroom "
+                    f"{max(total - self._used_gib(sample), 0):.1f} GiB")
+        title = ""
+        if self.replay is not None:
+            title = "REPLAY of a recorded session, not your GPU"
+            if self._replay_ended():
+                title += " · the recording ended"
+        return {"x_title": LIVE_X_TITLE if self.replay is None else REPLAY_X_TITLE,
+                "y_title": "GiB", "title": title, "note": note,
+                "total": round(total, 3) if total and self.has_gpu else None}
+
+    def _replay_ended(self) -> bool:
+        return self.replay is not None and bool(getattr(self.replay.source, "ended", False))
 
     def _devices_shown(self, sample: Sample | None) -> list[Any]:
         if sample is None:
@@ -349,12 +365,14 @@ class MemoryWidget:
             + "</tr>" for row in rows)
         note = ""
         if self.replay is not None:
+            ended = (" It has ended; <code>%gpumem watch --replay …</code> plays it again."
+                     if self._replay_ended() else "")
             note = ("<div style='background:#e8f0fe;border-left:4px solid #1a73e8;"
                     "padding:4px 8px;margin:2px 0'><b>REPLAY</b>: "
                     f"{html.escape(self.replay.label)}. Not this machine's GPU: a demonstration"
                     " of the chart. Your own cells are still measured live "
                     "(<code>%gpumem history</code>); <code>%gpumem watch --live</code> "
-                    "charts this machine.</div>")
+                    f"charts this machine.{ended}</div>")
         paused = " <b>(paused)</b>" if self.paused else ""
         return (f"{note}<table class='gpumem-header'><tr>{head}</tr>{body}</table>"
                 f"{children_html(sample)}{paused}")
@@ -429,31 +447,36 @@ class MemoryWidget:
         self.device = device
         if self.selector.value != _key(device):
             self.selector.value = _key(device)
-        self._sent.clear()
-        self._history_until_s = None
-        self._marks_sent = ()
+        self._history_until_s = None  # the other device's history, in full
 
     # -- display and lifecycle ---------------------------------------------------------------
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
-        """The widget view, plus a static picture of the chart as it is now and the numbers'
-        table, for a saved notebook opened without a kernel (JupyterLab falls back to them
-        when the widget's model is gone), nbviewer and GitHub."""
+        """The widget view, plus the static picture of the chart as it is now and the numbers'
+        table: what a frontend without the widget's JavaScript shows (an untrusted notebook,
+        GitHub), and what replaces the view when the chart ends (``close``)."""
         bundle = dict(self.box._repr_mimebundle_(**kwargs) or {})
+        bundle.update(self.plain_bundle())
+        return bundle
+
+    def plain_bundle(self) -> dict[str, str]:
+        """The chart without the widget: text, the picture (SVG) and the numbers."""
         latest = self.feed.latest() or self.monitor.read()
         snap = Snapshot(status=self.status, sample=latest)
         static = self.static_bundle(latest)
-        bundle["text/plain"] = "gpumem_nb live chart (needs the widget frontend)\n" + str(snap)
-        bundle["text/html"] = static["text/html"] + snap._repr_html_()
-        bundle["image/svg+xml"] = static["image/svg+xml"]
-        return bundle
+        return {"text/plain": "gpumem_nb chart (a static picture; live with a kernel)\n"
+                              + str(snap),
+                "text/html": static["text/html"] + snap._repr_html_(),
+                "image/svg+xml": static["image/svg+xml"]}
 
     def static_bundle(self, sample: Sample | None) -> dict[str, str]:
-        """The chart as a static SVG: ``image/svg+xml`` and an ``<img>`` for ``text/html``."""
+        """The chart as a static SVG: ``image/svg+xml`` and an ``<img>`` for ``text/html``.
+        A replay's picture is its whole recording: the story, however little has played."""
         with self._draw_lock:
-            tl = self.timelines.get(_key(self.device))
-            if tl is None and len(self.timelines) == 1:
-                tl = next(iter(self.timelines.values()))
+            tl = self._timeline()
             marks = [] if self.replay is not None else list(self.monitor.marks)[-MAX_MARKS:]
+            t0 = self._t0_s
+            if self.replay is not None:
+                tl, t0 = self._recording_timeline()
             total = self._total_gib(sample)
             shown = self._devices_shown(sample)
             where = (f"GPU {shown[0].index}" if len(shown) == 1
@@ -461,38 +484,74 @@ class MemoryWidget:
             names = {d.nvml.name for d in shown if d.nvml and d.nvml.name}
             title = f"gpumem_nb chart: {where}" + (f" ({', '.join(sorted(names))})"
                                                    if names else "")
-            data = chart_data(tl, self._t0_s, marks,
+            data = chart_data(tl, t0, marks,
                               total_bytes=int(total * GIB) if total else None, title=title,
                               replay=self.replay.label if self.replay is not None else None,
-                              include_rss=not self.has_gpu)
+                              include_rss=not self.has_gpu,
+                              x_title=LIVE_X_TITLE if self.replay is None else REPLAY_X_TITLE)
         return svg_static_bundle(data)
 
+    def _recording_timeline(self) -> tuple[Timeline | None, float]:
+        recording = getattr(self.replay.source if self.replay else None, "recording", None)
+        if not recording:
+            return self._timeline(), self._t0_s
+        tl = Timeline(capacity=max(len(recording), 16))
+        dev = None if self.device is None else self.device
+        for s in recording:
+            tl.append(s.t_s, values_of(s, dev))
+        return tl, recording[0].t_s
+
     def refresh_static(self) -> bool:
-        """Update the displayed output's static picture to the chart as it is now, so a
-        notebook saved after this shows the end of the run (``run_tutorials`` calls it as
-        its last step). Needs the handle ``%gpumem watch`` displayed the chart with."""
+        """Update the displayed outputs' static picture to the chart as it is now, the chart
+        staying live. Needs the handle ``%gpumem watch`` displayed the chart with."""
         self._draw(self.feed.latest())  # header and buttons land in the saved state too
-        with self._draw_lock:
-            # plotly fills the figure's saved data (_widget_data) only while building its
-            # own display bundle; the chart displays the box around it, so ask explicitly.
-            self.fig._repr_mimebundle_()
         handle = self.display_handle
         if handle is None:
             return False
         handle.update(self)
         return True
 
-    def close(self) -> None:
-        self._closed = True
+    def close(self, *, kernel_exiting: bool = False) -> None:
+        """End the chart: every output showing it becomes its plain picture (see the module
+        docstring), then every widget closes. Safe from any thread, more than once.
+
+        ``kernel_exiting``: the kernel is shutting down or restarting. The widgets are left
+        open then: a restarting JupyterLab has already dropped their comms, and a close
+        message for each would log "Comm not found" in the browser console (23 per restart
+        with plotly's chart); the kernel's exit closes them anyway."""
+        with self._draw_lock:
+            if self._closed:
+                return
+            self._closed = True
         self.feed.remove_listener(self._on_sample)
         if self._on_record in self.monitor.on_record:
             self.monitor.on_record.remove(self._on_record)
         if self._on_settings in self.monitor.settings_listeners:
             self.monitor.settings_listeners.remove(self._on_settings)
+        handle, self.display_handle = self.display_handle, None
+        try:
+            if handle is not None:
+                handle.update(self.plain_bundle(), raw=True)
+        finally:
+            if not kernel_exiting:
+                self._close_widgets()
+
+    def _close_widgets(self) -> None:
         with self._draw_lock:
             # Every widget, not just the box: ipywidgets keeps each open widget in a global
             # registry, and the buttons' handlers would keep this chart and its monitor alive.
             _close_tree(self.box)
+
+
+def _gib(value: Callable[[Sample], float | None], sample: Sample) -> float:
+    v = value(sample)
+    return float("nan") if v is None else v / GIB
+
+
+def _points(tl: Timeline, key: str, t0: float, max_points: int, *,
+            since_s: float | None = None, until_s: float | None = None) -> list[Any]:
+    xs, ys = tl.arrays(key, t0, max_points, since_s=since_s, until_s=until_s).lists()
+    return [xs, ys]
 
 
 def _close_tree(w: Any) -> None:
@@ -518,3 +577,4 @@ def show(monitor: ChartHost) -> MemoryWidget:
         monitor.widget = MemoryWidget(monitor)
     widget: MemoryWidget = monitor.widget
     return widget
+

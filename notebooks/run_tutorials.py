@@ -23,6 +23,7 @@ What a saved notebook needs to show the chart without a kernel, and to open unmo
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -41,8 +42,10 @@ KERNELSPEC_KEYS = ("name", "display_name", "language")
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
 # Runs silently: IPython fires no pre/post_run_cell for it, so gpumem_nb records no cell and
-# draws no mark. ``refresh_static`` updates the chart's display (by display_id) with its
-# current picture; the sleep lets the sampler's last readings reach the chart first.
+# draws no mark. ``end_chart`` replaces the chart's outputs (by display_id) with its picture
+# and table, as the chart does when a kernel shuts down with JupyterLab watching: the saved
+# tutorials then need no widget state and open with the picture everywhere. The sleep lets
+# the sampler's last readings reach the chart first.
 SETTLE = """\
 import time as _gpumem_time
 from gpumem_nb.magics import current_monitor as _gpumem_current
@@ -50,7 +53,9 @@ _gpumem_m = _gpumem_current()
 if _gpumem_m is not None and _gpumem_m.widget is not None:
     _gpumem_m.sampler.request_tick()
     _gpumem_time.sleep(max(1.0, 3 * _gpumem_m.sampler.interval_s))
-    if hasattr(_gpumem_m.widget, "refresh_static"):
+    if hasattr(_gpumem_m, "end_chart"):
+        _gpumem_m.end_chart()
+    elif hasattr(_gpumem_m.widget, "refresh_static"):
         _gpumem_m.widget.refresh_static()
 del _gpumem_time, _gpumem_current, _gpumem_m
 """
@@ -96,6 +101,31 @@ def settle(client: NotebookClient, code: str = SETTLE) -> None:
     content = (reply or {}).get("content", {})
     if content.get("status") != "ok":
         raise RuntimeError("settle step failed: " + "\n".join(content.get("traceback", [])))
+
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def drop_unshown_widgets(nb: Any) -> int:
+    """Remove the saved state of widgets no output shows (nbclient keeps every widget ever
+    opened, the closed chart's too): what an output's view references, directly or through
+    ``IPY_MODEL_`` links, stays."""
+    states = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    todo = [o["data"][WIDGET_VIEW]["model_id"] for c in nb.cells if c.cell_type == "code"
+            for o in c.get("outputs", []) if WIDGET_VIEW in o.get("data", {})]
+    keep: set[str] = set()
+    while todo:
+        model_id = todo.pop()
+        if model_id in keep or model_id not in states:
+            continue
+        keep.add(model_id)
+        todo += re.findall(r"IPY_MODEL_([0-9a-f]+)", json.dumps(states[model_id]["state"]))
+    dropped = [k for k in states if k not in keep]
+    for k in dropped:
+        del states[k]
+    if not states and "widgets" in nb.metadata:
+        del nb.metadata["widgets"]
+    return len(dropped)
 
 
 def drop_stale_buffers(nb: Any) -> int:
@@ -247,6 +277,7 @@ def run(path: Path, out_dir: Path, widget_state: bool = True) -> dict[str, float
         if widget_state:
             client.set_widgets_metadata()
             drop_stale_buffers(nb)
+            drop_unshown_widgets(nb)
         nbformat.write(nb, out_dir / path.name)
     return timings
 

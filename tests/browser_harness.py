@@ -86,9 +86,12 @@ class Lab:
     env: dict[str, str] = field(default_factory=dict)  # the server's, which its kernels inherit
     versions: dict[str, str] = field(default_factory=dict)
 
-    def url(self, path: str) -> str:
+    def url(self, path: str, frontend: str = "lab") -> str:
         """A workspace of its own per notebook: JupyterLab would otherwise reopen every
-        notebook an earlier test left in the shared default workspace."""
+        notebook an earlier test left in the shared default workspace. ``frontend``
+        "notebook" opens it in Notebook 7 (served by the same server)."""
+        if frontend == "notebook":
+            return f"{self.base}/notebooks/{path}?token={self.token}"
         workspace = re.sub(r"[^A-Za-z0-9]", "-", path)
         return f"{self.base}/lab/workspaces/{workspace}/tree/{path}?token={self.token}"
 
@@ -108,7 +111,7 @@ class Lab:
         return path
 
 
-def _lab_settings(settings: Path) -> None:
+def _lab_settings(settings: Path, widget_state: bool = False) -> None:
     def put(plugin: str, values: dict[str, Any]) -> None:
         folder = settings / "@jupyterlab" / plugin.split(":")[0]
         folder.mkdir(parents=True, exist_ok=True)
@@ -118,20 +121,31 @@ def _lab_settings(settings: Path) -> None:
     put("apputils-extension:notification", {"fetchNews": "false"})
     # Every cell attached to the page, so a cell far down is found and clicked like any other.
     put("notebook-extension:tracker", {"windowingMode": "none"})
+    if widget_state:  # Settings > Save Widget State Automatically, as a user may turn it on
+        folder = settings / "@jupyter-widgets" / "jupyterlab-manager"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "plugin.jupyterlab-settings").write_text(json.dumps({"saveState": True}))
 
 
 @contextlib.contextmanager
-def running_lab(tmp: Path, python: str | None = None) -> Iterator[Lab]:
+def running_lab(tmp: Path, python: str | None = None, *, tree: Path = ROOT,
+                widget_state: bool = False, extra_startup: str = "") -> Iterator[Lab]:
     """A JupyterLab of its own: private settings and config, its own port and token, an IPython
-    startup file that installs the kernel side of the error watch (and fakes on request)."""
+    startup file that installs the kernel side of the error watch (and fakes on request).
+
+    ``tree``: the checkout whose gpumem_nb (and tests/browser_kernel.py) the kernels import,
+    this one unless a benchmark compares another. ``widget_state``: JupyterLab saves widget
+    state into notebooks. ``extra_startup``: more IPython startup code for every kernel."""
     python = python or lab_python()
     root = tmp / "nb"
     root.mkdir()
     ipython_dir = tmp / "ipython"
     startup = ipython_dir / "profile_default" / "startup"
     startup.mkdir(parents=True)
-    (startup / "00-gpumem-browser-harness.py").write_text(STARTUP.format(root=str(ROOT)))
-    _lab_settings(tmp / "lab-settings")
+    (startup / "00-gpumem-browser-harness.py").write_text(STARTUP.format(root=str(tree)))
+    if extra_startup:
+        (startup / "01-extra.py").write_text(extra_startup)
+    _lab_settings(tmp / "lab-settings", widget_state)
     port, token = free_port(), secrets.token_hex(16)
     env = dict(os.environ, GPUMEM_NB_CONFIG=str(tmp / "settings.json"),
                JUPYTER_CONFIG_DIR=str(tmp / "jupyter-config"),
@@ -139,7 +153,7 @@ def running_lab(tmp: Path, python: str | None = None) -> Iterator[Lab]:
                JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
                IPYTHONDIR=str(ipython_dir))
     # The kernel imports this tree's gpumem_nb and tests package, whatever the venv holds.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree), env.get("PYTHONPATH")) if p)
     for name in ("GPUMEM_NB_AUTO_SHOW", "GPUMEM_NB_REPLAY"):
         env.pop(name, None)
     log_path = tmp / "lab.log"
@@ -150,6 +164,7 @@ def running_lab(tmp: Path, python: str | None = None) -> Iterator[Lab]:
          f"--ServerApp.root_dir={root}", "--allow-root",
          # window.jupyterapp: the tests open the log console through its command.
          "--LabApp.expose_app_in_browser=True",
+         "--JupyterNotebookApp.expose_app_in_browser=True",
          "--LabApp.news_url=", "--LabApp.check_for_updates_class="
          "jupyterlab.NeverCheckForUpdate"],
         stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -220,6 +235,23 @@ BENIGN = (
     # the kernel has imported ipywidgets, ipykernel logs the probe's failure at ERROR level. No
     # code of ours runs, nothing is lost, and the user never sees it (kernel stderr only).
     re.compile(r"^log ipykernel\.comm: No such comm target registered: jupyter\.widget\.control$"),
+    # Notebook 7.6.5's keyboard-shortcuts plugin, on opening any notebook: it reads the schema
+    # of a settings plugin it does not know. Seen with a plain `1+1` notebook that imports
+    # nothing of ours, and with each widget extension (ipywidgets, anywidget, plotly)
+    # disabled in turn: upstream, and nothing on the page stops working.
+    re.compile(r"^pageerror: Cannot read properties of undefined \(reading 'schema'\)\n"
+               r"TypeError: Cannot read properties of undefined \(reading 'schema'\)\n"
+               r"\s+at http://127\.0\.0\.1:\d+/static/notebook/notebook_core\.[0-9a-f]+\.js"),
+    # Notebook 7.6.5 on reopening a notebook, now and then: the file browser's restore-on-route
+    # code (its stack: filebrowser's restoreBrowser) runs in the notebook page, which registers
+    # no file browser command, and a font of Notebook 7's own gets a 403 during that reload.
+    # Both are Notebook 7's code and files; nothing on the page is missing.
+    re.compile(r"^pageerror: Command 'filebrowser:open-path' not registered\.\n"
+               r"Error: Command 'filebrowser:open-path' not registered\.\n"
+               r"\s+at c\.execute \(http://127\.0\.0\.1:\d+/static/notebook/notebook_core\."),
+    re.compile(r"^console\.error: Failed to load resource: the server responded with a status "
+               r"of 403 \(Forbidden\) \(http://127\.0\.0\.1:\d+/static/notebook/"
+               r"[0-9a-f]+\.woff2\)$"),
 )
 
 
@@ -293,6 +325,8 @@ class ErrorWatch:
         """Every entry JupyterLab's log console shows for this notebook, at its default level
         (warnings and errors: what a user sees counted in the status bar)."""
         if self.page.query_selector(".jp-LogConsolePanel") is None:
+            if "/notebooks/" in self.page.url:
+                return []  # Notebook 7 shows no log console; the kernel channel still counts
             self.open_log_console()
         entries = self.page.evaluate(LOG_CONSOLE_ENTRIES) or []
         return [f"{e['level']}: {e['text']}" for e in entries]
@@ -313,7 +347,8 @@ class ErrorWatch:
     def collect(self) -> dict[str, list[str]]:
         return {"kernel": self.kernel(),
                 "log console": self._earlier_log_console + self.log_console(),
-                "notebook": self.notebook(), "browser": list(self.browser),
+                "notebook": self.notebook(),
+                "browser": [e for e in self.browser if not benign(e)],
                 "server": self.server()}
 
     @staticmethod
@@ -355,14 +390,21 @@ class ErrorWatch:
 # --------------------------------------------------------------------------------------------
 # Driving the notebook
 # --------------------------------------------------------------------------------------------
-def open_notebook(page: Any, lab: Lab, path: str) -> None:
-    page.goto(lab.url(path))
+def open_notebook(page: Any, lab: Lab, path: str, frontend: str = "lab") -> None:
+    page.goto(lab.url(path, frontend))
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
     page.wait_for_function("() => window.jupyterapp !== undefined", timeout=30_000)
 
 
+KERNEL_STATUS = """() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+  const k = w && w.sessionContext && w.sessionContext.session
+            && w.sessionContext.session.kernel;
+  return k ? k.status : null; }"""
+
+
 def wait_kernel_idle(page: Any, timeout_ms: int = 60_000) -> None:
-    page.wait_for_selector("text=Python 3 (ipykernel) | Idle", timeout=timeout_ms)
+    """The notebook's kernel is connected and idle (JupyterLab and Notebook 7 alike)."""
+    page.wait_for_function(f"() => ({KERNEL_STATUS})() === 'idle'", timeout=timeout_ms)
 
 
 def cell(page: Any, index: int) -> Any:

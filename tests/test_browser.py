@@ -82,45 +82,27 @@ def page(browser: Any, request: Any) -> Any:
 
 
 # --------------------------------------------------------------------------------------------
-# Reading the chart through plotly's own graph div
+# Reading the chart through its own element (gpumem_nb/livechart.js)
 # --------------------------------------------------------------------------------------------
-PLOT_STATE = """() => {
-  const p = document.querySelector('.jp-Notebook .js-plotly-plot');
-  if (!p || !p.data) return null;
-  let last = -1, points = 0;
-  const latest = {}, visible = {};
-  for (const t of p.data) {
-    const name = t.name || '';
-    visible[name] = t.visible === undefined ? true : t.visible;
-    if (name.startsWith('cell')) continue;  // cell marks and labels
-    const x = t.x ? Array.from(t.x) : [], y = t.y ? Array.from(t.y) : [];
-    points += x.length;
-    for (let i = x.length - 1; i >= 0; i--) {
-      if (y[i] === null || Number.isNaN(y[i])) continue;
-      last = Math.max(last, x[i]);
-      if (!latest[name] || x[i] > latest[name].x) latest[name] = {x: x[i], y: y[i]};
-      break;
-    }
-  }
-  const xa = (p.layout && p.layout.xaxis) || {};
-  return {points, last, latest, visible,
-          xrange: xa.range ? Array.from(xa.range) : null,
-          xautorange: xa.autorange === undefined ? true : xa.autorange};
-}"""
+CHART = ".jp-Notebook .gpumem-live"
+PLOT_STATE = f"""() => {{
+  const r = document.querySelector('{CHART}');
+  return r && r.gpumemState ? r.gpumemState() : null;
+}}"""
 
-ALLOCATED = "allocated"  # the trace whose name starts with this: PyTorch's live tensors
+ALLOCATED = "allocated"  # the series whose name starts with this: PyTorch's live tensors
 RESERVED = "reserved"
 
 
 def plot(page: Any) -> dict[str, Any]:
     state = page.evaluate(PLOT_STATE)
-    assert state is not None, "no plotly chart on the page"
+    assert state is not None, "no gpumem_nb chart on the page"
     return dict(state)
 
 
 def latest(state: dict[str, Any], prefix: str) -> dict[str, float]:
     found = [v for k, v in state["latest"].items() if k.startswith(prefix)]
-    assert found, f"no trace named {prefix}…: {sorted(state['latest'])}"
+    assert found, f"no series named {prefix}…: {sorted(state['latest'])}"
     return max(found, key=lambda v: v["x"])
 
 
@@ -128,12 +110,11 @@ def header_text(page: Any) -> str:
     return str(page.locator(".jp-Notebook .gpumem-header").first.inner_text())
 
 
-def wait_chart_has_points(page: Any) -> None:
-    """The chart is on the page with data drawn (the first one costs a 5 MB widget script)."""
+def wait_chart_has_points(page: Any, timeout_ms: int = 30_000) -> None:
+    """The chart is on the page with a line drawn."""
     page.wait_for_function(
-        "() => { const p = document.querySelector('.jp-Notebook .js-plotly-plot');"
-        " return !!(p && p.data && p.data.some(t => t && t.x && t.x.length > 0)); }",
-        timeout=90_000)
+        f"() => !!document.querySelector('{CHART} path.gl-series[d^=\"M\"]')",
+        timeout=timeout_ms)
 
 
 def wait_chart_moves(page: Any, seconds: float = 3.0) -> list[dict[str, Any]]:
@@ -200,26 +181,27 @@ def dropdown_label(page: Any) -> str:
 
 
 def plot_area(page: Any) -> dict[str, float]:
-    box = page.locator(".jp-Notebook .js-plotly-plot .nsewdrag").first.bounding_box()
-    assert box is not None, "plotly's drag layer is not on the page"
-    return dict(box)
+    """The plot's inner area (inside livechart.js' margins), in page pixels."""
+    box = page.locator(f"{CHART} svg.gl-svg").first.bounding_box()
+    assert box is not None, "the chart's drawing is not on the page"
+    left, right, top, bottom = 52, 16, 18, 40
+    return {"x": box["x"] + left, "y": box["y"] + top,
+            "width": box["width"] - left - right, "height": box["height"] - top - bottom}
 
 
-HOVER_LABELS = ("() => document.querySelectorAll('.jp-Notebook .js-plotly-plot .hoverlayer *')"
-                ".length")
+HOVER_LABELS = f"() => document.querySelectorAll('{CHART} .gl-tip:not([hidden])').length"
 
 
-def hover(page: Any) -> None:
-    """Sweep the mouse across the plot as a user does; a hover label must appear. (Each chart
-    update clears plotly's label until the mouse moves again, so one still move is not
-    enough.)"""
+def hover(page: Any) -> str:
+    """Move the mouse across the plot as a user does; the hover box must appear and name the
+    values. Returns its text."""
     area = plot_area(page)
-    for i in range(40):
-        page.mouse.move(area["x"] + area["width"] * (0.4 + i * 0.01),
+    for i in range(20):
+        page.mouse.move(area["x"] + area["width"] * (0.4 + i * 0.02),
                         area["y"] + area["height"] * 0.5, steps=2)
         if page.evaluate(HOVER_LABELS) > 0:
             page.wait_for_timeout(200)
-            return
+            return str(page.locator(f"{CHART} .gl-tip").first.inner_text())
         page.wait_for_timeout(100)
     raise AssertionError("no hover label appeared over the chart")
 
@@ -310,14 +292,19 @@ def test_live_session_with_two_gpus_hover_zoom_legend_pause_cleanup_and_device_s
         page.wait_for_timeout(1000)
         grew = wait_chart_moves(page, 4)
         assert grew[-1]["points"] >= grew[0]["points"], grew
-        hover(page)
+        tip = hover(page)
+        # The hover reads the values: GPU 0 and 1 together hold 12 GiB of tensors.
+        assert re.search(r"allocated \(live tensors\): 12\.00 GiB", tip), tip
+        page.wait_for_timeout(1500)  # updates arrive; the hover stays up and current
+        assert page.evaluate(HOVER_LABELS) > 0, "an update cleared the hover label"
         screenshot(page, "browser-live-hover.png")
         wait_cell_done(page, 3, timeout_ms=30_000)
         page.mouse.move(10, 10)
         page.wait_for_timeout(1000)
 
         clock.phase("zoom")
-        # Zoom by dragging across the plot, then double-click back to the whole range.
+        # Zoom by dragging across the plot; updates keep the zoom; shift+drag pans;
+        # double-click follows the data again.
         area = plot_area(page)
         y_mid = area["y"] + area["height"] * 0.5
         page.mouse.move(area["x"] + area["width"] * 0.2, y_mid)
@@ -325,40 +312,45 @@ def test_live_session_with_two_gpus_hover_zoom_legend_pause_cleanup_and_device_s
         page.mouse.move(area["x"] + area["width"] * 0.4, y_mid, steps=8)
         page.mouse.move(area["x"] + area["width"] * 0.6, y_mid, steps=8)
         page.mouse.up()
-        page.wait_for_function(
-            "() => { const p = document.querySelector('.jp-Notebook .js-plotly-plot');"
-            " return p.layout.xaxis.autorange === false; }", timeout=5_000)
-        zoomed = plot(page)["xrange"]
-        assert zoomed is not None and zoomed[1] > zoomed[0], zoomed
-        page.wait_for_timeout(1000)
+        page.wait_for_function(f"() => ({PLOT_STATE})().zoom !== null", timeout=5_000)
+        zoomed = plot(page)
+        assert zoomed["zoom"][1] > zoomed["zoom"][0], zoomed
+        page.wait_for_timeout(2500)  # at least four updates
+        after = plot(page)
+        assert after["draws"] > zoomed["draws"] and after["zoom"] == zoomed["zoom"], (
+            f"an update lost the zoom: {zoomed} then {after}")
         screenshot(page, "browser-live-zoom.png")
-        area = plot_area(page)
+        page.keyboard.down("Shift")
+        page.mouse.move(area["x"] + area["width"] * 0.5, y_mid)
+        page.mouse.down()
+        page.mouse.move(area["x"] + area["width"] * 0.3, y_mid, steps=6)
+        page.mouse.up()
+        page.keyboard.up("Shift")
+        panned = plot(page)["zoom"]
+        span = zoomed["zoom"][1] - zoomed["zoom"][0]
+        assert panned[0] > zoomed["zoom"][0] and abs(panned[1] - panned[0] - span) < 1e-6, (
+            zoomed["zoom"], panned)
         page.mouse.dblclick(area["x"] + area["width"] * 0.5, y_mid)
-        page.wait_for_function(
-            "() => { const p = document.querySelector('.jp-Notebook .js-plotly-plot');"
-            " return p.layout.xaxis.autorange !== false; }", timeout=5_000)
+        page.wait_for_function(f"() => ({PLOT_STATE})().zoom === null", timeout=5_000)
         page.wait_for_timeout(1000)
 
         clock.phase("legend")
         # A legend click hides the reserved line; a second one brings it back.
-        def reserved_visible() -> Any:
-            return next(v for k, v in plot(page)["visible"].items() if k.startswith(RESERVED))
+        def reserved_hidden() -> Any:
+            return next(v for k, v in plot(page)["hidden"].items() if k.startswith(RESERVED))
 
-        # Plotly lays a transparent toggle over each legend entry: that is what a click lands on.
-        legend = page.locator(".jp-Notebook .js-plotly-plot .legend .traces", has=page.locator(
-            ".legendtext", has_text=re.compile(f"^{RESERVED}"))).first.locator(".legendtoggle")
+        legend = page.locator(f"{CHART} .gl-item", has_text=re.compile(f"^{RESERVED}")).first
         legend.click()
         page.wait_for_function(
-            """() => document.querySelector('.jp-Notebook .js-plotly-plot').data
-                 .some(t => (t.name || '').startsWith('reserved') && t.visible === 'legendonly')""",
-            timeout=5_000)
+            f"() => Object.entries(({PLOT_STATE})().hidden)"
+            f".some(([k, v]) => k.startsWith('{RESERVED}') && v)", timeout=5_000)
+        assert page.locator(f"{CHART} path.gl-series[data-key='reserved']").count() == 0
         page.wait_for_timeout(1000)
+        assert reserved_hidden(), "an update showed the hidden line again"
         legend.click()
         page.wait_for_function(
-            """() => document.querySelector('.jp-Notebook .js-plotly-plot').data
-                 .filter(t => (t.name || '').startsWith('reserved'))
-                 .every(t => t.visible === true || t.visible === undefined)""", timeout=5_000)
-        assert reserved_visible() in (True, None)
+            f"() => Object.entries(({PLOT_STATE})().hidden)"
+            f".every(([k, v]) => !k.startsWith('{RESERVED}') || !v)", timeout=5_000)
         page.wait_for_timeout(1000)
 
         clock.phase("pause")
@@ -415,7 +407,7 @@ def test_live_session_with_two_gpus_hover_zoom_legend_pause_cleanup_and_device_s
             problems.append(f"after the cleanup button: {e}")
         elapsed_s = clock.elapsed_s()
         assert elapsed_s >= 30, f"the live session lasted only {elapsed_s:.0f} s"
-        page.locator(".jp-Notebook .js-plotly-plot").first.scroll_into_view_if_needed()
+        page.locator(CHART).first.scroll_into_view_if_needed()
         screenshot(page, "browser-live.png")
         watch.open_log_console()
         screenshot(page, "browser-live-log-console.png")

@@ -37,3 +37,11 @@ def test_python_m_gpumem_nb_prints_a_report_on_this_machine():
     out = subprocess.run([sys.executable, "-m", "gpumem_nb"], capture_output=True, text=True,
                          check=True)
     assert "Host RAM of this process:" in out.stdout
+
+
+def test_the_live_chart_imports_neither_plotly_nor_numpy_nor_jsonschemas_format_checks():
+    """Issue 17: the first watch spent 1.9-2.2 s importing the chart's stack. plotly.io
+    imports nbformat, whose jsonschema format checks import rfc3987_syntax (1.63 s alone), and
+    numpy costs a kernel that has not imported it about 90 ms of the 0.3 s budget."""
+    mods = modules_after("import gpumem_nb.magics, gpumem_nb.widget")
+    assert not {"plotly", "numpy", "nbformat", "jsonschema", "rfc3987_syntax"} & mods

@@ -40,10 +40,10 @@ def test_trace_round_trips_every_field(tmp_path):
     assert [s.t_s for s in back] == [0.0, 0.5]
 
 
-def test_playback_follows_the_clock_and_loops():
+def test_playback_follows_the_clock_and_loops_when_asked():
     now = [0.0]
     src = ReplaySource([sample(0.0, GiB), sample(1.0, 2 * GiB), sample(2.0, 3 * GiB)],
-                       clock=lambda: now[0])
+                       clock=lambda: now[0], loop=True)
     used = []
     for t in (0.0, 0.5, 1.2, 2.0, 2.5):
         now[0] = t
@@ -51,6 +51,24 @@ def test_playback_follows_the_clock_and_loops():
         assert s.t_s == t
         used.append(s.devices[0].nvml.used_bytes)  # type: ignore[union-attr]
     assert used == [GiB, GiB, 2 * GiB, 3 * GiB, GiB]
+
+
+def test_playback_stops_at_the_end_of_the_recording_instead_of_looping_into_a_comb():
+    """Issue 17: after 5 minutes the bundled replay had looped 11 times on an axis titled
+    "seconds into the recording". It now holds its last reading, at the recording's end."""
+    now = [10.0]
+    src = ReplaySource([sample(0.0, GiB), sample(1.0, 2 * GiB), sample(2.0, 3 * GiB)],
+                       clock=lambda: now[0])
+    src.start()
+    assert not src.ended
+    seen = []
+    for t in (10.0, 11.2, 12.5, 300.0):
+        now[0] = t
+        s = src.read()
+        seen.append((s.t_s, s.devices[0].nvml.used_bytes))  # type: ignore[union-attr]
+    assert seen == [(10.0, GiB), (11.2, 2 * GiB), (12.0, 3 * GiB), (12.0, 3 * GiB)]
+    assert src.ended
+    assert [x.t_s for x in src.recording] == [0.0, 1.0, 2.0]
 
 
 def test_bundled_h200_session_loads():

@@ -200,9 +200,33 @@ def test_a_replay_says_so_in_the_title_and_the_description():
     data = gpu_data(replay="bundled")
     root = parse(render_svg(data))
     title = next(iter(texts(root, "title")))
-    assert "REPLAY of bundled — not your GPU" in "".join(title.itertext())
-    assert "REPLAY of bundled — not your GPU" in describe(data)
+    assert "REPLAY of bundled, not your GPU" in "".join(title.itertext())
+    assert "REPLAY of bundled, not your GPU" in describe(data)
     assert "REPLAY" not in render_svg(gpu_data())
+
+
+def _extent_px(e: ET.Element, font_px: float) -> tuple[float, float, float]:
+    """(left, right, baseline) of a text element, from its anchor and estimated width."""
+    from gpumem_nb.svgchart import text_width_px
+
+    width = text_width_px("".join(e.itertext()), font_px)
+    x = float(e.get("x", 0))
+    left = x - width if e.get("text-anchor") == "end" else x
+    return left, left + width, float(e.get("y", 0))
+
+
+def test_a_replays_long_title_never_runs_into_the_total_and_headroom_note():
+    """Issue 17: 00's saved picture had its title over the headroom text."""
+    data = gpu_data(title="gpumem_nb chart: GPU 0 (NVIDIA H200)",
+                    replay="replay of a recorded session (NVIDIA H200)")
+    root = parse(render_svg(data))
+    title = _extent_px(next(iter(texts(root, "title"))), 11 * 1.08)
+    note = _extent_px(next(iter(texts(root, "total-note"))), 11)
+    same_line = abs(title[2] - note[2]) < 12
+    assert not same_line or title[1] + 8 <= note[0], (title, note)
+    # and a short title keeps the note on its own line's right end
+    short = parse(render_svg(gpu_data()))
+    assert next(iter(texts(short, "total-note"))).get("y") == "16"
 
 
 def test_html_img_carries_the_svg_as_a_base64_data_uri():

@@ -342,12 +342,29 @@ def test_a_trace_before_cuda_starts_runs_the_cell_untraced_and_says_why(shell, n
         del sys.modules["torch"]
 
 
-def test_saving_to_an_unwritable_path_is_a_note_not_a_lost_report(loaded, capsys):
+def test_saving_into_a_missing_directory_is_refused_before_the_cell_runs(loaded):
     target = os.path.join("/nonexistent-dir", "x.pickle")
+    with pytest.raises(UsageError, match="directory that does not exist"):
+        loaded.run_cell_magic("gpumem", f"--trace --save {target}", "x = cuda.tensor(MiB)")
+    assert "x" not in loaded.user_ns
+
+
+def test_a_save_that_fails_at_the_end_is_a_note_not_a_lost_report(loaded, tmp_path,
+                                                                   monkeypatch, capsys):
+    target = tmp_path / "x.pickle"
+    target.write_bytes(b"the previous snapshot")
+
+    def disk_full(obj: Any, f: Any, protocol: int) -> None:
+        f.write(b"\x80\x04partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pickle, "dump", disk_full)
     loaded.run_cell(f"%%gpumem --trace --save {target}\nx = cuda.tensor(MiB)",
                     store_history=True)
     out = capsys.readouterr().out
-    assert "Could not write" in out and "top sites" in out
+    assert "Could not write" in out and "No space left" in out and "top sites" in out
+    assert target.read_bytes() == b"the previous snapshot"  # not truncated to nothing
+    assert [p.name for p in tmp_path.iterdir()] == ["x.pickle"]  # no temporary file left
 
 
 # --------------------------------------------------------------------------------------------

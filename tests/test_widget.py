@@ -20,7 +20,6 @@ from gpumem_nb.timeline import (
     keep_peaks,
     values_of,
 )
-from gpumem_nb.widget import _LABELS, _MARKS, _ORDER, _RECENT
 
 from .fakes import GiB
 from .helpers import spaced
@@ -46,14 +45,19 @@ def chart(shell: Any, fake_gpu: Any, capsys: Any) -> Any:
 
 
 def trace(widget: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """A series as the browser draws it: the history trace, then the recent one."""
-    i = _ORDER.index(name)
-    old, new = widget.fig.data[i], widget.fig.data[_RECENT + i]
-    def arr(v: Any) -> np.ndarray:
-        return np.asarray(v if v is not None else [], dtype=float)
+    """A series as the browser draws it (livechart.js): the history part, then the recent."""
+    old = widget.chart.history.get(name, [[], []])
+    new = widget.chart.recent.get(name, [[], []])
 
-    return (np.concatenate([arr(old.x), arr(new.x)]),
-            np.concatenate([arr(old.y), arr(new.y)]))
+    def arr(v: Any) -> np.ndarray:
+        return np.asarray([np.nan if x is None else x for x in v], dtype=float)
+
+    return (np.concatenate([arr(old[0]), arr(new[0])]),
+            np.concatenate([arr(old[1]), arr(new[1])]))
+
+
+def labels(widget: Any) -> list[str]:
+    return [label for _, label in widget.chart.marks]
 
 
 def test_chart_shows_nvml_process_reserved_and_allocated_in_gib(chart, fake_gpu):
@@ -66,20 +70,21 @@ def test_chart_shows_nvml_process_reserved_and_allocated_in_gib(chart, fake_gpu)
     # Sent rounded to 0.1 MiB: the browser needs no more.
     assert trace(chart, "nvml_used")[1][-1] == pytest.approx(2.0 + 500 / 1024, abs=1e-4)
     assert trace(chart, "process")[1][-1] == pytest.approx(2.0 + 500 / 1024, abs=1e-4)
-    note = chart.fig.layout.annotations[0].text
-    assert note == "total 141.0 GiB · headroom 138.5 GiB"  # 141 − (2 GiB + 500 MiB context)
-    assert chart.fig.layout.yaxis.range[1] < 10  # the axis follows the data, not the total
+    meta = chart.chart.meta
+    assert meta["note"] == "total 141.0 GiB · headroom 138.5 GiB"  # 141 − (2 GiB + 500 MiB)
+    assert meta["total"] == pytest.approx(141.0)  # the browser draws it only once in range
 
 
 def test_every_cell_boundary_gets_a_mark_and_the_newest_its_count(chart, shell):
     for i in range(3):
         run(shell, f"k{i} = {i}")
     chart.monitor.sampler.tick()
-    labels = chart.fig.data[_LABELS]
     counts = [r.execution_count for r in chart.monitor.history.records()][-3:]
-    assert list(labels.text)[-1] == f"[{counts[-1]}]"
-    lines = chart.fig.data[_MARKS]
-    assert len(lines.x) == 3 * len(chart.monitor.marks)  # x, x, gap per mark
+    assert labels(chart)[-1] == f"[{counts[-1]}]"
+    assert len(chart.chart.marks) == len(chart.monitor.marks)
+    t0 = chart.monitor.started_t_s
+    assert [x for x, _ in chart.chart.marks] == [
+        round(m.t_s - t0, 3) for m in chart.monitor.marks]
 
 
 def test_cell_labels_in_a_long_session_never_overlap():
@@ -91,68 +96,33 @@ def test_cell_labels_in_a_long_session_never_overlap():
     assert 10 <= len(keep) <= 15
 
 
-def test_chart_traces_hold_plain_lists_never_numpy_arrays(chart, fake_gpu, shell):
-    # The browser echoes trace defaults back; plotly's _remove_overlapping_props then takes
-    # the truth value of whatever the trace holds, which raises for a numpy array.
+def test_chart_state_is_plain_json_with_null_gaps_never_numpy_or_nan(chart, fake_gpu, shell):
+    # NaN is not JSON: a gap must travel as null, and numpy values must never reach a trait
+    # (the browser would get typed arrays or the kernel fail to serialise).
+    import json
+
     fake_gpu.cuda.tensor(GiB)
     run(shell, "x = 1")
     chart.monitor.sampler.tick()
-    for trace_ in chart.fig.data:
-        for key in ("x", "y", "text"):
-            value = trace_[key] if key in trace_ else None  # noqa: SIM401 (plotly has no get)
-            assert value is None or isinstance(value, (list, tuple)), (trace_.name, key)
-            assert not any(isinstance(v, float) and v != v for v in value or ())
+    w = chart.chart
+    for name in ("series", "history", "recent", "marks", "meta"):
+        json.dumps(getattr(w, name), allow_nan=False)
+    for part in (w.history, w.recent):
+        for xs, ys in part.values():
+            assert all(type(v) in (float, int) for v in xs)
+            assert all(v is None or type(v) in (float, int) for v in ys)
 
 
-class _TypedArray(list):  # type: ignore[type-arg]
-    """How plotly.js holds an array that arrived as binary (a numpy array): a typed array,
-    never equal to the plain array plotly.js puts in its full data."""
+def test_the_chart_sends_its_own_small_script_that_loads_nothing_else(chart):
+    # Plotly's FigureWidget sent 5 MB per chart (issue 17); a CDN import would fail offline.
+    import re
 
+    from gpumem_nb.livechart import esm_bytes
 
-def _browser_delta(full: Any, data: Any) -> Any:
-    """A port of plotly.js' widget ``createDeltaObject`` (plotly 6-7 widgetbundle.js):
-    what the browser sends back as a trace's delta after every restyle."""
-    out: dict[str, Any] = {}
-    for k, v in full.items():
-        if k.startswith("_") or v is None:
-            continue
-        d = data.get(k) if isinstance(data, dict) else None
-        if v == d and type(v) is type(d) and k != "uid":
-            continue
-        if k in data and isinstance(d, _TypedArray):  # iterated like an object: by index
-            out[k] = {str(i): x for i, x in enumerate(v)}
-        elif k in data and isinstance(v, dict):
-            sub = _browser_delta(v, d or {})
-            if sub:
-                out[k] = sub
-        else:
-            out[k] = v
-    return out
-
-
-def _as_browser_holds(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        return _TypedArray(value.tolist())
-    if isinstance(value, dict):
-        return {k: _as_browser_holds(v) for k, v in value.items()}
-    return value
-
-
-def test_browser_trace_deltas_raise_nothing_in_the_kernel(chart, fake_gpu, shell):
-    fake_gpu.cuda.tensor(GiB)
-    run(shell, "x = 1")
-    chart.monitor.sampler.tick()
-    fig = chart.fig
-    deltas = []
-    for t in fig.data:
-        data = _as_browser_holds(dict(t._props))
-        full = {**{k: (list(v) if isinstance(v, list) else v) for k, v in data.items()},
-                "xaxis": "x", "yaxis": "y", "visible": True,
-                "line": {**(data.get("line") or {}), "simplify": True}}
-        deltas.append({"uid": t.uid, **_browser_delta(full, data)})
-    # Raises in the kernel (ValueError: truth value of an array) if a trace holds numpy.
-    fig._js2py_traceDeltas = {"trace_deltas": deltas, "trace_edit_id": fig._last_trace_edit_id}
-    assert fig.data[_ORDER.index("allocated")].y  # the data is still there
+    esm = chart.chart._esm
+    assert not re.search(r"^\s*import\b|\bimport\s*\(", esm, re.M)
+    assert "https://" not in esm.replace("http://www.w3.org/2000/svg", "")
+    assert esm_bytes() < 30_000
 
 
 def test_header_row_shows_the_numbers_and_the_last_cell_peak(chart, shell):
@@ -215,9 +185,9 @@ def test_pause_stops_drawing_but_not_recording(chart, fake_gpu):
 
 
 def test_watch_twice_shows_the_same_single_widget(chart, shell):
-    fig = chart.fig
+    live = chart.chart
     run(shell, "%gpumem watch")
-    assert current_monitor(shell).widget is chart and chart.fig is fig
+    assert current_monitor(shell).widget is chart and chart.chart is live
 
 
 def test_display_bundle_carries_a_picture_of_the_chart_for_saved_notebooks(chart, shell):
@@ -249,7 +219,7 @@ def test_refresh_static_updates_the_displayed_picture_to_the_end_of_the_run(char
 
 def test_unload_closes_the_widget(chart, shell):
     run(shell, "%unload_ext gpumem_nb")
-    assert chart._closed and chart.fig.comm is None
+    assert chart._closed and chart.chart.comm is None
 
 
 def test_without_a_gpu_the_chart_says_so_and_plots_host_ram(shell, no_gpu, capsys):
@@ -260,8 +230,9 @@ def test_without_a_gpu_the_chart_says_so_and_plots_host_ram(shell, no_gpu, capsy
     mon.sampler.tick()
     w = mon.widget
     assert "No GPU visible" in w.header.value
-    rss = w.fig.data[SERIES.index("rss")]
-    assert rss.visible is True and len(trace(w, "rss")[1]) >= 1
+    rss = next(s for s in w.chart.series if s["key"] == "rss")
+    assert not rss["hidden"] and len(trace(w, "rss")[1]) >= 1
+    assert {s["key"] for s in w.chart.series} == set(SERIES)
 
 
 def test_replay_drives_the_chart_from_the_bundled_h200_session(shell, no_gpu, capsys):
@@ -293,7 +264,7 @@ def test_replay_never_touches_the_users_records_marks_or_allocator(shell, fake_g
     assert not mon.verdicts
     assert len(mon.marks) == marks_before + 2  # the user's cells are still marked...
     w = mon.widget
-    assert not [t for t in w.fig.data[_LABELS].text or ()]  # ...but not over the recording
+    assert not w.chart.marks  # ...but not over the recording
     assert "empty_cache" not in fake_gpu.cuda.calls
     assert not [c for c in fake_gpu.cuda.calls if c.startswith("reset_peak")]
     assert "last cell" not in w.header.value or "(recording)" in w.header.value
@@ -349,29 +320,29 @@ def test_long_history_is_resent_only_every_refresh_while_recent_points_flow(char
     tick = chart.monitor.sampler.tick
     tick()
     sent = []
-    chart.fig.data[0].on_change(lambda *a: sent.append(1), "x")
-    history = chart.fig.data[0].x
+    chart.chart.observe(lambda change: sent.append(1), names="history")
+    history = chart.chart.history
     recent_lengths = []
     for _ in range(3):
         fake_gpu.cuda.tensor(2**20)
         tick()
-        recent_lengths.append(len(chart.fig.data[_RECENT].x))
-    assert chart.fig.data[0].x == history and not sent  # untouched between refreshes
-    assert recent_lengths[-1] >= 1
+        recent_lengths.append(len(chart.chart.recent["allocated"][0]))
+    assert chart.chart.history == history and not sent  # untouched between refreshes
+    assert recent_lengths[-1] >= 2
     chart._history_until_s -= widget_mod.HISTORY_REFRESH_S
     tick()
-    assert chart.fig.data[0].x != history
+    assert sent and chart.chart.history != history
 
 
 def test_a_running_cell_is_marked_with_a_star_until_it_ends(chart):
     mon = chart.monitor
     mon.pre_run_cell(type("Info", (), {"raw_cell": "train()", "cell_id": "t"})())
     mon.sampler.tick()
-    assert list(chart.fig.data[_LABELS].text)[-1] == "[*]"
+    assert labels(chart)[-1] == "[*]"
     mon.post_run_cell(type("R", (), {"execution_count": 42, "error_in_exec": None,
                                      "error_before_exec": None})())
     mon.sampler.tick()
-    assert list(chart.fig.data[_LABELS].text)[-1] == "[42]"
+    assert labels(chart)[-1] == "[42]"
 
 
 def test_two_gpus_get_a_selector_and_switching_redraws_that_gpu(shell, two_fake_gpus):
@@ -447,3 +418,107 @@ def test_this_process_figure_is_the_listed_one_everywhere(chart, shell, fake_gpu
     status_row = Snapshot(status=mon.source.status(), sample=mon.read()).rows()[0]
     assert status_row[2] in chart.header.value
     assert keep is not None
+
+
+# -- when the chart ends (issue 17) -------------------------------------------------------------
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+class _Handle:
+    """Stands in for the DisplayHandle ``%gpumem watch`` keeps: records each update."""
+
+    def __init__(self) -> None:
+        self.updates: list[Any] = []
+
+    def update(self, obj: Any, **kw: Any) -> None:
+        self.updates.append((obj, kw))
+
+
+def test_ending_the_chart_turns_its_outputs_into_the_picture_so_no_reopen_reads_model_not_found(
+        chart, shell, fake_gpu):
+    run(shell, "t = cuda.tensor(3 * 2**30)")
+    chart.monitor.sampler.tick()
+    handle = chart.display_handle = _Handle()
+    run(shell, "%gpumem watch --stop")
+    (bundle, kw), = handle.updates
+    assert kw == {"raw": True} and WIDGET_VIEW not in bundle
+    assert bundle["image/svg+xml"].startswith("<svg") and "<img" in bundle["text/html"]
+    assert "NVML used / total" in bundle["text/plain"]
+    assert chart._closed and chart.chart.comm is None and chart.cleanup_button.comm is None
+    assert current_monitor(shell).widget is None
+    run(shell, "%gpumem watch")  # a new chart, live again
+    assert current_monitor(shell).widget is not chart
+
+
+def test_every_display_of_the_chart_shares_one_display_id(chart, shell):
+    mon = current_monitor(shell)
+    assert chart.display_handle is not None
+    assert chart.display_handle.display_id == chart.display_id
+    run(shell, "%gpumem watch")
+    assert mon.widget.display_handle.display_id == chart.display_id
+
+
+def test_a_kernel_shutting_down_turns_the_outputs_into_the_picture_and_leaves_the_comms(
+        chart, shell):
+    """ipykernel sets exit_now while it handles a shutdown or restart request. The comms are
+    left to the exit: a restarting JupyterLab has dropped them already, and a close for each
+    logged 'Comm not found' in the browser console (23 per restart with plotly's chart)."""
+    handle = chart.display_handle = _Handle()
+    try:
+        shell.exit_now = True
+    finally:
+        shell.exit_now = False
+    (bundle, _), = handle.updates
+    assert WIDGET_VIEW not in bundle and "image/svg+xml" in bundle
+    assert chart._closed and chart.chart.comm is not None  # not closed: no message sent
+    assert current_monitor(shell).widget is None
+
+
+def test_reload_ext_ends_the_chart_too(chart, shell):
+    handle = chart.display_handle = _Handle()
+    run(shell, "%reload_ext gpumem_nb")
+    assert handle.updates and WIDGET_VIEW not in handle.updates[0][0]
+    assert chart._closed and chart.chart.comm is None
+
+
+def test_watch_stop_with_a_replay_flag_is_a_usage_error(chart, shell):
+    result = run(shell, "%gpumem watch --stop --replay bundled")
+    assert type(result.error_in_exec).__name__ == "UsageError"
+
+
+def test_the_saved_picture_of_a_replay_is_the_whole_recorded_story_not_its_first_seconds(
+        shell, no_gpu, capsys):
+    """Issue 17: 00's saved picture was flat, the first 3 s of the replay, all at 0 B."""
+    import base64
+    import re
+
+    run(shell, "%load_ext gpumem_nb")
+    run(shell, "%gpumem watch --replay bundled")
+    mon = current_monitor(shell)
+    mon.replay.sampler.stop()
+    mon.replay.sampler.tick()  # a moment into the recording
+    svg = mon.widget.plain_bundle()["image/svg+xml"]
+    assert "seconds into the recording" in svg
+    ticks = [float(t) for t in re.findall(r'<text x="\d+" y="\d+" text-anchor="end">([\d.]+)<',
+                                          svg)]
+    assert max(ticks) >= 12, ticks  # the 14.6 GiB the recording reaches, on the y axis
+    assert "at 28 s" in svg  # to the end of the recording
+    html_ = mon.widget.plain_bundle()["text/html"]
+    assert base64.b64decode(html_.split("base64,", 1)[1].split('"', 1)[0]).decode() == svg
+
+
+def test_another_feature_adds_a_named_series_and_the_chart_draws_it(chart, fake_gpu):
+    from gpumem_nb.svgchart import SeriesStyle
+
+    chart.add_series("worker-1", SeriesStyle("worker 1", "#8c564b", 1.5, "2 3"),
+                     lambda sample: 3 * GiB)
+    chart.monitor.sampler.tick()
+    chart.monitor.sampler.tick()
+    spec = next(s for s in chart.chart.series if s["key"] == "worker-1")
+    assert spec["name"] == "worker 1" and spec["dash"] == "2 3"
+    assert trace(chart, "worker-1")[1][-1] == pytest.approx(3.0)
+    chart.remove_series("worker-1")
+    chart.monitor.sampler.tick()
+    assert "worker-1" not in {s["key"] for s in chart.chart.series}
+    with pytest.raises(ValueError):
+        chart.add_series("allocated", SeriesStyle("x", "#000", 1.0), lambda s: None)

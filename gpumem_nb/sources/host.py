@@ -7,6 +7,7 @@ fallback elsewhere. Both run twice per cell, so the difference is on the hot pat
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -44,9 +45,13 @@ class HostSource:
         return None
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        """Close the descriptor; later reads give None (the number may already be another
+        file's, so it is forgotten before it is closed)."""
+        fd, self._fd = self._fd, None
+        self._proc = None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def __del__(self) -> None:
         self.close()

@@ -18,9 +18,7 @@ How, and why this way:
   comes from torch's own objects instead: its live DataLoader iterators list their workers,
   and ``start_processes``' contexts (``torch.multiprocessing``, ``ddp_notebook``,
   ``notebook_launcher``'s elastic launch) list theirs with the process index. Finding those
-  walks the collector's objects, so ``learn_roles`` runs on demand on the main thread only,
-  and only for children ``multiprocessing`` started: every worker those objects list is one
-  (a child started otherwise, such as ``subprocess.Popen``'s, is never among them).
+  walks the collector's objects, so ``learn_roles`` runs on demand on the main thread only.
   A child started with its own environment (torchrun, a launcher that execs) carries
   ``RANK``/``LOCAL_RANK`` in ``/proc/<pid>/environ`` when we may read it; variables a forked
   child sets after the fork are not visible there (the file shows the environment the
@@ -73,6 +71,10 @@ class ProcessTree:
         self._not_ours: set[tuple[int, int]] = set()  # (pid, start time) walked, not ours
         # pid -> (role, process index) learned from torch's own objects (``learn_roles``).
         self._hints: dict[int, tuple[str, int | None]] = {}
+        # PIDs ``learn_roles`` has looked for: a process's launcher exists before the process
+        # shows on the GPU, so one look per process is enough (a PID reused by a new process
+        # is dropped from here when that process is first described).
+        self._searched: set[int] = set()
 
     # -- ancestry ----------------------------------------------------------------------------
     def _stat(self, pid: int) -> tuple[int, int] | None:
@@ -141,6 +143,8 @@ class ProcessTree:
                 continue
             key = (pid, start)
             info = self._known.get(key)
+            if info is None:
+                self._searched.discard(pid)
             if info is None or (pid in self._hints and info[0] != self._hints[pid][0]):
                 if started is None:
                     started = self._multiprocessing_pids()
@@ -186,32 +190,37 @@ class ProcessTree:
         pids = (getattr(getattr(p, "_popen", None), "pid", None) for p in procs)
         return {pid for pid in pids if isinstance(pid, int)}
 
-    def learn_roles(self) -> int:
+    def learn_roles(self, pids: Iterable[int] | None = None) -> int:
         """On demand, on the main thread (``%gpumem``, the OOM explainer): find torch's live
         DataLoader iterators and ``start_processes`` contexts (``torch.multiprocessing``,
         ``ddp_notebook``, ``notebook_launcher``'s elastic launch) and remember their workers'
-        PIDs and process indices. Each lookup walks the garbage collector's objects once
-        (about 10 ms per million objects), so the sampler never calls this. Returns how many
-        PIDs it learned."""
-        found: dict[int, tuple[str, int | None]] = {}
+        PIDs and process indices. The lookup is one pass over the collector's objects (about
+        15 ms per 170,000 objects here, more in a big session), so the sampler never calls
+        this, and given ``pids`` (the children whose role is not known) it is skipped when
+        each was looked for already. Returns how many PIDs it learned."""
+        wanted = None if pids is None else set(pids)
+        if wanted is not None and wanted <= self._searched:
+            return 0
         loader = getattr(self._modules.get("torch.utils.data.dataloader"),
                          "_MultiProcessingDataLoaderIter", None)
         context = getattr(self._modules.get("torch.multiprocessing.spawn"), "ProcessContext",
                           None)
-        loaders, contexts = _instances(loader, context)
-        for it in loaders:
-            for i, w in enumerate(getattr(it, "_workers", None) or ()):
-                pid = getattr(w, "pid", None)
-                if isinstance(pid, int):
-                    found[pid] = (ROLE_DATALOADER, i)
-        for ctx in contexts:
-            for i, p in enumerate(getattr(ctx, "processes", None) or ()):
+        found: dict[int, tuple[str, int | None]] = {}
+        for obj in _instances(loader, context):
+            if isinstance(loader, type) and isinstance(obj, loader):
+                role, procs = ROLE_DATALOADER, getattr(obj, "_workers", None)
+            else:
+                role, procs = ROLE_LAUNCHED, getattr(obj, "processes", None)
+            for i, p in enumerate(procs or ()):
                 pid = getattr(p, "pid", None)
                 if isinstance(pid, int):
-                    found[pid] = (ROLE_LAUNCHED, i)
+                    found[pid] = (role, i)
         self._hints.update(found)
         if len(self._hints) > 1024:
             self._hints = dict(found)
+        if len(self._searched) > 4096:
+            self._searched.clear()
+        self._searched |= wanted or set()
         return len(found)
 
     def _cmdline(self, pid: int) -> str:
@@ -240,28 +249,26 @@ class ProcessTree:
         return out
 
 
-def _instances(*bases: Any) -> list[list[Any]]:
-    """The live instances of each class in ``bases`` and of its subclasses, one list per base.
-    Instances of a Python class refer to their type, so the collector's referrers of the
-    classes are their instances (and a few dicts); no list of every object is built. One
-    walk of the collector's objects for all of them: each walk costs about 20 ms in a kernel
-    with torch and transformers loaded, and the OOM explainer has 50 ms in all."""
-    owner: dict[type, int] = {}
-    for i, base in enumerate(bases):
-        if isinstance(base, type):
-            for c in (base, *base.__subclasses__()):
-                owner.setdefault(c, i)
-    out: list[list[Any]] = [[] for _ in bases]
-    if not owner:
-        return out
+def roles_to_learn(children: Iterable[ChildProcess]) -> list[int]:
+    """The children whose kind ``learn_roles`` may tell: those ``multiprocessing`` started in
+    this process (DataLoader, ``torch.multiprocessing`` and elastic workers all are). Any other
+    child (``subprocess``, a grandchild) has no launcher object here to find, so naming it
+    never walks the collector."""
+    return [c.pid for c in children if c.role == ROLE_MULTIPROCESSING]
+
+
+def _instances(*bases: Any) -> list[Any]:
+    """The live instances of ``bases`` and their subclasses, in one pass over the collector's
+    objects. Instances of a Python class refer to their type, so the collector's referrers of
+    the classes are their instances (and a few dicts); no list of every object is built."""
+    classes = [c for b in bases if isinstance(b, type) for c in (b, *b.__subclasses__())]
+    if not classes:
+        return []
+    kinds = set(classes)
     try:
-        for o in gc.get_referrers(*owner):
-            which = owner.get(type(o))
-            if which is not None:
-                out[which].append(o)
+        return [o for o in gc.get_referrers(*classes) if type(o) in kinds]
     except Exception:
-        return [[] for _ in bases]
-    return out
+        return []
 
 
 def _int(text: str | None) -> int | None:

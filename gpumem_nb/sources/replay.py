@@ -2,7 +2,9 @@
 
 Binder and CI have no GPU; a replayed H200 session lets the chart, the banner and the browser
 test run there on real numbers. Playback re-stamps each sample with the current clock so the
-chart moves in real time, and loops when the trace ends.
+chart moves in real time. It stops at the recording's end (the last reading holds, with its
+own time), so the chart's axis stays "seconds into the recording"; ``loop=True`` plays it
+again and again, each pass later on the clock.
 """
 
 from __future__ import annotations
@@ -220,7 +222,7 @@ def _shift(s: Sample, dt: float, wall: float | None = None) -> Sample:
 
 
 class ReplaySource:
-    """Plays a trace at its recorded pace (times ``speed``), looping at the end."""
+    """Plays a trace at its recorded pace (times ``speed``), once (or looping)."""
 
     def __init__(
         self,
@@ -229,6 +231,7 @@ class ReplaySource:
         note: str = "",
         speed: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        loop: bool = False,
     ) -> None:
         if not samples:
             raise ValueError("a replay needs at least one sample")
@@ -236,6 +239,7 @@ class ReplaySource:
         self._note = note
         self._speed = speed
         self._clock = clock
+        self._loop = loop
         self._t0: float | None = None
         self._offsets_s = [x.t_s - samples[0].t_s for x in samples]
         self._span_s = max(samples[-1].t_s - samples[0].t_s, 1e-9)
@@ -262,10 +266,28 @@ class ReplaySource:
         self.start()
         now = self._clock()
         assert self._t0 is not None
-        pos = ((now - self._t0) * self._speed) % (self._span_s + 1e-9)
+        played = (now - self._t0) * self._speed
+        if not self._loop and played >= self._span_s:
+            # Ended: the last reading, stamped when it was played, so nothing new is drawn.
+            last = self._samples[-1]
+            return _shift(last, self._t0 + self._span_s / self._speed - last.t_s,
+                          wall=time.time())
+        pos = played % (self._span_s + 1e-9)
         # The last recorded sample at or before the playback position.
         chosen = self._samples[max(bisect.bisect_right(self._offsets_s, pos) - 1, 0)]
         return _shift(chosen, now - chosen.t_s, wall=time.time())
+
+    @property
+    def ended(self) -> bool:
+        """The recording has played to its end (never, when looping)."""
+        if self._loop or self._t0 is None:
+            return False
+        return (self._clock() - self._t0) * self._speed >= self._span_s
+
+    @property
+    def recording(self) -> list[Sample]:
+        """Every recorded sample, at its recorded time: the whole story, for a picture."""
+        return list(self._samples)
 
     def status(self) -> SourceStatus:
         n = len(self._samples[0].devices)

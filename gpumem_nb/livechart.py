@@ -1,0 +1,62 @@
+"""The live chart's widget: a small anywidget whose front end is livechart.js, beside this file.
+
+Why not plotly's FigureWidget: since plotly 6 every FigureWidget ships plotly.js (5 MB) with
+its own state, and its Python side imports plotly.io, which imports nbformat, jsonschema and
+``rfc3987_syntax`` (1.6 s). This widget's front end is a few KB of readable JavaScript, sent once
+per chart, and its kernel side is a handful of plain-JSON traits. docs/chart.md has the
+measured comparison.
+
+The data model is a list of named series (``SeriesSpec``) and, per series key, its points in
+two parts: ``history`` (the long, downsampled past, resent only every few seconds) and
+``recent`` (the points since, resent each tick), so live traffic stays small however long the
+session. Another feature may add series of its own (issue 19's cluster lines) with
+``MemoryWidget.add_series``; the front end draws whatever series the model lists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import anywidget
+import traitlets
+
+_HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class SeriesSpec:
+    """One line of the chart: ``key`` names its points in ``history``/``recent``."""
+
+    key: str
+    name: str
+    color: str
+    width: float = 2.0
+    dash: str = ""  # an SVG stroke-dasharray; "" is solid
+    hidden: bool = False  # hidden until a legend click shows it
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+Points = list[list[float | None]]  # [xs, ys]: seconds and GiB, None for a gap
+
+
+class LiveChart(anywidget.AnyWidget):
+    # Read once, at import: anywidget can also watch a path for changes, which needs a thread.
+    _esm = (_HERE / "livechart.js").read_text(encoding="utf-8")
+    _css = (_HERE / "livechart.css").read_text(encoding="utf-8")
+
+    series = traitlets.List(traitlets.Dict()).tag(sync=True)
+    history = traitlets.Dict().tag(sync=True)
+    recent = traitlets.Dict().tag(sync=True)
+    # Lines another feature sends whole, as [xs, ys] per key (the cluster's, issue 19).
+    extra = traitlets.Dict().tag(sync=True)
+    marks = traitlets.List(traitlets.List()).tag(sync=True)
+    meta = traitlets.Dict().tag(sync=True)
+
+
+def esm_bytes() -> int:
+    """The size of what the browser runs, for the benchmark and the docs."""
+    return len(LiveChart._esm.encode()) + len(LiveChart._css.encode())
