@@ -4,7 +4,8 @@ The sampler classifies only the PIDs NVML lists besides its own, so the usual co
 times the case with children on the GPU: ``ProcessTree.children_of`` for 1 and 8 forked
 children (each a /proc ancestry walk; roles cached by PID and start time), the first call
 (cmdline and environ read) and the cached one, an unrelated PID, and ``learn_roles`` (on
-demand, main thread only: a collector walk) with and without torch's modules present.
+demand, main thread only: one collector walk) without and with torch's modules present, and
+again for children already looked for (no walk).
 """
 
 from __future__ import annotations
@@ -42,6 +43,19 @@ def main() -> None:
                                               2000)
         results["learn_roles"] = time_calls(tree.learn_roles, 20, warmup=2)
         results["gc_objects"] = len(__import__("gc").get_objects())
+        try:  # torch's modules present: its classes to look for, and its objects to walk
+            import torch.multiprocessing.spawn
+            import torch.utils.data.dataloader  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            tree = ProcessTree()
+            results["learn_roles_torch"] = time_calls(tree.learn_roles, 20, warmup=2)
+            pids = [k.pid for k in kids]
+            # Each child looked for once: the OOM explainer's and %gpumem's later calls.
+            results["learn_roles_torch_again"] = time_calls(lambda: tree.learn_roles(pids),
+                                                            200, warmup=1)
+            results["gc_objects_torch"] = len(__import__("gc").get_objects())
         emit("bench_children", results)
     finally:
         for k in kids:

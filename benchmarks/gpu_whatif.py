@@ -2,6 +2,9 @@
 
     OUT=/some/dir python benchmarks/gpu_whatif.py            # on the GPU machine (<= 240 s)
     OUT=/tmp/dry python benchmarks/gpu_whatif.py --dry-run   # anywhere: CPU, tiny, faked history
+    # an out-of-sample check (other seeds, two workloads, no cost probe; about 45 s):
+    OUT=/some/dir python benchmarks/gpu_whatif.py --workloads fragmenter,mlp_varbatch \
+        --seed 1 --no-cost --budget-s 60
 
 Each workload runs in a fresh process every time:
 
@@ -54,20 +57,20 @@ RESULTS, TRACES, LOG = "whatif_gpu_results.json", "whatif_gpu_traces.json.gz", "
 # ------------------------------------------------------------------------------------------
 # Workloads (run in the child). ``small`` shrinks them for the CPU dry run.
 # ------------------------------------------------------------------------------------------
-def _gpt2(torch: Any, dev: str, small: bool) -> Any:
+def _gpt2(torch: Any, dev: str, small: bool, seed: int) -> Any:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     cfg = GPT2Config(n_layer=2 if small else 8, n_embd=64 if small else 768,
                      n_head=2 if small else 12, n_positions=1024,
                      vocab_size=512 if small else 32000)
     return GPT2LMHeadModel(cfg).to(dev), cfg
 
 
-def gpt2_train(torch: Any, dev: str, small: bool) -> None:
-    model, cfg = _gpt2(torch, dev, small)
+def gpt2_train(torch: Any, dev: str, small: bool, seed: int = 0) -> None:
+    model, cfg = _gpt2(torch, dev, small, seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator().manual_seed(1 + seed)
     batch = 2 if small else 8
     for seq in ((32, 24, 28) if small else (512, 384, 448, 512)):  # lengths that change
         ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=g).to(dev)
@@ -78,10 +81,10 @@ def gpt2_train(torch: Any, dev: str, small: bool) -> None:
         del loss, ids
 
 
-def gpt2_generate(torch: Any, dev: str, small: bool) -> None:
-    model, cfg = _gpt2(torch, dev, small)
+def gpt2_generate(torch: Any, dev: str, small: bool, seed: int = 0) -> None:
+    model, cfg = _gpt2(torch, dev, small, seed)
     model.eval()
-    g = torch.Generator().manual_seed(2)
+    g = torch.Generator().manual_seed(2 + seed)
     ids = torch.randint(0, cfg.vocab_size, (2 if small else 4, 16 if small else 64),
                         generator=g).to(dev)
     with torch.no_grad():  # a KV cache that grows one token at a time
@@ -91,15 +94,15 @@ def gpt2_generate(torch: Any, dev: str, small: bool) -> None:
     del out
 
 
-def mlp_varbatch(torch: Any, dev: str, small: bool) -> None:
+def mlp_varbatch(torch: Any, dev: str, small: bool, seed: int = 0) -> None:
     import random
 
-    torch.manual_seed(3)
+    torch.manual_seed(3 + seed)
     width = 64 if small else 4096
     model = torch.nn.Sequential(*[m for _ in range(6) for m in (
         torch.nn.Linear(width, width), torch.nn.GELU())]).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    rng = random.Random(3)
+    rng = random.Random(3 + seed)
     for _ in range(6 if small else 14):
         n = rng.choice((8, 12, 6, 16, 10)) if small else rng.choice(
             (512, 768, 1024, 1280, 1536, 1792, 2048, 2304))
@@ -110,11 +113,11 @@ def mlp_varbatch(torch: Any, dev: str, small: bool) -> None:
         del x
 
 
-def fragmenter(torch: Any, dev: str, small: bool) -> None:
+def fragmenter(torch: Any, dev: str, small: bool, seed: int = 0) -> None:
     """Sizes from a heavy-tailed mix, random frees, a few long-lived survivors between."""
     import random
 
-    rng = random.Random(4)
+    rng = random.Random(4 + seed)
     unit = 1024 if small else MiB
     live: list[Any] = []
     keep: list[Any] = []
@@ -217,9 +220,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         fn = WORKLOAD_FNS[spec["workload"]]
         if dry_history is not None:
             with dry_history.mode:
-                fn(torch, dev, dry)
+                fn(torch, dev, dry, spec.get("seed", 0))
         else:
-            fn(torch, dev, dry)
+            fn(torch, dev, dry, spec.get("seed", 0))
         out["oom"] = False
     except torch.OutOfMemoryError as e:
         out["oom"] = True
@@ -352,13 +355,17 @@ def cost_probe(torch: Any) -> dict[str, Any]:
 # The parent: record, choose capacities from the model, run the rest in parallel.
 # ------------------------------------------------------------------------------------------
 class Runner:
-    def __init__(self, out: str, dry: bool, jobs: int, budget_s: float) -> None:
+    def __init__(self, out: str, dry: bool, jobs: int, budget_s: float, *,
+                 workloads: tuple[str, ...] = WORKLOADS, seed: int = 0,
+                 cost: bool = True) -> None:
         self.out, self.dry, self.jobs, self.budget_s = out, dry, jobs, budget_s
+        self.workloads, self.seed, self.cost = workloads, seed, cost
         self.t0 = time.monotonic()
         self.lock = threading.Lock()
         self.results: dict[str, Any] = {
             "device": "NVIDIA H200" if not dry else "dry run (CPU, faked history)",
-            "dry_run": dry, "settings": list(SETTINGS), "workloads": list(WORKLOADS),
+            "dry_run": dry, "settings": list(SETTINGS), "workloads": list(workloads),
+            "seed": seed,
             "runs": [], "capacities": {}, "gc_fractions": {}, "predictions": {},
             "started": time.strftime("%Y-%m-%d %H:%M:%S")}
         self.traces: dict[str, Any] = {}
@@ -422,7 +429,8 @@ class Runner:
 
     def record(self) -> None:
         specs = [{"kind": "record", "workload": w, "setting": "", "dry": self.dry,
-                  "trace_path": os.path.join(self.tmp, f"{w}.json.gz")} for w in WORKLOADS]
+                  "seed": self.seed, "trace_path": os.path.join(self.tmp, f"{w}.json.gz")}
+                 for w in self.workloads]
         with cf.ThreadPoolExecutor(self.jobs) as pool:
             done = list(pool.map(self.run_child, specs))
         for spec, res in zip(specs, done, strict=True):
@@ -438,7 +446,7 @@ class Runner:
         from gpumem_nb.whatif import api
 
         specs: list[dict[str, Any]] = []
-        for w in WORKLOADS:
+        for w in self.workloads:
             snap = self.traces.get(w)
             if snap is None:
                 continue
@@ -455,18 +463,20 @@ class Runner:
             for s in SETTINGS:
                 specs.append({"kind": "real", "workload": w, "setting": s, "dry": self.dry,
                               "fraction": fraction_gc if s == GC_SETTING else None,
-                              "trace_path": path})
+                              "seed": self.seed, "trace_path": path})
             cap, predicted = choose_capacity(api, snap, base, peaks, total)
             self.results["capacities"][w] = {"capacity_bytes": cap,
                                              "fraction": cap / total, "predicted_oom": predicted}
             self.results["predictions"][w] = {r.label: r.peak_reserved_bytes for r in unlimited}
             specs += [{"kind": "oom", "workload": w, "setting": s, "dry": self.dry,
-                       "fraction": cap / total, "trace_path": path} for s in base]
+                       "fraction": cap / total, "seed": self.seed, "trace_path": path}
+                      for s in base]
         self.flush()
         return specs
 
     def run_all(self, specs: list[dict[str, Any]]) -> None:
-        specs = [{"kind": "cost", "dry": self.dry, "workload": "", "setting": ""}, *specs]
+        if self.cost:
+            specs = [{"kind": "cost", "dry": self.dry, "workload": "", "setting": ""}, *specs]
         with cf.ThreadPoolExecutor(self.jobs) as pool:
             list(pool.map(self.run_child, specs))
 
@@ -496,6 +506,11 @@ def main() -> None:
                     help="CPU, tiny workloads, a faked history: checks the script end to end")
     ap.add_argument("--jobs", type=int, default=10, help="processes at once (one GPU)")
     ap.add_argument("--budget-s", type=float, default=230.0, help="stop starting runs after")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS),
+                    help="comma-separated, of: " + ", ".join(WORKLOADS))
+    ap.add_argument("--seed", type=int, default=0,
+                    help="added to every workload's seeds: another run of the same kind")
+    ap.add_argument("--no-cost", action="store_true", help="skip the recording-cost probe")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -503,8 +518,13 @@ def main() -> None:
         return
     out = os.environ.get("OUT") or "/tmp/gpu_whatif_out"
     os.makedirs(out, exist_ok=True)
-    r = Runner(out, args.dry_run, args.jobs, args.budget_s)
-    r.log(f"gpu_whatif: {len(WORKLOADS)} workloads x {len(SETTINGS)} settings, "
+    workloads = tuple(w for w in args.workloads.split(",") if w)
+    unknown = [w for w in workloads if w not in WORKLOAD_FNS]
+    if unknown:
+        ap.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
+    r = Runner(out, args.dry_run, args.jobs, args.budget_s, workloads=workloads,
+               seed=args.seed, cost=not args.no_cost)
+    r.log(f"gpu_whatif: {len(workloads)} workloads x {len(SETTINGS)} settings, seed {args.seed}, "
           f"{args.jobs} at once, budget {args.budget_s:.0f} s, out {out}")
     r.record()
     specs = r.plan()

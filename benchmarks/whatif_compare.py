@@ -9,6 +9,11 @@ checked again without another GPU run.
 Targets (issue 18): predicted peak reserved within 1% or 20 MiB of the real one in every
 case; the saving between two settings within 2 percentage points; the OOM call right in
 every case.
+
+Each row also says where the model's cudaMalloc/cudaFree (map/unmap) sequence first parts
+from the real run's, and whether it still does when the model's new segments are given the
+real run's own addresses (``cudaMalloc``'s, which the model has to make up): a departure that
+goes away then is the order of addresses, not a rule of the allocator.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,8 +54,10 @@ def compare(results: dict[str, Any], traces: dict[str, Any]) -> dict[str, Any]:
     consistency: list[dict[str, Any]] = []
     for w, compact in traces.items():
         snap = expand(compact)
-        real = [r for r in runs if r["workload"] == w and r["kind"] == "real" and
-                r.get("peak_reserved_bytes") is not None]
+        order = list(results.get("settings") or ())
+        real = sorted((r for r in runs if r["workload"] == w and r["kind"] == "real" and
+                       r.get("peak_reserved_bytes") is not None),
+                      key=lambda r: order.index(r["setting"]) if r["setting"] in order else 99)
         ooms = {r["setting"]: r for r in runs if r["workload"] == w and r["kind"] == "oom"
                 and "oom" in r}
         record = next((r for r in runs if r["workload"] == w and r["kind"] == "record"), None)
@@ -62,6 +71,8 @@ def compare(results: dict[str, Any], traces: dict[str, Any]) -> dict[str, Any]:
             row = {
                 "workload": w, "setting": r["setting"] or "defaults",
                 "memory_fraction": r.get("fraction"),
+                "memory_fraction_cap_bytes": int(r["fraction"] * r["total_bytes"])
+                if r.get("fraction") is not None and r.get("total_bytes") else None,
                 "real_peak_reserved_bytes": r["peak_reserved_bytes"],
                 "predicted_peak_reserved_bytes": p.peak_reserved_bytes,
                 "real_end_reserved_bytes": r["end_reserved_bytes"],
@@ -78,8 +89,12 @@ def compare(results: dict[str, Any], traces: dict[str, Any]) -> dict[str, Any]:
             if record is not None and r.get("alloc_sizes_sha1"):
                 row["same_allocations_as_recorded"] = \
                     r["alloc_sizes_sha1"] == record.get("alloc_sizes_sha1")
-            if not row["peak_within_target"] or r.get("num_device_alloc") != p.segment_allocs:
-                row["divergence"] = divergence(api, snap, r)
+            row["counts_match"] = (r.get("num_device_alloc"), r.get("num_device_free")) == \
+                (p.segment_allocs, p.segment_frees)
+            row["divergence"] = divergence(api, snap, r)
+            if "expandable_segments:True" not in r["setting"]:
+                row["divergence_with_real_addresses"] = divergence(api, snap, r,
+                                                                   real_addresses=True)
             o = ooms.get(r["setting"])
             if o is not None:
                 po = api.whatif(snap, [model_setting(api, o)])[0]
@@ -119,6 +134,7 @@ def compare(results: dict[str, Any], traces: dict[str, Any]) -> dict[str, Any]:
     cost = next((r for r in results["runs"] if r.get("kind") == "cost"), None)
     return {
         "device": results.get("device"), "dry_run": results.get("dry_run"),
+        "workloads": list(traces), "settings": results.get("settings"),
         "torch": next((r.get("torch") for r in runs if r.get("torch")), None),
         "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
         "gpu_run_started": results.get("started"), "gpu_run_elapsed_s": results.get("elapsed_s"),
@@ -132,6 +148,11 @@ def compare(results: dict[str, Any], traces: dict[str, Any]) -> dict[str, Any]:
             "savings": len(savings), "savings_within_target": sum(save_ok),
             "max_abs_saving_error_pp": max((abs(s["error_pp"]) for s in savings), default=None),
             "oom_calls": len(oom_ok), "oom_calls_right": sum(oom_ok),
+            "counts_match": sum(r["counts_match"] for r in rows),
+            "segment_sequences_identical": sum(_same(r.get("divergence")) for r in rows),
+            "with_real_addresses": sum(1 for r in rows if "divergence_with_real_addresses" in r),
+            "with_real_addresses_identical": sum(_same(r.get("divergence_with_real_addresses"))
+                                                 for r in rows),
             "all_targets_met": bool(rows) and all(peak_ok) and all(save_ok) and all(oom_ok),
             "parser_tables_match_torch": all(p["same"] for p in parser) if parser else None,
             "skipped_runs": sum(1 for r in results["runs"] if "skipped" in r),
@@ -142,9 +163,37 @@ def compare(results: dict[str, Any], traces: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def divergence(api: Any, snap: dict[str, Any], run: dict[str, Any]) -> dict[str, Any] | None:
+def _same(d: dict[str, Any] | None) -> bool:
+    return d is not None and d.get("index") is None and "error" not in d
+
+
+@contextmanager
+def _addresses_of(run: dict[str, Any]) -> Iterator[None]:
+    """The model's k-th new segment at the address of the real run's k-th cudaMalloc."""
+    from gpumem_nb.whatif.allocator import DeviceCachingAllocator
+
+    real = iter([addr for _, a, _, addr in run.get("segment_events") or ()
+                 if a == "segment_alloc"])
+    made_up = DeviceCachingAllocator._new_va
+
+    def new_va(self: Any, size: int, align: int = 0) -> int:
+        try:
+            return next(real)
+        except StopIteration:
+            raise RuntimeError("the model made more cudaMallocs than the real run") from None
+
+    DeviceCachingAllocator._new_va = new_va  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        DeviceCachingAllocator._new_va = made_up  # type: ignore[method-assign]
+
+
+def divergence(api: Any, snap: dict[str, Any], run: dict[str, Any], *,
+               real_addresses: bool = False) -> dict[str, Any] | None:
     """Where the model's cudaMalloc/cudaFree (map/unmap) sequence first parts from the real
-    run's: both as (allocations made before it, bytes reserved or released)."""
+    run's: both as (allocations made before it, bytes reserved or released). With
+    ``real_addresses``, the model's new segments get the real run's addresses."""
     from gpumem_nb.whatif.config import parse_settings
     from gpumem_nb.whatif.replay import ALLOC, OOM, compile_trace, replay
     from gpumem_nb.whatif.snapshot import trace_input
@@ -164,7 +213,17 @@ def divergence(api: Any, snap: dict[str, Any], run: dict[str, Any]) -> dict[str,
     total = ti.start.device_total_bytes
     allowed = int(s.per_process_memory_fraction * total) if \
         s.per_process_memory_fraction and total else None
-    r = replay(trace, s, limits=api.Limits(allowed_bytes=allowed), device_total_bytes=total)
+    if real_addresses:
+        if len(real) >= 5000:  # gpu_whatif.py keeps at most 5000 segment events per run
+            return {"error": "the real run's segment events were cut short"}
+        try:
+            with _addresses_of(run):
+                r = replay(trace, s, limits=api.Limits(allowed_bytes=allowed),
+                           device_total_bytes=total)
+        except RuntimeError as e:
+            return {"error": str(e)}
+    else:
+        r = replay(trace, s, limits=api.Limits(allowed_bytes=allowed), device_total_bytes=total)
     model, last = [], r.start_reserved_bytes
     for i, v in r.changes:
         model.append((allocs_before[min(i, len(allocs_before) - 1)], v - last))
@@ -188,29 +247,47 @@ def _parsed_table(api: Any, setting: str) -> tuple[int, ...] | None:
         return None
 
 
-def markdown(report: dict[str, Any]) -> str:
+def markdown(report: dict[str, Any], *, table: bool = True) -> str:
     s = report["summary"]
     if report.get("dry_run"):
         head = ("*Dry run on the CPU (faked history, the model compared with itself): "
                 "TODO-GPU, replace with the H200 run.*")
     else:
+        ws = report.get("workloads") or []
         head = (f"Measured on the {report['device']} with torch {report['torch']} "
-                f"({report['gpu_run_started']}): {s['peak_within_target']}/{s['cases']} peaks "
+                f"({report['gpu_run_started']}), {len(ws)} workloads ({', '.join(ws)}) each "
+                f"recorded once under the defaults and run again in fresh processes under "
+                f"{len(report.get('settings') or [])} settings, replayed from the one "
+                f"recording: {s['peak_within_target']}/{s['cases']} peaks "
                 f"within 1% or 20 MiB (largest error {_mib(s['max_abs_peak_error_bytes'])}, "
                 f"{s['max_abs_peak_error_pct']}%), {s['savings_within_target']}/{s['savings']} "
                 f"savings within 2 pp (largest {s['max_abs_saving_error_pp']} pp), "
-                f"{s['oom_calls_right']}/{s['oom_calls']} OOM calls right.")
+                f"{s['oom_calls_right']}/{s['oom_calls']} OOM calls right. cudaMalloc and "
+                f"cudaFree counts (maps and unmaps under expandable segments) equal in "
+                f"{s['counts_match']}/{s['cases']}; the sequence of them, each at the same "
+                f"allocation as in the real run, identical in "
+                f"{s['segment_sequences_identical']}/{s['cases']}, and in "
+                f"{s['with_real_addresses_identical']}/{s['with_real_addresses']} of the runs "
+                f"without expandable segments once the model's segments are given the real "
+                f"run's addresses.")
+    if not table:
+        return (f"{head} Every case: [docs/whatif.md](docs/whatif.md#validation-on-the-h200), "
+                "`benchmarks/results/whatif_h200.json`.")
     lines = [head, "", "| workload | setting | real peak | predicted | error | real end | "
-             "predicted end | OOM real / predicted |", "|---|---|---:|---:|---:|---:|---:|---|"]
+             "predicted end | cudaMalloc real / predicted | OOM real / predicted |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in report["rows"]:
         oom = (f"{_yn(r['real_oom'])} / {_yn(r['predicted_oom'])} at "
                f"{_mib(r['capacity_bytes'])}" if "real_oom" in r else "")
-        lines.append(f"| {r['workload']} | `{r['setting']}` "
+        cap = (f" under a {_mib(r['memory_fraction_cap_bytes'])} cap"
+               if r.get("memory_fraction_cap_bytes") else "")
+        lines.append(f"| {r['workload']} | `{r['setting']}`{cap} "
                      f"| {_mib(r['real_peak_reserved_bytes'])} "
                      f"| {_mib(r['predicted_peak_reserved_bytes'])} "
                      f"| {r['peak_error_pct']:+.2f}% "
                      f"| {_mib(r['real_end_reserved_bytes'])} "
-                     f"| {_mib(r['predicted_end_reserved_bytes'])} | {oom} |")
+                     f"| {_mib(r['predicted_end_reserved_bytes'])} "
+                     f"| {r['real_cudaMalloc']} / {r['predicted_cudaMalloc']} | {oom} |")
     return "\n".join(lines)
 
 
@@ -253,8 +330,9 @@ def main() -> None:
     print(md)
     print(json.dumps(report["summary"], indent=1))
     if args.write_docs:
-        for p in ("README.md", os.path.join("docs", "whatif.md")):
-            ok = rewrite(os.path.join(ROOT, p), md)
+        for p, block in (("README.md", markdown(report, table=False)),
+                         (os.path.join("docs", "whatif.md"), md)):
+            ok = rewrite(os.path.join(ROOT, p), block)
             print(f"{p}: {'rewritten' if ok else 'no markers, left alone'}")
 
 

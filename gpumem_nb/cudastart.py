@@ -1,8 +1,10 @@
 """Where CUDA started: the cell, and the line in it, that first initialised CUDA.
 
-Forking launchers (accelerate's ``notebook_launcher``, Lightning's ``ddp_notebook``) refuse to
-start once the kernel has initialised CUDA, and the user is left to hunt for the cell that did.
-Two ways to know, the exact one first:
+Forking launchers (accelerate's ``notebook_launcher``, Lightning's ``ddp_notebook``) fail once
+the kernel has initialised CUDA: some refuse up front, most now fork anyway and re-raise what
+each worker hit ("Cannot re-initialize CUDA in forked subprocess"), and the user is left to hunt
+for the cell that started CUDA. Which launcher forked is read from the frames the error passed
+through. Two ways to know where CUDA started, the exact one first:
 
 1. **torch's own start-up queue.** ``torch.cuda._lazy_call`` keeps calls until CUDA
    initialises, then runs them inside ``_lazy_init``, on the thread and in the stack that
@@ -41,18 +43,60 @@ HOW_BEFORE = "before gpumem_nb was loaded"
 _INPUT_NAME = re.compile(r"<ipython-input-(\d+)-")
 MAX_FRAMES = 200
 
-# What forking launchers say when CUDA is already up in the kernel, and what PyTorch says in a
-# forked child that touches CUDA (the launcher then re-raises it in the kernel).
-LAUNCHER_REFUSALS = (
-    ("accelerate's notebook_launcher",
-     "CUDA has been initialized before the `notebook_launcher` could create a forked "
-     "subprocess"),
-    ("accelerate's notebook_launcher",
-     "To launch a multi-GPU training from your notebook, you need to avoid running any "
-     "instruction using `torch.cuda` in any cell"),
-    ("Lightning's ddp_notebook",
-     "Lightning can't create new processes if CUDA is already initialized"),
-    ("a forked subprocess", "Cannot re-initialize CUDA in forked subprocess"),
+_LAUNCH_REMEDY = ("Restart the kernel, move that CUDA call into the function you launch (or "
+                  "after the launch), and run the launch before any cell touches the GPU.")
+
+
+@dataclass(frozen=True)
+class Forker:
+    """Who forked the process that could not use CUDA, and what to do instead."""
+
+    name: str  # "accelerate's notebook_launcher"
+    did: str  # the message's first clause
+    remedy: str
+    modules: tuple[str, ...] = ()  # prefixes of the module names its frames carry
+
+
+ACCELERATE = Forker("accelerate's notebook_launcher",
+                    "accelerate's notebook_launcher forks its workers", _LAUNCH_REMEDY,
+                    ("accelerate.",))
+LIGHTNING = Forker("Lightning's ddp_notebook", "Lightning's ddp_notebook forks its workers",
+                   _LAUNCH_REMEDY, ("lightning.", "lightning_fabric.", "pytorch_lightning."))
+DATALOADER = Forker("the DataLoader", "the DataLoader forks its workers",
+                    "Keep CUDA out of the dataset and collate_fn (move each batch to the GPU in "
+                    "the loop), or pass multiprocessing_context='spawn' to the DataLoader.",
+                    ("torch.utils.data.",))
+ELASTIC = Forker("torch's elastic launch", "torch's elastic launch forks its workers",
+                 _LAUNCH_REMEDY, ("torch.distributed.",))
+TORCH_MP = Forker("torch.multiprocessing", "torch.multiprocessing forked its workers",
+                  "Pass start_method='spawn' (the function must then come from an importable "
+                  "module), or restart the kernel and start them before any cell touches "
+                  "the GPU.", ("torch.multiprocessing.",))
+MULTIPROCESSING = Forker("multiprocessing", "multiprocessing forked its workers",
+                         "Use multiprocessing.get_context('spawn') (the function must then come "
+                         "from an importable module), or restart the kernel and start them "
+                         "before any cell touches the GPU.",
+                         ("multiprocessing.", "concurrent.futures."))
+FORKED = Forker("a forked process", "a process forked from this kernel used CUDA",
+                "Start such processes with the 'spawn' start method, or restart the kernel and "
+                "start them before any cell touches the GPU.")
+
+# The launcher nearest the user's cell names the fork: Lightning's and accelerate's frames come
+# before torch's own, which come before the standard library's.
+FORKERS = (ACCELERATE, LIGHTNING, DATALOADER, ELASTIC, TORCH_MP, MULTIPROCESSING)
+
+# What forking launchers say when CUDA is already up in the kernel (told by the words alone),
+# and what PyTorch says in a forked child that touches CUDA: the launcher then re-raises it in
+# the kernel (accelerate 1.15's elastic launch as a ChildFailedError, Lightning 2.6.4 and
+# later, which no longer refuse up front, as torch's ProcessRaisedException), and who forked
+# is told by the frames the error passed through.
+LAUNCHER_REFUSALS: tuple[tuple[Forker | None, str], ...] = (
+    (ACCELERATE, "CUDA has been initialized before the `notebook_launcher` could create a "
+                 "forked subprocess"),
+    (ACCELERATE, "To launch a multi-GPU training from your notebook, you need to avoid running "
+                 "any instruction using `torch.cuda` in any cell"),
+    (LIGHTNING, "Lightning can't create new processes if CUDA is already initialized"),
+    (None, "Cannot re-initialize CUDA in forked subprocess"),
 )
 
 
@@ -207,30 +251,45 @@ def locate(frames: Iterable[tuple[str, int, str]], cell_number: Any,
                      thread=thread)
 
 
-def launcher_refusal(exc: BaseException | None) -> str | None:
-    """Which forking launcher refused to start over CUDA being up in the kernel, read from a
-    cell's exception or what caused it; None when it is not such a refusal."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen and len(seen) < 8:
-        seen.add(id(exc))
+def launcher_refusal(exc: BaseException | None) -> Forker | None:
+    """Which fork could not use CUDA because the kernel had initialised it, read from a cell's
+    exception or what caused it; None when it is not such an error."""
+    chain: list[BaseException] = []
+    while exc is not None and len(chain) < 8 and all(exc is not e for e in chain):
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    for e in chain:
         try:
-            text = str(exc)
+            text = str(e)
         except Exception:  # an exception whose __str__ raises is no launcher's refusal
             text = ""
         for who, words in LAUNCHER_REFUSALS:
             if words in text:
-                return who
-        exc = exc.__cause__ or exc.__context__
+                return who if who is not None else forker_of(chain)
     return None
 
 
-def refusal_advice(who: str, start: CudaStart | None) -> str:
-    """The message printed under a cell whose launcher refused: where CUDA started, and what
-    to do about it."""
+def forker_of(chain: Iterable[BaseException]) -> Forker:
+    """The launcher whose frames the error passed through, nearest the user's cell first."""
+    for e in chain:
+        tb = e.__traceback__
+        for _ in range(MAX_FRAMES):
+            if tb is None:
+                break
+            module = tb.tb_frame.f_globals.get("__name__")
+            if isinstance(module, str):
+                for f in FORKERS:
+                    if module.startswith(f.modules):
+                        return f
+            tb = tb.tb_next
+    return FORKED
+
+
+def refusal_advice(who: Forker, start: CudaStart | None) -> str:
+    """The message printed under a cell whose fork could not use CUDA: where CUDA started, and
+    what to do about it."""
     where = start.sentence() if start is not None else (
         "gpumem_nb did not see where CUDA started (torch was imported after the extension "
         "was loaded, and no cell has ended with CUDA up).")
-    return (f"gpumem: {who} forks its workers, which cannot use CUDA once this kernel has "
-            f"initialised it. {where} Restart the kernel, move that CUDA call into the function "
-            "you launch (or after the launch), and run the launch before any cell touches "
-            "the GPU.")
+    return (f"gpumem: {who.did}: a forked process cannot use CUDA once this kernel has "
+            f"initialised it. {where} {who.remedy}")

@@ -36,8 +36,6 @@ from .cudastart import CudaStartWatch, launcher_refusal, refusal_advice
 from .holders import CellException, Scanner, last_exception_objects
 from .model import (
     CAUSE_LIVE_TENSORS,
-    ROLE_MULTIPROCESSING,
-    ROLE_OTHER,
     CellMark,
     CellRecord,
     CellStart,
@@ -65,6 +63,7 @@ from .settings import (
     show_value,
 )
 from .sources import Source
+from .sources.processes import roles_to_learn
 from .sources.torch import TorchSource
 from .units import format_bytes
 
@@ -250,6 +249,10 @@ class Monitor:
         return self.status_line() + replay_note
 
     def shutdown(self) -> None:
+        # The noted cell exception keeps the failed call's frames (and their tensors): an
+        # unloaded monitor that something still references (a widget, a user's variable, a
+        # cycle the collector has not reached) must not keep them past the shell's own record.
+        self.last_cell_exception.release()
         self.stop_cluster_feed()
         self.stop_replay()
         self.oom.close()
@@ -441,10 +444,11 @@ class Monitor:
         latest = self.sampler.latest()
         if tree is None or latest is None:
             return
-        if any(c.role in (ROLE_MULTIPROCESSING, ROLE_OTHER) for d in latest.devices
-               if d.nvml is not None for c in d.nvml.children):
+        unknown = roles_to_learn(c for d in latest.devices if d.nvml is not None
+                                 for c in d.nvml.children)
+        if unknown:
             try:
-                tree.learn_roles()
+                tree.learn_roles(unknown)
             except Exception as e:
                 self._contain("learn_roles", e)
 

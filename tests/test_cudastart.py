@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 
 from gpumem_nb import cudastart
-from gpumem_nb.cudastart import HOW_BEFORE, HOW_CELL, HOW_HOOK, launcher_refusal
+from gpumem_nb.cudastart import (
+    FORKED,
+    HOW_BEFORE,
+    HOW_CELL,
+    HOW_HOOK,
+    launcher_refusal,
+)
 from gpumem_nb.sources.torch import TorchSource
 
 from .fakes import FakeCuda, FakeCudaDevice, fake_torch
@@ -129,8 +135,59 @@ def test_a_refusal_is_found_behind_the_launchers_own_wrapper():
         except RuntimeError as e:
             raise RuntimeError("An issue was found when launching the training") from e
     except RuntimeError as outer:
-        assert launcher_refusal(outer) == "a forked subprocess"
+        assert launcher_refusal(outer) is FORKED  # raised by no launcher's frames
     assert launcher_refusal(ValueError("nope")) is None
+
+
+# What PyTorch raises in a forked worker that touches CUDA; the launchers re-raise it in the
+# kernel inside their own error (accelerate 1.15: elastic's ChildFailedError, its text longer
+# than a screen; Lightning 2.6.4 and later: torch's ProcessRaisedException).
+REINIT = ("Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, "
+          "you must use the 'spawn' start method")
+
+
+class ChildFailedError(Exception):
+    """Stands in for torch.distributed.elastic's: the worker's traceback in its text."""
+
+
+def raise_through(modules: list[str], exc: BaseException) -> None:
+    """Raise ``exc`` from inside nested calls whose frames carry these module names, outermost
+    first, as a launcher's own code would."""
+    def innermost() -> None:
+        raise exc
+
+    fn = innermost
+    for name in reversed(modules):
+        ns: dict[str, Any] = {"__name__": name, "inner": fn}
+        exec("def call():\n    inner()", ns)
+        fn = ns["call"]
+    fn()
+
+
+@pytest.mark.parametrize("modules,who", [
+    (["accelerate.launchers", "torch.distributed.launcher.api"],
+     "accelerate's notebook_launcher forks its workers"),
+    (["lightning.fabric.fabric", "lightning.fabric.strategies.launchers.multiprocessing",
+      "torch.multiprocessing.spawn"], "Lightning's ddp_notebook forks its workers"),
+    (["pytorch_lightning.trainer.trainer", "torch.multiprocessing.spawn"],
+     "Lightning's ddp_notebook forks its workers"),
+    (["torch.utils.data.dataloader", "torch._utils"], "the DataLoader forks its workers"),
+    (["torch.multiprocessing.spawn"], "torch.multiprocessing forked its workers"),
+    (["multiprocessing.pool"], "multiprocessing forked its workers"),
+    ([], "a process forked from this kernel used CUDA"),
+])
+def test_a_workers_failed_cuda_start_names_the_launcher_that_forked_it_not_a_subprocess(
+        cold, capsys, modules, who):
+    started = run(cold.shell, "w = cuda.tensor(4)")
+    text = "train FAILED\n" + "-" * 900 + "\n  RuntimeError: " + REINIT + "\n" + "=" * 60
+    cold.shell.user_ns["launch"] = lambda: raise_through(modules, ChildFailedError(text))
+    capsys.readouterr()
+    failed = run(cold.shell, "launch()")
+    assert isinstance(failed.error_in_exec, ChildFailedError)
+    out = capsys.readouterr().out
+    assert f"gpumem: {who}: a forked process cannot use CUDA" in out
+    assert f"CUDA started in cell [{started.execution_count}], line 1: `w = cuda.tensor(4)`" in out
+    assert "subprocess forks" not in out
 
 
 def test_other_errors_print_nothing_about_cuda(cold, capsys):

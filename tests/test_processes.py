@@ -3,8 +3,10 @@ kernel's children (never as "other processes") in %gpumem, the history and the O
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,6 +24,7 @@ from gpumem_nb.model import (
     ChildProcess,
 )
 from gpumem_nb.oom import CAUSE_OTHER_PROCESSES
+from gpumem_nb.sources import processes as processes_mod
 from gpumem_nb.sources.live import LiveSource
 from gpumem_nb.sources.nvml import NvmlSource
 from gpumem_nb.sources.processes import ProcessTree, split_children
@@ -110,6 +113,47 @@ def test_torchs_own_objects_name_dataloader_and_launched_workers_on_demand(tmp_p
     assert [got[p].role for p in (201, 202, 203, 204)] == [
         ROLE_DATALOADER, ROLE_DATALOADER, ROLE_LAUNCHED, ROLE_LAUNCHED]
     assert got[204].label == "PID 204, launched worker local rank 1"
+    del alive
+
+
+def test_naming_children_walks_the_collector_once_and_not_again_for_the_same_children(
+        tmp_path, monkeypatch):
+    """The OOM explainer names the children within its budget: the H200 run found 60 ms added
+    when the lookup walked the collector's objects once per class, on every explanation."""
+    class _MultiProcessingDataLoaderIter:
+        def __init__(self, pids: list[int]) -> None:
+            self._workers = [SimpleNamespace(pid=p) for p in pids]
+
+    class ProcessContext:
+        def __init__(self, pids: list[int]) -> None:
+            self.processes = [SimpleNamespace(pid=p) for p in pids]
+
+    class SpawnContext(ProcessContext):
+        pass
+
+    proc = fake_proc(tmp_path, {p: (ME, "python -m ipykernel_launcher", {})
+                                for p in (201, 202, 203)})
+    modules = {
+        "torch.utils.data.dataloader": SimpleNamespace(
+            _MultiProcessingDataLoaderIter=_MultiProcessingDataLoaderIter),
+        "torch.multiprocessing.spawn": SimpleNamespace(ProcessContext=ProcessContext),
+    }
+    tree = ProcessTree(proc_root=proc, modules=modules)
+    alive = [_MultiProcessingDataLoaderIter([201]), SpawnContext([202])]
+    walks: list[int] = []
+    real = gc.get_referrers
+    monkeypatch.setattr(processes_mod.gc, "get_referrers",
+                        lambda *objs: walks.append(len(objs)) or real(*objs))
+    tree.children_of([(201, GiB), (202, GiB), (203, GiB)])
+    assert tree.learn_roles([201, 202, 203]) == 2 and len(walks) == 1  # one pass, 3 classes
+    assert [c.role for c in tree.children_of([(201, GiB), (202, GiB)])] == [
+        ROLE_DATALOADER, ROLE_LAUNCHED]
+    assert tree.learn_roles([203]) == 0 and len(walks) == 1  # looked for already: no pass
+    stat = tmp_path / "203" / "stat"
+    stat.write_bytes(stat.read_bytes().replace(b" 1203 ", b" 5203 "))  # a new process, PID 203
+    tree.children_of([(203, GiB)])
+    tree.learn_roles([203])
+    assert len(walks) == 2  # looked for afresh
     del alive
 
 
@@ -214,6 +258,34 @@ def test_the_oom_explainer_says_the_memory_is_the_kernels_own_child_and_how_to_s
     assert "del llm" in text and "torch.distributed.destroy_process_group()" in text
     assert "pool.close()" in text
     assert forked_child.is_alive()  # advice only: nothing was stopped
+
+
+def test_explaining_an_oom_over_a_subprocess_child_never_walks_the_collector(
+        shell, monkeypatch, capsys):
+    """A ``subprocess`` child (the H200 run's "another process") has no launcher object in
+    this kernel to find: naming it costs /proc reads, not a pass over every object."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        cuda = child_world(monkeypatch, child.pid, 60 * GiB)
+        cuda.others[0] = [(child.pid, 60 * GiB)]
+        cuda._sync()
+        shell.run_cell("%load_ext gpumem_nb")
+        shell.user_ns.update(cuda=cuda, GiB=GiB)
+        shell.run_cell("warm = 1")
+        walks: list[int] = []
+        real = gc.get_referrers
+        monkeypatch.setattr(processes_mod.gc, "get_referrers",
+                            lambda *objs: walks.append(len(objs)) or real(*objs))
+        shell.run_cell("y = cuda.tensor(100 * GiB)", store_history=True)
+        e = shell.run_line_magic("gpumem", "oom -o")
+        (use,) = e.facts.other_processes
+        assert use.child is not None and use.child.role == ROLE_OTHER
+        assert e.verdict.startswith("This kernel's own child process holds 60.00 GiB of this "
+                                    "GPU, with a CUDA context of its own")
+        assert walks == []
+    finally:
+        child.kill()
+        child.wait(5)
 
 
 def test_children_are_looked_up_by_the_sampler_never_by_the_cell_hooks(

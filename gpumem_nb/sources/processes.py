@@ -71,6 +71,10 @@ class ProcessTree:
         self._not_ours: set[tuple[int, int]] = set()  # (pid, start time) walked, not ours
         # pid -> (role, process index) learned from torch's own objects (``learn_roles``).
         self._hints: dict[int, tuple[str, int | None]] = {}
+        # PIDs ``learn_roles`` has looked for: a process's launcher exists before the process
+        # shows on the GPU, so one look per process is enough (a PID reused by a new process
+        # is dropped from here when that process is first described).
+        self._searched: set[int] = set()
 
     # -- ancestry ----------------------------------------------------------------------------
     def _stat(self, pid: int) -> tuple[int, int] | None:
@@ -139,6 +143,8 @@ class ProcessTree:
                 continue
             key = (pid, start)
             info = self._known.get(key)
+            if info is None:
+                self._searched.discard(pid)
             if info is None or (pid in self._hints and info[0] != self._hints[pid][0]):
                 if started is None:
                     started = self._multiprocessing_pids()
@@ -184,31 +190,37 @@ class ProcessTree:
         pids = (getattr(getattr(p, "_popen", None), "pid", None) for p in procs)
         return {pid for pid in pids if isinstance(pid, int)}
 
-    def learn_roles(self) -> int:
+    def learn_roles(self, pids: Iterable[int] | None = None) -> int:
         """On demand, on the main thread (``%gpumem``, the OOM explainer): find torch's live
         DataLoader iterators and ``start_processes`` contexts (``torch.multiprocessing``,
         ``ddp_notebook``, ``notebook_launcher``'s elastic launch) and remember their workers'
-        PIDs and process indices. Each lookup walks the garbage collector's objects once
-        (about 10 ms per million objects), so the sampler never calls this. Returns how many
-        PIDs it learned."""
-        found: dict[int, tuple[str, int | None]] = {}
+        PIDs and process indices. The lookup is one pass over the collector's objects (about
+        15 ms per 170,000 objects here, more in a big session), so the sampler never calls
+        this, and given ``pids`` (the children whose role is not known) it is skipped when
+        each was looked for already. Returns how many PIDs it learned."""
+        wanted = None if pids is None else set(pids)
+        if wanted is not None and wanted <= self._searched:
+            return 0
         loader = getattr(self._modules.get("torch.utils.data.dataloader"),
                          "_MultiProcessingDataLoaderIter", None)
-        for it in _instances(loader):
-            for i, w in enumerate(getattr(it, "_workers", None) or ()):
-                pid = getattr(w, "pid", None)
-                if isinstance(pid, int):
-                    found[pid] = (ROLE_DATALOADER, i)
         context = getattr(self._modules.get("torch.multiprocessing.spawn"), "ProcessContext",
                           None)
-        for ctx in _instances(context):
-            for i, p in enumerate(getattr(ctx, "processes", None) or ()):
+        found: dict[int, tuple[str, int | None]] = {}
+        for obj in _instances(loader, context):
+            if isinstance(loader, type) and isinstance(obj, loader):
+                role, procs = ROLE_DATALOADER, getattr(obj, "_workers", None)
+            else:
+                role, procs = ROLE_LAUNCHED, getattr(obj, "processes", None)
+            for i, p in enumerate(procs or ()):
                 pid = getattr(p, "pid", None)
                 if isinstance(pid, int):
-                    found[pid] = (ROLE_LAUNCHED, i)
+                    found[pid] = (role, i)
         self._hints.update(found)
         if len(self._hints) > 1024:
             self._hints = dict(found)
+        if len(self._searched) > 4096:
+            self._searched.clear()
+        self._searched |= wanted or set()
         return len(found)
 
     def _cmdline(self, pid: int) -> str:
@@ -237,20 +249,26 @@ class ProcessTree:
         return out
 
 
-def _instances(cls: Any) -> list[Any]:
-    """The live instances of ``cls`` and its subclasses. Instances of a Python class refer to
-    their type, so the collector's referrers of the class are its instances (and a few
-    dicts); no list of every object is built."""
-    if not isinstance(cls, type):
+def roles_to_learn(children: Iterable[ChildProcess]) -> list[int]:
+    """The children whose kind ``learn_roles`` may tell: those ``multiprocessing`` started in
+    this process (DataLoader, ``torch.multiprocessing`` and elastic workers all are). Any other
+    child (``subprocess``, a grandchild) has no launcher object here to find, so naming it
+    never walks the collector."""
+    return [c.pid for c in children if c.role == ROLE_MULTIPROCESSING]
+
+
+def _instances(*bases: Any) -> list[Any]:
+    """The live instances of ``bases`` and their subclasses, in one pass over the collector's
+    objects. Instances of a Python class refer to their type, so the collector's referrers of
+    the classes are their instances (and a few dicts); no list of every object is built."""
+    classes = [c for b in bases if isinstance(b, type) for c in (b, *b.__subclasses__())]
+    if not classes:
         return []
-    classes = [cls, *cls.__subclasses__()]
-    out: list[Any] = []
+    kinds = set(classes)
     try:
-        for c in classes:
-            out.extend(o for o in gc.get_referrers(c) if type(o) is c)
+        return [o for o in gc.get_referrers(*classes) if type(o) in kinds]
     except Exception:
         return []
-    return out
 
 
 def _int(text: str | None) -> int | None:

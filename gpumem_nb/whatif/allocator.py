@@ -9,7 +9,8 @@ then address), oversize blocks (``max_split_size_mb``), the GC ages
 (``garbage_collection_threshold``), the free-cached-and-retry path before an OOM, blocks
 waiting on another stream's event (freed but not yet reusable), and expandable segments
 mapping and unmapping pages. Addresses of new segments are made up (``cudaMalloc``'s are
-unknowable): increasing, so among equal-size free blocks the older segment's wins.
+unknowable) in the order the driver was measured to hand them out (see ``_new_va``), because
+among equal-size free blocks the one at the lower address is reused first.
 
 Left out: CUDA graphs' private pools and ``MemPool``s (their allocations are replayed as if
 made in the default pools), the free-memory callbacks (none are registered in stock
@@ -37,7 +38,9 @@ from .rules import (
 )
 
 _KEY_SHIFT = 64  # free blocks sort by (size, address): one int, (size << 64) | address
-_VA_BASE = 1 << 52  # made-up addresses for new segments: above any real device address
+# Made-up addresses for new segments: downwards from here (see _new_va), below any real
+# device address a snapshot brought in.
+_VA_BASE = 1 << 52
 _VA_ALIGN = 2 << 20
 _DEFAULT_DEVICE_BYTES = 1 << 40  # for an expandable segment's address space when unknown
 
@@ -121,7 +124,8 @@ class DeviceCachingAllocator:
         self.pools: dict[tuple[bool, int], BlockPool] = {}
         self.gc_calls = {True: 0, False: 0}  # BlockPool::get_free_blocks_call_count
         self.pending: dict[int, Block] = {}  # id -> freed blocks waiting on an event
-        self._va = _VA_BASE
+        self._va_down = _VA_BASE  # the lowest address in use so far
+        self._va_up = _VA_BASE  # the end of the highest (only if there is no room below)
         self._force = False  # after a predicted OOM: carry on past the limits
         self._new_peak = False
         self._rounded: dict[int, int] = {}  # round_size, for the sizes seen so far
@@ -154,8 +158,19 @@ class DeviceCachingAllocator:
         self.changes.append((self.now, self.reserved))
 
     def _new_va(self, size: int, align: int = _VA_ALIGN) -> int:
-        ptr = -(-self._va // align) * align
-        self._va = ptr + size
+        """A new segment goes below every earlier one. Of two equal-size free blocks the one
+        at the lower address is reused, so this order decides which segment stays whole; it
+        is the driver's, measured on the H200 (driver 580, every cudaMalloc of the validation
+        runs): a new large-pool segment lies below an earlier one in 95% of pairs. 2 MiB
+        segments fill holes the driver left and follow no one order (below in 36% of
+        pairs); downwards moves 14 of 2,249 recorded segment events, upwards 21. With
+        increasing addresses 5 of the 28 validation peaks missed, by up to 212 MiB."""
+        if self._va_down - size < 0:
+            ptr = -(-self._va_up // align) * align
+            self._va_up = ptr + size
+        else:
+            ptr = (self._va_down - size) // align * align
+            self._va_down = ptr
         return ptr
 
     def insert_into_blocks(self, b: Block) -> None:
@@ -606,7 +621,8 @@ class DeviceCachingAllocator:
             elif not b.allocated and not b.pending:
                 self.insert_into_blocks(b)
         self.peak_allocated = max(self.peak_allocated, self.allocated)
-        self._va = max(self._va, *(b.ptr + b.size for b in chain))
+        self._va_down = min(self._va_down, *(b.ptr for b in chain))
+        self._va_up = max(self._va_up, *(b.ptr + b.size for b in chain))
 
     # -- what the property tests check -----------------------------------------------------
     def segments(self, allocated: Iterable[Block] = ()) -> list[list[Block]]:

@@ -43,7 +43,7 @@ class _DataOnlyUnpickler(pickle.Unpickler):
 def load(source: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
     """A snapshot dict from a dict or a file (pickle, JSON, gzip'd JSON)."""
     if isinstance(source, Mapping):
-        return dict(source)
+        return expand(dict(source))
     if not isinstance(source, (str, os.PathLike)):
         raise SnapshotError("a snapshot is the dict torch.cuda.memory._snapshot() returns or "
                             f"a path to its pickle, not {type(source).__name__}")
@@ -295,7 +295,7 @@ def expand(obj: dict[str, Any]) -> dict[str, Any]:
     """A compact trace back in the shape of ``_snapshot()``'s dict (entries as dicts)."""
     if obj.get("format") != COMPACT_FORMAT:
         return obj
-    out = {k: v for k, v in obj.items() if k != "device_traces_columns"}
+    out = {k: v for k, v in obj.items() if k not in ("device_traces_columns", "format")}
     out["device_traces"] = [list(_rows(cols)) for cols in obj.get("device_traces_columns") or ()]
     return out
 

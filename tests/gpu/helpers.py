@@ -23,12 +23,12 @@ NVML_BEFORE = """
         before = used()"""
 
 
-def fresh(code: str, env: dict[str, str] | None = None) -> Any:
+def fresh(code: str, env: dict[str, str] | None = None, timeout_s: float = 300) -> Any:
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.update(env or {})
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                         text=True, env=full_env, timeout=300)
+                         text=True, env=full_env, timeout=timeout_s)
     if out.returncode != 0:
         raise AssertionError(f"child failed:\n{out.stdout}\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
