@@ -79,8 +79,8 @@ print("GPU:", torch.cuda.get_device_name(0) if GPU else
 # - **reserved (PyTorch cache)**: what PyTorch's caching allocator holds from the driver, live
 #   tensors plus its cache;
 # - **allocated (live tensors)**: live tensors only;
-# - **host RAM (RSS)**: this process's resident memory, drawn on a machine without a GPU; with
-#   one it is a click on the legend away;
+# - **host RAM (RSS)**: this process's resident memory, in the live chart's legend (drawn by
+#   default where there is no GPU);
 # - the gap between *this process* and *reserved* is memory outside PyTorch's allocator: mostly
 #   the CUDA context; the gap between *reserved* and *allocated* is the cache.
 #
