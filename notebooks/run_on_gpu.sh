@@ -8,8 +8,9 @@
 # NAME picks tutorials (00_quickstart, 08_which_allocator_setting ...); all by default.
 # `report` sets TUTORIAL_CLAIMS=report: a failed claim prints "✗ CLAIM FAILED" and the notebook
 # goes on, so a first run at new code lists every claim to revisit. Without it a failed claim
-# stops its notebook (the others still run) and the exit status is 1. Needs the wheelhouse
-# (../shared/tools/gpu-wheelhouse .whl jupytext) installed into /tmp/site first.
+# stops its notebook (the others still run) and the exit status is 1. The Jupyter packages come
+# from the wheelhouse in .whl (../shared/tools/gpu-wheelhouse .whl jupytext dask distributed,
+# carried with the working tree), installed into /tmp/site here unless that is done already.
 set -u
 out=${1:?usage: run_on_gpu.sh OUT [report|strict] [NAME ...]}
 mode=${2:-strict}
@@ -17,13 +18,20 @@ shift $(( $# < 2 ? $# : 2 ))
 work=/tmp/gpumem_tutorials
 rm -rf "$work" && mkdir -p "$work" "$out"
 export PYTHONUNBUFFERED=1 GPUMEM_NB_CONFIG=/tmp/gpumem_nb_tutorials.json
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if [ -d .whl ] && [ ! -d /tmp/site ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl > "$out/install.log" 2>&1 || { tail -20 "$out/install.log"; exit 2; }
+  rm -f "$out/install.log"
+fi
+export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PATH="/tmp/site/bin:$PATH"
+python3 -m ipykernel install --user --name python3 > /dev/null
 if [ "$mode" = report ]; then export TUTORIAL_CLAIMS=report; fi
 { nvidia-smi --query-gpu=index,name,driver_version,memory.total,mig.mode.current --format=csv
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 } > "$out/gpu.txt" 2>&1
-# The runner starts no notebook after 400 s; the outer bound leaves the last one time to finish.
-timeout 540 python3 notebooks/run_tutorials.py --budget-s 400 "$work" "$@" \
+# 00-07 took about 300 s there before 08 was added. The runner starts no notebook after 400 s;
+# the outer bound (with the wheel install before it) stays inside the device's 600 s a command.
+timeout 480 python3 notebooks/run_tutorials.py --budget-s 400 "$work" "$@" \
   > "$out/tutorials.log" 2>&1
 status=$?
 tar cf "$out/tutorials.tar" -C "$work" .
