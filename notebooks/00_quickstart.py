@@ -75,7 +75,7 @@ print("GPU:", torch.cuda.get_device_name(0) if GPU else
 # - **NVML used (whole GPU)** (grey, dashed): what `nvidia-smi` reports for the whole GPU,
 #   every process included;
 # - **this process (NVML)**: NVML's line for this process alone (only one process used the GPU
-#   in this recording, so the two NVML lines coincide);
+#   in this recording, so the two NVML lines nearly coincide);
 # - **reserved (PyTorch cache)**: what PyTorch's caching allocator holds from the driver, live
 #   tensors plus its cache;
 # - **allocated (live tensors)**: live tensors only;
