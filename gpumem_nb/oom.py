@@ -534,14 +534,18 @@ def classify(facts: OomFacts, holders: Sequence[Holder] = ()) -> tuple[Cause, ..
     if grown:
         # Stranded bytes stand between the computation and success only when they are of
         # the computation's scale: a cell that has consumed many times them (a loop keeping
-        # every step's graph) would fail again a request later.
-        causes = [_demoted(c) if c.kind in (CAUSE_FRAGMENTATION, CAUSE_POOL) and c.covers
-                  and grown >= _DWARFS * (c.nbytes or 0) else c for c in causes]
+        # every step's graph) would fail again a request later. Unless, usable, they would
+        # serve many more requests of this size: then they are what failed, whatever the cell
+        # made before (20 GiB in 1 GiB holes against a 2 GiB request). The cell's bytes
+        # also count what ran between cells before any reading (its start is the last one).
+        causes = [_demoted(c, f) if c.kind in (CAUSE_FRAGMENTATION, CAUSE_POOL) and c.covers
+                  and grown >= _DWARFS * (c.nbytes or 0)
+                  and _requests_served(f, c) < _DWARFS else c for c in causes]
     working = _dominant_working_set(f, causes, holders, need)
     if working is not None:
         # Whatever else covers this request's shortfall would only let this one request
         # through: the computation keeps asking. Those causes stay listed, not as the verdict.
-        causes = [_demoted(c) for c in causes]
+        causes = [_demoted(c, f) for c in causes]
         causes.insert(0, working)
     elif not any(c.covers for c in causes):
         causes.insert(0, _working_set(f, causes, need))
@@ -591,12 +595,23 @@ def _dominant_working_set(f: OomFacts, causes: Sequence[Cause], holders: Sequenc
         covers=True)
 
 
-def _demoted(c: Cause) -> Cause:
+def _requests_served(f: OomFacts, stranded: Cause) -> int:
+    """How many requests of the failing size the stranded bytes, were they usable, and the
+    room the allocator had besides would have served (under cudaMallocAsync that room
+    already counts the pool's unused bytes)."""
+    room = (f.headroom_bytes or 0) + (0 if f.pool_reuses_unallocated else stranded.nbytes or 0)
+    return room // max(f.requested_bytes or 0, 1)
+
+
+def _demoted(c: Cause, f: OomFacts) -> Cause:
     if not c.covers:
         return c
     if c.kind in (CAUSE_FRAGMENTATION, CAUSE_POOL):
-        return replace(c, covers=False, summary=c.summary + " Usable, it would have let "
-                       "this one request through, not the computation.")
+        more = _requests_served(f, c) - 1
+        served = (f"this request and {more} more of its size" if more > 0
+                  else "this one request")
+        return replace(c, covers=False, summary=c.summary + f" Usable, it would have let "
+                       f"{served} through, not the computation.")
     return replace(c, covers=False)
 
 
