@@ -535,9 +535,10 @@ def classify(facts: OomFacts, holders: Sequence[Holder] = ()) -> tuple[Cause, ..
         # Stranded bytes stand between the computation and success only when they are of
         # the computation's scale: a cell that has consumed many times them (a loop keeping
         # every step's graph) would fail again a request later. Unless, usable, they would
-        # serve many more requests of this size: then they are what failed, whatever the cell
-        # made before (20 GiB in 1 GiB holes against a 2 GiB request). The cell's bytes
-        # also count what ran between cells before any reading (its start is the last one).
+        # have served _DWARFS or more requests of this size: then they are what failed,
+        # whatever the cell made before (20 GiB in 1 GiB holes against a 2 GiB request). The
+        # cell's bytes are not proof of a growing computation anyway: its start is the last
+        # reading before it, so what ran between cells after that reading counts as its own.
         causes = [_demoted(c, f) if c.kind in (CAUSE_FRAGMENTATION, CAUSE_POOL) and c.covers
                   and grown >= _DWARFS * (c.nbytes or 0)
                   and _requests_served(f, c) < _DWARFS else c for c in causes]
