@@ -31,7 +31,7 @@ from .oom import SiteAtFailure, with_counted_ooms
 from .records import HistoryTable
 from .settings import PEAK_PRESERVE, PEAK_RESET, SettingsError, config_path, load_config
 from .summary import Summary
-from .units import parse_size
+from .units import format_bytes, parse_size
 from .views import CellReport, ConfigView, Snapshot, WhoReport
 
 _SHELL_ATTR = "_gpumem_nb_monitor"
@@ -223,6 +223,20 @@ def help_text(subcommand: str | None = None) -> str:
     return "\n".join(parts)
 
 
+def _attached(argv: list[str], flag: str) -> list[str]:
+    """``--capacity -1GiB`` read as ``--capacity=-1GiB``: argparse takes a value starting
+    with '-' for an option and would only say the flag "expected one argument"."""
+    out: list[str] = []
+    it = iter(argv)
+    for a in it:
+        nxt = next(it, None) if a == flag else None
+        if nxt is not None and re.match(r"-[0-9.]", nxt):
+            out.append(f"{a}={nxt}")
+        else:
+            out += [a] if nxt is None else [a, nxt]
+    return out
+
+
 def _split(line: str) -> list[str]:
     try:
         return shlex.split(line)
@@ -292,6 +306,8 @@ class GpumemMagics(Magics):
 
     def _gpumem(self, line: str, cell: str | None) -> Any:
         argv = _split(line)
+        if argv[:1] == ["whatif"]:
+            argv = _attached(argv, "--capacity")
         if "-h" in argv or "--help" in argv:  # help is an answer, never a UsageError
             print(help_text(None if cell is not None or not argv else argv[0]))
             return None
@@ -429,19 +445,27 @@ class GpumemMagics(Magics):
                 raise UsageError("no traced cell to replay yet: run a cell under %%gpumem "
                                  "--trace first, or name a snapshot file with --trace FILE")
         else:
-            source = args.trace
+            source = os.path.expanduser(args.trace)  # as --save's file is
         capacity = None
         if args.capacity is not None:
             try:
-                capacity = parse_size(args.capacity)
+                capacity = 0 if args.capacity.strip().startswith("-") else \
+                    parse_size(args.capacity)
             except ValueError as e:
-                raise UsageError(f"--capacity: {e}") from None
-            if capacity <= 0:
-                raise UsageError("--capacity must be a size above zero")
+                raise UsageError(short_message(f"--capacity: {e}")) from None
+            if not 0 < capacity <= wi.MAX_CAPACITY_BYTES:
+                raise UsageError(f"--capacity must be a size above zero and at most "
+                                 f"{format_bytes(wi.MAX_CAPACITY_BYTES)}, not "
+                                 f"{_quoted(args.capacity)}")
         if args.device is not None and args.device < 0:
             raise UsageError("--device takes a GPU number")
         try:
             ti = wi.trace_input(wi.load(source), args.device)
+        except wi.NoHistory as e:
+            if args.trace != "last":
+                raise UsageError(str(e)) from None
+            raise UsageError("the last traced cell made no allocation on the GPU: there is "
+                             "nothing to replay") from None
         except wi.SnapshotError as e:
             raise UsageError(str(e)) from None
         confs = args.conf if args.conf else list(wi.DEFAULT_ALTERNATIVES)
