@@ -480,9 +480,10 @@ class DeviceCachingAllocator:
                 b = b.next
             return got >= size
 
-        # PyTorch scans every unmapped range from the lowest address. Allocating only takes
-        # room away, so the ranges below where the last scan found room for as many bytes
-        # still have none: start there (a free or an unmap resets it).
+        # PyTorch scans every unmapped range from the lowest address. Only a free makes room
+        # (maps, unmaps and merges move bytes between blocks of one run; allocating takes
+        # them), so until one, the ranges below where the last scan found room for as many
+        # bytes still have none: start there.
         ptrs = pool.unmapped_ptrs
         hint = pool.room_hint if self.use_room_hint else None
         first = bisect_left(ptrs, hint[1]) if hint is not None and size >= hint[0] else 0
@@ -549,7 +550,6 @@ class DeviceCachingAllocator:
         end = (off + b.size) // es.page
         if begin >= end:
             return
-        b.pool.room_hint = None  # unmapped ranges merge: one below the hint can grow
         self.erase_from_blocks(b)
         uptr = es.base + begin * es.page
         usize = (end - begin) * es.page
