@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import userexc
 from .holders import (
     INPUT_ALIAS,
     OUTPUT_ALIAS,
@@ -286,7 +287,7 @@ def _plan_exception(shell: Any, noted: CellException | None, *, find_holders: bo
     if isinstance(last, BaseException) and (stored is None or last is not stored.error):
         links = traceback_links([last])
         where = f" in {links[-1].tb_frame.f_code.co_name}()" if links else ""
-        foreign = (f"left alone: the last exception, a {type(last).__name__}{where}, "
+        foreign = (f"left alone: the last exception, a {userexc.type_name(last)}{where}, "
                    "was not raised by a cell's code")
     if stored is None:
         return _ExceptionPlan(None, 0, [], foreign)
@@ -299,7 +300,7 @@ def _plan_exception(shell: Any, noted: CellException | None, *, find_holders: bo
         if find_holders:
             held = _held_elsewhere(stored, shell, noted)
     except Exception as e:  # a hostile referrer: say so rather than claim it was freed
-        held = [f"something the check could not name ({type(e).__name__})"]
+        held = [f"something the check could not name ({userexc.type_name(e)})"]
     return _ExceptionPlan(stored, count, held, foreign)
 
 
@@ -331,10 +332,7 @@ def _held_elsewhere(stored: StoredException, shell: Any, noted: CellException | 
     group = mine([*excs, *tbs, *finished])
     seen = {id(o) for o in group}
     for e in excs:  # what each exception owns
-        for part in (e.args, getattr(e, "__dict__", None), getattr(e, "__notes__", None),
-                     getattr(e, "exceptions", None)):
-            if part is not None:
-                seen.add(id(part))
+        seen |= {id(part) for part in userexc.parts(e)}
     # Python <= 3.12 keeps a snapshot dict of a read frame's locals on the frame itself.
     snapshots = mine([f.f_locals for f in finished if is_function_frame(f)])
     seen |= {id(d) for d in snapshots if type(d) is dict}
@@ -421,7 +419,7 @@ def _exception_text(plan: _ExceptionPlan, dry_run: bool) -> str:
     else:
         cell = (f"cell [{stored.execution_count}]" if stored.execution_count is not None
                 else "a cell")
-        what = f"the stored {type(stored.error).__name__} of {cell}"
+        what = f"the stored {userexc.type_name(stored.error)} of {cell}"
         parts.append(("would drop " if dry_run else "dropped ") + what)
         if plan.held_by:
             parts.append("its frames stay alive, held by " + ", ".join(plan.held_by))

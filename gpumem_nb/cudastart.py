@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from . import userexc
 from .sources.torch import TorchSource
 
 HOW_HOOK = "torch's CUDA start-up"  # exact: the stack at initialisation
@@ -251,18 +252,14 @@ def locate(frames: Iterable[tuple[str, int, str]], cell_number: Any,
                      thread=thread)
 
 
-def launcher_refusal(exc: BaseException | None) -> Forker | None:
+def launcher_refusal(exc: BaseException | None,
+                     text_of: userexc.TextOf = userexc.text) -> Forker | None:
     """Which fork could not use CUDA because the kernel had initialised it, read from a cell's
-    exception or what caused it; None when it is not such an error."""
-    chain: list[BaseException] = []
-    while exc is not None and len(chain) < 8 and all(exc is not e for e in chain):
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__
+    exception or what it chains to; None when it is not such an error. ``text_of`` gives an
+    exception's text (a cell's hooks share one ``userexc.Texts``)."""
+    chain = userexc.chain(exc, 8)
     for e in chain:
-        try:
-            text = str(e)
-        except Exception:  # an exception whose __str__ raises is no launcher's refusal
-            text = ""
+        text = text_of(e)  # "" from a __str__ that raises: no launcher's refusal
         for who, words in LAUNCHER_REFUSALS:
             if words in text:
                 return who if who is not None else forker_of(chain)
@@ -272,7 +269,7 @@ def launcher_refusal(exc: BaseException | None) -> Forker | None:
 def forker_of(chain: Iterable[BaseException]) -> Forker:
     """The launcher whose frames the error passed through, nearest the user's cell first."""
     for e in chain:
-        tb = e.__traceback__
+        tb = userexc.traceback_of(e)
         for _ in range(MAX_FRAMES):
             if tb is None:
                 break

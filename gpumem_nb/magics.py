@@ -24,7 +24,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser
 from IPython.display import display
 
-from . import cleanup, safeio, trace
+from . import cleanup, safeio, trace, userexc
 from .analysis import build_record
 from .monitor import UNCHANGED, Monitor, error_text
 from .oom import SiteAtFailure, with_counted_ooms
@@ -565,10 +565,11 @@ class GpumemMagics(Magics):
         if traced is not None and traced.snapshot is not None:
             m.last_trace = traced
             m.oom.extra_lines = _whatif_lines(traced.snapshot)
+        texts = userexc.Texts()  # the body's exception's text, read once (see userexc)
         try:  # the monitor's own hook sees only top-level cells; this one ran nested
             m.oom.on_cell_result(result, sites=[SiteAtFailure(label, n) for label, n in (
-                traced.sites_at_failure() if traced is not None else ())])
-        except Exception as e:
+                traced.sites_at_failure() if traced is not None else ())], text_of=texts)
+        except BaseException as e:  # a user exception's odd code, contained
             m._contain("OOM explainer", e)
         finally:
             m.oom.extra_lines = None
@@ -577,7 +578,7 @@ class GpumemMagics(Magics):
         rec = build_record(
             execution_count=getattr(self.shell, "execution_count", None), cell_key="%%gpumem",
             source=cell, before=before, after=after, watermark=wm, reset_at_start=did_reset,
-            error=error_text(result),
+            error=error_text(result, texts),
         )
         if args.device is not None:
             rec = replace(rec, devices=tuple(d for d in rec.devices if d.index == args.device))

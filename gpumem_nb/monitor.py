@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from . import __version__, cleanup, safeio
+from . import __version__, cleanup, safeio, userexc
 from .analysis import (
     AccumulationTracker,
     Watermark,
@@ -286,10 +286,12 @@ class Monitor:
     def _contain(self, where: str, e: BaseException) -> None:
         # Keyed by the kind of failure, not its text: a message carrying a timestamp would
         # otherwise print a new "reported once" line in every cell.
-        key = f"{where}: {type(e).__name__}"
+        # The error may be a user's (a listener's, a hostile object's): its text is read
+        # through userexc, never by logging (which would run its __str__ unguarded).
+        key = f"{where}: {userexc.type_name(e)}"
         if key not in self._errors:
             self._errors.add(key)
-            log.warning("gpumem_nb %s failed (reported once): %s", where, e)
+            log.warning("gpumem_nb %s failed (reported once): %s", where, userexc.text(e))
 
     def _apply_device(self, index: int | None) -> None:
         with self._baseline_lock:
@@ -647,7 +649,7 @@ class Monitor:
             )
             # Marked at its start, so a long cell shows on the chart while it runs.
             self.marks.append(self._pending.mark)
-        except Exception as e:
+        except BaseException as e:  # as in post_run_cell
             self._pending = None
             self._contain("pre_run_cell", e)
 
@@ -657,25 +659,30 @@ class Monitor:
         self._depth -= 1
         if self._depth != 0:
             return
+        # The cell's exception is the user's object, read through ``userexc``; its text is
+        # computed once for the three readers below. BaseException is contained here, not
+        # only Exception: IPython lets anything else out of a callback, and a SystemExit from
+        # a user's __str__ ended the kernel (issue 16).
+        texts = userexc.Texts()
         try:  # one attribute check unless the cell raised a CUDA OOM
-            self.oom.on_cell_result(result)
-        except Exception as e:
+            self.oom.on_cell_result(result, text_of=texts)
+        except BaseException as e:
             self._contain("OOM explainer", e)
         try:
-            self._watch_cuda_start(result)
-        except Exception as e:
+            self._watch_cuda_start(result, texts)
+        except BaseException as e:
             self._contain("CUDA start watch", e)
         pending = self._pending
         if pending is None:
             return
         try:
-            self._finish(pending, result)
-        except Exception as e:
+            self._finish(pending, result, texts)
+        except BaseException as e:
             self._contain("post_run_cell", e)
         finally:
             self._pending = None
 
-    def _watch_cuda_start(self, result: Any) -> None:
+    def _watch_cuda_start(self, result: Any, texts: userexc.TextOf = userexc.text) -> None:
         """Until CUDA is up: did this cell start it? After a failing cell: was it a forking
         launcher refusing because CUDA was up, and where did CUDA start?"""
         count = getattr(result, "execution_count", None)
@@ -683,11 +690,12 @@ class Monitor:
             self.cuda_start.cell_ended(count if isinstance(count, int) else None)
         err = _cell_exception(result)
         if err is not None:
-            who = launcher_refusal(err)
+            who = launcher_refusal(err, texts)
             if who is not None:
                 print(refusal_advice(who, self.cuda_start.started))
 
-    def _finish(self, pending: _Pending, result: Any) -> None:
+    def _finish(self, pending: _Pending, result: Any,
+                texts: userexc.TextOf = userexc.text) -> None:
         """The one exact allocator read, then as little as possible before the reply.
 
         A cell whose verdict may need printing in its own output (it raised, or a re-run the
@@ -705,7 +713,8 @@ class Monitor:
         count = getattr(result, "execution_count", None) or pending.execution_count
         self.last_cell_exception.note(count, result, self.shell)
         pending.mark.execution_count = count
-        done = _Done(pending, after, count, error_text(result), contextvars.copy_context())
+        done = _Done(pending, after, count, error_text(result, texts),
+                     contextvars.copy_context())
         rerun = pending.cell_key in self._seen_cells
         self._seen_cells.add(pending.cell_key)
         if raised is not None or not self.sampler.running or (
@@ -898,7 +907,7 @@ def _covered(sample: Sample, before: int | None, after: int | None) -> Sample:
 
 def _cell_exception(result: Any) -> BaseException | None:
     err = getattr(result, "error_in_exec", None)
-    return err if isinstance(err, BaseException) else None
+    return err if userexc.is_exception(err) else None
 
 
 def _repair(cfg: Config) -> None:
@@ -912,16 +921,17 @@ def _repair(cfg: Config) -> None:
             setattr(cfg, key, getattr(Config(), key))
 
 
-def error_text(result: Any) -> str:
+def error_text(result: Any, text_of: userexc.TextOf = userexc.text) -> str:
     """A cell's error in one short line for its record; never raises, whatever the
-    exception's ``__str__`` or ``__bool__`` do, and costs the same for a 10 MB message."""
+    exception's ``__str__``, ``__bool__`` or class do, and costs the same for a 10 MB
+    message."""
     if result is None:
         return ""
     err = getattr(result, "error_in_exec", None)
     if err is None:
         err = getattr(result, "error_before_exec", None)
-    if not isinstance(err, BaseException):
+    if not userexc.is_exception(err):
         return ""
-    name = type(err).__name__
-    text = first_line(error_str(err), 200)
+    name = userexc.type_name(err)
+    text = first_line(text_of(err), 200)
     return f"{name}: {text}"[:200] if text else name

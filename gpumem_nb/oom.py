@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from . import userexc
 from .analysis import held_text, holder_action
 from .cleanup import CleanupReport, CleanupRequest
 from .holders import exception_chain, last_value
@@ -86,6 +87,8 @@ _GAP = "\n\x00\n"  # joins head and tail: no pattern can match across it
 _MAX_INDEX_DIGITS = 9
 # Python refuses int() on more than 4300 digits; a size this long is a sentinel anyway.
 _MAX_SIZE_DIGITS = 30
+# Exceptions of a cell's chain looked at for an OOM (the cell's own, what caused it, ...).
+_OOM_CHAIN_CAP = 8
 
 _NATIVE_HEAD = re.compile(
     r"Tried to allocate " + _SIZE + r"\.\s{1,16}GPU ([0-9]+) has a total capac(?:i)?ty of "
@@ -241,13 +244,9 @@ def parse_oom_message(text: str) -> OomMessage | None:
 
 
 def error_str(exc: BaseException) -> str:
-    """``str(exc)``, or "" when its ``__str__`` raises or returns no text: an odd exception
-    must neither lose its cell's record nor stop its OOM from being explained."""
-    try:
-        text = str(exc)
-    except Exception:
-        return ""
-    return text if isinstance(text, str) else ""
+    """``str(exc)``, or "" when its ``__str__`` raises (anything) or returns no text: an odd
+    exception must neither lose its cell's record nor stop its OOM from being explained."""
+    return userexc.text(exc)
 
 
 def first_line(text: str, limit: int) -> str:
@@ -259,39 +258,41 @@ def first_line(text: str, limit: int) -> str:
 
 def _torch_oom_type(exc: BaseException) -> bool:
     """``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError`` before 2.5) or a subclass,
-    recognised by name and module so that torch is never imported."""
-    for cls in type(exc).__mro__:
-        module = getattr(cls, "__module__", None)
-        if cls.__name__ == "OutOfMemoryError" and isinstance(module, str) and (
+    recognised by name and module so that torch is never imported (and read through
+    ``userexc``, so that a metaclass's ``__name__`` or ``__module__`` is never run)."""
+    for cls in userexc.mro(type(exc)):
+        module = userexc.class_module(cls)
+        if userexc.class_name(cls) == "OutOfMemoryError" and isinstance(module, str) and (
                 module == "torch" or module.startswith("torch.")):
             return True
     return False
 
 
-def is_cuda_oom(exc: BaseException) -> bool:
+def is_cuda_oom(exc: BaseException, text_of: userexc.TextOf = error_str) -> bool:
     """Whether ``exc`` itself is an allocator or driver out-of-memory error: by type, or a
     ``RuntimeError`` whose message begins like one. A user's own error that merely quotes
-    "CUDA out of memory" is not."""
-    text = error_str(exc)
+    "CUDA out of memory" is not. ``text_of`` gives an exception's text (a cell's hooks
+    share one ``userexc.Texts``); it is asked only when the type leaves the answer open."""
     if _torch_oom_type(exc):
-        return not _NOT_CUDA.search(_window(text))
-    return isinstance(exc, RuntimeError) and _OOM_START.match(text) is not None and \
-        parse_oom_message(text) is not None
+        return not _NOT_CUDA.search(_window(text_of(exc)))
+    if not issubclass(type(exc), RuntimeError):
+        return False
+    text = text_of(exc)
+    return _OOM_START.match(text) is not None and parse_oom_message(text) is not None
 
 
-def find_cuda_oom(exc: BaseException | None) -> BaseException | None:
-    """The CUDA OOM in ``exc`` or in what caused it (a wrapper's ``__cause__``), else None.
+def find_cuda_oom(exc: BaseException | None,
+                  text_of: userexc.TextOf = error_str) -> BaseException | None:
+    """The CUDA OOM in ``exc`` or in what it chains to (a wrapper's ``__cause__``, the error
+    it was raised while handling), else None.
 
     ``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError`` before 2.5) is recognised by
     type; the ``RuntimeError`` of torch < 1.13, ``torch.AcceleratorError`` and library errors
     by how their text begins.
     """
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen and len(seen) < 8:
-        seen.add(id(exc))
-        if is_cuda_oom(exc):
-            return exc
-        exc = exc.__cause__ or exc.__context__
+    for e in userexc.chain(exc, _OOM_CHAIN_CAP):
+        if is_cuda_oom(e, text_of):
+            return e
     return None
 
 
@@ -1211,26 +1212,29 @@ class OomWatch:
             return None
 
     # -- per cell ----------------------------------------------------------------------------
-    def on_cell_result(self, result: Any,
-                       sites: Sequence[SiteAtFailure] = ()) -> OomExplanation | None:
-        """Called once per finished cell. Costs nothing unless the cell raised a CUDA OOM."""
+    def on_cell_result(self, result: Any, sites: Sequence[SiteAtFailure] = (),
+                       text_of: userexc.TextOf | None = None) -> OomExplanation | None:
+        """Called once per finished cell. Costs nothing unless the cell raised a CUDA OOM.
+        ``text_of``: the cell's shared exception texts (``userexc.Texts``)."""
         self.ensure_attached()
         generation = self._generation
         with self._lock:
             self._generation += 1
         err = getattr(result, "error_in_exec", None)
-        if err is None:
+        if not userexc.is_exception(err):
             self._previous_error = ""
             return None
+        texts = text_of if text_of is not None else userexc.Texts()
         earlier, self._errors = self._errors, self._errors + 1
         previous, self._previous_error = self._previous_error, \
-            f"{type(err).__name__}: {first_line(error_str(err), 120)}"[:120]
-        oom = find_cuda_oom(err)
+            f"{userexc.type_name(err)}: {first_line(texts(err), 120)}"[:120]
+        oom = find_cuda_oom(err, texts)
         if oom is None:
             return None
         t0 = self.clock()
         explanation = self.explain(oom, generation=generation, previous_error=previous,
-                                   sites=sites, cell_error=err, earlier_errors=earlier)
+                                   sites=sites, cell_error=err, earlier_errors=earlier,
+                                   text_of=texts)
         explanation = replace(explanation, added_s=self.clock() - t0 + explanation.observer_s)
         self.last = explanation
         self.show(explanation)
@@ -1239,8 +1243,9 @@ class OomWatch:
     def explain(self, exc: BaseException, *, generation: int | None = None,
                 previous_error: str = "", sites: Sequence[SiteAtFailure] = (),
                 cell_error: BaseException | None = None,
-                earlier_errors: int = 0) -> OomExplanation:
-        text = error_str(exc)
+                earlier_errors: int = 0,
+                text_of: userexc.TextOf = error_str) -> OomExplanation:
+        text = text_of(exc)
         msg = parse_oom_message(text) or OomMessage(FORM_UNKNOWN)
         event = self._event_for(msg, generation)
         if event is None:
@@ -1272,7 +1277,7 @@ class OomWatch:
         return OomExplanation(
             facts=pieces.facts, causes=causes,
             actions=next_steps(pieces.facts, causes, pieces.judged, dry),
-            error=first_line(text, 300) or type(exc).__name__,
+            error=first_line(text, 300) or userexc.type_name(exc),
             form=msg.form, source=pieces.source, holders=pieces.holders,
             sites_at_failure=tuple(sites), observer_s=pieces.observer_s,
             notes=tuple(pieces.notes) + extra, stage_s=stages)

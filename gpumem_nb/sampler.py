@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from . import userexc
 from .model import Sample
 from .sources import Source
 
@@ -109,12 +110,14 @@ class Sampler:
 
     def _contain(self, where: str, e: BaseException) -> None:
         # One report per kind of failure: texts that change per call must not spam cells.
-        key = f"{where}: {type(e).__name__}"
-        self.last_error = f"{key}: {e}"
+        # A listener's error may be any object's: read through userexc, never str() bare.
+        key = f"{where}: {userexc.type_name(e)}"
+        text = userexc.text(e)
+        self.last_error = f"{key}: {text}"
         first = key not in self.errors
         self.errors[key] = self.errors.get(key, 0) + 1
         if first:
-            log.warning("gpumem_nb %s failed (reported once): %s", where, e)
+            log.warning("gpumem_nb %s failed (reported once): %s", where, text)
 
     def tick(self) -> Sample | None:
         """Read once, store, notify. Never raises: errors are counted and logged once."""
