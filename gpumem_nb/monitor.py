@@ -44,7 +44,7 @@ from .model import (
     SourceStatus,
     Verdict,
 )
-from .oom import OomWatch, error_str, first_line
+from .oom import OomWatch, first_line
 from .records import History
 from .sampler import Sampler
 from .settings import (
@@ -62,7 +62,7 @@ from .settings import (
     save_config,
     show_value,
 )
-from .sources import Source
+from .sources import Source, gate
 from .sources.processes import roles_to_learn
 from .sources.torch import TorchSource
 from .units import format_bytes
@@ -172,7 +172,11 @@ class Monitor:
         self.source: Source = source if source is not None else make_source()
         # The one allocator handle: cleanup, peak resets and summaries all go through it.
         self.torch: TorchSource = getattr(self.source, "torch", None) or TorchSource()
-        self.sampler = Sampler(self.source, interval_s=self.config.interval_s)
+        # Live readings take the process's gate: while one hangs (a wedged NVML), no other
+        # reading joins it on another thread (sources/gate.py).
+        self.read_gate = gate.LIVE
+        self.sampler = Sampler(self.source, interval_s=self.config.interval_s,
+                               gate=self.read_gate)
         self._history = history if history is not None else History()
         self.tracker = AccumulationTracker(self.config.threshold_bytes)
         self.verdicts: deque[Verdict] = deque(maxlen=100)
@@ -281,6 +285,10 @@ class Monitor:
             f"{d.index}: {d.nvml.name or 'GPU'} {format_bytes(d.nvml.total_bytes)}"
             for d in latest.devices if d.nvml is not None
         )
+        if not names:  # NVML hangs or failed: say so rather than name no GPU
+            gpus = f"{st.gpu_count} GPU" + ("s" if st.gpu_count != 1 else "")
+            why = self.read_problem or "NVML gave no reading; its columns show as unknown."
+            return f"{head}: watching {gpus}; {why} %gpumem? for help."
         return f"{head}: watching GPU {names}. %gpumem? for help."
 
     def _contain(self, where: str, e: BaseException) -> None:
@@ -392,22 +400,33 @@ class Monitor:
 
         NVML can hang (a GPU falling off the bus, a wedged driver). The read runs on a
         helper thread; if it has not answered in ``timeout_s`` the magic goes on with the
-        allocator and host figures only, and NVML's columns read as unknown. A reading that
-        fails does the same (``contain=False``: it raises instead, for cleanup's report to
-        say why). ``read_problem`` then holds the one line a magic shows; "" otherwise.
+        allocator and host figures only, and NVML's columns read as unknown. While a reading
+        hangs (this one, or the sampler's), no helper is started: the answer is unknown at
+        once (``sources.gate``), so there is never more than one stuck thread. A reading
+        that fails does the same (``contain=False``: it raises instead, for cleanup's report
+        to say why). ``read_problem`` then holds the one line a magic shows; "" otherwise.
         """
         box: list[Sample] = []
         errors: list[BaseException] = []
+        t0 = time.monotonic()
+        if not self.read_gate.enter(wait_s=timeout_s):
+            hung = self.read_gate.hung_s()
+            why = (f"a reading of the GPUs has not returned for {hung:.1f} s (NVML hangs)"
+                   if hung is not None else f"NVML did not answer within {timeout_s:g} s")
+            self._contain("NVML read", TimeoutError(f"{why}; its figures show as unknown"))
+            return self._without_nvml(why)
 
         def work() -> None:
             try:
                 box.append(self.source.read(processes=True))
             except BaseException as e:  # handed to the caller below
                 errors.append(e)
+            finally:
+                self.read_gate.leave()
 
         worker = threading.Thread(target=work, name="gpumem_nb-read", daemon=True)
         worker.start()
-        worker.join(timeout_s)
+        worker.join(max(timeout_s - (time.monotonic() - t0), 0.0))
         if box:
             self.read_problem = ""
             return box[0]
@@ -416,11 +435,15 @@ class Monitor:
                 raise errors[0]
             e = errors[0]
             self._contain("read", e)
-            why = f"reading the GPUs failed ({type(e).__name__}: " \
-                  f"{first_line(error_str(e), 120)})"
+            why = f"reading the GPUs failed ({userexc.type_name(e)}: " \
+                  f"{first_line(userexc.text(e), 120)})"
         else:
             why = f"NVML did not answer within {timeout_s:g} s"
             self._contain("NVML read", TimeoutError(f"{why}; its figures show as unknown"))
+        return self._without_nvml(why)
+
+    def _without_nvml(self, why: str) -> Sample:
+        """The allocator and host figures now, NVML's unknown, and the line saying why."""
         self.read_problem = f"{why}; the columns it feeds show as unknown."
         try:
             hot = self.read_hot()

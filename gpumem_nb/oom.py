@@ -1205,6 +1205,9 @@ class OomWatch:
         ids = src.device_ids() if hasattr(src, "device_ids") else []
         if nvml is None or not hasattr(nvml, "processes") or device >= len(ids):
             return None
+        gate = getattr(self.host, "read_gate", None)
+        if gate is not None and gate.hung_s() is not None:
+            return None  # NVML hangs (sources/gate.py): this call would hang the cell with it
         try:
             result: list[tuple[int, int | None]] | None = nvml.processes(ids[device])
             return result
