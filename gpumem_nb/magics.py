@@ -15,6 +15,7 @@ import importlib.util
 import os
 import re
 import shlex
+import sys
 import weakref
 from dataclasses import replace
 from typing import Any
@@ -37,6 +38,7 @@ from .views import CellReport, ConfigView, Snapshot, WhoReport
 _SHELL_ATTR = "_gpumem_nb_monitor"
 _HISTORY_ATTR = "_gpumem_nb_history"
 _CONFIG_ATTR = "_gpumem_nb_config"
+_SESSION_KEYS_ATTR = "_gpumem_nb_session_keys"  # settings changed since the kernel started
 _MAGICS_ATTR = "_gpumem_nb_magics"
 
 
@@ -395,6 +397,8 @@ class GpumemMagics(Magics):
             what = ", ".join(m.saved_keys) if m.saved_keys else \
                 "nothing (no setting was changed in this session; device is never saved)"
             print(f"gpumem: saved {what} to {safeio.shown(config_path())}")
+            if m.save_note:
+                print(f"gpumem: {m.save_note}.")
         display(ConfigView(m.config, m.sampler.running))
 
     def _cmd_summary(self, args: Any) -> None:
@@ -562,6 +566,13 @@ class GpumemMagics(Magics):
             except Exception as e:
                 m._contain("%%gpumem --trace", e)
                 print(f"gpumem --trace: the trace could not be read ({type(e).__name__}).")
+        if save is not None and (traced is None or not traced.saved_to):
+            # Asked for a file and got none: said even under -q (on stderr, where -q does
+            # not reach), as it is among the notes otherwise.
+            why = traced.save_failed if traced is not None else \
+                f"Nothing was saved to {safeio.shown(save)}: the cell was not traced."
+            if args.q or traced is None:
+                print(f"gpumem --trace: {why}", file=sys.stderr)
         if traced is not None and traced.snapshot is not None:
             m.last_trace = traced
             m.oom.extra_lines = _whatif_lines(traced.snapshot)
@@ -686,7 +697,9 @@ def load(shell: Any) -> None:
     # never raises: bad values are reported and replaced by defaults).
     history = getattr(shell, _HISTORY_ATTR, None)
     config = getattr(shell, _CONFIG_ATTR, None) or load_config()
-    monitor = Monitor(shell, history=history, config=config)
+    keys = getattr(shell, _SESSION_KEYS_ATTR, None)
+    monitor = Monitor(shell, history=history, config=config,
+                      session_keys=keys if isinstance(keys, set) else None)
     monitor.oom.show = display  # rich output in notebooks, text in terminals
     magics: GpumemMagics | None = None
     try:
@@ -706,6 +719,7 @@ def load(shell: Any) -> None:
         setattr(shell, _MAGICS_ATTR, magics)
         setattr(shell, _HISTORY_ATTR, monitor.history)
         setattr(shell, _CONFIG_ATTR, monitor.config)
+        setattr(shell, _SESSION_KEYS_ATTR, monitor.session_keys)
     except BaseException:
         # A load that fails part-way takes back what it did: no sampler thread, no
         # callbacks, no magic left behind on a monitor nobody can reach.

@@ -165,7 +165,8 @@ class Monitor:
     """Everything one loaded extension owns, and the one owner of its settings."""
 
     def __init__(self, shell: Any, source: Source | None = None,
-                 history: History | None = None, config: Config | None = None) -> None:
+                 history: History | None = None, config: Config | None = None,
+                 session_keys: set[str] | None = None) -> None:
         self.shell = shell
         self.config = config if config is not None else Config()
         _repair(self.config)
@@ -185,8 +186,13 @@ class Monitor:
         # configure() is the one writer of interval, threshold and device selection.
         self.settings_listeners: list[SettingsListener] = []
         self._settings_lock = threading.Lock()
-        self._session_keys: set[str] = set()  # settings configure() changed in this load
+        # The settings configure() changed in this session: since the kernel started, not
+        # since this load (the shell keeps the set across %reload_ext, as it keeps the
+        # config). A bare save writes them: after ``config --threshold 1GB`` and a reload,
+        # the 1 GB in force is what the user means to keep.
+        self.session_keys: set[str] = session_keys if session_keys is not None else set()
         self.saved_keys: tuple[str, ...] = ()  # what the latest save wrote
+        self.save_note = ""  # a note on the latest save (it went without the lock)
         self.on_record: list[Callable[[CellRecord, Verdict | None], None]] = []
         # The exception the user's latest failing cell raised, while the shell keeps it: only
         # that one is a holder or offered to cleanup (a widget handler's is not, issue 7).
@@ -565,11 +571,12 @@ class Monitor:
             if save:
                 # Only what this call sets (or, for a bare save, what this session set):
                 # another kernel may have saved other keys since this one loaded the file.
-                keys = set(changes) or self._session_keys
-                save_config({k: getattr(new, k) for k in sorted(keys)})
+                keys = set(changes) or self.session_keys
+                saved = save_config({k: getattr(new, k) for k in sorted(keys)})
                 self.saved_keys = tuple(sorted(keys - {"device"}))
+                self.save_note = saved.note
             self._apply(new)
-            self._session_keys |= set(changes)
+            self.session_keys |= set(changes)
             now = replace(self.config)
         self._announce(now)
         return now

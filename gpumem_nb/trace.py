@@ -393,6 +393,7 @@ class TraceResult:
     entries: int
     top: int = TOP_DEFAULT
     saved_to: str = ""
+    save_failed: str = ""  # why --save wrote nothing (also among the notes)
     snapshot: dict[str, Any] | None = field(default=None, repr=False)
     # Of added_s: inside PyTorch's own calls. The snapshot dominates: on the H200 (torch
     # 2.11) one took about 3.6 s whether it held 7 history entries or 100k.
@@ -573,11 +574,13 @@ class CellTracer:
                 result.saved_to = save_snapshot(snap, save)
             except Exception as e:  # refused, disk full, a snapshot pickle cannot hold
                 why = safeio.reason(e) if isinstance(e, OSError) else type(e).__name__
-                result.notes += (f"Could not write {safeio.shown(save)}: {why}; any file "
-                                 "already there is unchanged.",)
+                result.save_failed = (f"Could not write {safeio.shown(save)}: {why}; any "
+                                      "file already there is unchanged.")
         elif save:
-            result.notes += (f"Nothing was saved to {safeio.shown(save)}: there is no "
-                             "snapshot.",)
+            result.save_failed = (f"Nothing was saved to {safeio.shown(save)}: there is no "
+                                  "snapshot.")
+        if result.save_failed:
+            result.notes += (result.save_failed,)
         result.added_s = self._spent_s + self.clock() - t0
         return result
 
