@@ -194,23 +194,53 @@ class _Malformed(Exception):
     """A history entry this analysis cannot read: skipped and counted."""
 
 
-def _entry_ok(e: Any) -> bool:
-    """Whether a history entry's own fields are what torch writes (its frames are checked
-    where they are read). A user's own recording, or a future torch, may hold others."""
-    if not isinstance(e, Mapping) or not isinstance(e.get("action"), str):
-        return False
+# Bounds on what a history entry's numbers can be: a size or an address fits in 64 bits, a
+# time in microseconds since the epoch in 63, a line number in 9 digits. Beyond them a value
+# is not torch's (10**400 overflowed float division, 10**5000 Python's int-to-text limit).
+_MAX_FIELD = 1 << 64
+_MAX_LINE = 10**9
+
+
+def _plain(obj: Any) -> dict[str, Any] | None:
+    """A history entry or frame as a plain dict (a mapping whose own methods raise, or that
+    is not a mapping, is None): read through dict's own methods from here on."""
+    if type(obj) is dict:
+        return obj
+    if not isinstance(obj, Mapping):
+        return None
+    try:
+        return dict(obj)
+    except Exception:
+        return None
+
+
+def _usable(e: Any) -> dict[str, Any] | None:
+    """The entry as a plain dict when its own fields are what torch writes (its frames are
+    checked where they are read); None otherwise. A user's own recording, or a future torch,
+    may hold others."""
+    e = _plain(e)
+    if e is None or not isinstance(e.get("action"), str):
+        return None
     t = e.get("time_us")
-    if t is not None and not (_is_number(t) and math.isfinite(t)):
-        return False
+    if t is not None and not _finite(t):
+        return None
     size = e.get("size", 0)
-    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-        return False
+    if not _count(size):
+        return None
     addr = e.get("addr")
-    return addr is None or (isinstance(addr, int) and not isinstance(addr, bool))
+    return e if addr is None or _count(addr) else None
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
+def _count(v: Any) -> bool:
+    """A non-negative int of at most 64 bits (not a bool)."""
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < _MAX_FIELD
+
+
+def _finite(v: Any) -> bool:
+    """A number that converts to a finite float (a huge int would overflow)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return False
+    return -_MAX_FIELD < v < _MAX_FIELD if isinstance(v, int) else math.isfinite(v)
 
 
 def _as_list(entries: Any) -> list[Any]:
@@ -239,18 +269,23 @@ class _Replay:
     def site(self, frames: Any) -> Site:
         if not isinstance(frames, list | tuple):
             raise _Malformed
+        plain = [_plain(f) for f in frames]
+        if any(f is None for f in plain):
+            raise _Malformed  # a frame that is not a dict, or one whose methods raise
+        key = tuple((f.get("filename"), f.get("line"), f.get("name"))
+                    for f in plain if f is not None)
         try:
-            key = tuple((f.get("filename"), f.get("line"), f.get("name")) for f in frames)
             s = self._sites.get(key)
-        except (AttributeError, TypeError):  # a frame that is not a dict, or unhashable
+        except TypeError:  # an unhashable field
             raise _Malformed from None
         if s is None:
             if not all(isinstance(fn, str | None) and isinstance(name, str | None)
-                       and (line is None or (isinstance(line, int)
-                                             and not isinstance(line, bool)))
+                       and (line is None or (_count(line) and line < _MAX_LINE))
                        for fn, line, name in key):
                 raise _Malformed
-            s = self._sites[key] = site_of(frames, self.skip)
+            s = self._sites[key] = site_of(
+                [{"filename": fn or "", "line": line or 0, "name": name or ""}
+                 for fn, line, name in key], self.skip)
         return s
 
     def step(self, e: Mapping[str, Any]) -> str:
@@ -294,8 +329,9 @@ def analyze(entries: Sequence[Mapping[str, Any]], *, device: int = 0,
 
     Entries that are not what torch writes (not a dict, a size, line or time that is not a
     number, frames that are not a list of dicts) are skipped and counted in ``skipped``."""
-    usable = [e for e in _as_list(entries) if _entry_ok(e)]
-    skipped = len(_as_list(entries)) - len(usable)
+    given = _as_list(entries)
+    usable = [u for u in map(_usable, given) if u is not None]
+    skipped = len(given) - len(usable)
     window = [e for e in usable
               if since_us is None or e.get("time_us") is None or e["time_us"] >= since_us]
     # First pass: where the peak and the OOM are; entries it cannot read are dropped.
@@ -548,7 +584,8 @@ class CellTracer:
                 trace = _as_list(trace)
                 if not trace:
                     continue
-                first_t = next((e.get("time_us") for e in trace if _entry_ok(e)), None)
+                first_t = next((u.get("time_us") for u in map(_usable, trace)
+                                if u is not None), None)
                 if since is not None and first_t is None:
                     notes.append("These history entries carry no timestamps, so this cell's "
                                  "cannot be told apart from earlier ones: all are shown.")
