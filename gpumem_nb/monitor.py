@@ -144,7 +144,8 @@ def cell_key_of(info: Any) -> str:
     if cell_id:
         return str(cell_id)
     raw = getattr(info, "raw_cell", "") or ""
-    return "src:" + hashlib.sha1(raw.encode()).hexdigest()[:12]
+    # surrogatepass: a cell holding a lone surrogate (pasted binary) still gets its key
+    return "src:" + hashlib.sha1(raw.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
 def make_source() -> Source:

@@ -318,6 +318,15 @@ def test_growth_outside_pytorch_is_still_flagged_when_readings_come_between_cell
     assert not [v for v in m.verdicts if v.cell_key == "idle"]
 
 
+def test_a_cell_holding_a_lone_surrogate_is_recorded(loaded, caplog):
+    # Found while re-running the closing attack: the cell's key hashed its source as UTF-8,
+    # which a lone surrogate cannot be: "pre_run_cell failed" and no record.
+    # (not stored in IPython's history, whose own database refuses a lone surrogate)
+    loaded.run_cell("s = 'pasted \udcff bytes'", store_history=False)
+    assert monitor(loaded).history.records()[-1].source_preview.startswith("s = 'pasted")
+    assert not [r for r in caplog.records if "failed (reported once)" in r.getMessage()]
+
+
 # --------------------------------------------------------------------------------------------
 # 6. A failing source
 # --------------------------------------------------------------------------------------------
