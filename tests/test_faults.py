@@ -20,10 +20,10 @@ class Hang:
     """Makes the fake NVML's memory query block until released, like a wedged driver.
     ``most`` is the largest number of threads that were stuck inside it at once."""
 
-    def __init__(self, nvml: Any) -> None:
+    def __init__(self, nvml: Any, call: str = "nvmlDeviceGetMemoryInfo") -> None:
         self.release = threading.Event()
         self.entered = threading.Event()
-        self._orig = nvml.nvmlDeviceGetMemoryInfo
+        self._orig = getattr(nvml, call)
         self._lock = threading.Lock()
         self.inside = self.most = 0
 
@@ -39,7 +39,7 @@ class Hang:
                     self.inside -= 1
             return self._orig(*args, **kwargs)
 
-        nvml.nvmlDeviceGetMemoryInfo = hung
+        setattr(nvml, call, hung)
 
 
 def test_a_hung_nvml_never_holds_up_a_cell(shell, fake_gpu):
@@ -181,3 +181,30 @@ def test_reloads_while_nvml_hangs_are_quick_and_add_no_stuck_thread(shell, fake_
     assert m is not None
     m.sampler.tick()
     assert m.read().devices[0].nvml is not None  # NVML reads again once it answers
+
+
+def test_an_oom_while_nvml_hangs_is_explained_without_hanging_the_cell(shell, fake_gpu,
+                                                                       quick_gate, capsys):
+    from .fakes import GiB
+
+    shell.run_cell("%load_ext gpumem_nb")
+    shell.user_ns.update(cuda=fake_gpu.cuda, GiB=GiB)
+    shell.run_cell("warm = cuda.tensor(1)")  # CUDA up: the OOM observer attaches
+    hang = Hang(fake_gpu.nvml)
+    # The explainer's own process listing would hang too.
+    listing = Hang(fake_gpu.nvml, "nvmlDeviceGetComputeRunningProcesses_v3")
+    try:
+        assert hang.entered.wait(2.0)
+        time.sleep(0.4)
+        capsys.readouterr()
+        t0 = time.perf_counter()
+        shell.run_cell("x = cuda.tensor(400 * GiB)", store_history=True)
+        elapsed = time.perf_counter() - t0
+        # Before: the observer listed NVML's processes on the cell's own thread, inside the
+        # hang (here until the fake's 5 s release).
+        assert elapsed < 1.0, elapsed
+        assert "gpumem: CUDA out of memory on GPU 0" in capsys.readouterr().out
+        assert listing.most == 0
+    finally:
+        hang.release.set()
+        listing.release.set()
