@@ -250,6 +250,7 @@ class Monitor:
 
     def shutdown(self) -> None:
         self.stop_cluster_feed()
+        self._close_cluster_collector()
         self.stop_replay()
         self.oom.close()
         self.cuda_start.close()
@@ -345,11 +346,14 @@ class Monitor:
         workers it has seen, so a silent scheduler's rows still have names)."""
         current = self._cluster_collector
         if current is None or getattr(current, "client", None) is not client:
+            self.stop_cluster_feed()
+            self._close_cluster_collector()
             current = self._cluster_collector = factory(client)
         return current
 
     def start_cluster_feed(self, collector: Any) -> Any:
-        """Poll ``collector`` for the chart's cluster lines (``%gpumem watch --cluster``)."""
+        """Poll ``collector`` for the chart's cluster lines (``%gpumem watch --cluster``).
+        The feed lives with the chart: ending the chart, or the sampler, ends it too."""
         from .cluster.feed import ClusterFeed
 
         feed = self.cluster_feed
@@ -359,16 +363,31 @@ class Monitor:
         feed.start()
         return feed
 
-    def stop_cluster_feed(self) -> None:
+    def stop_cluster_feed(self) -> bool:
+        """Stop collecting for the chart; False when no feed was running."""
         feed, self.cluster_feed = self.cluster_feed, None
-        if feed is not None:
+        if feed is None:
+            return False
+        try:
+            running = feed.running
+            feed.stop()
+            return bool(running)
+        except Exception as e:
+            self._contain("cluster feed", e)
+            return False
+
+    def _close_cluster_collector(self) -> None:
+        collector, self._cluster_collector = self._cluster_collector, None
+        if collector is not None:
             try:
-                feed.stop()
+                collector.close()
             except Exception as e:
-                self._contain("cluster feed", e)
+                self._contain("cluster collector", e)
 
     def _drop_widget(self, *, kernel_exiting: bool = False) -> None:
-        # A chart draws one feed for its whole life; switching feeds makes a new one.
+        # A chart draws one feed for its whole life; switching feeds makes a new one. The
+        # cluster's lines were only for that chart: nobody reads them once it is gone.
+        self.stop_cluster_feed()
         if self.widget is not None:
             try:
                 if kernel_exiting:
