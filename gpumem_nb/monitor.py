@@ -16,11 +16,13 @@ import enum
 import hashlib
 import logging
 import os
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
+from types import FrameType
 from typing import Any
 
 from . import __version__, cleanup, safeio
@@ -33,6 +35,7 @@ from .analysis import (
     verdict_message,
 )
 from .cudastart import CudaStartWatch, launcher_refusal, refusal_advice
+from .errtext import error_str, one_read_per_error
 from .holders import CellException, Scanner, last_exception_objects
 from .model import (
     CAUSE_LIVE_TENSORS,
@@ -44,7 +47,7 @@ from .model import (
     SourceStatus,
     Verdict,
 )
-from .oom import OomWatch, error_str, first_line
+from .oom import OomWatch, first_line
 from .records import History
 from .sampler import Sampler
 from .settings import (
@@ -79,6 +82,7 @@ MAX_QUEUED_CELLS = 64
 # Unload judges the cells still queued (verdicts included) for at most this long; any left
 # after it are recorded unjudged. Nothing queued is dropped.
 UNLOAD_JUDGE_S = 0.5
+MAX_LOAD_FRAMES = 100  # the stack searched, at load, for the cell running %load_ext
 
 
 class _Keep(enum.Enum):
@@ -222,6 +226,10 @@ class Monitor:
         # polling it for the chart (gpumem_nb.cluster; imported only when asked for).
         self._cluster_collector: Any = None
         self.cluster_feed: Any = None
+        # The exception a launcher refusal was explained for in this top-level cell (a nested
+        # cell's error can reach its outer cell's result too): advised once. By id: holding
+        # the exception would hold its frames' tensors.
+        self._advised_id: int | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
@@ -230,7 +238,7 @@ class Monitor:
         except Exception as e:
             self._contain("start", e)
         try:
-            self.cuda_start.on_load()
+            self.cuda_start.on_load(in_cell=self._loaded_in_cell())
             self.cuda_start.arm()
         except Exception as e:
             self._contain("CUDA start watch", e)
@@ -247,6 +255,21 @@ class Monitor:
             except (OSError, ValueError) as e:
                 replay_note = f" {REPLAY_ENV}={request} ignored: {e}."
         return self.status_line() + replay_note
+
+    def _loaded_in_cell(self) -> bool:
+        """Whether a cell is running this load (``%load_ext``), not the kernel's start-up:
+        a frame of some cell's code is on the stack."""
+        table = getattr(getattr(self.shell, "compile", None), "_filename_map", None)
+        if not isinstance(table, dict):
+            return False
+        frame: FrameType | None = sys._getframe(1)
+        for _ in range(MAX_LOAD_FRAMES):
+            if frame is None:
+                return False
+            if frame.f_code.co_filename in table:
+                return True
+            frame = frame.f_back
+        return False
 
     def shutdown(self) -> None:
         self.stop_cluster_feed()
@@ -633,6 +656,7 @@ class Monitor:
         self._depth += 1
         if self._depth != 1:
             return  # nested (%%capture, run_cell from a cell): part of the outer cell
+        self._advised_id = None
         try:
             t_s = time.monotonic()
             with self._baseline_lock:
@@ -650,7 +674,8 @@ class Monitor:
                 before = replace(before, devices=tuple(
                     replace(d, nvml=None) for d in before.devices))
             if self.cuda_start.started is None:
-                self.cuda_start.cell_started(_pre_count(self.shell, info))
+                self.cuda_start.cell_started(_pre_count(self.shell, info),
+                                             getattr(info, "raw_cell", "") or "")
             wm = Watermark()
             self._watermarks.append(wm)
             self._pending = _Pending(
@@ -667,10 +692,28 @@ class Monitor:
             self._contain("pre_run_cell", e)
 
     def post_run_cell(self, result: Any) -> None:
+        with one_read_per_error():  # a failing cell's str(exc) runs once, not once per check
+            self._post_run_cell(result)
+
+    def _post_run_cell(self, result: Any) -> None:
         if self._depth == 0:
-            return  # a blank cell, or the cell that loaded us: no matching pre
+            # A blank cell, or the cell that loaded us: no matching pre. That one may have
+            # imported torch and started CUDA after the load.
+            try:
+                if self.cuda_start.started is None and _ran_code(result):
+                    self.cuda_start.load_cell_ended(_count_of(result))
+                self._watch_refusal(result)
+            except Exception as e:
+                self._contain("CUDA start watch", e)
+            return
         self._depth -= 1
         if self._depth != 0:
+            # Nested (%%capture, %%gpumem, run_cell from a cell): its error, if any, shows
+            # here, in the nested cell's output, and never reaches the outer cell's result.
+            try:
+                self._watch_refusal(result)
+            except Exception as e:
+                self._contain("CUDA start watch", e)
             return
         try:  # one attribute check unless the cell raised a CUDA OOM
             self.oom.on_cell_result(result)
@@ -693,14 +736,21 @@ class Monitor:
     def _watch_cuda_start(self, result: Any) -> None:
         """Until CUDA is up: did this cell start it? After a failing cell: was it a forking
         launcher refusing because CUDA was up, and where did CUDA start?"""
-        count = getattr(result, "execution_count", None)
         if self.cuda_start.started is None:
-            self.cuda_start.cell_ended(count if isinstance(count, int) else None)
+            self.cuda_start.cell_ended(_count_of(result))
+        self._watch_refusal(result)
+
+    def _watch_refusal(self, result: Any) -> None:
+        """A failing cell (or a nested one): was it a forking launcher refusing because CUDA
+        was up? Then say where CUDA started. Each exception is advised on once, though it
+        may reach both a nested cell's result and its outer cell's."""
         err = _cell_exception(result)
-        if err is not None:
-            who = launcher_refusal(err)
-            if who is not None:
-                print(refusal_advice(who, self.cuda_start.started))
+        if err is None or id(err) == self._advised_id:
+            return
+        who = launcher_refusal(err)
+        if who is not None:
+            self._advised_id = id(err)
+            print(refusal_advice(who, self.cuda_start.started))
 
     def _finish(self, pending: _Pending, result: Any) -> None:
         """The one exact allocator read, then as little as possible before the reply.
@@ -909,6 +959,17 @@ def _covered(sample: Sample, before: int | None, after: int | None) -> Sample:
     return replace(sample, devices=tuple(
         d for d in sample.devices
         if (before is None or d.index == before) and (after is None or d.index == after)))
+
+
+def _count_of(result: Any) -> int | None:
+    count = getattr(result, "execution_count", None)
+    return count if isinstance(count, int) else None
+
+
+def _ran_code(result: Any) -> bool:
+    """A cell that held code (a blank one also ends without having begun)."""
+    raw = getattr(getattr(result, "info", None), "raw_cell", None)
+    return isinstance(raw, str) and bool(raw.strip())
 
 
 def _cell_exception(result: Any) -> BaseException | None:

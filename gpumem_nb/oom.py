@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from .analysis import held_text, holder_action
 from .cleanup import CleanupReport, CleanupRequest
+from .errtext import error_str
 from .holders import exception_chain, last_value
 from .model import (
     ROLE_DATALOADER,
@@ -238,16 +239,6 @@ def parse_oom_message(text: str) -> OomMessage | None:
     else:
         return None
     return OomMessage(precision_bytes=precision[0], **figures)
-
-
-def error_str(exc: BaseException) -> str:
-    """``str(exc)``, or "" when its ``__str__`` raises or returns no text: an odd exception
-    must neither lose its cell's record nor stop its OOM from being explained."""
-    try:
-        text = str(exc)
-    except Exception:
-        return ""
-    return text if isinstance(text, str) else ""
 
 
 def first_line(text: str, limit: int) -> str:

@@ -24,6 +24,7 @@ loaded), or what it raised.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
 import time
@@ -268,10 +269,8 @@ def _close_soon(client: Any) -> None:
     """Close a client of ours without holding the caller past ``CLOSE_WAIT_S``: a scheduler
     that does not answer makes ``close`` wait for its own timeout, on its own thread."""
     def work() -> None:
-        try:
+        with contextlib.suppress(Exception):  # closing what we made: nothing of the user's
             client.close(timeout=2)
-        except Exception:  # closing what we made; nothing of the user's is at stake
-            pass
 
     thread = threading.Thread(target=work, name="gpumem_nb-cluster-close", daemon=True)
     thread.start()

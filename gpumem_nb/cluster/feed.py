@@ -121,8 +121,8 @@ class ClusterFeed:
                     seen.update((SUM_USED, SUM_ALLOCATED))
             else:
                 for name, d in named.items():
-                    used = name.endswith(USED_SUFFIX)
-                    self._add(name, t, d.used_bytes if used else _allocated(reading, d.uuid))
+                    self._add(name, t, d.used_bytes if name.endswith(USED_SUFFIX)
+                              else _allocated(reading, d.uuid))
                 seen.update(named)
             for name, points in self._lines.items():
                 if name not in seen:  # no answer for this GPU now: a gap, not its last value
