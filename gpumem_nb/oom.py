@@ -45,7 +45,7 @@ from .model import (
 from .report import html_table
 from .sources.processes import roles_to_learn
 from .sources.torch import TorchDebug, alloc_conf
-from .units import format_bytes
+from .units import format_bytes, printable
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -1012,7 +1012,7 @@ def describe_pid(pid: int) -> str:
         conn = next((a for a in argv if a.endswith(".json")), "")
         name = os.path.basename(conn)[: -len(".json")] if conn else ""
         return "a Jupyter kernel" + (f" {name}" if name else "")
-    text = " ".join([os.path.basename(argv[0]), *argv[1:3]])
+    text = printable(" ".join([os.path.basename(argv[0]), *argv[1:3]]))
     return text if len(text) <= 60 else text[:57] + "..."
 
 

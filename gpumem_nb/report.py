@@ -7,26 +7,9 @@ functions, so a terminal, a notebook and a static viewer show the same numbers.
 from __future__ import annotations
 
 import html
-import re
 from collections.abc import Sequence
 
 Row = Sequence[str]
-
-# What must not reach a terminal or a plain-text output raw: C0 and C1 controls (a clear-screen
-# escape, a bell, a newline forging a row of its own), DEL, the bidirectional overrides and
-# isolates that make text read backwards, and lone surrogates (``print`` itself would raise).
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e"
-                          "\u2066-\u2069\ud800-\udfff]")
-
-
-def printable(text: str) -> str:
-    """Text from outside (a process's command line, a worker's name or error) made safe to
-    print: each control character written as its Python escape (``\\x1b``, ``\\n``,
-    ``\\u202e``); everything else as is."""
-    if not _UNPRINTABLE.search(text):
-        return text
-    return _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1], text)
-
 
 def text_table(headers: Row, rows: Sequence[Row]) -> str:
     widths = [len(h) for h in headers]

@@ -19,8 +19,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..report import html_lines, html_table, printable, text_table
-from ..units import format_bytes
+from ..report import html_lines, html_table, text_table
+from ..units import format_bytes, printable
 
 ROW_OK = "ok"
 ROW_UNKNOWN = "unknown"  # no answer in time: figures unknown, not zero
