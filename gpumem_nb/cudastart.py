@@ -217,7 +217,8 @@ class CudaStartWatch:
             # Another thread started CUDA: where the cell's own thread is now.
             runner = _frames(sys._current_frames().get(running.thread_id))
         start = locate(_frames(frame), self._cell_number, threading.current_thread().name,
-                       running=running, runner=runner, on_cell_thread=here == cell_thread)
+                       running=running, runner=runner, on_cell_thread=here == cell_thread,
+                       in_cell=running is not None or self._load_cell)
         with self._lock:
             if self.started is None:
                 self.started = start
@@ -264,6 +265,7 @@ class CudaStartWatch:
             with self._lock:
                 if self.started is None:  # the hook did not see it
                     self.started = CudaStart(HOW_CELL, execution_count=execution_count)
+                    self.status = "seen at a cell's end"
             return
         self.arm()  # torch was imported by this cell: queue for the next ones
 
@@ -346,11 +348,15 @@ def _cell_places(stack: list[Frame], cell_number: Any,
 
 def locate(frames: Iterable[Frame], cell_number: Any, thread: str = "", *,
            running: RunningCell | None = None, runner: list[Frame] | None = None,
-           on_cell_thread: bool = True) -> CudaStart:
+           on_cell_thread: bool = True, in_cell: bool = True) -> CudaStart:
     """The start, from the stack at CUDA's initialisation (innermost frame first): the
     outermost place in a cell is the line the user ran. ``running``: the cell running then;
-    ``runner``: its thread's stack when CUDA started on another thread."""
+    ``runner``: its thread's stack when CUDA started on another thread; ``in_cell``: False
+    when no cell was running (a widget's callback, a timer): a cell's function on the stack
+    is then the way in, not a line anyone ran."""
     places = _cell_places(list(frames), cell_number, running)
+    if not in_cell:
+        return CudaStart(HOW_HOOK, via=_via(places[0]) if places else "", thread=thread)
     if not on_cell_thread:
         # This thread's cell frames are functions it runs, not the line the user ran: that is
         # where the cell's own thread is (if one is running), and the thread's code the way in.

@@ -346,3 +346,14 @@ def test_a_failing_cells_message_is_read_once_by_all_of_gpumem_nbs_checks(cold):
                     "        N[0] += ours()\n        return 'counted'")
     run(cold.shell, "raise Counted()")
     assert cold.shell.user_ns["N"][0] == 1
+
+
+def test_cuda_started_by_a_callback_between_cells_is_outside_any_cell_not_its_functions_cell(
+        cold):
+    # A widget's click handler runs on the kernel's thread between cells: its function's cell
+    # is the way in, not a cell that ran it.
+    defined = run(cold.shell, "def on_click(_):\n    return cuda.tensor(4)")
+    cold.shell.user_ns["on_click"](None)  # as the kernel calls a handler: no cell running
+    assert cold.monitor.cuda_start.started.sentence() == (
+        "CUDA started outside any cell (in code the kernel ran on its own), through "
+        f"on_click() in cell [{defined.execution_count}], line 2.")
