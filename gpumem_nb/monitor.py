@@ -692,6 +692,9 @@ class Monitor:
             self._contain("pre_run_cell", e)
 
     def post_run_cell(self, result: Any) -> None:
+        if getattr(result, "error_in_exec", None) is None:
+            self._post_run_cell(result)
+            return
         with one_read_per_error():  # a failing cell's str(exc) runs once, not once per check
             self._post_run_cell(result)
 
