@@ -272,6 +272,10 @@ class Monitor:
         return False
 
     def shutdown(self) -> None:
+        # The noted cell exception keeps the failed call's frames (and their tensors): an
+        # unloaded monitor that something still references (a widget, a user's variable, a
+        # cycle the collector has not reached) must not keep them past the shell's own record.
+        self.last_cell_exception.release()
         self.stop_cluster_feed()
         self._close_cluster_collector()
         self.stop_replay()

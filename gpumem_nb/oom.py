@@ -327,14 +327,21 @@ class OomFacts:
     precision_bytes: int = 0
     measured_at: str = "failure"
     released_since_bytes: int | None = None  # allocated at the failure minus allocated now
-    # Allocated now but reachable from nothing the holder scan walks (measured "after" only):
-    # garbage in reference cycles, such as a replaced traceback, or objects it cannot enter.
+    # Reachable from nothing the holder scan walks: garbage in reference cycles, such as a
+    # replaced traceback, or objects it cannot enter. Measured "after": allocated now minus
+    # what the holders keep. At the "failure": allocated when the failing cell started minus
+    # what the holders keep (they include what the cell itself stored, so it is not
+    # overstated), and only when every holder's graph was sized in full.
     unreachable_bytes: int | None = None
     previous_error: str = ""  # the cell before this one raised this (its traceback replaced)
+    # Cells that raised before this one, since the extension was loaded: a traceback a later
+    # error replaced waits for the garbage collector, so only then is garbage plausible.
+    earlier_errors: int = 0
     # The failing cell's own working set: PyTorch's allocated bytes at the failure minus at
     # the cell's start (what the cell made and still held), and the same cell's previous
     # run's peak above its own start, when it ran before.
     cell_bytes: int | None = None
+    cell_start_bytes: int | None = None  # PyTorch's allocated bytes when the cell started
     cell_previous_peak_bytes: int | None = None
     cell_previous_peak_exact: bool = False
     # Explained after the fact: what this error's own traceback holds (the failed call's
@@ -514,6 +521,13 @@ def classify(facts: OomFacts, holders: Sequence[Holder] = ()) -> tuple[Cause, ..
             "in the process (CuPy, JAX, NCCL, a library calling cudaMalloc).",
             covers=covers_outside(outside)))
     causes.extend(_held(f, holders, covers))
+    grown = f.cell_bytes if f.cell_bytes is not None else f.computation_bytes
+    if grown:
+        # Stranded bytes stand between the computation and success only when they are of
+        # the computation's scale: a cell that has consumed many times them (a loop keeping
+        # every step's graph) would fail again a request later.
+        causes = [_demoted(c) if c.kind in (CAUSE_FRAGMENTATION, CAUSE_POOL) and c.covers
+                  and grown >= _DWARFS * (c.nbytes or 0) else c for c in causes]
     working = _dominant_working_set(f, causes, holders, need)
     if working is not None:
         # Whatever else covers this request's shortfall would only let this one request
@@ -618,24 +632,40 @@ def _held(f: OomFacts, holders: Sequence[Holder],
                      f"{format_bytes(unreachable)} waits for the garbage collector")
         else:
             state = "now free again" if released else "now waiting for the garbage collector"
+        if f.earlier_errors > 1:
+            # Tracebacks replaced before the previous cell's wait the same way: the bytes
+            # cannot be told apart by error.
+            story = (f"The tracebacks of earlier errors, the last the previous cell's "
+                     f"({f.previous_error}), kept their failed calls' locals until later "
+                     "errors replaced them")
+        else:
+            story = (f"The previous cell's error ({f.previous_error}) kept its traceback, and "
+                     "with it the failed call's locals, until this error replaced it")
         out.append(Cause(
-            CAUSE_HELD, gone,
-            f"The previous cell's error ({f.previous_error}) kept its traceback, and with it "
-            f"the failed call's locals, until this error replaced it: {format_bytes(gone)}, "
-            f"{state}.", covers=covers(gone),
+            CAUSE_HELD, gone, f"{story}: {format_bytes(gone)}, {state}.", covers=covers(gone),
             details=("measured after the error: PyTorch's allocated bytes at the failure "
                      "(from the message) and now, minus everything reachable from your "
                      "variables, Out and the stored traceback",)))
     elif unreachable >= _NOTABLE_BYTES:
-        # Nothing says these are garbage: with no replaced traceback there is no cycle to
-        # expect, and most often the scan just does not look where they are held.
+        # Garbage only where a replaced traceback could be waiting for the collector; with
+        # none there is no cycle to expect, and most often the scan just does not look where
+        # they are held.
+        at_start = f.measured_at == "failure" and f.cell_start_bytes is not None
+        head = (f"When this cell started, PyTorch already held {format_bytes(f.cell_start_bytes)}"
+                f"; {format_bytes(unreachable)} of it is reachable from nothing the scan walks"
+                if at_start else
+                f"{format_bytes(unreachable)} is allocated but reachable from nothing the scan "
+                "walks")
         out.append(Cause(
             CAUSE_HELD, unreachable,
-            f"{format_bytes(unreachable)} is allocated but reachable from nothing the scan "
-            "walks (your variables, Out, the stored traceback, and the autograd graphs "
+            head + " (your variables, Out, the stored traceback, and the autograd graphs "
             "behind them): objects it does not look inside, such as your own classes' "
-            "attributes, closures or a library's caches.",
-            covers=covers(unreachable), details=(UNREACHABLE,)))
+            "attributes, closures or a library's caches"
+            + (", or the traceback of an earlier error that a later one replaced, waiting "
+               "for the garbage collector (IPython's frames keep it in a reference cycle)"
+               if garbage_plausible(f) else "") + ".",
+            covers=covers(unreachable),
+            details=(UNREACHABLE_AT_START if at_start else UNREACHABLE,)))
     held = held_holders(holders, f.device)
     total = sum(h.held_bytes for h in held)
     if held and (covers(total) or total >= _NOTABLE_BYTES):
@@ -653,6 +683,16 @@ def _held(f: OomFacts, holders: Sequence[Holder],
 
 UNREACHABLE = ("allocated now, minus what your variables, Out, the stored traceback and their "
                "autograd graphs hold")
+UNREACHABLE_AT_START = ("measured at the failure: allocated when this cell started, minus what "
+                        "your variables, Out, the stored traceback and their autograd graphs "
+                        "held")
+
+
+def garbage_plausible(f: OomFacts) -> bool:
+    """Whether a replaced traceback can be among the unreachable bytes: at the failure the
+    previous error's traceback is still stored (and scanned), so an older error is needed;
+    after the failure this error has replaced every earlier one."""
+    return f.earlier_errors >= (2 if f.measured_at == "failure" else 1)
 
 
 def _working_set(f: OomFacts, causes: Sequence[Cause], need: int | None) -> Cause:
@@ -804,6 +844,8 @@ def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holde
     for c in causes:
         if dominant and not c.covers and c.kind != CAUSE_HELD:
             continue  # it would not let the computation through
+        if c.kind in (CAUSE_FRAGMENTATION, CAUSE_POOL) and not c.covers:
+            continue  # its cure reclaims too little to matter here
         if c.kind == CAUSE_POOL:
             out.append(Action("%gpumem cleanup runs torch.cuda.empty_cache(), which returns the "
                               f"cudaMallocAsync pool's {format_bytes(c.nbytes)} of unused "
@@ -825,7 +867,11 @@ def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holde
                 "Release what other libraries hold in this process (CuPy: "
                 "cupy.get_default_memory_pool().free_all_blocks(); JAX: set "
                 "XLA_PYTHON_CLIENT_PREALLOCATE=false before it starts).", c.nbytes))
-        elif c.kind == CAUSE_HELD and c.details == (UNREACHABLE,):
+        elif c.kind == CAUSE_HELD and c.details[:1] in ((UNREACHABLE,), (UNREACHABLE_AT_START,)):
+            if garbage_plausible(f):
+                out.append(Action("%gpumem cleanup runs gc.collect() first: it frees what a "
+                                  "replaced traceback still holds, and reports how much.",
+                                  c.nbytes))
             out.append(Action("%gpumem who --gc also searches every object the garbage "
                               "collector tracks, and names what holds these tensors.",
                               c.nbytes))
@@ -840,7 +886,8 @@ def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holde
         elif c.kind == CAUSE_WORKING_SET and not dominant and not any(
                 x.covers for x in causes[1:]):
             out.append(_workload_action(f))
-    if not any(c.kind == CAUSE_HELD and c.details and c.details[0] != UNREACHABLE
+    if not any(c.kind == CAUSE_HELD and c.details
+               and c.details[0] not in (UNREACHABLE, UNREACHABLE_AT_START)
                and not c.details[0].startswith("measured after") for c in causes):
         out.extend(_held_actions(holders, f.device))  # small holders, still worth a line
     split = f.unallocated_bytes or 0
@@ -1012,7 +1059,9 @@ def describe_pid(pid: int) -> str:
         conn = next((a for a in argv if a.endswith(".json")), "")
         name = os.path.basename(conn)[: -len(".json")] if conn else ""
         return "a Jupyter kernel" + (f" {name}" if name else "")
-    text = printable(" ".join([os.path.basename(argv[0]), *argv[1:3]]))
+    # One line: a ``python -c`` script's newlines would break the explanation's lines; any
+    # other control character (a terminal escape) is printed as its escape.
+    text = printable(" ".join(" ".join([os.path.basename(argv[0]), *argv[1:3]]).split()))
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -1063,6 +1112,7 @@ class OomWatch:
         self._generation = 0
         self._scanned_generation = -1
         self._previous_error = ""
+        self._errors = 0  # cells that raised, since this load
         self._lock = threading.Lock()
         # More lines for the explanation, from features the caller sets per cell (the
         # allocator what-if of a traced cell). Given the facts; a hook that fails adds none.
@@ -1164,6 +1214,7 @@ class OomWatch:
         if err is None:
             self._previous_error = ""
             return None
+        earlier, self._errors = self._errors, self._errors + 1
         previous, self._previous_error = self._previous_error, \
             f"{type(err).__name__}: {first_line(error_str(err), 120)}"[:120]
         oom = find_cuda_oom(err)
@@ -1171,7 +1222,7 @@ class OomWatch:
             return None
         t0 = self.clock()
         explanation = self.explain(oom, generation=generation, previous_error=previous,
-                                   sites=sites, cell_error=err)
+                                   sites=sites, cell_error=err, earlier_errors=earlier)
         explanation = replace(explanation, added_s=self.clock() - t0 + explanation.observer_s)
         self.last = explanation
         self.show(explanation)
@@ -1179,7 +1230,8 @@ class OomWatch:
 
     def explain(self, exc: BaseException, *, generation: int | None = None,
                 previous_error: str = "", sites: Sequence[SiteAtFailure] = (),
-                cell_error: BaseException | None = None) -> OomExplanation:
+                cell_error: BaseException | None = None,
+                earlier_errors: int = 0) -> OomExplanation:
         text = error_str(exc)
         msg = parse_oom_message(text) or OomMessage(FORM_UNKNOWN)
         event = self._event_for(msg, generation)
@@ -1191,6 +1243,8 @@ class OomWatch:
             pieces = self._from_message(msg, previous_error, cell_error or exc)
         else:
             pieces = self._from_event(event, msg)
+        if earlier_errors:
+            pieces.facts = replace(pieces.facts, earlier_errors=earlier_errors)
         stages = pieces.stage_s
         t = self.clock()
         causes = classify(pieces.facts, pieces.judged)
@@ -1323,6 +1377,7 @@ class OomWatch:
         facts = OomFacts(
             device=ev.device, requested_bytes=ev.requested_bytes, total_bytes=total,
             free_bytes=ev.free_bytes, allowed_bytes=allowed,
+            unreachable_bytes=_unaccounted_at_start(ev.cell, holders, ev.device),
             allocated_bytes=r.allocated_bytes if r else msg.allocated_bytes,
             reserved_bytes=r.reserved_bytes if r else msg.reserved_total_bytes,
             this_process_bytes=this, other_processes=others, others_unknown=unknown,
@@ -1450,8 +1505,24 @@ def _cell_facts(cell: CellStart | None, allocated: int | None) -> dict[str, Any]
     own = None
     if cell.allocated_bytes is not None and allocated is not None:
         own = max(allocated - cell.allocated_bytes, 0)
-    return {"cell_bytes": own, "cell_previous_peak_bytes": cell.previous_peak_bytes,
+    return {"cell_bytes": own, "cell_start_bytes": cell.allocated_bytes,
+            "cell_previous_peak_bytes": cell.previous_peak_bytes,
             "cell_previous_peak_exact": cell.previous_peak_exact}
+
+
+def _unaccounted_at_start(cell: CellStart | None, holders: Sequence[Holder],
+                          device: int) -> int | None:
+    """At the failure: what PyTorch had allocated when the failing cell started that none of
+    the session's holders keeps (they are scanned at the failure, so they also hold what the
+    cell stored: that can only make this smaller). Unknown when a holder's graph was not
+    sized in full, which would make it larger than it is."""
+    if cell is None or cell.allocated_bytes is None:
+        return None
+    held = held_holders(holders, device)
+    if any(h.graph_bytes_capped or h.graph_unsized or (h.holds_graph and h.graph_bytes is None)
+           for h in held):
+        return None
+    return max(cell.allocated_bytes - sum(h.held_bytes for h in held), 0)
 
 
 def _failed_call_apart(holders: Sequence[Holder], error: BaseException) -> tuple[Holder, ...]:

@@ -14,6 +14,7 @@ user's ``del`` or the end of the ``except`` block, not a collection that may com
 from __future__ import annotations
 
 import gc
+import sys
 import weakref
 from typing import Any
 
@@ -130,3 +131,25 @@ def test_an_error_kept_in_a_local_of_the_function_that_caught_it_is_pythons_cycl
     assert [r() is not None for r in alive] == [True, False]
     gc.collect()
     assert alive[0]() is None
+
+
+def test_an_unloaded_monitor_that_is_still_referenced_keeps_no_failed_cells_frames(world):
+    # The harness of benchmarks/gpu_diagnosis.py met this on the H200: after %unload_ext and
+    # every record the shell keeps was dropped, 137 GiB of a failed step stayed allocated
+    # while the old monitor (still reachable) held the cell's exception it had noted.
+    from gpumem_nb.magics import current_monitor
+
+    run(world.shell, "def step():\n    acts = cuda.tensor(8 * GiB)\n"
+                     "    alive.append(weakref.ref(acts))\n    raise ValueError('nan')\nstep()")
+    old = current_monitor(world.shell)
+    assert old.last_cell_exception.error is not None
+    run(world.shell, "%unload_ext gpumem_nb")
+    for name in ("last_exc", "last_type", "last_value", "last_traceback"):
+        if hasattr(sys, name):
+            delattr(sys, name)
+    world.shell.InteractiveTB.tb = None
+    world.shell.last_execution_result = None
+    gc.collect()
+    assert world.shell.user_ns["alive"][-1]() is None, "the unloaded monitor kept the frames"
+    assert world.cuda.devices[0].allocated == 0
+    del old

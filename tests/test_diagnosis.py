@@ -7,6 +7,7 @@ batch of 2 peaked at 5.2 GiB), written as facts and holders so every row is tabl
 
 from __future__ import annotations
 
+import gc
 from dataclasses import replace
 from typing import Any
 
@@ -91,6 +92,34 @@ def test_a_cell_that_filled_a_list_its_session_keeps_is_held_not_its_working_set
     assert causes[0].kind == CAUSE_HELD and causes[0].covers
     assert "losses 972 B + its graph 137.00 GiB (8262 nodes)" in causes[0].summary
     assert any("store `loss.item()` (a float) or `t.detach()`" in s for s in steps)
+
+
+def test_stranded_bytes_a_hundredth_of_what_the_cell_consumed_are_not_the_verdict():
+    # The loss loop on the native allocator: every step keeps 2 GiB of graph in `losses`, and
+    # 512 MiB fail with 499 MiB free and 528 MiB stranded. Usable, the stranded bytes let one
+    # more request through; the next step fails again. The list is what to let go of.
+    losses = Holder("losses", "container", "cuda:0", 272, "68 tensors", holds_graph=True,
+                    graph_nodes=476, graph_bytes=gib(136))
+    x = Holder("x", "variable", "cuda:0", 512 * MiB, "float32[16384, 8192]")
+    model = Holder("model", "module", "cuda:0", 512 * MiB, "4 tensors")
+    f = replace(STEP_NATIVE, requested_bytes=512 * MiB, free_bytes=499 * MiB,
+                allocated_bytes=gib(138.3), reserved_bytes=gib(138.3) + 528 * MiB,
+                cell_bytes=gib(137.8), cell_start_bytes=512 * MiB, cell_previous_peak_bytes=None,
+                largest_free_block_bytes=196 * MiB)
+    causes, steps, text = explain(f, [model, losses, x])
+    assert causes[0].kind == CAUSE_HELD and causes[0].covers, text
+    assert "losses 272 B + its graph 136.00 GiB (476 nodes)" in causes[0].summary
+    frag = next(c for c in causes if c.kind == CAUSE_FRAGMENTATION)
+    assert not frag.covers and "not the computation" in frag.summary
+    assert not any("expandable_segments" in s for s in steps)
+    assert any("store `loss.item()` (a float) or `t.detach()`" in s for s in steps)
+    # The same loop under cudaMallocAsync, where the pool's unused bytes would have fitted.
+    pool = replace(f, backend="cudaMallocAsync", measured_at="after", free_bytes=31 * MiB,
+                   reserved_bytes=gib(138.3) + 500 * MiB, unreachable_bytes=0,
+                   released_since_bytes=0)
+    causes, _, text = explain(pool, [model, losses, x])
+    assert causes[0].kind == CAUSE_HELD, text
+    assert not next(c for c in causes if c.kind == CAUSE_POOL).covers
 
 
 # The same step under cudaMallocAsync, explained after the exception unwound: the failed
@@ -237,3 +266,48 @@ def test_the_observer_reads_the_grad_mode_and_the_cells_start(world, monkeypatch
 
 def test_cell_start_is_unknown_outside_a_cell(world):
     assert current_monitor(world.shell).cell_start(0) is None
+
+
+class Box:
+    """A user's own class: the holder scan does not look inside its instances."""
+
+
+def test_memory_from_before_the_cell_that_nothing_scanned_holds_is_not_its_working_set(world):
+    # The first H200 run: 135 GiB allocated before the failing cell, which had itself made
+    # nothing yet, were explained as "the working set of the code that ran".
+    ip = world.shell
+    ip.user_ns["Box"] = Box
+    run(ip, "box = Box()\nbox.kept = cuda.tensor(100 * GiB)")
+    run(ip, "y = cuda.tensor(60 * GiB)")
+    e = current_monitor(ip).oom.last
+    assert e is not None and e.cause == CAUSE_HELD, str(e)
+    assert e.facts.cell_bytes == 0 and e.facts.unreachable_bytes == 100 * GiB
+    assert e.verdict.startswith("When this cell started, PyTorch already held 100.00 GiB; "
+                                "100.00 GiB of it is reachable from nothing the scan walks")
+    assert "working set of the code that ran" not in str(e)
+    # No earlier error: nothing says these are garbage.
+    assert "gc.collect" not in str(e) and "replaced" not in str(e)
+    assert "%gpumem who --gc" in str(e)
+
+
+def test_a_traceback_replaced_by_a_later_error_is_named_as_possible_garbage(world):
+    ip = world.shell
+    was = gc.isenabled()
+    gc.disable()  # the replaced traceback stays garbage until the cleanup collects it
+    try:
+        run(ip, "def step():\n    acts = cuda.tensor(100 * GiB)\n    raise ValueError('nan')\n"
+                "step()")
+        run(ip, "undefined_name")  # a NameError replaces step()'s stored traceback
+        run(ip, "y = cuda.tensor(60 * GiB)")
+        e = current_monitor(ip).oom.last
+        assert e is not None and e.cause == CAUSE_HELD, str(e)
+        assert e.facts.unreachable_bytes == 100 * GiB and e.facts.earlier_errors == 2
+        assert "an earlier error that a later one replaced" in e.verdict
+        assert any(a.text.startswith("%gpumem cleanup runs gc.collect() first")
+                   for a in e.actions)
+        report = ip.run_line_magic("gpumem", "cleanup -o")
+        freed = {s.step: s.freed_allocated_bytes for s in report.steps}
+        assert freed["gc.collect"] == 100 * GiB  # what the explanation said it could be
+    finally:
+        if was:
+            gc.enable()

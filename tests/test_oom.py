@@ -517,6 +517,33 @@ def test_another_process_is_named_by_pid_with_its_bytes(world):
     assert f"PID {other} ({oom.describe_pid(other)}): 60.00 GiB" in str(e)
 
 
+def test_a_stranger_is_named_by_pid_and_the_kernels_own_child_as_its_child(world):
+    # What tests/gpu/test_oom_gpu.py asserts on the H200, with real processes listed by the
+    # fake NVML: one the kernel started, and one reparented away (another user's job).
+    import subprocess
+
+    from benchmarks.foreign import ForeignHolder
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    try:
+        with ForeignHolder(0, device="cpu", timeout_s=20) as stranger:
+            world.cuda.others[0] = [(stranger, 60 * GiB), (child.pid, 30 * GiB)]
+            world.cuda._sync()
+            run(world.shell, "y = cuda.tensor(100 * GiB)")
+            e = last(world.shell)
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(20)
+    assert e.cause == CAUSE_OTHER_PROCESSES, str(e)
+    kinds = {p.pid: p.child for p in e.facts.other_processes}
+    assert kinds[stranger] is None and kinds[child.pid] is not None
+    assert f"PID {stranger} (python" in str(e)
+    assert f"PID {child.pid} (this kernel's child process): 30.00 GiB" in str(e)
+    assert f"PID {stranger} (this kernel's" not in str(e)
+
+
 def test_memory_outside_pytorch_in_this_process_is_a_cause(world):
     world.cuda.devices[0].outside = 60 * GiB  # CuPy, or a raw cudaMalloc
     world.cuda._sync()
@@ -752,7 +779,7 @@ def test_the_explanation_says_where_its_time_went_and_the_dry_run_reuses_the_sca
     e = last(world.shell)
     assert e.cause == CAUSE_HELD
     stages = set(e.stage_s)
-    assert {"classify", "dry_run"} <= stages, e.stage_s
+    assert {"classify", "dry_run", "children"} <= stages, e.stage_s
     if world.backend == "native":
         assert {"observer", "observer_scan"} <= stages, e.stage_s
     else:

@@ -40,6 +40,9 @@ def row(rows: dict[tuple[str, str], dict[str, Any]], workload: str,
         allocator: str) -> dict[str, Any]:
     r = rows[(workload, allocator)]
     assert not r.get("error"), f"{r.get('error')}\n{r.get('traceback', '')}"
+    # Explained for its own memory, not what an earlier workload left (the harness refuses
+    # such a start; a row without the figure comes from an older harness).
+    assert r.get("start_allocated_bytes") is not None, r
     return r
 
 
@@ -79,6 +82,12 @@ def test_who_accounts_for_what_the_cleanup_then_frees(rows, workload, allocator)
 def test_a_rerun_kept_by_out_is_not_told_to_keep_loss_item(rows, allocator):
     r = row(rows, "out_logits_rerun", allocator)
     assert r["rerun_verdict"] and not r["rerun_advice_loss_item"], r["rerun_verdict"]
+
+
+@pytest.mark.parametrize("allocator", list(ALLOCATORS))
+def test_another_users_process_is_named_by_pid_not_as_the_kernels_child(rows, allocator):
+    r = row(rows, "another_process", allocator)
+    assert f"PID {r['foreign_pid']} (" in r["text"] and not r["named_as_child"], r["text"]
 
 
 @pytest.mark.parametrize("allocator", list(ALLOCATORS))

@@ -156,6 +156,25 @@ def test_fragmentation_from_many_splits_is_fragmentation(backend):
 
 
 def test_another_process_is_named_with_its_pid_and_bytes(backend):
+    # Another user's job: no descendant of this kernel (benchmarks/foreign.py reparents it
+    # away), so it is named by PID and command, never as the kernel's child.
+    r = scenario(backend, """
+        from benchmarks.foreign import ForeignHolder
+        with ForeignHolder(60 * GiB) as pid:
+            ask_beyond_free(30 * GiB)
+            run("y = torch.empty(ask, dtype=torch.uint8, device='cuda')")
+            report(child=pid)
+    """)
+    check(r, "other processes", "another process", 30 * GiB)
+    procs = {p["pid"]: p for p in r["facts"]["other_processes"]}
+    assert r["child"] in procs, procs
+    assert 60 * GiB <= procs[r["child"]]["nbytes"] < 62 * GiB  # the tensor plus its context
+    assert procs[r["child"]]["child"] is None
+    assert f"PID {r['child']} (" in r["text"] and "this kernel's" not in r["text"]
+
+
+def test_a_process_the_kernel_started_is_named_as_its_child_with_advice(backend):
+    # One the kernel started itself (issue 19): its child, with the advice that fits.
     r = scenario(backend, """
         child = subprocess.Popen(
             [sys.executable, "-c", "import sys, torch; "
@@ -168,11 +187,11 @@ def test_another_process_is_named_with_its_pid_and_bytes(backend):
         report(child=child.pid)
         child.stdin.close(); child.wait()
     """)
-    check(r, "other processes", "another process", 30 * GiB)
+    check(r, "other processes", "the kernel's child", 30 * GiB)
     procs = {p["pid"]: p["nbytes"] for p in r["facts"]["other_processes"]}
-    assert r["child"] in procs, procs
     assert 60 * GiB <= procs[r["child"]] < 62 * GiB  # the tensor plus its CUDA context
-    assert f"PID {r['child']}" in r["text"]
+    assert f"PID {r['child']} (this kernel's child process)" in r["text"]
+    assert "release the object that started it, in this kernel" in r["text"]
 
 
 def test_memory_outside_pytorch_from_a_second_allocator_is_outside_pytorch(backend):
