@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from .analysis import held_text, holder_action
 from .cleanup import CleanupReport, CleanupRequest
+from .errtext import error_str
 from .holders import exception_chain, last_value
 from .model import (
     ROLE_DATALOADER,
@@ -44,7 +45,7 @@ from .model import (
 from .report import html_table
 from .sources.processes import roles_to_learn
 from .sources.torch import TorchDebug, alloc_conf
-from .units import format_bytes
+from .units import format_bytes, printable
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -238,16 +239,6 @@ def parse_oom_message(text: str) -> OomMessage | None:
     else:
         return None
     return OomMessage(precision_bytes=precision[0], **figures)
-
-
-def error_str(exc: BaseException) -> str:
-    """``str(exc)``, or "" when its ``__str__`` raises or returns no text: an odd exception
-    must neither lose its cell's record nor stop its OOM from being explained."""
-    try:
-        text = str(exc)
-    except Exception:
-        return ""
-    return text if isinstance(text, str) else ""
 
 
 def first_line(text: str, limit: int) -> str:
@@ -1084,8 +1075,9 @@ def describe_pid(pid: int) -> str:
         conn = next((a for a in argv if a.endswith(".json")), "")
         name = os.path.basename(conn)[: -len(".json")] if conn else ""
         return "a Jupyter kernel" + (f" {name}" if name else "")
-    # One line: a ``python -c`` script's newlines would break the explanation's lines.
-    text = " ".join(" ".join([os.path.basename(argv[0]), *argv[1:3]]).split())
+    # One line: a ``python -c`` script's newlines would break the explanation's lines; any
+    # other control character (a terminal escape) is printed as its escape.
+    text = printable(" ".join(" ".join([os.path.basename(argv[0]), *argv[1:3]]).split()))
     return text if len(text) <= 60 else text[:57] + "..."
 
 
