@@ -16,11 +16,13 @@ import enum
 import hashlib
 import logging
 import os
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
+from types import FrameType
 from typing import Any
 
 from . import __version__, cleanup, safeio, userexc
@@ -33,6 +35,7 @@ from .analysis import (
     verdict_message,
 )
 from .cudastart import CudaStartWatch, launcher_refusal, refusal_advice
+from .errtext import error_str, one_read_per_error
 from .holders import CellException, Scanner, last_exception_objects
 from .model import (
     CAUSE_LIVE_TENSORS,
@@ -79,6 +82,7 @@ MAX_QUEUED_CELLS = 64
 # Unload judges the cells still queued (verdicts included) for at most this long; any left
 # after it are recorded unjudged. Nothing queued is dropped.
 UNLOAD_JUDGE_S = 0.5
+MAX_LOAD_FRAMES = 100  # the stack searched, at load, for the cell running %load_ext
 
 
 class _Keep(enum.Enum):
@@ -233,6 +237,10 @@ class Monitor:
         # polling it for the chart (gpumem_nb.cluster; imported only when asked for).
         self._cluster_collector: Any = None
         self.cluster_feed: Any = None
+        # The exception a launcher refusal was explained for in this top-level cell (a nested
+        # cell's error can reach its outer cell's result too): advised once. By id: holding
+        # the exception would hold its frames' tensors.
+        self._advised_id: int | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
@@ -241,7 +249,7 @@ class Monitor:
         except Exception as e:
             self._contain("start", e)
         try:
-            self.cuda_start.on_load()
+            self.cuda_start.on_load(in_cell=self._loaded_in_cell())
             self.cuda_start.arm()
         except Exception as e:
             self._contain("CUDA start watch", e)
@@ -259,12 +267,28 @@ class Monitor:
                 replay_note = f" {REPLAY_ENV}={request} ignored: {e}."
         return self.status_line() + replay_note
 
+    def _loaded_in_cell(self) -> bool:
+        """Whether a cell is running this load (``%load_ext``), not the kernel's start-up:
+        a frame of some cell's code is on the stack."""
+        table = getattr(getattr(self.shell, "compile", None), "_filename_map", None)
+        if not isinstance(table, dict):
+            return False
+        frame: FrameType | None = sys._getframe(1)
+        for _ in range(MAX_LOAD_FRAMES):
+            if frame is None:
+                return False
+            if frame.f_code.co_filename in table:
+                return True
+            frame = frame.f_back
+        return False
+
     def shutdown(self) -> None:
         # The noted cell exception keeps the failed call's frames (and their tensors): an
         # unloaded monitor that something still references (a widget, a user's variable, a
         # cycle the collector has not reached) must not keep them past the shell's own record.
         self.last_cell_exception.release()
         self.stop_cluster_feed()
+        self._close_cluster_collector()
         self.stop_replay()
         self.oom.close()
         self.cuda_start.close()
@@ -366,11 +390,14 @@ class Monitor:
         workers it has seen, so a silent scheduler's rows still have names)."""
         current = self._cluster_collector
         if current is None or getattr(current, "client", None) is not client:
+            self.stop_cluster_feed()
+            self._close_cluster_collector()
             current = self._cluster_collector = factory(client)
         return current
 
     def start_cluster_feed(self, collector: Any) -> Any:
-        """Poll ``collector`` for the chart's cluster lines (``%gpumem watch --cluster``)."""
+        """Poll ``collector`` for the chart's cluster lines (``%gpumem watch --cluster``).
+        The feed lives with the chart: ending the chart, or the sampler, ends it too."""
         from .cluster.feed import ClusterFeed
 
         feed = self.cluster_feed
@@ -380,16 +407,31 @@ class Monitor:
         feed.start()
         return feed
 
-    def stop_cluster_feed(self) -> None:
+    def stop_cluster_feed(self) -> bool:
+        """Stop collecting for the chart; False when no feed was running."""
         feed, self.cluster_feed = self.cluster_feed, None
-        if feed is not None:
+        if feed is None:
+            return False
+        try:
+            running = feed.running
+            feed.stop()
+            return bool(running)
+        except Exception as e:
+            self._contain("cluster feed", e)
+            return False
+
+    def _close_cluster_collector(self) -> None:
+        collector, self._cluster_collector = self._cluster_collector, None
+        if collector is not None:
             try:
-                feed.stop()
+                collector.close()
             except Exception as e:
-                self._contain("cluster feed", e)
+                self._contain("cluster collector", e)
 
     def _drop_widget(self, *, kernel_exiting: bool = False) -> None:
-        # A chart draws one feed for its whole life; switching feeds makes a new one.
+        # A chart draws one feed for its whole life; switching feeds makes a new one. The
+        # cluster's lines were only for that chart: nobody reads them once it is gone.
+        self.stop_cluster_feed()
         if self.widget is not None:
             try:
                 if kernel_exiting:
@@ -443,7 +485,7 @@ class Monitor:
             e = errors[0]
             self._contain("read", e)
             why = f"reading the GPUs failed ({userexc.type_name(e)}: " \
-                  f"{first_line(userexc.text(e), 120)})"
+                  f"{first_line(error_str(e), 120)})"
         else:
             why = f"NVML did not answer within {timeout_s:g} s"
             self._contain("NVML read", TimeoutError(f"{why}; its figures show as unknown"))
@@ -651,6 +693,7 @@ class Monitor:
         self._depth += 1
         if self._depth != 1:
             return  # nested (%%capture, run_cell from a cell): part of the outer cell
+        self._advised_id = None
         try:
             t_s = time.monotonic()
             with self._baseline_lock:
@@ -668,7 +711,8 @@ class Monitor:
                 before = replace(before, devices=tuple(
                     replace(d, nvml=None) for d in before.devices))
             if self.cuda_start.started is None:
-                self.cuda_start.cell_started(_pre_count(self.shell, info))
+                self.cuda_start.cell_started(_pre_count(self.shell, info),
+                                             getattr(info, "raw_cell", "") or "")
             wm = Watermark()
             self._watermarks.append(wm)
             self._pending = _Pending(
@@ -685,48 +729,74 @@ class Monitor:
             self._contain("pre_run_cell", e)
 
     def post_run_cell(self, result: Any) -> None:
+        if getattr(result, "error_in_exec", None) is None:
+            self._post_run_cell(result)
+            return
+        with one_read_per_error():  # a failing cell's str(exc) runs once, not once per check
+            self._post_run_cell(result)
+
+    def _post_run_cell(self, result: Any) -> None:
+        # The cell's exception is the user's object, read through ``userexc``/``errtext``.
+        # BaseException is contained here, not only Exception: IPython lets anything else
+        # out of a callback, and a SystemExit from a user's __str__ ended the kernel (issue
+        # 16). The cell's own code is not run here: nothing of the user's is swallowed.
         if self._depth == 0:
-            return  # a blank cell, or the cell that loaded us: no matching pre
+            # A blank cell, or the cell that loaded us: no matching pre. That one may have
+            # imported torch and started CUDA after the load.
+            try:
+                if self.cuda_start.started is None and _ran_code(result):
+                    self.cuda_start.load_cell_ended(_count_of(result))
+                self._watch_refusal(result)
+            except BaseException as e:
+                self._contain("CUDA start watch", e)
+            return
         self._depth -= 1
         if self._depth != 0:
+            # Nested (%%capture, %%gpumem, run_cell from a cell): its error, if any, shows
+            # here, in the nested cell's output, and never reaches the outer cell's result.
+            try:
+                self._watch_refusal(result)
+            except BaseException as e:
+                self._contain("CUDA start watch", e)
             return
-        # The cell's exception is the user's object, read through ``userexc``; its text is
-        # computed once for the three readers below. BaseException is contained here, not
-        # only Exception: IPython lets anything else out of a callback, and a SystemExit from
-        # a user's __str__ ended the kernel (issue 16).
-        texts = userexc.Texts()
         try:  # one attribute check unless the cell raised a CUDA OOM
-            self.oom.on_cell_result(result, text_of=texts)
+            self.oom.on_cell_result(result)
         except BaseException as e:
             self._contain("OOM explainer", e)
         try:
-            self._watch_cuda_start(result, texts)
+            self._watch_cuda_start(result)
         except BaseException as e:
             self._contain("CUDA start watch", e)
         pending = self._pending
         if pending is None:
             return
         try:
-            self._finish(pending, result, texts)
+            self._finish(pending, result)
         except BaseException as e:
             self._contain("post_run_cell", e)
         finally:
             self._pending = None
 
-    def _watch_cuda_start(self, result: Any, texts: userexc.TextOf = userexc.text) -> None:
+    def _watch_cuda_start(self, result: Any) -> None:
         """Until CUDA is up: did this cell start it? After a failing cell: was it a forking
         launcher refusing because CUDA was up, and where did CUDA start?"""
-        count = getattr(result, "execution_count", None)
         if self.cuda_start.started is None:
-            self.cuda_start.cell_ended(count if isinstance(count, int) else None)
-        err = _cell_exception(result)
-        if err is not None:
-            who = launcher_refusal(err, texts)
-            if who is not None:
-                print(refusal_advice(who, self.cuda_start.started))
+            self.cuda_start.cell_ended(_count_of(result))
+        self._watch_refusal(result)
 
-    def _finish(self, pending: _Pending, result: Any,
-                texts: userexc.TextOf = userexc.text) -> None:
+    def _watch_refusal(self, result: Any) -> None:
+        """A failing cell (or a nested one): was it a forking launcher refusing because CUDA
+        was up? Then say where CUDA started. Each exception is advised on once, though it
+        may reach both a nested cell's result and its outer cell's."""
+        err = _cell_exception(result)
+        if err is None or id(err) == self._advised_id:
+            return
+        who = launcher_refusal(err)
+        if who is not None:
+            self._advised_id = id(err)
+            print(refusal_advice(who, self.cuda_start.started))
+
+    def _finish(self, pending: _Pending, result: Any) -> None:
         """The one exact allocator read, then as little as possible before the reply.
 
         A cell whose verdict may need printing in its own output (it raised, or a re-run the
@@ -744,8 +814,7 @@ class Monitor:
         count = getattr(result, "execution_count", None) or pending.execution_count
         self.last_cell_exception.note(count, result, self.shell)
         pending.mark.execution_count = count
-        done = _Done(pending, after, count, error_text(result, texts),
-                     contextvars.copy_context())
+        done = _Done(pending, after, count, error_text(result), contextvars.copy_context())
         rerun = pending.cell_key in self._seen_cells
         self._seen_cells.add(pending.cell_key)
         if raised is not None or not self.sampler.running or (
@@ -936,6 +1005,17 @@ def _covered(sample: Sample, before: int | None, after: int | None) -> Sample:
         if (before is None or d.index == before) and (after is None or d.index == after)))
 
 
+def _count_of(result: Any) -> int | None:
+    count = getattr(result, "execution_count", None)
+    return count if isinstance(count, int) else None
+
+
+def _ran_code(result: Any) -> bool:
+    """A cell that held code (a blank one also ends without having begun)."""
+    raw = getattr(getattr(result, "info", None), "raw_cell", None)
+    return isinstance(raw, str) and bool(raw.strip())
+
+
 def _cell_exception(result: Any) -> BaseException | None:
     err = getattr(result, "error_in_exec", None)
     return err if userexc.is_exception(err) else None
@@ -952,7 +1032,7 @@ def _repair(cfg: Config) -> None:
             setattr(cfg, key, getattr(Config(), key))
 
 
-def error_text(result: Any, text_of: userexc.TextOf = userexc.text) -> str:
+def error_text(result: Any) -> str:
     """A cell's error in one short line for its record; never raises, whatever the
     exception's ``__str__``, ``__bool__`` or class do, and costs the same for a 10 MB
     message."""
@@ -964,5 +1044,5 @@ def error_text(result: Any, text_of: userexc.TextOf = userexc.text) -> str:
     if not userexc.is_exception(err):
         return ""
     name = userexc.type_name(err)
-    text = first_line(text_of(err), 200)
+    text = first_line(error_str(err), 200)
     return f"{name}: {text}"[:200] if text else name

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from . import userexc
 from .analysis import held_text, holder_action
 from .cleanup import CleanupReport, CleanupRequest
+from .errtext import error_str
 from .holders import exception_chain, last_value
 from .model import (
     ROLE_DATALOADER,
@@ -45,7 +46,7 @@ from .model import (
 from .report import html_table
 from .sources.processes import roles_to_learn
 from .sources.torch import TorchDebug, alloc_conf
-from .units import format_bytes
+from .units import format_bytes, printable
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -243,12 +244,6 @@ def parse_oom_message(text: str) -> OomMessage | None:
     return OomMessage(precision_bytes=precision[0], **figures)
 
 
-def error_str(exc: BaseException) -> str:
-    """``str(exc)``, or "" when its ``__str__`` raises (anything) or returns no text: an odd
-    exception must neither lose its cell's record nor stop its OOM from being explained."""
-    return userexc.text(exc)
-
-
 def first_line(text: str, limit: int) -> str:
     """The first non-blank line of ``text``, at most ``limit`` characters, in time bounded by
     ``limit`` whatever the text's length."""
@@ -268,21 +263,20 @@ def _torch_oom_type(exc: BaseException) -> bool:
     return False
 
 
-def is_cuda_oom(exc: BaseException, text_of: userexc.TextOf = error_str) -> bool:
+def is_cuda_oom(exc: BaseException) -> bool:
     """Whether ``exc`` itself is an allocator or driver out-of-memory error: by type, or a
     ``RuntimeError`` whose message begins like one. A user's own error that merely quotes
-    "CUDA out of memory" is not. ``text_of`` gives an exception's text (a cell's hooks
-    share one ``userexc.Texts``); it is asked only when the type leaves the answer open."""
+    "CUDA out of memory" is not. Its text is asked for only when the type leaves the answer
+    open."""
     if _torch_oom_type(exc):
-        return not _NOT_CUDA.search(_window(text_of(exc)))
+        return not _NOT_CUDA.search(_window(error_str(exc)))
     if not issubclass(type(exc), RuntimeError):
         return False
-    text = text_of(exc)
+    text = error_str(exc)
     return _OOM_START.match(text) is not None and parse_oom_message(text) is not None
 
 
-def find_cuda_oom(exc: BaseException | None,
-                  text_of: userexc.TextOf = error_str) -> BaseException | None:
+def find_cuda_oom(exc: BaseException | None) -> BaseException | None:
     """The CUDA OOM in ``exc`` or in what it chains to (a wrapper's ``__cause__``, the error
     it was raised while handling), else None.
 
@@ -291,7 +285,7 @@ def find_cuda_oom(exc: BaseException | None,
     by how their text begins.
     """
     for e in userexc.chain(exc, _OOM_CHAIN_CAP):
-        if is_cuda_oom(e, text_of):
+        if is_cuda_oom(e):
             return e
     return None
 
@@ -535,14 +529,19 @@ def classify(facts: OomFacts, holders: Sequence[Holder] = ()) -> tuple[Cause, ..
     if grown:
         # Stranded bytes stand between the computation and success only when they are of
         # the computation's scale: a cell that has consumed many times them (a loop keeping
-        # every step's graph) would fail again a request later.
-        causes = [_demoted(c) if c.kind in (CAUSE_FRAGMENTATION, CAUSE_POOL) and c.covers
-                  and grown >= _DWARFS * (c.nbytes or 0) else c for c in causes]
+        # every step's graph) would fail again a request later. Unless, usable, they would
+        # have served _DWARFS or more requests of this size: then they are what failed,
+        # whatever the cell made before (20 GiB in 1 GiB holes against a 2 GiB request). The
+        # cell's bytes are not proof of a growing computation anyway: its start is the last
+        # reading before it, so what ran between cells after that reading counts as its own.
+        causes = [_demoted(c, f) if c.kind in (CAUSE_FRAGMENTATION, CAUSE_POOL) and c.covers
+                  and grown >= _DWARFS * (c.nbytes or 0)
+                  and _requests_served(f, c) < _DWARFS else c for c in causes]
     working = _dominant_working_set(f, causes, holders, need)
     if working is not None:
         # Whatever else covers this request's shortfall would only let this one request
         # through: the computation keeps asking. Those causes stay listed, not as the verdict.
-        causes = [_demoted(c) for c in causes]
+        causes = [_demoted(c, f) for c in causes]
         causes.insert(0, working)
     elif not any(c.covers for c in causes):
         causes.insert(0, _working_set(f, causes, need))
@@ -592,12 +591,23 @@ def _dominant_working_set(f: OomFacts, causes: Sequence[Cause], holders: Sequenc
         covers=True)
 
 
-def _demoted(c: Cause) -> Cause:
+def _requests_served(f: OomFacts, stranded: Cause) -> int:
+    """How many requests of the failing size the stranded bytes, were they usable, and the
+    room the allocator had besides would have served (under cudaMallocAsync that room
+    already counts the pool's unused bytes)."""
+    room = (f.headroom_bytes or 0) + (0 if f.pool_reuses_unallocated else stranded.nbytes or 0)
+    return room // max(f.requested_bytes or 0, 1)
+
+
+def _demoted(c: Cause, f: OomFacts) -> Cause:
     if not c.covers:
         return c
     if c.kind in (CAUSE_FRAGMENTATION, CAUSE_POOL):
-        return replace(c, covers=False, summary=c.summary + " Usable, it would have let "
-                       "this one request through, not the computation.")
+        more = _requests_served(f, c) - 1
+        served = (f"this request and {more} more of its size" if more > 0
+                  else "this one request")
+        return replace(c, covers=False, summary=c.summary + f" Usable, it would have let "
+                       f"{served} through, not the computation.")
     return replace(c, covers=False)
 
 
@@ -1069,8 +1079,9 @@ def describe_pid(pid: int) -> str:
         conn = next((a for a in argv if a.endswith(".json")), "")
         name = os.path.basename(conn)[: -len(".json")] if conn else ""
         return "a Jupyter kernel" + (f" {name}" if name else "")
-    # One line: a ``python -c`` script's newlines would break the explanation's lines.
-    text = " ".join(" ".join([os.path.basename(argv[0]), *argv[1:3]]).split())
+    # One line: a ``python -c`` script's newlines would break the explanation's lines; any
+    # other control character (a terminal escape) is printed as its escape.
+    text = printable(" ".join(" ".join([os.path.basename(argv[0]), *argv[1:3]]).split()))
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -1215,10 +1226,9 @@ class OomWatch:
             return None
 
     # -- per cell ----------------------------------------------------------------------------
-    def on_cell_result(self, result: Any, sites: Sequence[SiteAtFailure] = (),
-                       text_of: userexc.TextOf | None = None) -> OomExplanation | None:
-        """Called once per finished cell. Costs nothing unless the cell raised a CUDA OOM.
-        ``text_of``: the cell's shared exception texts (``userexc.Texts``)."""
+    def on_cell_result(self, result: Any,
+                       sites: Sequence[SiteAtFailure] = ()) -> OomExplanation | None:
+        """Called once per finished cell. Costs nothing unless the cell raised a CUDA OOM."""
         self.ensure_attached()
         generation = self._generation
         with self._lock:
@@ -1227,17 +1237,15 @@ class OomWatch:
         if not userexc.is_exception(err):
             self._previous_error = ""
             return None
-        texts = text_of if text_of is not None else userexc.Texts()
         earlier, self._errors = self._errors, self._errors + 1
         previous, self._previous_error = self._previous_error, \
-            f"{userexc.type_name(err)}: {first_line(texts(err), 120)}"[:120]
-        oom = find_cuda_oom(err, texts)
+            f"{userexc.type_name(err)}: {first_line(error_str(err), 120)}"[:120]
+        oom = find_cuda_oom(err)
         if oom is None:
             return None
         t0 = self.clock()
         explanation = self.explain(oom, generation=generation, previous_error=previous,
-                                   sites=sites, cell_error=err, earlier_errors=earlier,
-                                   text_of=texts)
+                                   sites=sites, cell_error=err, earlier_errors=earlier)
         explanation = replace(explanation, added_s=self.clock() - t0 + explanation.observer_s)
         self.last = explanation
         self.show(explanation)
@@ -1246,9 +1254,8 @@ class OomWatch:
     def explain(self, exc: BaseException, *, generation: int | None = None,
                 previous_error: str = "", sites: Sequence[SiteAtFailure] = (),
                 cell_error: BaseException | None = None,
-                earlier_errors: int = 0,
-                text_of: userexc.TextOf = error_str) -> OomExplanation:
-        text = text_of(exc)
+                earlier_errors: int = 0) -> OomExplanation:
+        text = error_str(exc)
         msg = parse_oom_message(text) or OomMessage(FORM_UNKNOWN)
         event = self._event_for(msg, generation)
         if event is None:

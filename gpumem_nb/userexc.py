@@ -12,11 +12,12 @@ ended the kernel (issue 16). So every look at a user's exception goes through he
   subclass's property or ``__getattr__``;
 - a class's name, module and MRO through ``type``'s own descriptors (a metaclass cannot
   intercept them);
-- ``str()`` is the only user code called, once per exception and cell (``Texts``), with every
-  ``BaseException`` it raises contained (the cell has already finished: a ``SystemExit`` or
-  ``KeyboardInterrupt`` from a ``__str__`` that our hook called is that ``__str__`` failing,
-  not the user asking to stop), and its result copied to a plain ``str`` so that a ``str``
-  subclass's own methods never run afterwards.
+- ``str()`` is the only user code called (``errtext`` memoises ``text`` in the hooks, so it
+  runs once per exception and cell), with every ``BaseException`` it raises contained: the
+  cell has already finished, so a ``SystemExit`` or ``KeyboardInterrupt`` from a
+  ``__str__`` that our hook called is that ``__str__`` failing, not the user asking to
+  stop. Its result is copied to a plain ``str``, so that a ``str`` subclass's own methods
+  never run afterwards.
 
 Nothing here imports anything beyond the standard library.
 """
@@ -24,7 +25,6 @@ Nothing here imports anything beyond the standard library.
 from __future__ import annotations
 
 import types
-from collections.abc import Callable
 from typing import Any, TypeGuard
 
 _CAUSE = BaseException.__dict__["__cause__"]
@@ -40,9 +40,6 @@ try:
     _MEMBERS: Any = _GROUP.__dict__["exceptions"]
 except NameError:  # pragma: no cover - Python 3.10 has no exception groups
     _GROUP, _MEMBERS = None, None
-
-TextOf = Callable[[BaseException], str]
-
 
 def is_exception(obj: object) -> TypeGuard[BaseException]:
     """``isinstance(obj, BaseException)`` by the object's real type (``isinstance`` may ask a
@@ -135,20 +132,3 @@ def text(exc: BaseException) -> str:
         return ""
     # str.__str__ copies a subclass into a plain str without calling any of its methods.
     return str.__str__(found) if isinstance(found, str) else ""
-
-
-class Texts:
-    """Each exception's ``text``, computed once while this object lives (one cell's hooks):
-    the OOM check, the launcher check and the record all read the same text, and a slow or
-    counting ``__str__`` runs once, not once per reader (it ran 7 times per failing cell)."""
-
-    def __init__(self) -> None:
-        self._known: dict[int, tuple[BaseException, str]] = {}
-
-    def __call__(self, exc: BaseException) -> str:
-        hit = self._known.get(id(exc))
-        if hit is not None and hit[0] is exc:
-            return hit[1]
-        found = text(exc)
-        self._known[id(exc)] = (exc, found)
-        return found

@@ -293,12 +293,13 @@ def test_userexc_chain_follows_cause_context_and_group_members_each_once():
     assert len(userexc.chain(group, 2)) == 2
 
 
-def test_texts_calls_str_once_per_exception():
-    from gpumem_nb import userexc
+def test_error_str_calls_str_once_per_exception_within_a_cells_hooks():
+    from gpumem_nb.errtext import error_str, one_read_per_error
 
     ns = _namespace()
     counted = ns["Counted"]
     e = counted()
-    texts = userexc.Texts()
-    assert [texts(e) for _ in range(5)] == ["counted"] * 5
+    with one_read_per_error():
+        assert [error_str(e) for _ in range(5)] == ["counted"] * 5
     assert counted.calls == 1
+    assert error_str(e) == "counted" and counted.calls == 2  # outside the hooks: afresh
