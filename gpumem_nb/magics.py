@@ -125,13 +125,15 @@ def _build_parser() -> _Parser:
                          "picture (for a notebook to save and share)")
     wa.add_argument("--cluster", nargs="?", const="", metavar="CLIENT",
                     help="add each Dask worker GPU's lines (default: the current client); "
-                         "at most one collection a second")
+                         "at most one collection a second, until the chart or the sampler "
+                         "stops")
     cl = add("cluster", "a Dask cluster's GPUs: one row per worker and GPU (NVML used/total, "
                         "that\nworker's own share, its allocator), each GPU counted once")
     cl.add_argument("client", nargs="?", metavar="CLIENT",
                     help="the variable holding your distributed.Client (default: the current)")
     cl.add_argument("--timeout", type=float, default=2.0, metavar="S",
-                    help="how long to wait for the scheduler (2 s); then rows read unknown")
+                    help="how long to wait for the scheduler (2 s, at most 60); then rows "
+                         "read unknown")
     cl.add_argument("-o", action="store_true", help="return the reading")
     wi = add("whatif", "replay a traced cell's allocations under other allocator settings:\n"
                        "peak and end reserved, stranded bytes, cudaMalloc/cudaFree calls, OOM")
@@ -225,9 +227,35 @@ def help_text(subcommand: str | None = None) -> str:
 
 def _split(line: str) -> list[str]:
     try:
-        return shlex.split(line)
+        return _glue_negative_values(shlex.split(line))
     except ValueError as e:
         raise UsageError(f"could not read the arguments: {e}") from None
+
+
+# What argparse itself reads as a negative number; any other word starting with "-" it takes
+# for an option, so "--timeout -inf" failed with "expected one argument".
+_ARGPARSE_NEGATIVE = re.compile(r"^-\d+$|^-\d*\.\d+$")
+
+
+def _glue_negative_values(argv: list[str]) -> list[str]:
+    """``--opt -inf`` (or ``-1e3``, ``-nan``) as ``--opt=-inf``: the value then reaches the
+    option's own check, which says what it takes."""
+    out: list[str] = []
+    for word in argv:
+        if out and out[-1].startswith("-") and "=" not in out[-1] and word.startswith("-") \
+                and not _ARGPARSE_NEGATIVE.match(word) and _is_float(word):
+            out[-1] = f"{out[-1]}={word}"
+        else:
+            out.append(word)
+    return out
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 # The magic's flag for each setting, so a refused value is reported in the user's words.
@@ -247,6 +275,10 @@ def _device_arg(text: str) -> int | None:
         raise UsageError(f"--device takes a GPU number or 'all', not {_quoted(text)}")
     return index
 
+
+# %gpumem cluster --timeout: below this no scheduler answers (a broadcast reaches every worker).
+MIN_TIMEOUT_S = 0.1
+MAX_TIMEOUT_S = 60.0
 
 # A refused value is echoed this far, then "…": a 100,000-character argument must not come
 # back whole in the error.
@@ -468,7 +500,9 @@ class GpumemMagics(Magics):
 
     def _cmd_stop(self, args: Any) -> None:
         self.monitor.sampler.stop()
-        print("gpumem: sampler stopped; cells are still recorded")
+        # The cluster's lines come at the sampler's pace: no sampling, no collecting.
+        feed = " and the cluster's lines" if self.monitor.stop_cluster_feed() else ""
+        print(f"gpumem: sampler{feed} stopped; cells are still recorded")
 
     def _collector(self, name: str | None) -> Any:
         """The collector for the user's Dask client: the named variable's, else the current
@@ -494,11 +528,16 @@ class GpumemMagics(Magics):
                 client = dask_backend.default_client()
             except (ImportError, LookupError) as e:
                 raise UsageError(str(e)) from None
+        if dask_backend.client_closed(client):
+            which = name or "the current Dask client"
+            raise UsageError(f"{which} is closed: make a new client (client = Client(...)), "
+                             "or name an open one: %gpumem cluster NAME")
         return self.monitor.cluster_collector(client, dask_backend.DaskCollector)
 
     def _cmd_cluster(self, args: Any) -> Any:
-        if not 0 < args.timeout <= 60:
-            raise UsageError("--timeout takes seconds between 0 and 60")
+        if not MIN_TIMEOUT_S <= args.timeout <= MAX_TIMEOUT_S:
+            raise UsageError(f"--timeout takes seconds from {MIN_TIMEOUT_S:g} to "
+                             f"{MAX_TIMEOUT_S:g}")
         from .cluster import ClusterView
 
         collector = self._collector(args.client)
@@ -516,8 +555,15 @@ class GpumemMagics(Magics):
                                  "--live and --cluster")
             m.end_chart()
             return
+        collector = None
         if args.cluster is not None:
-            m.start_cluster_feed(self._collector(args.cluster))
+            # The cluster's lines are live: they go on this machine's chart, not a replay's.
+            if args.replay is not None:
+                raise UsageError("--cluster adds live lines; it does not go with --replay")
+            if m.replay is not None and not args.live:
+                raise UsageError("the chart is replaying a recording: add --live to chart "
+                                 "this machine with the cluster's lines")
+            collector = self._collector(args.cluster)  # checked before anything starts
         if args.replay is not None:
             try:
                 m.start_replay(args.replay)
@@ -526,6 +572,8 @@ class GpumemMagics(Magics):
                                  ) from None
         elif args.live:
             m.stop_replay()
+        if collector is not None:
+            m.start_cluster_feed(collector)
         show_chart(m)
 
     # -- cell magic --------------------------------------------------------------------------

@@ -16,11 +16,13 @@ import enum
 import hashlib
 import logging
 import os
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
+from types import FrameType
 from typing import Any
 
 from . import __version__, cleanup, safeio
@@ -33,6 +35,7 @@ from .analysis import (
     verdict_message,
 )
 from .cudastart import CudaStartWatch, launcher_refusal, refusal_advice
+from .errtext import error_str, one_read_per_error
 from .holders import CellException, Scanner, last_exception_objects
 from .model import (
     CAUSE_LIVE_TENSORS,
@@ -44,7 +47,7 @@ from .model import (
     SourceStatus,
     Verdict,
 )
-from .oom import OomWatch, error_str, first_line
+from .oom import OomWatch, first_line
 from .records import History
 from .sampler import Sampler
 from .settings import (
@@ -79,6 +82,7 @@ MAX_QUEUED_CELLS = 64
 # Unload judges the cells still queued (verdicts included) for at most this long; any left
 # after it are recorded unjudged. Nothing queued is dropped.
 UNLOAD_JUDGE_S = 0.5
+MAX_LOAD_FRAMES = 100  # the stack searched, at load, for the cell running %load_ext
 
 
 class _Keep(enum.Enum):
@@ -222,6 +226,10 @@ class Monitor:
         # polling it for the chart (gpumem_nb.cluster; imported only when asked for).
         self._cluster_collector: Any = None
         self.cluster_feed: Any = None
+        # The exception a launcher refusal was explained for in this top-level cell (a nested
+        # cell's error can reach its outer cell's result too): advised once. By id: holding
+        # the exception would hold its frames' tensors.
+        self._advised_id: int | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
@@ -230,7 +238,7 @@ class Monitor:
         except Exception as e:
             self._contain("start", e)
         try:
-            self.cuda_start.on_load()
+            self.cuda_start.on_load(in_cell=self._loaded_in_cell())
             self.cuda_start.arm()
         except Exception as e:
             self._contain("CUDA start watch", e)
@@ -248,12 +256,28 @@ class Monitor:
                 replay_note = f" {REPLAY_ENV}={request} ignored: {e}."
         return self.status_line() + replay_note
 
+    def _loaded_in_cell(self) -> bool:
+        """Whether a cell is running this load (``%load_ext``), not the kernel's start-up:
+        a frame of some cell's code is on the stack."""
+        table = getattr(getattr(self.shell, "compile", None), "_filename_map", None)
+        if not isinstance(table, dict):
+            return False
+        frame: FrameType | None = sys._getframe(1)
+        for _ in range(MAX_LOAD_FRAMES):
+            if frame is None:
+                return False
+            if frame.f_code.co_filename in table:
+                return True
+            frame = frame.f_back
+        return False
+
     def shutdown(self) -> None:
         # The noted cell exception keeps the failed call's frames (and their tensors): an
         # unloaded monitor that something still references (a widget, a user's variable, a
         # cycle the collector has not reached) must not keep them past the shell's own record.
         self.last_cell_exception.release()
         self.stop_cluster_feed()
+        self._close_cluster_collector()
         self.stop_replay()
         self.oom.close()
         self.cuda_start.close()
@@ -349,11 +373,14 @@ class Monitor:
         workers it has seen, so a silent scheduler's rows still have names)."""
         current = self._cluster_collector
         if current is None or getattr(current, "client", None) is not client:
+            self.stop_cluster_feed()
+            self._close_cluster_collector()
             current = self._cluster_collector = factory(client)
         return current
 
     def start_cluster_feed(self, collector: Any) -> Any:
-        """Poll ``collector`` for the chart's cluster lines (``%gpumem watch --cluster``)."""
+        """Poll ``collector`` for the chart's cluster lines (``%gpumem watch --cluster``).
+        The feed lives with the chart: ending the chart, or the sampler, ends it too."""
         from .cluster.feed import ClusterFeed
 
         feed = self.cluster_feed
@@ -363,16 +390,31 @@ class Monitor:
         feed.start()
         return feed
 
-    def stop_cluster_feed(self) -> None:
+    def stop_cluster_feed(self) -> bool:
+        """Stop collecting for the chart; False when no feed was running."""
         feed, self.cluster_feed = self.cluster_feed, None
-        if feed is not None:
+        if feed is None:
+            return False
+        try:
+            running = feed.running
+            feed.stop()
+            return bool(running)
+        except Exception as e:
+            self._contain("cluster feed", e)
+            return False
+
+    def _close_cluster_collector(self) -> None:
+        collector, self._cluster_collector = self._cluster_collector, None
+        if collector is not None:
             try:
-                feed.stop()
+                collector.close()
             except Exception as e:
-                self._contain("cluster feed", e)
+                self._contain("cluster collector", e)
 
     def _drop_widget(self, *, kernel_exiting: bool = False) -> None:
-        # A chart draws one feed for its whole life; switching feeds makes a new one.
+        # A chart draws one feed for its whole life; switching feeds makes a new one. The
+        # cluster's lines were only for that chart: nobody reads them once it is gone.
+        self.stop_cluster_feed()
         if self.widget is not None:
             try:
                 if kernel_exiting:
@@ -618,6 +660,7 @@ class Monitor:
         self._depth += 1
         if self._depth != 1:
             return  # nested (%%capture, run_cell from a cell): part of the outer cell
+        self._advised_id = None
         try:
             t_s = time.monotonic()
             with self._baseline_lock:
@@ -635,7 +678,8 @@ class Monitor:
                 before = replace(before, devices=tuple(
                     replace(d, nvml=None) for d in before.devices))
             if self.cuda_start.started is None:
-                self.cuda_start.cell_started(_pre_count(self.shell, info))
+                self.cuda_start.cell_started(_pre_count(self.shell, info),
+                                             getattr(info, "raw_cell", "") or "")
             wm = Watermark()
             self._watermarks.append(wm)
             self._pending = _Pending(
@@ -652,10 +696,31 @@ class Monitor:
             self._contain("pre_run_cell", e)
 
     def post_run_cell(self, result: Any) -> None:
+        if getattr(result, "error_in_exec", None) is None:
+            self._post_run_cell(result)
+            return
+        with one_read_per_error():  # a failing cell's str(exc) runs once, not once per check
+            self._post_run_cell(result)
+
+    def _post_run_cell(self, result: Any) -> None:
         if self._depth == 0:
-            return  # a blank cell, or the cell that loaded us: no matching pre
+            # A blank cell, or the cell that loaded us: no matching pre. That one may have
+            # imported torch and started CUDA after the load.
+            try:
+                if self.cuda_start.started is None and _ran_code(result):
+                    self.cuda_start.load_cell_ended(_count_of(result))
+                self._watch_refusal(result)
+            except Exception as e:
+                self._contain("CUDA start watch", e)
+            return
         self._depth -= 1
         if self._depth != 0:
+            # Nested (%%capture, %%gpumem, run_cell from a cell): its error, if any, shows
+            # here, in the nested cell's output, and never reaches the outer cell's result.
+            try:
+                self._watch_refusal(result)
+            except Exception as e:
+                self._contain("CUDA start watch", e)
             return
         try:  # one attribute check unless the cell raised a CUDA OOM
             self.oom.on_cell_result(result)
@@ -678,14 +743,21 @@ class Monitor:
     def _watch_cuda_start(self, result: Any) -> None:
         """Until CUDA is up: did this cell start it? After a failing cell: was it a forking
         launcher refusing because CUDA was up, and where did CUDA start?"""
-        count = getattr(result, "execution_count", None)
         if self.cuda_start.started is None:
-            self.cuda_start.cell_ended(count if isinstance(count, int) else None)
+            self.cuda_start.cell_ended(_count_of(result))
+        self._watch_refusal(result)
+
+    def _watch_refusal(self, result: Any) -> None:
+        """A failing cell (or a nested one): was it a forking launcher refusing because CUDA
+        was up? Then say where CUDA started. Each exception is advised on once, though it
+        may reach both a nested cell's result and its outer cell's."""
         err = _cell_exception(result)
-        if err is not None:
-            who = launcher_refusal(err)
-            if who is not None:
-                print(refusal_advice(who, self.cuda_start.started))
+        if err is None or id(err) == self._advised_id:
+            return
+        who = launcher_refusal(err)
+        if who is not None:
+            self._advised_id = id(err)
+            print(refusal_advice(who, self.cuda_start.started))
 
     def _finish(self, pending: _Pending, result: Any) -> None:
         """The one exact allocator read, then as little as possible before the reply.
@@ -894,6 +966,17 @@ def _covered(sample: Sample, before: int | None, after: int | None) -> Sample:
     return replace(sample, devices=tuple(
         d for d in sample.devices
         if (before is None or d.index == before) and (after is None or d.index == after)))
+
+
+def _count_of(result: Any) -> int | None:
+    count = getattr(result, "execution_count", None)
+    return count if isinstance(count, int) else None
+
+
+def _ran_code(result: Any) -> bool:
+    """A cell that held code (a blank one also ends without having begun)."""
+    raw = getattr(getattr(result, "info", None), "raw_cell", None)
+    return isinstance(raw, str) and bool(raw.strip())
 
 
 def _cell_exception(result: Any) -> BaseException | None:

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from .analysis import held_text, holder_action
 from .cleanup import CleanupReport, CleanupRequest
+from .errtext import error_str
 from .holders import exception_chain, last_value
 from .model import (
     ROLE_DATALOADER,
@@ -44,7 +45,7 @@ from .model import (
 from .report import html_table
 from .sources.processes import roles_to_learn
 from .sources.torch import TorchDebug, alloc_conf
-from .units import format_bytes
+from .units import format_bytes, printable
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -238,16 +239,6 @@ def parse_oom_message(text: str) -> OomMessage | None:
     else:
         return None
     return OomMessage(precision_bytes=precision[0], **figures)
-
-
-def error_str(exc: BaseException) -> str:
-    """``str(exc)``, or "" when its ``__str__`` raises or returns no text: an odd exception
-    must neither lose its cell's record nor stop its OOM from being explained."""
-    try:
-        text = str(exc)
-    except Exception:
-        return ""
-    return text if isinstance(text, str) else ""
 
 
 def first_line(text: str, limit: int) -> str:
@@ -538,14 +529,19 @@ def classify(facts: OomFacts, holders: Sequence[Holder] = ()) -> tuple[Cause, ..
     if grown:
         # Stranded bytes stand between the computation and success only when they are of
         # the computation's scale: a cell that has consumed many times them (a loop keeping
-        # every step's graph) would fail again a request later.
-        causes = [_demoted(c) if c.kind in (CAUSE_FRAGMENTATION, CAUSE_POOL) and c.covers
-                  and grown >= _DWARFS * (c.nbytes or 0) else c for c in causes]
+        # every step's graph) would fail again a request later. Unless, usable, they would
+        # have served _DWARFS or more requests of this size: then they are what failed,
+        # whatever the cell made before (20 GiB in 1 GiB holes against a 2 GiB request). The
+        # cell's bytes are not proof of a growing computation anyway: its start is the last
+        # reading before it, so what ran between cells after that reading counts as its own.
+        causes = [_demoted(c, f) if c.kind in (CAUSE_FRAGMENTATION, CAUSE_POOL) and c.covers
+                  and grown >= _DWARFS * (c.nbytes or 0)
+                  and _requests_served(f, c) < _DWARFS else c for c in causes]
     working = _dominant_working_set(f, causes, holders, need)
     if working is not None:
         # Whatever else covers this request's shortfall would only let this one request
         # through: the computation keeps asking. Those causes stay listed, not as the verdict.
-        causes = [_demoted(c) for c in causes]
+        causes = [_demoted(c, f) for c in causes]
         causes.insert(0, working)
     elif not any(c.covers for c in causes):
         causes.insert(0, _working_set(f, causes, need))
@@ -595,12 +591,23 @@ def _dominant_working_set(f: OomFacts, causes: Sequence[Cause], holders: Sequenc
         covers=True)
 
 
-def _demoted(c: Cause) -> Cause:
+def _requests_served(f: OomFacts, stranded: Cause) -> int:
+    """How many requests of the failing size the stranded bytes, were they usable, and the
+    room the allocator had besides would have served (under cudaMallocAsync that room
+    already counts the pool's unused bytes)."""
+    room = (f.headroom_bytes or 0) + (0 if f.pool_reuses_unallocated else stranded.nbytes or 0)
+    return room // max(f.requested_bytes or 0, 1)
+
+
+def _demoted(c: Cause, f: OomFacts) -> Cause:
     if not c.covers:
         return c
     if c.kind in (CAUSE_FRAGMENTATION, CAUSE_POOL):
-        return replace(c, covers=False, summary=c.summary + " Usable, it would have let "
-                       "this one request through, not the computation.")
+        more = _requests_served(f, c) - 1
+        served = (f"this request and {more} more of its size" if more > 0
+                  else "this one request")
+        return replace(c, covers=False, summary=c.summary + f" Usable, it would have let "
+                       f"{served} through, not the computation.")
     return replace(c, covers=False)
 
 
@@ -1081,8 +1088,9 @@ def describe_pid(pid: int) -> str:
         conn = next((a for a in argv if a.endswith(".json")), "")
         name = os.path.basename(conn)[: -len(".json")] if conn else ""
         return "a Jupyter kernel" + (f" {name}" if name else "")
-    # One line: a ``python -c`` script's newlines would break the explanation's lines.
-    text = " ".join(" ".join([os.path.basename(argv[0]), *argv[1:3]]).split())
+    # One line: a ``python -c`` script's newlines would break the explanation's lines; any
+    # other control character (a terminal escape) is printed as its escape.
+    text = printable(" ".join(" ".join([os.path.basename(argv[0]), *argv[1:3]]).split()))
     return text if len(text) <= 60 else text[:57] + "..."
 
 

@@ -1,4 +1,5 @@
-"""Byte formatting and size parsing, shared by every display and by argument parsing."""
+"""Byte formatting, size parsing and printable text, shared by every display and by argument
+parsing."""
 
 from __future__ import annotations
 
@@ -56,3 +57,19 @@ def parse_size(text: str) -> int:
     if not math.isfinite(value):  # 1e400 reads as inf, and int(inf) raises OverflowError
         raise ValueError(f"{text!r} is too large a size")
     return int(value)
+
+
+# What must not reach a terminal or a plain-text output raw: C0 and C1 controls (a clear-screen
+# escape, a bell, a newline forging a row of its own), DEL, the bidirectional overrides and
+# isolates that make text read backwards, and lone surrogates (``print`` itself would raise).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e"
+                          "\u2066-\u2069\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """Text from outside (a process's command line, a worker's name or error) made safe to
+    print: each control character written as its Python escape (``\\x1b``, ``\\n``,
+    ``\\u202e``); everything else as is."""
+    if not _UNPRINTABLE.search(text):
+        return text
+    return _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1], text)
