@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import userexc
+from . import emptycache, userexc
 from .holders import (
     INPUT_ALIAS,
     OUTPUT_ALIAS,
@@ -50,8 +50,9 @@ from .holders import (
 )
 from .model import Holder, Sample
 from .report import html_table, text_table
-from .sources.torch import TorchSource
+from .sources.torch import TorchDebug, TorchSource
 from .units import format_bytes
+from .whatif.config import BACKEND_ASYNC, SettingError, parse_settings
 
 _UNDERS = ("_", "__", "___")
 _LAST = ("last_exc", "last_type", "last_value", "last_traceback")
@@ -100,6 +101,7 @@ class StepResult:
     freed_reserved_bytes: int | None = None
     freed_nvml_bytes: int | None = None
     freed_rss_bytes: int | None = None
+    brief: str = ""  # a dry run's estimate in a few words (the OOM explainer's line)
 
 
 @dataclass(frozen=True)
@@ -446,25 +448,41 @@ def run(
     mods = sys.modules if modules is None else modules
     failures: list[str] = []
 
-    def read() -> Measure:
+    def note(e: Exception) -> None:
+        if not failures:
+            failures.append(f"{type(e).__name__}: {e}")
+
+    def sampled() -> Sample | None:
+        try:
+            return measure()
+        except Exception as e:
+            note(e)
+            return None
+
+    def measured(sample: Sample | None) -> Measure:
         # Junk from a source (a stats dict with "num_ooms": "many") must not stop a cleanup:
         # its figures are then unknown, and the report says so once.
+        if sample is None:
+            return UNKNOWN
         try:
-            return Measure.of(measure())
+            return Measure.of(sample)
         except Exception as e:
-            if not failures:
-                failures.append(f"{type(e).__name__}: {e}")
+            note(e)
             return UNKNOWN
 
-    reused = request.reuse_sample if request.dry_run else None
-    first = read() if reused is None else Measure.of(reused)
+    def read() -> Measure:
+        return measured(sampled())
+
     if request.dry_run:
-        report = _estimate(request, names, shell, cell_exception, first, mods)
+        # The sample itself, not only its totals: the estimate of empty_cache is per device.
+        sample = request.reuse_sample if request.reuse_sample is not None else sampled()
+        report = _estimate(request, names, shell, cell_exception, measured(sample), mods,
+                           sample)
     else:
-        report = _run(request, names, shell, cell_exception, first, mods, read)
+        report = _run(request, names, shell, cell_exception, read(), mods, read)
     if failures:
-        note = StepResult("measure", f"figures unknown: reading memory failed ({failures[0]})")
-        report = CleanupReport(steps=(*report.steps, note), before=report.before,
+        row = StepResult("measure", f"figures unknown: reading memory failed ({failures[0]})")
+        report = CleanupReport(steps=(*report.steps, row), before=report.before,
                                after=report.after, dry_run=report.dry_run)
     return report
 
@@ -533,7 +551,7 @@ def _run(request: CleanupRequest, names: list[str], shell: Any,
 
 def _estimate(request: CleanupRequest, names: list[str], shell: Any,
               noted: CellException | None, first: Measure,
-              mods: Mapping[str, Any]) -> CleanupReport:
+              mods: Mapping[str, Any], sample: Sample | None) -> CleanupReport:
     plan = _plan_exception(shell, noted, find_holders=request.find_holders)
     stored = [plan.stored.error] if plan.stored is not None else []
     holders = request.reuse_holders
@@ -561,9 +579,37 @@ def _estimate(request: CleanupRequest, names: list[str], shell: Any,
         held = cuda_bytes(h for h in holders if h.name in named)
         steps.append(StepResult("variables", "would delete " + ", ".join(names),
                                 freed_allocated_bytes=held))
-    if TorchSource(mods).initialized and first.reserved_bytes is not None:
-        cache = first.reserved_bytes - (first.allocated_bytes or 0)
-        steps.append(StepResult("empty_cache", "would return unused cached blocks (at most)",
-                                freed_reserved_bytes=cache))
+    cache = _cache_estimate(sample, mods)
+    if cache is not None:
+        steps.append(StepResult("empty_cache", cache.did(), freed_reserved_bytes=cache.nbytes,
+                                brief=cache.brief()))
     return CleanupReport(steps=tuple(steps), before=first, after=first, dry_run=True)
+
+
+def _cache_estimate(sample: Sample | None,
+                    mods: Mapping[str, Any]) -> emptycache.CacheRelease | None:
+    """What empty_cache would give back, by the backend's own rule (``emptycache``): from the
+    allocator's segments when they can be read (about 0.06 ms on the H200, no history),
+    else from one stats read per device."""
+    torch = TorchDebug(mods)
+    if sample is None or not torch.initialized:
+        return None
+    readings = {d.index: d.allocator for d in sample.devices if d.allocator is not None}
+    info = torch.allocator_info()
+    backend = info.backend if info is not None else "native"
+    try:
+        settings = parse_settings(info.conf if info is not None else "")
+    except SettingError:
+        settings = parse_settings("")
+    segments = None
+    if backend != BACKEND_ASYNC:
+        segments, _ = torch.segments_snapshot()
+    try:
+        return emptycache.estimate(readings, backend=backend,
+                                   expandable=settings.expandable_segments, segments=segments,
+                                   large_page_bytes=settings.large_segment_size)
+    except (TypeError, ValueError, AttributeError, OverflowError):  # segments of another shape
+        return emptycache.estimate(readings, backend=backend,
+                                   expandable=settings.expandable_segments, segments=None,
+                                   large_page_bytes=settings.large_segment_size)
 

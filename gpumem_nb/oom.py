@@ -352,6 +352,9 @@ class OomFacts:
     # locals and their graphs) belongs to the computation, not to the session.
     computation_bytes: int | None = None
     grad_enabled: bool | None = None  # autograd on where the allocation failed
+    # NVML's least figure for this process while PyTorch's cache held nothing on this GPU:
+    # the CUDA context as measured here (with whatever else the process held then).
+    idle_process_bytes: int | None = None
 
     @property
     def pool_reuses_unallocated(self) -> bool:
@@ -420,8 +423,9 @@ CAUSE_HELD = "held by your session"
 CAUSE_WORKING_SET = "working set"
 CAUSE_UNKNOWN = "unknown"
 
-# A CUDA context, cuBLAS and cuDNN handles: memory every CUDA process holds outside PyTorch
-# (about 500-600 MiB on an H200). Only what goes beyond it counts as a cause.
+# The CUDA context: memory every CUDA process holds outside PyTorch (518-610 MiB measured on
+# the H200). Only what goes beyond it counts as a cause. cuBLAS and cuDNN workspaces are not
+# outside: ATen takes them from the caching allocator, so they are in ``allocated``.
 CONTEXT_ALLOWANCE_BYTES = 1 * GiB
 # Held objects and other processes are listed when they matter this much, even when alone
 # they would not have made the request fit.
@@ -521,8 +525,8 @@ def classify(facts: OomFacts, holders: Sequence[Holder] = ()) -> tuple[Cause, ..
         causes.append(Cause(
             CAUSE_OUTSIDE, outside,
             f"This process holds {format_bytes(outside)} outside PyTorch's allocator: the "
-            "CUDA context (about 0.5 GiB), cuBLAS/cuDNN workspaces, and any other allocator "
-            "in the process (CuPy, JAX, NCCL, a library calling cudaMalloc).",
+            f"CUDA context{_context_measured(f)}, and other libraries' own allocations (CuPy, "
+            "JAX, NCCL, a custom cudaMalloc).",
             covers=covers_outside(outside)))
     causes.extend(_held(f, holders, covers))
     grown = f.cell_bytes if f.cell_bytes is not None else f.computation_bytes
@@ -611,6 +615,15 @@ def _demoted(c: Cause, f: OomFacts) -> Cause:
     return replace(c, covers=False)
 
 
+def _context_measured(f: OomFacts) -> str:
+    """The context's size where this session measured it, else nothing: it differs between
+    GPUs, drivers and CUDA versions, so no figure from elsewhere is quoted."""
+    if not f.idle_process_bytes:
+        return ""
+    return (f" (NVML listed this process at {format_bytes(f.idle_process_bytes)} while "
+            "PyTorch held nothing on this GPU)")
+
+
 def _others_summary(f: OomFacts) -> str:
     kids = f.children_bytes
     n = sum(1 for p in f.other_processes if p.child is not None)
@@ -618,7 +631,7 @@ def _others_summary(f: OomFacts) -> str:
         each = "each " if n > 1 else ""
         return (f"This kernel's own child process{'es' if n > 1 else ''} "
                 f"hold{'' if n > 1 else 's'} {format_bytes(kids)} of this GPU, {each}with a "
-                "CUDA context of its own (about 0.5 GiB) besides what it allocated")
+                "CUDA context of its own besides what it allocated")
     text = f"Other processes hold {format_bytes(f.others_bytes)} of this GPU"
     if n:
         text += (f", {format_bytes(kids)} of it this kernel's own child process"
@@ -995,8 +1008,8 @@ def _dry_run_actions(report: CleanupReport) -> list[Action]:
                      "traceback (the failed call's locals and their autograd graphs)")
     cache = steps.get("empty_cache")
     if cache is not None and cache.freed_reserved_bytes:
-        parts.append(f"up to {format_bytes(cache.freed_reserved_bytes)} of cached blocks "
-                     "(empty_cache)")
+        parts.append(cache.brief or f"up to {format_bytes(cache.freed_reserved_bytes)} "
+                     "returned by empty_cache")
     outs = steps.get("output cache")
     if outs is not None and outs.freed_allocated_bytes:
         parts.append(f"with --out, {format_bytes(outs.freed_allocated_bytes)} held by Out")
@@ -1282,8 +1295,9 @@ class OomWatch:
         if msg.form == FORM_DRIVER:
             pieces.notes.append(
                 "This error comes from CUDA or a CUDA library, not from PyTorch's allocator: "
-                "memory ran out outside the caching allocator (context creation, a cuBLAS or "
-                "cuDNN workspace, another allocator).")
+                "memory ran out outside the caching allocator (creating the CUDA context, a "
+                "library's own allocation such as cuBLAS or cuDNN creating its handle, CuPy, "
+                "JAX, NCCL or a custom cudaMalloc).")
         return OomExplanation(
             facts=pieces.facts, causes=causes,
             actions=next_steps(pieces.facts, causes, pieces.judged, dry),
@@ -1339,6 +1353,12 @@ class OomWatch:
                 continue
             return ev
         return None
+
+    def _idle_bytes(self, device: int) -> int | None:
+        """The source's measure of the CUDA context on ``device`` (``LiveSource``), if any."""
+        known = getattr(self.host.source, "idle_process_bytes", None)
+        value = known.get(device) if isinstance(known, Mapping) else None
+        return value if isinstance(value, int) else None
 
     def _expandable(self, seen: bool | None) -> bool:
         if seen is not None:
@@ -1408,7 +1428,7 @@ class OomWatch:
             expandable_segments=self._expandable(ev.expandable_segments),
             largest_free_block_bytes=ev.largest_free_block_bytes,
             private_pool_bytes=msg.private_pool_bytes, measured_at="failure",
-            grad_enabled=ev.grad_enabled,
+            grad_enabled=ev.grad_enabled, idle_process_bytes=self._idle_bytes(ev.device),
             **_cell_facts(ev.cell, r.allocated_bytes if r else msg.allocated_bytes))
         stages = {"observer": ev.cost_s}
         stages.update(ev.stage_s)
@@ -1473,6 +1493,7 @@ class OomWatch:
             measured_at="after", released_since_bytes=released,
             unreachable_bytes=unreachable, previous_error=previous_error,
             computation_bytes=computation, grad_enabled=grad,
+            idle_process_bytes=self._idle_bytes(device),
             **_cell_facts(self._cell_start(device), allocated))
         why = f"OOM observer {self.observer_status}" \
             if self.observer_status != "attached" else "the OOM observer did not see this one"

@@ -10,9 +10,9 @@ the cell runs untraced.
 sites held the most bytes at the cell's peak, which are still alive at its end (leak
 candidates), and which were live when an OOM entry was recorded. The timeline is a plain
 plotly JSON figure for the ``application/vnd.plotly.v1+json`` mime type, which JupyterLab's
-bundled plotly renderer draws without any CDN, with an inline SVG as the fallback for
-static viewers. ``--save`` pickles the raw snapshot at protocol 4, the newest that
-PyTorch's memory_viz reader accepts.
+bundled plotly renderer draws without any CDN, with a static SVG picture of the same data
+in the bundle for every other viewer (``svgchart``). ``--save`` pickles the raw snapshot at
+protocol 4, the newest that PyTorch's memory_viz reader accepts.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import safeio
+from . import plotlyjson, safeio, svgchart
 from .report import html_table, text_table
 from .sources.torch import TorchDebug
 from .units import format_bytes
@@ -39,6 +39,7 @@ from .whatif.snapshot import START_KEY
 MAX_ENTRIES = 100_000  # history ring buffer: about 0.7 s to snapshot when full
 TOP_DEFAULT = 5
 _TIMELINE_SITES = 8
+MiB = 1 << 20
 _MAX_POINTS = 1500
 _PICKLE_PROTOCOL = 4  # memory_viz's JavaScript unpickler rejects protocol 5
 # Frames from these packages are never "the site": the user's line is what called them.
@@ -409,9 +410,9 @@ def _series(samples: Sequence[dict[Site, int]], times: Sequence[float],
             chosen.append(sb.site)
     if not samples or not chosen:
         return (), ()
-    series = [Series(s.label, tuple(smp.get(s, 0) / 2**20 for smp in samples))
+    series = [Series(s.label, tuple(smp.get(s, 0) / MiB for smp in samples))
               for s in chosen]
-    other = tuple((sum(smp.values()) - sum(smp.get(s, 0) for s in chosen)) / 2**20
+    other = tuple((sum(smp.values()) - sum(smp.get(s, 0) for s in chosen)) / MiB
                   for smp in samples)
     if any(v > 0 for v in other):
         series.append(Series("other sites", other))
@@ -699,107 +700,96 @@ def _rows(sites: Iterable[SiteBytes]) -> list[list[str]]:
     return [[format_bytes(s.nbytes), str(s.allocations), s.label] for s in sites]
 
 
+_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+            "#17becf", "#7f7f7f")
+_OOM_COLOR = "#d62728"
+
+
 class TraceTimeline:
     """Live bytes by site over the cell. Rendered by JupyterLab's bundled plotly mime
-    renderer (no CDN, kept in the saved notebook); an inline SVG elsewhere."""
+    renderer (no CDN, kept in the saved notebook); every bundle also carries a static SVG
+    picture of the same stack (``svgchart``), for nbconvert, GitHub and untrusted views."""
 
     MIME = "application/vnd.plotly.v1+json"
 
     def __init__(self, device: DeviceTrace) -> None:
         self.device = device
 
+    def _marks(self) -> list[tuple[float, str, str]]:
+        d = self.device
+        marks = [(d.peak_ms, "peak", "#444")]
+        if d.oom_ms is not None:
+            marks.append((d.oom_ms, "OOM", _OOM_COLOR))
+        return marks
+
     def figure(self) -> dict[str, Any]:
         d = self.device
-        palette = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
-                   "#e377c2", "#17becf", "#7f7f7f")
         data = [{
             "type": "scatter", "mode": "lines", "name": _clip(s.label, 70),
             "x": list(d.times_ms), "y": [round(v, 3) for v in s.mib],
             "stackgroup": "live", "line": {"shape": "hv", "width": 0.5,
-                                            "color": palette[i % len(palette)]},
+                                            "color": _PALETTE[i % len(_PALETTE)]},
             "hovertemplate": "%{y:.1f} MiB<extra>" + html.escape(_clip(s.label, 50))
                              + "</extra>",
         } for i, s in enumerate(d.series)]
-        shapes = []
-        marks = [(d.peak_ms, "peak", "#444")]
-        if d.oom_ms is not None:
-            marks.append((d.oom_ms, "OOM", "#d62728"))
-        for x, _, color in marks:
-            shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x,
-                           "y0": 0, "y1": 1, "line": {"color": color, "dash": "dot",
-                                                       "width": 1}})
+        marks = self._marks()
+        shapes = [{"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x,
+                   "y0": 0, "y1": 1, "line": {"color": color, "dash": "dot", "width": 1}}
+                  for x, _, color in marks]
         annotations = [{"x": x, "y": 1, "xref": "x", "yref": "paper", "text": text,
                         "showarrow": False, "yanchor": "bottom", "font": {"color": color}}
                        for x, text, color in marks]
-        # Nothing overlaps at any width (issue 17): the title sits under the modebar's band,
-        # the peak/OOM labels under the title, and the legend has a band of its own below the
-        # x axis title, one row per site at worst (a narrow output, long site names).
-        legend_px = 22 * len(data)
-        return {"data": data, "layout": {
-            "title": {"text": f"GPU {d.device}: this cell's live allocations by site",
-                      "x": 0, "xanchor": "left", "xref": "paper", "yref": "container",
-                      "y": 1, "yanchor": "top", "pad": {"t": 34}, "font": {"size": 14}},
-            "xaxis": {"title": {"text": "ms since the cell started"}},
-            "yaxis": {"title": {"text": "MiB live"}},
-            "height": 340 + legend_px,
-            "margin": {"l": 60, "r": 20, "t": 84, "b": 60 + legend_px},
-            "legend": {"orientation": "h", "x": 0, "xanchor": "left", "yref": "container",
-                       "y": 0, "yanchor": "bottom"},
-            "shapes": shapes, "annotations": annotations, "hovermode": "x unified",
-        }, "config": {"displaylogo": False, "modeBarButtonsToRemove": [
-            "select2d", "lasso2d", "autoScale2d", "toggleSpikelines", "hoverClosestCartesian",
-            "hoverCompareCartesian"]}}
+        layout = plotlyjson.layout(f"GPU {d.device}: this cell's live allocations by site",
+                                   "ms since the cell started", "MiB live",
+                                   legend_entries=len(data))
+        layout.update(shapes=shapes, annotations=annotations)
+        return {"data": data, "layout": layout, "config": plotlyjson.config()}
 
-    def svg(self, width: int = 640, height: int = 200) -> str:
-        """A static stacked-area drawing of the same series (no JavaScript)."""
+    def plot(self) -> svgchart.Plot:
+        """The same stack as a static picture: each site's area on top of the ones before
+        it, the peak and the OOM marked."""
         d = self.device
         xs = d.times_ms
-        if not xs or not d.series:
-            return ""
-        x0, x1 = xs[0], xs[-1] if xs[-1] > xs[0] else xs[0] + 1
         totals = [sum(s.mib[i] for s in d.series) for i in range(len(xs))]
-        top = max(totals) or 1.0
-        colors = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
-                  "#e377c2", "#17becf", "#7f7f7f")
+        unit, unit_name = svgchart.byte_axis(max(totals, default=0.0) * MiB)
+        keep = svgchart.downsample_indices(totals)
+        lines, below = [], [0.0] * len(xs)
+        for i, s in enumerate(d.series):
+            below = [b + v for b, v in zip(below, s.mib, strict=False)]
+            style = svgchart.SeriesStyle(s.label, _PALETTE[i % len(_PALETTE)], 1.0)
+            lines.append(svgchart.Line(f"site-{i}", style,
+                                       [(xs[j], below[j] * MiB / unit) for j in keep],
+                                       area=True))
+        marks = self._marks()
+        span = (xs[-1] - xs[0]) if len(xs) > 1 else 0.0
+        if len(marks) == 2 and span > 0 and abs(marks[1][0] - marks[0][0]) < span * (
+                svgchart.label_gap_px(["peak · OOM"]) / svgchart.plot_width_px()):
+            marks = [(marks[1][0], "peak · OOM", _OOM_COLOR)]  # one label, not a lost one
+        return svgchart.Plot(
+            lines=lines[::-1], legend=[ln.key for ln in lines],
+            title=f"GPU {d.device}: this cell's live allocations by site",
+            note=f"peak {format_bytes(d.peak_bytes)}", x_title="ms since the cell started",
+            y_title=f"{unit_name} live", marks=[svgchart.Mark(x, t, c) for x, t, c in marks],
+            summary=self.describe())
 
-        def px(x: float) -> float:
-            return round((x - x0) / (x1 - x0) * (width - 2) + 1, 1)
+    def svg(self) -> str:
+        """The static picture: a standalone SVG document."""
+        return svgchart.render_plot(self.plot())
 
-        def py(y: float) -> float:
-            return round(height - 1 - y / top * (height - 2), 1)
-
-        base = [0.0] * len(xs)
-        shapes = []
-        for k, s in enumerate(d.series):
-            upper = [b + v for b, v in zip(base, s.mib, strict=False)]
-            pts = []
-            for i in range(len(xs)):  # steps: hold each value until the next instant
-                nxt = xs[i + 1] if i + 1 < len(xs) else xs[i]
-                pts += [(px(xs[i]), py(upper[i])), (px(nxt), py(upper[i]))]
-            back = []
-            for i in reversed(range(len(xs))):
-                nxt = xs[i + 1] if i + 1 < len(xs) else xs[i]
-                back += [(px(nxt), py(base[i])), (px(xs[i]), py(base[i]))]
-            path = " ".join(f"{a},{b}" for a, b in pts + back)
-            shapes.append(f"<polygon points='{path}' fill='{colors[k % len(colors)]}' "
-                          f"fill-opacity='0.8'><title>{html.escape(s.label)}</title></polygon>")
-            base = upper
-        legend = "".join(
-            f"<div><span style='color:{colors[k % len(colors)]}'>&#9632;</span> "
-            f"{html.escape(_clip(s.label, 90))}</div>" for k, s in enumerate(d.series))
-        return (f"<div><div>GPU {d.device}: this cell's live allocations by site, "
-                f"0-{x1 - x0:.1f} ms, peak {top:.1f} MiB</div>"
-                f"<svg width='{width}' height='{height}' style='border:1px solid #ddd'>"
-                + "".join(shapes) + f"</svg>{legend}</div>")
-
-    def __str__(self) -> str:
+    def describe(self) -> str:
         d = self.device
         return (f"gpumem --trace timeline, GPU {d.device}: {len(d.series)} sites over "
-                f"{(d.times_ms[-1] - d.times_ms[0]) if d.times_ms else 0:.1f} ms "
-                "(shown as a chart in JupyterLab)")
+                f"{(d.times_ms[-1] - d.times_ms[0]) if d.times_ms else 0:.1f} ms, peak "
+                f"{format_bytes(d.peak_bytes)}"
+                + (f", out of memory at {d.oom_ms:.1f} ms" if d.oom_ms is not None else ""))
+
+    def __str__(self) -> str:
+        return self.describe() + " (shown as a chart in JupyterLab)"
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        return {self.MIME: self.figure(), "text/html": self.svg(), "text/plain": str(self)}
+        bundle: dict[str, Any] = {self.MIME: self.figure(), "text/plain": str(self)}
+        bundle.update(svgchart.plot_bundle(self.plot()))
+        return bundle
 
 
 def _clip(text: str, n: int) -> str:
