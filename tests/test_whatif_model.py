@@ -271,6 +271,23 @@ def test_a_free_next_to_an_unmapped_hole_makes_room_the_next_request_finds():
     assert (r.peak_reserved_bytes, r.segment_allocs) == (120 * MiB, 6)
 
 
+def test_an_unmap_that_takes_in_the_tail_keeps_its_room_where_the_next_search_looks():
+    # 300 MiB at a 300 MiB capacity: the first try finds room at the tail (40 MiB in) and
+    # fails to map it; the retry before the OOM unmaps the free page at 20 MiB, which takes
+    # in the tail, so the room now starts lower. Remembering the tail's address made the
+    # retry open a second segment: a third cudaFree when the cache is emptied.
+    h = History(EXPANDABLE)
+    a = h.alloc(33 * MiB)
+    h.free(a)
+    b, c = h.alloc(MiB + 1), h.alloc(300 * MiB)
+    h.free(b)
+    h.free(c)
+    h.empty_cache(20 * MiB)
+    r, = w.whatif(h.snapshot(), [EXPANDABLE], capacity_bytes=300 * MiB)
+    assert (r.peak_reserved_bytes, r.end_reserved_bytes, r.segment_allocs, r.segment_frees,
+            r.oom) == (320 * MiB, 0, 2, 2, True)
+
+
 def test_empty_cache_with_a_live_tensor_unmaps_the_free_pages_of_an_expandable_segment():
     h = History()
     h.alloc(16 * MiB)

@@ -480,10 +480,9 @@ class DeviceCachingAllocator:
                 b = b.next
             return got >= size
 
-        # PyTorch scans every unmapped range from the lowest address. Only a free makes room
-        # (maps, unmaps and merges move bytes between blocks of one run; allocating takes
-        # them), so until one, the ranges below where the last scan found room for as many
-        # bytes still have none: start there.
+        # PyTorch scans every unmapped range from the lowest address. Until a block is freed
+        # or unmapped (allocating and mapping only take room away), the ranges below where
+        # the last scan found room for as many bytes still have none: start there.
         ptrs = pool.unmapped_ptrs
         hint = pool.room_hint if self.use_room_hint else None
         first = bisect_left(ptrs, hint[1]) if hint is not None and size >= hint[0] else 0
@@ -550,6 +549,9 @@ class DeviceCachingAllocator:
         end = (off + b.size) // es.page
         if begin >= end:
             return
+        # The range unmapped here takes in the unmapped range after it, room and all, at
+        # its own lower address: that room may now lie below the remembered one.
+        b.pool.room_hint = None
         self.erase_from_blocks(b)
         uptr = es.base + begin * es.page
         usize = (end - begin) * es.page
