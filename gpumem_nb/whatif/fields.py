@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..units import printable
+
 SIZE_T_END = 1 << 64  # addresses and sizes are size_t: anything larger is junk
 
 
@@ -31,10 +33,8 @@ def finite(v: Any) -> float | None:
 
 
 def plain(text: str, limit: int = 120) -> str:
-    """``text`` with every unprintable character written as its escape, cut to ``limit``."""
-    out = "".join(c if c.isprintable() else c.encode("unicode_escape", "backslashreplace")
-                  .decode("ascii") for c in text[:limit])
-    return out + "…" if len(text) > limit else out
+    """``text`` with every control character written as its escape, cut to ``limit``."""
+    return printable(text[:limit]) + ("…" if len(text) > limit else "")
 
 
 def quoted(text: str, limit: int = 60) -> str:
