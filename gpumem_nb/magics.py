@@ -228,20 +228,6 @@ def help_text(subcommand: str | None = None) -> str:
     return "\n".join(parts)
 
 
-def _attached(argv: list[str], flag: str) -> list[str]:
-    """``--capacity -1GiB`` read as ``--capacity=-1GiB``: argparse takes a value starting
-    with '-' for an option and would only say the flag "expected one argument"."""
-    out: list[str] = []
-    it = iter(argv)
-    for a in it:
-        nxt = next(it, None) if a == flag else None
-        if nxt is not None and re.match(r"-[0-9.]", nxt):
-            out.append(f"{a}={nxt}")
-        else:
-            out += [a] if nxt is None else [a, nxt]
-    return out
-
-
 def _split(line: str) -> list[str]:
     try:
         return _glue_negative_values(shlex.split(line))
@@ -252,15 +238,17 @@ def _split(line: str) -> list[str]:
 # What argparse itself reads as a negative number; any other word starting with "-" it takes
 # for an option, so "--timeout -inf" failed with "expected one argument".
 _ARGPARSE_NEGATIVE = re.compile(r"^-\d+$|^-\d*\.\d+$")
+_NEGATIVE_SIZE = re.compile(r"^-[0-9.]")  # -1GiB: no option starts with a digit
 
 
 def _glue_negative_values(argv: list[str]) -> list[str]:
-    """``--opt -inf`` (or ``-1e3``, ``-nan``) as ``--opt=-inf``: the value then reaches the
-    option's own check, which says what it takes."""
+    """``--opt -inf`` (or ``-1e3``, ``-nan``, ``-1GiB``) as ``--opt=-inf``: the value then
+    reaches the option's own check, which says what it takes."""
     out: list[str] = []
     for word in argv:
         if out and out[-1].startswith("-") and "=" not in out[-1] and word.startswith("-") \
-                and not _ARGPARSE_NEGATIVE.match(word) and _is_float(word):
+                and not _ARGPARSE_NEGATIVE.match(word) and (
+                    _is_float(word) or _NEGATIVE_SIZE.match(word)):
             out[-1] = f"{out[-1]}={word}"
         else:
             out.append(word)
@@ -341,8 +329,6 @@ class GpumemMagics(Magics):
 
     def _gpumem(self, line: str, cell: str | None) -> Any:
         argv = _split(line)
-        if argv[:1] == ["whatif"]:
-            argv = _attached(argv, "--capacity")
         if "-h" in argv or "--help" in argv:  # help is an answer, never a UsageError
             print(help_text(None if cell is not None or not argv else argv[0]))
             return None
