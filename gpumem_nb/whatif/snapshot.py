@@ -19,6 +19,7 @@ import io
 import json
 import os
 import pickle
+import re
 import zlib
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Mapping, Sequence
@@ -35,6 +36,7 @@ COMPACT_FORMAT = "gpumem-whatif-trace/1"
 _KEEP = ("action", "addr", "size", "stream", "time_us")
 _MIN_BLOCK = 512  # kMinBlockSize
 _GZIP_CHUNK = 1 << 20
+_LEADING_SPACE = re.compile(rb"\s*")
 
 
 class SnapshotError(ValueError):
@@ -93,7 +95,8 @@ def load(source: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
         data = _gunzip(data, _shown(source))
     try:
         text = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 BOM, as some editors save JSON
-        if text.lstrip()[:1] in (b"{", b"["):
+        lead = _LEADING_SPACE.match(text)
+        if text[lead.end() if lead else 0:][:1] in (b"{", b"["):
             obj = json.loads(text)
         else:
             obj = _DataOnlyUnpickler(io.BytesIO(data)).load()
@@ -101,8 +104,8 @@ def load(source: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
         raise SnapshotError(f"{_shown(source)} is not a memory snapshot: "
                             f"{type(e).__name__}: {plain(str(e), 200)}") from None
     if not isinstance(obj, dict):
-        raise SnapshotError(f"{_shown(source)} is not a memory snapshot (it holds a "
-                            f"{type(obj).__name__}, not a dict)")
+        raise SnapshotError(f"{_shown(source)} is not a memory snapshot (its top level is "
+                            f"a {type(obj).__name__}, not a dict)")
     return expand(obj)
 
 
