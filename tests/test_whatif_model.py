@@ -624,20 +624,23 @@ def start_states(draw: st.DrawFn) -> tuple[list[dict], list[int]]:
     return segments, live
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(start_states(), histories(), SETTINGS, st.sampled_from([None, 600 * MiB, 4 * GiB]),
-       st.data())
+       st.booleans(), st.data())
 def test_any_start_state_keeps_the_allocator_invariants(start, history, setting, capacity,
-                                                        data):
-    # The H2/H3 crashes came from start states no allocator of the replayed setting would
-    # make: oversize blocks split, free blocks side by side.
+                                                        recorded, data):
+    # The crashes came from start states no allocator of the replayed setting would make:
+    # oversize blocks split, free blocks side by side; recorded by %%gpumem --trace, or
+    # rebuilt from a _dump_snapshot pickle's end snapshot (the same segments, read as the
+    # state at the end).
     segments, live = start
     h, _ = history
     h.alloc(MiB)
     for addr in data.draw(st.lists(st.sampled_from(live), unique=True)) if live else ():
         h.entries.insert(data.draw(st.integers(0, len(h.entries))),
                          {"action": "free_requested", "addr": addr, "size": 512, "stream": 0})
-    ti = w.trace_input(h.snapshot(start={"segments": segments}))
+    ti = w.trace_input(h.snapshot(start={"segments": segments}) if recorded else
+                       h.snapshot(segments=segments, recorded_start=False))
     s = parse_settings(setting)
     allowed = int(0.5 * 8 * GiB) if s.per_process_memory_fraction else None
     r = replay(compile_trace(ti.entries), s,
