@@ -17,7 +17,16 @@ through. Two ways to know where CUDA started, the exact one first:
    started in the same cell), the first cell whose end finds CUDA up when its start did not.
 
 The cell numbers come from IPython's compiler, which maps each cell's code name (the
-``<ipython-input-N-...>`` or ipykernel's temporary file name) to its execution count.
+``<ipython-input-N-...>`` or ipykernel's temporary file name) to its execution count. The stack
+is read against the cell running at that moment (its number, its text as typed, its thread):
+
+- a cell magic's body (``%%capture``, ``%%gpumem``, ``%%time``, ``%%timeit``) runs as code of
+  its own (a nested cell, numbered one past the running cell, or ``<timed exec>``), whose
+  lines count from the body: they are the running cell's lines after the magic's;
+- a line's text is the cell's as typed (``%time x = ...``, not ``get_ipython()...``), its number
+  as the editor shows it (IPython drops leading blank lines before compiling);
+- on another thread, the hook's stack holds only the thread's own functions: the cell is the
+  one running then, at the line its thread has reached, and the thread's code is the way in.
 
 Nothing here imports torch or IPython.
 """
@@ -34,6 +43,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from . import userexc
+from .errtext import error_str
 from .sources.torch import TorchSource
 
 HOW_HOOK = "torch's CUDA start-up"  # exact: the stack at initialisation
@@ -42,6 +53,7 @@ HOW_BEFORE = "before gpumem_nb was loaded"
 
 _INPUT_NAME = re.compile(r"<ipython-input-(\d+)-")
 MAX_FRAMES = 200
+Frame = tuple[str, int, str]  # file name, line, function
 
 _LAUNCH_REMEDY = ("Restart the kernel, move that CUDA call into the function you launch (or "
                   "after the launch), and run the launch before any cell touches the GPU.")
@@ -117,12 +129,15 @@ class CudaStart:
             return ("CUDA was already initialised when gpumem_nb was loaded, so the cell that "
                     "started it is not known (load the extension first to find out).")
         if self.execution_count is None:
-            return "CUDA started outside any cell (in code the kernel ran on its own)."
-        text = f"CUDA started in cell [{self.execution_count}]"
-        if self.line is not None:
-            text += f", line {self.line}" + (f": `{self.code}`" if self.code else "")
+            text = "CUDA started outside any cell (in code the kernel ran on its own)"
+        elif self.line is not None:
+            text = f"CUDA started in cell [{self.execution_count}], line {self.line}" + (
+                f": `{self.code}`" if self.code else "")
+        elif self.how == HOW_CELL:
+            text = (f"CUDA started in cell [{self.execution_count}] (seen at the cell's end: "
+                    "torch was imported in that same cell)")
         else:
-            text += " (seen at the cell's end: torch was imported in that same cell)"
+            text = f"CUDA started while cell [{self.execution_count}] ran"
         if self.via:
             text += f", through {self.via}"
         if self.thread and self.thread != "MainThread":
@@ -148,6 +163,15 @@ class _InitHook:
             handler(sys._getframe(1))
 
 
+@dataclass(frozen=True)
+class RunningCell:
+    """The top-level cell running now, as the user typed it."""
+
+    execution_count: int | None
+    raw: str
+    thread_id: int
+
+
 class CudaStartWatch:
     """One loaded extension's record of where CUDA started."""
 
@@ -158,7 +182,9 @@ class CudaStartWatch:
         self.status = "waiting for torch to be imported"
         self._hook: Any = None
         self._up_at_start = False
-        self._count_at_start: int | None = None
+        self._running: RunningCell | None = None
+        self._cell_thread: int | None = threading.main_thread().ident  # where cells run
+        self._load_cell = False  # loaded from inside a cell whose end is still to come
         self._lock = threading.Lock()
 
     # -- the hook ----------------------------------------------------------------------------
@@ -184,12 +210,16 @@ class CudaStartWatch:
 
     def _on_init(self, frame: FrameType | None) -> None:
         """Inside torch's ``_lazy_init``: read the stack that started CUDA, nothing else."""
-        frames: list[tuple[str, int, str]] = []
-        while frame is not None and len(frames) < MAX_FRAMES:
-            code = frame.f_code
-            frames.append((code.co_filename, frame.f_lineno, code.co_name))
-            frame = frame.f_back
-        start = locate(frames, self._cell_number, threading.current_thread().name)
+        running = self._running
+        here = threading.get_ident()
+        cell_thread = running.thread_id if running is not None else self._cell_thread
+        runner = None
+        if here != cell_thread and running is not None:
+            # Another thread started CUDA: where the cell's own thread is now.
+            runner = _frames(sys._current_frames().get(running.thread_id))
+        start = locate(_frames(frame), self._cell_number, threading.current_thread().name,
+                       running=running, runner=runner, on_cell_thread=here == cell_thread,
+                       in_cell=running is not None or self._load_cell)
         with self._lock:
             if self.started is None:
                 self.started = start
@@ -203,25 +233,40 @@ class CudaStartWatch:
         return int(m.group(1)) if m else None
 
     # -- the fallback: a cell's two ends ---------------------------------------------------------
-    def on_load(self) -> None:
+    def on_load(self, in_cell: bool = False) -> None:
+        """``in_cell``: loaded by a cell (``%load_ext``) whose end is yet to come, and which
+        may itself import torch and start CUDA."""
         if self.torch.initialized:
             self.started = CudaStart(HOW_BEFORE)
             self.status = "CUDA was up before gpumem_nb was loaded"
+            return
+        self._load_cell = in_cell
+        self._up_at_start = False
 
-    def cell_started(self, execution_count: int | None) -> None:
+    def cell_started(self, execution_count: int | None, raw: str = "") -> None:
+        self._load_cell = False  # a cell began: the load was not inside one still running
         if self.started is not None:
             return
         self.arm()
         self._up_at_start = self.torch.initialized
-        self._count_at_start = execution_count
+        self._cell_thread = threading.get_ident()
+        self._running = RunningCell(execution_count, raw, self._cell_thread)
+
+    def load_cell_ended(self, execution_count: int | None) -> None:
+        """The end of the cell that loaded the extension (no start was seen for it)."""
+        if self._load_cell:
+            self._load_cell = False
+            self.cell_ended(execution_count)
 
     def cell_ended(self, execution_count: int | None) -> None:
+        self._running = None
         if self.started is not None:
             return
         if not self._up_at_start and self.torch.initialized:
             with self._lock:
                 if self.started is None:  # the hook did not see it
                     self.started = CudaStart(HOW_CELL, execution_count=execution_count)
+                    self.status = "seen at a cell's end"
             return
         self.arm()  # torch was imported by this cell: queue for the next ones
 
@@ -229,50 +274,146 @@ class CudaStartWatch:
         return self.started.sentence() if self.started is not None else ""
 
 
-def locate(frames: Iterable[tuple[str, int, str]], cell_number: Any,
-           thread: str = "") -> CudaStart:
+def _frames(frame: FrameType | None) -> list[Frame]:
+    """A stack as (file, line, function), innermost first, at most ``MAX_FRAMES``."""
+    out: list[Frame] = []
+    while frame is not None and len(out) < MAX_FRAMES:
+        code = frame.f_code
+        out.append((code.co_filename, frame.f_lineno, code.co_name))
+        frame = frame.f_back
+    return out
+
+
+def _pseudo(filename: str) -> bool:
+    # Code a magic compiled from the cell's text: "<timed exec>", "<magic-timeit>".
+    return filename.startswith("<") and filename.endswith(">")
+
+
+@dataclass(frozen=True)
+class _Place:
+    """A frame read as a place in a cell: the cell's number, and the line as typed."""
+
+    number: int
+    line: int
+    name: str
+    code: str
+
+
+def _cell_places(stack: list[Frame], cell_number: Any,
+                 running: RunningCell | None) -> list[_Place]:
+    """The frames of cells in ``stack`` (innermost first), each at its line as typed. A
+    magic's body (a nested cell numbered past the running one, ``<timed exec>``) is read as
+    the running cell's lines after that magic's."""
+    raw_lines = running.raw.splitlines() if running is not None else []
+    lead = next((i for i, ln in enumerate(raw_lines) if ln.strip()), 0)
+    places: list[_Place | None] = []
+    for filename, lineno, name in stack:
+        number = cell_number(filename)
+        if number is not None and running is not None and running.execution_count is not None \
+                and number > running.execution_count:
+            places.append(_Place(-1, lineno, name, ""))  # a body: placed below, if it can be
+        elif number is not None:
+            line, code = lineno, linecache.getline(filename, lineno).strip()
+            if running is not None and number == running.execution_count:
+                line = lineno + lead  # as the editor numbers it
+                if 0 < line <= len(raw_lines):
+                    code = raw_lines[line - 1].strip()
+            places.append(_Place(number, line, name, code))
+        elif _pseudo(filename) and running is not None:
+            places.append(_Place(-1, lineno, name, ""))
+        else:
+            places.append(None)
+    # Outermost first: a body's lines follow its magic's line, and the body's line stands
+    # for the magic's (it is the line that ran).
+    out: list[_Place] = []
+    magic: _Place | None = None
+    for place in reversed(places):
+        if place is None:
+            continue
+        if place.number >= 0:
+            magic = place if place.code.startswith("%") and running is not None \
+                and place.number == running.execution_count else None
+            out.append(place)
+            continue
+        if magic is None:
+            continue  # code of unknown origin: not a place in any cell
+        line = magic.line + place.line if magic.code.startswith("%%") else magic.line
+        if 0 < line <= len(raw_lines):
+            if out and out[-1] is magic:
+                out.pop()
+            out.append(_Place(magic.number, line, "<module>", raw_lines[line - 1].strip()))
+        magic = None  # deeper code is the body's own
+    out.reverse()
+    return out  # innermost first again
+
+
+def locate(frames: Iterable[Frame], cell_number: Any, thread: str = "", *,
+           running: RunningCell | None = None, runner: list[Frame] | None = None,
+           on_cell_thread: bool = True, in_cell: bool = True) -> CudaStart:
     """The start, from the stack at CUDA's initialisation (innermost frame first): the
-    outermost frame of a cell's code is the line the user ran."""
-    stack = list(frames)
-    cells = [(f, n, name, cell_number(f)) for f, n, name in stack]
-    in_cells = [c for c in cells if c[3] is not None]
-    if not in_cells:
+    outermost place in a cell is the line the user ran. ``running``: the cell running then;
+    ``runner``: its thread's stack when CUDA started on another thread; ``in_cell``: False
+    when no cell was running (a widget's callback, a timer): a cell's function on the stack
+    is then the way in, not a line anyone ran."""
+    places = _cell_places(list(frames), cell_number, running)
+    if not in_cell:
+        return CudaStart(HOW_HOOK, via=_via(places[0]) if places else "", thread=thread)
+    if not on_cell_thread:
+        # This thread's cell frames are functions it runs, not the line the user ran: that is
+        # where the cell's own thread is (if one is running), and the thread's code the way in.
+        ran = _cell_places(runner or [], cell_number, running)
+        ran = [p for p in ran if running is not None and p.number == running.execution_count]
+        via = _via(places[0]) if places else ""
+        if not ran:
+            count = running.execution_count if running is not None else None
+            return CudaStart(HOW_HOOK, execution_count=count, via=via, thread=thread)
+        top = ran[-1]
+        return CudaStart(HOW_HOOK, execution_count=top.number, line=top.line,
+                         code=top.code[:120], via=via, thread=thread)
+    if not places:
         return CudaStart(HOW_HOOK, thread=thread)
-    filename, lineno, _name, number = in_cells[-1]
-    code = linecache.getline(filename, lineno).strip()
-    via = ""
+    top, inner = places[-1], places[0]
     # The innermost cell frame, when it is not that line: a function of some cell made the
     # first CUDA call ("f() in cell [2], line 4").
-    f, n, name, c = in_cells[0]
-    if (f, n) != (filename, lineno):
-        via = f"{name}() in cell [{c}], line {n}" if name != "<module>" else \
-            f"cell [{c}], line {n}"
-    return CudaStart(HOW_HOOK, execution_count=number, line=lineno, code=code[:120], via=via,
-                     thread=thread)
+    via = _via(inner) if (inner.number, inner.line) != (top.number, top.line) else ""
+    return CudaStart(HOW_HOOK, execution_count=top.number, line=top.line, code=top.code[:120],
+                     via=via, thread=thread)
+
+
+def _via(place: _Place) -> str:
+    if place.name in ("<module>", "<lambda>") or place.name.startswith("<"):
+        return f"cell [{place.number}], line {place.line}"
+    return f"{place.name}() in cell [{place.number}], line {place.line}"
 
 
 def launcher_refusal(exc: BaseException | None) -> Forker | None:
     """Which fork could not use CUDA because the kernel had initialised it, read from a cell's
-    exception or what caused it; None when it is not such an error."""
-    chain: list[BaseException] = []
-    while exc is not None and len(chain) < 8 and all(exc is not e for e in chain):
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__
+    exception or what it chains to; None when it is not such an error."""
+    chain = userexc.chain(exc, 8)
     for e in chain:
-        try:
-            text = str(e)
-        except Exception:  # an exception whose __str__ raises is no launcher's refusal
-            text = ""
+        if not _may_be_a_launchers(e):
+            continue
+        text = error_str(e)  # "" for an exception whose __str__ raises: no refusal
         for who, words in LAUNCHER_REFUSALS:
-            if words in text:
+            # A launcher's own refusal begins with its words; torch's re-init error is quoted
+            # inside the launcher's (the worker's traceback in its text).
+            if text.lstrip().startswith(words) if who is not None else words in text:
                 return who if who is not None else forker_of(chain)
     return None
+
+
+def _may_be_a_launchers(e: BaseException) -> bool:
+    """The launchers raise RuntimeError, ValueError or errors of their own (elastic's
+    ChildFailedError, torch's ProcessRaisedException); a user's KeyError or AssertionError
+    that merely quotes their words is not one."""
+    return issubclass(type(e), (RuntimeError, ValueError)) or \
+        userexc.class_module(type(e)) != "builtins"  # a metaclass cannot intercept it
 
 
 def forker_of(chain: Iterable[BaseException]) -> Forker:
     """The launcher whose frames the error passed through, nearest the user's cell first."""
     for e in chain:
-        tb = e.__traceback__
+        tb = userexc.traceback_of(e)
         for _ in range(MAX_FRAMES):
             if tb is None:
                 break

@@ -15,6 +15,7 @@ import importlib.util
 import os
 import re
 import shlex
+import sys
 import weakref
 from dataclasses import replace
 from typing import Any
@@ -26,17 +27,19 @@ from IPython.display import display
 
 from . import cleanup, safeio, trace
 from .analysis import build_record
+from .errtext import one_read_per_error
 from .monitor import UNCHANGED, Monitor, error_text
 from .oom import SiteAtFailure, with_counted_ooms
 from .records import HistoryTable
 from .settings import PEAK_PRESERVE, PEAK_RESET, SettingsError, config_path, load_config
 from .summary import Summary
-from .units import parse_size
+from .units import format_bytes, parse_size
 from .views import CellReport, ConfigView, Snapshot, WhoReport
 
 _SHELL_ATTR = "_gpumem_nb_monitor"
 _HISTORY_ATTR = "_gpumem_nb_history"
 _CONFIG_ATTR = "_gpumem_nb_config"
+_SESSION_KEYS_ATTR = "_gpumem_nb_session_keys"  # settings changed since the kernel started
 _MAGICS_ATTR = "_gpumem_nb_magics"
 
 
@@ -125,13 +128,15 @@ def _build_parser() -> _Parser:
                          "picture (for a notebook to save and share)")
     wa.add_argument("--cluster", nargs="?", const="", metavar="CLIENT",
                     help="add each Dask worker GPU's lines (default: the current client); "
-                         "at most one collection a second")
+                         "at most one collection a second, until the chart or the sampler "
+                         "stops")
     cl = add("cluster", "a Dask cluster's GPUs: one row per worker and GPU (NVML used/total, "
                         "that\nworker's own share, its allocator), each GPU counted once")
     cl.add_argument("client", nargs="?", metavar="CLIENT",
                     help="the variable holding your distributed.Client (default: the current)")
     cl.add_argument("--timeout", type=float, default=2.0, metavar="S",
-                    help="how long to wait for the scheduler (2 s); then rows read unknown")
+                    help="how long to wait for the scheduler (2 s, at most 60); then rows "
+                         "read unknown")
     cl.add_argument("-o", action="store_true", help="return the reading")
     wi = add("whatif", "replay a traced cell's allocations under other allocator settings:\n"
                        "peak and end reserved, stranded bytes, cudaMalloc/cudaFree calls, OOM")
@@ -225,9 +230,37 @@ def help_text(subcommand: str | None = None) -> str:
 
 def _split(line: str) -> list[str]:
     try:
-        return shlex.split(line)
+        return _glue_negative_values(shlex.split(line))
     except ValueError as e:
         raise UsageError(f"could not read the arguments: {e}") from None
+
+
+# What argparse itself reads as a negative number; any other word starting with "-" it takes
+# for an option, so "--timeout -inf" failed with "expected one argument".
+_ARGPARSE_NEGATIVE = re.compile(r"^-\d+$|^-\d*\.\d+$")
+_NEGATIVE_SIZE = re.compile(r"^-[0-9.]")  # -1GiB: no option starts with a digit
+
+
+def _glue_negative_values(argv: list[str]) -> list[str]:
+    """``--opt -inf`` (or ``-1e3``, ``-nan``, ``-1GiB``) as ``--opt=-inf``: the value then
+    reaches the option's own check, which says what it takes."""
+    out: list[str] = []
+    for word in argv:
+        if out and out[-1].startswith("-") and "=" not in out[-1] and word.startswith("-") \
+                and not _ARGPARSE_NEGATIVE.match(word) and (
+                    _is_float(word) or _NEGATIVE_SIZE.match(word)):
+            out[-1] = f"{out[-1]}={word}"
+        else:
+            out.append(word)
+    return out
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 # The magic's flag for each setting, so a refused value is reported in the user's words.
@@ -247,6 +280,10 @@ def _device_arg(text: str) -> int | None:
         raise UsageError(f"--device takes a GPU number or 'all', not {_quoted(text)}")
     return index
 
+
+# %gpumem cluster --timeout: below this no scheduler answers (a broadcast reaches every worker).
+MIN_TIMEOUT_S = 0.1
+MAX_TIMEOUT_S = 60.0
 
 # A refused value is echoed this far, then "…": a 100,000-character argument must not come
 # back whole in the error.
@@ -395,6 +432,8 @@ class GpumemMagics(Magics):
             what = ", ".join(m.saved_keys) if m.saved_keys else \
                 "nothing (no setting was changed in this session; device is never saved)"
             print(f"gpumem: saved {what} to {safeio.shown(config_path())}")
+            if m.save_note:
+                print(f"gpumem: {m.save_note}.")
         display(ConfigView(m.config, m.sampler.running))
 
     def _cmd_summary(self, args: Any) -> None:
@@ -429,19 +468,27 @@ class GpumemMagics(Magics):
                 raise UsageError("no traced cell to replay yet: run a cell under %%gpumem "
                                  "--trace first, or name a snapshot file with --trace FILE")
         else:
-            source = args.trace
+            source = os.path.expanduser(args.trace)  # as --save's file is
         capacity = None
         if args.capacity is not None:
             try:
-                capacity = parse_size(args.capacity)
+                capacity = 0 if args.capacity.strip().startswith("-") else \
+                    parse_size(args.capacity)
             except ValueError as e:
-                raise UsageError(f"--capacity: {e}") from None
-            if capacity <= 0:
-                raise UsageError("--capacity must be a size above zero")
+                raise UsageError(short_message(f"--capacity: {e}")) from None
+            if not 0 < capacity <= wi.MAX_CAPACITY_BYTES:
+                raise UsageError(f"--capacity must be a size above zero and at most "
+                                 f"{format_bytes(wi.MAX_CAPACITY_BYTES)}, not "
+                                 f"{_quoted(args.capacity)}")
         if args.device is not None and args.device < 0:
             raise UsageError("--device takes a GPU number")
         try:
             ti = wi.trace_input(wi.load(source), args.device)
+        except wi.NoHistory as e:
+            if args.trace != "last":
+                raise UsageError(str(e)) from None
+            raise UsageError("the last traced cell made no allocation on the GPU: there is "
+                             "nothing to replay") from None
         except wi.SnapshotError as e:
             raise UsageError(str(e)) from None
         confs = args.conf if args.conf else list(wi.DEFAULT_ALTERNATIVES)
@@ -468,7 +515,9 @@ class GpumemMagics(Magics):
 
     def _cmd_stop(self, args: Any) -> None:
         self.monitor.sampler.stop()
-        print("gpumem: sampler stopped; cells are still recorded")
+        # The cluster's lines come at the sampler's pace: no sampling, no collecting.
+        feed = " and the cluster's lines" if self.monitor.stop_cluster_feed() else ""
+        print(f"gpumem: sampler{feed} stopped; cells are still recorded")
 
     def _collector(self, name: str | None) -> Any:
         """The collector for the user's Dask client: the named variable's, else the current
@@ -494,11 +543,16 @@ class GpumemMagics(Magics):
                 client = dask_backend.default_client()
             except (ImportError, LookupError) as e:
                 raise UsageError(str(e)) from None
+        if dask_backend.client_closed(client):
+            which = name or "the current Dask client"
+            raise UsageError(f"{which} is closed: make a new client (client = Client(...)), "
+                             "or name an open one: %gpumem cluster NAME")
         return self.monitor.cluster_collector(client, dask_backend.DaskCollector)
 
     def _cmd_cluster(self, args: Any) -> Any:
-        if not 0 < args.timeout <= 60:
-            raise UsageError("--timeout takes seconds between 0 and 60")
+        if not MIN_TIMEOUT_S <= args.timeout <= MAX_TIMEOUT_S:
+            raise UsageError(f"--timeout takes seconds from {MIN_TIMEOUT_S:g} to "
+                             f"{MAX_TIMEOUT_S:g}")
         from .cluster import ClusterView
 
         collector = self._collector(args.client)
@@ -516,8 +570,15 @@ class GpumemMagics(Magics):
                                  "--live and --cluster")
             m.end_chart()
             return
+        collector = None
         if args.cluster is not None:
-            m.start_cluster_feed(self._collector(args.cluster))
+            # The cluster's lines are live: they go on this machine's chart, not a replay's.
+            if args.replay is not None:
+                raise UsageError("--cluster adds live lines; it does not go with --replay")
+            if m.replay is not None and not args.live:
+                raise UsageError("the chart is replaying a recording: add --live to chart "
+                                 "this machine with the cluster's lines")
+            collector = self._collector(args.cluster)  # checked before anything starts
         if args.replay is not None:
             try:
                 m.start_replay(args.replay)
@@ -526,10 +587,18 @@ class GpumemMagics(Magics):
                                  ) from None
         elif args.live:
             m.stop_replay()
+        if collector is not None:
+            m.start_cluster_feed(collector)
         show_chart(m)
 
     # -- cell magic --------------------------------------------------------------------------
     def _cell(self, argv: list[str], cell: str) -> Any:
+        # The body's exception is read by its own nested hook, the OOM explainer and the
+        # record: its text once for all of them (errtext).
+        with one_read_per_error():
+            return self._measured_cell(argv, cell)
+
+    def _measured_cell(self, argv: list[str], cell: str) -> Any:
         args = self.cell_parser.parse_args(argv)
         m = self.monitor
         if args.device is not None:
@@ -562,13 +631,20 @@ class GpumemMagics(Magics):
             except Exception as e:
                 m._contain("%%gpumem --trace", e)
                 print(f"gpumem --trace: the trace could not be read ({type(e).__name__}).")
+        if save is not None and (traced is None or not traced.saved_to):
+            # Asked for a file and got none: said even under -q (on stderr, where -q does
+            # not reach), as it is among the notes otherwise.
+            why = traced.save_failed if traced is not None else \
+                f"Nothing was saved to {safeio.shown(save)}: the cell was not traced."
+            if args.q or traced is None:
+                print(f"gpumem --trace: {why}", file=sys.stderr)
         if traced is not None and traced.snapshot is not None:
             m.last_trace = traced
             m.oom.extra_lines = _whatif_lines(traced.snapshot)
         try:  # the monitor's own hook sees only top-level cells; this one ran nested
             m.oom.on_cell_result(result, sites=[SiteAtFailure(label, n) for label, n in (
                 traced.sites_at_failure() if traced is not None else ())])
-        except Exception as e:
+        except BaseException as e:  # a user exception's odd code, contained
             m._contain("OOM explainer", e)
         finally:
             m.oom.extra_lines = None
@@ -685,7 +761,9 @@ def load(shell: Any) -> None:
     # never raises: bad values are reported and replaced by defaults).
     history = getattr(shell, _HISTORY_ATTR, None)
     config = getattr(shell, _CONFIG_ATTR, None) or load_config()
-    monitor = Monitor(shell, history=history, config=config)
+    keys = getattr(shell, _SESSION_KEYS_ATTR, None)
+    monitor = Monitor(shell, history=history, config=config,
+                      session_keys=keys if isinstance(keys, set) else None)
     monitor.oom.show = display  # rich output in notebooks, text in terminals
     magics: GpumemMagics | None = None
     try:
@@ -705,6 +783,7 @@ def load(shell: Any) -> None:
         setattr(shell, _MAGICS_ATTR, magics)
         setattr(shell, _HISTORY_ATTR, monitor.history)
         setattr(shell, _CONFIG_ATTR, monitor.config)
+        setattr(shell, _SESSION_KEYS_ATTR, monitor.session_keys)
     except BaseException:
         # A load that fails part-way takes back what it did: no sampler thread, no
         # callbacks, no magic left behind on a monitor nobody can reach.

@@ -16,14 +16,16 @@ import enum
 import hashlib
 import logging
 import os
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
+from types import FrameType
 from typing import Any
 
-from . import __version__, cleanup, safeio
+from . import __version__, cleanup, safeio, userexc
 from .analysis import (
     AccumulationTracker,
     Watermark,
@@ -33,6 +35,7 @@ from .analysis import (
     verdict_message,
 )
 from .cudastart import CudaStartWatch, launcher_refusal, refusal_advice
+from .errtext import error_str, one_read_per_error
 from .holders import CellException, Scanner, last_exception_objects
 from .model import (
     CAUSE_LIVE_TENSORS,
@@ -44,7 +47,7 @@ from .model import (
     SourceStatus,
     Verdict,
 )
-from .oom import OomWatch, error_str, first_line
+from .oom import OomWatch, first_line
 from .records import History
 from .sampler import Sampler
 from .settings import (
@@ -62,7 +65,7 @@ from .settings import (
     save_config,
     show_value,
 )
-from .sources import Source
+from .sources import Source, gate
 from .sources.processes import roles_to_learn
 from .sources.torch import TorchSource
 from .units import format_bytes
@@ -79,6 +82,7 @@ MAX_QUEUED_CELLS = 64
 # Unload judges the cells still queued (verdicts included) for at most this long; any left
 # after it are recorded unjudged. Nothing queued is dropped.
 UNLOAD_JUDGE_S = 0.5
+MAX_LOAD_FRAMES = 100  # the stack searched, at load, for the cell running %load_ext
 
 
 class _Keep(enum.Enum):
@@ -144,7 +148,8 @@ def cell_key_of(info: Any) -> str:
     if cell_id:
         return str(cell_id)
     raw = getattr(info, "raw_cell", "") or ""
-    return "src:" + hashlib.sha1(raw.encode()).hexdigest()[:12]
+    # surrogatepass: a cell holding a lone surrogate (pasted binary) still gets its key
+    return "src:" + hashlib.sha1(raw.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
 def make_source() -> Source:
@@ -165,14 +170,19 @@ class Monitor:
     """Everything one loaded extension owns, and the one owner of its settings."""
 
     def __init__(self, shell: Any, source: Source | None = None,
-                 history: History | None = None, config: Config | None = None) -> None:
+                 history: History | None = None, config: Config | None = None,
+                 session_keys: set[str] | None = None) -> None:
         self.shell = shell
         self.config = config if config is not None else Config()
         _repair(self.config)
         self.source: Source = source if source is not None else make_source()
         # The one allocator handle: cleanup, peak resets and summaries all go through it.
         self.torch: TorchSource = getattr(self.source, "torch", None) or TorchSource()
-        self.sampler = Sampler(self.source, interval_s=self.config.interval_s)
+        # Live readings take the process's gate: while one hangs (a wedged NVML), no other
+        # reading joins it on another thread (sources/gate.py).
+        self.read_gate = gate.LIVE
+        self.sampler = Sampler(self.source, interval_s=self.config.interval_s,
+                               gate=self.read_gate)
         self._history = history if history is not None else History()
         self.tracker = AccumulationTracker(self.config.threshold_bytes)
         self.verdicts: deque[Verdict] = deque(maxlen=100)
@@ -181,8 +191,13 @@ class Monitor:
         # configure() is the one writer of interval, threshold and device selection.
         self.settings_listeners: list[SettingsListener] = []
         self._settings_lock = threading.Lock()
-        self._session_keys: set[str] = set()  # settings configure() changed in this load
+        # The settings configure() changed in this session: since the kernel started, not
+        # since this load (the shell keeps the set across %reload_ext, as it keeps the
+        # config). A bare save writes them: after ``config --threshold 1GB`` and a reload,
+        # the 1 GB in force is what the user means to keep.
+        self.session_keys: set[str] = session_keys if session_keys is not None else set()
         self.saved_keys: tuple[str, ...] = ()  # what the latest save wrote
+        self.save_note = ""  # a note on the latest save (it went without the lock)
         self.on_record: list[Callable[[CellRecord, Verdict | None], None]] = []
         # The exception the user's latest failing cell raised, while the shell keeps it: only
         # that one is a holder or offered to cleanup (a widget handler's is not, issue 7).
@@ -222,6 +237,10 @@ class Monitor:
         # polling it for the chart (gpumem_nb.cluster; imported only when asked for).
         self._cluster_collector: Any = None
         self.cluster_feed: Any = None
+        # The exception a launcher refusal was explained for in this top-level cell (a nested
+        # cell's error can reach its outer cell's result too): advised once. By id: holding
+        # the exception would hold its frames' tensors.
+        self._advised_id: int | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
@@ -230,7 +249,7 @@ class Monitor:
         except Exception as e:
             self._contain("start", e)
         try:
-            self.cuda_start.on_load()
+            self.cuda_start.on_load(in_cell=self._loaded_in_cell())
             self.cuda_start.arm()
         except Exception as e:
             self._contain("CUDA start watch", e)
@@ -248,12 +267,28 @@ class Monitor:
                 replay_note = f" {REPLAY_ENV}={request} ignored: {e}."
         return self.status_line() + replay_note
 
+    def _loaded_in_cell(self) -> bool:
+        """Whether a cell is running this load (``%load_ext``), not the kernel's start-up:
+        a frame of some cell's code is on the stack."""
+        table = getattr(getattr(self.shell, "compile", None), "_filename_map", None)
+        if not isinstance(table, dict):
+            return False
+        frame: FrameType | None = sys._getframe(1)
+        for _ in range(MAX_LOAD_FRAMES):
+            if frame is None:
+                return False
+            if frame.f_code.co_filename in table:
+                return True
+            frame = frame.f_back
+        return False
+
     def shutdown(self) -> None:
         # The noted cell exception keeps the failed call's frames (and their tensors): an
         # unloaded monitor that something still references (a widget, a user's variable, a
         # cycle the collector has not reached) must not keep them past the shell's own record.
         self.last_cell_exception.release()
         self.stop_cluster_feed()
+        self._close_cluster_collector()
         self.stop_replay()
         self.oom.close()
         self.cuda_start.close()
@@ -281,15 +316,21 @@ class Monitor:
             f"{d.index}: {d.nvml.name or 'GPU'} {format_bytes(d.nvml.total_bytes)}"
             for d in latest.devices if d.nvml is not None
         )
+        if not names:  # NVML hangs or failed: say so rather than name no GPU
+            gpus = f"{st.gpu_count} GPU" + ("s" if st.gpu_count != 1 else "")
+            why = self.read_problem or "NVML gave no reading; its columns show as unknown."
+            return f"{head}: watching {gpus}; {why} %gpumem? for help."
         return f"{head}: watching GPU {names}. %gpumem? for help."
 
     def _contain(self, where: str, e: BaseException) -> None:
         # Keyed by the kind of failure, not its text: a message carrying a timestamp would
         # otherwise print a new "reported once" line in every cell.
-        key = f"{where}: {type(e).__name__}"
+        # The error may be a user's (a listener's, a hostile object's): its text is read
+        # through userexc, never by logging (which would run its __str__ unguarded).
+        key = f"{where}: {userexc.type_name(e)}"
         if key not in self._errors:
             self._errors.add(key)
-            log.warning("gpumem_nb %s failed (reported once): %s", where, e)
+            log.warning("gpumem_nb %s failed (reported once): %s", where, userexc.text(e))
 
     def _apply_device(self, index: int | None) -> None:
         with self._baseline_lock:
@@ -349,11 +390,14 @@ class Monitor:
         workers it has seen, so a silent scheduler's rows still have names)."""
         current = self._cluster_collector
         if current is None or getattr(current, "client", None) is not client:
+            self.stop_cluster_feed()
+            self._close_cluster_collector()
             current = self._cluster_collector = factory(client)
         return current
 
     def start_cluster_feed(self, collector: Any) -> Any:
-        """Poll ``collector`` for the chart's cluster lines (``%gpumem watch --cluster``)."""
+        """Poll ``collector`` for the chart's cluster lines (``%gpumem watch --cluster``).
+        The feed lives with the chart: ending the chart, or the sampler, ends it too."""
         from .cluster.feed import ClusterFeed
 
         feed = self.cluster_feed
@@ -363,16 +407,31 @@ class Monitor:
         feed.start()
         return feed
 
-    def stop_cluster_feed(self) -> None:
+    def stop_cluster_feed(self) -> bool:
+        """Stop collecting for the chart; False when no feed was running."""
         feed, self.cluster_feed = self.cluster_feed, None
-        if feed is not None:
+        if feed is None:
+            return False
+        try:
+            running = feed.running
+            feed.stop()
+            return bool(running)
+        except Exception as e:
+            self._contain("cluster feed", e)
+            return False
+
+    def _close_cluster_collector(self) -> None:
+        collector, self._cluster_collector = self._cluster_collector, None
+        if collector is not None:
             try:
-                feed.stop()
+                collector.close()
             except Exception as e:
-                self._contain("cluster feed", e)
+                self._contain("cluster collector", e)
 
     def _drop_widget(self, *, kernel_exiting: bool = False) -> None:
-        # A chart draws one feed for its whole life; switching feeds makes a new one.
+        # A chart draws one feed for its whole life; switching feeds makes a new one. The
+        # cluster's lines were only for that chart: nobody reads them once it is gone.
+        self.stop_cluster_feed()
         if self.widget is not None:
             try:
                 if kernel_exiting:
@@ -390,22 +449,33 @@ class Monitor:
 
         NVML can hang (a GPU falling off the bus, a wedged driver). The read runs on a
         helper thread; if it has not answered in ``timeout_s`` the magic goes on with the
-        allocator and host figures only, and NVML's columns read as unknown. A reading that
-        fails does the same (``contain=False``: it raises instead, for cleanup's report to
-        say why). ``read_problem`` then holds the one line a magic shows; "" otherwise.
+        allocator and host figures only, and NVML's columns read as unknown. While a reading
+        hangs (this one, or the sampler's), no helper is started: the answer is unknown at
+        once (``sources.gate``), so there is never more than one stuck thread. A reading
+        that fails does the same (``contain=False``: it raises instead, for cleanup's report
+        to say why). ``read_problem`` then holds the one line a magic shows; "" otherwise.
         """
         box: list[Sample] = []
         errors: list[BaseException] = []
+        t0 = time.monotonic()
+        if not self.read_gate.enter(wait_s=timeout_s):
+            hung = self.read_gate.hung_s()
+            why = (f"a reading of the GPUs has not returned for {hung:.1f} s (NVML hangs)"
+                   if hung is not None else f"NVML did not answer within {timeout_s:g} s")
+            self._contain("NVML read", TimeoutError(f"{why}; its figures show as unknown"))
+            return self._without_nvml(why)
 
         def work() -> None:
             try:
                 box.append(self.source.read(processes=True))
             except BaseException as e:  # handed to the caller below
                 errors.append(e)
+            finally:
+                self.read_gate.leave()
 
         worker = threading.Thread(target=work, name="gpumem_nb-read", daemon=True)
         worker.start()
-        worker.join(timeout_s)
+        worker.join(max(timeout_s - (time.monotonic() - t0), 0.0))
         if box:
             self.read_problem = ""
             return box[0]
@@ -414,11 +484,15 @@ class Monitor:
                 raise errors[0]
             e = errors[0]
             self._contain("read", e)
-            why = f"reading the GPUs failed ({type(e).__name__}: " \
+            why = f"reading the GPUs failed ({userexc.type_name(e)}: " \
                   f"{first_line(error_str(e), 120)})"
         else:
             why = f"NVML did not answer within {timeout_s:g} s"
             self._contain("NVML read", TimeoutError(f"{why}; its figures show as unknown"))
+        return self._without_nvml(why)
+
+    def _without_nvml(self, why: str) -> Sample:
+        """The allocator and host figures now, NVML's unknown, and the line saying why."""
         self.read_problem = f"{why}; the columns it feeds show as unknown."
         try:
             hot = self.read_hot()
@@ -540,11 +614,12 @@ class Monitor:
             if save:
                 # Only what this call sets (or, for a bare save, what this session set):
                 # another kernel may have saved other keys since this one loaded the file.
-                keys = set(changes) or self._session_keys
-                save_config({k: getattr(new, k) for k in sorted(keys)})
+                keys = set(changes) or self.session_keys
+                saved = save_config({k: getattr(new, k) for k in sorted(keys)})
                 self.saved_keys = tuple(sorted(keys - {"device"}))
+                self.save_note = saved.note
             self._apply(new)
-            self._session_keys |= set(changes)
+            self.session_keys |= set(changes)
             now = replace(self.config)
         self._announce(now)
         return now
@@ -618,6 +693,7 @@ class Monitor:
         self._depth += 1
         if self._depth != 1:
             return  # nested (%%capture, run_cell from a cell): part of the outer cell
+        self._advised_id = None
         try:
             t_s = time.monotonic()
             with self._baseline_lock:
@@ -635,7 +711,8 @@ class Monitor:
                 before = replace(before, devices=tuple(
                     replace(d, nvml=None) for d in before.devices))
             if self.cuda_start.started is None:
-                self.cuda_start.cell_started(_pre_count(self.shell, info))
+                self.cuda_start.cell_started(_pre_count(self.shell, info),
+                                             getattr(info, "raw_cell", "") or "")
             wm = Watermark()
             self._watermarks.append(wm)
             self._pending = _Pending(
@@ -647,30 +724,55 @@ class Monitor:
             )
             # Marked at its start, so a long cell shows on the chart while it runs.
             self.marks.append(self._pending.mark)
-        except Exception as e:
+        except BaseException as e:  # as in post_run_cell
             self._pending = None
             self._contain("pre_run_cell", e)
 
     def post_run_cell(self, result: Any) -> None:
+        if getattr(result, "error_in_exec", None) is None:
+            self._post_run_cell(result)
+            return
+        with one_read_per_error():  # a failing cell's str(exc) runs once, not once per check
+            self._post_run_cell(result)
+
+    def _post_run_cell(self, result: Any) -> None:
+        # The cell's exception is the user's object, read through ``userexc``/``errtext``.
+        # BaseException is contained here, not only Exception: IPython lets anything else
+        # out of a callback, and a SystemExit from a user's __str__ ended the kernel (issue
+        # 16). The cell's own code is not run here: nothing of the user's is swallowed.
         if self._depth == 0:
-            return  # a blank cell, or the cell that loaded us: no matching pre
+            # A blank cell, or the cell that loaded us: no matching pre. That one may have
+            # imported torch and started CUDA after the load.
+            try:
+                if self.cuda_start.started is None and _ran_code(result):
+                    self.cuda_start.load_cell_ended(_count_of(result))
+                self._watch_refusal(result)
+            except BaseException as e:
+                self._contain("CUDA start watch", e)
+            return
         self._depth -= 1
         if self._depth != 0:
+            # Nested (%%capture, %%gpumem, run_cell from a cell): its error, if any, shows
+            # here, in the nested cell's output, and never reaches the outer cell's result.
+            try:
+                self._watch_refusal(result)
+            except BaseException as e:
+                self._contain("CUDA start watch", e)
             return
         try:  # one attribute check unless the cell raised a CUDA OOM
             self.oom.on_cell_result(result)
-        except Exception as e:
+        except BaseException as e:
             self._contain("OOM explainer", e)
         try:
             self._watch_cuda_start(result)
-        except Exception as e:
+        except BaseException as e:
             self._contain("CUDA start watch", e)
         pending = self._pending
         if pending is None:
             return
         try:
             self._finish(pending, result)
-        except Exception as e:
+        except BaseException as e:
             self._contain("post_run_cell", e)
         finally:
             self._pending = None
@@ -678,14 +780,21 @@ class Monitor:
     def _watch_cuda_start(self, result: Any) -> None:
         """Until CUDA is up: did this cell start it? After a failing cell: was it a forking
         launcher refusing because CUDA was up, and where did CUDA start?"""
-        count = getattr(result, "execution_count", None)
         if self.cuda_start.started is None:
-            self.cuda_start.cell_ended(count if isinstance(count, int) else None)
+            self.cuda_start.cell_ended(_count_of(result))
+        self._watch_refusal(result)
+
+    def _watch_refusal(self, result: Any) -> None:
+        """A failing cell (or a nested one): was it a forking launcher refusing because CUDA
+        was up? Then say where CUDA started. Each exception is advised on once, though it
+        may reach both a nested cell's result and its outer cell's."""
         err = _cell_exception(result)
-        if err is not None:
-            who = launcher_refusal(err)
-            if who is not None:
-                print(refusal_advice(who, self.cuda_start.started))
+        if err is None or id(err) == self._advised_id:
+            return
+        who = launcher_refusal(err)
+        if who is not None:
+            self._advised_id = id(err)
+            print(refusal_advice(who, self.cuda_start.started))
 
     def _finish(self, pending: _Pending, result: Any) -> None:
         """The one exact allocator read, then as little as possible before the reply.
@@ -896,9 +1005,20 @@ def _covered(sample: Sample, before: int | None, after: int | None) -> Sample:
         if (before is None or d.index == before) and (after is None or d.index == after)))
 
 
+def _count_of(result: Any) -> int | None:
+    count = getattr(result, "execution_count", None)
+    return count if isinstance(count, int) else None
+
+
+def _ran_code(result: Any) -> bool:
+    """A cell that held code (a blank one also ends without having begun)."""
+    raw = getattr(getattr(result, "info", None), "raw_cell", None)
+    return isinstance(raw, str) and bool(raw.strip())
+
+
 def _cell_exception(result: Any) -> BaseException | None:
     err = getattr(result, "error_in_exec", None)
-    return err if isinstance(err, BaseException) else None
+    return err if userexc.is_exception(err) else None
 
 
 def _repair(cfg: Config) -> None:
@@ -914,14 +1034,15 @@ def _repair(cfg: Config) -> None:
 
 def error_text(result: Any) -> str:
     """A cell's error in one short line for its record; never raises, whatever the
-    exception's ``__str__`` or ``__bool__`` do, and costs the same for a 10 MB message."""
+    exception's ``__str__``, ``__bool__`` or class do, and costs the same for a 10 MB
+    message."""
     if result is None:
         return ""
     err = getattr(result, "error_in_exec", None)
     if err is None:
         err = getattr(result, "error_before_exec", None)
-    if not isinstance(err, BaseException):
+    if not userexc.is_exception(err):
         return ""
-    name = type(err).__name__
+    name = userexc.type_name(err)
     text = first_line(error_str(err), 200)
     return f"{name}: {text}"[:200] if text else name

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 
 Row = Sequence[str]
 
-
 def text_table(headers: Row, rows: Sequence[Row]) -> str:
     widths = [len(h) for h in headers]
     for r in rows:

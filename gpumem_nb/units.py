@@ -1,4 +1,5 @@
-"""Byte formatting and size parsing, shared by every display and by argument parsing."""
+"""Byte formatting, size parsing and printable text, shared by every display and by argument
+parsing."""
 
 from __future__ import annotations
 
@@ -26,19 +27,29 @@ _UNITS = {
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 
-def format_bytes(n: int | None, *, signed: bool = False) -> str:
-    """Human-readable binary size: ``1.49 GiB``; ``—`` for unknown."""
-    if n is None:
+# Sizes from this far up are shown as a bound: they come from junk (a history entry of
+# 10**400 bytes), and printing them exactly would overflow float or Python's int-to-text
+# limit (4300 digits).
+_HUGE = 1 << 80
+
+
+def format_bytes(n: int | float | None, *, signed: bool = False) -> str:
+    """Human-readable binary size: ``1.49 GiB``; ``—`` for unknown (or not a number). Never
+    raises, whatever the size."""
+    if n is None or isinstance(n, bool) or not isinstance(n, int | float) or (
+            isinstance(n, float) and not math.isfinite(n)):
         return "—"
     sign = ""
     if n < 0:
         sign, n = "-", -n
     elif signed:
         sign = "+"
+    if n >= _HUGE:
+        return f"{sign}more than 1 YiB"
     for unit, scale in _BINARY:
         if n >= scale:
             return f"{sign}{n / scale:.2f} {unit}"
-    return f"{sign}{n} B"
+    return f"{sign}{n:g} B" if isinstance(n, float) else f"{sign}{n} B"
 
 
 def parse_size(text: str) -> int:
@@ -56,3 +67,19 @@ def parse_size(text: str) -> int:
     if not math.isfinite(value):  # 1e400 reads as inf, and int(inf) raises OverflowError
         raise ValueError(f"{text!r} is too large a size")
     return int(value)
+
+
+# What must not reach a terminal or a plain-text output raw: C0 and C1 controls (a clear-screen
+# escape, a bell, a newline forging a row of its own), DEL, the bidirectional overrides and
+# isolates that make text read backwards, and lone surrogates (``print`` itself would raise).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e"
+                          "\u2066-\u2069\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """Text from outside (a process's command line, a worker's name or error) made safe to
+    print: each control character written as its Python escape (``\\x1b``, ``\\n``,
+    ``\\u202e``); everything else as is."""
+    if not _UNPRINTABLE.search(text):
+        return text
+    return _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1], text)

@@ -125,6 +125,7 @@ class MemoryWidget:
         self._extra: dict[str, _Extra] = {}
         self._history_until_s: float | None = None
         self._cluster_keys: tuple[str, ...] = ()
+        self._cluster_drawn: tuple[int, int, float] | None = None  # (feed, version, t0)
         self._inbox: deque[Callable[[], None]] = deque()
         self._draw_lock = threading.Lock()
         self._closed = False
@@ -290,12 +291,16 @@ class MemoryWidget:
         feed = getattr(self.monitor, "cluster_feed", None)
         if feed is None or self.replay is not None:
             return
+        drawn = (id(feed), feed.version, t0)
+        if drawn == self._cluster_drawn:
+            return  # no collection since the last draw: nothing to build or compare
+        self._cluster_drawn = drawn
         lines = feed.series(t0)
         names = tuple(lines)
         if names != self._cluster_keys:
             self._cluster_keys = names
             self.chart.series = self._series_specs()
-        self.chart.extra = {name: [list(xs), list(ys)] for name, (xs, ys) in lines.items()}
+        self.chart.extra = {name: [xs, ys] for name, (xs, ys) in lines.items()}
 
     def _marks(self, t0: float) -> list[list[Any]]:
         if self.replay is not None:

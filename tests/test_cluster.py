@@ -244,3 +244,103 @@ def test_loading_and_reading_never_import_dask():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, env={**os.environ, "GPUMEM_NB_AUTO_SHOW": "0"})
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
+
+
+def test_an_asynchronous_client_is_read_not_crashed_on(shared_gpu, shell, no_gpu, capsys):
+    # `await Client(addr, asynchronous=True)`: Client.run handed back a coroutine, and
+    # %gpumem cluster died on "'coroutine' object has no attribute 'items'".
+    shell.run_cell("%load_ext gpumem_nb")
+    shell.user_ns["addr"] = shared_gpu.scheduler.address
+    made = shell.run_cell("from distributed import Client\n"
+                          "ac = await Client(addr, asynchronous=True, set_as_default=False)")
+    assert made.error_in_exec is None
+    try:
+        reading = shell.run_line_magic("gpumem", "cluster ac -o")
+        assert reading.status == ROW_OK and sorted(by_name(reading)) == ["0", "1"]
+        m = shell._gpumem_nb_monitor
+        m.sampler.stop()
+        assert shell.run_cell("%gpumem watch --cluster ac").error_in_exec is None
+        feed = m.cluster_feed
+        deadline = time.monotonic() + 10
+        while feed.collections < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert feed.latest is not None and feed.latest.status == ROW_OK  # no gap forever
+        assert "RuntimeWarning" not in capsys.readouterr().err
+    finally:
+        shell.run_cell("%unload_ext gpumem_nb")
+        shell.run_cell("await ac.close()")
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(
+            t.name.startswith("gpumem_nb") for t in threading.enumerate()):
+        time.sleep(0.1)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("gpumem_nb")]
+
+
+def test_a_closed_client_is_a_plain_usage_error_for_the_table_and_the_chart(
+        shared_gpu, shell, no_gpu, capsys):
+    shell.run_cell("%load_ext gpumem_nb")
+    gone = distributed.Client(shared_gpu.cluster, set_as_default=False)
+    gone.close()
+    shell.user_ns["gone"] = gone
+    capsys.readouterr()
+    for line in ("cluster gone", "watch --cluster gone"):
+        result = shell.run_cell(f"%gpumem {line}")
+        err = capsys.readouterr().err
+        assert "gone is closed: make a new client" in err, (line, err)
+        assert "did not answer" not in err and "Traceback" not in err
+        assert type(result.error_in_exec).__name__ == "UsageError"
+    assert shell._gpumem_nb_monitor.cluster_feed is None
+
+
+def test_the_cluster_feed_stops_with_the_sampler_and_with_the_chart(shared_gpu, shell, no_gpu,
+                                                                     capsys):
+    # After %gpumem stop, or with the chart gone, the feed kept broadcasting Client.run
+    # to every worker once a second.
+    shell.run_cell("%load_ext gpumem_nb")
+    shell.user_ns["client"] = shared_gpu
+    m = shell._gpumem_nb_monitor
+    for stop in ("%gpumem stop", "%gpumem watch --stop", "%gpumem watch --replay bundled"):
+        m.sampler.start()
+        shell.run_cell("%gpumem watch --live --cluster client")
+        feed = m.cluster_feed
+        assert feed is not None and feed.running, stop
+        assert shell.run_cell(stop).error_in_exec is None
+        assert not feed.running and m.cluster_feed is None, stop
+    assert "sampler and the cluster's lines stopped" in capsys.readouterr().out
+
+
+def test_a_failed_replay_beside_cluster_starts_no_feed(shared_gpu, shell, no_gpu, capsys):
+    shell.run_cell("%load_ext gpumem_nb")
+    shell.user_ns["client"] = shared_gpu
+    capsys.readouterr()
+    shell.run_cell("%gpumem watch --cluster client --replay /nonexistent.json")
+    assert "does not go with --replay" in capsys.readouterr().err
+    assert shell._gpumem_nb_monitor.cluster_feed is None
+    shell.run_cell("%gpumem watch --cluster nosuch")  # a bad name: nothing started either
+    assert shell._gpumem_nb_monitor.cluster_feed is None
+
+
+@pytest.mark.parametrize("value", ["5e-324", "-inf", "-1e3"])
+def test_a_timeout_no_scheduler_can_meet_is_refused_in_a_sentence(shell, no_gpu, capsys,
+                                                                   value):
+    shell.run_cell("%load_ext gpumem_nb")
+    capsys.readouterr()
+    result = shell.run_cell(f"%gpumem cluster --timeout {value}")
+    err = capsys.readouterr().err
+    assert "--timeout takes seconds from 0.1 to 60" in err, err
+    assert type(result.error_in_exec).__name__ == "UsageError" and "Traceback" not in err
+
+
+def test_an_object_whose_class_attribute_raises_is_not_a_client_and_no_traceback(
+        shell, no_gpu, capsys):
+    class Liar:
+        @property  # type: ignore[misc]
+        def __class__(self) -> Any:
+            raise RuntimeError("__class__ boom")
+
+    shell.run_cell("%load_ext gpumem_nb")
+    shell.user_ns["liar"] = Liar()
+    capsys.readouterr()
+    shell.run_cell("%gpumem cluster liar")
+    err = capsys.readouterr().err
+    assert "not a distributed.Client" in err and "Traceback" not in err

@@ -4,6 +4,7 @@ launcher refuses to start because CUDA is already up in the kernel."""
 from __future__ import annotations
 
 import sys
+import traceback
 from typing import Any
 
 import pytest
@@ -206,3 +207,153 @@ def test_queueing_never_touches_cuda_and_reports_why_not_when_it_cannot():
     up = FakeCuda([FakeCudaDevice("a")], initialized=True)
     assert TorchSource(modules={"torch": fake_torch(up)}).on_cuda_init(
         cudastart._InitHook)[0] is None
+
+
+# -- cell magics, the loading cell, threads (the independent tester's findings) ---------------
+@pytest.mark.parametrize("magic", ["%%capture cap", "%%gpumem -q", "%%time", "%%timeit -n1 -r1"])
+def test_a_cell_magics_body_is_named_by_its_line_in_the_cell_not_by_the_magic_call(
+        cold, magic):
+    # Was: line 1 `get_ipython().run_cell_magic(...)`, "through cell [4], line 2" (the next
+    # cell's number: the body runs as a nested cell).
+    result = run(cold.shell, f"{magic}\nb = 2\nx = cuda.tensor(4)\nc = 3")
+    start = cold.monitor.cuda_start.started
+    assert start.sentence() == (f"CUDA started in cell [{result.execution_count}], line 3: "
+                                "`x = cuda.tensor(4)`.")
+
+
+def test_a_function_called_from_a_cell_magics_body_is_the_way_in(cold):
+    first = run(cold.shell, "def load():\n    return cuda.tensor(4)")
+    result = run(cold.shell, "%%capture\nm = load()")
+    start = cold.monitor.cuda_start.started
+    assert (start.execution_count, start.line, start.code) == (result.execution_count, 2,
+                                                               "m = load()")
+    assert start.via == f"load() in cell [{first.execution_count}], line 2"
+
+
+def test_a_line_magic_is_quoted_as_typed_not_as_ipython_rewrote_it(cold):
+    result = run(cold.shell, "q = 1\n%time x = cuda.tensor(4)")
+    start = cold.monitor.cuda_start.started
+    assert (start.execution_count, start.line, start.code) == (
+        result.execution_count, 2, "%time x = cuda.tensor(4)")
+
+
+def test_a_cells_leading_blank_lines_count_as_the_editor_shows_them(cold):
+    result = run(cold.shell, "\n\nq = 1\nx = cuda.tensor(4)")
+    start = cold.monitor.cuda_start.started
+    assert (start.execution_count, start.line, start.code) == (
+        result.execution_count, 4, "x = cuda.tensor(4)")
+
+
+def test_cuda_started_in_the_cell_that_loads_the_extension_is_recorded(shell, monkeypatch,
+                                                                        capsys):
+    # Was never recorded: the loading cell's end was skipped, and a later launcher refusal
+    # said "no cell has ended with CUDA up".
+    w = make_world(monkeypatch, initialized=False)
+    monkeypatch.delitem(sys.modules, "torch")
+    shell.user_ns.update(cuda=w.cuda, fake=w.torch, sys=sys, text=ACCELERATE)
+    loaded = run(shell, "%load_ext gpumem_nb\nsys.modules['torch'] = fake\nx = cuda.tensor(4)")
+    start = shell._gpumem_nb_monitor.cuda_start.started
+    assert start is not None and (start.how, start.execution_count) == (
+        HOW_CELL, loaded.execution_count)
+    capsys.readouterr()
+    run(shell, "raise RuntimeError(text)")
+    out = capsys.readouterr().out
+    assert f"CUDA started in cell [{loaded.execution_count}]" in out
+    assert "no cell has ended" not in out
+
+
+def test_a_blank_cell_after_loading_at_start_up_claims_no_cuda_start(shell, monkeypatch):
+    w = make_world(monkeypatch, initialized=False)
+    monkeypatch.delitem(sys.modules, "torch")
+    shell.run_line_magic("load_ext", "gpumem_nb")  # not from a cell: the kernel's start-up
+    sys.modules["torch"] = w.torch
+    w.cuda.tensor(4)  # CUDA up outside any cell
+    shell.events.trigger("post_run_cell", type("R", (), {"execution_count": 1,
+                                                         "error_in_exec": None})())
+    assert shell._gpumem_nb_monitor.cuda_start.started is None
+
+
+@pytest.mark.parametrize("magic", ["%%gpumem -q", "%%capture cap"])
+def test_a_launchers_refusal_inside_a_cell_magic_still_gets_its_advice_once(cold, capsys,
+                                                                            magic):
+    started = run(cold.shell, "w = cuda.tensor(4)")
+    cold.shell.user_ns["text"] = ACCELERATE
+    capsys.readouterr()
+    run(cold.shell, f"{magic}\nraise RuntimeError(text)")
+    out = capsys.readouterr().out
+    if magic.startswith("%%capture"):
+        out = cold.shell.user_ns["cap"].stdout  # the advice goes where the traceback went
+    assert out.count("gpumem: accelerate's notebook_launcher forks its workers") == 1, out
+    assert f"CUDA started in cell [{started.execution_count}], line 1" in out
+
+
+def test_cuda_started_on_a_thread_names_the_cell_running_it_not_where_its_function_lives(
+        cold):
+    defined = run(cold.shell, "import threading\ndef work():\n    global t\n"
+                              "    t = cuda.tensor(4)")
+    ran = run(cold.shell, "th = threading.Thread(target=work, name='loader')\n"
+                          "th.start(); th.join()")
+    assert cold.monitor.cuda_start.started.sentence() == (
+        f"CUDA started in cell [{ran.execution_count}], line 2: `th.start(); th.join()`, "
+        f"through work() in cell [{defined.execution_count}], line 4, on thread loader.")
+
+
+def test_cuda_started_on_a_thread_running_library_code_keeps_the_cell_and_thread_name(cold):
+    ran = run(cold.shell, "import threading, functools\n"
+                          "th = threading.Thread(target=functools.partial(cuda.tensor, 4), "
+                          "name='bg')\nth.start(); th.join()")
+    assert cold.monitor.cuda_start.started.sentence() == (
+        f"CUDA started in cell [{ran.execution_count}], line 3: `th.start(); th.join()`, "
+        "on thread bg.")
+
+
+def test_cuda_started_on_a_thread_between_cells_is_outside_any_cell_with_its_thread(cold):
+    import threading
+
+    go = threading.Event()
+    cold.shell.user_ns["go"] = go
+    defined = run(cold.shell, "import threading\ndef work():\n    go.wait(10)\n"
+                              "    cuda.tensor(4)\n"
+                              "th = threading.Thread(target=work, name='late'); th.start()")
+    go.set()  # no cell runs now
+    cold.shell.user_ns["th"].join()
+    assert cold.monitor.cuda_start.started.sentence() == (
+        "CUDA started outside any cell (in code the kernel ran on its own), through work() "
+        f"in cell [{defined.execution_count}], line 4, on thread late.")
+
+
+@pytest.mark.parametrize("source", [
+    "raise KeyError('log said: ' + text)",
+    "assert 'CUDA has been' not in text, text",
+    "raise RuntimeError('the log said: ' + text)",
+])
+def test_a_users_error_merely_quoting_a_launchers_words_gets_no_launcher_advice(cold, capsys,
+                                                                                source):
+    run(cold.shell, "w = cuda.tensor(4)")
+    cold.shell.user_ns["text"] = ACCELERATE
+    capsys.readouterr()
+    failed = run(cold.shell, source)
+    assert failed.error_in_exec is not None
+    assert "forks its workers" not in capsys.readouterr().out
+
+
+def test_a_failing_cells_message_is_read_once_by_all_of_gpumem_nbs_checks(cold):
+    # An exception's __str__ is the user's code (slow, counting, raising): gpumem_nb read it
+    # four times per failing cell (its record, the OOM check twice, the refusal check).
+    cold.shell.user_ns["ours"] = lambda: any(
+        "/gpumem_nb/" in f.filename for f in traceback.extract_stack())
+    run(cold.shell, "N = [0]\nclass Counted(Exception):\n    def __str__(self):\n"
+                    "        N[0] += ours()\n        return 'counted'")
+    run(cold.shell, "raise Counted()")
+    assert cold.shell.user_ns["N"][0] == 1
+
+
+def test_cuda_started_by_a_callback_between_cells_is_outside_any_cell_not_its_functions_cell(
+        cold):
+    # A widget's click handler runs on the kernel's thread between cells: its function's cell
+    # is the way in, not a cell that ran it.
+    defined = run(cold.shell, "def on_click(_):\n    return cuda.tensor(4)")
+    cold.shell.user_ns["on_click"](None)  # as the kernel calls a handler: no cell running
+    assert cold.monitor.cuda_start.started.sentence() == (
+        "CUDA started outside any cell (in code the kernel ran on its own), through "
+        f"on_click() in cell [{defined.execution_count}], line 2.")

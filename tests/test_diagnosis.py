@@ -23,6 +23,7 @@ from gpumem_nb.oom import (
     KIND_FAILED_CALL,
     OomExplanation,
     OomFacts,
+    ProcessUse,
     classify,
     next_steps,
 )
@@ -80,6 +81,47 @@ def test_fragmentation_is_still_the_verdict_when_the_cell_itself_made_little():
     causes, steps, _ = explain(f, [MODEL])
     assert causes[0].kind == CAUSE_FRAGMENTATION and causes[0].covers
     assert "expandable_segments:True" in steps[0]
+
+
+# tests/gpu/test_oom_gpu.py's fragmentation recipe on the H200 (native, torch 2.11): a 40 GiB
+# segment carved into 1 GiB pieces, every other one freed (20 holes of 1 GiB that can neither
+# merge nor go back to the driver), the 20 kept pieces in `keep`, `filler` taking the rest of
+# the GPU but 0.5 GiB; then `y = torch.empty(2 GiB)` fails. The recipe runs between cells, so
+# unless a sampler tick lands after it, the cell's start is the reading from before it and the
+# cell seems to have made all 118.78 GiB itself.
+FRAG_KEEP = Holder("keep", "container", "cuda:0", 20 * GiB, "20 tensors")
+FRAG_FILLER = Holder("filler", "variable", "cuda:0", gib(98.78), "uint8[106060914524]")
+FRAG_ALLOCATED = 20 * GiB + gib(98.78) + 512  # and the prelude's torch.zeros(1)
+FRAG_STRANDED = 20 * GiB + 2 * MiB - 512  # the holes, and the rest of the small pool's segment
+
+
+@pytest.mark.parametrize("start", [512, 20 * GiB + 512, FRAG_ALLOCATED],
+                         ids=["stale start", "tick after keep", "fresh start"])
+def test_twenty_gib_stranded_in_1_gib_holes_is_fragmentation_whatever_the_cell_seems_to_have_made(
+        start):
+    f = OomFacts(
+        device=0, requested_bytes=2 * GiB, total_bytes=gib(139.8), free_bytes=GiB // 2,
+        allocated_bytes=FRAG_ALLOCATED, reserved_bytes=FRAG_ALLOCATED + FRAG_STRANDED,
+        this_process_bytes=FRAG_ALLOCATED + FRAG_STRANDED + 520 * MiB,
+        other_processes=(ProcessUse(1119, 886 * MiB, "python3 -m pytest"),),
+        largest_free_block_bytes=GiB, cell_bytes=FRAG_ALLOCATED - start,
+        cell_start_bytes=start, unreachable_bytes=0, grad_enabled=True)
+    causes, steps, text = explain(f, [FRAG_KEEP, FRAG_FILLER])
+    # The request is a tenth of what sat stranded: usable, those holes would have served it
+    # and nine more like it, whatever the cell made before asking.
+    assert causes[0].kind == CAUSE_FRAGMENTATION and causes[0].covers, text
+    assert causes[0].nbytes == FRAG_STRANDED
+    assert "the largest free piece 1.00 GiB" in causes[0].summary
+    assert "not the computation" not in causes[0].summary
+    assert "expandable_segments:True" in steps[0]
+    held = next(c for c in causes if c.kind == CAUSE_HELD)
+    assert held.covers and held.nbytes == FRAG_KEEP.nbytes + FRAG_FILLER.nbytes  # also listed
+    # The same holes in the cudaMallocAsync pool (its unused bytes and the 0.5 GiB free would
+    # have fitted, yet the driver refused): the pool is the cause, not the session.
+    pool = replace(f, backend="cudaMallocAsync", measured_at="after", free_bytes=31 * MiB,
+                   largest_free_block_bytes=None, released_since_bytes=0)
+    causes, _, text = explain(pool, [FRAG_KEEP, FRAG_FILLER])
+    assert causes[0].kind == CAUSE_POOL and causes[0].covers, text
 
 
 def test_a_cell_that_filled_a_list_its_session_keeps_is_held_not_its_working_set():

@@ -574,6 +574,38 @@ def test_fragmentation_is_measured_from_split_blocks(world):
         assert "expandable_segments" not in str(e)
 
 
+def test_holes_made_between_cells_are_fragmentation_not_the_failing_cells_own(world):
+    # tests/gpu/test_oom_gpu.py's recipe, run between cells as there: 20 kept 1 GiB pieces of
+    # a 40 GiB segment and 20 holes, then a filler up to 0.5 GiB short of the GPU. No sampler
+    # tick lands between the previous cell's end and the failing cell (on the H200 the recipe
+    # took less than one interval), so the cell starts from the reading before the recipe and
+    # seems to have made all of it itself.
+    ip, d = world.shell, world.cuda.devices[0]
+    mon = current_monitor(ip)
+    assert mon.sampler.stop()
+    keep = [world.cuda.tensor(GiB) for _ in range(20)]
+    d.inactive_split, d.free_pieces = 20 * GiB, [GiB] * 20
+    d.reserved = d.allocated + d.inactive_split
+    world.cuda._sync()
+    filler = world.cuda.tensor(world.cuda.device_free(0) - GiB // 2)
+    ip.user_ns.update(keep=keep, filler=filler)
+    del keep, filler
+    run(ip, "y = cuda.tensor(2 * GiB)")
+    e = last(ip)
+    # What the stale start implies (under cudaMallocAsync, read from the message's rounding).
+    assert e is not None and e.facts.cell_bytes is not None
+    assert abs(e.facts.cell_bytes - d.allocated) <= e.facts.precision_bytes
+    first = CAUSE_FRAGMENTATION if world.backend == "native" else CAUSE_POOL
+    assert e.cause == first, str(e)
+    assert abs(e.causes[0].nbytes - 20 * GiB) <= e.facts.precision_bytes
+    assert [c.kind for c in e.causes] == [first, CAUSE_HELD]  # keep and filler, listed after
+    if world.backend == "native":
+        assert e.facts.largest_free_block_bytes == GiB
+        assert "expandable_segments:True" in str(e)
+    else:
+        assert "expandable_segments" not in str(e)
+
+
 def test_ooms_are_counted_even_where_the_backend_does_not(world, capsys):
     run(world.shell, "y = cuda.tensor(400 * GiB)")
     capsys.readouterr()

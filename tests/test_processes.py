@@ -27,7 +27,7 @@ from gpumem_nb.oom import CAUSE_OTHER_PROCESSES
 from gpumem_nb.sources import processes as processes_mod
 from gpumem_nb.sources.live import LiveSource
 from gpumem_nb.sources.nvml import NvmlSource
-from gpumem_nb.sources.processes import ProcessTree, split_children
+from gpumem_nb.sources.processes import ProcessTree, roles_to_learn, split_children
 
 from .fakes import FakeCuda, FakeCudaDevice, FakeGpu, FakePynvml, GiB, MiB, fake_torch
 
@@ -332,3 +332,64 @@ def test_the_charts_header_names_the_kernels_children(shell, monkeypatch, forked
     assert "This kernel&#x27;s children on GPU 0 hold 600.00 MiB" in widget.header.value
     assert f"PID {forked_child.pid}, multiprocessing child: 600.00 MiB" in widget.header.value
     m._drop_widget()
+
+
+@pytest.mark.parametrize("where", ["at its start", "set since"])
+def test_rank_variables_a_child_inherited_from_the_kernel_do_not_make_it_a_launched_worker(
+        tmp_path, monkeypatch, where):
+    # A kernel with RANK=0, WORLD_SIZE=1 (a one-process init_process_group): its DataLoader
+    # workers were named "launched worker rank 0 of 1", with destroy_process_group advice,
+    # and never looked up as DataLoader workers.
+    class _MultiProcessingDataLoaderIter:
+        def __init__(self, pids: list[int]) -> None:
+            self._workers = [SimpleNamespace(pid=p) for p in pids]
+
+    ranks = {"RANK": "0", "WORLD_SIZE": "1"}
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    if where == "set since":
+        for k, v in ranks.items():
+            monkeypatch.setenv(k, v)
+    spawn = "python -c from multiprocessing.spawn import spawn_main; spawn_main(7)"
+    proc = fake_proc(tmp_path, {
+        ME: (1, "python -m ipykernel_launcher", ranks if where == "at its start" else {}),
+        201: (ME, spawn, {**ranks, "PATH": "/bin"}),  # inherited
+        202: (ME, spawn, {"RANK": "1", "WORLD_SIZE": "2"}),  # its own: a launched worker
+    })
+    modules = {"torch.utils.data.dataloader": SimpleNamespace(
+        _MultiProcessingDataLoaderIter=_MultiProcessingDataLoaderIter)}
+    tree = ProcessTree(proc_root=proc, modules=modules)
+    got = {c.pid: c for c in tree.children_of([(201, GiB), (202, GiB)])}
+    assert (got[201].role, got[201].rank) == (ROLE_MULTIPROCESSING, None)
+    assert got[202].label == "PID 202, launched worker rank 1 of 2"
+    loader = _MultiProcessingDataLoaderIter([201])
+    assert roles_to_learn(got.values()) == [201]
+    tree.learn_roles([201])
+    assert tree.children_of([(201, GiB)])[0].label == "PID 201, DataLoader worker"
+    del loader
+
+
+HOSTILE_ARGS = ("\x1b[2J\x1b[H\x1b[31mFAKE: GPU memory OK\x1b[0m\x07", "next\nline",
+                "\u202eRTL")
+
+
+def test_a_childs_command_line_reaches_the_terminal_escaped(shell, monkeypatch, capsys):
+    # A child's argv went into %gpumem's text raw: a clear-screen escape, colours, a bell,
+    # a newline forging a line of its own, a bidirectional override.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                              *HOSTILE_ARGS])
+    try:
+        cuda = child_world(monkeypatch, child.pid, 2 * GiB)
+        shell.run_cell("%load_ext gpumem_nb")
+        shell.user_ns["cuda"] = cuda
+        shell.run_cell("x = cuda.tensor(1 << 30)")
+        shell._gpumem_nb_monitor.sampler.tick()
+        capsys.readouterr()
+        shell.run_cell("%gpumem")
+        out = capsys.readouterr().out
+    finally:
+        child.kill()
+        child.wait()
+    assert not any(c in out for c in ("\x1b", "\x07", "\u202e")), repr(out)
+    (line,) = [ln for ln in out.splitlines() if f"PID {child.pid}" in ln]
+    assert "\\x1b[2J" in line and "next\\nline" in line  # one line, its text still readable

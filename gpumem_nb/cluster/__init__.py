@@ -15,17 +15,19 @@ per-process GPU metrics, say) is one more class with ``collect`` and ``close``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..report import html_lines, html_table, text_table
-from ..units import format_bytes
+from ..units import format_bytes, printable
 
 ROW_OK = "ok"
 ROW_UNKNOWN = "unknown"  # no answer in time: figures unknown, not zero
 ROW_NO_GPUMEM = "no gpumem_nb"
 ROW_NO_NVML = "no NVML"
 ROW_ERROR = "error"
+READING_CLOSED = "closed"  # the whole collection: the client is closed, nothing was asked
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,12 @@ class Collector(Protocol):
     def close(self) -> None: ...
 
 
+def natural_key(text: str) -> tuple[tuple[int, int, str], ...]:
+    """Sorts worker names as people number them: 2 before 10, not "10" before "2"."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part)
+                 for part in re.split(r"(\d+)", text) if part)
+
+
 HEADERS = ("worker", "host", "GPU", "UUID", "NVML used / total", "this worker",
            "allocated", "reserved", "peak allocated", "status")
 
@@ -116,9 +124,12 @@ def _row(r: WorkerGpu) -> list[str]:
     used = "—" if r.total_bytes is None and r.used_bytes is None else \
         f"{format_bytes(r.used_bytes)} / {format_bytes(r.total_bytes)}"
     status = r.status + (f": {r.detail}" if r.detail else "")
-    return [r.name or r.worker, r.host or "—", gpu, _short_uuid(r.uuid) or "—", used,
+    # Names, hosts and error text come from the workers: printed escaped, never raw.
+    return [printable(r.name or r.worker), printable(r.host) or "—", printable(gpu),
+            printable(_short_uuid(r.uuid)) or "—", used,
             format_bytes(r.process_bytes), format_bytes(r.allocated_bytes),
-            format_bytes(r.reserved_bytes), format_bytes(r.peak_allocated_bytes), status[:80]]
+            format_bytes(r.reserved_bytes), format_bytes(r.peak_allocated_bytes),
+            printable(status)[:80]]
 
 
 class ClusterView:
@@ -133,9 +144,13 @@ class ClusterView:
     def lines(self) -> list[str]:
         rd = self.reading
         out = []
-        if rd.status != ROW_OK:
-            out.append(f"The {rd.engine} scheduler {rd.scheduler} did not answer: {rd.detail}. "
-                       "Its workers' figures are unknown.")
+        if rd.status == READING_CLOSED:
+            out.append(f"The {rd.engine} client is closed, so its workers were not asked: "
+                       "make a new client, or name an open one (%gpumem cluster NAME).")
+        elif rd.status != ROW_OK:
+            where = f" {printable(rd.scheduler)}" if rd.scheduler else ""
+            out.append(f"The {rd.engine} scheduler{where} did not answer: "
+                       f"{printable(rd.detail)}. Its workers' figures are unknown.")
         devices = rd.devices()
         workers = {r.worker for r in rd.rows}
         if devices:
@@ -144,12 +159,13 @@ class ClusterView:
             out.append(f"{len(workers)} worker(s) on {len(devices)} GPU(s), each GPU counted "
                        f"once by UUID: {format_bytes(sum(used) if used else None)} used of "
                        f"{format_bytes(sum(total) if total else None)}.")
-            out.extend(f"  {_short_uuid(d.uuid)} ({d.gpu_name or 'GPU'} on {d.host or '?'}): "
-                       f"{format_bytes(d.used_bytes)} used, shared by workers "
-                       f"{', '.join(d.workers)}" for d in devices if len(d.workers) > 1)
+            out.extend(printable(
+                f"  {_short_uuid(d.uuid)} ({d.gpu_name or 'GPU'} on {d.host or '?'}): "
+                f"{format_bytes(d.used_bytes)} used, shared by workers {', '.join(d.workers)}")
+                for d in devices if len(d.workers) > 1)
         elif rd.status == ROW_OK:
             out.append(f"{len(workers)} worker(s), none with a GPU gpumem_nb could read.")
-        out.extend(rd.notes)
+        out.extend(printable(n) for n in rd.notes)
         return out
 
     def __str__(self) -> str:

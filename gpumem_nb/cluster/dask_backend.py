@@ -7,7 +7,16 @@ no task slot and leaves nothing on the cluster (no plugin, no agent of ours). Bo
 - ``callback_timeout`` bounds the call on the client's event loop (a scheduler or worker that
   does not answer: the call is cancelled there);
 - the call runs on a thread of ours, joined with the same timeout, so a client whose own loop
-  is stuck cannot hold the cell either. While such a call is still out, no second one is sent.
+  is stuck cannot hold the cell either.
+
+One request is out at a time: a second caller (``%gpumem cluster`` while the chart's feed is
+collecting) waits on the one already out, within its own timeout, and reads its answer; it
+neither doubles the broadcast nor gets a row of "unknown" for the other's sake.
+
+An asynchronous client (``await Client(..., asynchronous=True)``) answers only on its own
+event loop, which in a notebook is the kernel's: busy running the very cell that asks. Such a
+client is asked through a synchronous client of ours to the same scheduler (its own loop
+thread, the user's security settings), made on first use and closed with the collector.
 
 A worker whose answer is an error says which: no gpumem_nb there (the function cannot be
 loaded), or what it raised.
@@ -15,11 +24,15 @@ loaded), or what it raised.
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import (
+    READING_CLOSED,
     ROW_ERROR,
     ROW_NO_GPUMEM,
     ROW_NO_NVML,
@@ -27,11 +40,13 @@ from . import (
     ROW_UNKNOWN,
     ClusterReading,
     WorkerGpu,
+    natural_key,
 )
 from .worker import report
 
 INSTALL_HINT = ("%gpumem cluster needs Dask's distributed: pip install 'gpumem-nb[cluster]' "
                 "(or pip install 'dask[distributed]')")
+CLOSE_WAIT_S = 0.5  # how long closing our own client may hold an unload
 
 
 def default_client() -> Any:
@@ -54,7 +69,38 @@ def is_client(obj: Any) -> bool:
         import distributed
     except ImportError:
         return False
-    return isinstance(obj, distributed.Client)
+    try:  # isinstance reads obj.__class__, which an object may make raise
+        return isinstance(obj, distributed.Client)
+    except Exception:
+        return False
+
+
+def client_closed(client: Any) -> bool:
+    try:
+        return str(getattr(client, "status", "")) in ("closed", "closing")
+    except Exception:
+        return False
+
+
+def _asynchronous(client: Any) -> bool:
+    # The mode the client was made in: its public ``asynchronous`` answers for the calling
+    # thread's loop, which is not the question here.
+    try:
+        return bool(getattr(client, "_asynchronous", False))
+    except Exception:
+        return False
+
+
+@dataclass
+class _Request:
+    """One ``Client.run`` broadcast, out on a thread of ours."""
+
+    thread: threading.Thread
+    box: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def out(self) -> bool:
+        return self.thread.is_alive()
 
 
 class DaskCollector:
@@ -62,9 +108,12 @@ class DaskCollector:
 
     def __init__(self, client: Any) -> None:
         self.client = client
-        self._inflight: threading.Thread | None = None
-        self._known: dict[str, WorkerGpu] = {}  # per worker, the last rows' identity
+        self._inflight: _Request | None = None
+        # Per worker and device, the last answer's rows: names for the rows of a scheduler
+        # that does not answer. Replaced by each answer, so retired workers leave it.
+        self._known: dict[str, WorkerGpu] = {}
         self._lock = threading.Lock()
+        self._own: Any = None  # our synchronous client, for an asynchronous one
 
     @property
     def scheduler(self) -> str:
@@ -75,44 +124,95 @@ class DaskCollector:
 
     @property
     def closed(self) -> bool:
-        return str(getattr(self.client, "status", "")) in ("closed", "closing")
+        return client_closed(self.client)
 
     def close(self) -> None:
-        """Forget the client; the user's client is theirs to close."""
-        self._known.clear()
+        """Forget the workers and close our own client, if one was made; the user's client
+        is theirs to close."""
+        with self._lock:
+            self._known = {}
+            own, self._own = self._own, None
+        if own is not None:
+            _close_soon(own)
 
     def collect(self, timeout_s: float) -> ClusterReading:
         now = time.monotonic()
+        deadline = now + timeout_s
         if self.closed:
-            return self._unknown(now, "the Dask client is closed")
-        with self._lock:
-            if self._inflight is not None and self._inflight.is_alive():
-                return self._unknown(now, "the previous request has not been answered yet")
-            box: dict[str, Any] = {}
-
-            def work() -> None:
-                try:
-                    box["answers"] = self.client.run(report, on_error="return",
-                                                     callback_timeout=timeout_s)
-                except BaseException as e:  # handed to the caller below
-                    box["error"] = e
-
-            thread = threading.Thread(target=work, name="gpumem_nb-cluster", daemon=True)
-            thread.start()
-            self._inflight = thread
-        thread.join(timeout_s + 0.05)
-        if thread.is_alive():
+            self.close()
+            return ClusterReading(t_s=now, rows=(), scheduler=self.scheduler,
+                                  status=READING_CLOSED, detail="the Dask client is closed")
+        req = None
+        for _attempt in range(2):
+            with self._lock:
+                joined = self._inflight is not None and self._inflight.out
+                if not joined:
+                    self._inflight = self._send(timeout_s)
+                req = self._inflight
+            assert req is not None
+            req.thread.join(max(deadline - time.monotonic(), 0.0) + 0.05)
+            # The request another caller sent gave up (its own, shorter, timeout) while this
+            # call still has time: ask once more.
+            if not (joined and not req.out and "error" in req.box
+                    and deadline - time.monotonic() > 0.1):
+                break
+        assert req is not None
+        if req.out:
             return self._unknown(now, f"no answer within {timeout_s:g} s")
-        if "error" in box:
-            e = box["error"]
+        if "error" in req.box:
+            e = req.box["error"]
             why = f"no answer within {timeout_s:g} s" if isinstance(
                 e, TimeoutError) else f"{type(e).__name__}: {e}"
             return self._unknown(now, why[:200])
-        rows: list[WorkerGpu] = []
-        for address, answer in box.get("answers", {}).items():
-            rows.extend(self._rows(str(address), answer))
-        rows.sort(key=lambda r: (r.name or r.worker, r.device if r.device is not None else -1))
+        answers = req.box.get("answers")
+        if not isinstance(answers, dict):
+            return self._unknown(now, "the client gave an unreadable answer")
+        with self._lock:
+            rows: list[WorkerGpu] = []
+            for address, answer in answers.items():
+                rows.extend(self._rows(str(address), answer))
+            self._known = {f"{r.worker}/{r.device}": r for r in rows}
+        rows.sort(key=_order)
         return ClusterReading(t_s=now, rows=tuple(rows), scheduler=self.scheduler)
+
+    def _send(self, timeout_s: float) -> _Request:
+        box: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                answers = self._run_client(timeout_s).run(report, on_error="return",
+                                                          callback_timeout=timeout_s)
+                if inspect.isawaitable(answers):  # an asynchronous client after all
+                    close = getattr(answers, "close", None)
+                    if callable(close):
+                        close()  # never awaited: closed, so no warning is left behind
+                    raise RuntimeError("the client answered asynchronously")
+                box["answers"] = answers
+            except BaseException as e:  # handed to the caller
+                box["error"] = e
+
+        req = _Request(threading.Thread(target=work, name="gpumem_nb-cluster", daemon=True), box)
+        req.thread.start()
+        return req
+
+    def _run_client(self, timeout_s: float) -> Any:
+        """The client to call ``run`` on: the user's, or (for an asynchronous one) ours."""
+        if not _asynchronous(self.client):
+            return self.client
+        with self._lock:
+            own = self._own
+        if own is not None and not client_closed(own):
+            return own
+        import distributed
+
+        own = distributed.Client(self.scheduler, set_as_default=False, asynchronous=False,
+                                 security=getattr(self.client, "security", None),
+                                 timeout=max(timeout_s, 1.0))
+        with self._lock:
+            old, self._own = self._own, own
+        if old is not None:
+            _close_soon(old)
+        return own
 
     def _rows(self, address: str, answer: Any) -> list[WorkerGpu]:
         if isinstance(answer, BaseException):
@@ -134,32 +234,44 @@ class DaskCollector:
         if not devices:
             nvml = str(answer.get("nvml") or "")
             status = ROW_OK if nvml == "ok" else ROW_NO_NVML
-            rows = [WorkerGpu(**base, status=status,
+            return [WorkerGpu(**base, status=status,
                               detail=nvml if status != ROW_OK else "no GPU visible")]
-        else:
-            rows = [WorkerGpu(
-                **base, device=d.get("index"), uuid=str(d.get("uuid") or ""),
-                gpu_name=str(d.get("name") or ""), used_bytes=d.get("used_bytes"),
-                total_bytes=d.get("total_bytes"), process_bytes=d.get("process_bytes"),
-                allocated_bytes=d.get("allocated_bytes"),
-                reserved_bytes=d.get("reserved_bytes"),
-                peak_allocated_bytes=d.get("peak_allocated_bytes"),
-                status=ROW_OK if d.get("status", "ok") == "ok" else ROW_ERROR,
-                detail="" if d.get("status", "ok") == "ok" else str(d.get("detail"))[:80],
-            ) for d in devices]
-        for r in rows:
-            self._known[f"{r.worker}/{r.device}"] = r
-        return rows
+        return [WorkerGpu(
+            **base, device=d.get("index"), uuid=str(d.get("uuid") or ""),
+            gpu_name=str(d.get("name") or ""), used_bytes=d.get("used_bytes"),
+            total_bytes=d.get("total_bytes"), process_bytes=d.get("process_bytes"),
+            allocated_bytes=d.get("allocated_bytes"),
+            reserved_bytes=d.get("reserved_bytes"),
+            peak_allocated_bytes=d.get("peak_allocated_bytes"),
+            status=ROW_OK if d.get("status", "ok") == "ok" else ROW_ERROR,
+            detail="" if d.get("status", "ok") == "ok" else str(d.get("detail"))[:80],
+        ) for d in devices]
 
     def _name(self, address: str) -> str:
         return next((r.name for r in self._known.values() if r.worker == address), "")
 
     def _unknown(self, now: float, why: str) -> ClusterReading:
         """The workers last seen, every figure unknown: never a stale number shown as now."""
-        rows = tuple(WorkerGpu(worker=r.worker, name=r.name, host=r.host, pid=r.pid,
-                               device=r.device, uuid=r.uuid, gpu_name=r.gpu_name,
-                               status=ROW_UNKNOWN, detail=why)
-                     for r in sorted(self._known.values(), key=lambda r: (r.worker,
-                                                                          r.device or 0)))
-        return ClusterReading(t_s=now, rows=rows, scheduler=self.scheduler,
+        with self._lock:
+            known = list(self._known.values())
+        rows = sorted((WorkerGpu(worker=r.worker, name=r.name, host=r.host, pid=r.pid,
+                                 device=r.device, uuid=r.uuid, gpu_name=r.gpu_name,
+                                 status=ROW_UNKNOWN, detail=why) for r in known), key=_order)
+        return ClusterReading(t_s=now, rows=tuple(rows), scheduler=self.scheduler,
                               status=ROW_UNKNOWN, detail=why)
+
+
+def _order(r: WorkerGpu) -> tuple[Any, ...]:
+    return (natural_key(r.name or r.worker), r.device if r.device is not None else -1)
+
+
+def _close_soon(client: Any) -> None:
+    """Close a client of ours without holding the caller past ``CLOSE_WAIT_S``: a scheduler
+    that does not answer makes ``close`` wait for its own timeout, on its own thread."""
+    def work() -> None:
+        with contextlib.suppress(Exception):  # closing what we made: nothing of the user's
+            client.close(timeout=2)
+
+    thread = threading.Thread(target=work, name="gpumem_nb-cluster-close", daemon=True)
+    thread.start()
+    thread.join(CLOSE_WAIT_S)

@@ -22,7 +22,9 @@ How, and why this way:
   A child started with its own environment (torchrun, a launcher that execs) carries
   ``RANK``/``LOCAL_RANK`` in ``/proc/<pid>/environ`` when we may read it; variables a forked
   child sets after the fork are not visible there (the file shows the environment the
-  process began with).
+  process began with). Rank variables the child merely inherited (the kernel's own, from its
+  start or set since, say for a one-process ``init_process_group``) say nothing about it: a
+  DataLoader worker of such a kernel is no "launched worker rank 0 of 1".
 - **psutil** stands in for ``/proc`` only where there is none and only if the user's code has
   already imported it: its import costs more than this whole module does per tick.
 - **Other PID namespaces.** In a container NVML reports host PIDs, which may name unrelated
@@ -48,6 +50,7 @@ from ..model import (
     ROLE_OTHER,
     ChildProcess,
 )
+from ..units import printable
 
 # Deeper than any launcher nests (kernel -> agent -> worker -> its own children).
 MAX_DEPTH = 32
@@ -75,6 +78,7 @@ class ProcessTree:
         # shows on the GPU, so one look per process is enough (a PID reused by a new process
         # is dropped from here when that process is first described).
         self._searched: set[int] = set()
+        self._root_env: dict[str, str] | None = None  # the root's starting rank variables
 
     # -- ancestry ----------------------------------------------------------------------------
     def _stat(self, pid: int) -> tuple[int, int] | None:
@@ -161,6 +165,8 @@ class ProcessTree:
                   ) -> tuple[str, str, int | None, int | None, int | None]:
         cmdline = self._cmdline(pid)
         env = self._environ(pid)
+        if env and self._inherited(env):
+            env = {}
         rank, local_rank, world = (_int(env.get(v)) for v in _RANK_VARS)
         role = ROLE_MULTIPROCESSING if by_multiprocessing else ROLE_OTHER
         hint = self._hints.get(pid)
@@ -173,6 +179,16 @@ class ProcessTree:
         elif "multiprocessing" in cmdline and "spawn_main" in cmdline:
             role = ROLE_MULTIPROCESSING
         return role, cmdline, rank, local_rank, world
+
+    def _inherited(self, env: Mapping[str, str]) -> bool:
+        """Whether a child's rank variables are the root's own: as it started, or as it has
+        them now (``os.environ``, when the root is this process)."""
+        if self._root_env is None:
+            self._root_env = self._environ(self.root_pid)
+        sources: list[Mapping[str, str]] = [self._root_env]
+        if self.root_pid == os.getpid():
+            sources.append(os.environ)
+        return any(all(own.get(k) == v for k, v in env.items()) for own in sources)
 
     def _multiprocessing_pids(self) -> set[int]:
         """PIDs of the processes ``multiprocessing`` started in this process. Read only:
@@ -229,7 +245,9 @@ class ProcessTree:
                 raw = fh.read(4096)
         except OSError:
             return ""
-        text = " ".join(a.decode(errors="replace") for a in raw.split(b"\0") if a)
+        # A process's arguments are anyone's text: terminal escapes, newlines and
+        # bidirectional overrides are kept as their escapes, never printed raw.
+        text = printable(" ".join(a.decode(errors="replace") for a in raw.split(b"\0") if a))
         return text if len(text) <= CMDLINE_CHARS else text[: CMDLINE_CHARS - 3] + "..."
 
     def _environ(self, pid: int) -> dict[str, str]:
