@@ -410,6 +410,10 @@ print(f"outside PyTorch at the failure: {fmt(outside)} = CuPy's pool {fmt(cupy_b
 claim(0 < rest < GiB,
       "besides CuPy's pool, under 1 GiB is outside PyTorch: the CUDA context and its code",
       rest=fmt(rest))
+said = next((c.summary for c in found.causes if c.kind == "outside PyTorch"), "")
+claim("CUDA context" in said and "workspace" not in said,
+      "the explanation names the CUDA context and other libraries, not cuBLAS's workspaces",
+      explanation=said)
 del held_by_cupy
 cupy.get_default_memory_pool().free_all_blocks()  # CuPy's cache, like empty_cache()
 # %gpumem cleanup
@@ -418,9 +422,9 @@ cupy.get_default_memory_pool().free_all_blocks()  # CuPy's cache, like empty_cac
 # What lies outside PyTorch here is CuPy's pool and, under 1 GiB, what every CUDA process
 # has: the CUDA context and the GPU code loaded into it (notebook 1 measures both). cuBLAS's
 # and cuDNN's workspaces are not part of it: PyTorch takes them from its own caching
-# allocator, so they count as `allocated` (notebook 1 measures cuBLAS's), whatever list of
-# usual suspects an explanation gives. CuPy keeps freed memory in its pool, as PyTorch
-# does; `free_all_blocks()` is its `empty_cache()`.
+# allocator, so they count as `allocated` (notebook 1 measures cuBLAS's), and the
+# explanation does not list them there (the last ✓ line). CuPy keeps freed memory in its
+# pool, as PyTorch does; `free_all_blocks()` is its `empty_cache()`.
 
 # %% [markdown] id="04-26"
 # ### Memory your session holds
