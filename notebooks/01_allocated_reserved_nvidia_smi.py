@@ -261,7 +261,8 @@ print("NVML for this process:", fmt(mine) if mine is not None else "not listed")
 # A 20000×20000 float32 tensor is 20000·20000·4 bytes. The article this project started from
 # put it at about 3 GB, and 10000×10000 at 0.76 GB; the first lines print the real sizes (a
 # `meta` tensor has a size but no storage, so measuring the second costs nothing; the first is
-# measured on the GPU as `allocated`).
+# measured on the GPU, where `allocated` is its size rounded as the table above says: a whole
+# 2 MiB-rounded segment, 124 KiB more than the tensor).
 
 # %% id="01-18"
 x = torch.randn(20000, 20000, device="cuda")
@@ -271,9 +272,13 @@ for shape in [(20000, 20000), (10000, 10000)]:
     article = {20000: "about 3 GB", 10000: "0.76 GB"}[shape[0]]
     print(f"{shape[0]}×{shape[1]} float32: {nbytes / 2**30:.2f} GiB = {nbytes / 1e9:.2f} GB "
           f"(the article: {article})")
-claim(torch.cuda.memory_allocated() == x.nbytes == 20000 * 20000 * 4,
-      "the tensor takes 20000·20000·4 bytes on the GPU, about half of the article's 3 GB",
-      allocated=fmt(torch.cuda.memory_allocated()))
+segment = -(-x.nbytes // (2 * MiB)) * 2 * MiB  # the rules of the table above
+print(f"allocated: {torch.cuda.memory_allocated():,} B for a tensor of {x.nbytes:,} B")
+claim(x.nbytes == 20000 * 20000 * 4 and torch.cuda.memory_allocated() == segment
+      and segment - x.nbytes < MiB,
+      "the tensor is 20000·20000·4 bytes, about half of the article's 3 GB; `allocated` is "
+      "its whole 2 MiB-rounded segment, the remainder under 1 MiB being too small to split off",
+      allocated=torch.cuda.memory_allocated(), nbytes=x.nbytes, segment=segment)
 # %gpumem
 
 # %% [markdown] id="01-19"

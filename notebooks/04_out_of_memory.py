@@ -298,7 +298,7 @@ freed = held - torch.cuda.memory_allocated()
 print(f"listed for `losses`, graphs included: {fmt(listed)}; keeping floats freed {fmt(freed)}")
 claim(listed >= 0.9 * freed, "the listed bytes account for what the fix freed",
       listed=fmt(listed), freed=fmt(freed))
-del mlp, losses
+del mlp, losses, x  # x: the loop's last batch, which would pin a segment of the cache
 # %gpumem cleanup
 
 # %% [markdown] id="04-46"
@@ -319,8 +319,14 @@ filler = torch.empty(torch.cuda.mem_get_info()[0] - GiB // 2, dtype=torch.uint8,
 s = torch.cuda.memory_stats()
 print(f"a {fmt(40 * GiB)} segment in {fmt(GiB)} pieces, {len(keep)} of them kept, "
       f"{fmt(20 * GiB)} of holes; next, a request for {fmt(2 * GiB)}")
+free_pieces = [b["size"] for seg in torch.cuda.memory_snapshot() for b in seg["blocks"]
+               if b["state"] == "inactive"]
 print(f"free on the GPU: {fmt(torch.cuda.mem_get_info()[0])}; reserved but unallocated: "
-      f"{fmt(s['reserved_bytes.all.current'] - s['allocated_bytes.all.current'])}")
+      f"{fmt(s['reserved_bytes.all.current'] - s['allocated_bytes.all.current'])}, "
+      f"the largest free piece {fmt(max(free_pieces))}")
+claim(max(free_pieces) < 2 * GiB and torch.cuda.mem_get_info()[0] < 2 * GiB,
+      "no free piece of the cache and no free memory on the GPU is as large as 2 GiB",
+      largest_piece=fmt(max(free_pieces)), free=fmt(torch.cuda.mem_get_info()[0]))
 
 # %% id="04-16" tags=["raises-exception"]
 y = torch.empty(2 * GiB, dtype=torch.uint8, device="cuda")
