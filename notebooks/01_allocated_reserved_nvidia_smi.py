@@ -261,8 +261,8 @@ print("NVML for this process:", fmt(mine) if mine is not None else "not listed")
 # A 20000×20000 float32 tensor is 20000·20000·4 bytes. The article this project started from
 # put it at about 3 GB, and 10000×10000 at 0.76 GB; the first lines print the real sizes (a
 # `meta` tensor has a size but no storage, so measuring the second costs nothing; the first is
-# measured on the GPU, where `allocated` is its size rounded as the table above says: a whole
-# 2 MiB-rounded segment, 124 KiB more than the tensor).
+# measured on the GPU, where `allocated` is a little more: the tensor's size rounded as the
+# table above says, printed on the last line).
 
 # %% id="01-18"
 x = torch.randn(20000, 20000, device="cuda")
@@ -273,7 +273,8 @@ for shape in [(20000, 20000), (10000, 10000)]:
     print(f"{shape[0]}×{shape[1]} float32: {nbytes / 2**30:.2f} GiB = {nbytes / 1e9:.2f} GB "
           f"(the article: {article})")
 segment = -(-x.nbytes // (2 * MiB)) * 2 * MiB  # the rules of the table above
-print(f"allocated: {torch.cuda.memory_allocated():,} B for a tensor of {x.nbytes:,} B")
+print(f"allocated: {torch.cuda.memory_allocated():,} B for a tensor of {x.nbytes:,} B, "
+      f"{fmt(torch.cuda.memory_allocated() - x.nbytes)} of rounding")
 claim(x.nbytes == 20000 * 20000 * 4 and torch.cuda.memory_allocated() == segment
       and segment - x.nbytes < MiB,
       "the tensor is 20000·20000·4 bytes, about half of the article's 3 GB; `allocated` is "
