@@ -262,7 +262,7 @@ print("NVML for this process:", fmt(mine) if mine is not None else "not listed")
 # put it at about 3 GB, and 10000×10000 at 0.76 GB; the first lines print the real sizes (a
 # `meta` tensor has a size but no storage, so measuring the second costs nothing; the first is
 # measured on the GPU, where `allocated` is a little more: the tensor's size rounded as the
-# table above says, printed on the last line).
+# table above says, printed after the two sizes).
 
 # %% id="01-18"
 x = torch.randn(20000, 20000, device="cuda")
