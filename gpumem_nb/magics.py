@@ -651,7 +651,7 @@ class GpumemMagics(Magics):
         if before is None or after is None or wm is None:
             return None
         rec = build_record(
-            execution_count=getattr(self.shell, "execution_count", None), cell_key="%%gpumem",
+            execution_count=m.running_execution_count, cell_key="%%gpumem",
             source=cell, before=before, after=after, watermark=wm, reset_at_start=did_reset,
             error=error_text(result),
         )

@@ -937,6 +937,13 @@ class Monitor:
         return replace(v, holders=holders, message=verdict_message(v, holders))
 
     @property
+    def running_execution_count(self) -> int | None:
+        """The number of the top-level cell running now. IPython advances its own counter
+        when a cell starts, so ``shell.execution_count`` reads one more during the cell."""
+        pending = self._pending
+        return pending.execution_count if pending is not None else None
+
+    @property
     def cell_running(self) -> bool:
         """Between a top-level cell's pre and post hooks, on whatever thread asks."""
         return self._pending is not None

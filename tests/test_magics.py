@@ -324,6 +324,15 @@ def test_cell_magic_reports_the_exact_transient_peak(loaded, capsys):
     assert "peak 8.00 GiB (exact)" in capsys.readouterr().out
 
 
+def test_cell_magic_record_carries_its_own_cell_number_not_the_next(loaded):
+    """IPython 9 advances execution_count as a cell starts: read during the cell, the shell's
+    counter is the next cell's number, and the record disagreed with the history by one."""
+    result = run(loaded, "%%gpumem -q -o\ntmp = cuda.tensor(2**30)\ndel tmp")
+    measured = loaded.user_ns["_"].record
+    numbers = [r.execution_count for r in current_monitor(loaded).history.records()]
+    assert measured.execution_count == result.execution_count == numbers[-1]
+
+
 def test_cell_magic_quiet_prints_nothing_and_keeps_ipython_semantics(loaded, capsys):
     run(loaded, "%%gpumem -q\nq = 41 + 1\nq")
     out = capsys.readouterr().out
