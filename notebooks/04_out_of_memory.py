@@ -50,6 +50,14 @@ GiB = 2**30
 # memory is what they measure, not arithmetic (TF32 changes no tensor's size).
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.zeros(1, device="cuda")
+# cuBLAS keeps a workspace for each thread that multiplies matrices (this one, and autograd's
+# for the backward pass), taken from PyTorch's cache at its first product and kept. Made here,
+# on an empty cache, each gets a small segment of its own; made later, it is carved out of a
+# large cached segment and pins it for the rest of the notebook (a first run on the H200 had
+# 8 GiB held that way, which then served the 2 GiB request of the fragmentation section).
+w = torch.ones(64, 64, device="cuda", requires_grad=True)
+(w @ w).sum().backward()
+del w
 free, total = torch.cuda.mem_get_info()
 print(f"{torch.cuda.get_device_name(0)}: {fmt(total)} in total, {fmt(free)} free")
 
