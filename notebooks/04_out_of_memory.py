@@ -334,7 +334,12 @@ print(f"free on the GPU: {fmt(torch.cuda.mem_get_info()[0])}; reserved but unall
       f"the largest free piece {fmt(max(free_pieces))}")
 claim(max(free_pieces) < 2 * GiB and torch.cuda.mem_get_info()[0] < 2 * GiB,
       "no free piece of the cache and no free memory on the GPU is as large as 2 GiB",
-      largest_piece=fmt(max(free_pieces)), free=fmt(torch.cuda.mem_get_info()[0]))
+      largest_piece=fmt(max(free_pieces)), free=fmt(torch.cuda.mem_get_info()[0]),
+      segments_with_room=[(fmt(seg["total_size"]), [fmt(b["size"]) for b in seg["blocks"]
+                                                    if b["state"] != "inactive"])
+                          for seg in torch.cuda.memory_snapshot()
+                          if any(b["state"] == "inactive" and b["size"] >= 2 * GiB
+                                 for b in seg["blocks"])])
 
 # %% id="04-16" tags=["raises-exception"]
 y = torch.empty(2 * GiB, dtype=torch.uint8, device="cuda")
