@@ -136,6 +136,7 @@ class MemoryWidget:
         self.t0_s = monitor.started_t_s
         self.paused = False
         self._shown: Sample | None = None  # the reading the header shows (frozen while paused)
+        self._paused_header: str | None = None
         self._played_s: float | None = None  # a replay: its last recorded point appended
         self._acks: list[str] = []  # requests handled, answered after the next draw
         self.draws = 0
@@ -298,7 +299,11 @@ class MemoryWidget:
             sample = self._shown  # the numbers as they were when the chart paused
         else:
             self._shown = sample
-        header = self._header_html(sample)
+        if not self.paused:
+            self._paused_header = None
+        elif self._paused_header is None:  # the header holds still with the lines
+            self._paused_header = self._header_html(sample)
+        header = self._paused_header or self._header_html(sample)
         if header != self.header.value:
             self.header.value = header
         meta = self._meta(sample)
