@@ -632,6 +632,10 @@ function render({ model, el: host }) {
   });
   select.addEventListener("change", () => {
     const value = Number(select.value);
+    if (model.get("paused")) { // a device picked is a device to follow: the lines move again
+      model.set("paused", false);
+      model.save_changes();
+    }
     view.pending.device = { id: requestId(), value };
     model.send({ kind: "device", id: view.pending.device.id, value });
     schedule();
