@@ -433,7 +433,7 @@ class MemoryWidget:
         if self.replay is not None:
             ended = (" It has ended; <code>%gpumem watch --replay …</code> plays it again."
                      if self._replay_ended() else "")
-            note = (f"<div style='{NOTE_STYLE}'><b>REPLAY</b>: "
+            note = (f"<div class='gpumem-note' style='{NOTE_STYLE}'><b>REPLAY</b>: "
                     f"{html.escape(self.replay.label)}. Not this machine's GPU: a demonstration"
                     " of the chart. Your own cells are still measured live "
                     "(<code>%gpumem history</code>); <code>%gpumem watch --live</code> "
@@ -463,7 +463,7 @@ class MemoryWidget:
             f"({html.escape(h.kind)})</li>" for h in v.holders)
         label = f"[{v.execution_count}]" if v.execution_count is not None else v.cell_key
         self.banner.value = (
-            f"<div style='{BANNER_STYLE}'>"
+            f"<div class='gpumem-banner' style='{BANNER_STYLE}'>"
             f"<b>Cell {html.escape(label)} keeps growing</b>: "
             f"+{format_bytes(v.growth_bytes)} on run {v.runs}, <b>{html.escape(v.cause)}</b>."
             f"<div>{html.escape(v.message)}</div>"
