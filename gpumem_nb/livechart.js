@@ -427,7 +427,12 @@ function initialize({ model }) {
       || typeof ctx.model.setMetadata !== "function") return undefined;
   let savers = ctx[SAVERS];
   if (!savers) {
-    savers = ctx[SAVERS] = { charts: new Set(), kept: {} };
+    // The pictures saved earlier, as this page found them: a save of ipywidgets' own (its
+    // setting on) keeps only the widgets a kernel holds, and would drop them.
+    const found = ((ctx.model.getMetadata("widgets") || {})[STATE_MIME] || {}).state || {};
+    const kept = Object.fromEntries(Object.entries(found)
+      .filter(([, e]) => e && e.state && e.state[SAVED_KEY]));
+    savers = ctx[SAVERS] = { charts: new Set(), kept };
     ctx.saveState.connect((_, state) => { if (state === "started") saveCharts(ctx, savers); });
   }
   const parts = {};
