@@ -292,13 +292,17 @@ def test_saved_while_live_and_the_kernel_gone_without_another_save_it_reopens_as
 # --------------------------------------------------------------------------------------------
 # The controls answer at once while a long cell holds the kernel's messages back
 # --------------------------------------------------------------------------------------------
+# What the chart's output shows, found by what a user sees (the controls' text), whoever
+# draws them.
 CONTROLS = """() => { const r = document.querySelector('.jp-Notebook .gpumem-live');
-  const s = r.gpumemState();
-  return {...s, cleanup: r.querySelector('.gl-cleanup').textContent,
-          pause: r.querySelector('.gl-pause').textContent,
-          top: r.querySelector('.gl-top').innerText,
-          device: r.querySelector('.gl-device').innerText,
-          chosen: r.querySelector('.gl-device-select').selectedOptions[0].text}; }"""
+  const out = r.closest('.jp-OutputArea'), select = out.querySelector('select');
+  const field = select.closest('label') || select.parentElement;
+  return {...r.gpumemState(), top: r.innerText.slice(0, 400),
+          buttons: Array.from(out.querySelectorAll('button')).map(b => b.textContent.trim()),
+          device: field.innerText, chosen: select.selectedOptions[0].text}; }"""
+PAUSE = ".jp-Notebook .jp-OutputArea button:has-text('Pause')"
+CLEANUP = ".jp-Notebook .jp-OutputArea button:has-text('Clean up')"
+SELECT = ".jp-Notebook .jp-OutputArea select"
 
 
 def test_pause_cleanup_and_the_device_answer_at_once_while_a_long_cell_runs(lab, context):
@@ -317,23 +321,24 @@ def test_pause_cleanup_and_the_device_answer_at_once_while_a_long_cell_runs(lab,
         run_cell(page, 3, wait=False)
         page.wait_for_timeout(1500)
 
-        page.locator(f"{CHART} button.gl-pause").click()
+        page.locator(PAUSE).first.click()
         page.wait_for_timeout(600)  # at once: no kernel involved
         held = page.evaluate(CONTROLS)
-        assert held["paused"] and "paused" in held["top"] and held["pause"] == "Resume", held
+        assert "Resume" in held["buttons"] and "paused: the lines hold still" in held["top"], held
         page.wait_for_timeout(2000)  # the kernel keeps sending; the lines hold still
         later = page.evaluate(CONTROLS)
-        assert later["last"] == held["last"] and later["points"] == held["points"], later
+        assert later["last"] == held["last"] and later["points"] == held["points"], (
+            f"the chart kept moving after Pause: {held['last']} then {later['last']}")
 
-        page.locator(f"{CHART} button.gl-cleanup").click()
+        page.locator(CLEANUP).first.click()
         page.wait_for_timeout(600)
         asked = page.evaluate(CONTROLS)
-        assert asked["cleanup"] == "Clean up: queued until the cell ends", asked
-        page.locator(f"{CHART} select.gl-device-select").select_option(label="GPU 1")
+        assert "Clean up: queued until the cell ends" in asked["buttons"], asked
+        page.locator(SELECT).first.select_option(label="GPU 1")
         page.wait_for_timeout(600)
         asked = page.evaluate(CONTROLS)
-        assert asked["pending"]["device"] and "queued until the cell ends" in asked["device"]
-        assert asked["chosen"] == "GPU 1" and not asked["paused"], asked  # picked: followed
+        assert "queued until the cell ends" in asked["device"], asked
+        assert asked["chosen"] == "GPU 1" and "Pause" in asked["buttons"], asked  # followed
         screenshot(page, "browser-controls-queued.png")
         assert prompt_of(page, 3) == "[*]:", "the cell ended before the checks: too slow"
 
@@ -341,11 +346,11 @@ def test_pause_cleanup_and_the_device_answer_at_once_while_a_long_cell_runs(lab,
         page.wait_for_selector("text=what each step freed", timeout=15_000)
         page.wait_for_function(f"() => !({CONTROLS})().pending.device", timeout=10_000)
         done = page.evaluate(CONTROLS)
-        assert done["cleanup"] == "Clean up" and done["chosen"] == "GPU 1", done
+        assert "Clean up" in done["buttons"] and done["chosen"] == "GPU 1", done
         page.wait_for_timeout(1500)
         assert page.evaluate(CONTROLS)["latest"]["allocated (live tensors)"]["y"] == 9, (
             "the chart does not show GPU 1's 9 GiB")
-        page.locator(f"{CHART} button.gl-pause").click()  # paused again, the kernel idle
+        page.locator(PAUSE).first.click()  # paused again, the kernel idle
         # The kernel hears of it at once now: its header says so.
         page.wait_for_selector(".jp-Notebook b:has-text('(paused)')", timeout=10_000)
 
@@ -353,8 +358,11 @@ def test_pause_cleanup_and_the_device_answer_at_once_while_a_long_cell_runs(lab,
 # --------------------------------------------------------------------------------------------
 # A dark theme, hostile and long series names, a narrow notebook
 # --------------------------------------------------------------------------------------------
-COLOURS = """(sel) => Array.from(document.querySelectorAll(sel)).map(e => {
-  const cs = getComputedStyle(e); return [cs.color, cs.backgroundColor]; })"""
+# The box around the text a user reads (by its words, whoever styles it): its text colour
+# and background.
+COLOURS = """(start) => Array.from(document.querySelectorAll(
+    '.jp-Notebook .widget-html-content div')).filter(e => e.innerText.startsWith(start))
+  .map(e => { const cs = getComputedStyle(e); return [cs.color, cs.backgroundColor]; })"""
 
 
 def _luminance(rgb: str) -> float:
@@ -401,11 +409,11 @@ def test_the_replay_note_and_the_growth_banner_are_readable_in_the_dark_theme(la
         for _ in range(3):  # a cell that keeps growing: the banner
             run_cell(page, 4)
             page.wait_for_timeout(800)
-        page.wait_for_selector(".jp-Notebook .gpumem-banner", timeout=15_000)
-        banner = page.evaluate(COLOURS, ".jp-Notebook .gpumem-banner")
+        page.wait_for_selector(".jp-Notebook >> text=keeps growing", timeout=15_000)
+        banner = page.evaluate(COLOURS, "Cell [")
         run_cell(page, 5)
-        page.wait_for_selector(".jp-Notebook .gpumem-note", timeout=15_000)
-        note = page.evaluate(COLOURS, ".jp-Notebook .gpumem-note")
+        page.wait_for_selector(".jp-Notebook >> text=Not this machine's GPU", timeout=15_000)
+        note = page.evaluate(COLOURS, "REPLAY")
         screenshot(page, "browser-dark.png")
         for what, (fg, bg) in (("banner", banner[0]), ("replay note", note[0])):
             assert contrast(fg, bg) >= 4.5, f"the {what}: {fg} on {bg}"
