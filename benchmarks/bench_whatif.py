@@ -7,6 +7,9 @@ Target (issue 18): at most 2 s on the 2-core development machine.
 The history imitates a training loop: weights and optimizer state that stay, activations
 made in the forward pass and freed in reverse in the backward pass, temporaries, small
 tensors, a batch size that changes now and then, and a second stream.
+
+Two worst cases follow, each a history that used to take quadratic time: a start rebuilt
+from 8,000 segments, and 8,000 requests past 8,000 unmapped holes.
 """
 
 from __future__ import annotations
@@ -71,6 +74,45 @@ def training_history(entries: int = ENTRIES, seed: int = 0) -> list[dict[str, An
     return out[:entries]
 
 
+def rebuilt_start_history(n: int = 8000) -> dict[str, Any]:
+    """A ``_dump_snapshot`` pickle whose start must be rebuilt: ``n`` frees of allocations
+    made before the history and ``n`` segments it frees without having made them (matching
+    each free to its segment was quadratic: 2.8 s for n = 8000)."""
+    e: list[dict[str, Any]] = []
+    for k in range(1, n + 1):
+        for action in ("free_requested", "free_completed"):
+            e.append({"action": action, "addr": k << 30, "size": 512, "stream": 0})
+    e += [{"action": "segment_free", "addr": (k << 30) + (1 << 29), "size": 2 * MiB,
+           "stream": 0} for k in range(1, n + 1)]
+    return {"segments": [], "device_traces": [e]}
+
+
+def unmapped_holes_history(n: int = 8000) -> dict[str, Any]:
+    """Under expandable segments: 2n pages, every other one freed, the cache emptied (n
+    unmapped holes between live pages), then n requests of two pages; PyTorch looks for room
+    from the lowest address each time (16 s for n = 8000 before the model remembered where
+    the last search found it)."""
+    e: list[dict[str, Any]] = []
+    for a in range(1, 2 * n + 1):
+        e.append({"action": "alloc", "addr": a, "size": 20 * MiB, "stream": 0})
+    for a in range(1, 2 * n + 1, 2):
+        e += [{"action": action, "addr": a, "size": 20 * MiB, "stream": 0}
+              for action in ("free_requested", "free_completed")]
+    e.append({"action": "segment_unmap", "addr": 1, "size": 20 * MiB, "stream": 0})
+    e += [{"action": "alloc", "addr": 2 * n + a, "size": 40 * MiB, "stream": 0}
+          for a in range(1, n + 1)]
+    return {"segments": [], "device_traces": [e], "gpumem_start": {"segments": []}}
+
+
+def best_of(n: int, fn: Any) -> float:
+    runs = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - t0)
+    return round(min(runs), 3)
+
+
 def main() -> None:
     from gpumem_nb.whatif import whatif
 
@@ -92,6 +134,12 @@ def main() -> None:
                   "end_reserved_mib": (r.end_reserved_bytes or 0) / MiB,
                   "cudaMalloc": r.segment_allocs, "cudaFree": r.segment_frees}
                  for r in result],
+    })
+    rebuilt, holes = rebuilt_start_history(), unmapped_holes_history()
+    emit("bench_whatif_worst_cases", {
+        "rebuilt_start_8000_segments_s": best_of(3, lambda: whatif(rebuilt, [""])),
+        "expandable_8000_holes_s": best_of(3, lambda: whatif(holes,
+                                                             ["expandable_segments:True"])),
     })
 
 

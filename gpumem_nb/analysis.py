@@ -303,11 +303,12 @@ _ADVICE = {
     CAUSE_LIVE_TENSORS: "tensors from earlier runs are still referenced",
     CAUSE_CACHE: (
         "PyTorch's cache grew while live tensors did not; it is reused, not leaked "
-        "(%gpumem cleanup returns it to the driver)"
+        "(%gpumem cleanup returns its wholly free segments to the driver)"
     ),
+    # Growth on every run is not the CUDA context, which a process makes once per GPU.
     CAUSE_OUTSIDE: (
-        "memory outside PyTorch's allocator grew (another library, CUDA context, "
-        "cuBLAS/cuDNN workspaces)"
+        "memory outside PyTorch's allocator grew: another library's own allocations "
+        "(CuPy, JAX, NCCL, a custom cudaMalloc)"
     ),
 }
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from . import userexc
 from .errtext import error_str
 from .sources.torch import TorchSource
 
@@ -387,11 +388,8 @@ def _via(place: _Place) -> str:
 
 def launcher_refusal(exc: BaseException | None) -> Forker | None:
     """Which fork could not use CUDA because the kernel had initialised it, read from a cell's
-    exception or what caused it; None when it is not such an error."""
-    chain: list[BaseException] = []
-    while exc is not None and len(chain) < 8 and all(exc is not e for e in chain):
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__
+    exception or what it chains to; None when it is not such an error."""
+    chain = userexc.chain(exc, 8)
     for e in chain:
         if not _may_be_a_launchers(e):
             continue
@@ -408,13 +406,14 @@ def _may_be_a_launchers(e: BaseException) -> bool:
     """The launchers raise RuntimeError, ValueError or errors of their own (elastic's
     ChildFailedError, torch's ProcessRaisedException); a user's KeyError or AssertionError
     that merely quotes their words is not one."""
-    return isinstance(e, (RuntimeError, ValueError)) or type(e).__module__ != "builtins"
+    return issubclass(type(e), (RuntimeError, ValueError)) or \
+        userexc.class_module(type(e)) != "builtins"  # a metaclass cannot intercept it
 
 
 def forker_of(chain: Iterable[BaseException]) -> Forker:
     """The launcher whose frames the error passed through, nearest the user's cell first."""
     for e in chain:
-        tb = e.__traceback__
+        tb = userexc.traceback_of(e)
         for _ in range(MAX_FRAMES):
             if tb is None:
                 break

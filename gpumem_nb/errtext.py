@@ -12,6 +12,8 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
+from . import userexc
+
 _memo = threading.local()
 
 
@@ -28,19 +30,15 @@ def one_read_per_error() -> Iterator[None]:
 
 
 def error_str(exc: BaseException) -> str:
-    """``str(exc)``, or "" when its ``__str__`` raises or returns no text: an odd exception
+    """``str(exc)`` as a plain ``str``, or "" when its ``__str__`` raises anything (a
+    ``SystemExit`` from it ended the kernel, issue 16) or returns no text: an odd exception
     must neither lose its cell's record nor stop its OOM from being explained."""
     texts: dict[int, tuple[BaseException, str]] | None = getattr(_memo, "texts", None)
     if texts is not None:
         hit = texts.get(id(exc))
         if hit is not None and hit[0] is exc:
             return hit[1]
-    try:
-        text = str(exc)
-    except Exception:
-        text = ""
-    if not isinstance(text, str):
-        text = ""
+    text = userexc.text(exc)  # any BaseException from __str__ contained; a plain str
     if texts is not None:
         texts[id(exc)] = (exc, text)
     return text

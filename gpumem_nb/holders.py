@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import userexc
 from .graph import GraphWalker
 from .model import Holder
 
@@ -457,21 +458,9 @@ def _holder(f: _Found) -> Holder:
 
 # -- stored exceptions ---------------------------------------------------------------------------
 def exception_chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and every exception it chains to (cause, context, a group's members)."""
-    out: list[BaseException] = []
-    seen: set[int] = set()
-    todo = [exc]
-    while todo and len(out) < _CHAIN_CAP:
-        e = todo.pop()
-        if not isinstance(e, BaseException) or id(e) in seen:
-            continue
-        seen.add(id(e))
-        out.append(e)
-        todo += [e.__cause__, e.__context__]  # type: ignore[list-item]
-        members = getattr(e, "exceptions", None)
-        if isinstance(members, tuple):
-            todo += list(members)
-    return out
+    """``exc`` and every exception it chains to (cause, context, a group's members), read
+    without running the exceptions' own code (``userexc``)."""
+    return userexc.chain(exc, _CHAIN_CAP)
 
 
 def traceback_links(excs: Iterable[BaseException | types.TracebackType | None],
@@ -480,7 +469,7 @@ def traceback_links(excs: Iterable[BaseException | types.TracebackType | None],
     out: list[types.TracebackType] = []
     seen: set[int] = set()
     for obj in excs:
-        tb = obj.__traceback__ if isinstance(obj, BaseException) else obj
+        tb = userexc.traceback_of(obj) if userexc.is_exception(obj) else obj
         n = 0
         while isinstance(tb, types.TracebackType) and id(tb) not in seen and n < _LINK_CAP:
             seen.add(id(tb))
@@ -561,7 +550,7 @@ def _frames(
     objs = list(objs)
     excs: list[BaseException | types.TracebackType | None] = []
     for obj in objs:
-        excs += exception_chain(obj) if isinstance(obj, BaseException) else [obj]
+        excs += exception_chain(obj) if userexc.is_exception(obj) else [obj]
     running = running_frame_ids()
     for frame, links in frames_of(traceback_links(excs)).values():
         if is_function_frame(frame) and not frame_is_live(frame, running, links):

@@ -15,6 +15,7 @@ import importlib.util
 import os
 import re
 import shlex
+import sys
 import weakref
 from dataclasses import replace
 from typing import Any
@@ -26,17 +27,19 @@ from IPython.display import display
 
 from . import cleanup, safeio, trace
 from .analysis import build_record
+from .errtext import one_read_per_error
 from .monitor import UNCHANGED, Monitor, error_text
 from .oom import SiteAtFailure, with_counted_ooms
 from .records import HistoryTable
 from .settings import PEAK_PRESERVE, PEAK_RESET, SettingsError, config_path, load_config
 from .summary import Summary
-from .units import parse_size
+from .units import format_bytes, parse_size
 from .views import CellReport, ConfigView, Snapshot, WhoReport
 
 _SHELL_ATTR = "_gpumem_nb_monitor"
 _HISTORY_ATTR = "_gpumem_nb_history"
 _CONFIG_ATTR = "_gpumem_nb_config"
+_SESSION_KEYS_ATTR = "_gpumem_nb_session_keys"  # settings changed since the kernel started
 _MAGICS_ATTR = "_gpumem_nb_magics"
 
 
@@ -235,15 +238,17 @@ def _split(line: str) -> list[str]:
 # What argparse itself reads as a negative number; any other word starting with "-" it takes
 # for an option, so "--timeout -inf" failed with "expected one argument".
 _ARGPARSE_NEGATIVE = re.compile(r"^-\d+$|^-\d*\.\d+$")
+_NEGATIVE_SIZE = re.compile(r"^-[0-9.]")  # -1GiB: no option starts with a digit
 
 
 def _glue_negative_values(argv: list[str]) -> list[str]:
-    """``--opt -inf`` (or ``-1e3``, ``-nan``) as ``--opt=-inf``: the value then reaches the
-    option's own check, which says what it takes."""
+    """``--opt -inf`` (or ``-1e3``, ``-nan``, ``-1GiB``) as ``--opt=-inf``: the value then
+    reaches the option's own check, which says what it takes."""
     out: list[str] = []
     for word in argv:
         if out and out[-1].startswith("-") and "=" not in out[-1] and word.startswith("-") \
-                and not _ARGPARSE_NEGATIVE.match(word) and _is_float(word):
+                and not _ARGPARSE_NEGATIVE.match(word) and (
+                    _is_float(word) or _NEGATIVE_SIZE.match(word)):
             out[-1] = f"{out[-1]}={word}"
         else:
             out.append(word)
@@ -427,6 +432,8 @@ class GpumemMagics(Magics):
             what = ", ".join(m.saved_keys) if m.saved_keys else \
                 "nothing (no setting was changed in this session; device is never saved)"
             print(f"gpumem: saved {what} to {safeio.shown(config_path())}")
+            if m.save_note:
+                print(f"gpumem: {m.save_note}.")
         display(ConfigView(m.config, m.sampler.running))
 
     def _cmd_summary(self, args: Any) -> None:
@@ -461,19 +468,27 @@ class GpumemMagics(Magics):
                 raise UsageError("no traced cell to replay yet: run a cell under %%gpumem "
                                  "--trace first, or name a snapshot file with --trace FILE")
         else:
-            source = args.trace
+            source = os.path.expanduser(args.trace)  # as --save's file is
         capacity = None
         if args.capacity is not None:
             try:
-                capacity = parse_size(args.capacity)
+                capacity = 0 if args.capacity.strip().startswith("-") else \
+                    parse_size(args.capacity)
             except ValueError as e:
-                raise UsageError(f"--capacity: {e}") from None
-            if capacity <= 0:
-                raise UsageError("--capacity must be a size above zero")
+                raise UsageError(short_message(f"--capacity: {e}")) from None
+            if not 0 < capacity <= wi.MAX_CAPACITY_BYTES:
+                raise UsageError(f"--capacity must be a size above zero and at most "
+                                 f"{format_bytes(wi.MAX_CAPACITY_BYTES)}, not "
+                                 f"{_quoted(args.capacity)}")
         if args.device is not None and args.device < 0:
             raise UsageError("--device takes a GPU number")
         try:
             ti = wi.trace_input(wi.load(source), args.device)
+        except wi.NoHistory as e:
+            if args.trace != "last":
+                raise UsageError(str(e)) from None
+            raise UsageError("the last traced cell made no allocation on the GPU: there is "
+                             "nothing to replay") from None
         except wi.SnapshotError as e:
             raise UsageError(str(e)) from None
         confs = args.conf if args.conf else list(wi.DEFAULT_ALTERNATIVES)
@@ -582,6 +597,12 @@ class GpumemMagics(Magics):
 
     # -- cell magic --------------------------------------------------------------------------
     def _cell(self, argv: list[str], cell: str) -> Any:
+        # The body's exception is read by its own nested hook, the OOM explainer and the
+        # record: its text once for all of them (errtext).
+        with one_read_per_error():
+            return self._measured_cell(argv, cell)
+
+    def _measured_cell(self, argv: list[str], cell: str) -> Any:
         args = self.cell_parser.parse_args(argv)
         m = self.monitor
         if args.device is not None:
@@ -614,13 +635,20 @@ class GpumemMagics(Magics):
             except Exception as e:
                 m._contain("%%gpumem --trace", e)
                 print(f"gpumem --trace: the trace could not be read ({type(e).__name__}).")
+        if save is not None and (traced is None or not traced.saved_to):
+            # Asked for a file and got none: said even under -q (on stderr, where -q does
+            # not reach), as it is among the notes otherwise.
+            why = traced.save_failed if traced is not None else \
+                f"Nothing was saved to {safeio.shown(save)}: the cell was not traced."
+            if args.q or traced is None:
+                print(f"gpumem --trace: {why}", file=sys.stderr)
         if traced is not None and traced.snapshot is not None:
             m.last_trace = traced
             m.oom.extra_lines = _whatif_lines(traced.snapshot)
         try:  # the monitor's own hook sees only top-level cells; this one ran nested
             m.oom.on_cell_result(result, sites=[SiteAtFailure(label, n) for label, n in (
                 traced.sites_at_failure() if traced is not None else ())])
-        except Exception as e:
+        except BaseException as e:  # a user exception's odd code, contained
             m._contain("OOM explainer", e)
         finally:
             m.oom.extra_lines = None
@@ -737,7 +765,9 @@ def load(shell: Any) -> None:
     # never raises: bad values are reported and replaced by defaults).
     history = getattr(shell, _HISTORY_ATTR, None)
     config = getattr(shell, _CONFIG_ATTR, None) or load_config()
-    monitor = Monitor(shell, history=history, config=config)
+    keys = getattr(shell, _SESSION_KEYS_ATTR, None)
+    monitor = Monitor(shell, history=history, config=config,
+                      session_keys=keys if isinstance(keys, set) else None)
     monitor.oom.show = display  # rich output in notebooks, text in terminals
     magics: GpumemMagics | None = None
     try:
@@ -757,6 +787,7 @@ def load(shell: Any) -> None:
         setattr(shell, _MAGICS_ATTR, magics)
         setattr(shell, _HISTORY_ATTR, monitor.history)
         setattr(shell, _CONFIG_ATTR, monitor.config)
+        setattr(shell, _SESSION_KEYS_ATTR, monitor.session_keys)
     except BaseException:
         # A load that fails part-way takes back what it did: no sampler thread, no
         # callbacks, no magic left behind on a monitor nobody can reach.

@@ -109,8 +109,9 @@ class DeviceSample:
     def outside_pytorch_bytes(self) -> int | None:
         """This process's device memory that PyTorch's cache does not account for.
 
-        The CUDA context, cuBLAS/cuDNN workspaces and other allocators (CuPy, JAX, NCCL) live
-        here. Known only when NVML attributes memory to this process.
+        The CUDA context and other libraries' own allocations (CuPy, JAX, NCCL, a custom
+        ``cudaMalloc``) live here; cuBLAS and cuDNN workspaces do not, because ATen takes them
+        from the caching allocator. Known only when NVML attributes memory to this process.
         """
         if self.nvml is None or self.nvml.process_bytes is None:
             return None

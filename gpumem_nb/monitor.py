@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields, replace
 from types import FrameType
 from typing import Any
 
-from . import __version__, cleanup, safeio
+from . import __version__, cleanup, safeio, userexc
 from .analysis import (
     AccumulationTracker,
     Watermark,
@@ -65,7 +65,7 @@ from .settings import (
     save_config,
     show_value,
 )
-from .sources import Source
+from .sources import Source, gate
 from .sources.processes import roles_to_learn
 from .sources.torch import TorchSource
 from .units import format_bytes
@@ -148,7 +148,8 @@ def cell_key_of(info: Any) -> str:
     if cell_id:
         return str(cell_id)
     raw = getattr(info, "raw_cell", "") or ""
-    return "src:" + hashlib.sha1(raw.encode()).hexdigest()[:12]
+    # surrogatepass: a cell holding a lone surrogate (pasted binary) still gets its key
+    return "src:" + hashlib.sha1(raw.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
 def make_source() -> Source:
@@ -169,14 +170,19 @@ class Monitor:
     """Everything one loaded extension owns, and the one owner of its settings."""
 
     def __init__(self, shell: Any, source: Source | None = None,
-                 history: History | None = None, config: Config | None = None) -> None:
+                 history: History | None = None, config: Config | None = None,
+                 session_keys: set[str] | None = None) -> None:
         self.shell = shell
         self.config = config if config is not None else Config()
         _repair(self.config)
         self.source: Source = source if source is not None else make_source()
         # The one allocator handle: cleanup, peak resets and summaries all go through it.
         self.torch: TorchSource = getattr(self.source, "torch", None) or TorchSource()
-        self.sampler = Sampler(self.source, interval_s=self.config.interval_s)
+        # Live readings take the process's gate: while one hangs (a wedged NVML), no other
+        # reading joins it on another thread (sources/gate.py).
+        self.read_gate = gate.LIVE
+        self.sampler = Sampler(self.source, interval_s=self.config.interval_s,
+                               gate=self.read_gate)
         self._history = history if history is not None else History()
         self.tracker = AccumulationTracker(self.config.threshold_bytes)
         self.verdicts: deque[Verdict] = deque(maxlen=100)
@@ -185,8 +191,13 @@ class Monitor:
         # configure() is the one writer of interval, threshold and device selection.
         self.settings_listeners: list[SettingsListener] = []
         self._settings_lock = threading.Lock()
-        self._session_keys: set[str] = set()  # settings configure() changed in this load
+        # The settings configure() changed in this session: since the kernel started, not
+        # since this load (the shell keeps the set across %reload_ext, as it keeps the
+        # config). A bare save writes them: after ``config --threshold 1GB`` and a reload,
+        # the 1 GB in force is what the user means to keep.
+        self.session_keys: set[str] = session_keys if session_keys is not None else set()
         self.saved_keys: tuple[str, ...] = ()  # what the latest save wrote
+        self.save_note = ""  # a note on the latest save (it went without the lock)
         self.on_record: list[Callable[[CellRecord, Verdict | None], None]] = []
         # Work asked for while a top-level cell ran, to do once it ends, on the cell's own
         # thread (the chart's cleanup button, when a click reaches the kernel mid-cell).
@@ -308,15 +319,21 @@ class Monitor:
             f"{d.index}: {d.nvml.name or 'GPU'} {format_bytes(d.nvml.total_bytes)}"
             for d in latest.devices if d.nvml is not None
         )
+        if not names:  # NVML hangs or failed: say so rather than name no GPU
+            gpus = f"{st.gpu_count} GPU" + ("s" if st.gpu_count != 1 else "")
+            why = self.read_problem or "NVML gave no reading; its columns show as unknown."
+            return f"{head}: watching {gpus}; {why} %gpumem? for help."
         return f"{head}: watching GPU {names}. %gpumem? for help."
 
     def _contain(self, where: str, e: BaseException) -> None:
         # Keyed by the kind of failure, not its text: a message carrying a timestamp would
         # otherwise print a new "reported once" line in every cell.
-        key = f"{where}: {type(e).__name__}"
+        # The error may be a user's (a listener's, a hostile object's): its text is read
+        # through userexc, never by logging (which would run its __str__ unguarded).
+        key = f"{where}: {userexc.type_name(e)}"
         if key not in self._errors:
             self._errors.add(key)
-            log.warning("gpumem_nb %s failed (reported once): %s", where, e)
+            log.warning("gpumem_nb %s failed (reported once): %s", where, userexc.text(e))
 
     def _apply_device(self, index: int | None) -> None:
         with self._baseline_lock:
@@ -435,22 +452,33 @@ class Monitor:
 
         NVML can hang (a GPU falling off the bus, a wedged driver). The read runs on a
         helper thread; if it has not answered in ``timeout_s`` the magic goes on with the
-        allocator and host figures only, and NVML's columns read as unknown. A reading that
-        fails does the same (``contain=False``: it raises instead, for cleanup's report to
-        say why). ``read_problem`` then holds the one line a magic shows; "" otherwise.
+        allocator and host figures only, and NVML's columns read as unknown. While a reading
+        hangs (this one, or the sampler's), no helper is started: the answer is unknown at
+        once (``sources.gate``), so there is never more than one stuck thread. A reading
+        that fails does the same (``contain=False``: it raises instead, for cleanup's report
+        to say why). ``read_problem`` then holds the one line a magic shows; "" otherwise.
         """
         box: list[Sample] = []
         errors: list[BaseException] = []
+        t0 = time.monotonic()
+        if not self.read_gate.enter(wait_s=timeout_s):
+            hung = self.read_gate.hung_s()
+            why = (f"a reading of the GPUs has not returned for {hung:.1f} s (NVML hangs)"
+                   if hung is not None else f"NVML did not answer within {timeout_s:g} s")
+            self._contain("NVML read", TimeoutError(f"{why}; its figures show as unknown"))
+            return self._without_nvml(why)
 
         def work() -> None:
             try:
                 box.append(self.source.read(processes=True))
             except BaseException as e:  # handed to the caller below
                 errors.append(e)
+            finally:
+                self.read_gate.leave()
 
         worker = threading.Thread(target=work, name="gpumem_nb-read", daemon=True)
         worker.start()
-        worker.join(timeout_s)
+        worker.join(max(timeout_s - (time.monotonic() - t0), 0.0))
         if box:
             self.read_problem = ""
             return box[0]
@@ -459,11 +487,15 @@ class Monitor:
                 raise errors[0]
             e = errors[0]
             self._contain("read", e)
-            why = f"reading the GPUs failed ({type(e).__name__}: " \
+            why = f"reading the GPUs failed ({userexc.type_name(e)}: " \
                   f"{first_line(error_str(e), 120)})"
         else:
             why = f"NVML did not answer within {timeout_s:g} s"
             self._contain("NVML read", TimeoutError(f"{why}; its figures show as unknown"))
+        return self._without_nvml(why)
+
+    def _without_nvml(self, why: str) -> Sample:
+        """The allocator and host figures now, NVML's unknown, and the line saying why."""
         self.read_problem = f"{why}; the columns it feeds show as unknown."
         try:
             hot = self.read_hot()
@@ -585,11 +617,12 @@ class Monitor:
             if save:
                 # Only what this call sets (or, for a bare save, what this session set):
                 # another kernel may have saved other keys since this one loaded the file.
-                keys = set(changes) or self._session_keys
-                save_config({k: getattr(new, k) for k in sorted(keys)})
+                keys = set(changes) or self.session_keys
+                saved = save_config({k: getattr(new, k) for k in sorted(keys)})
                 self.saved_keys = tuple(sorted(keys - {"device"}))
+                self.save_note = saved.note
             self._apply(new)
-            self._session_keys |= set(changes)
+            self.session_keys |= set(changes)
             now = replace(self.config)
         self._announce(now)
         return now
@@ -694,7 +727,7 @@ class Monitor:
             )
             # Marked at its start, so a long cell shows on the chart while it runs.
             self.marks.append(self._pending.mark)
-        except Exception as e:
+        except BaseException as e:  # as in post_run_cell
             self._pending = None
             self._contain("pre_run_cell", e)
 
@@ -706,6 +739,10 @@ class Monitor:
             self._post_run_cell(result)
 
     def _post_run_cell(self, result: Any) -> None:
+        # The cell's exception is the user's object, read through ``userexc``/``errtext``.
+        # BaseException is contained here, not only Exception: IPython lets anything else
+        # out of a callback, and a SystemExit from a user's __str__ ended the kernel (issue
+        # 16). The cell's own code is not run here: nothing of the user's is swallowed.
         if self._depth == 0:
             # A blank cell, or the cell that loaded us: no matching pre. That one may have
             # imported torch and started CUDA after the load.
@@ -713,7 +750,7 @@ class Monitor:
                 if self.cuda_start.started is None and _ran_code(result):
                     self.cuda_start.load_cell_ended(_count_of(result))
                 self._watch_refusal(result)
-            except Exception as e:
+            except BaseException as e:
                 self._contain("CUDA start watch", e)
             return
         self._depth -= 1
@@ -722,29 +759,29 @@ class Monitor:
             # here, in the nested cell's output, and never reaches the outer cell's result.
             try:
                 self._watch_refusal(result)
-            except Exception as e:
+            except BaseException as e:
                 self._contain("CUDA start watch", e)
             return
         try:  # one attribute check unless the cell raised a CUDA OOM
             self.oom.on_cell_result(result)
-        except Exception as e:
+        except BaseException as e:
             self._contain("OOM explainer", e)
         try:
             self._watch_cuda_start(result)
-        except Exception as e:
+        except BaseException as e:
             self._contain("CUDA start watch", e)
         pending = self._pending
         if pending is not None:
             try:
                 self._finish(pending, result)
-            except Exception as e:
+            except BaseException as e:
                 self._contain("post_run_cell", e)
             finally:
                 self._pending = None
         while self.after_cell:
             try:
                 self.after_cell.pop(0)()
-            except Exception as e:
+            except BaseException as e:
                 self._contain("after the cell", e)
 
     def _watch_cuda_start(self, result: Any) -> None:
@@ -997,7 +1034,7 @@ def _ran_code(result: Any) -> bool:
 
 def _cell_exception(result: Any) -> BaseException | None:
     err = getattr(result, "error_in_exec", None)
-    return err if isinstance(err, BaseException) else None
+    return err if userexc.is_exception(err) else None
 
 
 def _repair(cfg: Config) -> None:
@@ -1013,14 +1050,15 @@ def _repair(cfg: Config) -> None:
 
 def error_text(result: Any) -> str:
     """A cell's error in one short line for its record; never raises, whatever the
-    exception's ``__str__`` or ``__bool__`` do, and costs the same for a 10 MB message."""
+    exception's ``__str__``, ``__bool__`` or class do, and costs the same for a 10 MB
+    message."""
     if result is None:
         return ""
     err = getattr(result, "error_in_exec", None)
     if err is None:
         err = getattr(result, "error_before_exec", None)
-    if not isinstance(err, BaseException):
+    if not userexc.is_exception(err):
         return ""
-    name = type(err).__name__
+    name = userexc.type_name(err)
     text = first_line(error_str(err), 200)
     return f"{name}: {text}"[:200] if text else name

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from . import userexc
 from .analysis import held_text, holder_action
 from .cleanup import CleanupReport, CleanupRequest
 from .errtext import error_str
@@ -87,6 +88,8 @@ _GAP = "\n\x00\n"  # joins head and tail: no pattern can match across it
 _MAX_INDEX_DIGITS = 9
 # Python refuses int() on more than 4300 digits; a size this long is a sentinel anyway.
 _MAX_SIZE_DIGITS = 30
+# Exceptions of a cell's chain looked at for an OOM (the cell's own, what caused it, ...).
+_OOM_CHAIN_CAP = 8
 
 _NATIVE_HEAD = re.compile(
     r"Tried to allocate " + _SIZE + r"\.\s{1,16}GPU ([0-9]+) has a total capac(?:i)?ty of "
@@ -250,10 +253,11 @@ def first_line(text: str, limit: int) -> str:
 
 def _torch_oom_type(exc: BaseException) -> bool:
     """``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError`` before 2.5) or a subclass,
-    recognised by name and module so that torch is never imported."""
-    for cls in type(exc).__mro__:
-        module = getattr(cls, "__module__", None)
-        if cls.__name__ == "OutOfMemoryError" and isinstance(module, str) and (
+    recognised by name and module so that torch is never imported (and read through
+    ``userexc``, so that a metaclass's ``__name__`` or ``__module__`` is never run)."""
+    for cls in userexc.mro(type(exc)):
+        module = userexc.class_module(cls)
+        if userexc.class_name(cls) == "OutOfMemoryError" and isinstance(module, str) and (
                 module == "torch" or module.startswith("torch.")):
             return True
     return False
@@ -262,27 +266,27 @@ def _torch_oom_type(exc: BaseException) -> bool:
 def is_cuda_oom(exc: BaseException) -> bool:
     """Whether ``exc`` itself is an allocator or driver out-of-memory error: by type, or a
     ``RuntimeError`` whose message begins like one. A user's own error that merely quotes
-    "CUDA out of memory" is not."""
-    text = error_str(exc)
+    "CUDA out of memory" is not. Its text is asked for only when the type leaves the answer
+    open."""
     if _torch_oom_type(exc):
-        return not _NOT_CUDA.search(_window(text))
-    return isinstance(exc, RuntimeError) and _OOM_START.match(text) is not None and \
-        parse_oom_message(text) is not None
+        return not _NOT_CUDA.search(_window(error_str(exc)))
+    if not issubclass(type(exc), RuntimeError):
+        return False
+    text = error_str(exc)
+    return _OOM_START.match(text) is not None and parse_oom_message(text) is not None
 
 
 def find_cuda_oom(exc: BaseException | None) -> BaseException | None:
-    """The CUDA OOM in ``exc`` or in what caused it (a wrapper's ``__cause__``), else None.
+    """The CUDA OOM in ``exc`` or in what it chains to (a wrapper's ``__cause__``, the error
+    it was raised while handling), else None.
 
     ``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError`` before 2.5) is recognised by
     type; the ``RuntimeError`` of torch < 1.13, ``torch.AcceleratorError`` and library errors
     by how their text begins.
     """
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen and len(seen) < 8:
-        seen.add(id(exc))
-        if is_cuda_oom(exc):
-            return exc
-        exc = exc.__cause__ or exc.__context__
+    for e in userexc.chain(exc, _OOM_CHAIN_CAP):
+        if is_cuda_oom(e):
+            return e
     return None
 
 
@@ -348,6 +352,9 @@ class OomFacts:
     # locals and their graphs) belongs to the computation, not to the session.
     computation_bytes: int | None = None
     grad_enabled: bool | None = None  # autograd on where the allocation failed
+    # NVML's least figure for this process while PyTorch's cache held nothing on this GPU:
+    # the CUDA context as measured here (with whatever else the process held then).
+    idle_process_bytes: int | None = None
 
     @property
     def pool_reuses_unallocated(self) -> bool:
@@ -416,8 +423,9 @@ CAUSE_HELD = "held by your session"
 CAUSE_WORKING_SET = "working set"
 CAUSE_UNKNOWN = "unknown"
 
-# A CUDA context, cuBLAS and cuDNN handles: memory every CUDA process holds outside PyTorch
-# (about 500-600 MiB on an H200). Only what goes beyond it counts as a cause.
+# The CUDA context: memory every CUDA process holds outside PyTorch (518-610 MiB measured on
+# the H200). Only what goes beyond it counts as a cause. cuBLAS and cuDNN workspaces are not
+# outside: ATen takes them from the caching allocator, so they are in ``allocated``.
 CONTEXT_ALLOWANCE_BYTES = 1 * GiB
 # Held objects and other processes are listed when they matter this much, even when alone
 # they would not have made the request fit.
@@ -517,8 +525,8 @@ def classify(facts: OomFacts, holders: Sequence[Holder] = ()) -> tuple[Cause, ..
         causes.append(Cause(
             CAUSE_OUTSIDE, outside,
             f"This process holds {format_bytes(outside)} outside PyTorch's allocator: the "
-            "CUDA context (about 0.5 GiB), cuBLAS/cuDNN workspaces, and any other allocator "
-            "in the process (CuPy, JAX, NCCL, a library calling cudaMalloc).",
+            f"CUDA context{_context_measured(f)}, and other libraries' own allocations (CuPy, "
+            "JAX, NCCL, a custom cudaMalloc).",
             covers=covers_outside(outside)))
     causes.extend(_held(f, holders, covers))
     grown = f.cell_bytes if f.cell_bytes is not None else f.computation_bytes
@@ -607,6 +615,15 @@ def _demoted(c: Cause, f: OomFacts) -> Cause:
     return replace(c, covers=False)
 
 
+def _context_measured(f: OomFacts) -> str:
+    """The context's size where this session measured it, else nothing: it differs between
+    GPUs, drivers and CUDA versions, so no figure from elsewhere is quoted."""
+    if not f.idle_process_bytes:
+        return ""
+    return (f" (NVML listed this process at {format_bytes(f.idle_process_bytes)} while "
+            "PyTorch held nothing on this GPU)")
+
+
 def _others_summary(f: OomFacts) -> str:
     kids = f.children_bytes
     n = sum(1 for p in f.other_processes if p.child is not None)
@@ -614,7 +631,7 @@ def _others_summary(f: OomFacts) -> str:
         each = "each " if n > 1 else ""
         return (f"This kernel's own child process{'es' if n > 1 else ''} "
                 f"hold{'' if n > 1 else 's'} {format_bytes(kids)} of this GPU, {each}with a "
-                "CUDA context of its own (about 0.5 GiB) besides what it allocated")
+                "CUDA context of its own besides what it allocated")
     text = f"Other processes hold {format_bytes(f.others_bytes)} of this GPU"
     if n:
         text += (f", {format_bytes(kids)} of it this kernel's own child process"
@@ -991,8 +1008,8 @@ def _dry_run_actions(report: CleanupReport) -> list[Action]:
                      "traceback (the failed call's locals and their autograd graphs)")
     cache = steps.get("empty_cache")
     if cache is not None and cache.freed_reserved_bytes:
-        parts.append(f"up to {format_bytes(cache.freed_reserved_bytes)} of cached blocks "
-                     "(empty_cache)")
+        parts.append(cache.brief or f"up to {format_bytes(cache.freed_reserved_bytes)} "
+                     "returned by empty_cache")
     outs = steps.get("output cache")
     if outs is not None and outs.freed_allocated_bytes:
         parts.append(f"with --out, {format_bytes(outs.freed_allocated_bytes)} held by Out")
@@ -1212,6 +1229,9 @@ class OomWatch:
         ids = src.device_ids() if hasattr(src, "device_ids") else []
         if nvml is None or not hasattr(nvml, "processes") or device >= len(ids):
             return None
+        gate = getattr(self.host, "read_gate", None)
+        if gate is not None and gate.hung_s() is not None:
+            return None  # NVML hangs (sources/gate.py): this call would hang the cell with it
         try:
             result: list[tuple[int, int | None]] | None = nvml.processes(ids[device])
             return result
@@ -1227,12 +1247,12 @@ class OomWatch:
         with self._lock:
             self._generation += 1
         err = getattr(result, "error_in_exec", None)
-        if err is None:
+        if not userexc.is_exception(err):
             self._previous_error = ""
             return None
         earlier, self._errors = self._errors, self._errors + 1
         previous, self._previous_error = self._previous_error, \
-            f"{type(err).__name__}: {first_line(error_str(err), 120)}"[:120]
+            f"{userexc.type_name(err)}: {first_line(error_str(err), 120)}"[:120]
         oom = find_cuda_oom(err)
         if oom is None:
             return None
@@ -1275,12 +1295,13 @@ class OomWatch:
         if msg.form == FORM_DRIVER:
             pieces.notes.append(
                 "This error comes from CUDA or a CUDA library, not from PyTorch's allocator: "
-                "memory ran out outside the caching allocator (context creation, a cuBLAS or "
-                "cuDNN workspace, another allocator).")
+                "memory ran out outside the caching allocator (creating the CUDA context, a "
+                "library's own allocation such as cuBLAS or cuDNN creating its handle, CuPy, "
+                "JAX, NCCL or a custom cudaMalloc).")
         return OomExplanation(
             facts=pieces.facts, causes=causes,
             actions=next_steps(pieces.facts, causes, pieces.judged, dry),
-            error=first_line(text, 300) or type(exc).__name__,
+            error=first_line(text, 300) or userexc.type_name(exc),
             form=msg.form, source=pieces.source, holders=pieces.holders,
             sites_at_failure=tuple(sites), observer_s=pieces.observer_s,
             notes=tuple(pieces.notes) + extra, stage_s=stages)
@@ -1332,6 +1353,12 @@ class OomWatch:
                 continue
             return ev
         return None
+
+    def _idle_bytes(self, device: int) -> int | None:
+        """The source's measure of the CUDA context on ``device`` (``LiveSource``), if any."""
+        known = getattr(self.host.source, "idle_process_bytes", None)
+        value = known.get(device) if isinstance(known, Mapping) else None
+        return value if isinstance(value, int) else None
 
     def _expandable(self, seen: bool | None) -> bool:
         if seen is not None:
@@ -1401,7 +1428,7 @@ class OomWatch:
             expandable_segments=self._expandable(ev.expandable_segments),
             largest_free_block_bytes=ev.largest_free_block_bytes,
             private_pool_bytes=msg.private_pool_bytes, measured_at="failure",
-            grad_enabled=ev.grad_enabled,
+            grad_enabled=ev.grad_enabled, idle_process_bytes=self._idle_bytes(ev.device),
             **_cell_facts(ev.cell, r.allocated_bytes if r else msg.allocated_bytes))
         stages = {"observer": ev.cost_s}
         stages.update(ev.stage_s)
@@ -1466,6 +1493,7 @@ class OomWatch:
             measured_at="after", released_since_bytes=released,
             unreachable_bytes=unreachable, previous_error=previous_error,
             computation_bytes=computation, grad_enabled=grad,
+            idle_process_bytes=self._idle_bytes(device),
             **_cell_facts(self._cell_start(device), allocated))
         why = f"OOM observer {self.observer_status}" \
             if self.observer_status != "attached" else "the OOM observer did not see this one"

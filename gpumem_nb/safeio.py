@@ -14,6 +14,16 @@ Two promises, kept for every such file:
   a link would silently break a dotfile manager's setup, following it would overwrite whatever
   it points at. ``os.replace`` itself never follows a link, so a link planted between the
   check and the rename is replaced, and its target is still untouched.
+- **A write-protected file is not replaced.** ``os.replace`` needs write permission on the
+  directory only, so a file you may not write (or one with no write bit at all, as ``chmod
+  444`` leaves it, even for root) would be replaced all the same: it is refused instead. A
+  directory you may not write into is refused up front, by ``check_writable``, before the
+  work whose result it would hold (a traced cell) is done.
+- **Any legal name can be written.** The temporary file has a short name of its own
+  (``.gpumem_nb-XXXXXXXX.tmp``), not the destination's name plus a suffix, which made names of
+  242-255 bytes impossible to save. Temporary files of ours that a killed process left
+  behind (``kill -9`` mid-save) and that are older than ``STALE_TEMP_S`` are removed by the
+  next write into that directory.
 
 Every failure is an ``OSError``; ``reason(e)`` gives its plain words for a message.
 """
@@ -22,15 +32,31 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
+import re
 import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 PathLike = str | os.PathLike[str]
+
+_TEMP_PREFIX = ".gpumem_nb-"
+_TEMP_SUFFIX = ".tmp"
+# mkstemp's names: its prefix, 8 characters of [a-z0-9_], its suffix. The second form is how
+# earlier versions named them (".NAME.XXXXXXXX.tmp"), matched for the destination's NAME only.
+_TEMP_NAME = re.compile(r"\.gpumem_nb-[a-z0-9_]{8}\.tmp")
+# A temporary file untouched this long is a killed writer's: a save writes it in well under
+# a second (a trace's pickle of 100k entries in a few). Were a live writer stopped longer
+# (SIGSTOP), its rename would fail and be reported; the old file stays whole.
+STALE_TEMP_S = 600.0
+# Directory entries looked at for stale temporary files, per write (a huge directory costs
+# at most this many).
+_SCAN_CAP = 100_000
 
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
@@ -160,8 +186,9 @@ def _umask() -> int:
 
 def check_writable(path: PathLike) -> str:
     """``path`` as text if ``write_atomic`` may write there: not a link, not a FIFO, device
-    or directory, in a directory that exists; ``OSError`` otherwise. Lets a caller refuse a
-    destination before doing the work whose result it would hold."""
+    or directory, not write-protected, in a directory that exists and that this process may
+    write into; ``OSError`` otherwise (a name too long for the file system too). Lets a
+    caller refuse a destination before doing the work whose result it would hold."""
     text_path = _checked(path)
     try:
         st = os.lstat(text_path)
@@ -169,10 +196,21 @@ def check_writable(path: PathLike) -> str:
         pass
     else:
         _refuse_kind(text_path, st.st_mode)
+        _refuse_protected(text_path, st.st_mode)
     directory = os.path.dirname(os.path.abspath(text_path))
     if not os.path.isdir(directory):
         raise RefusedPath(text_path, "is in a directory that does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise RefusedPath(text_path, "is in a directory this process may not write into")
     return text_path
+
+
+def _refuse_protected(text_path: str, mode: int) -> None:
+    """A file this process may not write, or one nobody may (``chmod 444``: root may, but
+    the bits say the file is not to be changed), is not replaced."""
+    if not mode & 0o222 or not os.access(text_path, os.W_OK):
+        raise RefusedPath(text_path, "is write-protected; gpumem_nb does not replace a file "
+                                     "that may not be written")
 
 
 def _refuse_kind(text_path: str, mode: int) -> None:
@@ -211,9 +249,11 @@ def write_atomic(path: PathLike, fill: Callable[[Writer], object]) -> Path:
         mode = 0o666 & ~_umask()  # what open() would give a new file
     else:
         _refuse_kind(text_path, st.st_mode)
+        _refuse_protected(text_path, st.st_mode)
         mode = stat.S_IMODE(st.st_mode)
     directory, name = os.path.split(os.path.abspath(text_path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    remove_stale_temps(directory, name)
+    fd, tmp = tempfile.mkstemp(prefix=_TEMP_PREFIX, suffix=_TEMP_SUFFIX, dir=directory)
     try:
         try:
             fill(_FdWriter(fd))
@@ -229,6 +269,32 @@ def write_atomic(path: PathLike, fill: Callable[[Writer], object]) -> Path:
     return Path(text_path)
 
 
+def remove_stale_temps(directory: str, name: str, *, now_s: float | None = None) -> int:
+    """Remove the temporary files of ours in ``directory`` that a killed writer left: regular
+    files owned by this user, named as ``write_atomic`` names them (or, for ``name``, as
+    earlier versions did), last written more than ``STALE_TEMP_S`` ago. Never raises; how
+    many it removed."""
+    now = time.time() if now_s is None else now_s
+    legacy = re.compile(re.escape(f".{name}.") + r"[a-z0-9_]{8}\.tmp")
+    uid = os.getuid() if hasattr(os, "getuid") else -1
+    removed = 0
+    try:
+        with os.scandir(directory) as entries:
+            for entry in itertools.islice(entries, _SCAN_CAP):
+                n = entry.name
+                if not (_TEMP_NAME.fullmatch(n) or legacy.fullmatch(n)):
+                    continue
+                with contextlib.suppress(OSError):
+                    st = entry.stat(follow_symlinks=False)
+                    mine = uid < 0 or st.st_uid == uid
+                    if stat.S_ISREG(st.st_mode) and mine and now - st.st_mtime > STALE_TEMP_S:
+                        os.unlink(entry.path)
+                        removed += 1
+    except OSError:
+        pass
+    return removed
+
+
 def write_text_atomic(path: PathLike, text: str) -> Path:
     """``write_atomic`` for UTF-8 text."""
     # A lone surrogate (from a JSON frontend) cannot be UTF-8: write it escaped, not fail.
@@ -236,16 +302,31 @@ def write_text_atomic(path: PathLike, text: str) -> Path:
     return write_atomic(path, lambda f: f.write(data))
 
 
+# flock answers these where the file system cannot lock at all (Lustre mounted without
+# -o flock: ENOSYS; NFS without lockd: ENOLCK; some FUSE file systems: EOPNOTSUPP).
+_NO_LOCKS = {errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", -1)}
+
+
+@dataclass
+class Lock:
+    """What ``locked`` could hold: ``held`` False (and ``why``) where locks are unavailable."""
+
+    held: bool = True
+    why: str = ""
+
+
 @contextlib.contextmanager
-def locked(path: PathLike, *, timeout_s: float = 2.0) -> Iterator[None]:
+def locked(path: PathLike, *, timeout_s: float = 2.0) -> Iterator[Lock]:
     """Hold an exclusive lock on the lock file ``path`` (created if missing, never followed
     through a link) so that two kernels saving the same file take turns. Waits at most
-    ``timeout_s``, then raises ``OSError``. Where ``fcntl`` is missing (Windows) the block
-    runs unlocked: the atomic replace still keeps the file whole."""
+    ``timeout_s``, then raises ``OSError``. Where there are no locks (no ``fcntl``, as on
+    Windows, or a file system that cannot lock) the block runs unlocked, and the ``Lock`` it
+    is given says so: the atomic replace still keeps the file whole; only two saves at the
+    very same moment could then lose one's keys."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not on Linux
-        yield
+        yield Lock(False, "this system has no file locks")
         return
     text_path = _checked(path)
     flags = os.O_RDWR | os.O_CREAT | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC
@@ -261,6 +342,7 @@ def locked(path: PathLike, *, timeout_s: float = 2.0) -> Iterator[None]:
         if not stat.S_ISREG(mode):
             raise RefusedPath(text_path, f"is {_kind(mode)}, not a regular file")
         deadline = time.monotonic() + timeout_s
+        lock = Lock()
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -271,9 +353,15 @@ def locked(path: PathLike, *, timeout_s: float = 2.0) -> Iterator[None]:
                                                  f"{timeout_s:g} s (another kernel saving)"
                                       ) from None
                 time.sleep(0.01)
+            except OSError as e:
+                if e.errno not in _NO_LOCKS:
+                    raise
+                lock = Lock(False, f"this file system cannot lock files ({reason(e)})")
+                break
         try:
-            yield
+            yield lock
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            if lock.held:
+                fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)

@@ -6,7 +6,8 @@ event rather than sleeping, so ``stop()`` returns at once and ``request_tick()``
 each cell) is served without waiting for the next interval. Intervals are drift-corrected:
 the schedule advances by whole intervals from the start, not from when a tick finished.
 
-Depends only on ``model`` and the ``Source`` protocol, never on a concrete source.
+Depends only on ``model``, the ``Source`` protocol and the read gate (``sources.gate``),
+never on a concrete source.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from . import userexc
 from .model import Sample
 from .sources import Source
+from .sources.gate import STUCK_S, ReadGate
 
 log = logging.getLogger("gpumem_nb")
 
@@ -52,8 +55,13 @@ class Sampler:
         interval_s: float = DEFAULT_INTERVAL_S,
         capacity: int = DEFAULT_CAPACITY,
         clock: Callable[[], float] = time.monotonic,
+        gate: ReadGate | None = None,
     ) -> None:
         self.source = source
+        # The process's gate for live readings (``sources.gate``): while a reading hangs,
+        # ticks skip the source instead of adding a second stuck thread.
+        self.gate = gate
+        self._reading_since: float | None = None  # a tick inside source.read, since when
         self._interval_s = check_interval(interval_s)
         self._clock = clock
         self._buffer: deque[Sample] = deque(maxlen=capacity)
@@ -109,20 +117,35 @@ class Sampler:
 
     def _contain(self, where: str, e: BaseException) -> None:
         # One report per kind of failure: texts that change per call must not spam cells.
-        key = f"{where}: {type(e).__name__}"
-        self.last_error = f"{key}: {e}"
+        # A listener's error may be any object's: read through userexc, never str() bare.
+        key = f"{where}: {userexc.type_name(e)}"
+        text = userexc.text(e)
+        self.last_error = f"{key}: {text}"
         first = key not in self.errors
         self.errors[key] = self.errors.get(key, 0) + 1
         if first:
-            log.warning("gpumem_nb %s failed (reported once): %s", where, e)
+            log.warning("gpumem_nb %s failed (reported once): %s", where, text)
 
     def tick(self) -> Sample | None:
         """Read once, store, notify. Never raises: errors are counted and logged once."""
+        gate = self.gate
+        if gate is not None and not gate.enter(wait_s=NAP_S):
+            hung = gate.hung_s()
+            if hung is not None:
+                self._contain("source", TimeoutError(
+                    f"a reading has not returned for {hung:.1f} s (NVML hangs); no new "
+                    "reading starts until it does, and NVML's figures show as unknown"))
+            return None
+        self._reading_since = self._clock()
         try:
             sample = self.source.read()
         except Exception as e:
             self._contain("source", e)
             return None
+        finally:
+            self._reading_since = None
+            if gate is not None:
+                gate.leave()
         self.ticks += 1
         self.record(sample)
         with self._lock:
@@ -171,7 +194,12 @@ class Sampler:
         self._stop.set()
         self._wake.set()
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout_s)
+            # A tick inside a reading taken for hung will not return to be joined: waiting
+            # for it only made every %reload_ext take a second longer.
+            since = self._reading_since
+            stuck_s = self.gate.stuck_s if self.gate is not None else STUCK_S
+            hung = since is not None and self._clock() - since >= stuck_s
+            thread.join(0 if hung else timeout_s)
         gone = thread is None or not thread.is_alive()
         if gone:
             self._thread = None

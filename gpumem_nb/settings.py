@@ -17,6 +17,7 @@ process sees is known only once the sources are up: the monitor checks that.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import math
@@ -211,22 +212,37 @@ def load_config() -> Config:
 
 
 def lock_path(path: Path) -> Path:
-    """The lock file that saves of ``path`` take turns on (kept; removing it would race)."""
-    return path.with_name(path.name + ".lock")
+    """The lock file that saves of ``path`` take turns on (kept; removing it would race).
+    Named after the settings file, shortened when that name plus ".lock" would be longer
+    than a file name may be."""
+    name = path.name + ".lock"
+    if len(os.fsencode(name)) > 255:
+        name = "." + hashlib.sha1(os.fsencode(path.name)).hexdigest()[:16] + ".lock"
+    return path.with_name(name)
 
 
-def save_config(changes: Mapping[str, Any]) -> Path:
+@dataclass(frozen=True)
+class Saved:
+    """Where a save wrote, and a note when it had to go without the lock."""
+
+    path: Path
+    note: str = ""
+
+
+def save_config(changes: Mapping[str, Any]) -> Saved:
     """Write the settings in ``changes`` into the file, keeping everything else it holds.
 
     The file is read as it is on disk at save time, under a lock (``safeio.locked``), so two
     kernels saving different keys both keep theirs; a kernel never writes back values it
-    merely loaded. Atomic: an ``OSError`` (a link, a file that is not a JSON object of
-    settings, a lock held too long) means the old file is untouched. Which GPU to watch
-    belongs to a session, not to every notebook: ``device`` is never saved.
+    merely loaded. Where the file system cannot lock, the save goes ahead unlocked and says
+    so (the atomic replace still keeps the file whole). Atomic: an ``OSError`` (a link, a
+    file that is not a JSON object of settings, a lock held too long) means the old file is
+    untouched. Which GPU to watch belongs to a session, not to every notebook: ``device`` is
+    never saved.
     """
     path = config_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    with safeio.locked(lock_path(path)):
+    with safeio.locked(lock_path(path)) as lock:
         try:
             text = safeio.read_text(path, max_bytes=MAX_SETTINGS_BYTES, follow_symlinks=False)
         except FileNotFoundError:
@@ -241,4 +257,8 @@ def save_config(changes: Mapping[str, Any]) -> Path:
                     "remove it before saving")
             data = loaded
         data.update((k, v) for k, v in changes.items() if k != "device")
-        return safeio.write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+        written = safeio.write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+    note = "" if lock.held else (
+        f"saved without a lock: {lock.why}; another kernel saving at the same moment could "
+        "lose this change or its own")
+    return Saved(written, note)

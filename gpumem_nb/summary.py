@@ -6,6 +6,7 @@ import html
 from dataclasses import dataclass
 from typing import Any
 
+from .emptycache import from_stats
 from .model import AllocatorInfo, Sample, SourceStatus
 from .units import format_bytes
 
@@ -48,11 +49,15 @@ def hints(sample: Sample, info: AllocatorInfo | None, device: int) -> list[str]:
         out.append(f"{al.num_ooms} out-of-memory error(s) so far in this process.")
     cached = al.reserved_bytes - al.allocated_bytes
     if cached > _CACHE_HINT_MIN_BYTES:
-        out.append(
-            f"{format_bytes(cached)} is cached but free. Your process reuses it without asking "
-            "the driver; other processes cannot use it until it is released "
-            "(%gpumem cleanup calls empty_cache)."
-        )
+        text = (f"{format_bytes(cached)} is cached but free. Your process reuses it without "
+                "asking the driver; other processes cannot use it until it is released "
+                "(%gpumem cleanup calls empty_cache)")
+        returnable = from_stats(al)
+        if native and not expandable and returnable < cached:
+            # empty_cache frees only segments with nothing in them (emptycache.py).
+            text += (f", and empty_cache can release only {format_bytes(returnable)} of it: "
+                     "the rest lies in segments that still hold tensors")
+        out.append(text + ".")
     return out
 
 

@@ -1,14 +1,19 @@
-"""A static picture of the live chart: a small standalone SVG for saved notebooks.
+"""Static pictures of our charts: small standalone SVGs for saved notebooks.
 
-A widget needs a kernel, or its saved state and its JavaScript. An untrusted notebook in
-JupyterLab, nbviewer and GitHub show only the static entries of a display bundle. So the chart
-also renders itself as an SVG, put in the bundle twice: as ``image/svg+xml``, and as an
-``<img>`` with a data URI in ``text/html`` (JupyterLab's sanitizer keeps an img's data URI,
-and drops inline SVG in untrusted HTML).
+A widget needs a kernel, or its saved state and its JavaScript; a plotly figure needs
+plotly.js. An untrusted notebook in JupyterLab, nbconvert's HTML, nbviewer and GitHub show
+only the static entries of a display bundle. So every chart (the live one, ``%%gpumem
+--trace``'s timeline, ``%gpumem whatif``'s predictions) also renders itself as an SVG, put in
+the bundle twice: as ``image/svg+xml``, and as an ``<img>`` with a data URI in ``text/html``
+(JupyterLab's sanitizer keeps an img's data URI, and drops inline SVG in untrusted HTML).
+
+One renderer draws them all: ``render_plot`` lays out a ``Plot`` (step lines or stacked areas,
+labelled marks, one dashed level, a wrapping legend) so that no two texts overlap. The live
+chart's ``ChartData`` (plain lists in bytes and seconds, built from a ``Timeline`` by
+``chart_data``) becomes a ``Plot`` in ``live_plot``.
 
 Pure standard library (no numpy, no plotly), so it is cheap to call on a refresh and testable
-anywhere. Input is ``ChartData``: plain lists in bytes and seconds, built from a ``Timeline``
-by ``chart_data``.
+anywhere.
 """
 
 from __future__ import annotations
@@ -109,6 +114,11 @@ LABEL_FONT_PX = 10
 GLYPH_EM = 0.62
 
 
+def plot_width_px(width_px: int = WIDTH_PX) -> int:
+    """The plot area's width in a picture ``width_px`` wide."""
+    return width_px - LEFT_PX - RIGHT_PX
+
+
 def text_width_px(text: str, font_px: float = FONT_PX) -> float:
     return len(text) * font_px * GLYPH_EM
 
@@ -139,25 +149,33 @@ def thin_labels(xs: Sequence[float], min_gap: float) -> list[int]:
     return kept
 
 
-def downsample(points: Sequence[Point], max_points: int = MAX_POINTS_PER_SERIES) -> list[Point]:
-    """At most ``max_points``: per bucket its first gap (if any), minimum and maximum, so a
-    short spike and a lost reading both survive. The first and last points are kept."""
-    n = len(points)
+def downsample_indices(values: Sequence[float | None],
+                       max_points: int = MAX_POINTS_PER_SERIES) -> list[int]:
+    """The indices ``downsample`` keeps, for series that must stay in step (a stack)."""
+    n = len(values)
     if n <= max_points:
-        return list(points)
+        return list(range(n))
     buckets = max((max_points - 2) // 3, 1)
     size = -(-n // buckets)
     keep = {0, n - 1}
     for start in range(0, n, size):
         chunk = range(start, min(start + size, n))
-        known = [i for i in chunk if points[i][1] is not None]
-        gap = next((i for i in chunk if points[i][1] is None), None)
+        known = [i for i in chunk if values[i] is not None]
+        gap = next((i for i in chunk if values[i] is None), None)
         if gap is not None:
             keep.add(gap)
         if known:
-            keep.add(min(known, key=lambda i: points[i][1] or 0.0))
-            keep.add(max(known, key=lambda i: points[i][1] or 0.0))
-    return [points[i] for i in sorted(keep)]
+            keep.add(min(known, key=lambda i: values[i] or 0.0))
+            keep.add(max(known, key=lambda i: values[i] or 0.0))
+    return sorted(keep)
+
+
+def downsample(points: Sequence[Point], max_points: int = MAX_POINTS_PER_SERIES) -> list[Point]:
+    """At most ``max_points``: per bucket its first gap (if any), minimum and maximum, so a
+    short spike and a lost reading both survive. The first and last points are kept."""
+    if len(points) <= max_points:
+        return list(points)
+    return [points[i] for i in downsample_indices([v for _, v in points], max_points)]
 
 
 def nice_step(span: float, target: int) -> float:
@@ -214,10 +232,57 @@ def _attr(value: str) -> str:
     return html.escape(value, quote=True)
 
 
-# -- rendering -------------------------------------------------------------------------------
+# -- any chart: lines, areas, marks and one level ----------------------------------------------
+@dataclass(frozen=True)
+class Line:
+    """One series of a ``Plot``, in the plot's own units (x as the axis reads, y in the y
+    axis' unit); None is a gap. An ``area`` is filled down to zero: a stacked area chart is
+    its cumulative values, drawn from the top of the stack down so each hides the part of
+    the one above it that is not its own."""
+
+    key: str
+    style: SeriesStyle
+    points: Sequence[Point]
+    area: bool = False
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A dotted vertical line at ``x``, labelled above the plot (labels are thinned so that
+    none overlap; the rightmost always stays)."""
+
+    x: float
+    label: str
+    color: str = "#555"
+
+
+@dataclass(frozen=True)
+class Plot:
+    """What any of our static pictures shows. ``render_plot`` lays it out so that no two
+    texts overlap at the given width (title and note, cell labels, legend entries)."""
+
+    lines: Sequence[Line]  # drawn in this order: the first underneath
+    title: str = ""
+    badge: str = ""  # bold and red after the title (a replay's banner)
+    note: str = ""  # red, at the title line's right end (device total, capacity)
+    x_title: str = ""
+    y_title: str = "GiB"
+    marks: Sequence[Mark] = ()
+    # A dashed red line across the plot (device total, capacity), drawn, and the y axis
+    # stretched to it, only when it is at most ``level_within`` times the data's top.
+    level: float | None = None
+    level_label: str = ""
+    level_within: float = 1.0
+    legend: Sequence[str] | None = None  # keys in legend order; None: the draw order
+    summary: str = ""  # for <title>, aria-label and the img's alt text
+    watermark: str = ""
+    width_px: int = WIDTH_PX
+    min_top: float = 0.01  # the y axis reaches at least this (a flat zero still has a scale)
+
+
 @dataclass(frozen=True)
 class _Frame:
-    """Maps data to pixels: x in seconds, y in GiB."""
+    """Maps data to pixels."""
 
     x0: float
     x1: float
@@ -227,11 +292,11 @@ class _Frame:
     width: int
     height: int
 
-    def px(self, t_s: float) -> int:
-        return round(self.left + (t_s - self.x0) / (self.x1 - self.x0) * self.width)
+    def px(self, x: float) -> int:
+        return round(self.left + (x - self.x0) / (self.x1 - self.x0) * self.width)
 
-    def py(self, gib: float) -> int:
-        return round(self.top + self.height - gib / self.y1 * self.height)
+    def py(self, y: float) -> int:
+        return round(self.top + self.height - y / self.y1 * self.height)
 
 
 def _step_path(points: Sequence[Point], frame: _Frame) -> str:
@@ -244,7 +309,7 @@ def _step_path(points: Sequence[Point], frame: _Frame) -> str:
         if v is None:
             pen = False
             continue
-        x, y = frame.px(t), frame.py(v / GIB)
+        x, y = frame.px(t), frame.py(v)
         if not pen:
             parts.append(f"M{x} {y}")
             pen = True
@@ -257,74 +322,108 @@ def _step_path(points: Sequence[Point], frame: _Frame) -> str:
     return "".join(parts)
 
 
-def _legend(keys: list[str], top: int) -> tuple[list[str], int]:
+def _area_path(points: Sequence[Point], frame: _Frame) -> str:
+    """The step line closed down to zero: the region under it (a gap counts as zero)."""
+    pts = [(t, v or 0.0) for t, v in points]
+    if not pts:
+        return ""
+    zero = frame.py(0.0)
+    return (_step_path(pts, frame) + f"V{zero}H{frame.px(pts[0][0])}Z")
+
+
+def _within(x: float, text_w: float, width_px: int) -> int:
+    """A centred text's x, moved just enough to lie inside the picture."""
+    half = text_w / 2 + 2
+    return round(min(max(x, half), width_px - half))
+
+
+def _clip_to(text: str, width_px: float, font_px: float) -> str:
+    """``text`` shortened with an ellipsis to fit ``width_px``."""
+    fits = max(int(width_px / (font_px * GLYPH_EM)), 1)
+    return text if len(text) <= fits else text[: fits - 1] + "…"
+
+
+def _legend(lines: Sequence[Line], top: int, width_px: int) -> tuple[list[str], int]:
     """Legend entries left to right, wrapping; returns the elements and the height used."""
     out: list[str] = []
     x, y = LEFT_PX, top + 10
-    for key in keys:
-        st = STYLES[key]
-        w = 28 + text_width_px(st.name, FONT_PX * 0.9) + 14
-        if x + w > WIDTH_PX - RIGHT_PX and x > LEFT_PX:
+    room = width_px - RIGHT_PX - LEFT_PX - 28
+    for line in lines:
+        st = line.style
+        name = _clip_to(st.name, room, FONT_PX)
+        w = 28 + text_width_px(name) + 14
+        if x + w > width_px - RIGHT_PX and x > LEFT_PX:
             x, y = LEFT_PX, y + 18
-        dash = f' stroke-dasharray="{st.dash}"' if st.dash else ""
-        out.append(
-            f'<g class="legend" data-series="{key}"><path d="M{x} {y}h24" stroke="{st.color}" '
-            f'stroke-width="{st.width_px:g}"{dash}/>'
-            f'<text x="{x + 28}" y="{y + 4}">{html.escape(st.name)}</text></g>')
+        if line.area:
+            swatch = f'<rect x="{x}" y="{y - 5}" width="24" height="10" fill="{st.color}"/>'
+        else:
+            dash = f' stroke-dasharray="{st.dash}"' if st.dash else ""
+            swatch = (f'<path d="M{x} {y}h24" stroke="{st.color}" '
+                      f'stroke-width="{st.width_px:g}"{dash}/>')
+        out.append(f'<g class="legend" data-series="{_attr(line.key)}">{swatch}'
+                   f'<text x="{x + 28}" y="{y + 4}">{html.escape(name)}</text></g>')
         x += round(w)
     return out, y - top + 10
 
 
-def render_svg(data: ChartData) -> str:
-    """The chart as a standalone SVG document (a string, UTF-8 text)."""
-    keys = [k for k in LEGEND_ORDER if data.known(k)]
-    summary = describe(data)
-    # The title sits left and the total/headroom note right; when the two would meet (a
-    # replay's long title), the note takes a line of its own.
-    note = _total_note(data)
-    title_w = text_width_px(data.title or "gpumem_nb", FONT_PX * 1.08)
-    if data.replay:
-        title_w += text_width_px(" " + replay_banner(data.replay), FONT_PX * 1.08)
-    note_w = text_width_px(note)
-    two_lines = bool(note) and LEFT_PX + title_w + 16 + note_w > WIDTH_PX - RIGHT_PX
+def render_plot(plot: Plot) -> str:
+    """A standalone SVG document (a string, UTF-8 text) of ``plot``."""
+    width = plot.width_px
+    known = [ln for ln in plot.lines if any(v is not None for _, v in ln.points)]
+    by_key = {ln.key: ln for ln in known}
+    order = plot.legend if plot.legend is not None else [ln.key for ln in plot.lines]
+    legend_lines = [by_key[k] for k in order if k in by_key]
+    # The title sits left and the note right; when the two would meet (a replay's long
+    # title), the note takes a line of its own.
+    title_w = text_width_px(plot.title or "gpumem_nb", FONT_PX * 1.08)
+    if plot.badge:
+        title_w += text_width_px(" " + plot.badge, FONT_PX * 1.08)
+    note_w = text_width_px(plot.note)
+    two_lines = bool(plot.note) and LEFT_PX + title_w + 16 + note_w > width - RIGHT_PX
     title_band = TITLE_BAND_PX + (16 if two_lines else 0)
     plot_top = title_band + LABEL_BAND_PX
     plot_bottom = plot_top + PLOT_HEIGHT_PX
-    plot_w = WIDTH_PX - LEFT_PX - RIGHT_PX
+    plot_w = plot_width_px(width)
     body: list[str] = []
 
     # Title line: what this is, and loudly when it is somebody else's recording.
-    title = html.escape(data.title or "gpumem_nb")
-    if data.replay:
+    title = html.escape(plot.title or "gpumem_nb")
+    if plot.badge:
         title += (f' <tspan class="replay" fill="{TOTAL_COLOR}" font-weight="bold">'
-                  f"{html.escape(replay_banner(data.replay))}</tspan>")
+                  f"{html.escape(plot.badge)}</tspan>")
     body.append(f'<text class="title" x="{LEFT_PX}" y="16" font-weight="bold">{title}</text>')
+    if plot.note:
+        body.append(f'<text class="total-note" x="{width - RIGHT_PX}" '
+                    f'y="{32 if two_lines else 16}" text-anchor="end" fill="{TOTAL_COLOR}">'
+                    f"{html.escape(plot.note)}</text>")
 
-    if not keys:
+    if not known:
         height = plot_bottom + 20
         body.append(f'<rect x="{LEFT_PX}" y="{plot_top}" width="{plot_w}" '
                     f'height="{PLOT_HEIGHT_PX}" fill="#fafafa" stroke="#ddd"/>')
         body.append(f'<text class="waiting" x="{LEFT_PX + plot_w // 2}" '
                     f'y="{plot_top + PLOT_HEIGHT_PX // 2}" text-anchor="middle" fill="#666">'
                     "waiting for data…</text>")
-        return _document(summary, height, body)
+        return _document(plot.summary, width, height, body)
 
-    # Ranges: like the live chart, y follows the data (not the device total), and the total
-    # is drawn only when it is in range.
-    all_t = [t for k in keys for t, _ in data.known(k)] + [t for t, _ in data.marks]
-    x0, x1 = min(all_t), max(all_t)
+    # Ranges: y follows the data (not the device total); the level is drawn only when in
+    # range.
+    all_x = [t for ln in known for t, v in ln.points if v is not None] + [
+        m.x for m in plot.marks]
+    x0, x1 = min(all_x), max(all_x)
     if x1 - x0 < 1e-6:
         x0, x1 = x0 - 0.5, x1 + 0.5
-    top_gib = max(max(v for _, v in data.known(k)) for k in keys) / GIB
-    top_gib = max(top_gib, 0.01) * 1.15
-    total_gib = (data.total_bytes or 0) / GIB
-    y1 = max(top_gib * 1.08, total_gib * 1.02 if 0 < total_gib <= top_gib else 0.0)
+    top = max(max(v for _, v in ln.points if v is not None) for ln in known)
+    top = max(top, plot.min_top) * 1.15
+    level = plot.level if plot.level is not None and plot.level > 0 else None
+    drawn = level is not None and level <= top * plot.level_within
+    y1 = max(top * 1.08, level * 1.02 if drawn and level is not None else 0.0)
     frame = _Frame(x0, x1, y1, LEFT_PX, plot_top, plot_w, PLOT_HEIGHT_PX)
 
-    if data.replay:  # a watermark, so a cropped screenshot still says it
+    if plot.watermark:  # so that a cropped screenshot still says it
         body.append(f'<text x="{LEFT_PX + plot_w // 2}" y="{plot_top + PLOT_HEIGHT_PX // 2 + 20}"'
                     f' text-anchor="middle" font-size="64" font-weight="bold" fill="{TOTAL_COLOR}"'
-                    ' fill-opacity="0.07">REPLAY</text>')
+                    f' fill-opacity="0.07">{html.escape(plot.watermark)}</text>')
 
     # Axes and grid.
     grid, labels = [], []
@@ -333,59 +432,103 @@ def render_svg(data: ChartData) -> str:
         grid.append(f"M{LEFT_PX} {y}h{plot_w}")
         labels.append(f'<text x="{LEFT_PX - 6}" y="{y + 4}" text-anchor="end">'
                       f"{tick_text(v)}</text>")
-    for t in ticks(x0, x1, 8):
+    for t in ticks(x0, x1, 8 * width // WIDTH_PX):
         x = frame.px(t)
         grid.append(f"M{x} {plot_top}V{plot_bottom}")
-        labels.append(f'<text x="{x}" y="{plot_bottom + 14}" text-anchor="middle">'
-                      f"{tick_text(t)}</text>")
+        text = tick_text(t)
+        cx = _within(x, text_width_px(text), width)
+        labels.append(f'<text x="{cx}" y="{plot_bottom + 16}" text-anchor="middle">'
+                      f"{text}</text>")
     body.append(f'<path class="grid" d="{"".join(grid)}" stroke="#e5e5e5" stroke-width="1"/>')
     body.append(f'<g class="ticks" fill="#444">{"".join(labels)}</g>')
     body.append(f'<path d="M{LEFT_PX} {plot_top}V{plot_bottom}h{plot_w}" stroke="#999" '
                 'fill="none"/>')
-    body.append(f'<text x="14" y="{plot_top + PLOT_HEIGHT_PX // 2}" text-anchor="middle" '
-                f'transform="rotate(-90 14 {plot_top + PLOT_HEIGHT_PX // 2})">GiB</text>')
-    body.append(f'<text x="{LEFT_PX + plot_w // 2}" y="{plot_bottom + 30}" '
-                f'text-anchor="middle">{html.escape(data.x_title)}</text>')
+    mid = plot_top + PLOT_HEIGHT_PX // 2
+    body.append(f'<text class="y-title" x="14" y="{mid}" text-anchor="middle" '
+                f'transform="rotate(-90 14 {mid})">'
+                f"{html.escape(_clip_to(plot.y_title, PLOT_HEIGHT_PX, FONT_PX))}</text>")
+    body.append(f'<text class="x-title" x="{LEFT_PX + plot_w // 2}" y="{plot_bottom + 30}" '
+                f'text-anchor="middle">{html.escape(_clip_to(plot.x_title, plot_w, FONT_PX))}'
+                "</text>")
 
-    # Total and headroom: named in the corner always, drawn as a line when in range.
-    if total_gib > 0:
-        body.append(f'<text class="total-note" x="{WIDTH_PX - RIGHT_PX}" '
-                    f'y="{32 if two_lines else 16}" text-anchor="end" fill="{TOTAL_COLOR}">'
-                    f"{note}</text>")
-        if total_gib <= top_gib:
-            y = frame.py(total_gib)
-            body.append(f'<path class="total" d="M{LEFT_PX} {y}h{plot_w}" stroke="{TOTAL_COLOR}"'
-                        ' stroke-width="1" stroke-dasharray="6 3"/>')
+    if drawn and level is not None:
+        y = frame.py(level)
+        body.append(f'<path class="total" d="M{LEFT_PX} {y}h{plot_w}" stroke="{TOTAL_COLOR}"'
+                    ' stroke-width="1" stroke-dasharray="6 3"/>')
+        if plot.level_label:  # under the line, inside the plot: clear of the labels above
+            below = y + 13 if y + 13 < plot_bottom - 2 else y - 3
+            body.append(f'<text class="level-label" x="{width - RIGHT_PX - 4}" y="{below}" '
+                        f'text-anchor="end" fill="{TOTAL_COLOR}">'
+                        f"{html.escape(plot.level_label)}</text>")
 
-    # Cell marks: every one as a dotted line, labels thinned so none overlap.
+    # Marks: every one as a dotted line, labels thinned so none overlap.
     # Lines on one pixel column are drawn once, so even 10 000 marks stay a small path.
-    marks = sorted(data.marks)
+    marks = sorted(plot.marks, key=lambda m: m.x)
     if marks:
-        xs = [frame.px(t) for t, _ in marks]
-        lines = "".join(f"M{x} {plot_top}V{plot_bottom}" for x in sorted(set(xs)))
-        body.append(f'<path class="marks" d="{lines}" stroke="#000" stroke-opacity="0.25" '
-                    'stroke-width="1" stroke-dasharray="1 3"/>')
-        gap = label_gap_px(s for _, s in marks)
+        xs = [frame.px(m.x) for m in marks]
+        for color in dict.fromkeys(m.color for m in marks):
+            cols = sorted({x for x, m in zip(xs, marks, strict=True) if m.color == color})
+            lines = "".join(f"M{x} {plot_top}V{plot_bottom}" for x in cols)
+            body.append(f'<path class="marks" d="{lines}" stroke="{color}" '
+                        'stroke-opacity="0.45" stroke-width="1" stroke-dasharray="1 3"/>')
+        gap = label_gap_px(m.label for m in marks)
+        # Labels stay inside the picture: the widest one's half from either edge (a shift
+        # that keeps their order, so thinning still keeps them apart).
+        cxs = [_within(x, gap - 4, width) for x in xs]
         texts = "".join(
-            f'<text class="mark-label" x="{xs[i]}" y="{plot_top - 4}">'
-            f"{html.escape(marks[i][1])}</text>" for i in thin_labels(xs, gap))
-        body.append(f'<g text-anchor="middle" font-size="{LABEL_FONT_PX}" fill="#555">'
-                    f"{texts}</g>")
+            f'<text class="mark-label" x="{cxs[i]}" y="{plot_top - 4}" '
+            f'fill="{marks[i].color}">{html.escape(marks[i].label)}</text>'
+            for i in thin_labels(cxs, gap))
+        body.append(f'<g text-anchor="middle" font-size="{LABEL_FONT_PX}">{texts}</g>')
 
-    # Series, wide ones first and NVML's whole-GPU line last.
-    for key in DRAW_ORDER:
-        if key not in keys:
+    for ln in known:
+        st = ln.style
+        pts = downsample(ln.points)
+        if ln.area:
+            body.append(f'<path class="series" data-series="{_attr(ln.key)}" '
+                        f'd="{_area_path(pts, frame)}" fill="{st.color}" stroke="none"/>')
             continue
-        st = STYLES[key]
-        d = _step_path(downsample(data.series[key]), frame)
         dash = f' stroke-dasharray="{st.dash}"' if st.dash else ""
-        body.append(f'<path class="series" data-series="{key}" d="{d}" fill="none" '
-                    f'stroke="{st.color}" stroke-width="{st.width_px:g}"{dash} '
-                    'stroke-linejoin="round"/>')
+        body.append(f'<path class="series" data-series="{_attr(ln.key)}" '
+                    f'd="{_step_path(pts, frame)}" fill="none" stroke="{st.color}" '
+                    f'stroke-width="{st.width_px:g}"{dash} stroke-linejoin="round"/>')
 
-    legend, legend_h = _legend(keys, plot_bottom + 40)
+    legend, legend_h = _legend(legend_lines, plot_bottom + 40, width)
     body.extend(legend)
-    return _document(summary, plot_bottom + 40 + legend_h, body)
+    return _document(plot.summary, width, plot_bottom + 40 + legend_h, body)
+
+
+def _document(summary: str, width: int, height: int, body: list[str]) -> str:
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{_attr(summary)}" '
+        f'font-family="sans-serif" font-size="{FONT_PX}">'
+        f"<title>{html.escape(summary)}</title>"
+        f'<rect width="{width}" height="{height}" fill="#fff"/>'
+        + "".join(body) + "</svg>")
+
+
+# -- the live chart's picture --------------------------------------------------------------------
+def live_plot(data: ChartData) -> Plot:
+    """The live chart's series as a ``Plot``: cell marks, the device total, and a unit that
+    keeps the tick labels short (MiB until the data reach a GiB)."""
+    keys = [k for k in DRAW_ORDER if data.known(k)]
+    top = max((v for k in keys for _, v in data.known(k)), default=0.0)
+    unit, unit_name = byte_axis(top)
+    lines = [Line(k, STYLES[k], [(t, None if v is None else v / unit)
+                                 for t, v in data.series.get(k, ())]) for k in keys]
+    return Plot(
+        lines=lines, title=data.title,
+        badge=replay_banner(data.replay) if data.replay else "",
+        note=_total_note(data), x_title=data.x_title, y_title=unit_name,
+        marks=[Mark(t, s) for t, s in data.marks],
+        level=(data.total_bytes or 0) / unit or None, legend=LEGEND_ORDER,
+        summary=describe(data), watermark="REPLAY" if data.replay else "")
+
+
+def render_svg(data: ChartData) -> str:
+    """The live chart's picture as a standalone SVG document."""
+    return render_plot(live_plot(data))
 
 
 def _total_note(data: ChartData) -> str:
@@ -399,14 +542,13 @@ def _total_note(data: ChartData) -> str:
     return note
 
 
-def _document(summary: str, height: int, body: list[str]) -> str:
-    return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH_PX}" height="{height}" '
-        f'viewBox="0 0 {WIDTH_PX} {height}" role="img" aria-label="{_attr(summary)}" '
-        f'font-family="sans-serif" font-size="{FONT_PX}">'
-        f"<title>{html.escape(summary)}</title>"
-        f'<rect width="{WIDTH_PX}" height="{height}" fill="#fff"/>'
-        + "".join(body) + "</svg>")
+def byte_axis(top_bytes: float) -> tuple[float, str]:
+    """(bytes per unit, unit name) for a y axis whose data reach ``top_bytes``: the largest
+    unit the top is at least one of, so tick labels stay short (at most four digits)."""
+    for unit, name in ((GIB, "GiB"), (float(1 << 20), "MiB"), (1024.0, "KiB")):
+        if top_bytes >= unit:
+            return unit, name
+    return 1.0, "B"
 
 
 def svg_data_uri(svg: str) -> str:
@@ -418,11 +560,17 @@ def html_img(svg: str, alt: str) -> str:
     return f'<img src="{svg_data_uri(svg)}" alt="{_attr(alt)}">'
 
 
+def plot_bundle(plot: Plot) -> dict[str, str]:
+    """A picture as display-bundle entries: ``image/svg+xml``, and the same SVG as an
+    ``<img>`` in ``text/html`` (what nbconvert's HTML and untrusted views show)."""
+    svg = render_plot(plot)
+    return {"image/svg+xml": svg, "text/html": html_img(svg, plot.summary)}
+
+
 def static_bundle(data: ChartData) -> dict[str, str]:
-    """The picture as display-bundle entries: ``image/svg+xml`` and an ``<img>`` in
-    ``text/html`` (append the numbers' table to the latter)."""
-    svg = render_svg(data)
-    return {"image/svg+xml": svg, "text/html": html_img(svg, describe(data))}
+    """The live chart's picture as display-bundle entries (append the numbers' table to
+    ``text/html``)."""
+    return plot_bundle(live_plot(data))
 
 
 # -- from the live chart's data ------------------------------------------------------------------

@@ -10,9 +10,9 @@ the cell runs untraced.
 sites held the most bytes at the cell's peak, which are still alive at its end (leak
 candidates), and which were live when an OOM entry was recorded. The timeline is a plain
 plotly JSON figure for the ``application/vnd.plotly.v1+json`` mime type, which JupyterLab's
-bundled plotly renderer draws without any CDN, with an inline SVG as the fallback for
-static viewers. ``--save`` pickles the raw snapshot at protocol 4, the newest that
-PyTorch's memory_viz reader accepts.
+bundled plotly renderer draws without any CDN, with a static SVG picture of the same data
+in the bundle for every other viewer (``svgchart``). ``--save`` pickles the raw snapshot at
+protocol 4, the newest that PyTorch's memory_viz reader accepts.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import safeio
+from . import plotlyjson, safeio, svgchart
 from .report import html_table, text_table
 from .sources.torch import TorchDebug
 from .units import format_bytes
@@ -39,6 +39,7 @@ from .whatif.snapshot import START_KEY
 MAX_ENTRIES = 100_000  # history ring buffer: about 0.7 s to snapshot when full
 TOP_DEFAULT = 5
 _TIMELINE_SITES = 8
+MiB = 1 << 20
 _MAX_POINTS = 1500
 _PICKLE_PROTOCOL = 4  # memory_viz's JavaScript unpickler rejects protocol 5
 # Frames from these packages are never "the site": the user's line is what called them.
@@ -194,23 +195,53 @@ class _Malformed(Exception):
     """A history entry this analysis cannot read: skipped and counted."""
 
 
-def _entry_ok(e: Any) -> bool:
-    """Whether a history entry's own fields are what torch writes (its frames are checked
-    where they are read). A user's own recording, or a future torch, may hold others."""
-    if not isinstance(e, Mapping) or not isinstance(e.get("action"), str):
-        return False
+# Bounds on what a history entry's numbers can be: a size or an address fits in 64 bits, a
+# time in microseconds since the epoch in 63, a line number in 9 digits. Beyond them a value
+# is not torch's (10**400 overflowed float division, 10**5000 Python's int-to-text limit).
+_MAX_FIELD = 1 << 64
+_MAX_LINE = 10**9
+
+
+def _plain(obj: Any) -> dict[str, Any] | None:
+    """A history entry or frame as a plain dict (a mapping whose own methods raise, or that
+    is not a mapping, is None): read through dict's own methods from here on."""
+    if type(obj) is dict:
+        return obj
+    if not isinstance(obj, Mapping):
+        return None
+    try:
+        return dict(obj)
+    except Exception:
+        return None
+
+
+def _usable(e: Any) -> dict[str, Any] | None:
+    """The entry as a plain dict when its own fields are what torch writes (its frames are
+    checked where they are read); None otherwise. A user's own recording, or a future torch,
+    may hold others."""
+    e = _plain(e)
+    if e is None or not isinstance(e.get("action"), str):
+        return None
     t = e.get("time_us")
-    if t is not None and not (_is_number(t) and math.isfinite(t)):
-        return False
+    if t is not None and not _finite(t):
+        return None
     size = e.get("size", 0)
-    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-        return False
+    if not _count(size):
+        return None
     addr = e.get("addr")
-    return addr is None or (isinstance(addr, int) and not isinstance(addr, bool))
+    return e if addr is None or _count(addr) else None
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
+def _count(v: Any) -> bool:
+    """A non-negative int of at most 64 bits (not a bool)."""
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < _MAX_FIELD
+
+
+def _finite(v: Any) -> bool:
+    """A number that converts to a finite float (a huge int would overflow)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return False
+    return -_MAX_FIELD < v < _MAX_FIELD if isinstance(v, int) else math.isfinite(v)
 
 
 def _as_list(entries: Any) -> list[Any]:
@@ -239,18 +270,23 @@ class _Replay:
     def site(self, frames: Any) -> Site:
         if not isinstance(frames, list | tuple):
             raise _Malformed
+        plain = [_plain(f) for f in frames]
+        if any(f is None for f in plain):
+            raise _Malformed  # a frame that is not a dict, or one whose methods raise
+        key = tuple((f.get("filename"), f.get("line"), f.get("name"))
+                    for f in plain if f is not None)
         try:
-            key = tuple((f.get("filename"), f.get("line"), f.get("name")) for f in frames)
             s = self._sites.get(key)
-        except (AttributeError, TypeError):  # a frame that is not a dict, or unhashable
+        except TypeError:  # an unhashable field
             raise _Malformed from None
         if s is None:
             if not all(isinstance(fn, str | None) and isinstance(name, str | None)
-                       and (line is None or (isinstance(line, int)
-                                             and not isinstance(line, bool)))
+                       and (line is None or (_count(line) and line < _MAX_LINE))
                        for fn, line, name in key):
                 raise _Malformed
-            s = self._sites[key] = site_of(frames, self.skip)
+            s = self._sites[key] = site_of(
+                [{"filename": fn or "", "line": line or 0, "name": name or ""}
+                 for fn, line, name in key], self.skip)
         return s
 
     def step(self, e: Mapping[str, Any]) -> str:
@@ -294,8 +330,9 @@ def analyze(entries: Sequence[Mapping[str, Any]], *, device: int = 0,
 
     Entries that are not what torch writes (not a dict, a size, line or time that is not a
     number, frames that are not a list of dicts) are skipped and counted in ``skipped``."""
-    usable = [e for e in _as_list(entries) if _entry_ok(e)]
-    skipped = len(_as_list(entries)) - len(usable)
+    given = _as_list(entries)
+    usable = [u for u in map(_usable, given) if u is not None]
+    skipped = len(given) - len(usable)
     window = [e for e in usable
               if since_us is None or e.get("time_us") is None or e["time_us"] >= since_us]
     # First pass: where the peak and the OOM are; entries it cannot read are dropped.
@@ -373,9 +410,9 @@ def _series(samples: Sequence[dict[Site, int]], times: Sequence[float],
             chosen.append(sb.site)
     if not samples or not chosen:
         return (), ()
-    series = [Series(s.label, tuple(smp.get(s, 0) / 2**20 for smp in samples))
+    series = [Series(s.label, tuple(smp.get(s, 0) / MiB for smp in samples))
               for s in chosen]
-    other = tuple((sum(smp.values()) - sum(smp.get(s, 0) for s in chosen)) / 2**20
+    other = tuple((sum(smp.values()) - sum(smp.get(s, 0) for s in chosen)) / MiB
                   for smp in samples)
     if any(v > 0 for v in other):
         series.append(Series("other sites", other))
@@ -393,6 +430,7 @@ class TraceResult:
     entries: int
     top: int = TOP_DEFAULT
     saved_to: str = ""
+    save_failed: str = ""  # why --save wrote nothing (also among the notes)
     snapshot: dict[str, Any] | None = field(default=None, repr=False)
     # Of added_s: inside PyTorch's own calls. The snapshot dominates: on the H200 (torch
     # 2.11) one took about 3.6 s whether it held 7 history entries or 100k.
@@ -547,7 +585,8 @@ class CellTracer:
                 trace = _as_list(trace)
                 if not trace:
                     continue
-                first_t = next((e.get("time_us") for e in trace if _entry_ok(e)), None)
+                first_t = next((u.get("time_us") for u in map(_usable, trace)
+                                if u is not None), None)
                 if since is not None and first_t is None:
                     notes.append("These history entries carry no timestamps, so this cell's "
                                  "cannot be told apart from earlier ones: all are shown.")
@@ -573,11 +612,13 @@ class CellTracer:
                 result.saved_to = save_snapshot(snap, save)
             except Exception as e:  # refused, disk full, a snapshot pickle cannot hold
                 why = safeio.reason(e) if isinstance(e, OSError) else type(e).__name__
-                result.notes += (f"Could not write {safeio.shown(save)}: {why}; any file "
-                                 "already there is unchanged.",)
+                result.save_failed = (f"Could not write {safeio.shown(save)}: {why}; any "
+                                      "file already there is unchanged.")
         elif save:
-            result.notes += (f"Nothing was saved to {safeio.shown(save)}: there is no "
-                             "snapshot.",)
+            result.save_failed = (f"Nothing was saved to {safeio.shown(save)}: there is no "
+                                  "snapshot.")
+        if result.save_failed:
+            result.notes += (result.save_failed,)
         result.added_s = self._spent_s + self.clock() - t0
         return result
 
@@ -659,107 +700,96 @@ def _rows(sites: Iterable[SiteBytes]) -> list[list[str]]:
     return [[format_bytes(s.nbytes), str(s.allocations), s.label] for s in sites]
 
 
+_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+            "#17becf", "#7f7f7f")
+_OOM_COLOR = "#d62728"
+
+
 class TraceTimeline:
     """Live bytes by site over the cell. Rendered by JupyterLab's bundled plotly mime
-    renderer (no CDN, kept in the saved notebook); an inline SVG elsewhere."""
+    renderer (no CDN, kept in the saved notebook); every bundle also carries a static SVG
+    picture of the same stack (``svgchart``), for nbconvert, GitHub and untrusted views."""
 
     MIME = "application/vnd.plotly.v1+json"
 
     def __init__(self, device: DeviceTrace) -> None:
         self.device = device
 
+    def _marks(self) -> list[tuple[float, str, str]]:
+        d = self.device
+        marks = [(d.peak_ms, "peak", "#444")]
+        if d.oom_ms is not None:
+            marks.append((d.oom_ms, "OOM", _OOM_COLOR))
+        return marks
+
     def figure(self) -> dict[str, Any]:
         d = self.device
-        palette = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
-                   "#e377c2", "#17becf", "#7f7f7f")
         data = [{
             "type": "scatter", "mode": "lines", "name": _clip(s.label, 70),
             "x": list(d.times_ms), "y": [round(v, 3) for v in s.mib],
             "stackgroup": "live", "line": {"shape": "hv", "width": 0.5,
-                                            "color": palette[i % len(palette)]},
+                                            "color": _PALETTE[i % len(_PALETTE)]},
             "hovertemplate": "%{y:.1f} MiB<extra>" + html.escape(_clip(s.label, 50))
                              + "</extra>",
         } for i, s in enumerate(d.series)]
-        shapes = []
-        marks = [(d.peak_ms, "peak", "#444")]
-        if d.oom_ms is not None:
-            marks.append((d.oom_ms, "OOM", "#d62728"))
-        for x, _, color in marks:
-            shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x,
-                           "y0": 0, "y1": 1, "line": {"color": color, "dash": "dot",
-                                                       "width": 1}})
+        marks = self._marks()
+        shapes = [{"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x,
+                   "y0": 0, "y1": 1, "line": {"color": color, "dash": "dot", "width": 1}}
+                  for x, _, color in marks]
         annotations = [{"x": x, "y": 1, "xref": "x", "yref": "paper", "text": text,
                         "showarrow": False, "yanchor": "bottom", "font": {"color": color}}
                        for x, text, color in marks]
-        # Nothing overlaps at any width (issue 17): the title sits under the modebar's band,
-        # the peak/OOM labels under the title, and the legend has a band of its own below the
-        # x axis title, one row per site at worst (a narrow output, long site names).
-        legend_px = 22 * len(data)
-        return {"data": data, "layout": {
-            "title": {"text": f"GPU {d.device}: this cell's live allocations by site",
-                      "x": 0, "xanchor": "left", "xref": "paper", "yref": "container",
-                      "y": 1, "yanchor": "top", "pad": {"t": 34}, "font": {"size": 14}},
-            "xaxis": {"title": {"text": "ms since the cell started"}},
-            "yaxis": {"title": {"text": "MiB live"}},
-            "height": 340 + legend_px,
-            "margin": {"l": 60, "r": 20, "t": 84, "b": 60 + legend_px},
-            "legend": {"orientation": "h", "x": 0, "xanchor": "left", "yref": "container",
-                       "y": 0, "yanchor": "bottom"},
-            "shapes": shapes, "annotations": annotations, "hovermode": "x unified",
-        }, "config": {"displaylogo": False, "modeBarButtonsToRemove": [
-            "select2d", "lasso2d", "autoScale2d", "toggleSpikelines", "hoverClosestCartesian",
-            "hoverCompareCartesian"]}}
+        layout = plotlyjson.layout(f"GPU {d.device}: this cell's live allocations by site",
+                                   "ms since the cell started", "MiB live",
+                                   legend_entries=len(data))
+        layout.update(shapes=shapes, annotations=annotations)
+        return {"data": data, "layout": layout, "config": plotlyjson.config()}
 
-    def svg(self, width: int = 640, height: int = 200) -> str:
-        """A static stacked-area drawing of the same series (no JavaScript)."""
+    def plot(self) -> svgchart.Plot:
+        """The same stack as a static picture: each site's area on top of the ones before
+        it, the peak and the OOM marked."""
         d = self.device
         xs = d.times_ms
-        if not xs or not d.series:
-            return ""
-        x0, x1 = xs[0], xs[-1] if xs[-1] > xs[0] else xs[0] + 1
         totals = [sum(s.mib[i] for s in d.series) for i in range(len(xs))]
-        top = max(totals) or 1.0
-        colors = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
-                  "#e377c2", "#17becf", "#7f7f7f")
+        unit, unit_name = svgchart.byte_axis(max(totals, default=0.0) * MiB)
+        keep = svgchart.downsample_indices(totals)
+        lines, below = [], [0.0] * len(xs)
+        for i, s in enumerate(d.series):
+            below = [b + v for b, v in zip(below, s.mib, strict=False)]
+            style = svgchart.SeriesStyle(s.label, _PALETTE[i % len(_PALETTE)], 1.0)
+            lines.append(svgchart.Line(f"site-{i}", style,
+                                       [(xs[j], below[j] * MiB / unit) for j in keep],
+                                       area=True))
+        marks = self._marks()
+        span = (xs[-1] - xs[0]) if len(xs) > 1 else 0.0
+        if len(marks) == 2 and span > 0 and abs(marks[1][0] - marks[0][0]) < span * (
+                svgchart.label_gap_px(["peak · OOM"]) / svgchart.plot_width_px()):
+            marks = [(marks[1][0], "peak · OOM", _OOM_COLOR)]  # one label, not a lost one
+        return svgchart.Plot(
+            lines=lines[::-1], legend=[ln.key for ln in lines],
+            title=f"GPU {d.device}: this cell's live allocations by site",
+            note=f"peak {format_bytes(d.peak_bytes)}", x_title="ms since the cell started",
+            y_title=f"{unit_name} live", marks=[svgchart.Mark(x, t, c) for x, t, c in marks],
+            summary=self.describe())
 
-        def px(x: float) -> float:
-            return round((x - x0) / (x1 - x0) * (width - 2) + 1, 1)
+    def svg(self) -> str:
+        """The static picture: a standalone SVG document."""
+        return svgchart.render_plot(self.plot())
 
-        def py(y: float) -> float:
-            return round(height - 1 - y / top * (height - 2), 1)
-
-        base = [0.0] * len(xs)
-        shapes = []
-        for k, s in enumerate(d.series):
-            upper = [b + v for b, v in zip(base, s.mib, strict=False)]
-            pts = []
-            for i in range(len(xs)):  # steps: hold each value until the next instant
-                nxt = xs[i + 1] if i + 1 < len(xs) else xs[i]
-                pts += [(px(xs[i]), py(upper[i])), (px(nxt), py(upper[i]))]
-            back = []
-            for i in reversed(range(len(xs))):
-                nxt = xs[i + 1] if i + 1 < len(xs) else xs[i]
-                back += [(px(nxt), py(base[i])), (px(xs[i]), py(base[i]))]
-            path = " ".join(f"{a},{b}" for a, b in pts + back)
-            shapes.append(f"<polygon points='{path}' fill='{colors[k % len(colors)]}' "
-                          f"fill-opacity='0.8'><title>{html.escape(s.label)}</title></polygon>")
-            base = upper
-        legend = "".join(
-            f"<div><span style='color:{colors[k % len(colors)]}'>&#9632;</span> "
-            f"{html.escape(_clip(s.label, 90))}</div>" for k, s in enumerate(d.series))
-        return (f"<div><div>GPU {d.device}: this cell's live allocations by site, "
-                f"0-{x1 - x0:.1f} ms, peak {top:.1f} MiB</div>"
-                f"<svg width='{width}' height='{height}' style='border:1px solid #ddd'>"
-                + "".join(shapes) + f"</svg>{legend}</div>")
-
-    def __str__(self) -> str:
+    def describe(self) -> str:
         d = self.device
         return (f"gpumem --trace timeline, GPU {d.device}: {len(d.series)} sites over "
-                f"{(d.times_ms[-1] - d.times_ms[0]) if d.times_ms else 0:.1f} ms "
-                "(shown as a chart in JupyterLab)")
+                f"{(d.times_ms[-1] - d.times_ms[0]) if d.times_ms else 0:.1f} ms, peak "
+                f"{format_bytes(d.peak_bytes)}"
+                + (f", out of memory at {d.oom_ms:.1f} ms" if d.oom_ms is not None else ""))
+
+    def __str__(self) -> str:
+        return self.describe() + " (shown as a chart in JupyterLab)"
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        return {self.MIME: self.figure(), "text/html": self.svg(), "text/plain": str(self)}
+        bundle: dict[str, Any] = {self.MIME: self.figure(), "text/plain": str(self)}
+        bundle.update(svgchart.plot_bundle(self.plot()))
+        return bundle
 
 
 def _clip(text: str, n: int) -> str:

@@ -27,19 +27,29 @@ _UNITS = {
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 
-def format_bytes(n: int | None, *, signed: bool = False) -> str:
-    """Human-readable binary size: ``1.49 GiB``; ``—`` for unknown."""
-    if n is None:
+# Sizes from this far up are shown as a bound: they come from junk (a history entry of
+# 10**400 bytes), and printing them exactly would overflow float or Python's int-to-text
+# limit (4300 digits).
+_HUGE = 1 << 80
+
+
+def format_bytes(n: int | float | None, *, signed: bool = False) -> str:
+    """Human-readable binary size: ``1.49 GiB``; ``—`` for unknown (or not a number). Never
+    raises, whatever the size."""
+    if n is None or isinstance(n, bool) or not isinstance(n, int | float) or (
+            isinstance(n, float) and not math.isfinite(n)):
         return "—"
     sign = ""
     if n < 0:
         sign, n = "-", -n
     elif signed:
         sign = "+"
+    if n >= _HUGE:
+        return f"{sign}more than 1 YiB"
     for unit, scale in _BINARY:
         if n >= scale:
             return f"{sign}{n / scale:.2f} {unit}"
-    return f"{sign}{n} B"
+    return f"{sign}{n:g} B" if isinstance(n, float) else f"{sign}{n} B"
 
 
 def parse_size(text: str) -> int:

@@ -153,7 +153,7 @@ def children_lines(sample: Sample) -> list[str]:
             continue
         where = f"GPU {d.index}"
         lines.append(f"This kernel's children on {where} hold {format_bytes(nv.children_bytes)}"
-                     " (each has a CUDA context of its own, about 0.5 GiB):")
+                     " (each has a CUDA context of its own):")
         lines.extend(f"  {c.label}: {format_bytes(c.nbytes)}"
                      + (f" — {c.cmdline}" if c.cmdline else "") for c in nv.children)
     return lines

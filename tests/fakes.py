@@ -227,12 +227,20 @@ class FakeCudaMemory:
             return {"segments": [], "device_traces": []}
         segments = []
         for i, d in enumerate(c.devices):
-            pieces = d.free_pieces or ([d.inactive_split] if d.inactive_split else [])
-            blocks = [{"size": d.allocated, "state": "active_allocated", "frames": []}]
-            blocks += [{"size": n, "state": "inactive", "frames": []} for n in pieces]
-            segments.append({"device": i, "total_size": d.reserved,
-                             "allocated_size": d.allocated, "is_expandable": c.expandable,
-                             "blocks": blocks})
+            # The tensors with the free holes between them (inactive_split) in one segment,
+            # and the rest of the cache as a segment with nothing in it.
+            pieces = d.pieces()
+            if d.allocated or pieces:
+                blocks = [{"size": d.allocated, "state": "active_allocated", "frames": []}]
+                blocks += [{"size": n, "state": "inactive", "frames": []} for n in pieces]
+                segments.append({"device": i, "total_size": d.allocated + sum(pieces),
+                                 "allocated_size": d.allocated, "is_expandable": c.expandable,
+                                 "blocks": blocks})
+            rest = d.reserved - d.allocated - sum(pieces)
+            if rest > 0:
+                segments.append({"device": i, "total_size": rest, "allocated_size": 0,
+                                 "is_expandable": c.expandable,
+                                 "blocks": [{"size": rest, "state": "inactive", "frames": []}]})
         return {"segments": segments, "device_traces": [list(t) for t in c.traces],
                 "allocator_settings": {"expandable_segments": c.expandable,
                                        "PYTORCH_CUDA_ALLOC_CONF": ""}}
@@ -253,6 +261,10 @@ class FakeCudaDevice:
     retries: int = 0
     ooms: int = 0
     free_pieces: list[int] = field(default_factory=list)  # the inactive split blocks' sizes
+
+    def pieces(self) -> list[int]:
+        """The free holes inside the segment that holds the tensors."""
+        return self.free_pieces or ([self.inactive_split] if self.inactive_split else [])
 
 
 class FakeCuda:
@@ -415,9 +427,14 @@ class FakeCuda:
 
     # Mutations a monitor must never make on its own.
     def empty_cache(self) -> None:
+        """As the native allocator's release_cached_blocks: wholly free segments go, holes
+        inside the segment that still holds tensors stay (expandable segments unmap them,
+        taken here as whole pages)."""
         self.calls.append("empty_cache")
         for d in self.devices:
-            d.reserved = d.allocated
+            if not d.allocated or self.expandable or self.backend == "cudaMallocAsync":
+                d.inactive_split, d.free_pieces = 0, []
+            d.reserved = d.allocated + d.inactive_split
         self._sync()
 
     def reset_peak_memory_stats(self, device: int | None = None) -> None:

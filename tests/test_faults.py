@@ -6,7 +6,10 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from gpumem_nb.magics import current_monitor
+from gpumem_nb.sources import gate
 
 
 def sampler_threads() -> int:
@@ -14,19 +17,29 @@ def sampler_threads() -> int:
 
 
 class Hang:
-    """Makes the fake NVML's memory query block until released, like a wedged driver."""
+    """Makes the fake NVML's memory query block until released, like a wedged driver.
+    ``most`` is the largest number of threads that were stuck inside it at once."""
 
-    def __init__(self, nvml: Any) -> None:
+    def __init__(self, nvml: Any, call: str = "nvmlDeviceGetMemoryInfo") -> None:
         self.release = threading.Event()
         self.entered = threading.Event()
-        self._orig = nvml.nvmlDeviceGetMemoryInfo
+        self._orig = getattr(nvml, call)
+        self._lock = threading.Lock()
+        self.inside = self.most = 0
 
         def hung(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                self.inside += 1
+                self.most = max(self.most, self.inside)
             self.entered.set()
-            self.release.wait(5.0)
+            try:
+                self.release.wait(5.0)
+            finally:
+                with self._lock:
+                    self.inside -= 1
             return self._orig(*args, **kwargs)
 
-        nvml.nvmlDeviceGetMemoryInfo = hung
+        setattr(nvml, call, hung)
 
 
 def test_a_hung_nvml_never_holds_up_a_cell(shell, fake_gpu):
@@ -108,3 +121,90 @@ def test_an_error_whose_text_changes_every_call_is_reported_once(shell, fake_gpu
             shell.run_cell(f"z = {i}")
     lines = [r.getMessage() for r in caplog.records if "timed out" in r.getMessage()]
     assert len(lines) <= 2  # once per hook at most, never once per cell
+
+
+def _timed(ip: Any, line: str) -> float:
+    t0 = time.perf_counter()
+    result = ip.run_cell(line)
+    assert result.error_in_exec is None, (line, result.error_in_exec)
+    return time.perf_counter() - t0
+
+
+@pytest.fixture
+def quick_gate(monkeypatch: Any) -> Any:
+    """A reading is taken for hung after 0.3 s here (1 s in a session), to keep tests short."""
+    monkeypatch.setattr(gate.LIVE, "stuck_s", 0.3)
+    return gate.LIVE
+
+
+def test_commands_while_nvml_hangs_add_no_stuck_thread_and_answer_at_once(shell, fake_gpu,
+                                                                          quick_gate):
+    shell.run_cell("%load_ext gpumem_nb")
+    hang = Hang(fake_gpu.nvml)
+    try:
+        assert hang.entered.wait(2.0)  # the sampler is stuck inside NVML
+        time.sleep(0.4)  # ... for longer than the gate's limit
+        times = [_timed(shell, line) for line in ["%gpumem", "%gpumem summary",
+                                                  "%gpumem status", "%gpumem cleanup --dry-run",
+                                                  "%gpumem who"] * 3]
+        # Before: each command waited 1 s and left one more thread stuck in NVML (20 after
+        # 20 commands).
+        assert hang.most == 1, hang.most
+        assert max(times) < 0.25, times
+        assert not [t for t in threading.enumerate() if t.name == "gpumem_nb-read"]
+    finally:
+        hang.release.set()
+
+
+def test_reloads_while_nvml_hangs_are_quick_and_add_no_stuck_thread(shell, fake_gpu,
+                                                                     quick_gate, capsys):
+    before = sampler_threads()
+    shell.run_cell("%load_ext gpumem_nb")
+    hang = Hang(fake_gpu.nvml)
+    try:
+        assert hang.entered.wait(2.0)
+        time.sleep(0.4)
+        times = [_timed(shell, "%reload_ext gpumem_nb") for _ in range(5)]
+        # Before: 2 s per reload, and a stuck sampler and a stuck reader more each time.
+        assert max(times) < 0.25, times
+        assert hang.most == 1, hang.most
+        assert sampler_threads() <= before + 2  # the stuck one and the live one
+        assert "has not returned" in capsys.readouterr().out  # the load line says why
+        assert _timed(shell, "x = 1") < 0.05
+    finally:
+        hang.release.set()
+    deadline = time.monotonic() + 2.0
+    while sampler_threads() > before + 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sampler_threads() == before + 1  # the stuck one returned and ended
+    m = current_monitor(shell)
+    assert m is not None
+    m.sampler.tick()
+    assert m.read().devices[0].nvml is not None  # NVML reads again once it answers
+
+
+def test_an_oom_while_nvml_hangs_is_explained_without_hanging_the_cell(shell, fake_gpu,
+                                                                       quick_gate, capsys):
+    from .fakes import GiB
+
+    shell.run_cell("%load_ext gpumem_nb")
+    shell.user_ns.update(cuda=fake_gpu.cuda, GiB=GiB)
+    shell.run_cell("warm = cuda.tensor(1)")  # CUDA up: the OOM observer attaches
+    hang = Hang(fake_gpu.nvml)
+    # The explainer's own process listing would hang too.
+    listing = Hang(fake_gpu.nvml, "nvmlDeviceGetComputeRunningProcesses_v3")
+    try:
+        assert hang.entered.wait(2.0)
+        time.sleep(0.4)
+        capsys.readouterr()
+        t0 = time.perf_counter()
+        shell.run_cell("x = cuda.tensor(400 * GiB)", store_history=True)
+        elapsed = time.perf_counter() - t0
+        # Before: the observer listed NVML's processes on the cell's own thread, inside the
+        # hang (here until the fake's 5 s release).
+        assert elapsed < 1.0, elapsed
+        assert "gpumem: CUDA out of memory on GPU 0" in capsys.readouterr().out
+        assert listing.most == 0
+    finally:
+        hang.release.set()
+        listing.release.set()

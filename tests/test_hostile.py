@@ -318,6 +318,15 @@ def test_growth_outside_pytorch_is_still_flagged_when_readings_come_between_cell
     assert not [v for v in m.verdicts if v.cell_key == "idle"]
 
 
+def test_a_cell_holding_a_lone_surrogate_is_recorded(loaded, caplog):
+    # Found while re-running the closing attack: the cell's key hashed its source as UTF-8,
+    # which a lone surrogate cannot be: "pre_run_cell failed" and no record.
+    # (not stored in IPython's history, whose own database refuses a lone surrogate)
+    loaded.run_cell("s = 'pasted \udcff bytes'", store_history=False)
+    assert monitor(loaded).history.records()[-1].source_preview.startswith("s = 'pasted")
+    assert not [r for r in caplog.records if "failed (reported once)" in r.getMessage()]
+
+
 # --------------------------------------------------------------------------------------------
 # 6. A failing source
 # --------------------------------------------------------------------------------------------
@@ -448,6 +457,45 @@ def test_analyze_reads_the_good_entries_among_the_malformed_ones():
     assert d.skipped == 2 * len(MALFORMED)
     assert d.allocations == 1 and d.end_bytes == 4 * MiB
     assert trace.analyze(42).entries == 0  # type: ignore[arg-type]
+
+
+class RaisingGet(dict):  # type: ignore[type-arg]
+    """A dict whose own ``get`` raises: only dict's methods may read it."""
+
+    def get(self, *args: Any) -> Any:
+        raise RuntimeError("get")
+
+
+_FRAME = {"filename": "<ipython-input-9-0123456789ab>", "line": 1, "name": "<module>"}
+ODD = {  # one odd entry each; before, any of them discarded the whole analysis
+    "size 10**400": ({"action": "alloc", "addr": 70, "size": 10**400, "frames": [_FRAME]}, 1),
+    "time 10**400": ({"action": "alloc", "addr": 71, "size": 8, "time_us": 10**400,
+                      "frames": [_FRAME]}, 1),
+    "line 10**5000": ({"action": "alloc", "addr": 72, "size": 8,
+                       "frames": [dict(_FRAME, line=10**5000)]}, 1),
+    "oom size 10**400": ({"action": "oom", "size": 10**400}, 1),
+    # read through dict's own methods: what they hold is torch's form
+    "an entry whose get raises": (RaisingGet(action="alloc", addr=73, size=8), 0),
+    "a frame whose get raises": ({"action": "alloc", "addr": 74, "size": 8,
+                                  "frames": [RaisingGet(_FRAME)]}, 0),
+    "line None": ({"action": "alloc", "addr": 75, "size": 8,
+                   "frames": [dict(_FRAME, line=None)]}, 0),  # torch's "no line": read
+}
+
+
+@pytest.mark.parametrize("shape", list(ODD))
+def test_one_odd_history_entry_does_not_discard_the_whole_trace_analysis(loaded, capsys,
+                                                                         shape):
+    entry, skipped = ODD[shape]
+    loaded.user_ns["odd"] = entry
+    result = run(loaded, "%%gpumem --trace\nkeep = cuda.tensor(64 * MiB)\n"
+                         "cuda.traces[0].append(odd)")
+    out = capsys.readouterr()
+    assert result.error_in_exec is None, result.error_in_exec
+    assert "could not be read" not in out.out, out.out  # "(OverflowError)" and the like
+    assert "top sites at the cell's peak (64.00 MiB" in out.out, out.out
+    assert ("1 history entries were not in the form torch writes" in out.out) == bool(skipped)
+    assert "Traceback" not in out.out + out.err
 
 
 # --------------------------------------------------------------------------------------------

@@ -79,3 +79,24 @@ def test_chart_updates_keep_arriving_while_a_cell_sleeps(tmp_path):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+@pytest.mark.parametrize("raised", ["SystemExit", "GeneratorExit"])
+def test_an_exception_whose_str_raises_system_exit_neither_ends_nor_stalls_the_kernel(
+        tmp_path, raised):
+    # Before: our post_run_cell let the SystemExit out of run_cell and the kernel exited;
+    # with GeneratorExit the cell never replied.
+    nb = make_notebook([
+        "%load_ext gpumem_nb",
+        f"class Odd(Exception):\n    def __str__(self):\n        raise {raised}('from __str__')",
+        "raise Odd()",
+        "print('still', 'alive')",
+        "from gpumem_nb.magics import current_monitor\n"
+        "print([r.source_preview for r in current_monitor().history.records()][-2:])",
+    ])
+    client = NotebookClient(nb, timeout=30, kernel_name="python3", allow_errors=True,
+                            resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    texts = [outputs_text(c) for c in nb.cells]
+    assert "still alive" in texts[3]
+    assert "['raise Odd()', \"print('still', 'alive')\"]" in texts[4]

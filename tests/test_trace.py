@@ -152,7 +152,9 @@ def test_the_timeline_is_plain_plotly_json_with_a_static_fallback():
     assert [t["name"].split(":")[0] for t in fig["data"]] == ["cell line 1", "cell line 2"]
     assert all(t["stackgroup"] == "live" for t in fig["data"])
     assert fig["data"][0]["y"][-1] == 0 and fig["data"][1]["y"][-1] == 512
-    assert "<svg" in bundle["text/html"] and "<polygon" in bundle["text/html"]
+    # The static picture (tests/test_chart_pictures.py): an SVG, also as an <img>.
+    assert bundle["image/svg+xml"].startswith("<svg")
+    assert bundle["text/html"].startswith('<img src="data:image/svg+xml;base64,')
     assert "timeline" in bundle["text/plain"]
 
 

@@ -25,3 +25,14 @@ def test_format_bytes_uses_binary_units_and_dash_for_unknown():
     assert format_bytes(None) == "—"
     assert format_bytes(64 << 20, signed=True) == "+64.00 MiB"
     assert format_bytes(-(64 << 20)) == "-64.00 MiB"
+
+
+def test_format_bytes_never_raises_on_a_huge_or_odd_size():
+    # A history entry of 10**400 bytes overflowed float division; 10**5000 the int-to-text
+    # limit.
+    for n in (10**400, -(10**5000), 2**80):
+        assert "more than 1 YiB" in format_bytes(n)
+    assert format_bytes(2**64) == "16777216.00 TiB"
+    assert format_bytes(float("nan")) == format_bytes(float("inf")) == "—"
+    assert format_bytes("12") == "—"  # type: ignore[arg-type]
+    assert format_bytes(512.0) == "512 B"

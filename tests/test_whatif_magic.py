@@ -118,6 +118,22 @@ def test_a_traced_oom_says_what_expandable_segments_would_have_done(loaded, caps
     assert "extra" in e.stage_s
 
 
+def test_a_request_larger_than_the_gpu_keeps_the_what_if_line_and_its_table(loaded, capsys):
+    # 200 GiB on a 141 GiB H200: more than an expandable segment's address space (9/8 of
+    # the GPU). The replay crashed on it (AssertionError), which took the explainer's line
+    # away and gave %gpumem whatif a traceback.
+    loaded.run_cell("%%gpumem --trace\nx = cuda.tensor(GiB)\ny = cuda.tensor(200 * GiB)",
+                    store_history=True)
+    capsys.readouterr()
+    e = current_monitor(loaded).oom.last
+    line = next(n for n in e.notes if n.startswith("Replayed under expandable_segments:True"))
+    assert "(still out of memory in the" in line
+    r = whatif(loaded, "--conf expandable_segments:True -o")
+    assert [x.oom for x in r] == [True, True]
+    assert all(x.peak_reserved_bytes >= 201 * GiB for x in r)
+    del loaded.user_ns["x"]
+
+
 def test_the_expandable_line_says_fits_when_only_fragmentation_stood_in_the_way():
     # Eight 5 MiB tensors in two 20 MiB segments; all but the first of each freed: 30 MiB
     # free but split, so the native allocator needs a new 30 MiB segment (70 MiB) while

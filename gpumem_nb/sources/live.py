@@ -47,6 +47,10 @@ class LiveSource:
         # always the listed figure, never one derived between listings.
         self.process_refresh_s = 0.0
         self._listed_at_s = float("-inf")
+        # Per CUDA device: the least NVML has listed for this process while PyTorch's cache
+        # held nothing there. That is the CUDA context (518-610 MiB on the H200), with
+        # whatever another library held at that moment; the explanations quote it as measured.
+        self.idle_process_bytes: dict[int, int] = {}
 
     def start(self) -> bool:
         ok = self.nvml.start()
@@ -116,6 +120,8 @@ class LiveSource:
             # would then mean NVML cannot see us, not that we use nothing.
             has_context = allocator is not None and allocator.reserved_bytes > 0
             nv = self.nvml.read(mapping[i], context_expected=has_context, processes=processes)
+            if processes and allocator is not None and not allocator.reserved_bytes:
+                self._note_idle(i, nv.process_bytes)
             devices.append(DeviceSample(index=i, nvml=self._with_children(mapping[i], nv,
                                                                            processes),
                                         allocator=allocator))
@@ -125,6 +131,11 @@ class LiveSource:
             rss_bytes=self.host.rss_bytes(),
             devices=tuple(devices),
         )
+
+    def _note_idle(self, index: int, process_bytes: int | None) -> None:
+        if process_bytes:
+            known = self.idle_process_bytes.get(index)
+            self.idle_process_bytes[index] = min(known or process_bytes, process_bytes)
 
     def _with_children(self, dev: DeviceId, nv: NvmlReading, listed: bool) -> NvmlReading:
         """``nv`` with this kernel's descendants split out of "other processes". Only after a

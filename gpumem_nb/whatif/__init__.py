@@ -43,7 +43,9 @@ def whatif(snapshot: Mapping[str, Any] | str | os.PathLike[str], settings: Seque
     ``snapshot`` is ``torch.cuda.memory._snapshot()``'s dict or a path to its pickle (ours
     from ``%%gpumem --trace --save`` or ``torch.cuda.memory._dump_snapshot``'s). Needs neither
     a GPU nor torch. Raises ``ValueError`` (``SettingError``, ``SnapshotError``) with a plain
-    sentence for a setting PyTorch would refuse or a file that is not a snapshot.
+    sentence for a setting PyTorch would refuse, a capacity no GPU has or a file that is not
+    a snapshot, and ``TypeError`` for settings that are not a list or a device that is not a
+    GPU number. Fields of the snapshot that hold junk are skipped and counted, never raised on.
     """
     from .api import whatif as _whatif
 

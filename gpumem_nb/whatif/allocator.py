@@ -77,6 +77,11 @@ class Block:
         return self.prev is not None or self.next is not None
 
 
+def _whole(b: Block) -> bool:
+    """A whole ordinary segment: what ``release_block`` can give back."""
+    return b.es is None and b.prev is None and b.next is None
+
+
 def _splice(b: Block, before: Block | None, after: Block | None) -> None:
     if before is not None:
         before.next = b
@@ -89,7 +94,7 @@ def _splice(b: Block, before: Block | None, after: Block | None) -> None:
 class BlockPool:
     """One stream's free blocks of the small or the large pool."""
 
-    __slots__ = ("blocks", "keys", "small", "stream", "unmapped", "unmapped_ptrs")
+    __slots__ = ("blocks", "keys", "room_hint", "small", "stream", "unmapped", "unmapped_ptrs")
 
     def __init__(self, small: bool, stream: int) -> None:
         self.small = small
@@ -98,6 +103,9 @@ class BlockPool:
         self.blocks: dict[int, Block] = {}
         self.unmapped_ptrs: list[int] = []  # expandable segments' unmapped ranges, by address
         self.unmapped: dict[int, Block] = {}
+        # (size, ptr): below ptr no unmapped range has room for size bytes (see
+        # find_expandable_block); None when unknown.
+        self.room_hint: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +120,10 @@ class Limits:
 
 
 class DeviceCachingAllocator:
+    # find_expandable_block remembers where the lowest room was: False scans from the lowest
+    # address every time, as PyTorch does (the tests check both give the same blocks).
+    use_room_hint = True
+
     def __init__(self, settings: AllocatorSettings, limits: Limits | None = None, *,
                  device_total_bytes: int | None = None) -> None:
         limits = limits or Limits()
@@ -328,6 +340,8 @@ class DeviceCachingAllocator:
         return block
 
     def free_block(self, block: Block) -> None:
+        if block.es is not None:
+            block.pool.room_hint = None  # a free block can make room below the hint
         for candidate in (block.prev, block.next):
             self.try_merge_blocks(block, candidate)
         self.insert_into_blocks(block)
@@ -369,14 +383,17 @@ class DeviceCachingAllocator:
         return block
 
     def release_available_cached_blocks(self, pool: BlockPool, size: int) -> bool:
-        """Free oversize cached blocks, only as many as the request needs."""
+        """Free oversize cached blocks, only as many as the request needs. Only a whole
+        segment can be given back (``release_block`` cudaFrees the block's address, relying on
+        oversize blocks never being split): a split one, which only a start state recorded
+        under another setting can hold, is passed over like an expandable one."""
         mss = self.max_split
         if mss == SIZE_MAX:
             return False
         key_size = mss if size < mss else size
         keys, blocks = pool.keys, pool.blocks
         i = bisect_left(keys, key_size << _KEY_SHIFT)
-        if i == len(keys) or blocks[keys[i]].es is not None:
+        if i == len(keys) or not _whole(blocks[keys[i]]):
             # No single block is large enough: free several, the largest first.
             if i == 0:
                 return False
@@ -385,7 +402,7 @@ class DeviceCachingAllocator:
             while released < key_size and i >= 0 and blocks[keys[i]].size >= mss:
                 b = blocks[keys[i]]
                 i -= 1
-                if b.es is None:
+                if _whole(b):
                     released += b.size
                     self.release_block(b)
             return released >= key_size
@@ -463,16 +480,26 @@ class DeviceCachingAllocator:
                 b = b.next
             return got >= size
 
-        for ptr in pool.unmapped_ptrs:
-            c = pool.unmapped[ptr]
+        # PyTorch scans every unmapped range from the lowest address. Until a block is freed
+        # or unmapped (allocating and mapping only take room away), the ranges below where
+        # the last scan found room for as many bytes still have none: start there.
+        ptrs = pool.unmapped_ptrs
+        hint = pool.room_hint if self.use_room_hint else None
+        first = bisect_left(ptrs, hint[1]) if hint is not None and size >= hint[0] else 0
+        for k in range(first, len(ptrs)):
+            c = pool.unmapped[ptrs[k]]
             if allocatable(c.prev):
                 assert c.prev is not None
                 c = c.prev
             if has_room(c):
+                pool.room_hint = (size, ptrs[k])
                 return c
+        pool.room_hint = None  # the new segment goes below the others
         page = kSmallBuffer if pool.small else self.s.large_segment_size
         space = self.device_total * EXPANDABLE_ADDRESS_SPACE_NUM // EXPANDABLE_ADDRESS_SPACE_DEN
-        space = -(-space // page) * page
+        # A request larger than that address space fails in PyTorch (no GPU has the memory
+        # to map it); once the replay carries on past an OOM, the segment is made to fit.
+        space = max(-(-space // page) * page, -(-size // page) * page)
         es = ExpandableSegment(self._new_va(space, page), page, space)
         c = Block(space, es.base, pool, es, mapped=False)
         self._insert_unmapped(c)
@@ -522,6 +549,9 @@ class DeviceCachingAllocator:
         end = (off + b.size) // es.page
         if begin >= end:
             return
+        # The range unmapped here takes in the unmapped range after it, room and all, at
+        # its own lower address: that room may now lie below the remembered one.
+        b.pool.room_hint = None
         self.erase_from_blocks(b)
         uptr = es.base + begin * es.page
         usize = (end - begin) * es.page
@@ -552,15 +582,27 @@ class DeviceCachingAllocator:
         live: dict[int, Block] = {}
         waiting: dict[int, Block] = {}
         groups: dict[tuple[int, bool], list[Mapping[str, Any]]] = {}
+        ordinary: list[Mapping[str, Any]] = []
         for seg in segments:
             if int(seg.get("device", device)) != device:
                 continue
             small = seg.get("segment_type") == "small"
             stream = int(seg.get("stream", 0) or 0)
-            if seg.get("is_expandable"):
-                groups.setdefault((stream, small), []).append(seg)
-                continue
-            chain = self._chain(seg, self._pool(small, stream), None, live, waiting)
+            (groups.setdefault((stream, small), []) if seg.get("is_expandable")
+             else ordinary).append(seg)
+        for (stream, small), segs in list(groups.items()):
+            page = kSmallBuffer if small else page_bytes
+            segs = sorted(segs, key=lambda s: int(s.get("address", 0)))
+            base = int(segs[0].get("address", 0))
+            # Mapped ranges are whole pages from the segment's start. Ranges that are not
+            # (a snapshot recorded with other pages, or junk) are loaded as ordinary segments.
+            if any((int(s.get("address", 0)) - base) % page or int(s.get("total_size", 0)) % page
+                   for s in segs):
+                ordinary += groups.pop((stream, small))
+        for seg in ordinary:
+            small = seg.get("segment_type") == "small"
+            chain = self._chain(seg, self._pool(small, int(seg.get("stream", 0) or 0)), None,
+                                live, waiting)
             if chain:
                 self._reserve(sum(b.size for b in chain))
                 self._link(chain)

@@ -5,26 +5,28 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from ..units import format_bytes
 from .allocator import Limits
 from .config import AllocatorSettings, SettingError, parse_settings
+from .fields import quoted
 from .replay import compile_trace, replay, series
 from .report import WhatIf, WhatIfChart, WhatIfRow, views
-from .snapshot import SnapshotError, TraceInput, load, trace_input
+from .snapshot import NoHistory, SnapshotError, TraceInput, load, trace_input
 
-__all__ = ["DEFAULT_ALTERNATIVES", "SettingError", "SnapshotError", "WhatIf", "WhatIfChart",
-           "WhatIfRow", "expandable_oom_line", "load", "parse_settings",
-           "parse_settings_or_none", "run", "same_rules", "trace_input", "views", "whatif",
-           "with_setting"]
+__all__ = ["DEFAULT_ALTERNATIVES", "MAX_CAPACITY_BYTES", "NoHistory", "SettingError",
+           "SnapshotError", "WhatIf", "WhatIfChart", "WhatIfRow", "check_capacity",
+           "expandable_oom_line", "load", "parse_settings", "parse_settings_or_none", "run",
+           "same_rules", "trace_input", "views", "whatif", "with_setting"]
 
 ASYNC_NOTE = ("cudaMallocAsync lives inside the CUDA driver, which decides where memory goes; "
               "it cannot be modelled, so nothing is predicted for it.")
 DEFAULT_ALTERNATIVES = ("expandable_segments:True", "max_split_size_mb:64",
                         "max_split_size_mb:512", "roundup_power2_divisions:4")
+MAX_CAPACITY_BYTES = 1 << 50  # 1024 TiB, as the threshold setting: more is a typo
 
 
 def same_rules(a: AllocatorSettings, b: AllocatorSettings) -> bool:
@@ -38,13 +40,25 @@ def whatif(snapshot: Mapping[str, Any] | str | os.PathLike[str], settings: Seque
     t_start = time.perf_counter()
     if isinstance(settings, str):
         raise SettingError("settings is a list of PYTORCH_ALLOC_CONF strings: write "
-                           f"[{settings!r}] for one")
+                           f"[{quoted(settings)}] for one")
+    if not isinstance(settings, Iterable):
+        raise TypeError("settings is a list of PYTORCH_ALLOC_CONF strings (\"\" for the "
+                        f"defaults), not {type(settings).__name__}")
     parsed = [parse_settings(s) for s in settings]
-    if capacity_bytes is not None and (not isinstance(capacity_bytes, int)
-                                       or isinstance(capacity_bytes, bool) or capacity_bytes <= 0):
-        raise SettingError(f"capacity_bytes is a positive number of bytes, not {capacity_bytes!r}")
+    if capacity_bytes is not None:
+        check_capacity(capacity_bytes)
     ti = trace_input(load(snapshot), device)
     return run(ti, parsed, capacity_bytes, t_start=t_start)
+
+
+def check_capacity(capacity_bytes: Any) -> int:
+    """A capacity in bytes, or a ``SettingError`` that says what one is."""
+    if not isinstance(capacity_bytes, int) or isinstance(capacity_bytes, bool) or \
+            not 0 < capacity_bytes <= MAX_CAPACITY_BYTES:
+        raise SettingError(f"capacity_bytes is a number of bytes between 1 and "
+                           f"{MAX_CAPACITY_BYTES} ({format_bytes(MAX_CAPACITY_BYTES)}), not "
+                           f"{capacity_bytes!r:.60}")
+    return capacity_bytes
 
 
 def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int | None = None,
@@ -112,9 +126,13 @@ def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int
     start_bytes = sum(int(seg.get("total_size", 0)) for seg in st.segments or ()
                       if int(seg.get("device", ti.device)) == ti.device)
     rec = [(0.0, start_bytes)] + [(round(ms(i), 3), start_bytes + d) for i, d in trace.recorded]
-    if unmatched:
-        notes.append(f"{unmatched} free(s) of allocations made before the history began were "
-                     "skipped (their blocks are not in the start state).")
+    doubles = min(trace.double_frees, unmatched)
+    if unmatched > doubles:
+        notes.append(f"{unmatched - doubles} free(s) of allocations made before the history "
+                     "began were skipped (their blocks are not in the start state).")
+    if doubles:
+        notes.append(f"{doubles} free(s) of an address the history had already freed were "
+                     "skipped (a history entry repeated or lost).")
     if trace.skipped:
         notes.append("Skipped malformed history entries: " + ", ".join(
             f"{n} {why}" for why, n in sorted(trace.skipped.items())) + ".")

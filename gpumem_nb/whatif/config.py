@@ -12,8 +12,12 @@ accepts that only concern pinned host memory, locking or IPC are kept by name in
 
 from __future__ import annotations
 
+import math
+import re
+import sys
 from dataclasses import dataclass, field
 
+from .fields import plain, quoted
 from .rules import (
     SIZE_MAX,
     kLargeBuffer,
@@ -25,15 +29,25 @@ from .rules import (
 BACKEND_NATIVE = "native"
 BACKEND_ASYNC = "cudaMallocAsync"
 
-# Accepted by PyTorch, no effect on where device memory goes.
-_IGNORED_KEYS = frozenset({
+# Accepted by PyTorch, no effect on where device memory goes. The first ones PyTorch reads as
+# True or False (``toBool``), so their values are checked; the others' are skipped.
+_IGNORED_BOOL_KEYS = frozenset({
     "release_lock_on_cudamalloc", "release_lock_on_hipmalloc",
     "pinned_use_cuda_host_register", "pinned_use_hip_host_register",
-    "pinned_num_register_threads", "pinned_use_background_threads",
-    "pinned_max_round_threshold_mb", "pinned_max_cached_size_mb",
-    "pinned_reserve_segment_size_mb", "pinned_free_catch_all",
-    "graph_capture_record_stream_reuse", "throw_on_cudamalloc_oom",
+    "graph_capture_record_stream_reuse",
 })
+_IGNORED_KEYS = frozenset({
+    "pinned_num_register_threads", "pinned_max_round_threshold_mb",
+    "pinned_max_cached_size_mb", "pinned_reserve_segment_size_mb", "pinned_free_catch_all",
+    "throw_on_cudamalloc_oom",
+})
+_C_SPACE = frozenset(" \t\n\v\f\r")  # C's isspace, the only characters the tokenizer drops
+_STOULL = re.compile(r"([+-]?)([0-9]+)", re.ASCII)
+_STOD = re.compile(r"""[+-]?(?:
+    0x(?:[0-9a-f]+\.?[0-9a-f]*|\.[0-9a-f]+)(?:p[+-]?[0-9]+)?
+  | (?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?
+  | inf(?:inity)? | nan(?:\([0-9a-z_]*\))?)""", re.ASCII | re.IGNORECASE | re.VERBOSE)
+LABEL_CHARS = 80  # a setting's label in the table and the chart
 
 
 class SettingError(ValueError):
@@ -58,7 +72,7 @@ class AllocatorSettings:
 
     @property
     def label(self) -> str:
-        return self.text.strip() or "defaults"
+        return plain(self.text.strip(), LABEL_CHARS) or "defaults"
 
     @property
     def modelled(self) -> bool:
@@ -66,6 +80,8 @@ class AllocatorSettings:
 
 
 def _tokens(text: str) -> list[str]:
+    """``ConfigTokenizer``: ``,`` ``:`` ``[`` ``]`` are tokens of their own and ASCII
+    whitespace (C's ``isspace``) vanishes, also inside a value (``6 4`` reads as 64)."""
     out: list[str] = []
     buf: list[str] = []
     for ch in text:
@@ -74,7 +90,7 @@ def _tokens(text: str) -> list[str]:
                 out.append("".join(buf))
                 buf = []
             out.append(ch)
-        elif ch != " ":
+        elif ch not in _C_SPACE:
             buf.append(ch)
     if buf:
         out.append("".join(buf))
@@ -82,44 +98,73 @@ def _tokens(text: str) -> list[str]:
 
 
 class _Reader:
+    """``ConfigTokenizer``'s reads. Like PyTorch's ``checkToken``, ``sep`` only checks that a
+    token is there: PyTorch never looks at which one (``max_split_size_mb[64`` is read as
+    ``max_split_size_mb:64``)."""
+
     def __init__(self, text: str) -> None:
         self.text = text
         self.tok = _tokens(text)
 
     def __getitem__(self, i: int) -> str:
         if i >= len(self.tok):
-            raise SettingError(f"{self.text!r} ends too early: a value is missing")
+            raise SettingError(f"{quoted(self.text)} ends too early: a value is missing")
         return self.tok[i]
 
-    def expect(self, i: int, c: str) -> None:
-        if self[i] != c:
-            raise SettingError(f"{self.text!r}: expected {c!r} but found {self[i]!r}")
+    def sep(self, i: int) -> None:
+        self[i]
 
     def size_t(self, i: int, key: str) -> int:
+        """``std::stoull``: an optional sign, then ASCII digits, the rest of the token
+        ignored (``64abc`` is 64); a minus wraps around as in C (``-1`` is 2**64 - 1)."""
         t = self[i]
-        if not t.isdigit():
-            raise SettingError(f"{key} takes a whole number, not {t!r}")
-        return int(t)
+        m = _STOULL.match(t)
+        if m is None:
+            raise SettingError(f"{key} takes a whole number, not {quoted(t)}")
+        digits = m.group(2).lstrip("0") or "0"
+        if len(digits) > 20 or int(digits) > SIZE_MAX:
+            raise SettingError(f"{key}: {quoted(t)} is too large (PyTorch reads it as a 64-bit "
+                               "number and refuses it)")
+        v = int(digits)
+        return -v % (SIZE_MAX + 1) if m.group(1) == "-" else v
 
     def number(self, i: int, key: str) -> float:
+        """``std::stod``: the longest number at the start of the token (decimal, hex,
+        ``inf``, ``nan``); a value out of a double's range is refused, as PyTorch does."""
+        t = self[i]
+        m = _STOD.match(t)
+        if m is None:
+            raise SettingError(f"{key} takes a number, not {quoted(t)}")
+        s = m.group(0)
+        body = s.lstrip("+-").lower()
         try:
-            return float(self[i])
-        except ValueError:
-            raise SettingError(f"{key} takes a number, not {self[i]!r}") from None
+            v = float.fromhex(s) if body.startswith("0x") else float(s)
+        except OverflowError:
+            v = math.inf
+        finite_text = not body.startswith(("inf", "nan"))
+        tiny = v == 0.0 and any(c in "123456789abcdef" for c in body.split("p")[0].split("e")[0]
+                                .removeprefix("0x"))
+        if finite_text and (math.isinf(v) or tiny or 0.0 < abs(v) < sys.float_info.min):
+            raise SettingError(f"{key}: {quoted(t)} is out of a double's range (PyTorch "
+                               "refuses it)")
+        return v
 
     def boolean(self, i: int, key: str) -> bool:
         t = self[i]
-        if t in ("True", "true"):
+        if t == "True":
             return True
-        if t in ("False", "false"):
+        if t == "False":
             return False
-        raise SettingError(f"{key} takes True or False, not {t!r}")
+        raise SettingError(f"{key} takes True or False (capitalised, as PyTorch reads it), "
+                           f"not {quoted(t)}")
 
     def skip_value(self, i: int) -> int:
-        """Past ``key:value`` or ``key:[...]``; returns the index of the value's last token."""
-        self.expect(i + 1, ":")
+        """``skipKey``: past ``key:value`` or ``key:[...]``; the index of the value's last
+        token."""
+        self.sep(i + 1)
         i += 2
         if self[i] == "[":
+            i += 1
             while self[i] != "]":
                 i += 1
         return i
@@ -130,7 +175,8 @@ def _is_pow2(n: int) -> bool:
 
 
 def parse_settings(text: str) -> AllocatorSettings:
-    """Read one ``PYTORCH_ALLOC_CONF`` string ("" means the defaults)."""
+    """Read one ``PYTORCH_ALLOC_CONF`` string ("" means the defaults), token by token as
+    ``AcceleratorAllocatorConfig::parseArgs`` and the CUDA keys' parser read it."""
     if not isinstance(text, str):
         raise SettingError(f"a setting is a PYTORCH_ALLOC_CONF string, not {type(text).__name__}")
     r = _Reader(text)
@@ -140,12 +186,12 @@ def parse_settings(text: str) -> AllocatorSettings:
     i = 0
     while i < len(r.tok):
         if r.tok[i] == "large_segment_size_mb":
-            r.expect(i + 1, ":")
+            r.sep(i + 1)
             mb = r.size_t(i + 2, "large_segment_size_mb")
             if mb <= kMinLargeAlloc // kMB:
                 raise SettingError(
                     f"large_segment_size_mb must be more than {kMinLargeAlloc // kMB}, not {mb}")
-            large = mb * kMB
+            large = min(mb, SIZE_MAX // kMB) * kMB
             i += 2
         i += 1
     divisions = [0] * kRoundUpPowerOfTwoIntervals
@@ -156,50 +202,54 @@ def parse_settings(text: str) -> AllocatorSettings:
         if key == "large_segment_size_mb":
             i = r.skip_value(i)
         elif key in ("max_split_size_mb", "max_non_split_rounding_mb"):
-            r.expect(i + 1, ":")
+            r.sep(i + 1)
             mb = r.size_t(i + 2, key)
             if mb < large // kMB:
                 raise SettingError(f"{key} must be at least {large // kMB}, not {mb}")
-            values[key] = mb * kMB
+            values[key] = min(mb, SIZE_MAX // kMB) * kMB
             i += 2
         elif key == "garbage_collection_threshold":
-            r.expect(i + 1, ":")
+            r.sep(i + 1)
             v = r.number(i + 2, key)
             if not 0.0 < v < 1.0:
                 raise SettingError(f"garbage_collection_threshold must be between 0 and 1 "
-                                   f"(both excluded), not {r[i + 2]}")
+                                   f"(both excluded), not {quoted(r[i + 2])}")
             values[key] = v
             i += 2
         elif key == "roundup_power2_divisions":
             i = _parse_roundup(r, i, divisions)
-        elif key == "expandable_segments":
-            r.expect(i + 1, ":")
+        elif key in ("expandable_segments", "pinned_use_background_threads") or \
+                key in _IGNORED_BOOL_KEYS:
+            r.sep(i + 1)
             values[key] = r.boolean(i + 2, key)
+            if key != "expandable_segments":
+                ignored.append(key)
             i += 2
         elif key == "backend":
-            r.expect(i + 1, ":")
+            r.sep(i + 1)
             b = r[i + 2]
             if b not in (BACKEND_NATIVE, BACKEND_ASYNC):
-                raise SettingError(f"backend is native or cudaMallocAsync, not {b!r}")
+                raise SettingError(f"backend is native or cudaMallocAsync, not {quoted(b)}")
             values[key] = b
             i += 2
         elif key == "per_process_memory_fraction":
-            r.expect(i + 1, ":")
+            r.sep(i + 1)
             v = r.number(i + 2, key)
             if not 0.0 <= v <= 1.0:
-                raise SettingError(f"per_process_memory_fraction must be in [0, 1], not {v}")
+                raise SettingError(f"per_process_memory_fraction must be in [0, 1], not "
+                                   f"{quoted(r[i + 2])}")
             values[key] = v
             i += 2
         elif key in _IGNORED_KEYS:
             ignored.append(key)
             i = r.skip_value(i)
         elif key in ",:[]":
-            raise SettingError(f"{text!r}: unexpected {key!r}")
+            raise SettingError(f"{quoted(text)}: unexpected {key!r}")
         else:
-            raise SettingError(f"{key!r} is not an allocator setting PyTorch knows (it would "
-                               "refuse it when CUDA starts)")
+            raise SettingError(f"{quoted(key)} is not an allocator setting PyTorch knows (it "
+                               "would refuse it when CUDA starts)")
         if i + 1 < len(r.tok):
-            r.expect(i + 1, ",")
+            r.sep(i + 1)  # the ',' (any token: PyTorch does not check which)
             i += 1
         i += 1
     fraction = values.get("per_process_memory_fraction")
@@ -222,44 +272,46 @@ def parse_settings(text: str) -> AllocatorSettings:
 def _parse_roundup(r: _Reader, i: int, divisions: list[int]) -> int:
     """Both forms: ``roundup_power2_divisions:4`` (every interval) and
     ``roundup_power2_divisions:[256:1,512:2,>:4]`` (boundaries in MiB, powers of two; the
-    first value also covers everything below its boundary, ``>`` everything after the last)."""
+    first value also covers everything below its boundary, ``>`` everything after the last),
+    read as ``parseRoundUpPower2Divisions`` reads them."""
     key = "roundup_power2_divisions"
-    r.expect(i + 1, ":")
+    r.sep(i + 1)
     i += 2
     if r[i] != "[":
         v = r.size_t(i, key)
         if not _is_pow2(v):
-            raise SettingError(f"{key} must be a power of two, not {v}")
+            raise SettingError(f"{key} must be a power of two, not {quoted(r[i])}")
         divisions[:] = [v] * len(divisions)
         return i
     first = True
     last_index = 0
     i += 1
     while r[i] != "]":
-        bound = r[i]
-        r.expect(i + 1, ":")
+        bound_at = i
+        r.sep(i + 1)
         v = r.size_t(i + 2, key)
+        i += 2
         if v != 0 and not _is_pow2(v):
-            raise SettingError(f"{key}: divisions must be a power of two or 0, not {v}")
-        if bound == ">":
+            raise SettingError(f"{key}: divisions must be a power of two or 0, not "
+                               f"{quoted(r[i])}")
+        if r[bound_at] == ">":
             for k in range(last_index + 1, len(divisions)):
                 divisions[k] = v
         else:
-            if not bound.isdigit() or not _is_pow2(int(bound)):
+            bound = r.size_t(bound_at, key)
+            if not _is_pow2(bound):
                 raise SettingError(f"{key}: interval boundaries are powers of two (MiB), "
-                                   f"not {bound!r}")
-            index = min(int(bound).bit_length() - 1, len(divisions) - 1)
+                                   f"not {quoted(r[bound_at])}")
+            index = min(bound.bit_length() - 1, len(divisions) - 1)
             if first:
                 for k in range(index):
                     divisions[k] = v
                 first = False
             divisions[index] = v
             last_index = index
-        i += 3
-        if r[i] == ",":
-            i += 1
-        elif r[i] != "]":
-            raise SettingError(f"{key}: expected ',' or ']' but found {r[i]!r}")
+        if r[i + 1] != "]":
+            i += 1  # the ',' (unchecked, as in PyTorch)
+        i += 1
     return i
 
 

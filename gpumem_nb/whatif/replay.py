@@ -11,7 +11,8 @@
 - ``segment_*`` entries say what the recorded allocator did. A run of frees that no
   ``cudaMalloc``/map follows is the user's ``empty_cache()``, replayed as one; all of them
   give the recorded reserved memory, to compare the model with.
-- Anything malformed is skipped and counted by reason.
+- Anything malformed is skipped and counted by reason: an action that is not a name, an
+  address or size that does not fit a ``size_t``; a time that is no finite number is dropped.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from .allocator import Block, DeviceCachingAllocator, Limits
 from .config import AllocatorSettings
+from .fields import finite, plain, uint
 from .rules import kLargeBuffer
 
 ALLOC, FREE_REQUESTED, FREE_COMPLETED, OOM, EMPTY_CACHE, FREE = range(6)
@@ -42,14 +44,13 @@ class CompiledTrace:
     recorded: list[tuple[int, int]]  # (event index, recorded reserved change so far)
     entries: int
     skipped: Mapping[str, int] = field(default_factory=dict)
+    # Frees of an address the history had allocated and already freed: an entry repeated or
+    # lost, not an allocation made before the history.
+    double_frees: int = 0
 
     @property
     def skipped_total(self) -> int:
         return sum(self.skipped.values())
-
-
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def compile_trace(entries: Sequence[Any]) -> CompiledTrace:
@@ -60,13 +61,17 @@ def compile_trace(entries: Sequence[Any]) -> CompiledTrace:
     delta = 0
     completions = False
     n = len(entries)
+    live: set[int] = set()  # the history's own allocations, to tell a double free
+    freed: set[int] = set()
+    doubles = 0
 
     def skip(why: str) -> None:
         skipped[why] = skipped.get(why, 0) + 1
 
-    def action_at(j: int) -> Any:
+    def action_at(j: int) -> str | None:
         e = entries[j]
-        return e.get("action") if isinstance(e, Mapping) else None
+        a = e.get("action") if isinstance(e, Mapping) else None
+        return a if isinstance(a, str) else None
 
     i = 0
     while i < n:
@@ -76,15 +81,18 @@ def compile_trace(entries: Sequence[Any]) -> CompiledTrace:
             i += 1
             continue
         action = e.get("action")
-        t = e.get("time_us")
-        t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None
-        code = _MODEL.get(action) if isinstance(action, str) else None
+        if not isinstance(action, str):
+            skip("entries whose action is not a name")
+            i += 1
+            continue
+        t = finite(e.get("time_us"))
+        code = _MODEL.get(action)
         if code is not None:
-            addr, size = _int(e.get("addr")), _int(e.get("size"))
+            addr, size = uint(e.get("addr")), uint(e.get("size"))
             if code == OOM and addr is None:
                 addr = 0  # an OOM's "addr" is the driver's free memory, not an address
-            stream = _int(e.get("stream")) or 0
-            if addr is None or size is None or size < 0 or (code == ALLOC and size == 0):
+            stream = uint(e.get("stream")) or 0
+            if addr is None or size is None or (code == ALLOC and size == 0):
                 skip(f"{action} without a valid address and size")
                 i += 1
                 continue
@@ -95,13 +103,21 @@ def compile_trace(entries: Sequence[Any]) -> CompiledTrace:
                     code = FREE  # returned to its pool at once: one step, not two
                     i += 1
             completions = completions or code in (FREE_COMPLETED, FREE)
+            if code == ALLOC:
+                live.add(addr)
+            elif code in (FREE_REQUESTED, FREE):
+                if addr in live:
+                    live.discard(addr)
+                    freed.add(addr)
+                elif addr in freed:
+                    doubles += 1
             events.append((code, addr, size, stream))
             times.append(t)
             i += 1
             continue
         if action in _SEGMENT_GROW or action in _SEGMENT_SHRINK:
-            size = _int(e.get("size"))
-            if size is None or size < 0:
+            size = uint(e.get("size"))
+            if size is None:
                 skip(f"{action} without a valid size")
                 i += 1
                 continue
@@ -119,8 +135,8 @@ def compile_trace(entries: Sequence[Any]) -> CompiledTrace:
                     times.append(t)
                 for m in range(i, j):
                     em = entries[m]
-                    s = _int(em.get("size")) if isinstance(em, Mapping) else None
-                    delta -= s if s is not None and s > 0 else 0
+                    s = uint(em.get("size")) if isinstance(em, Mapping) else None
+                    delta -= s or 0
                 recorded.append((len(events), delta))
                 i = j
                 continue
@@ -129,10 +145,10 @@ def compile_trace(entries: Sequence[Any]) -> CompiledTrace:
             i += 1
             continue
         if action not in _INFO:
-            skip(f"unknown action {str(action)[:40]!r}")
+            skip(f"unknown action {plain(action, 40)!r}")
         i += 1
     return CompiledTrace(events=events, times_us=times, has_completions=completions,
-                         recorded=recorded, entries=n, skipped=skipped)
+                         recorded=recorded, entries=n, skipped=skipped, double_frees=doubles)
 
 
 @dataclass(frozen=True)

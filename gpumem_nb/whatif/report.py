@@ -1,8 +1,9 @@
 """The what-if's result: one row per setting, its table, and its chart.
 
 The chart is a plain plotly JSON figure for the ``application/vnd.plotly.v1+json`` mime type
-(JupyterLab's bundled renderer, no CDN, kept in the saved notebook), as ``%%gpumem --trace``
-draws its timeline: nothing here imports plotly.
+(JupyterLab's bundled renderer, no CDN, kept in the saved notebook), with a static SVG
+picture of the same lines beside it, as ``%%gpumem --trace`` draws its timeline: nothing here
+imports plotly.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
+from .. import plotlyjson, svgchart
 from ..report import html_table, text_table
 from ..units import format_bytes
 
@@ -147,24 +149,46 @@ def _oom(r: WhatIfRow) -> str:
     return f"OOM{at}"
 
 
+@dataclass(frozen=True)
+class _ChartLine:
+    name: str
+    points: Sequence[tuple[float, int]]  # (time, reserved bytes)
+    color: str
+    width: float
+    recorded: bool = False
+
+
 class WhatIfChart:
-    """Predicted reserved memory over the cell, one line per setting (not live)."""
+    """Predicted reserved memory over the cell, one line per setting (not live). Every
+    bundle carries plotly's JSON (interactive in JupyterLab) and a static SVG picture of the
+    same lines (``svgchart``: nbconvert, GitHub, untrusted views)."""
 
     MIME = "application/vnd.plotly.v1+json"
 
     def __init__(self, result: WhatIf) -> None:
         self.result = result
 
+    def _lines(self) -> list[_ChartLine]:
+        """The predictions, one per modelled setting, then the recording."""
+        r = self.result
+        out = [_ChartLine(row.label + (" (current)" if row.current else ""), row.series,
+                          _PALETTE[i % len(_PALETTE)], 2.0 if row.current else 1.5)
+               for i, row in enumerate(x for x in r.rows if x.modelled and x.series)]
+        if len(r.recorded_series) > 1:
+            out.append(_ChartLine("recorded (the history's own segments)", r.recorded_series,
+                                  "#444", 1.0, recorded=True))
+        return out
+
+    def _x_title(self) -> str:
+        return "ms since the cell started" if self.result.time_unit == "ms" else "history entry"
+
+    def _title(self) -> str:
+        return f"GPU {self.result.device}: predicted reserved memory per allocator setting"
+
     def figure(self) -> dict[str, Any]:
         r = self.result
-        data: list[dict[str, Any]] = []
-        for i, row in enumerate(x for x in r.rows if x.modelled and x.series):
-            data.append(_line(row.label + (" (current)" if row.current else ""), row.series,
-                              _PALETTE[i % len(_PALETTE)], width=2 if row.current else 1.5))
-        if len(r.recorded_series) > 1:
-            data.append(_line("recorded (the history's own segments)", r.recorded_series,
-                              "#444", dash="dot", width=1))
-        unit = "ms since the cell started" if r.time_unit == "ms" else "history entry"
+        data = [_line(ln.name, ln.points, ln.color, dash="dot" if ln.recorded else "solid",
+                      width=ln.width) for ln in self._lines()]
         shapes, annotations = [], []
         if r.capacity_bytes is not None:
             y = round(r.capacity_bytes / _MiB, 1)
@@ -173,14 +197,39 @@ class WhatIfChart:
                                                       "width": 1}})
             annotations.append({"xref": "paper", "x": 1, "y": y, "yref": "y",
                                 "text": "capacity", "showarrow": False, "xanchor": "right",
-                                "yanchor": "bottom", "font": {"color": "#d62728"}})
-        return {"data": data, "layout": {
-            "title": {"text": f"GPU {r.device}: predicted reserved memory per allocator setting"},
-            "xaxis": {"title": {"text": unit}},
-            "yaxis": {"title": {"text": "MiB reserved"}, "rangemode": "tozero"},
-            "height": 360, "margin": {"l": 60, "r": 20, "t": 50, "b": 50},
-            "legend": {"orientation": "h", "y": -0.25}, "shapes": shapes,
-            "annotations": annotations, "hovermode": "x unified"}}
+                                "yanchor": "top", "font": {"color": "#d62728"}})
+        layout = plotlyjson.layout(self._title(), self._x_title(), "MiB reserved",
+                                   legend_entries=len(data))
+        layout["yaxis"]["rangemode"] = "tozero"
+        layout.update(shapes=shapes, annotations=annotations)
+        return {"data": data, "layout": layout, "config": plotlyjson.config()}
+
+    def plot(self) -> svgchart.Plot:
+        """The same lines as a static picture, with the capacity when it is in sight."""
+        r = self.result
+        lines = self._lines()
+        top = max((v for ln in lines for _, v in ln.points), default=0)
+        unit, unit_name = svgchart.byte_axis(top)
+        cap = r.capacity_bytes
+        return svgchart.Plot(
+            lines=[svgchart.Line(f"line-{i}", svgchart.SeriesStyle(
+                       ln.name, ln.color, ln.width, "2 3" if ln.recorded else ""),
+                       [(t, v / unit) for t, v in ln.points]) for i, ln in enumerate(lines)],
+            title=self._title(), x_title=self._x_title(), y_title=f"{unit_name} reserved",
+            note=f"capacity {format_bytes(cap)}" if cap is not None else "",
+            level=cap / unit if cap else None, level_label="capacity",
+            # Drawn while the predictions still take a quarter of the height at least.
+            level_within=4.0, summary=self.describe())
+
+    def svg(self) -> str:
+        return svgchart.render_plot(self.plot())
+
+    def describe(self) -> str:
+        r = self.result
+        peaks = ", ".join(f"{row.label} {format_bytes(row.peak_reserved_bytes)}"
+                          for row in r.rows if row.modelled)
+        return (f"gpumem whatif chart, GPU {r.device}: predicted peak reserved memory: "
+                f"{peaks or 'nothing modelled'}")
 
     def __str__(self) -> str:
         n = sum(1 for x in self.result.rows if x.modelled)
@@ -188,7 +237,9 @@ class WhatIfChart:
                 f"under {n} setting(s) (shown as a chart in JupyterLab)")
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        return {self.MIME: self.figure(), "text/plain": str(self)}
+        bundle: dict[str, Any] = {self.MIME: self.figure(), "text/plain": str(self)}
+        bundle.update(svgchart.plot_bundle(self.plot()))
+        return bundle
 
 
 def _line(name: str, pts: Sequence[tuple[float, int]], color: str, *, dash: str = "solid",

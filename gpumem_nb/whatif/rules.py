@@ -49,7 +49,8 @@ def round_size(size: int, table: tuple[int, ...]) -> int:
     if size < kMinBlockSize:
         return kMinBlockSize
     divisions = roundup_power2_divisions(size, table)
-    if divisions > 1 and size > kMinBlockSize * divisions:
+    # size_t arithmetic: from 2**55 divisions on, kMinBlockSize * divisions wraps to 0.
+    if divisions > 1 and size > (kMinBlockSize * divisions) & SIZE_MAX:
         return roundup_power2_next_division(size, divisions)
     return kMinBlockSize * ((size + kMinBlockSize - 1) // kMinBlockSize)
 

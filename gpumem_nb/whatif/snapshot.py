@@ -1,43 +1,83 @@
 """Reading what a replay starts from: a snapshot (ours or ``_dump_snapshot``'s), one device's
 history, the segments at the history's start, and the device's capacity.
 
-Pickles are read by an unpickler that builds only plain data (dicts, lists, strings, numbers):
-a snapshot file from somewhere else cannot run code here. Our own compact JSON traces
-(``.json`` or ``.json.gz``, see ``compact``) load too.
+Pickles are read by an unpickler that builds only plain data (dicts, lists, strings, numbers)
+and looks up no name at all: a snapshot file from somewhere else can neither run code here
+nor make a builtin build something large from a few bytes. Our own compact JSON traces
+(``.json`` or ``.json.gz``, see ``compact``) load too; a gzip'd file is unpacked up to the
+same size cap as any other.
+
+Whatever the file holds, the model gets a state it can replay: numbers that fit a
+``size_t`` (or a finite double), segments whose blocks tile them with free neighbours
+merged, no two segments overlapping. A field that does not fit is dropped, never raised on.
 """
 
 from __future__ import annotations
 
-import builtins
 import gzip
 import io
 import json
 import os
 import pickle
+import re
+import zlib
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .. import safeio
 from .config import settings_of_snapshot
+from .fields import SIZE_T_END, finite, plain, uint
 
 MAX_SNAPSHOT_BYTES = 1 << 30  # memory_viz itself gives up on snapshots around 1 GB
 START_KEY = "gpumem_start"  # what %%gpumem --trace adds to the snapshot it keeps or saves
 COMPACT_FORMAT = "gpumem-whatif-trace/1"
-_SAFE_BUILTINS = frozenset({"dict", "list", "tuple", "set", "frozenset", "bytearray", "bytes",
-                            "str", "int", "float", "complex", "bool"})
 _KEEP = ("action", "addr", "size", "stream", "time_us")
+_MIN_BLOCK = 512  # kMinBlockSize
+_GZIP_CHUNK = 1 << 20
+_LEADING_SPACE = re.compile(rb"\s*")
 
 
 class SnapshotError(ValueError):
     """A snapshot that cannot be read; the message is a plain sentence."""
 
 
+class NoHistory(SnapshotError):
+    """The snapshot holds no allocation history to replay."""
+
+
 class _DataOnlyUnpickler(pickle.Unpickler):
+    """torch's snapshots, ours and ``_dump_snapshot``'s, are plain dicts, lists, strings and
+    numbers, which pickle writes without naming any class: every name is refused."""
+
     def find_class(self, module: str, name: str) -> Any:
-        if module == "builtins" and name in _SAFE_BUILTINS:
-            return getattr(builtins, name)
-        raise pickle.UnpicklingError(f"refused {module}.{name}: a snapshot holds plain data only")
+        raise pickle.UnpicklingError(f"refused {plain(module, 60)}.{plain(name, 60)}: a "
+                                     "snapshot holds plain data only")
+
+
+def _shown(source: Any) -> str:
+    return plain(safeio.shown(source))
+
+
+def _gunzip(data: bytes, name: str) -> bytes:
+    """The file unpacked in chunks, refused as soon as it passes the size cap: a 1.5 MB gzip
+    file can unpack to 1.5 GiB."""
+    out: list[bytes] = []
+    total = 0
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
+            while chunk := f.read(_GZIP_CHUNK):
+                total += len(chunk)
+                if total > MAX_SNAPSHOT_BYTES:
+                    break
+                out.append(chunk)
+    except (OSError, EOFError, zlib.error) as e:
+        raise SnapshotError(f"{name} is a damaged gzip file: {plain(str(e))}") from None
+    if total > MAX_SNAPSHOT_BYTES:
+        raise SnapshotError(f"{name} unpacks to more than {MAX_SNAPSHOT_BYTES} bytes: too "
+                            "large for a snapshot")
+    return b"".join(out)
 
 
 def load(source: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
@@ -50,23 +90,22 @@ def load(source: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
     try:
         data = safeio.read_bytes(source, max_bytes=MAX_SNAPSHOT_BYTES)
     except OSError as e:
-        raise SnapshotError(f"cannot read {safeio.shown(source)}: {safeio.reason(e)}") from None
+        raise SnapshotError(f"cannot read {_shown(source)}: {plain(safeio.reason(e))}") from None
     if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as e:
-            raise SnapshotError(f"{safeio.shown(source)} is a damaged gzip file: {e}") from None
+        data = _gunzip(data, _shown(source))
     try:
-        if data[:1] in (b"{", b"["):
-            obj = json.loads(data)
+        text = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 BOM, as some editors save JSON
+        lead = _LEADING_SPACE.match(text)
+        if text[lead.end() if lead else 0:][:1] in (b"{", b"["):
+            obj = json.loads(text)
         else:
             obj = _DataOnlyUnpickler(io.BytesIO(data)).load()
     except Exception as e:  # junk makes the unpickler raise nearly anything
-        raise SnapshotError(f"{safeio.shown(source)} is not a memory snapshot: "
-                            f"{type(e).__name__}: {str(e)[:200]}") from None
+        raise SnapshotError(f"{_shown(source)} is not a memory snapshot: "
+                            f"{type(e).__name__}: {plain(str(e), 200)}") from None
     if not isinstance(obj, dict):
-        raise SnapshotError(f"{safeio.shown(source)} is not a memory snapshot (it holds a "
-                            f"{type(obj).__name__}, not a dict)")
+        raise SnapshotError(f"{_shown(source)} is not a memory snapshot (its top level is "
+                            f"a {type(obj).__name__}, not a dict)")
     return expand(obj)
 
 
@@ -106,36 +145,77 @@ class TraceInput:
         return cap
 
 
-def _num(v: Any) -> Any:
-    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
 def segments_of(raw: Any) -> list[dict[str, Any]]:
-    """A snapshot's segments as the model reads them: plain ints, blocks with a size and a
-    state; anything else dropped (a segment with junk in it is no segment)."""
+    """A snapshot's segments as the model reads them: ints that fit a ``size_t``, blocks
+    tiling the segment (a gap is free space) with free neighbours merged, and no segment
+    overlapping an earlier one of its GPU; anything else dropped (a segment with junk in its
+    blocks is no segment)."""
     out = []
+    spans: dict[int, list[tuple[int, int]]] = {}  # GPU -> (start, end) of the kept ones
     for seg in raw if isinstance(raw, list) else ():
         if not isinstance(seg, Mapping):
             continue
-        ints = {k: seg.get(k, 0) for k in ("device", "address", "total_size", "stream")}
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                   for v in ints.values()):
+        device, start, total, stream = (uint(seg.get(k, 0)) for k in (
+            "device", "address", "total_size", "stream"))
+        if device is None or start is None or total is None or stream is None or not total \
+                or start + total > SIZE_T_END:
             continue
-        blocks: list[dict[str, Any]] = []
-        at = ints["address"]
-        raw_blocks = seg.get("blocks")
-        for b in raw_blocks if isinstance(raw_blocks, list) else ():
-            size = b.get("size") if isinstance(b, Mapping) else None
-            addr = b.get("address", at) if isinstance(b, Mapping) else None
-            if not isinstance(size, int) or not isinstance(addr, int) or size < 0:
-                break
-            blocks.append({"address": addr, "size": size, "state": str(b.get("state", ""))})
-            at = addr + size
-        else:
-            out.append({**ints, "segment_type": seg.get("segment_type"),
-                        "is_expandable": bool(seg.get("is_expandable")), "blocks": blocks})
+        blocks = _tiled(start, start + total, seg.get("blocks"))
+        taken = spans.setdefault(device, [])
+        j = bisect_left(taken, (start, 0))
+        if blocks is None or (j > 0 and taken[j - 1][1] > start) or \
+                (j < len(taken) and taken[j][0] < start + total):
+            continue
+        taken.insert(j, (start, start + total))
+        out.append({"device": device, "address": start, "total_size": total, "stream": stream,
+                    "segment_type": "small" if seg.get("segment_type") == "small" else "large",
+                    "is_expandable": seg.get("is_expandable") is True, "blocks": blocks})
     return out
 
+
+_HELD = ("active_allocated", "active_awaiting_free", "active_pending_free")
+
+
+def _tiled(start: int, end: int, raw: Any) -> list[dict[str, Any]] | None:
+    """The blocks of the segment [start, end) in address order, every byte in one of them:
+    gaps become free blocks and neighbouring free blocks one (the allocator merges them as
+    they are freed, so a state with two of them side by side is no state it can be in).
+    None when a block is junk, overlaps another or lies outside the segment."""
+    parsed = []
+    at = start
+    for b in raw if isinstance(raw, list) else ():
+        if not isinstance(b, Mapping):
+            return None
+        size, addr = uint(b.get("size")), uint(b.get("address", at))
+        if size is None or addr is None:
+            return None
+        state = b.get("state")
+        if size:
+            parsed.append((addr, size, state if state in _HELD else "inactive"))
+        at = addr + size
+    parsed.sort(key=lambda x: x[0])
+    out: list[dict[str, Any]] = []
+    at = start
+    for addr, size, state in [*parsed, (end, 0, "")]:
+        if addr < at or addr + size > end:
+            return None
+        if addr > at:
+            out.append({"address": at, "size": addr - at, "state": "inactive"})
+        if size:
+            out.append({"address": addr, "size": size, "state": state})
+        at = addr + size
+    merged: list[dict[str, Any]] = []
+    for blk in out:
+        if merged and blk["state"] == "inactive" and merged[-1]["state"] == "inactive":
+            merged[-1]["size"] += blk["size"]
+        else:
+            merged.append(blk)
+    return merged
+
+
+def _bytes(v: Any) -> int | None:
+    f = finite(v)
+    return int(f) if f is not None and 0 <= f < SIZE_T_END else None
 
 
 def start_of(snapshot: Mapping[str, Any], device: int) -> Start:
@@ -147,24 +227,25 @@ def start_of(snapshot: Mapping[str, Any], device: int) -> Start:
     dev = devices.get(str(device)) or devices.get(device)
     dev = dev if isinstance(dev, Mapping) else {}
     segs = rec.get("segments")
-
-    total, free, since = _num(dev.get("total_bytes")), _num(dev.get("free_bytes")), \
-        _num(rec.get("since_us"))
+    total, free = _bytes(dev.get("total_bytes")), _bytes(dev.get("free_bytes"))
+    fraction = finite(dev.get("fraction"))
     return Start(segments=segments_of(segs) if isinstance(segs, list) else None,
-                 device_total_bytes=int(total) if total and total > 0 else None,
-                 device_free_bytes=int(free) if free is not None and free >= 0 else None,
-                 memory_fraction=_num(dev.get("fraction")),
-                 since_us=float(since) if since is not None else None)
+                 device_total_bytes=total or None, device_free_bytes=free,
+                 memory_fraction=fraction if fraction is not None and 0 <= fraction <= 1
+                 else None,
+                 since_us=finite(rec.get("since_us")))
 
 
 def trace_input(snapshot: Mapping[str, Any], device: int | None = None) -> TraceInput:
+    if device is not None and (not isinstance(device, int) or isinstance(device, bool)):
+        raise TypeError(f"device is a GPU number (an int such as 0), not {device!r:.60}")
     traces = snapshot.get("device_traces")
     if not isinstance(traces, list) or not any(isinstance(t, list) and t for t in traces):
         traces = None
     if traces is None:
-        raise SnapshotError("this snapshot holds no allocation history (device_traces is "
-                            "empty): record it with torch.cuda.memory._record_memory_history "
-                            "or %%gpumem --trace")
+        raise NoHistory("this snapshot holds no allocation history (device_traces is "
+                        "empty): record it with torch.cuda.memory._record_memory_history "
+                        "or %%gpumem --trace")
     if device is None:
         device = max(range(len(traces)),
                      key=lambda i: len(traces[i]) if isinstance(traces[i], list) else 0)
@@ -175,9 +256,9 @@ def trace_input(snapshot: Mapping[str, Any], device: int | None = None) -> Trace
     start = start_of(snapshot, device)
     notes: list[str] = []
     if start.since_us is not None:  # a recording that was already on: keep the cell's part
+        since = start.since_us
         entries = [e for e in entries if not isinstance(e, Mapping)
-                   or not isinstance(e.get("time_us"), (int, float))
-                   or e["time_us"] >= start.since_us]
+                   or finite(e.get("time_us")) is None or e["time_us"] >= since]
     setting, note = settings_of_snapshot(snapshot)
     if note:
         notes.append(note)
@@ -194,9 +275,11 @@ def trace_input(snapshot: Mapping[str, Any], device: int | None = None) -> Trace
 def rebuild_start(snapshot: Mapping[str, Any], entries: Sequence[Mapping[str, Any]],
                   device: int) -> tuple[list[dict[str, Any]], str]:
     """The segments that existed when the history began, when nobody recorded them: the
-    end snapshot's segments the history did not create, and those it freed without creating,
-    with the allocations the history frees without having made, and the end snapshot's live
-    blocks it never made, in place; the rest of each such segment free."""
+    end snapshot's segments the history did not create, and those it freed without creating.
+    Live in them: the end snapshot's live blocks the history never made, and the allocations
+    the history frees without having made (their requested size, rounded to 512 B); every
+    other byte free, free neighbours merged (what the history allocated there was free when
+    it began)."""
     created: set[int] = set()
     freed_before: dict[int, int] = {}
     allocated: set[int] = set()
@@ -204,8 +287,8 @@ def rebuild_start(snapshot: Mapping[str, Any], entries: Sequence[Mapping[str, An
     for e in entries:
         if not isinstance(e, Mapping):
             continue
-        a, addr, size = e.get("action"), e.get("addr"), e.get("size")
-        if not isinstance(addr, int) or not isinstance(size, int):
+        a, addr, size = e.get("action"), uint(e.get("addr")), uint(e.get("size"))
+        if not isinstance(a, str) or addr is None or size is None:
             continue
         if a in ("segment_alloc", "segment_map"):
             created.add(addr)
@@ -214,45 +297,53 @@ def rebuild_start(snapshot: Mapping[str, Any], entries: Sequence[Mapping[str, An
         elif a == "alloc":
             allocated.add(addr)
         elif a == "free_requested" and addr not in allocated:
-            early_live.setdefault(addr, size)
-    segments = [s for s in segments_of(snapshot.get("segments"))
-                if s.get("device", device) == device]
+            early_live.setdefault(addr, -(-max(size, 1) // _MIN_BLOCK) * _MIN_BLOCK)
+    early = sorted(early_live.items())
+    early_at = [a for a, _ in early]
     out: list[dict[str, Any]] = []
-    for seg in segments:
-        addr = int(seg.get("address", 0))
-        if addr in created:
+    for seg in segments_of(snapshot.get("segments")):
+        if seg["device"] != device or seg["address"] in created:
             continue
-        blocks = []
-        at = addr
-        for b in seg.get("blocks") or ():
-            size = int(b.get("size", 0))
-            baddr = int(b.get("address", at))
-            live = b.get("state") == "active_allocated" and baddr not in allocated
-            blocks.append({"address": baddr, "size": size,
-                           "state": "active_allocated" if live or baddr in early_live
-                           else "inactive"})
-            at = baddr + size
-        out.append({**{k: seg.get(k) for k in ("device", "address", "total_size", "stream",
-                                               "segment_type", "is_expandable")},
-                    "blocks": blocks})
+        blocks = [{**b, "state": "active_allocated" if b["state"] == "active_allocated"
+                   and b["address"] not in allocated else "inactive"} for b in seg["blocks"]]
+        out.append({**seg, "blocks": _with_early(blocks, early, early_at)})
     for addr, size in freed_before.items():
-        inside = sorted((a, n) for a, n in early_live.items() if addr <= a < addr + size)
-        blocks, at = [], addr
-        for a, n in inside:
-            if a > at:
-                blocks.append({"address": at, "size": a - at, "state": "inactive"})
-            blocks.append({"address": a, "size": n, "state": "active_allocated"})
-            at = a + n
-        if at < addr + size:
-            blocks.append({"address": at, "size": addr + size - at, "state": "inactive"})
+        if not size or addr + size > SIZE_T_END:
+            continue
+        blocks = [{"address": addr, "size": size, "state": "inactive"}]
         out.append({"device": device, "address": addr, "total_size": size,
                     "segment_type": "small" if size <= (2 << 20) else "large",
-                    "stream": 0, "blocks": blocks})
+                    "stream": 0, "blocks": _with_early(blocks, early, early_at)})
+    out = segments_of(out)  # merges the free neighbours; a freed segment inside a kept one goes
     if not out:
         return [], ""
     return out, (f"The history began with {len(out)} segment(s) already reserved; their "
-                 "layout was rebuilt from the end snapshot and the history (sizes of "
-                 "allocations made before it are their requested sizes).")
+                 "layout was rebuilt from the end snapshot and the history (blocks of "
+                 "allocations made before it get their requested size, rounded to 512 B).")
+
+
+def _with_early(blocks: list[dict[str, Any]], early: list[tuple[int, int]],
+                early_at: list[int]) -> list[dict[str, Any]]:
+    """``blocks`` with the allocations made before the history carved out of the free ones
+    they lie in."""
+    out: list[dict[str, Any]] = []
+    for b in blocks:
+        start, end = b["address"], b["address"] + b["size"]
+        i, j = bisect_left(early_at, start), bisect_right(early_at, end - 1)
+        if b["state"] != "inactive" or i == j:
+            out.append(b)
+            continue
+        at = start
+        for a, n in early[i:j]:
+            if a < at:
+                continue
+            if a > at:
+                out.append({"address": at, "size": a - at, "state": "inactive"})
+            at = min(a + n, end)
+            out.append({"address": a, "size": at - a, "state": "active_allocated"})
+        if at < end:
+            out.append({"address": at, "size": end - at, "state": "inactive"})
+    return out
 
 
 # ------------------------------------------------------------------------------------------
@@ -295,12 +386,17 @@ def expand(obj: dict[str, Any]) -> dict[str, Any]:
     """A compact trace back in the shape of ``_snapshot()``'s dict (entries as dicts)."""
     if obj.get("format") != COMPACT_FORMAT:
         return obj
+    columns = obj.get("device_traces_columns")
+    if not isinstance(columns, list):
+        raise SnapshotError(f"this {COMPACT_FORMAT} trace has no device_traces_columns list")
     out = {k: v for k, v in obj.items() if k not in ("device_traces_columns", "format")}
-    out["device_traces"] = [list(_rows(cols)) for cols in obj.get("device_traces_columns") or ()]
+    out["device_traces"] = [list(_rows(cols)) if isinstance(cols, Mapping) else []
+                            for cols in columns]
     return out
 
 
-def _rows(cols: Mapping[str, list[Any]]) -> Iterator[dict[str, Any]]:
-    names = [k for k in _KEEP if k in cols]
+def _rows(cols: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """One GPU's entries from its columns; a column that is not a list is left out."""
+    names = [k for k in _KEEP if isinstance(cols.get(k), list)]
     for values in zip(*(cols[k] for k in names), strict=False):
         yield dict(zip(names, values, strict=False))

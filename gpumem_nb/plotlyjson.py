@@ -1,0 +1,39 @@
+"""The layout our plotly JSON figures share (``%%gpumem --trace``'s timeline and ``%gpumem
+whatif``'s chart): plain dicts for the ``application/vnd.plotly.v1+json`` mime type, so
+nothing here imports plotly.
+
+Nothing overlaps at any output width (issue 17: in 07 the legend covered the x axis and its
+title). The title sits under the modebar's band and left-aligned, marks' labels under the
+title, and the legend has a band of its own below the x axis title, one row per entry at worst
+(a narrow output, long names).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_LEGEND_ROW_PX = 22
+_CONFIG = {"displaylogo": False, "modeBarButtonsToRemove": [
+    "select2d", "lasso2d", "autoScale2d", "toggleSpikelines", "hoverClosestCartesian",
+    "hoverCompareCartesian"]}
+
+
+def layout(title: str, x_title: str, y_title: str, *, legend_entries: int,
+           height_px: int = 340) -> dict[str, Any]:
+    legend_px = _LEGEND_ROW_PX * legend_entries
+    return {
+        "title": {"text": title, "x": 0, "xanchor": "left", "xref": "paper",
+                  "yref": "container", "y": 1, "yanchor": "top", "pad": {"t": 34},
+                  "font": {"size": 14}},
+        "xaxis": {"title": {"text": x_title}},
+        "yaxis": {"title": {"text": y_title}},
+        "height": height_px + legend_px,
+        "margin": {"l": 60, "r": 20, "t": 84, "b": 60 + legend_px},
+        "legend": {"orientation": "h", "x": 0, "xanchor": "left", "yref": "container",
+                   "y": 0, "yanchor": "bottom"},
+        "hovermode": "x unified",
+    }
+
+
+def config() -> dict[str, Any]:
+    return {k: (list(v) if isinstance(v, list) else v) for k, v in _CONFIG.items()}
