@@ -345,6 +345,9 @@ def test_pause_cleanup_and_the_device_answer_at_once_while_a_long_cell_runs(lab,
         wait_cell_done(page, 3, timeout_ms=30_000)
         page.wait_for_selector("text=what each step freed", timeout=15_000)
         page.wait_for_function(f"() => !({CONTROLS})().pending.device", timeout=10_000)
+        # The report can land a tick before the acknowledgement that resets the button.
+        page.wait_for_function(f"() => ({CONTROLS})().buttons.includes('Clean up')",
+                               timeout=10_000)
         done = page.evaluate(CONTROLS)
         assert "Clean up" in done["buttons"] and done["chosen"] == "GPU 1", done
         page.wait_for_timeout(1500)
