@@ -11,6 +11,9 @@ two parts: ``history`` (the long, downsampled past, resent only every few second
 ``recent`` (the points since, resent each tick), so live traffic stays small however long the
 session. Another feature may add series of its own (issue 19's cluster lines) with
 ``MemoryWidget.add_series``; the front end draws whatever series the model lists.
+
+The controls (device, Pause, Clean up) are drawn by the front end too, so each answers at once
+in the page while a long cell holds the kernel's messages back.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class SeriesSpec:
     width: float = 2.0
     dash: str = ""  # an SVG stroke-dasharray; "" is solid
     hidden: bool = False  # hidden until a legend click shows it
+    legend: int = 0  # its place in the legend, which lists the lines as the picture does
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,6 +59,13 @@ class LiveChart(anywidget.AnyWidget):
     extra = traitlets.Dict().tag(sync=True)
     marks = traitlets.List(traitlets.List()).tag(sync=True)
     meta = traitlets.Dict().tag(sync=True)
+    # Pause is the browser's first: the view freezes on the click and tells the kernel, whose
+    # messages wait behind a running cell (livechart.js). The cleanup and device requests are
+    # custom messages, each answered by {"kind": "done", "id": ...} once handled.
+    paused = traitlets.Bool(False).tag(sync=True)
+    # The model ids of the chart's output (the box) and of the header and banner beside it:
+    # what the page saves in the notebook as the chart's picture (livechart.js, docs/chart.md).
+    parts = traitlets.Dict().tag(sync=True)
 
 
 def esm_bytes() -> int:

@@ -568,7 +568,11 @@ class GpumemMagics(Magics):
             if args.replay is not None or args.live or args.cluster is not None:
                 raise UsageError("--stop ends the chart; it goes with none of --replay, "
                                  "--live and --cluster")
-            m.end_chart()
+            if m.end_chart():
+                print("gpumem: chart stopped; each of its outputs is now its picture (a saved "
+                      "notebook shows that, with or without a kernel)")
+            else:
+                print("gpumem: no chart was live; nothing to stop")
             return
         collector = None
         if args.cluster is not None:

@@ -199,6 +199,9 @@ class Monitor:
         self.saved_keys: tuple[str, ...] = ()  # what the latest save wrote
         self.save_note = ""  # a note on the latest save (it went without the lock)
         self.on_record: list[Callable[[CellRecord, Verdict | None], None]] = []
+        # Work asked for while a top-level cell ran, to do once it ends, on the cell's own
+        # thread (the chart's cleanup button, when a click reaches the kernel mid-cell).
+        self.after_cell: list[Callable[[], None]] = []
         # The exception the user's latest failing cell raised, while the shell keeps it: only
         # that one is a holder or offered to cleanup (a widget handler's is not, issue 7).
         self.last_cell_exception = CellException()
@@ -768,14 +771,18 @@ class Monitor:
         except BaseException as e:
             self._contain("CUDA start watch", e)
         pending = self._pending
-        if pending is None:
-            return
-        try:
-            self._finish(pending, result)
-        except BaseException as e:
-            self._contain("post_run_cell", e)
-        finally:
-            self._pending = None
+        if pending is not None:
+            try:
+                self._finish(pending, result)
+            except BaseException as e:
+                self._contain("post_run_cell", e)
+            finally:
+                self._pending = None
+        while self.after_cell:
+            try:
+                self.after_cell.pop(0)()
+            except BaseException as e:
+                self._contain("after the cell", e)
 
     def _watch_cuda_start(self, result: Any) -> None:
         """Until CUDA is up: did this cell start it? After a failing cell: was it a forking
@@ -935,6 +942,15 @@ class Monitor:
         if v.cause == CAUSE_LIVE_TENSORS:
             holders = top_holders(self.scan(), v.cause)
         return replace(v, holders=holders, message=verdict_message(v, holders))
+
+    def marks_for_picture(self, last: int) -> list[CellMark]:
+        """The latest ``last`` cell marks for a static picture: the running cell's with the
+        number it is getting. The cell that ends a chart (``%gpumem watch --stop``) makes
+        its picture while it runs, and a "[*]" there would stay for good."""
+        p = self._pending
+        return [replace(m, execution_count=p.execution_count)
+                if p is not None and m is p.mark and m.execution_count is None else m
+                for m in list(self.marks)[-last:]]
 
     @property
     def running_execution_count(self) -> int | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import html
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -36,12 +37,35 @@ GIB = float(1 << 30)
 MAX_POINTS_PER_SERIES = 600
 
 
+# What a series' colour and dash may be. Both reach the browser as SVG attributes and CSS
+# values: anything else (a quote, an angle bracket, a url()) is refused where it is made.
+_COLOR = re.compile(r"#(?:[0-9a-fA-F]{3,4}|[0-9a-fA-F]{6}|[0-9a-fA-F]{8})|[a-zA-Z]{1,32}"
+                    r"|(?:rgb|rgba|hsl|hsla)\([0-9.,%\s/]{1,64}\)")
+_DASH = re.compile(r"[0-9.,\s]{0,64}")
+MAX_WIDTH_PX = 20.0
+
+
 @dataclass(frozen=True)
 class SeriesStyle:
     name: str
-    color: str
+    color: str  # a CSS colour: #rgb, #rrggbb(aa), a name, rgb()/hsl()
     width_px: float
     dash: str = ""  # an SVG stroke-dasharray; "" is solid
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ValueError(f"a series name is text, not {self.name!r}")
+        if not isinstance(self.color, str) or not _COLOR.fullmatch(self.color):
+            raise ValueError(f"a series colour is a CSS colour such as '#1f77b4' or 'teal', "
+                             f"not {self.color!r}")
+        width = self.width_px
+        if (not isinstance(width, int | float) or isinstance(width, bool)
+                or not 0 < width <= MAX_WIDTH_PX):
+            raise ValueError(f"a series width is more than 0 and at most {MAX_WIDTH_PX:g} px, "
+                             f"not {width!r}")
+        if not isinstance(self.dash, str) or not _DASH.fullmatch(self.dash):
+            raise ValueError(f"a series dash is an SVG dash array such as '6 3', "
+                             f"not {self.dash!r}")
 
 
 # Same names and colours as the live chart. Visual hierarchy: wide lines underneath, thin on
@@ -185,7 +209,9 @@ def replay_banner(replay: str) -> str:
 def describe(data: ChartData) -> str:
     """One sentence for ``<title>``, aria-label and the img's alt text."""
     head = "gpumem_nb chart"
-    if data.title:
+    if data.title.startswith(head):
+        head = data.title  # the chart's own title names it already
+    elif data.title:
         head += f", {data.title}"
     if data.replay:
         head += f" ({replay_banner(data.replay)})"

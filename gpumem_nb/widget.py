@@ -1,11 +1,14 @@
 """The live chart: NVML usage beside PyTorch's allocated and reserved, a mark at every cell.
 
-The only module that imports ipywidgets (the controls); the chart itself is ``LiveChart``, a
-small anywidget (livechart.py and livechart.js). One writer for the UI: the sampler thread
-draws (``_on_sample``); cell hooks and button clicks only enqueue work and ask for a tick, so
-a click arriving on a comm thread while a cell runs (JupyterLab >= 4.4 with ipykernel 7's
-subshells) never races the drawing. Widget updates sent from that thread reach the browser
-while a cell is still running, which is what keeps the chart live during a long cell.
+The only module that imports ipywidgets (the header, banner and report); the chart and its
+controls are ``LiveChart``, a small anywidget (livechart.py and livechart.js). One writer for
+the UI: the sampler thread draws (``_on_sample``); cell hooks and the controls' requests only
+enqueue work and ask for a tick, so a request arriving on a comm thread while a cell runs
+(ipykernel 7's subshells) never races the drawing. Widget updates sent from that thread reach
+the browser while a cell is still running, which is what keeps the chart live during a long
+cell. The browser's own messages wait behind a running cell, so the controls answer in the
+page first (Pause freezes the view, Clean up and the device say they are queued) and the
+kernel acknowledges each request once it has handled it.
 
 When the chart ends (``close``: a new feed, ``%reload_ext``, the kernel shutting down or
 restarting), every output that showed it is replaced, by display_id, with the plain picture
@@ -32,7 +35,7 @@ from .model import CellMark, CellRecord, Sample, SourceStatus, Verdict
 from .records import History, format_peak
 from .sampler import Sampler
 from .settings import Config
-from .svgchart import STYLES, SeriesStyle, chart_data, mark_label
+from .svgchart import LEGEND_ORDER, STYLES, SeriesStyle, chart_data, mark_label
 from .svgchart import static_bundle as svg_static_bundle
 from .timeline import ALL_DEVICES, GIB, SERIES, Timeline, values_of
 from .units import format_bytes
@@ -63,8 +66,10 @@ class ChartHost(Protocol):
     def replay(self) -> ChartReplay | None: ...
     @property
     def cell_running(self) -> bool: ...
+    after_cell: list[Callable[[], None]]
     def gpu_count(self) -> int: ...
     def read(self) -> Sample: ...
+    def marks_for_picture(self, last: int) -> list[CellMark]: ...
     def cleanup(self, request: CleanupRequest) -> CleanupReport: ...
     def configure(self, *, device: Any = ...) -> Config: ...
 
@@ -87,6 +92,15 @@ _HEADER = ("GPU", "used / total", "this process", "reserved", "allocated", "last
 # The cluster's lines (issue 19), dotted, in colours the chart's own series do not use.
 CLUSTER_COLORS = ("#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#393b79")
 LIVE_X_TITLE = "seconds since %load_ext gpumem_nb"
+# The replay note and the accumulation banner: JupyterLab's theme colours, so a dark theme
+# gets a dark box with light text (a light box kept the theme's white text), with light
+# fallbacks where no theme defines them (nbconvert's HTML, other frontends).
+NOTE_STYLE = ("background:var(--jp-layout-color2,#e8f0fe);color:var(--jp-ui-font-color1,#111);"
+              "border-left:4px solid var(--jp-brand-color1,#1a73e8);padding:4px 8px;"
+              "margin:2px 0")
+BANNER_STYLE = ("background:var(--jp-layout-color2,#fff3cd);"
+                "color:var(--jp-ui-font-color1,#111);"
+                "border-left:4px solid var(--jp-warn-color1,#d39e00);padding:6px 10px")
 REPLAY_X_TITLE = "seconds into the recording"
 
 
@@ -99,9 +113,9 @@ class _Extra:
     hidden: bool
 
 
-def _spec(key: str, style: SeriesStyle, hidden: bool) -> dict[str, Any]:
+def _spec(key: str, style: SeriesStyle, hidden: bool, legend: int) -> dict[str, Any]:
     return SeriesSpec(key=key, name=style.name, color=style.color, width=style.width_px,
-                      dash=style.dash, hidden=hidden).as_json()
+                      dash=style.dash, hidden=hidden, legend=legend).as_json()
 
 
 class MemoryWidget:
@@ -121,6 +135,10 @@ class MemoryWidget:
         self.timelines: dict[int, Timeline] = {}
         self.t0_s = monitor.started_t_s
         self.paused = False
+        self._shown: Sample | None = None  # the reading the header shows (frozen while paused)
+        self._paused_header: str | None = None
+        self._played_s: float | None = None  # a replay: its last recorded point appended
+        self._acks: list[str] = []  # requests handled, answered after the next draw
         self.draws = 0
         self._extra: dict[str, _Extra] = {}
         self._history_until_s: float | None = None
@@ -134,31 +152,29 @@ class MemoryWidget:
         # Set by ``%gpumem watch``: the display it made, so the static picture can follow.
         self.display_handle: Any = None
 
+        gpus = status.gpu_count
+        # The device choices the chart offers (none with one GPU): (label, value) pairs.
+        self.device_options: list[tuple[str, int]] = []
+        if gpus > 1:
+            self.device_options = [(f"GPU {i}", i) for i in range(gpus)]
+            if self.replay is None:
+                self.device_options.insert(0, ("all GPUs (sum)", ALL_DEVICES))
+
         self.chart = LiveChart(series=self._series_specs(), meta=self._meta(None))
+        self.chart.observe(self._on_pause, names="paused")
+        self.chart.on_msg(self._on_message)
         self.header = widgets.HTML()
         self.banner = widgets.HTML(layout=widgets.Layout(display="none"))
         self.report = widgets.HTML()
-        self.cleanup_button = widgets.Button(
-            description="Clean up", icon="broom", layout=widgets.Layout(width="auto"),
-            tooltip="Drop the stored exception, gc.collect(), empty_cache(); never deletes "
-                    "your variables")
-        self.cleanup_button.on_click(self._on_cleanup_click)
-        self.pause_button = widgets.ToggleButton(description="Pause", icon="pause")
-        self.pause_button.observe(self._on_pause, names="value")
-        gpus = status.gpu_count
-        options: list[tuple[str, int]] = [(f"GPU {i}", i) for i in range(max(gpus, 1))]
-        if gpus > 1 and self.replay is None:
-            options.insert(0, ("all GPUs (sum)", ALL_DEVICES))
-        self.selector = widgets.Dropdown(
-            options=options, value=_key(self.device) if gpus > 1 else 0,
-            description="device", layout=widgets.Layout(
-                width="230px", display="flex" if gpus > 1 else "none"))
-        self.selector.observe(self._on_select, names="value")
-        controls = widgets.HBox([self.selector, self.pause_button, self.cleanup_button])
-        self.box = widgets.VBox([self.header, self.banner, self.chart, controls, self.report])
+        self.box = widgets.VBox([self.header, self.banner, self.chart, self.report])
+        self.chart.parts = {"box": self.box.model_id, "header": self.header.model_id,
+                            "banner": self.banner.model_id}
 
-        for s in self.feed.samples():  # what happened before the chart was shown
-            self._append(s)
+        if self.replay is not None:
+            self._append_played()
+        else:
+            for s in self.feed.samples():  # what happened before the chart was shown
+                self._append(s)
         self.feed.add_listener(self._on_sample)
         monitor.on_record.append(self._on_record)
         monitor.settings_listeners.append(self._on_settings)
@@ -166,23 +182,27 @@ class MemoryWidget:
 
     @property
     def _t0_s(self) -> float:
-        if self.replay is None:
-            return self.t0_s
-        first = self.feed.samples()[:1]
-        return first[0].t_s if first else 0.0
+        # A replay's timeline holds the recording's own points at their times into it.
+        return self.t0_s if self.replay is None else 0.0
 
     # -- series --------------------------------------------------------------------------------
     def _keys(self) -> list[str]:
         return [k for k in DRAW_ORDER if k != "rss" or not self.has_gpu] + list(self._extra)
 
     def _series_specs(self) -> list[dict[str, Any]]:
-        specs = [_spec(k, STYLES[k], hidden=False) for k in DRAW_ORDER
-                 if k != "rss" or not self.has_gpu]
+        # Drawn in DRAW_ORDER; listed in the legend in the picture's order (LEGEND_ORDER),
+        # then the lines other features added.
+        specs = [_spec(k, STYLES[k], hidden=False, legend=LEGEND_ORDER.index(k))
+                 for k in DRAW_ORDER if k != "rss" or not self.has_gpu]
         if self.has_gpu:  # host RAM is one legend click away, not drawn by default
-            specs.insert(0, _spec("rss", STYLES["rss"], hidden=True))
-        specs += [_spec(k, e.style, e.hidden) for k, e in self._extra.items()]
+            specs.insert(0, _spec("rss", STYLES["rss"], hidden=True,
+                                  legend=LEGEND_ORDER.index("rss")))
+        n = len(LEGEND_ORDER)
+        specs += [_spec(k, e.style, e.hidden, legend=n + i)
+                  for i, (k, e) in enumerate(self._extra.items())]
+        n += len(self._extra)
         specs += [_spec(name, SeriesStyle(name, CLUSTER_COLORS[i % len(CLUSTER_COLORS)], 1.5,
-                                          "2 3"), hidden=False)
+                                          "2 3"), hidden=False, legend=n + i)
                   for i, name in enumerate(self._cluster_keys)]
         return specs
 
@@ -228,13 +248,29 @@ class MemoryWidget:
             tl.append(sample.t_s, {**values_of(sample, None if i == ALL_DEVICES else i),
                                    **extra})
 
+    def _append_played(self) -> None:
+        """A replay: every recorded point played since the last call, at its own time (a
+        0.5 s sampler would miss the recording's 0.25 s spikes and draw them late)."""
+        source = self.replay.source if self.replay is not None else None
+        played = getattr(source, "played", None)
+        if played is None:  # a source that plays no recording of its own
+            latest = self.feed.latest()
+            if latest is not None:
+                self._append(latest)
+            return
+        points = played(self._played_s)
+        for s in points:
+            self._append(s)
+        if points:
+            self._played_s = points[-1].t_s
+
     def _on_sample(self, sample: Sample) -> None:
-        """Sampler thread: record, then draw unless paused."""
-        self._append(sample)
-        if not self.paused:
-            self._draw(sample)
+        """Sampler thread: record, then draw (paused: the header and controls only)."""
+        if self.replay is not None:
+            self._append_played()
         else:
-            self._drain()
+            self._append(sample)
+        self._draw(sample)
 
     def _drain(self) -> None:
         while self._inbox:
@@ -253,36 +289,56 @@ class MemoryWidget:
             if self._closed:
                 return
             self._drain()
-            running = self.monitor.cell_running
-            label = "Clean up (a cell is running)" if running else "Clean up"
-            if self.cleanup_button.description != label:
-                self.cleanup_button.description = label
-            header = self._header_html(sample)
-            if header != self.header.value:
-                self.header.value = header
-            tl = self._timeline()
-            if tl is None or tl.n == 0:
-                return
-            now = float(tl.t[tl.n - 1])
-            until = self._history_until_s
-            refresh = until is None or now - until >= HISTORY_REFRESH_S
+            try:
+                self._draw_locked(sample)
+            finally:
+                self._send_acks()
+
+    def _draw_locked(self, sample: Sample | None) -> None:
+        if self.paused and self._shown is not None:
+            sample = self._shown  # the numbers as they were when the chart paused
+        else:
+            self._shown = sample
+        if not self.paused:
+            self._paused_header = None
+        elif self._paused_header is None:  # the header holds still with the lines
+            self._paused_header = self._header_html(sample)
+        header = self._paused_header or self._header_html(sample)
+        if header != self.header.value:
+            self.header.value = header
+        meta = self._meta(sample)
+        tl = self._timeline()
+        if self.paused or tl is None or tl.n == 0:
+            # The lines hold still; the controls still learn that a cell started or ended.
+            self.chart.meta = meta
+            return
+        now = float(tl.t[tl.n - 1])
+        until = self._history_until_s
+        refresh = until is None or now - until >= HISTORY_REFRESH_S
+        if refresh:
+            until = self._history_until_s = now
+        t0 = self._t0_s
+        keys = [s["key"] for s in self.chart.series if s["key"] not in self._cluster_keys]
+        # One message per tick: every changed trait together. A trait set to an equal
+        # value sends nothing.
+        with self.chart.hold_sync():
             if refresh:
-                until = self._history_until_s = now
-            t0 = self._t0_s
-            keys = [s["key"] for s in self.chart.series if s["key"] not in self._cluster_keys]
-            # One message per tick: every changed trait together. A trait set to an equal
-            # value sends nothing.
-            with self.chart.hold_sync():
-                if refresh:
-                    self.chart.history = {k: _points(tl, k, t0, HISTORY_POINTS, until_s=until)
-                                          for k in keys}
-                # The recent part starts at the history's last point, so they join.
-                self.chart.recent = {k: _points(tl, k, t0, HISTORY_POINTS, since_s=until)
-                                     for k in keys}
-                self.chart.marks = self._marks(t0)
-                self.chart.meta = self._meta(sample)
-                self._draw_cluster(t0)
-            self.draws += 1
+                self.chart.history = {k: _points(tl, k, t0, HISTORY_POINTS, until_s=until)
+                                      for k in keys}
+            # The recent part starts at the history's last point, so they join.
+            self.chart.recent = {k: _points(tl, k, t0, HISTORY_POINTS, since_s=until)
+                                 for k in keys}
+            self.chart.marks = self._marks(t0)
+            self.chart.meta = meta
+            self._draw_cluster(t0)
+        self.draws += 1
+
+    def _send_acks(self) -> None:
+        """Tell the page which requests are handled, after the draw that shows their effect
+        (the device's lines, the cleanup's report), so it never shows the old state again."""
+        acks, self._acks = self._acks, []
+        for rid in acks:
+            self.chart.send({"kind": "done", "id": rid})
 
     def _draw_cluster(self, t0: float) -> None:
         """``%gpumem watch --cluster``: the feed's named per-GPU lines, dotted, each its own
@@ -324,7 +380,12 @@ class MemoryWidget:
                 title += " · the recording ended"
         return {"x_title": LIVE_X_TITLE if self.replay is None else REPLAY_X_TITLE,
                 "y_title": "GiB", "title": title, "note": note,
-                "total": round(total, 3) if total and self.has_gpu else None}
+                "total": round(total, 3) if total and self.has_gpu else None,
+                # The controls: a running cell holds the browser's requests back until it
+                # ends, which the page says when one is asked for meanwhile.
+                "busy": bool(self.monitor.cell_running),
+                "devices": [list(o) for o in self.device_options] or None,
+                "device": _key(self.device)}
 
     def _replay_ended(self) -> bool:
         return self.replay is not None and bool(getattr(self.replay.source, "ended", False))
@@ -372,15 +433,17 @@ class MemoryWidget:
         if self.replay is not None:
             ended = (" It has ended; <code>%gpumem watch --replay …</code> plays it again."
                      if self._replay_ended() else "")
-            note = ("<div style='background:#e8f0fe;border-left:4px solid #1a73e8;"
-                    "padding:4px 8px;margin:2px 0'><b>REPLAY</b>: "
+            note = (f"<div class='gpumem-note' style='{NOTE_STYLE}'><b>REPLAY</b>: "
                     f"{html.escape(self.replay.label)}. Not this machine's GPU: a demonstration"
                     " of the chart. Your own cells are still measured live "
                     "(<code>%gpumem history</code>); <code>%gpumem watch --live</code> "
                     f"charts this machine.{ended}</div>")
-        paused = " <b>(paused)</b>" if self.paused else ""
-        return (f"{note}<table class='gpumem-header'><tr>{head}</tr>{body}</table>"
-                f"{children_html(sample)}{paused}")
+        paused = (" <b>(paused)</b>: the numbers and lines as they were; Resume follows "
+                  "the GPU again" if self.paused else "")
+        # The table scrolls on its own when the output is narrower than it, never the chart.
+        return (f"{note}<div class='gpumem-header-scroll' style='overflow-x:auto;"
+                f"max-width:100%'><table class='gpumem-header'><tr>{head}</tr>{body}</table>"
+                f"</div>{children_html(sample)}{paused}")
 
     # -- producers: enqueue, never draw ------------------------------------------------------
     def _post(self, fn: Callable[[], None]) -> None:
@@ -400,49 +463,75 @@ class MemoryWidget:
             f"({html.escape(h.kind)})</li>" for h in v.holders)
         label = f"[{v.execution_count}]" if v.execution_count is not None else v.cell_key
         self.banner.value = (
-            "<div style='background:#fff3cd;border-left:4px solid #d39e00;padding:6px 10px'>"
+            f"<div class='gpumem-banner' style='{BANNER_STYLE}'>"
             f"<b>Cell {html.escape(label)} keeps growing</b>: "
             f"+{format_bytes(v.growth_bytes)} on run {v.runs}, <b>{html.escape(v.cause)}</b>."
             f"<div>{html.escape(v.message)}</div>"
             + (f"<ul style='margin:2px 0'>{holders}</ul>" if holders else "") + "</div>")
         self.banner.layout.display = "block"
 
-    def _on_cleanup_click(self, _button: Any = None) -> None:
-        if self.monitor.cell_running:
-            self._post(lambda: setattr(
-                self.report, "value",
-                "<i>A cell is running; cleanup waits until it finishes. Click again then.</i>"))
+    # -- the controls' requests (livechart.js) ------------------------------------------------
+    def _on_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        """A request from the page: ``{"kind": "cleanup" | "device", "id": ..., "value": ...}``.
+        Each is answered with ``{"kind": "done", "id": ...}`` once handled."""
+        if not isinstance(content, dict):
             return
+        rid = content.get("id")
+        rid = rid if isinstance(rid, str) and 0 < len(rid) <= 64 else None
+        kind = content.get("kind")
+        if kind == "cleanup":
+            self.request_cleanup(rid)
+        elif kind == "device":
+            self.choose_device(content.get("value"), rid)
+
+    def _ack(self, rid: str | None) -> None:
+        """Producer side: answer ``rid`` after the next draw."""
+        if rid is not None:
+            self._post(lambda: self._acks.append(rid))
+
+    def request_cleanup(self, rid: str | None = None) -> None:
+        """The Clean up button. A request that reaches the kernel while a cell runs (with
+        ipykernel's subshells; otherwise it waits for the cell like every message) runs when
+        that cell ends, as the page says."""
+        if self.monitor.cell_running:
+            self.monitor.after_cell.append(lambda: self._cleanup_now(rid))
+            return
+        self._cleanup_now(rid)
+
+    def _cleanup_now(self, rid: str | None) -> None:
         try:
             report = self.monitor.cleanup(CleanupRequest())
         except (RuntimeError, ValueError) as e:
             text = f"<i>{html.escape(str(e))}</i>"
             self._post(lambda: setattr(self.report, "value", text))
-            return
-        page = report._repr_html_()
-        self._post(lambda: setattr(self.report, "value", page))
+        else:
+            page = report._repr_html_()
+            self._post(lambda: setattr(self.report, "value", page))
+        self._ack(rid)
 
     def _on_pause(self, change: dict[str, Any]) -> None:
+        """The page froze its view already; the kernel stops sending the lines, and the
+        header says so."""
         self.paused = bool(change["new"])
-        self.pause_button.description = "Resume" if self.paused else "Pause"
-        self.pause_button.icon = "play" if self.paused else "pause"
+        self._post(lambda: None)  # a draw: the header's "(paused)", the controls' state
 
-    def _on_select(self, change: dict[str, Any]) -> None:
-        """The dropdown asks the monitor, the one owner of the setting; the chart follows
-        through ``_on_settings`` like it does for ``%gpumem config --device``. A replay's
-        dropdown only picks which recorded GPU to show."""
-        value = change["new"]
+    def choose_device(self, value: Any, rid: str | None = None) -> None:
+        """The device selector asks the monitor, the one owner of the setting; the chart
+        follows through ``_on_settings`` like it does for ``%gpumem config --device``. A
+        replay's selector only picks which recorded GPU to show."""
+        if not any(value == v and type(value) is int for _, v in self.device_options):
+            self._ack(rid)  # not one of the choices offered: nothing changes
+            return
         device = None if value == ALL_DEVICES else int(value)
         if self.replay is not None:
             self._post(lambda: self._switch(device))
-            return
-        if device == self.monitor.config.device:
-            return
-        try:
-            self.monitor.configure(device=device)
-        except ValueError as e:
-            text = f"<i>{html.escape(str(e))}</i>"
-            self._post(lambda: setattr(self.report, "value", text))
+        elif device != self.monitor.config.device:
+            try:
+                self.monitor.configure(device=device)
+            except ValueError as e:
+                text = f"<i>{html.escape(str(e))}</i>"
+                self._post(lambda: setattr(self.report, "value", text))
+        self._ack(rid)
 
     def _on_settings(self, config: Config) -> None:
         if self.replay is None and config.device != self.device:
@@ -450,8 +539,6 @@ class MemoryWidget:
 
     def _switch(self, device: int | None) -> None:
         self.device = device
-        if self.selector.value != _key(device):
-            self.selector.value = _key(device)
         self._history_until_s = None  # the other device's history, in full
 
     # -- display and lifecycle ---------------------------------------------------------------
@@ -478,7 +565,7 @@ class MemoryWidget:
         A replay's picture is its whole recording: the story, however little has played."""
         with self._draw_lock:
             tl = self._timeline()
-            marks = [] if self.replay is not None else list(self.monitor.marks)[-MAX_MARKS:]
+            marks = [] if self.replay is not None else self.monitor.marks_for_picture(MAX_MARKS)
             t0 = self._t0_s
             if self.replay is not None:
                 tl, t0 = self._recording_timeline()

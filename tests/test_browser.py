@@ -168,16 +168,16 @@ def chart_follows(page: Any, gpu: int | None, allocated_gib: float, what: str) -
 
 def choose(page: Any, gpu: int | None) -> None:
     """Pick in the chart's device dropdown, as a user does."""
-    select = page.locator(".jp-Notebook .widget-dropdown select").first
+    select = page.locator(f"{CHART} select.gl-device-select").first
     labels = select.evaluate("s => Array.from(s.options).map(o => o.text)")
-    wanted = [x for x in labels if x.replace("\xa0", " ") == shown_as(gpu)]
+    wanted = [x for x in labels if x == shown_as(gpu)]
     assert wanted, f"the dropdown offers no {shown_as(gpu)!r}: {labels}"
     select.select_option(label=wanted[0])
 
 
 def dropdown_label(page: Any) -> str:
-    return str(page.locator(".jp-Notebook .widget-dropdown select").first.evaluate(
-        "s => s.options[s.selectedIndex].text")).replace("\xa0", " ")  # ipywidgets' nbsp
+    return str(page.locator(f"{CHART} select.gl-device-select").first.evaluate(
+        "s => s.options[s.selectedIndex].text"))
 
 
 def plot_area(page: Any) -> dict[str, float]:
@@ -355,13 +355,13 @@ def test_live_session_with_two_gpus_hover_zoom_legend_pause_cleanup_and_device_s
 
         clock.phase("pause")
         # Pause: the chart holds still and says so. Resume: it moves again.
-        page.locator(".jp-Notebook button:has-text('Pause')").first.click()
-        page.wait_for_selector(".jp-Notebook button:has-text('Resume')", timeout=5_000)
+        page.locator(f"{CHART} button.gl-pause").first.click()
+        page.wait_for_selector(f"{CHART} button.gl-pause:has-text('Resume')", timeout=5_000)
         page.wait_for_timeout(800)
         held = plot(page)["last"]
         page.wait_for_timeout(2500)
         assert plot(page)["last"] == held, "the chart kept moving while paused"
-        page.locator(".jp-Notebook button:has-text('Resume')").first.click()
+        page.locator(f"{CHART} button.gl-pause").first.click()
         wait_chart_moves(page, 3)
 
         clock.phase("dropdown")
@@ -399,7 +399,7 @@ def test_live_session_with_two_gpus_hover_zoom_legend_pause_cleanup_and_device_s
 
         clock.phase("cleanup")
         # The cleanup button reports what each step freed.
-        page.locator(".jp-Notebook button:has-text('Clean up')").first.click()
+        page.locator(f"{CHART} button.gl-cleanup").first.click()
         page.wait_for_selector("text=what each step freed", timeout=30_000)
         try:
             wait_chart_moves(page, 2)
@@ -435,7 +435,7 @@ def test_replay_chart_renders_grows_while_a_cell_sleeps_and_cleanup_reports(lab,
         assert len({s["last"] for s in seen}) >= 4, seen
         screenshot(page, "browser-widget-live.png")
         wait_cell_done(page, 2, timeout_ms=30_000)
-        page.locator(".jp-Notebook button:has-text('Clean up')").first.click()
+        page.locator(f"{CHART} button.gl-cleanup").first.click()
         page.wait_for_selector("text=what each step freed", timeout=30_000)
         screenshot(page, "browser-widget.png")
 

@@ -12,9 +12,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +24,13 @@ import nbformat
 import pytest
 
 from benchmarks import bench_chart_browser as bench
+from gpumem_nb.svgchart import LEGEND_ORDER, STYLES
 
 from .browser_harness import (
     ErrorWatch,
     chromium,
     open_notebook,
+    prompt_of,
     run_cell,
     run_first_cell,
     running_lab,
@@ -191,6 +195,314 @@ def test_saved_by_the_user_with_the_kernel_gone_it_reopens_as_the_picture_truste
     assert 'type="application/vnd.jupyter.widget-view+json"' not in html
 
 
+# The tester's D1: the usual end of a session. The page saved while the chart was live
+# (Ctrl+S or autosave), then the kernel went without the page saving again: ipywidgets'
+# renderer finds no model for the saved widget view and, with no fallback to the bundle's
+# other entries, reads "Error displaying widget: model not found". The page now saves the
+# chart's picture in the notebook's widget state at each save (livechart.js).
+ENDINGS = {
+    # File > Close and Shut Down Notebook: the page closes before the kernel's last words.
+    "close-and-shut-down": "close",
+    # Kernel > Restart, then a save: JupyterLab drops the comms before the kernel hears.
+    "restart-then-save": "restart",
+    # The tab closed, the kernel shut down from elsewhere (the Running panel, another tab).
+    "tab-closed-then-kernel-shut-down": "elsewhere",
+}
+
+
+def api(lab: Any, method: str, path: str) -> bytes:
+    import urllib.request
+
+    req = urllib.request.Request(f"{lab.base}{path}?token={lab.token}", method=method)
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return bytes(r.read())
+
+
+def end_sessions(lab: Any, path: str) -> None:
+    for s in json.loads(api(lab, "GET", "/api/sessions")):
+        if s["path"] == path:
+            api(lab, "DELETE", f"/api/sessions/{s['id']}")
+
+
+PICTURE_SVG = """(i) => {
+  const c = document.querySelectorAll('.jp-Notebook .jp-Cell')[i];
+  const img = Array.from(c.querySelectorAll('.jp-OutputArea img'))
+    .find(x => (x.alt || '').startsWith('gpumem_nb chart'));
+  return img ? {alt: img.alt, svg: atob(img.src.split('base64,')[1])} : null;
+}"""
+
+
+@pytest.mark.parametrize("frontend,ending", [
+    ("lab", "close-and-shut-down"), ("lab", "restart-then-save"),
+    ("lab", "tab-closed-then-kernel-shut-down"), ("notebook", "close-and-shut-down"),
+    ("notebook", "restart-then-save")])
+def test_saved_while_live_and_the_kernel_gone_without_another_save_it_reopens_as_the_picture(
+        lab, context, frontend, ending):
+    folder = lab.folder(f"ended-{frontend}-{ending}")
+    use_two_fake_gpus(folder)
+    path = write_notebook(folder, "ended.ipynb", CELLS)
+    file = folder / "ended.ipynb"
+    page = context.new_page()
+    with ErrorWatch(page, lab, folder) as watch:
+        open_notebook(page, lab, path, frontend)
+        run_first_cell(page, "watching GPU")
+        for i in (1, 2, 3):
+            run_cell(page, i)
+        assert shows(page, 2)["live"], shows(page, 2)
+        save(page, file)  # the user's own save, the chart live
+        how = ENDINGS[ending]
+        if how == "restart":
+            current_session(page, "restartKernel()")
+            wait_kernel_idle(page)
+            page.wait_for_timeout(1500)
+            assert shows(page, 2)["live"]  # frozen as drawn: the kernel could not reach it
+            save(page, file)
+        watch.leaving_notebook()
+        if how == "close":
+            page.evaluate("() => { window.jupyterapp.commands.execute("
+                          "'notebook:close-and-shutdown'); }")
+            page.locator(".jp-Dialog button.jp-mod-accept").first.click(timeout=10_000)
+            page.wait_for_timeout(3000)
+        elif how == "elsewhere":
+            kernel = page.evaluate("() => window.jupyterapp.shell.currentWidget"
+                                   ".sessionContext.session.kernel.id")
+            page.goto("about:blank")
+            page.wait_for_timeout(1000)
+            api(lab, "DELETE", f"/api/kernels/{kernel}")
+            page.wait_for_timeout(2000)
+        else:
+            page.goto("about:blank")
+            page.wait_for_timeout(1000)
+        end_sessions(lab, path)  # whatever is left: the kernel that drew the chart is gone
+        assert widget_views(file), "this ending used to leave a widget view in the file"
+
+        open_notebook(page, lab, path, frontend)
+        wait_kernel_idle(page)
+        page.wait_for_timeout(2500)  # the widget manager restores what it can by then
+        seen = shows(page, 2)
+        screenshot(page, f"browser-ended-{frontend}-{ending}.png")
+        assert seen.get("picture") and not seen.get("error"), seen
+        picture = page.evaluate(PICTURE_SVG, 2)
+        assert picture and "saved with the notebook" in picture["alt"], picture
+        assert "allocated (live tensors)" in picture["svg"]  # the legend
+        assert picture["svg"].count('class="gl-series"') >= 4, "the lines are missing"
+        assert "NVIDIA H200" in seen["text"]  # the header's numbers, as they were
+
+
+# --------------------------------------------------------------------------------------------
+# The controls answer at once while a long cell holds the kernel's messages back
+# --------------------------------------------------------------------------------------------
+# What the chart's output shows, found by what a user sees (the controls' text), whoever
+# draws them.
+CONTROLS = """() => { const r = document.querySelector('.jp-Notebook .gpumem-live');
+  const out = r.closest('.jp-OutputArea'), select = out.querySelector('select');
+  const field = select.closest('label') || select.parentElement;
+  return {...r.gpumemState(), top: r.innerText.slice(0, 400),
+          buttons: Array.from(out.querySelectorAll('button')).map(b => b.textContent.trim()),
+          device: field.innerText, chosen: select.selectedOptions[0].text}; }"""
+PAUSE = ".jp-Notebook .jp-OutputArea button:has-text('Pause')"
+CLEANUP = ".jp-Notebook .jp-OutputArea button:has-text('Clean up')"
+SELECT = ".jp-Notebook .jp-OutputArea select"
+
+
+def test_pause_cleanup_and_the_device_answer_at_once_while_a_long_cell_runs(lab, context):
+    """The tester's D3: during a long cell the page's messages wait for the cell to end, and
+    Pause, Clean up and the device selector did nothing visible until then."""
+    folder = lab.folder("controls")
+    use_two_fake_gpus(folder)
+    path = write_notebook(folder, "c.ipynb", [*CELLS[:3], "import time; time.sleep(12)"])
+    page = context.new_page()
+    with ErrorWatch(page, lab, folder):
+        open_notebook(page, lab, path)
+        run_first_cell(page, "watching GPU")
+        run_cell(page, 1)
+        run_cell(page, 2)
+        page.wait_for_selector(f"{CHART} path.gl-series")
+        run_cell(page, 3, wait=False)
+        page.wait_for_timeout(1500)
+
+        page.locator(PAUSE).first.click()
+        page.wait_for_timeout(600)  # at once: no kernel involved
+        held = page.evaluate(CONTROLS)
+        assert "Resume" in held["buttons"] and "paused: the lines hold still" in held["top"], held
+        page.wait_for_timeout(2000)  # the kernel keeps sending; the lines hold still
+        later = page.evaluate(CONTROLS)
+        assert later["last"] == held["last"] and later["points"] == held["points"], (
+            f"the chart kept moving after Pause: {held['last']} then {later['last']}")
+
+        page.locator(CLEANUP).first.click()
+        page.wait_for_timeout(600)
+        asked = page.evaluate(CONTROLS)
+        assert "Clean up: queued until the cell ends" in asked["buttons"], asked
+        page.locator(SELECT).first.select_option(label="GPU 1")
+        page.wait_for_timeout(600)
+        asked = page.evaluate(CONTROLS)
+        assert "queued until the cell ends" in asked["device"], asked
+        assert asked["chosen"] == "GPU 1" and "Pause" in asked["buttons"], asked  # followed
+        screenshot(page, "browser-controls-queued.png")
+        assert prompt_of(page, 3) == "[*]:", "the cell ended before the checks: too slow"
+
+        wait_cell_done(page, 3, timeout_ms=30_000)
+        page.wait_for_selector("text=what each step freed", timeout=15_000)
+        page.wait_for_function(f"() => !({CONTROLS})().pending.device", timeout=10_000)
+        # The report can land a tick before the acknowledgement that resets the button.
+        page.wait_for_function(f"() => ({CONTROLS})().buttons.includes('Clean up')",
+                               timeout=10_000)
+        done = page.evaluate(CONTROLS)
+        assert "Clean up" in done["buttons"] and done["chosen"] == "GPU 1", done
+        page.wait_for_timeout(1500)
+        assert page.evaluate(CONTROLS)["latest"]["allocated (live tensors)"]["y"] == 9, (
+            "the chart does not show GPU 1's 9 GiB")
+        page.locator(PAUSE).first.click()  # paused again, the kernel idle
+        # The kernel hears of it at once now: its header says so.
+        page.wait_for_selector(".jp-Notebook b:has-text('(paused)')", timeout=10_000)
+
+
+# --------------------------------------------------------------------------------------------
+# A dark theme, hostile and long series names, a narrow notebook
+# --------------------------------------------------------------------------------------------
+# The box around the text a user reads (by its words, whoever styles it): its text colour
+# and background.
+COLOURS = """(start) => Array.from(document.querySelectorAll(
+    '.jp-Notebook .widget-html-content div')).filter(e => e.innerText.startsWith(start))
+  .map(e => { const cs = getComputedStyle(e); return [cs.color, cs.backgroundColor]; })"""
+
+
+def _luminance(rgb: str) -> float:
+    r, g, b = (int(v) / 255 for v in re.findall(r"\d+", rgb)[:3])
+    lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in (r, g, b)]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def contrast(fg: str, bg: str) -> float:
+    a, b = sorted((_luminance(fg), _luminance(bg)), reverse=True)
+    return (a + 0.05) / (b + 0.05)
+
+
+def change_theme(page: Any, theme: str) -> None:
+    page.evaluate(f"() => window.jupyterapp.commands.execute('apputils:change-theme', "
+                  f"{{theme: '{theme}'}})")
+    page.wait_for_timeout(3000)
+
+
+@contextlib.contextmanager
+def dark_theme(page: Any, lab: Any, path: str) -> Iterator[None]:
+    """The notebook open in JupyterLab's dark theme; the light one back after (the theme
+    is a setting of the whole JupyterLab, which the other tests share)."""
+    open_notebook(page, lab, path)
+    change_theme(page, "JupyterLab Dark")
+    try:
+        yield
+    finally:
+        change_theme(page, "JupyterLab Light")
+
+
+def test_the_replay_note_and_the_growth_banner_are_readable_in_the_dark_theme(lab, context):
+    """The tester's D5: both kept light backgrounds under the dark theme's white text."""
+    folder = lab.folder("dark")
+    use_two_fake_gpus(folder)
+    path = write_notebook(folder, "d.ipynb", [
+        *CELLS[:3], "acc = []", "acc.append(torch.cuda.tensor(1 << 30, device=0))",
+        "%gpumem watch --replay bundled"])
+    page = context.new_page()
+    with ErrorWatch(page, lab, folder), dark_theme(page, lab, path):
+        run_first_cell(page, "watching GPU")
+        for i in (1, 2, 3):
+            run_cell(page, i)
+        for _ in range(3):  # a cell that keeps growing: the banner
+            run_cell(page, 4)
+            page.wait_for_timeout(800)
+        page.wait_for_selector(".jp-Notebook >> text=keeps growing", timeout=15_000)
+        banner = page.evaluate(COLOURS, "Cell [")
+        run_cell(page, 5)
+        page.wait_for_selector(".jp-Notebook >> text=Not this machine's GPU", timeout=15_000)
+        note = page.evaluate(COLOURS, "REPLAY")
+        screenshot(page, "browser-dark.png")
+        for what, (fg, bg) in (("banner", banner[0]), ("replay note", note[0])):
+            assert contrast(fg, bg) >= 4.5, f"the {what}: {fg} on {bg}"
+            assert _luminance(bg) < 0.2, f"the {what} keeps a light background: {bg}"
+
+
+HOSTILE = """from gpumem_nb.magics import current_monitor
+from gpumem_nb.svgchart import SeriesStyle
+m = current_monitor()
+try:
+    SeriesStyle("x", 'red"><img src=x onerror="window.__pwned=1">', 2.0)
+except ValueError:
+    print("refused")
+name = '<img src=x onerror="window.__pwned=2">\u202eRTL \u05e9\u05dc\u05d5\u05dd ' + "L" * 150
+m.widget.add_series("evil", SeriesStyle(name, "#8c564b", 2.0), lambda s: 3 << 30)"""
+
+NARROW = """() => {
+  const r = document.querySelector('.jp-Notebook .gpumem-live');
+  const box = (e) => e.getBoundingClientRect();
+  const out = r.closest('.jp-OutputArea-output');
+  const legend = box(r.querySelector('.gl-legend'));
+  const items = Array.from(r.querySelectorAll('.gl-item'));
+  return {
+    pwned: window.__pwned === undefined ? null : window.__pwned,
+    ticks: Array.from(r.querySelectorAll('.gl-ticks text[text-anchor=middle]'))
+      .map(t => t.textContent),
+    legend: items.map(i => i.textContent),
+    legendOut: items.filter(i => box(i).right > legend.right + 1).map(i => i.textContent),
+    longTitle: (items.find(i => i.dataset.key === 'evil') || {}).title || '',
+    cutButtons: Array.from(r.querySelectorAll('.gl-button'))
+      .filter(b => b.scrollWidth > b.clientWidth + 1).map(b => b.textContent),
+    sideways: out.scrollWidth - out.clientWidth,
+  };
+}"""
+
+
+def test_hostile_long_and_rtl_names_and_a_narrow_notebook_break_nothing(lab, browser):
+    """The tester's D6 (a series' data went into the hover's innerHTML), D7 (long or RTL
+    names broke the hover and legend) and D10 (at 800 px: one x tick, "Clean up" cut
+    short, the header scrolling the whole chart sideways, the legend in another order)."""
+    folder = lab.folder("narrow")
+    use_two_fake_gpus(folder)
+    path = write_notebook(folder, "n.ipynb", [
+        *CELLS[:3], HOSTILE, "import time; time.sleep(6)"])
+    ctx = browser.new_context(viewport={"width": 800, "height": 1200})
+    page = ctx.new_page()
+    try:
+        with ErrorWatch(page, lab, folder):
+            open_notebook(page, lab, path)
+            run_first_cell(page, "watching GPU")
+            for i in (1, 2, 3):
+                run_cell(page, i)
+            page.wait_for_selector("text=refused")  # the colour never reached the page
+            run_cell(page, 4, wait=False)
+            page.wait_for_selector(f"{CHART} .gl-item[data-key=evil]", timeout=15_000)
+            svg = page.locator(f"{CHART} svg.gl-svg").first
+            svg.scroll_into_view_if_needed()
+            area = svg.bounding_box()
+            assert area is not None
+            for fraction in (0.2, 0.95):  # the hover box stays inside the chart
+                page.mouse.move(area["x"] + area["width"] * fraction, area["y"] + 120)
+                page.wait_for_timeout(600)
+                tip = page.locator(f"{CHART} .gl-tip").first
+                assert tip.is_visible()
+                t = tip.bounding_box()
+                assert t is not None and t["x"] >= area["x"] - 1, (t, area)
+                assert t["x"] + t["width"] <= area["x"] + area["width"] + 1, (t, area)
+            assert '<img src=x onerror="window.__pwned=2">' in tip.inner_text()
+            assert tip.locator("bdi").count() >= 5
+            screenshot(page, "browser-narrow-hover.png")
+            page.mouse.move(2, 2)
+            wait_cell_done(page, 4)
+            page.wait_for_timeout(800)
+            seen = page.evaluate(NARROW)
+            screenshot(page, "browser-narrow.png")
+            assert seen["pwned"] is None, seen
+            assert len(seen["ticks"]) >= 2 and "0" in seen["ticks"], seen["ticks"]
+            assert not seen["legendOut"] and "L" * 150 in seen["longTitle"], seen
+            assert not seen["cutButtons"], seen["cutButtons"]
+            assert seen["sideways"] <= 1, f"the output scrolls sideways by {seen['sideways']} px"
+            names = [STYLES[k].name for k in LEGEND_ORDER]  # the picture's order
+            assert [x for x in seen["legend"] if x in names] == names, seen["legend"]
+    finally:
+        ctx.close()
+
+
 # --------------------------------------------------------------------------------------------
 # Restart, %reload_ext, closing the notebook, two charts: a clean console
 # --------------------------------------------------------------------------------------------
@@ -298,7 +610,7 @@ LIVE_PARTS = {
     "title": f"{CHART} .gl-title", "note": f"{CHART} .gl-note",
     "tick": f"{CHART} .gl-ticks text", "axis title": f"{CHART} .gl-axis-title",
     "cell label": f"{CHART} .gl-mark-labels text", "legend item": f"{CHART} .gl-item",
-    "controls": ".jp-Notebook .widget-hbox",
+    "control": f"{CHART} .gl-controls > *:not([hidden])",
 }
 TIMELINE_PARTS = {
     "modebar (group)": ".jp-Notebook .js-plotly-plot .modebar-group",

@@ -288,3 +288,38 @@ def test_any_edit_to_a_trace_loads_typed_samples_or_is_a_trace_error(edits):
     src = ReplaySource(samples, clock=lambda: 1.0)  # what loaded also plays
     assert src.read().devices in [s.devices for s in samples]
     assert src.status().gpu_count == len(samples[0].devices)
+
+
+def test_a_chart_of_the_replay_gets_every_recorded_point_at_its_own_time():
+    """The tester's D4: sampled every 0.5 s, the 0.25 s spikes of the bundled recording were
+    missed (hover read 8 GiB where it says 14), and the first reading was drawn at 0."""
+    samples, _ = load_trace(None)
+    now = [100.0]
+    src = ReplaySource(samples, clock=lambda: now[0])
+    src.start()
+    now[0] = 100.0 + 12.0
+    played = src.played()
+    offsets = [s.t_s - samples[0].t_s for s in samples]
+    want = [(o, s.devices[0].allocator) for o, s in zip(offsets, samples, strict=True)
+            if o <= 12.0]
+    assert [(p.t_s, p.devices[0].allocator) for p in played] == want
+    now[0] = 100.0 + 13.0
+    more = src.played(played[-1].t_s)  # only what played since
+    assert [p.t_s for p in more] == [o for o in offsets if 12.0 < o <= 13.0]
+    now[0] = 1000.0  # ended: the rest of the recording, then nothing
+    rest = src.played(more[-1].t_s)
+    assert rest[-1].t_s == pytest.approx(offsets[-1]) and not src.played(rest[-1].t_s)
+
+
+def test_a_looping_replay_plays_each_pass_later_by_a_whole_recording():
+    now = [0.0]
+    src = ReplaySource([sample(0.0, GiB), sample(1.0, 2 * GiB), sample(2.0, 3 * GiB)],
+                       clock=lambda: now[0], loop=True)
+    src.start()
+    now[0] = 4.5
+    first = src.played()  # the current pass only: the third, from 4 s
+    assert [round(p.t_s, 6) for p in first] == [4.0]
+    now[0] = 6.5
+    later = src.played(first[-1].t_s)  # the rest of the third pass, the fourth's start
+    assert [(round(p.t_s, 6), p.devices[0].nvml.used_bytes) for p in later] == [  # type: ignore[union-attr]
+        (5.0, 2 * GiB), (6.0, 3 * GiB), (6.0, GiB)]

@@ -60,11 +60,25 @@ def labels(widget: Any) -> list[str]:
     return [label for _, label in widget.chart.marks]
 
 
+def from_page(widget: Any, content: dict[str, Any]) -> list[Any]:
+    """A request as livechart.js sends it (a custom message on the chart's comm); returns
+    what the kernel sends back on it."""
+    sent: list[Any] = []
+    original = widget.chart.send
+    widget.chart.send = lambda msg, buffers=None: sent.append(msg)
+    try:
+        widget.chart._handle_custom_msg(content, [])
+        widget.monitor.sampler.tick()
+    finally:
+        widget.chart.send = original
+    return sent
+
+
 def test_chart_shows_nvml_process_reserved_and_allocated_in_gib(chart, fake_gpu):
     held = fake_gpu.cuda.tensor(2 * GiB)
     chart.monitor.sampler.tick()
     assert held is not None
-    assert chart.selector.layout.display == "none"  # one GPU: nothing to choose
+    assert chart.chart.meta["devices"] is None  # one GPU: nothing to choose
     assert trace(chart, "allocated")[1][-1] == pytest.approx(2.0)
     assert trace(chart, "reserved")[1][-1] == pytest.approx(2.0)
     # Sent rounded to 0.1 MiB: the browser needs no more.
@@ -122,7 +136,9 @@ def test_the_chart_sends_its_own_small_script_that_loads_nothing_else(chart):
     esm = chart.chart._esm
     assert not re.search(r"^\s*import\b|\bimport\s*\(", esm, re.M)
     assert "https://" not in esm.replace("http://www.w3.org/2000/svg", "")
-    assert esm_bytes() < 30_000
+    # The controls and the picture saved with the notebook are drawn here too: still far
+    # inside the first watch's 200 KB.
+    assert esm_bytes() < 40_000
 
 
 def test_header_row_shows_the_numbers_and_the_last_cell_peak(chart, shell):
@@ -145,43 +161,72 @@ def test_accumulation_banner_names_the_cell_cause_and_holders(chart, shell):
 def test_cleanup_button_runs_the_safe_cleanup_and_shows_the_report(chart, shell, fake_gpu):
     run(shell, "def f():\n    big = cuda.tensor(2**30)\n    raise ValueError\nf()")
     run(shell, "keep = cuda.tensor(2**30)")
-    chart.cleanup_button.click()
+    answers = from_page(chart, {"kind": "cleanup", "id": "c1"})
     assert "what each step freed" in chart.report.value
     assert "empty_cache" in fake_gpu.cuda.calls
     assert "keep" in shell.user_ns and fake_gpu.cuda.devices[0].allocated == GiB
+    assert answers == [{"kind": "done", "id": "c1"}]  # the page's button stops waiting
 
 
-def test_cleanup_button_while_a_cell_runs_says_so_and_does_nothing(chart, fake_gpu):
+def test_cleanup_asked_for_while_a_cell_runs_runs_when_that_cell_ends_as_the_page_says(
+        chart, fake_gpu):
+    """The page shows "queued until the cell ends" at the click; a request that reaches the
+    kernel mid-cell (ipykernel's subshells) must then do just that, not ask for a click."""
     mon = chart.monitor
+    sent: list[Any] = []
+    chart.chart.send = lambda msg, buffers=None: sent.append(msg)
     mon.pre_run_cell(type("Info", (), {"raw_cell": "train()", "cell_id": "long"})())
     try:
         mon.sampler.tick()
-        assert chart.cleanup_button.description == "Clean up (a cell is running)"
-        chart.cleanup_button.click()
-        assert "A cell is running" in chart.report.value
-        assert "empty_cache" not in fake_gpu.cuda.calls
+        assert chart.chart.meta["busy"] is True  # what the page's label follows
+        chart.chart._handle_custom_msg({"kind": "cleanup", "id": "c2"}, [])
+        mon.sampler.tick()
+        assert "empty_cache" not in fake_gpu.cuda.calls and not sent
     finally:
         mon.post_run_cell(None)
+    assert "empty_cache" in fake_gpu.cuda.calls  # at the cell's end, on its thread
     mon.sampler.tick()
-    assert chart.cleanup_button.description == "Clean up"
+    assert sent == [{"kind": "done", "id": "c2"}]
+    assert "what each step freed" in chart.report.value
+    assert chart.chart.meta["busy"] is False
 
 
 def test_hooks_and_buttons_never_draw_the_figure_themselves(chart, shell):
     before = chart.draws
     run(shell, "z = 1")  # the hook enqueues and asks for a tick; the sampler is stopped here
-    chart.cleanup_button.click()
+    chart.request_cleanup()
     # With the sampler stopped the producer draws once itself, never the hook.
     assert chart.draws - before <= 1
 
 
 def test_pause_stops_drawing_but_not_recording(chart, fake_gpu):
-    chart.pause_button.value = True
+    chart.chart.paused = True  # as the page sets it
     draws = chart.draws
     chart.monitor.sampler.tick()
     assert chart.draws == draws and chart.timelines[0].n > 0
-    chart.pause_button.value = False
+    chart.chart.paused = False
     chart.monitor.sampler.tick()
-    assert chart.draws == draws + 1
+    assert chart.draws > draws
+
+
+def test_paused_the_header_says_so_and_the_controls_still_follow_the_cells(chart, fake_gpu):
+    """The tester's D8: " (paused)" never showed (the paused chart never redrew its header),
+    and "Clean up (a cell is running)" stayed after the cell ended."""
+    mon = chart.monitor
+    chart.chart.paused = True
+    assert "(paused)" in chart.header.value
+    frozen = chart.header.value
+    keep = fake_gpu.cuda.tensor(2 * GiB)
+    mon.pre_run_cell(type("Info", (), {"raw_cell": "train()", "cell_id": "p"})())
+    mon.sampler.tick()
+    assert chart.chart.meta["busy"] is True
+    mon.post_run_cell(None)
+    mon.sampler.tick()
+    assert chart.chart.meta["busy"] is False
+    assert chart.header.value == frozen  # the numbers held still too
+    chart.chart.paused = False
+    assert "(paused)" not in chart.header.value and "2.00 GiB" in chart.header.value
+    assert keep is not None
 
 
 def test_watch_twice_shows_the_same_single_widget(chart, shell):
@@ -354,16 +399,19 @@ def test_two_gpus_get_a_selector_and_switching_redraws_that_gpu(shell, two_fake_
     w = mon.widget
     held = cuda.tensor(3 * GiB, device=1)
     mon.sampler.tick()
-    assert w.selector.layout.display == "flex" and w.selector.options == (
-        ("all GPUs (sum)", -1), ("GPU 0", 0), ("GPU 1", 1))
-    w.selector.value = 0
-    mon.sampler.tick()
-    assert mon.config.device == 0  # the dropdown goes through the monitor
+    assert w.chart.meta["devices"] == [["all GPUs (sum)", -1], ["GPU 0", 0], ["GPU 1", 1]]
+    assert from_page(w, {"kind": "device", "value": 0, "id": "d0"}) == [
+        {"kind": "done", "id": "d0"}]
+    assert mon.config.device == 0  # the selector goes through the monitor
+    assert w.chart.meta["device"] == 0
     assert trace(w, "allocated")[1][-1] == pytest.approx(0.0)
-    w.selector.value = 1
-    mon.sampler.tick()
+    from_page(w, {"kind": "device", "value": 1, "id": "d1"})
     assert mon.config.device == 1
     assert trace(w, "allocated")[1][-1] == pytest.approx(3.0)
+    # A value the selector never offered changes nothing, and is still answered.
+    assert from_page(w, {"kind": "device", "value": 7, "id": "d7"}) == [
+        {"kind": "done", "id": "d7"}]
+    assert from_page(w, {"kind": "device", "value": True, "id": "d8"}) and mon.config.device == 1
     assert held is not None
 
 
@@ -386,10 +434,9 @@ def test_config_device_from_a_cell_moves_the_chart_too(shell, two_fake_gpus):
     w = mon.widget
     run(shell, "%gpumem config --device 1")
     mon.sampler.tick()
-    assert w.device == 1 and w.selector.value == 1
+    assert w.device == 1 and w.chart.meta["device"] == 1
     assert _last_point_moves(w, mon, cuda, 1)  # not a frozen line
-    w.selector.value = 0
-    mon.sampler.tick()
+    from_page(w, {"kind": "device", "value": 0, "id": "d"})
     assert _last_point_moves(w, mon, cuda, 0)
 
 
@@ -444,7 +491,7 @@ def test_ending_the_chart_turns_its_outputs_into_the_picture_so_no_reopen_reads_
     assert kw == {"raw": True} and WIDGET_VIEW not in bundle
     assert bundle["image/svg+xml"].startswith("<svg") and "<img" in bundle["text/html"]
     assert "NVML used / total" in bundle["text/plain"]
-    assert chart._closed and chart.chart.comm is None and chart.cleanup_button.comm is None
+    assert chart._closed and chart.chart.comm is None and chart.header.comm is None
     assert current_monitor(shell).widget is None
     run(shell, "%gpumem watch")  # a new chart, live again
     assert current_monitor(shell).widget is not chart
@@ -522,3 +569,87 @@ def test_another_feature_adds_a_named_series_and_the_chart_draws_it(chart, fake_
     assert "worker-1" not in {s["key"] for s in chart.chart.series}
     with pytest.raises(ValueError):
         chart.add_series("allocated", SeriesStyle("x", "#000", 1.0), lambda s: None)
+
+
+def test_the_live_replay_draws_the_recorded_spikes_at_their_recorded_times(shell, no_gpu,
+                                                                             capsys):
+    """The tester's D4: the replay's chart sampled its recording every 0.5 s, so the hover
+    read 8 GiB where the recording says 14 GiB, and its first point sat 0.5 s early."""
+    from gpumem_nb.sources.replay import load_trace
+
+    recorded, _ = load_trace(None)
+    run(shell, "%load_ext gpumem_nb")
+    run(shell, "%gpumem watch --replay bundled")
+    mon = current_monitor(shell)
+    mon.replay.sampler.stop()
+    src = mon.replay.source
+    now = [500.0]
+    src._clock = lambda: now[0]
+    src._t0 = 500.0
+    w = mon.widget
+    for k in range(1, 31):  # the sampler's 0.5 s ticks, 15 s into the recording
+        now[0] = 500.0 + k * 0.5
+        mon.replay.sampler.tick()
+    xs, ys = trace(w, "allocated")
+    t0 = recorded[0].t_s
+    want = [(s.t_s - t0, s.devices[0].allocator.allocated_bytes / GiB) for s in recorded
+            if s.t_s - t0 <= 15.0 and s.devices[0].allocator is not None]
+    for x, y in want:  # the step line the browser draws reads every recorded reading
+        at = int(np.searchsorted(xs, x + 1e-3)) - 1  # the last point at x (sent to 1 ms)
+        assert at >= 0 and ys[at] == pytest.approx(y, abs=1e-3), (x, y, xs[at], ys[at])
+    assert np.nanmax(ys) == pytest.approx(14.0)  # the spikes
+    assert xs[0] == pytest.approx(0.0)
+    assert w.chart.meta["x_title"] == "seconds into the recording"
+
+
+def test_the_picture_made_by_the_stop_cell_numbers_that_cell(chart, shell):
+    """The tester's D9: the saved picture kept a "[*]" for the %gpumem watch --stop cell."""
+    import base64
+
+    handle = chart.display_handle = _Handle()
+    run(shell, "x = 1")
+    run(shell, "%gpumem watch --stop")
+    (bundle, _), = handle.updates
+    svg = base64.b64decode(bundle["text/html"].split("base64,", 1)[1].split('"', 1)[0]).decode()
+    assert "[*]" not in svg and "[*]" not in bundle["image/svg+xml"]
+    count = shell.execution_count - 1  # the --stop cell's own number
+    assert f">[{count}]<" in bundle["image/svg+xml"]
+
+
+def test_watch_stop_says_what_it_stopped_or_that_nothing_was_live(chart, shell, capsys):
+    capsys.readouterr()
+    run(shell, "%gpumem watch --stop")
+    assert "chart stopped" in capsys.readouterr().out
+    run(shell, "%gpumem watch --stop")
+    assert "no chart was live" in capsys.readouterr().out
+
+
+def test_the_picture_names_the_chart_once_in_its_alt_text(chart, shell):
+    """The tester's D10: "gpumem_nb chart, gpumem_nb chart: GPU 0 ..."."""
+    import re
+
+    alt = re.search(r'alt="([^"]*)"', chart.plain_bundle()["text/html"])
+    assert alt is not None and alt.group(1).count("gpumem_nb chart") == 1, alt
+
+
+def test_the_live_legend_lists_the_lines_in_the_pictures_order(chart):
+    from gpumem_nb.svgchart import LEGEND_ORDER
+
+    specs = sorted(chart.chart.series, key=lambda s: s["legend"])
+    assert [s["key"] for s in specs] == [k for k in LEGEND_ORDER
+                                         if k in {s["key"] for s in specs}]
+
+
+@pytest.mark.parametrize("color", ['red"><script>alert(1)</script>', "url(javascript:x)",
+                                   "#12345", "", "red;background:url(x)", None])
+def test_a_series_colour_that_is_not_a_colour_is_refused_where_it_is_made(color):
+    """The tester's D6: a colour went into the hover box's innerHTML."""
+    from gpumem_nb.svgchart import SeriesStyle
+
+    with pytest.raises(ValueError, match="colour"):
+        SeriesStyle("x", color, 1.5)  # type: ignore[arg-type]
+    for fine in ("#8c564b", "#abc", "teal", "rgb(1, 2, 3)", "hsl(120 50% 50%)"):
+        assert SeriesStyle("x", fine, 1.5).color == fine
+    for width, dash in ((0, ""), (float("nan"), ""), (1.5, "6 3\"/>")):
+        with pytest.raises(ValueError):
+            SeriesStyle("x", "#000", width, dash)

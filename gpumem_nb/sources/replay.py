@@ -277,6 +277,37 @@ class ReplaySource:
         chosen = self._samples[max(bisect.bisect_right(self._offsets_s, pos) - 1, 0)]
         return _shift(chosen, now - chosen.t_s, wall=time.time())
 
+    def played(self, after_s: float | None = None) -> list[Sample]:
+        """The recording's own readings played so far, after ``after_s``: each stamped with
+        its time into the playback (its time into the recording; a loop's later passes
+        later by a whole recording each), the newest at or before the playback position.
+
+        A chart of the replay draws these, every recorded point at its own time, rather
+        than samples of them: a 0.25 s spike read every 0.5 s would be missed, and a
+        reading taken 0.5 s into the playback would be drawn at 0. ``after_s=None`` starts
+        at the current pass's first reading."""
+        if self._t0 is None:
+            return []
+        pos = (self._clock() - self._t0) * self._speed
+        period = self._span_s + 1e-9  # as read() wraps a loop
+        if not self._loop:
+            pos = min(pos, self._span_s)
+        first_pass = int(pos // period) if after_s is None else max(int(after_s // period), 0)
+        # A cursor many passes behind (a chart made long after the loop began) gets the
+        # current pass only: what is drawn is bounded by one recording.
+        first_pass = max(first_pass, int(pos // period) - 1)
+        out: list[Sample] = []
+        for n in range(first_pass, int(pos // period) + 1):
+            base = n * period
+            lo = 0 if after_s is None else bisect.bisect_right(self._offsets_s, after_s - base)
+            hi = bisect.bisect_right(self._offsets_s, pos - base)
+            for i in range(lo, hi):
+                s = self._samples[i]
+                out.append(_shift(s, base + self._offsets_s[i] - s.t_s))
+            if not self._loop:
+                break
+        return out
+
     @property
     def ended(self) -> bool:
         """The recording has played to its end (never, when looping)."""
