@@ -258,6 +258,9 @@ claim(all(outcome[("expandable_segments:True", w)].get("expandable")
 # `%gpumem watch` shows NVML's usage beside PyTorch's `allocated` and `reserved`, with a mark at
 # every cell. A background thread updates it while a cell runs, so a long training cell is
 # visible as it happens. The cleanup button runs the same safe cleanup as `%gpumem cleanup`.
+# During a long cell the page's messages to the kernel wait for the cell to end, so the
+# controls answer in the page first: Pause freezes the lines at once, and Clean up and the
+# device selector say they are queued until the cell ends, when they run.
 #
 # When the chart ends (`%gpumem watch --stop`, a kernel shutdown, or, for this notebook, the end
 # of its run), its output becomes a static picture with the numbers under it: what GitHub,
