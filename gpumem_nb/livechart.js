@@ -102,11 +102,17 @@ function lastAtOrBefore(xs, t) {
   return found;
 }
 
+// A series key is the user's (add_series): read only an object's own entries, never what
+// its prototype has ("constructor", "toString", "__proto__").
+function own(obj, key) {
+  return obj && Object.prototype.hasOwnProperty.call(obj, key) ? obj[key] : undefined;
+}
+
 function points(model, key) {
-  const whole = (model.get("extra") || {})[key];
+  const whole = own(model.get("extra"), key);
   if (whole) return { xs: whole[0], ys: whole[1] };
-  const h = (model.get("history") || {})[key] || [[], []];
-  const r = (model.get("recent") || {})[key] || [[], []];
+  const h = own(model.get("history"), key) || [[], []];
+  const r = own(model.get("recent"), key) || [[], []];
   return { xs: h[0].concat(r[0]), ys: h[1].concat(r[1]) };
 }
 
@@ -342,12 +348,17 @@ function snapshot(model, parts) {
   const img = document.createElement("img");
   img.src = `data:image/svg+xml;base64,${base64(svg)}`;
   img.alt = alt;
+  img.setAttribute("style", "max-width:100%;height:auto"); // a narrow output scales it down
   const note = document.createElement("div");
   note.setAttribute("style", "color:var(--jp-ui-font-color2,#555);font-size:11px");
   note.textContent = "The chart as it was when the notebook was saved; the kernel that drew it "
     + "has ended since. %gpumem watch draws a live one.";
-  const html = [parts.header, parts.banner].map((m) => (m && m.get("value")) || "").join("")
-    + img.outerHTML + note.outerHTML;
+  // ipywidgets' HTML widget is a flex row whose content cannot shrink below what it holds:
+  // a box of no width of its own, at least as wide as the output, lets the header table
+  // scroll inside it and the picture scale down in a narrow output.
+  const html = '<div style="width:0;min-width:100%">'
+    + [parts.header, parts.banner].map((m) => (m && m.get("value")) || "").join("")
+    + img.outerHTML + note.outerHTML + "</div>";
   const version = (parts.header && parts.header.get("_model_module_version")) || "2.0.0";
   const module = "@jupyter-widgets/controls";
   return [ids.box, {
@@ -478,7 +489,7 @@ function render({ model, el: host }) {
   const view = {
     width: 0,
     zoom: null, // [t0, t1] while zoomed: updates keep it
-    hidden: {}, // key -> bool, from a legend click (else the series' own default)
+    hidden: new Map(), // key -> bool, from a legend click (else the series' own default)
     mouse: null, // the last pointer position over the plot, px
     drag: null,
     frame: null,
@@ -489,7 +500,7 @@ function render({ model, el: host }) {
     options: "",
   };
 
-  const isHidden = (s) => (s.key in view.hidden ? view.hidden[s.key] : !!s.hidden);
+  const isHidden = (s) => (view.hidden.has(s.key) ? view.hidden.get(s.key) : !!s.hidden);
 
   function shownData() {
     const { lines, marks } = view.frozen || modelData(model);
@@ -537,7 +548,7 @@ function render({ model, el: host }) {
       // <bdi>: a right-to-left name stays inside its own item.
       text("bdi", { class: "gl-name" }, item, d.name);
       item.addEventListener("click", () => {
-        view.hidden[d.key] = !d.hidden;
+        view.hidden.set(d.key, !d.hidden);
         schedule();
       });
     }
@@ -707,7 +718,7 @@ function render({ model, el: host }) {
 
   // What the browser tests read (like plotly's graph div): what is drawn, not how.
   root.gpumemState = () => {
-    const latest = {}, hidden = {};
+    const latest = Object.create(null), hidden = Object.create(null);
     let count = 0, last = -1;
     for (const d of view.lines) {
       hidden[d.name] = d.hidden;

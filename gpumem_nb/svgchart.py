@@ -557,7 +557,9 @@ def svg_data_uri(svg: str) -> str:
 
 def html_img(svg: str, alt: str) -> str:
     """An ``<img>`` that survives JupyterLab's sanitizer in untrusted notebooks and nbviewer."""
-    return f'<img src="{svg_data_uri(svg)}" alt="{_attr(alt)}">'
+    # Scaled down in an output narrower than the picture, never sideways scrolling.
+    return (f'<img src="{svg_data_uri(svg)}" alt="{_attr(alt)}" '
+            'style="max-width:100%;height:auto">')
 
 
 def plot_bundle(plot: Plot) -> dict[str, str]:

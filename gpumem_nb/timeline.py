@@ -40,9 +40,11 @@ class Arrays:
     y: array
 
     def lists(self) -> tuple[list[float], list[float | None]]:
-        """Plain, rounded lists for the browser, None for a gap (NaN is not JSON)."""
+        """Plain, rounded lists for the browser, None for a gap (NaN is not JSON). The hover
+        shows GiB to 2 decimals, and below 1 GiB MiB to 1 decimal: y keeps enough of each."""
         return ([round(v, 3) for v in self.x],
-                [None if v != v else round(v, 4) for v in self.y])
+                [None if v != v else round(v, 4) if abs(v) >= 1 else round(v, 6)
+                 for v in self.y])
 
     def same_as(self, other: Arrays | None) -> bool:
         return (other is not None and len(self.x) == len(other.x)

@@ -228,7 +228,10 @@ PICTURE_SVG = """(i) => {
   const c = document.querySelectorAll('.jp-Notebook .jp-Cell')[i];
   const img = Array.from(c.querySelectorAll('.jp-OutputArea img'))
     .find(x => (x.alt || '').startsWith('gpumem_nb chart'));
-  return img ? {alt: img.alt, svg: atob(img.src.split('base64,')[1])} : null;
+  return img ? {alt: img.alt, svg: atob(img.src.split('base64,')[1]),
+                width: img.getBoundingClientRect().width,
+                sideways: img.closest('.jp-OutputArea-output').scrollWidth
+                  - img.closest('.jp-OutputArea-output').clientWidth} : null;
 }"""
 
 
@@ -287,6 +290,11 @@ def test_saved_while_live_and_the_kernel_gone_without_another_save_it_reopens_as
         assert "allocated (live tensors)" in picture["svg"]  # the legend
         assert picture["svg"].count('class="gl-series"') >= 4, "the lines are missing"
         assert "NVIDIA H200" in seen["text"]  # the header's numbers, as they were
+        # The tester's N1: at 800 px the saved picture kept its width and scrolled sideways.
+        page.set_viewport_size({"width": 800, "height": 1000})
+        page.wait_for_timeout(600)
+        narrow = page.evaluate(PICTURE_SVG, 2)
+        assert narrow["sideways"] <= 1 and narrow["width"] < 800, narrow["sideways"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -431,7 +439,11 @@ try:
 except ValueError:
     print("refused")
 name = '<img src=x onerror="window.__pwned=2">\u202eRTL \u05e9\u05dc\u05d5\u05dd ' + "L" * 150
-m.widget.add_series("evil", SeriesStyle(name, "#8c564b", 2.0), lambda s: 3 << 30)"""
+m.widget.add_series("evil", SeriesStyle(name, "#8c564b", 2.0), lambda s: 3 << 30)
+# Keys a JavaScript object has from its prototype: the page read those, not the data.
+m.widget.add_series("constructor", SeriesStyle("key constructor", "#17becf", 2.0),
+                    lambda s: 1 << 30)
+m.widget.add_series("__proto__", SeriesStyle("key __proto__", "#bcbd22", 2.0), lambda s: 2 << 30)"""
 
 NARROW = """() => {
   const r = document.querySelector('.jp-Notebook .gpumem-live');
@@ -493,6 +505,7 @@ def test_hostile_long_and_rtl_names_and_a_narrow_notebook_break_nothing(lab, bro
             seen = page.evaluate(NARROW)
             screenshot(page, "browser-narrow.png")
             assert seen["pwned"] is None, seen
+            assert {"key constructor", "key __proto__"} <= set(seen["legend"]), seen["legend"]
             assert len(seen["ticks"]) >= 2 and "0" in seen["ticks"], seen["ticks"]
             assert not seen["legendOut"] and "L" * 150 in seen["longTitle"], seen
             assert not seen["cutButtons"], seen["cutButtons"]

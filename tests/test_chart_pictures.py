@@ -28,7 +28,7 @@ from .whatif_history import History
 
 NS = "{http://www.w3.org/2000/svg}"
 PLOTLY = "application/vnd.plotly.v1+json"
-IMG = re.compile(r'<img src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)" alt="[^"<]*">')
+IMG = re.compile(r'<img src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)" alt="[^"<]*"[^<>]*>')
 
 
 def picture(bundle: dict[str, Any]) -> ET.Element:

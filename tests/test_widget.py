@@ -15,6 +15,7 @@ from gpumem_nb.svgchart import thin_labels
 from gpumem_nb.timeline import (
     MAX_POINTS,
     SERIES,
+    Arrays,
     Timeline,
     collapse_runs,
     keep_peaks,
@@ -108,6 +109,18 @@ def test_cell_labels_in_a_long_session_never_overlap():
     assert keep[-1] == 499  # the newest cell is always labelled
     assert all(xs[b] - xs[a] >= gap for a, b in itertools.pairwise(keep))
     assert 10 <= len(keep) <= 15
+
+
+def test_small_values_keep_the_hovers_precision_not_a_tenth_of_a_mib_off():
+    """The tester's N4: 3.25 MiB read 3.3 MiB and 620.81 MiB read 620.9 MiB in the hover,
+    every y rounded to 1e-4 GiB (0.1 MiB)."""
+    from array import array
+
+    mib = 1 / 1024
+    _xs, ys = Arrays(array("d", [0.0, 1.0, 2.0]),
+                    array("d", [3.25 * mib, 620.81 * mib, 14.123456])).lists()
+    assert [round(y / mib, 2) for y in ys[:2]] == [3.25, 620.81]
+    assert ys[2] == 14.1235  # GiB shown to 2 decimals: 4 are kept, not more bytes
 
 
 def test_chart_state_is_plain_json_with_null_gaps_never_numpy_or_nan(chart, fake_gpu, shell):
