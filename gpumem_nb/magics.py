@@ -652,6 +652,10 @@ class GpumemMagics(Magics):
             m._contain("OOM explainer", e)
         finally:
             m.oom.extra_lines = None
+        if getattr(result, "error_in_exec", None) is not None:
+            # The nested run compiled the cell under the shell's next number: the stored
+            # exception is this cell's, by its own number.
+            m.last_cell_exception.note(m.running_execution_count, result, self.shell)
         if before is None or after is None or wm is None:
             return None
         rec = build_record(
@@ -680,7 +684,9 @@ class GpumemMagics(Magics):
         try:
             m.flush()  # earlier cells the sampler has not recorded yet
             reset = reset_peak or m.config.peak == PEAK_RESET
-            before, wm, did_reset = m.begin(reset_peak=reset)
+            # An explicit measurement reads NVML itself, before and after: the sampler's
+            # latest reading can predate the cell (a stale "NVML peak" and Δ).
+            before, wm, did_reset = m.begin(reset_peak=reset, nvml_now=True)
         except Exception as e:
             m._contain("%%gpumem", e)
             print(f"gpumem: this cell runs unmeasured: reading memory failed "
@@ -690,7 +696,7 @@ class GpumemMagics(Magics):
         result = shell.run_cell(cell, store_history=False)
         if before is not None and wm is not None:
             try:
-                after = m.end(wm)
+                after = m.end(wm, nvml_now=True)
             except Exception as e:
                 m._contain("%%gpumem", e)
                 print(f"gpumem: this cell's end could not be read ({type(e).__name__}).")

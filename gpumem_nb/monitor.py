@@ -673,16 +673,19 @@ class Monitor:
             self._contain("reset_peak_memory_stats", e)
             return False
 
-    def begin(self, *, reset_peak: bool) -> tuple[Sample, Watermark, bool]:
-        """Start a measurement with a fresh exact reading (``%%gpumem``)."""
+    def begin(self, *, reset_peak: bool, nvml_now: bool = False,
+              ) -> tuple[Sample, Watermark, bool]:
+        """Start a measurement with a fresh exact reading (``%%gpumem``). ``nvml_now``: NVML
+        read now as well (bounded, as on demand), not the sampler's latest reading, which a
+        cell shorter than the sampling interval would otherwise see before and after it."""
         did_reset = self._reset_peaks() if reset_peak else False
-        before = self.read_hot()
+        before = self.read() if nvml_now else self.read_hot()
         wm = Watermark()
         self._watermarks.append(wm)
         return before, wm, did_reset
 
-    def end(self, wm: Watermark) -> Sample:
-        after = self.read_hot()
+    def end(self, wm: Watermark, *, nvml_now: bool = False) -> Sample:
+        after = self.read() if nvml_now else self.read_hot()
         if wm in self._watermarks:
             self._watermarks.remove(wm)
         with self._baseline_lock:

@@ -333,6 +333,28 @@ def test_cell_magic_record_carries_its_own_cell_number_not_the_next(loaded):
     assert measured.execution_count == result.execution_count == numbers[-1]
 
 
+def test_cell_magic_reads_nvml_itself_not_the_samplers_reading_from_before_the_cell(loaded):
+    """The tutorials' review (H1): a cell shorter than the sampling interval printed the
+    sampler's last NVML reading, taken before it, as its "NVML peak" (3.25 MiB after CUDA
+    started, 21.62 MiB with 8 GiB reserved)."""
+    run(loaded, "warm = cuda.tensor(1)")  # the CUDA context, in a cell of its own
+    current_monitor(loaded).sampler.stop()  # no reading lands during the next cell
+    run(loaded, "%%gpumem -q -o\nkeep = cuda.tensor(2 * 2**30)")
+    d = loaded.user_ns["_"].record.devices[0]
+    assert d.nvml_used_after_bytes - d.nvml_used_before_bytes == 2 * GiB
+    assert d.nvml_peak_bytes == d.nvml_used_after_bytes
+
+
+def test_an_error_in_a_measured_cell_is_stored_under_that_cells_number(loaded, capsys):
+    """The nested run compiles the cell under the shell's next number: cleanup said the
+    OutOfMemoryError of cell [14] for one raised in In [13]."""
+    from gpumem_nb.holders import stored_cell_exception
+
+    result = run(loaded, "%%gpumem -q\nraise ValueError('in the measured cell')")
+    stored = stored_cell_exception(loaded, current_monitor(loaded).last_cell_exception)
+    assert stored is not None and stored.execution_count == result.execution_count
+
+
 def test_cell_magic_quiet_prints_nothing_and_keeps_ipython_semantics(loaded, capsys):
     run(loaded, "%%gpumem -q\nq = 41 + 1\nq")
     out = capsys.readouterr().out
