@@ -320,7 +320,12 @@ def _holder_text(h: Holder) -> str:
 def verdict_message(v: Verdict, holders: Sequence[Holder]) -> str:
     label = f"[{v.execution_count}]" if v.execution_count is not None else v.cell_key
     when = "and raised" if v.raised else f"again on run {v.runs}"
-    advice = _RAISED_ADVICE if v.raised and v.cause == CAUSE_LIVE_TENSORS else _ADVICE[v.cause]
+    # The stored exception leads only where it holds the most: a loop that kept 135 GiB of
+    # graphs in a list and then raised is the list's doing, not the traceback's.
+    biggest = max(holders, key=lambda h: h.held_bytes, default=None)
+    by_traceback = biggest is None or biggest.kind == "traceback"
+    advice = (_RAISED_ADVICE if v.raised and v.cause == CAUSE_LIVE_TENSORS and by_traceback
+              else _ADVICE[v.cause])
     msg = (
         f"gpumem: cell {label} grew GPU {v.device} memory by "
         f"{format_bytes(v.growth_bytes)} {when} ({v.cause}): {advice}"

@@ -432,8 +432,9 @@ class TraceResult:
     saved_to: str = ""
     save_failed: str = ""  # why --save wrote nothing (also among the notes)
     snapshot: dict[str, Any] | None = field(default=None, repr=False)
-    # Of added_s: inside PyTorch's own calls. The snapshot dominates: on the H200 (torch
-    # 2.11) one took about 3.6 s whether it held 7 history entries or 100k.
+    # Of added_s: inside PyTorch's own calls. The snapshot dominates, once: on the H200
+    # (torch 2.11) a process's first took 5-6 s with 201 history entries, a later one
+    # 50-70 ms with 30,000 (tutorial 07).
     snapshot_s: float = 0.0  # torch.cuda.memory._snapshot()
     switch_s: float = 0.0  # _record_memory_history on and off
 

@@ -93,8 +93,9 @@ print("GPU:", torch.cuda.get_device_name(0) if GPU else
 #
 # In a notebook with a frontend the chart is live. When it ends (`%gpumem watch --stop`, a
 # kernel shutdown, or the end of this notebook's run), its output becomes a static picture of
-# the whole recording with the numbers under it, which GitHub, nbviewer and a JupyterLab
-# without a kernel show. On a GPU machine `%gpumem watch --live` switches it to this machine's
+# the whole recording, with the numbers under it as they were when the chart ended (for a
+# replay, at the point it had reached), which GitHub, nbviewer and a JupyterLab without a
+# kernel show. On a GPU machine `%gpumem watch --live` switches it to this machine's
 # own memory.
 
 # %% id="00-05"

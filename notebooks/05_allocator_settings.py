@@ -190,7 +190,8 @@ claim(by_conf["expandable_segments:True"]["after_empty_cache"]
 # - **inact.split** and **retries** are the native allocator's fragmentation signals; compare
 #   the default row with the others. `expandable_segments` reports no inactive split at all,
 #   which is bookkeeping (notebook 3), and `cudaMallocAsync` reports neither.
-# - **after e_c**: what `empty_cache()` gave back with the last tensors still alive. The native
+# - **after e_c**: what stays reserved after `empty_cache()`, with the last tensors still alive
+#   (what it gave back is the difference from the reserved column). The native
 #   allocator without expandable segments can only return segments that hold no live tensor.
 #   On every backend and setting, what it gave back also left this process's line in NVML's
 #   list (a ✓ line below the table): one article's "it gives nothing back" is false for each.

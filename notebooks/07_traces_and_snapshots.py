@@ -98,6 +98,10 @@ for _ in range(3):
 # these readings against the tensors themselves.
 
 # %% id="07-20"
+from gpumem_nb.magics import current_monitor
+
+# The traced cell above was this process's first: what PyTorch's snapshot cost it.
+first_snapshot_s = current_monitor().last_trace.snapshot_s
 kept_hidden.clear()
 del x
 model.zero_grad(set_to_none=True)
@@ -147,14 +151,22 @@ print(f"traced:   {traced_s / N_ALLOC * 1e6:.2f} µs per allocation "
 print(f"with C++ frames too: {cpp_s / N_ALLOC * 1e6:.2f} µs per allocation")
 claim(traced_s > plain_s, "recording a stack makes each allocation slower")
 claim(cpp_s > traced_s, "recording C++ frames as well makes it slower still")
+later = current_monitor().last_trace  # the traced loop's, with many more history entries
+print(f"PyTorch's snapshot: {first_snapshot_s * 1e3:.1f} ms for the first traced cell, "
+      f"{later.snapshot_s * 1e3:.1f} ms for the loop's {later.entries:,} entries")
+claim(first_snapshot_s > 10 * later.snapshot_s,
+      "the first traced cell of a process pays a one-off cost in PyTorch's snapshot, far "
+      "above a later snapshot of many more entries",
+      first_ms=round(first_snapshot_s * 1e3, 1), later_ms=round(later.snapshot_s * 1e3, 1))
 
 # %% [markdown] id="07-09"
 # Tracing has two costs, and the lines above show only the first:
 #
 # - **per allocation**, while the cell runs: recording the stack (the difference above);
 # - **per traced cell**, after it: PyTorch's snapshot of the recording and gpumem_nb's analysis
-#   of its entries, which grow with the number of allocations (the footer of the traced cell
-#   above gives both).
+#   of its entries (the footer of each traced cell gives both). The first traced cell of a
+#   process pays a one-off cost inside PyTorch's snapshot, far above what a later snapshot of
+#   many more entries costs (the last line above): expect the first traced cell to be slow.
 #
 # gpumem_nb asks PyTorch for Python stacks only, the frames its reports name: recording C++
 # frames as well (PyTorch's default) costs more per allocation (the last line above). Cells

@@ -15,7 +15,8 @@
 # %% [markdown] id="08-00"
 # # 8. Which allocator setting for my workload?
 #
-# PyTorch's out-of-memory message always ends the same way: "try `expandable_segments:True`".
+# PyTorch's out-of-memory message ends with the same advice whenever much is reserved but
+# unallocated: "try setting `expandable_segments:True`".
 # Whether that helps *your* workload, or whether `max_split_size_mb` or
 # `roundup_power2_divisions` would help more, usually means restarting the kernel under each
 # setting and running again. This notebook does it in one pass instead:

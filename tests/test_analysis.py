@@ -105,3 +105,19 @@ def test_a_stored_loss_is_named_even_though_its_own_storage_is_tiny():
     holders.append(Holder("losses", "container", "cuda:0", 12, "3 tensors", holds_graph=True))
     named = [h.name for h in top_holders(holders, CAUSE_LIVE_TENSORS)]
     assert named[0] == "losses" and len(named) == 5
+
+
+def test_a_failed_loop_that_kept_its_graphs_in_a_list_is_told_about_the_list_first():
+    """Tutorial 04's review (M2): a loss list held 135 GiB of graphs and the traceback 1.75 GiB,
+    yet the line led with "the stored exception keeps the failed cell's local tensors"."""
+    from gpumem_nb.analysis import Verdict, verdict_message
+    from gpumem_nb.model import Holder
+
+    v = Verdict("cell-1", 11, runs=1, device=0, growth_bytes=136 * GiB,
+                cause=CAUSE_LIVE_TENSORS, raised=True)
+    losses = Holder("losses", "container", "cuda:0", 240, "60 tensors", holds_graph=True,
+                    graph_bytes=135 * GiB)
+    tb = Holder("traceback: forward() locals", "traceback", "cuda:0", GiB)
+    text = verdict_message(v, [losses, tb])
+    assert "stored exception keeps" not in text and "still referenced" in text, text
+    assert "stored exception keeps" in verdict_message(v, [tb])  # the traceback's own doing
