@@ -140,8 +140,9 @@ claim(climbs >= 3 and allocated[-1] <= 2 * MiB,
 # ## 2. Measure one cell: `%%gpumem`
 #
 # Put `%%gpumem` on the first line of a cell to get its time, the allocator's exact peak during
-# the cell (GPU), the changes in `allocated` and `reserved`, the highest NVML reading sampled
-# during the cell, and the host RAM change.
+# the cell (GPU), the changes in `allocated` and `reserved`, the highest NVML reading (NVML
+# read just before and just after the cell, and sampled while it runs), and the host RAM
+# change.
 
 # %% id="00-07"
 # %%gpumem
