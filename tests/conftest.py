@@ -10,7 +10,7 @@ from gpumem_nb import monitor as monitor_mod
 from gpumem_nb.sources.live import LiveSource
 from gpumem_nb.sources.nvml import NvmlSource
 
-from .fakes import FakeCuda, FakeCudaDevice, FakeGpu, FakePynvml, fake_torch
+from .fakes import FakeCuda, FakeCudaDevice, FakeGpu, FakePynvml, GiB, MiB, fake_torch
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
@@ -61,6 +61,16 @@ def shell(ip: Any, capsys: Any) -> Any:
     capsys.readouterr()
     yield ip
     _unload(ip)
+
+
+@pytest.fixture
+def loaded(shell: Any, fake_gpu: Any, capsys: Any) -> Any:
+    """The extension loaded over one fake GPU, ``cuda``, ``GiB`` and ``MiB`` in the user's
+    namespace. A file that needs more (spaced cells, other names) defines its own."""
+    shell.run_cell("%load_ext gpumem_nb", store_history=True)
+    shell.user_ns.update(cuda=fake_gpu.cuda, GiB=GiB, MiB=MiB)
+    capsys.readouterr()
+    return shell
 
 
 def _unload(ip: Any) -> None:

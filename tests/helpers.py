@@ -15,3 +15,8 @@ def spaced(ip: Any) -> None:
     monitor = getattr(ip, "_gpumem_nb_monitor", None)
     if monitor is not None and monitor.sampler.running:
         monitor.sampler.tick()
+
+
+def whatif(ip: Any, line: str) -> Any:
+    """``%gpumem whatif LINE``."""
+    return ip.run_line_magic("gpumem", "whatif " + line)

@@ -265,14 +265,6 @@ def test_a_full_history_buffer_is_reported():
 # --------------------------------------------------------------------------------------------
 # The cell magic
 # --------------------------------------------------------------------------------------------
-@pytest.fixture
-def loaded(shell: Any, fake_gpu: Any, capsys: Any) -> Any:
-    shell.run_cell("%load_ext gpumem_nb", store_history=True)
-    shell.user_ns.update(cuda=fake_gpu.cuda, GiB=GiB, MiB=MiB)
-    capsys.readouterr()
-    return shell
-
-
 def test_traced_cell_lists_the_line_that_allocated_most_and_saves_a_protocol_4_snapshot(
         loaded, fake_gpu, tmp_path, capsys):
     path = tmp_path / "cell.pickle"

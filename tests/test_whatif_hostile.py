@@ -21,21 +21,10 @@ from gpumem_nb.whatif import snapshot as snapshot_mod
 from gpumem_nb.whatif.config import SettingError, parse_settings
 
 from .fakes import GiB, MiB
+from .helpers import whatif
 from .whatif_history import History
 
 OLD = 0x7F10_0000_0000
-
-
-@pytest.fixture
-def loaded(shell: Any, fake_gpu: Any, capsys: Any) -> Any:
-    shell.run_cell("%load_ext gpumem_nb", store_history=True)
-    shell.user_ns.update(cuda=fake_gpu.cuda, GiB=GiB, MiB=MiB)
-    capsys.readouterr()
-    return shell
-
-
-def whatif(ip: Any, line: str) -> Any:
-    return ip.run_line_magic("gpumem", "whatif " + line)
 
 
 def rich_snapshot() -> dict[str, Any]:

@@ -15,19 +15,8 @@ from gpumem_nb.whatif import api
 from gpumem_nb.whatif.report import WhatIfChart
 
 from .fakes import GiB, MiB
+from .helpers import whatif
 from .whatif_history import History
-
-
-@pytest.fixture
-def loaded(shell: Any, fake_gpu: Any, capsys: Any) -> Any:
-    shell.run_cell("%load_ext gpumem_nb", store_history=True)
-    shell.user_ns.update(cuda=fake_gpu.cuda, GiB=GiB, MiB=MiB)
-    capsys.readouterr()
-    return shell
-
-
-def whatif(ip: Any, line: str) -> Any:
-    return ip.run_line_magic("gpumem", "whatif " + line)
 
 
 def test_whatif_replays_the_last_traced_cell_under_the_current_setting_and_each_conf(
