@@ -85,15 +85,19 @@ def test_roles_come_from_the_environment_and_the_command_line(tree):
     assert got[204].cmdline == "python -m vllm.entrypoints --model m"
 
 
+# Stand-ins for torch's own objects that know their workers' PIDs, under torch's class names
+# (what ProcessTree looks up in torch's modules).
+class _MultiProcessingDataLoaderIter:
+    def __init__(self, pids: list[int]) -> None:
+        self._workers = [SimpleNamespace(pid=p) for p in pids]
+
+
+class ProcessContext:
+    def __init__(self, pids: list[int]) -> None:
+        self.processes = [SimpleNamespace(pid=p) for p in pids]
+
+
 def test_torchs_own_objects_name_dataloader_and_launched_workers_on_demand(tmp_path):
-    class _MultiProcessingDataLoaderIter:
-        def __init__(self, pids: list[int]) -> None:
-            self._workers = [SimpleNamespace(pid=p) for p in pids]
-
-    class ProcessContext:
-        def __init__(self, pids: list[int]) -> None:
-            self.processes = [SimpleNamespace(pid=p) for p in pids]
-
     proc = fake_proc(tmp_path, {p: (ME, "python -m ipykernel_launcher", {})
                                 for p in (201, 202, 203, 204)})
     started = [SimpleNamespace(_popen=SimpleNamespace(pid=p)) for p in (201, 202, 203, 204)]
@@ -120,14 +124,6 @@ def test_naming_children_walks_the_collector_once_and_not_again_for_the_same_chi
         tmp_path, monkeypatch):
     """The OOM explainer names the children within its budget: the H200 run found 60 ms added
     when the lookup walked the collector's objects once per class, on every explanation."""
-    class _MultiProcessingDataLoaderIter:
-        def __init__(self, pids: list[int]) -> None:
-            self._workers = [SimpleNamespace(pid=p) for p in pids]
-
-    class ProcessContext:
-        def __init__(self, pids: list[int]) -> None:
-            self.processes = [SimpleNamespace(pid=p) for p in pids]
-
     class SpawnContext(ProcessContext):
         pass
 
@@ -340,10 +336,6 @@ def test_rank_variables_a_child_inherited_from_the_kernel_do_not_make_it_a_launc
     # A kernel with RANK=0, WORLD_SIZE=1 (a one-process init_process_group): its DataLoader
     # workers were named "launched worker rank 0 of 1", with destroy_process_group advice,
     # and never looked up as DataLoader workers.
-    class _MultiProcessingDataLoaderIter:
-        def __init__(self, pids: list[int]) -> None:
-            self._workers = [SimpleNamespace(pid=p) for p in pids]
-
     ranks = {"RANK": "0", "WORLD_SIZE": "1"}
     for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)
