@@ -147,21 +147,30 @@ def widget_views(file: Path) -> list[Any]:
             if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
 
 
+def live_notebook(folder: Path, name: str) -> tuple[str, Path]:
+    """The chart's cells over two fake GPUs: the path JupyterLab opens, and the file."""
+    use_two_fake_gpus(folder)
+    return write_notebook(folder, name, CELLS), folder / name
+
+
+def open_live_and_save(page: Any, lab: Any, path: str, file: Path, frontend: str) -> None:
+    """Run the chart's cells and save as the user does (Ctrl+S), the chart live."""
+    open_notebook(page, lab, path, frontend)
+    run_first_cell(page, "watching GPU")
+    for i in (1, 2, 3):
+        run_cell(page, i)
+    assert shows(page, 2)["live"], shows(page, 2)
+    save(page, file)
+
+
 @pytest.mark.parametrize("frontend", FRONTENDS)
 def test_saved_by_the_user_with_the_kernel_gone_it_reopens_as_the_picture_trusted_or_not(
         lab, context, frontend):
     folder = lab.folder(f"reopen-{frontend}")
-    use_two_fake_gpus(folder)
-    path = write_notebook(folder, "saved.ipynb", CELLS)
-    file = folder / "saved.ipynb"
+    path, file = live_notebook(folder, "saved.ipynb")
     page = context.new_page()
     with ErrorWatch(page, lab, folder) as watch:
-        open_notebook(page, lab, path, frontend)
-        run_first_cell(page, "watching GPU")
-        for i in (1, 2, 3):
-            run_cell(page, i)
-        assert shows(page, 2)["live"], shows(page, 2)
-        save(page, file)  # the user's own save (or autosave), the chart live
+        open_live_and_save(page, lab, path, file, frontend)  # (or autosave)
         # The kernel goes: its last words replace the chart's output with the picture.
         current_session(page, "shutdown()")
         in_page = wait_picture(page, 2)
@@ -228,10 +237,10 @@ PICTURE_SVG = """(i) => {
   const c = document.querySelectorAll('.jp-Notebook .jp-Cell')[i];
   const img = Array.from(c.querySelectorAll('.jp-OutputArea img'))
     .find(x => (x.alt || '').startsWith('gpumem_nb chart'));
-  return img ? {alt: img.alt, svg: atob(img.src.split('base64,')[1]),
-                width: img.getBoundingClientRect().width,
-                sideways: img.closest('.jp-OutputArea-output').scrollWidth
-                  - img.closest('.jp-OutputArea-output').clientWidth} : null;
+  if (!img) return null;
+  const out = img.closest('.jp-OutputArea-output');
+  return {alt: img.alt, svg: atob(img.src.split('base64,')[1]),
+          width: img.getBoundingClientRect().width, sideways: out.scrollWidth - out.clientWidth};
 }"""
 
 
@@ -242,17 +251,10 @@ PICTURE_SVG = """(i) => {
 def test_saved_while_live_and_the_kernel_gone_without_another_save_it_reopens_as_the_picture(
         lab, context, frontend, ending):
     folder = lab.folder(f"ended-{frontend}-{ending}")
-    use_two_fake_gpus(folder)
-    path = write_notebook(folder, "ended.ipynb", CELLS)
-    file = folder / "ended.ipynb"
+    path, file = live_notebook(folder, "ended.ipynb")
     page = context.new_page()
     with ErrorWatch(page, lab, folder) as watch:
-        open_notebook(page, lab, path, frontend)
-        run_first_cell(page, "watching GPU")
-        for i in (1, 2, 3):
-            run_cell(page, i)
-        assert shows(page, 2)["live"], shows(page, 2)
-        save(page, file)  # the user's own save, the chart live
+        open_live_and_save(page, lab, path, file, frontend)
         how = ENDINGS[ending]
         if how == "restart":
             current_session(page, "restartKernel()")
