@@ -173,10 +173,12 @@ class Replayed:
 def replay(trace: CompiledTrace, settings: AllocatorSettings, *, limits: Limits | None = None,
            start_segments: Sequence[Mapping[str, Any]] | None = None, device: int = 0,
            device_total_bytes: int | None = None, start_page_bytes: int = kLargeBuffer,
+           stop_at_oom: bool = False,
            on_event: Callable[[int, DeviceCachingAllocator, Mapping[int, Block]], None]
            | None = None) -> Replayed:
     """Run the model over ``trace``. ``on_event(i, model, live)`` is called after each event
-    (the property tests check the model's invariants there)."""
+    (the property tests check the model's invariants there). ``stop_at_oom``: stop at the
+    first request that fails (the fit search needs only whether one does)."""
     limits = limits or Limits()
     model = DeviceCachingAllocator(settings, limits, device_total_bytes=device_total_bytes)
     live, pending = model.load_segments(start_segments or (), device, start_page_bytes)
@@ -221,6 +223,8 @@ def replay(trace: CompiledTrace, settings: AllocatorSettings, *, limits: Limits 
             model.empty_cache()
         if on_event is not None:
             on_event(i, model, live)
+        if stop_at_oom and oom_event is not None:
+            break
     judged = limits.capacity_bytes is not None or limits.allowed_bytes is not None
     return Replayed(
         peak_reserved_bytes=model.peak_reserved, end_reserved_bytes=model.reserved,

@@ -32,6 +32,7 @@ from .fields import SIZE_T_END, finite, plain, uint
 
 MAX_SNAPSHOT_BYTES = 1 << 30  # memory_viz itself gives up on snapshots around 1 GB
 START_KEY = "gpumem_start"  # what %%gpumem --trace adds to the snapshot it keeps or saves
+SESSION_KEY = "gpumem_session"  # what %gpumem record adds: the session's start and drops
 COMPACT_FORMAT = "gpumem-whatif-trace/1"
 _KEEP = ("action", "addr", "size", "stream", "time_us")
 _MIN_BLOCK = 512  # kMinBlockSize
