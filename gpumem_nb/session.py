@@ -102,7 +102,8 @@ class SessionRecorder:
             return ("gpumem record: allocation history is already recording (your own "
                     "_record_memory_history); it is left as it is. Switch it off first to "
                     "record a session from now.")
-        segments, why = t.segments_snapshot()
+        with inductor_lookup_skipped(t._modules):
+            segments, why = t.segments_snapshot()
         devices: dict[str, dict[str, Any]] = {}
         for i in range(t.device_count()):
             info = t.mem_info(i)

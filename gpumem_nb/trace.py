@@ -107,19 +107,23 @@ def _stdlib_dir() -> str:
 _STDLIB = _stdlib_dir()
 
 
+def _is_library(name: str, skip: tuple[str, ...]) -> bool:
+    """A frame of the machinery (torch, IPython, the stdlib), not the user's code."""
+    if not name or name.startswith(("<frozen", "??")) or name.endswith(".cpp"):
+        return True
+    if not os.path.isabs(name):
+        return False
+    # pyenv and conda put site-packages inside the stdlib directory: libraries there,
+    # other than the skipped ones, are code the user called.
+    return name.startswith(skip) or (name.startswith(_STDLIB) and not any(
+        d in name for d in ("site-packages", "dist-packages")))
+
+
 def site_of(frames: Sequence[Mapping[str, Any]], skip: tuple[str, ...]) -> Site:
     """The innermost frame of the user's own code (torch records innermost first); when that
     is inside a function, the cell line that called it as ``via``."""
     def is_library(fr: Mapping[str, Any]) -> bool:
-        name = str(fr.get("filename", ""))
-        if not name or name.startswith(("<frozen", "??")) or name.endswith(".cpp"):
-            return True
-        if not os.path.isabs(name):
-            return False
-        # pyenv and conda put site-packages inside the stdlib directory: libraries there,
-        # other than the skipped ones, are code the user called.
-        return name.startswith(skip) or (name.startswith(_STDLIB) and not any(
-            d in name for d in ("site-packages", "dist-packages")))
+        return _is_library(str(fr.get("filename", "")), skip)
 
     frames = list(frames)
     if frames and _is_outer(frames[0]) and not _is_outer(frames[-1]):
@@ -268,34 +272,71 @@ class _Replay:
         self.total = 0
         self._requested: set[int] = set()
         self._sites: dict[tuple[Any, ...], Site] = {}
+        self._libs: dict[str, bool] = {}
+        self.last_site: Site | None = None
+
+    def _frame(self, f: Any) -> tuple[str, int, str]:
+        """One frame's (filename, line, name), or ``_Malformed``."""
+        p = _plain(f)
+        if p is None:
+            raise _Malformed  # a frame that is not a dict, or one whose methods raise
+        fn, line, name = p.get("filename"), p.get("line"), p.get("name")
+        if not (isinstance(fn, str | None) and isinstance(name, str | None)
+                and (line is None or (_count(line) and line < _MAX_LINE))):
+            raise _Malformed
+        return fn or "", line or 0, name or ""
+
+    def _lib(self, filename: str) -> bool:
+        v = self._libs.get(filename)
+        if v is None:
+            v = self._libs[filename] = _is_library(filename, self.skip)
+        return v
 
     def site(self, frames: Any) -> Site:
+        """``site_of`` for one entry's frames, reading only the frames it needs: the
+        innermost of the user's and, inside a function, the way out to the cell. A history
+        of 100,000 entries with 30 frames each took 1.5 s when every frame was read."""
         if not isinstance(frames, list | tuple):
             raise _Malformed
-        plain = [_plain(f) for f in frames]
-        if any(f is None for f in plain):
-            raise _Malformed  # a frame that is not a dict, or one whose methods raise
-        key = tuple((f.get("filename"), f.get("line"), f.get("name"))
-                    for f in plain if f is not None)
-        try:
-            s = self._sites.get(key)
-        except TypeError:  # an unhashable field
-            raise _Malformed from None
+        if not frames:
+            return self._cached("", 0, "", "")
+        first, last = self._frame(frames[0]), self._frame(frames[-1])
+        seq = frames
+        if _is_outer({"filename": first[0]}) and not _is_outer({"filename": last[0]}):
+            seq = frames[::-1]  # a build that records outermost first
+        inner_i = -1
+        inner = None
+        for i, f in enumerate(seq):
+            fr = self._frame(f)
+            if not self._lib(fr[0]):
+                inner_i, inner = i, fr
+                break
+        if inner is None:
+            top = self._frame(seq[0])
+            return self._cached(*top, "")
+        if inner[2] == "<module>" and _CELL_FILE.search(inner[0]):
+            return self._cached(*inner, "")
+        for f in seq[inner_i + 1:]:
+            fr = self._frame(f)
+            if fr[2] == "<module>" and _CELL_FILE.search(fr[0]):
+                return self._cached(*inner, f"cell line {fr[1]}")
+        return self._cached(*inner, "")
+
+    def _cached(self, filename: str, line: int, name: str, via: str) -> Site:
+        key = (filename, line, name, via)
+        s = self._sites.get(key)
         if s is None:
-            if not all(isinstance(fn, str | None) and isinstance(name, str | None)
-                       and (line is None or (_count(line) and line < _MAX_LINE))
-                       for fn, line, name in key):
-                raise _Malformed
-            s = self._sites[key] = site_of(
-                [{"filename": fn or "", "line": line or 0, "name": name or ""}
-                 for fn, line, name in key], self.skip)
+            s = self._sites[key] = Site(filename, line, name, via)
         return s
 
-    def step(self, e: Mapping[str, Any]) -> str:
+    def step(self, e: Mapping[str, Any], site: Site | None = None) -> str:
+        """Advance by one entry; ``site``: the allocation's, when an earlier pass found it."""
         action, addr = e.get("action"), e.get("addr")
         if action == "alloc" and addr is not None:
             size = int(e.get("size", 0))
-            s = self.site(e.get("frames") or ())  # may raise _Malformed: nothing changed yet
+            # May raise _Malformed: nothing changed yet.
+            s = site if site is not None else self.site(e.get("frames") or ())
+            self.last_site = s
             self.live[addr] = (size, s)
             self._requested.discard(addr)
             v = self.by_site.setdefault(s, [0, 0])
@@ -344,13 +385,16 @@ def analyze(entries: Sequence[Mapping[str, Any]], *, device: int = 0,
     oom_size: int | None = None
     allocations = 0
     readable = []
+    sites: list[Site | None] = []
     for e in window:
+        first.last_site = None
         try:
             action = first.step(e)
         except _Malformed:
             skipped += 1
             continue
         readable.append(e)
+        sites.append(first.last_site)
         i = len(readable) - 1
         if action == "alloc":
             allocations += 1
@@ -365,13 +409,12 @@ def analyze(entries: Sequence[Mapping[str, Any]], *, device: int = 0,
     keep = sorted({*range(0, n, step), n - 1, *(i for i in (peak_i, oom_i) if i >= 0)}) \
         if n else []
     keep_set = set(keep)
-    second = _Replay(skip)
-    second._sites = first._sites  # the same frames give the same Site, computed once
+    second = _Replay(skip)  # reads no frame: each allocation's site is the first pass's
     at_peak: dict[Site, list[int]] = {}
     at_oom: dict[Site, list[int]] = {}
     samples: list[dict[Site, int]] = []
     for i, e in enumerate(window):
-        second.step(e)
+        second.step(e, sites[i])
         if i == peak_i:
             at_peak = second.copy_sites()
         if i == oom_i:
@@ -518,7 +561,10 @@ class CellTracer:
         OOMs against what PyTorch could have had."""
         t = self.torch
         t0 = self.clock()
-        segments, why = t.segments_snapshot()
+        # Blocks allocated while an earlier trace recorded carry frames: listing them
+        # symbolizes those too (4.5 s on the H200 for one live tensor, inductor's import).
+        with inductor_lookup_skipped(t._modules):
+            segments, why = t.segments_snapshot()
         self._start_snapshot_s = self.clock() - t0
         devices: dict[str, dict[str, Any]] = {}
         for i in range(t.device_count()):
