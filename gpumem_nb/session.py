@@ -107,9 +107,12 @@ class SessionRecorder:
         devices: dict[str, dict[str, Any]] = {}
         for i in range(t.device_count()):
             info = t.mem_info(i)
-            if info is not None:
-                devices[str(i)] = {"free_bytes": info[0], "total_bytes": info[1],
-                                   "fraction": t.memory_fraction(i)}
+            # A GPU with no context yet cannot say what is free (asking would create one):
+            # its size and fraction still model a memory fraction's cap; what is free is
+            # filled in at the snapshot (the H200 run: without them no OOM was judged).
+            devices[str(i)] = {"free_bytes": info[0] if info else None,
+                               "total_bytes": info[1] if info else t.device_total_bytes(i),
+                               "fraction": t.memory_fraction(i)}
         cuda = t._cuda()
         self._counts_at_start = {i: _counts(cuda, i) for i in range(t.device_count())}
         since = self.wall() * 1e6
@@ -163,12 +166,34 @@ class SessionRecorder:
                          " of them: the replay cannot start from the recording's start, so "
                          "it starts from segments rebuilt from the end state; record with "
                          "more entries (%gpumem record on --max-entries N) for a whole session.")
+        start["devices"] = self._devices_now(snap, start)
         if dropped:
             start["segments"] = None  # the recorded start no longer precedes the history
         snap[START_KEY] = start
         snap[SESSION_KEY] = {"since_us": start.get("since_us"), "dropped": dropped,
                              "max_entries": self.max_entries}
         return SessionSnapshot(snap, entries, dropped, tuple(notes))
+
+    def _devices_now(self, snap: dict[str, Any], start: dict[str, Any]
+                     ) -> dict[str, dict[str, Any]]:
+        """The start's free memory per GPU; for one that had no context when recording
+        began, what is free now plus what the session reserved since."""
+        out = {k: dict(v) for k, v in (start.get("devices") or {}).items()}
+        for key, dev in out.items():
+            if dev.get("free_bytes") is not None:
+                continue
+            i = int(key)
+            info = self.torch.mem_info(i)
+            if info is None:
+                continue
+
+            def held(segs: Any, d: int = i) -> int:
+                return sum(int(x.get("total_size", 0)) for x in segs or ()
+                           if int(x.get("device", d)) == d)
+
+            dev["free_bytes"] = info[0] + held(snap.get("segments")) - held(start.get("segments"))
+            dev["total_bytes"] = dev.get("total_bytes") or info[1]
+        return out
 
     def stop(self) -> str:
         if not self.on:

@@ -174,3 +174,21 @@ def test_when_inductor_is_imported_the_snapshot_uses_it_untouched():
     with inductor_lookup_skipped(modules):
         assert mod._inductor is real
     assert imported == ["_inductor"] and mod._inductor is real
+
+
+def test_a_session_begun_before_the_gpu_had_a_context_still_judges_its_fraction(loaded):
+    # On the H200 the session began right after set_per_process_memory_fraction, before any
+    # allocation made a context: the start knew neither the GPU's size nor its free memory,
+    # so no OOM was judged and the fraction's cap was not modelled.
+    cuda = sys.modules["torch"].cuda
+    cuda.fraction = 0.1
+    assert not cuda.devices[0].context
+    record(loaded, "on")
+    loaded.run_cell("a = cuda.tensor(10 * GiB)")
+    loaded.run_cell("b = cuda.tensor(8 * GiB)")
+    r = whatif(loaded, "--session --conf expandable_segments:True -o")
+    allowed = int(0.1 * cuda.devices[0].total)
+    assert all(row.oom for row in r)  # 18 GiB live past a 14.1 GiB cap, under any setting
+    assert r.baseline.peak_allocated_bytes == 18 * GiB > allowed
+    record(loaded, "off")
+    del loaded.user_ns["a"], loaded.user_ns["b"]

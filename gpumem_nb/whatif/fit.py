@@ -58,11 +58,15 @@ def _room_limits(settings: AllocatorSettings, room: int) -> Limits:
 
 def min_room(trace: CompiledTrace, settings: AllocatorSettings, *, start_segments: Sequence,
              device: int, start_page_bytes: int, unlimited_peak_bytes: int,
-             peak_allocated_bytes: int) -> tuple[int | None, int]:
-    """(the smallest room in which the replay has no OOM, replays made)."""
+             peak_allocated_bytes: int, device_total_bytes: int | None = None
+             ) -> tuple[int | None, int]:
+    """(the smallest room in which the replay has no OOM, replays made). The GPU's own size
+    stays what it is (an expandable segment's address space is sized from it): only what
+    PyTorch may reserve shrinks, as a memory fraction shrinks it."""
     def fits(room: int) -> bool:
         r = replay(trace, settings, limits=_room_limits(settings, room),
-                   start_segments=start_segments, device=device, device_total_bytes=room,
+                   start_segments=start_segments, device=device,
+                   device_total_bytes=device_total_bytes,
                    start_page_bytes=start_page_bytes, stop_at_oom=True)
         return not r.oom
 
