@@ -572,7 +572,9 @@ class GpumemMagics(Magics):
             try:
                 s = wi.parse_settings(conf)
             except wi.SettingError as e:
-                raise UsageError(f"--conf {_quoted(conf)}: {e}") from None
+                # The reason names the part it refuses, quoted: a long value once, not twice.
+                where = f"--conf {_quoted(conf)}" if len(conf) <= 60 else "--conf"
+                raise UsageError(f"{where}: {e}") from None
             if not any(wi.same_rules(s, p) for p in parsed):
                 parsed.append(s)
         if extra_notes:

@@ -206,6 +206,7 @@ class _Malformed(Exception):
 # is not torch's (10**400 overflowed float division, 10**5000 Python's int-to-text limit).
 _MAX_FIELD = 1 << 64
 _MAX_LINE = 10**9
+_MAX_TIME_US = 1e17  # the year 5138: a later time is no clock's (1e18 gave absurd durations)
 
 
 def _plain(obj: Any) -> dict[str, Any] | None:
@@ -229,7 +230,7 @@ def _usable(e: Any) -> dict[str, Any] | None:
     if e is None or not isinstance(e.get("action"), str):
         return None
     t = e.get("time_us")
-    if t is not None and not _finite(t):
+    if t is not None and (not _finite(t) or not 0 <= t < _MAX_TIME_US):
         return None
     size = e.get("size", 0)
     if not _count(size):
