@@ -297,7 +297,8 @@ def test_an_unpickler_error_is_one_line_without_a_literal_backslash_n(tmp_path):
 def test_a_results_bundle_is_named_as_not_a_snapshot(tmp_path):
     # The review's case: tests/data/whatif_h200.json.gz is a bundle of workloads; it was
     # answered "no allocation history", which sends the user looking for a recording.
-    from gpumem_nb.whatif import SnapshotError, whatif as run_whatif
+    from gpumem_nb.whatif import SnapshotError
+    from gpumem_nb.whatif import whatif as run_whatif
 
     path = tmp_path / "bundle.json"
     path.write_text(json.dumps({"about": "x", "device": "H200", "workloads": []}))
