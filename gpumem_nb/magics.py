@@ -477,10 +477,13 @@ class GpumemMagics(Magics):
     def _session(self) -> Any:
         from .session import SessionRecorder
 
+        # Kept on the monitor (one per kernel, across %reload_ext), as last_trace is.
         m = self.monitor
-        if getattr(m, "session", None) is None:
-            m.session = SessionRecorder()
-        return m.session
+        rec = getattr(m, "session", None)
+        if rec is None:
+            rec = SessionRecorder()
+            setattr(m, "session", rec)  # noqa: B010 - monitor.py is issue 26's file
+        return rec
 
     def _cmd_record(self, args: Any) -> None:
         rec = self._session()
