@@ -85,9 +85,9 @@ def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int
     memory (``total_bytes`` when the snapshot does not say it, as ``_dump_snapshot``'s does
     not). ``fit``: also find each setting's smallest GPU (``fit.py``)."""
     t_start = time.perf_counter() if t_start is None else t_start
-    trace = compile_trace(ti.entries)
     notes = list(ti.notes)
     recorded = parse_settings_or_none(ti.recorded_setting)
+    trace = compile_trace(ti.entries, **_recorded_limits(ti, recorded, total_bytes))
     if recorded is None:
         notes.append(f"The recorded setting {ti.recorded_setting!r} could not be read; no row "
                      "is marked as the current one.")
@@ -183,6 +183,25 @@ def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int
         time_unit="ms" if t0 is not None else "event",
         fit=Fit(tuple(fits), fit_gb) if fit else None,
         elapsed_s=time.perf_counter() - t_start)
+
+
+def _recorded_limits(ti: TraceInput, recorded: AllocatorSettings | None,
+                     total_bytes: int | None) -> dict[str, int | None]:
+    """What the recorded process held at the start and could reserve, when both are known
+    and its allocator frees for nothing but room (no garbage-collection threshold)."""
+    st = ti.start
+    if st.segments is None or recorded is None or recorded.garbage_collection_threshold:
+        return {}
+    total = st.device_total_bytes or total_bytes
+    fraction = recorded.per_process_memory_fraction or st.memory_fraction
+    limits = [x for x in (ti.capacity_bytes,
+                          int(fraction * total) if fraction and fraction < 1 and total
+                          else None) if x is not None]
+    if not limits:
+        return {}
+    held = sum(int(seg.get("total_size", 0)) for seg in st.segments
+               if int(seg.get("device", ti.device)) == ti.device)
+    return {"start_reserved_bytes": held, "recorded_limit_bytes": min(limits)}
 
 
 def parse_settings_or_none(text: str) -> AllocatorSettings | None:
