@@ -5,7 +5,9 @@ What PyTorch may reserve is checked as ``set_per_process_memory_fraction``'s cap
 same check the allocator makes, with its free-the-cache-and-retry before giving up), so a
 real run capped at the minimum found fits and one a little under it runs out. The search
 assumes that more memory never makes a run fail; the model's allocator frees its cache and
-retries before an OOM, as PyTorch's does, which is what makes that hold.
+retries before an OOM, as PyTorch's does, which is what makes that hold. It starts from the
+unlimited replay's peak, and doubles past it when a run needs more room than its peak (the
+cap is checked against a whole request before the pages it needs are mapped).
 
 A GPU size's row ("fits on 40 GB") takes an N GB GPU as N GiB, less what the CUDA context
 and the libraries' workspaces hold before PyTorch can reserve any (``CONTEXT_BYTES``).
@@ -73,10 +75,15 @@ def min_room(trace: CompiledTrace, settings: AllocatorSettings, *, start_segment
     f = settings.per_process_memory_fraction
     scale = 1.0 / f if f is not None and 0 < f < 1.0 else 1.0
     hi = max(int(unlimited_peak_bytes * scale) + 1, 1)
-    n = 1
-    if not fits(hi):  # cannot happen unless a start segment alone is larger
-        return None, n
     lo = max(int(peak_allocated_bytes * scale) - 1, 0)  # live bytes alone do not fit below
+    n = 1
+    # The cap is checked against a whole request before the pages it needs are mapped (an
+    # expandable segment's check): a run can need more room than its unlimited peak.
+    while not fits(hi):
+        n += 1
+        if hi > 1 << 50:
+            return None, n
+        lo, hi = hi, hi * 2
     step = max(STEP_BYTES, int(hi * STEP_FRACTION))
     while hi - lo > step:
         mid = (lo + hi) // 2
