@@ -274,6 +274,7 @@ class _Replay:
         self._requested: set[int] = set()
         self._sites: dict[tuple[Any, ...], Site] = {}
         self._libs: dict[str, bool] = {}
+        self._flips: dict[tuple[str, str], bool] = {}
         self.last_site: Site | None = None
 
     def _frame(self, f: Any) -> tuple[str, int, str]:
@@ -302,18 +303,24 @@ class _Replay:
         if not frames:
             return self._cached("", 0, "", "")
         first, last = self._frame(frames[0]), self._frame(frames[-1])
-        seq = frames
-        if _is_outer({"filename": first[0]}) and not _is_outer({"filename": last[0]}):
-            seq = frames[::-1]  # a build that records outermost first
+        ends = (first[0], last[0])
+        flip = self._flips.get(ends)
+        if flip is None:
+            flip = self._flips[ends] = _is_outer({"filename": first[0]}) and \
+                not _is_outer({"filename": last[0]})
+        seq = frames[::-1] if flip else frames  # a build that records outermost first
+        top = last if flip else first
         inner_i = -1
         inner = None
-        for i, f in enumerate(seq):
-            fr = self._frame(f)
-            if not self._lib(fr[0]):
-                inner_i, inner = i, fr
-                break
+        if not self._lib(top[0]):
+            inner_i, inner = 0, top
+        else:
+            for i in range(1, len(seq)):
+                fr = self._frame(seq[i])
+                if not self._lib(fr[0]):
+                    inner_i, inner = i, fr
+                    break
         if inner is None:
-            top = self._frame(seq[0])
             return self._cached(*top, "")
         if inner[2] == "<module>" and _CELL_FILE.search(inner[0]):
             return self._cached(*inner, "")
