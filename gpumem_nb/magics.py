@@ -923,6 +923,10 @@ def _teardown(shell: Any, monitor: Monitor, magics: GpumemMagics | None) -> None
             shell.events.unregister(event, fn)
     with contextlib.suppress(Exception):
         shell.unobserve(monitor.on_shell_exit, names="exit_now")
+    recorder = getattr(monitor, "session", None)
+    if recorder is not None and recorder.on:
+        with contextlib.suppress(Exception):  # unloaded, nothing of ours keeps recording
+            recorder.stop()
     monitor.shutdown()
     manager = getattr(shell, "magics_manager", None)
     if manager is not None:

@@ -192,3 +192,11 @@ def test_a_session_begun_before_the_gpu_had_a_context_still_judges_its_fraction(
     assert r.baseline.peak_allocated_bytes == 18 * GiB > allowed
     record(loaded, "off")
     del loaded.user_ns["a"], loaded.user_ns["b"]
+
+
+def test_unloading_the_extension_switches_the_session_recording_off(loaded, capsys):
+    record(loaded, "on")
+    cuda = sys.modules["torch"].cuda
+    assert cuda.history == "all"
+    loaded.run_cell("%unload_ext gpumem_nb")
+    assert cuda.history is None  # no recording left costing every allocation
