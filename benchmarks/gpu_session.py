@@ -1,7 +1,11 @@
 """Issue 25 on the GPU: the session what-if, the fit search and a traced cell's cost, each
 against real runs in fresh kernels and processes.
 
-    python3 benchmarks/gpu_session.py OUT_DIR [--only trace|session|fit] [--dry-run]
+    python3 benchmarks/gpu_session.py OUT_DIR [--only trace|session|fit|rerecord] [--dry-run]
+
+About 2 minutes for everything on one H200 (``--only rerecord``: the sessions' recordings
+and one trace kernel again, 14 s). Run from the repository root with the wheelhouse's
+jupyter_client/ipykernel on the path.
 
 Writes ``whatif_session_h200.json`` (sessions x settings: ``real_peak_bytes``,
 ``predicted_peak_bytes``, ``real_oom``, ``predicted_oom``; fit checks:
