@@ -477,7 +477,7 @@ class GpumemMagics(Magics):
     def _session(self) -> Any:
         from .session import SessionRecorder
 
-        # Kept on the monitor (one per kernel, across %reload_ext), as last_trace is.
+        # Kept on the monitor, as last_trace is; unloading the extension ends it.
         m = self.monitor
         rec = getattr(m, "session", None)
         if rec is None:
