@@ -149,7 +149,23 @@ def _build_parser() -> _Parser:
                     help="judge OOMs at this size (default: what was free to PyTorch)")
     wi.add_argument("--device", type=int, metavar="N",
                     help="which GPU's history (default: the one with the most entries)")
+    wi.add_argument("--session", action="store_true",
+                    help="replay everything since %%gpumem record on, from its start: what "
+                         "restarting the kernel under each setting would do")
+    wi.add_argument("--fit", nargs="?", const="", default=None, metavar="GB",
+                    help="also the smallest GPU memory each setting needs (and, given GB, "
+                         "the cheapest setting that fits that size)")
+    wi.add_argument("--gpu", metavar="SIZE",
+                    help="the GPU's memory, for a file that does not say it (_dump_snapshot's): "
+                         "models per_process_memory_fraction and garbage_collection_threshold")
     wi.add_argument("-o", action="store_true", help="return the result object")
+    rec = add("record", "record the allocator's history for the whole session (for "
+                        "%gpumem whatif --session)")
+    rec.add_argument("state", nargs="?", choices=("on", "off", "status"), default="status")
+    rec.add_argument("--start-cuda", action="store_true",
+                     help="with CUDA not started yet: start it now and record from an empty GPU")
+    rec.add_argument("--max-entries", type=int, metavar="N",
+                     help="allocator events kept at most (100000; older ones are dropped)")
     return p
 
 
@@ -458,12 +474,51 @@ class GpumemMagics(Magics):
             display(last)
         return None
 
+    def _session(self) -> Any:
+        from .session import SessionRecorder
+
+        # Kept on the monitor, as last_trace is; unloading the extension ends it.
+        m = self.monitor
+        rec = getattr(m, "session", None)
+        if rec is None:
+            rec = SessionRecorder()
+            setattr(m, "session", rec)  # noqa: B010 - monitor.py is issue 26's file
+        return rec
+
+    def _cmd_record(self, args: Any) -> None:
+        rec = self._session()
+        if args.max_entries is not None and not 1 <= args.max_entries <= 100_000_000:
+            raise UsageError("--max-entries is a number of events between 1 and 100000000")
+        if args.state == "on":
+            print(rec.start(start_cuda=args.start_cuda, max_entries=args.max_entries))
+        elif args.state == "off":
+            print(rec.stop())
+        else:
+            print(rec.status())
+        self.monitor.oom.extra_lines = self._default_oom_lines()
+
+    def _default_oom_lines(self) -> Any:
+        """The OOM explainer's what-if line between traced cells: the session's, while one
+        is recorded."""
+        rec = getattr(self.monitor, "session", None)
+        return _session_whatif_lines(rec) if rec is not None and rec.on else None
+
     def _cmd_whatif(self, args: Any) -> Any:
         from .whatif import api as wi
 
-        if args.trace == "last":
+        extra_notes: tuple[str, ...] = ()
+        if args.session:
+            if args.trace != "last":
+                raise UsageError("--session replays the session recording: leave --trace out")
+            got = self._session().snapshot()
+            if got is None:
+                raise UsageError("no session recording: switch it on with %gpumem record on, "
+                                 "run the cells, then %gpumem whatif --session")
+            source: Any = got.snapshot
+            extra_notes = got.notes
+        elif args.trace == "last":
             last = self.monitor.last_trace
-            source: Any = getattr(last, "snapshot", None)
+            source = getattr(last, "snapshot", None)
             if source is None:
                 raise UsageError("no traced cell to replay yet: run a cell under %%gpumem "
                                  "--trace first, or name a snapshot file with --trace FILE")
@@ -480,11 +535,31 @@ class GpumemMagics(Magics):
                 raise UsageError(f"--capacity must be a size above zero and at most "
                                  f"{format_bytes(wi.MAX_CAPACITY_BYTES)}, not "
                                  f"{_quoted(args.capacity)}")
+        total = None
+        if args.gpu is not None:
+            try:
+                total = 0 if args.gpu.strip().startswith("-") else parse_size(args.gpu)
+            except ValueError as e:
+                raise UsageError(short_message(f"--gpu: {e}")) from None
+            if not 0 < total <= wi.MAX_CAPACITY_BYTES:
+                raise UsageError(f"--gpu must be a size above zero and at most "
+                                 f"{format_bytes(wi.MAX_CAPACITY_BYTES)}, not "
+                                 f"{_quoted(args.gpu)}")
+        fit_gb = None
+        if args.fit:
+            try:
+                fit_gb = float(args.fit.strip().upper().removesuffix("GB").strip())
+                wi.check_fit(fit_gb)
+            except (ValueError, wi.SettingError):
+                raise UsageError(f"--fit takes a GPU size in GB such as 40, not "
+                                 f"{_quoted(args.fit)}") from None
         if args.device is not None and args.device < 0:
             raise UsageError("--device takes a GPU number")
         try:
             ti = wi.trace_input(wi.load(source), args.device)
         except wi.NoHistory as e:
+            if args.session:
+                raise UsageError("the session recording holds no allocation yet") from None
             if args.trace != "last":
                 raise UsageError(str(e)) from None
             raise UsageError("the last traced cell made no allocation on the GPU: there is "
@@ -500,10 +575,15 @@ class GpumemMagics(Magics):
             try:
                 s = wi.parse_settings(conf)
             except wi.SettingError as e:
-                raise UsageError(f"--conf {_quoted(conf)}: {e}") from None
+                # The reason names the part it refuses, quoted: a long value once, not twice.
+                where = f"--conf {_quoted(conf)}" if len(conf) <= 60 else "--conf"
+                raise UsageError(f"{where}: {e}") from None
             if not any(wi.same_rules(s, p) for p in parsed):
                 parsed.append(s)
-        result = wi.run(ti, parsed, capacity)
+        if extra_notes:
+            ti = replace(ti, notes=(*ti.notes, *extra_notes))
+        result = wi.run(ti, parsed, capacity, fit=args.fit is not None, fit_gb=fit_gb,
+                        total_bytes=total)
         if args.o:
             return result
         display(*wi.views(result))
@@ -644,14 +724,14 @@ class GpumemMagics(Magics):
                 print(f"gpumem --trace: {why}", file=sys.stderr)
         if traced is not None and traced.snapshot is not None:
             m.last_trace = traced
-            m.oom.extra_lines = _whatif_lines(traced.snapshot)
+            m.oom.extra_lines = self._default_oom_lines() or _whatif_lines(traced.snapshot)
         try:  # the monitor's own hook sees only top-level cells; this one ran nested
             m.oom.on_cell_result(result, sites=[SiteAtFailure(label, n) for label, n in (
                 traced.sites_at_failure() if traced is not None else ())])
         except BaseException as e:  # a user exception's odd code, contained
             m._contain("OOM explainer", e)
         finally:
-            m.oom.extra_lines = None
+            m.oom.extra_lines = self._default_oom_lines()
         if getattr(result, "error_in_exec", None) is not None:
             # The nested run compiled the cell under the shell's next number: the stored
             # exception is this cell's, by its own number.
@@ -727,6 +807,26 @@ def _whatif_lines(snapshot: dict[str, Any]) -> Any:
         if facts.free_bytes is not None and facts.reserved_bytes is not None:
             cap = facts.free_bytes + facts.reserved_bytes
         return [expandable_oom_line(snapshot, device=facts.device, capacity_bytes=cap,
+                                    allowed_bytes=facts.allowed_bytes)]
+
+    return lines
+
+
+def _session_whatif_lines(recorder: Any) -> Any:
+    """The OOM explainer's what-if line while a session is recorded: the whole session
+    replayed with expandable segments from its recorded start."""
+    from .whatif.api import expandable_oom_line
+
+    def lines(facts: Any) -> list[str]:
+        if facts.backend != "native" or facts.expandable_segments:
+            return []
+        got = recorder.snapshot()
+        if got is None:
+            return []
+        cap = None
+        if facts.free_bytes is not None and facts.reserved_bytes is not None:
+            cap = facts.free_bytes + facts.reserved_bytes
+        return [expandable_oom_line(got.snapshot, device=facts.device, capacity_bytes=cap,
                                     allowed_bytes=facts.allowed_bytes)]
 
     return lines
@@ -823,6 +923,10 @@ def _teardown(shell: Any, monitor: Monitor, magics: GpumemMagics | None) -> None
             shell.events.unregister(event, fn)
     with contextlib.suppress(Exception):
         shell.unobserve(monitor.on_shell_exit, names="exit_now")
+    recorder = getattr(monitor, "session", None)
+    if recorder is not None and recorder.on:
+        with contextlib.suppress(Exception):  # unloaded, nothing of ours keeps recording
+            recorder.stop()
     monitor.shutdown()
     manager = getattr(shell, "magics_manager", None)
     if manager is not None:

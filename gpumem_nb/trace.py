@@ -17,6 +17,7 @@ protocol 4, the newest that PyTorch's memory_viz reader accepts.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import linecache
 import math
@@ -26,6 +27,7 @@ import re
 import sys
 import sysconfig
 import time
+import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,19 +107,23 @@ def _stdlib_dir() -> str:
 _STDLIB = _stdlib_dir()
 
 
+def _is_library(name: str, skip: tuple[str, ...]) -> bool:
+    """A frame of the machinery (torch, IPython, the stdlib), not the user's code."""
+    if not name or name.startswith(("<frozen", "??")) or name.endswith(".cpp"):
+        return True
+    if not os.path.isabs(name):
+        return False
+    # pyenv and conda put site-packages inside the stdlib directory: libraries there,
+    # other than the skipped ones, are code the user called.
+    return name.startswith(skip) or (name.startswith(_STDLIB) and not any(
+        d in name for d in ("site-packages", "dist-packages")))
+
+
 def site_of(frames: Sequence[Mapping[str, Any]], skip: tuple[str, ...]) -> Site:
     """The innermost frame of the user's own code (torch records innermost first); when that
     is inside a function, the cell line that called it as ``via``."""
     def is_library(fr: Mapping[str, Any]) -> bool:
-        name = str(fr.get("filename", ""))
-        if not name or name.startswith(("<frozen", "??")) or name.endswith(".cpp"):
-            return True
-        if not os.path.isabs(name):
-            return False
-        # pyenv and conda put site-packages inside the stdlib directory: libraries there,
-        # other than the skipped ones, are code the user called.
-        return name.startswith(skip) or (name.startswith(_STDLIB) and not any(
-            d in name for d in ("site-packages", "dist-packages")))
+        return _is_library(str(fr.get("filename", "")), skip)
 
     frames = list(frames)
     if frames and _is_outer(frames[0]) and not _is_outer(frames[-1]):
@@ -200,6 +206,7 @@ class _Malformed(Exception):
 # is not torch's (10**400 overflowed float division, 10**5000 Python's int-to-text limit).
 _MAX_FIELD = 1 << 64
 _MAX_LINE = 10**9
+_MAX_TIME_US = 1e17  # the year 5138: a later time is no clock's (1e18 gave absurd durations)
 
 
 def _plain(obj: Any) -> dict[str, Any] | None:
@@ -223,7 +230,7 @@ def _usable(e: Any) -> dict[str, Any] | None:
     if e is None or not isinstance(e.get("action"), str):
         return None
     t = e.get("time_us")
-    if t is not None and not _finite(t):
+    if t is not None and (not _finite(t) or not 0 <= t < _MAX_TIME_US):
         return None
     size = e.get("size", 0)
     if not _count(size):
@@ -266,34 +273,78 @@ class _Replay:
         self.total = 0
         self._requested: set[int] = set()
         self._sites: dict[tuple[Any, ...], Site] = {}
+        self._libs: dict[str, bool] = {}
+        self._flips: dict[tuple[str, str], bool] = {}
+        self.last_site: Site | None = None
+
+    def _frame(self, f: Any) -> tuple[str, int, str]:
+        """One frame's (filename, line, name), or ``_Malformed``."""
+        p = _plain(f)
+        if p is None:
+            raise _Malformed  # a frame that is not a dict, or one whose methods raise
+        fn, line, name = p.get("filename"), p.get("line"), p.get("name")
+        if not (isinstance(fn, str | None) and isinstance(name, str | None)
+                and (line is None or (_count(line) and line < _MAX_LINE))):
+            raise _Malformed
+        return fn or "", line or 0, name or ""
+
+    def _lib(self, filename: str) -> bool:
+        v = self._libs.get(filename)
+        if v is None:
+            v = self._libs[filename] = _is_library(filename, self.skip)
+        return v
 
     def site(self, frames: Any) -> Site:
+        """``site_of`` for one entry's frames, reading only the frames it needs: the
+        innermost of the user's and, inside a function, the way out to the cell. A history
+        of 100,000 entries with 30 frames each took 1.5 s when every frame was read."""
         if not isinstance(frames, list | tuple):
             raise _Malformed
-        plain = [_plain(f) for f in frames]
-        if any(f is None for f in plain):
-            raise _Malformed  # a frame that is not a dict, or one whose methods raise
-        key = tuple((f.get("filename"), f.get("line"), f.get("name"))
-                    for f in plain if f is not None)
-        try:
-            s = self._sites.get(key)
-        except TypeError:  # an unhashable field
-            raise _Malformed from None
+        if not frames:
+            return self._cached("", 0, "", "")
+        first, last = self._frame(frames[0]), self._frame(frames[-1])
+        ends = (first[0], last[0])
+        flip = self._flips.get(ends)
+        if flip is None:
+            flip = self._flips[ends] = _is_outer({"filename": first[0]}) and \
+                not _is_outer({"filename": last[0]})
+        seq = frames[::-1] if flip else frames  # a build that records outermost first
+        top = last if flip else first
+        inner_i = -1
+        inner = None
+        if not self._lib(top[0]):
+            inner_i, inner = 0, top
+        else:
+            for i in range(1, len(seq)):
+                fr = self._frame(seq[i])
+                if not self._lib(fr[0]):
+                    inner_i, inner = i, fr
+                    break
+        if inner is None:
+            return self._cached(*top, "")
+        if inner[2] == "<module>" and _CELL_FILE.search(inner[0]):
+            return self._cached(*inner, "")
+        for f in seq[inner_i + 1:]:
+            fr = self._frame(f)
+            if fr[2] == "<module>" and _CELL_FILE.search(fr[0]):
+                return self._cached(*inner, f"cell line {fr[1]}")
+        return self._cached(*inner, "")
+
+    def _cached(self, filename: str, line: int, name: str, via: str) -> Site:
+        key = (filename, line, name, via)
+        s = self._sites.get(key)
         if s is None:
-            if not all(isinstance(fn, str | None) and isinstance(name, str | None)
-                       and (line is None or (_count(line) and line < _MAX_LINE))
-                       for fn, line, name in key):
-                raise _Malformed
-            s = self._sites[key] = site_of(
-                [{"filename": fn or "", "line": line or 0, "name": name or ""}
-                 for fn, line, name in key], self.skip)
+            s = self._sites[key] = Site(filename, line, name, via)
         return s
 
-    def step(self, e: Mapping[str, Any]) -> str:
+    def step(self, e: Mapping[str, Any], site: Site | None = None) -> str:
+        """Advance by one entry; ``site``: the allocation's, when an earlier pass found it."""
         action, addr = e.get("action"), e.get("addr")
         if action == "alloc" and addr is not None:
             size = int(e.get("size", 0))
-            s = self.site(e.get("frames") or ())  # may raise _Malformed: nothing changed yet
+            # May raise _Malformed: nothing changed yet.
+            s = site if site is not None else self.site(e.get("frames") or ())
+            self.last_site = s
             self.live[addr] = (size, s)
             self._requested.discard(addr)
             v = self.by_site.setdefault(s, [0, 0])
@@ -342,13 +393,16 @@ def analyze(entries: Sequence[Mapping[str, Any]], *, device: int = 0,
     oom_size: int | None = None
     allocations = 0
     readable = []
+    sites: list[Site | None] = []
     for e in window:
+        first.last_site = None
         try:
             action = first.step(e)
         except _Malformed:
             skipped += 1
             continue
         readable.append(e)
+        sites.append(first.last_site)
         i = len(readable) - 1
         if action == "alloc":
             allocations += 1
@@ -363,13 +417,12 @@ def analyze(entries: Sequence[Mapping[str, Any]], *, device: int = 0,
     keep = sorted({*range(0, n, step), n - 1, *(i for i in (peak_i, oom_i) if i >= 0)}) \
         if n else []
     keep_set = set(keep)
-    second = _Replay(skip)
-    second._sites = first._sites  # the same frames give the same Site, computed once
+    second = _Replay(skip)  # reads no frame: each allocation's site is the first pass's
     at_peak: dict[Site, list[int]] = {}
     at_oom: dict[Site, list[int]] = {}
     samples: list[dict[Site, int]] = []
     for i, e in enumerate(window):
-        second.step(e)
+        second.step(e, sites[i])
         if i == peak_i:
             at_peak = second.copy_sites()
         if i == oom_i:
@@ -432,9 +485,9 @@ class TraceResult:
     saved_to: str = ""
     save_failed: str = ""  # why --save wrote nothing (also among the notes)
     snapshot: dict[str, Any] | None = field(default=None, repr=False)
-    # Of added_s: inside PyTorch's own calls. The snapshot dominates, once: on the H200
-    # (torch 2.11) a process's first took 5-6 s with 201 history entries, a later one
-    # 50-70 ms with 30,000 (tutorial 07).
+    # Of added_s: inside PyTorch's own calls. On the H200 (torch 2.11) a snapshot takes
+    # 0.4 ms with one entry, 23-25 ms with 10,000 and 205-253 ms with 100,000; a process's
+    # first took 4-8 s more before ``inductor_lookup_skipped``.
     snapshot_s: float = 0.0  # torch.cuda.memory._snapshot()
     switch_s: float = 0.0  # _record_memory_history on and off
 
@@ -516,7 +569,10 @@ class CellTracer:
         OOMs against what PyTorch could have had."""
         t = self.torch
         t0 = self.clock()
-        segments, why = t.segments_snapshot()
+        # Blocks allocated while an earlier trace recorded carry frames: listing them
+        # symbolizes those too (4.5 s on the H200 for one live tensor, inductor's import).
+        with inductor_lookup_skipped(t._modules):
+            segments, why = t.segments_snapshot()
         self._start_snapshot_s = self.clock() - t0
         devices: dict[str, dict[str, Any]] = {}
         for i in range(t.device_count()):
@@ -561,7 +617,8 @@ class CellTracer:
         """Snapshot, switch the recording back off (if it was ours), analyse, save."""
         t0 = self.clock()
         try:
-            snap, why = self.torch.memory_snapshot()
+            with inductor_lookup_skipped(self.torch._modules):
+                snap, why = self.torch.memory_snapshot()
         finally:  # whatever the snapshot does, the recording is not left on
             snapshot_s = self.clock() - t0 + self._start_snapshot_s  # both of torch's
             ours = self._ours or self._disarmed
@@ -622,6 +679,32 @@ class CellTracer:
             result.notes += (result.save_failed,)
         result.added_s = self._spent_s + self.clock() - t0
         return result
+
+
+@contextlib.contextmanager
+def inductor_lookup_skipped(modules: Mapping[str, Any]) -> Any:
+    """Where a process's first traced snapshot spent its seconds: torch symbolizes the Python
+    frames in ``combined_traceback.cpp`` (``PythonTraceback::appendSymbolized``), which first
+    asks ``hasattr(torch, "_inductor")`` to add the frames of inductor-generated code. torch's
+    module ``__getattr__`` answers that by importing ``torch._inductor``: seconds, once per
+    process, whatever the history's length. When nobody has imported ``torch._inductor``,
+    no frame can be its generated code, so the answer is known: for the length of the call,
+    ``torch._inductor`` reads as a module without ``codecache``, and torch skips the lookup.
+    Left as it was afterwards; when inductor is already imported, nothing is touched."""
+    torch = modules.get("torch")
+    ns = getattr(torch, "__dict__", None)
+    if not isinstance(ns, dict) or "torch._inductor" in modules or "_inductor" in ns:
+        yield
+        return
+    stand_in = types.ModuleType("torch._inductor", "gpumem_nb: skip the lookup of inductor's "
+                                "generated code during one snapshot")
+    ns["_inductor"] = stand_in
+    try:
+        yield
+    finally:
+        # An import of the real module meanwhile replaced the stand-in: keep that one.
+        if ns.get("_inductor") is stand_in:
+            del ns["_inductor"]
 
 
 def save_snapshot(snapshot: Mapping[str, Any], path: str) -> str:

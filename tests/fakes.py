@@ -306,6 +306,11 @@ class FakeCuda:
     def is_initialized(self) -> bool:
         return self.initialized
 
+    def init(self) -> None:
+        """torch.cuda.init(): start CUDA (what %gpumem record on --start-cuda asks for)."""
+        self.calls.append("init")
+        self._lazy_init()
+
     def is_available(self) -> bool:
         return True
 

@@ -479,3 +479,12 @@ def test_the_timeline_draws_in_jupyterlab_with_no_network_and_again_from_the_sav
     data = saved.cells[0].outputs[0]["data"]
     assert {"application/vnd.plotly.v1+json", "image/png", "text/html"} <= set(data)
     assert outside == [], outside
+
+
+def test_a_time_no_clock_gives_is_skipped_not_drawn_as_a_duration():
+    # The review's t8: a time_us of 1e18 gave "over 998203848539549.9 ms".
+    entries = [alloc(1, MiB, 1_000_000.0, 1), alloc(2, MiB, 1e18, 2),
+               alloc(3, MiB, 1_000_010.0, 3)]
+    d = trace.analyze(entries)
+    assert d.skipped == 1 and d.allocations == 2
+    assert max(d.times_ms) < 1.0

@@ -263,3 +263,52 @@ def test_gpumem_nb_whatif_of_a_huge_request_under_expandable_segments_returns():
         {"action": "alloc", "addr": 1, "size": 2 << 40}]]}, ["expandable_segments:True"],
         capacity_bytes=80 * GiB)
     assert r[0].oom is True and r[0].peak_reserved_bytes >= 2 << 40
+
+
+def test_a_pickle_whose_shared_references_expand_is_refused_in_one_line(tmp_path):
+    # One entry shared 1.5M times costs 2 bytes each in the file (3 MB): replaying it took
+    # minutes and a gigabyte before the count was bounded.
+    import pickle
+
+    from gpumem_nb.whatif import SnapshotError
+    from gpumem_nb.whatif import whatif as run_whatif
+
+    entry = {"action": "alloc", "addr": 1, "size": 512, "stream": 0, "time_us": 1.0}
+    path = tmp_path / "bomb.pickle"
+    path.write_bytes(pickle.dumps({"device_traces": [[entry] * 1_500_000], "segments": []}))
+    assert path.stat().st_size < 4_000_000
+    with pytest.raises(SnapshotError) as e:
+        run_whatif(str(path), [""])
+    msg = str(e.value)
+    assert "1500000 history entries" in msg and "max_entries" in msg and "\n" not in msg
+
+
+def test_an_unpickler_error_is_one_line_without_a_literal_backslash_n(tmp_path):
+    from gpumem_nb.whatif import SnapshotError
+    from gpumem_nb.whatif import whatif as run_whatif
+
+    path = tmp_path / "persid.pickle"
+    path.write_bytes(b"\x80\x04P0\n.")  # PERSID: the unpickler's text holds a newline
+    with pytest.raises(SnapshotError) as e:
+        run_whatif(str(path), [""])
+    assert "\\n" not in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_results_bundle_is_named_as_not_a_snapshot(tmp_path):
+    # The review's case: tests/data/whatif_h200.json.gz is a bundle of workloads; it was
+    # answered "no allocation history", which sends the user looking for a recording.
+    from gpumem_nb.whatif import SnapshotError
+    from gpumem_nb.whatif import whatif as run_whatif
+
+    path = tmp_path / "bundle.json"
+    path.write_text(json.dumps({"about": "x", "device": "H200", "workloads": []}))
+    with pytest.raises(SnapshotError, match="not a memory snapshot: it has neither segments "
+                       "nor device_traces \\(its keys: about, device, workloads\\)"):
+        run_whatif(str(path), [""])
+
+
+def test_a_long_conf_value_is_quoted_once(loaded):
+    loaded.run_cell("%%gpumem --trace -q\nx = cuda.tensor(MiB)")
+    with pytest.raises(UsageError) as e:
+        loaded.run_line_magic("gpumem", "whatif --conf max_split_size_mb:" + "9" * 300)
+    assert str(e.value).count("'99999") == 1

@@ -136,8 +136,9 @@ def test_the_expandable_line_says_fits_when_only_fragmentation_stood_in_the_way(
     native, = api.whatif(h.snapshot(), [""], capacity_bytes=60 * MiB)
     assert native.oom and native.peak_reserved_bytes == 70 * MiB
     line = api.expandable_oom_line(h.snapshot(), device=0, capacity_bytes=60 * MiB)
-    assert line == ("Replayed under expandable_segments:True this cell would have peaked at "
-                    "60.00 MiB reserved (fits in the 60.00 MiB PyTorch could use).")
+    assert line == ("Replayed under expandable_segments:True, this cell alone (nothing was "
+                    "reserved before it) would have peaked at 60.00 MiB reserved (fits in "
+                    "the 60.00 MiB PyTorch could use).")
 
 
 def test_the_expandable_line_is_silent_when_expandable_segments_were_already_on():

@@ -716,3 +716,27 @@ def test_a_compact_trace_without_stacks_replays_like_the_full_snapshot(tmp_path)
     b = w.whatif(str(path), [NATIVE, EXPANDABLE])
     assert [r.peak_reserved_bytes for r in a] == [r.peak_reserved_bytes for r in b] == \
         [160 * MiB, 160 * MiB]
+
+
+def test_an_empty_cache_right_before_a_cudamalloc_with_room_to_spare_is_the_users():
+    # The H200 session: empty_cache(), then a request the emptied cache could not serve.
+    # Its segment frees come right before a cudaMalloc, as the allocator's own do when it
+    # makes room; with 10 GiB free there was no room to make, so they were the user's.
+    entries = [{"action": "segment_alloc", "addr": 1, "size": 100 * MiB},
+               {"action": "alloc", "addr": 1, "size": 100 * MiB},
+               {"action": "free_requested", "addr": 1, "size": 100 * MiB},
+               {"action": "free_completed", "addr": 1, "size": 100 * MiB},
+               {"action": "segment_free", "addr": 1, "size": 100 * MiB},
+               {"action": "segment_alloc", "addr": 2, "size": 200 * MiB},
+               {"action": "alloc", "addr": 2, "size": 200 * MiB}]
+    snap = {"device_traces": [entries], "segments": [],
+            "gpumem_start": {"segments": [], "devices": {"0": {
+                "free_bytes": 10 * GiB, "total_bytes": 141 * GiB}}}}
+    r, = w.whatif(snap, [NATIVE])
+    assert r.peak_reserved_bytes == 200 * MiB  # emptied first: never 300 MiB at once
+    # At a 250 MiB cap the same frees are the allocator's: nothing is emptied by the user
+    # (the model frees the cached 100 MiB itself to fit the 200).
+    snap["gpumem_start"]["devices"]["0"]["free_bytes"] = 250 * MiB
+    codes = [e[0] for e in compile_trace(entries, start_reserved_bytes=0,
+                                         recorded_limit_bytes=250 * MiB).events]
+    assert EMPTY_CACHE not in codes

@@ -31,7 +31,8 @@ _LAZY["Limits"] = ".allocator"
 
 
 def whatif(snapshot: Mapping[str, Any] | str | os.PathLike[str], settings: Sequence[str],
-           capacity_bytes: int | None = None, *, device: int | None = None) -> WhatIf:
+           capacity_bytes: int | None = None, *, device: int | None = None,
+           fit: bool | float = False, total_bytes: int | None = None) -> WhatIf:
     """Replay ``snapshot``'s allocation history under each of ``settings`` (one
     ``PYTORCH_ALLOC_CONF`` string each, ``""`` for the defaults) and return one row per
     setting, in the order given: ``peak_reserved_bytes``, ``end_reserved_bytes``,
@@ -46,10 +47,18 @@ def whatif(snapshot: Mapping[str, Any] | str | os.PathLike[str], settings: Seque
     sentence for a setting PyTorch would refuse, a capacity no GPU has or a file that is not
     a snapshot, and ``TypeError`` for settings that are not a list or a device that is not a
     GPU number. Fields of the snapshot that hold junk are skipped and counted, never raised on.
+
+    ``fit=True`` also finds, per setting, the smallest memory in which the history runs
+    without an OOM (``result.fit``: its rows' ``min_bytes``, a yes/no per common GPU size,
+    and ``result.fit.sentence(40)`` naming the cheapest setting that fits a 40 GB GPU);
+    ``fit=40`` says that sentence for 40 GB. ``total_bytes``: the GPU's memory, for a
+    snapshot that does not say it (``_dump_snapshot``'s), so that a
+    ``per_process_memory_fraction`` and ``garbage_collection_threshold`` are modelled.
     """
     from .api import whatif as _whatif
 
-    return _whatif(snapshot, settings, capacity_bytes, device=device)
+    return _whatif(snapshot, settings, capacity_bytes, device=device, fit=fit,
+                   total_bytes=total_bytes)
 
 
 def __getattr__(name: str) -> Any:

@@ -13,9 +13,10 @@ from ..units import format_bytes
 from .allocator import Limits
 from .config import AllocatorSettings, SettingError, parse_settings
 from .fields import quoted
+from .fit import Fit, FitRow, min_room
 from .replay import compile_trace, replay, series
 from .report import WhatIf, WhatIfChart, WhatIfRow, views
-from .snapshot import NoHistory, SnapshotError, TraceInput, load, trace_input
+from .snapshot import SESSION_KEY, NoHistory, SnapshotError, TraceInput, load, trace_input
 
 __all__ = ["DEFAULT_ALTERNATIVES", "MAX_CAPACITY_BYTES", "NoHistory", "SettingError",
            "SnapshotError", "WhatIf", "WhatIfChart", "WhatIfRow", "check_capacity",
@@ -35,7 +36,8 @@ def same_rules(a: AllocatorSettings, b: AllocatorSettings) -> bool:
 
 
 def whatif(snapshot: Mapping[str, Any] | str | os.PathLike[str], settings: Sequence[str],
-           capacity_bytes: int | None = None, *, device: int | None = None) -> WhatIf:
+           capacity_bytes: int | None = None, *, device: int | None = None,
+           fit: bool | float = False, total_bytes: int | None = None) -> WhatIf:
     """``gpumem_nb.whatif`` (documented there)."""
     t_start = time.perf_counter()
     if isinstance(settings, str):
@@ -47,35 +49,51 @@ def whatif(snapshot: Mapping[str, Any] | str | os.PathLike[str], settings: Seque
     parsed = [parse_settings(s) for s in settings]
     if capacity_bytes is not None:
         check_capacity(capacity_bytes)
+    if total_bytes is not None:
+        check_capacity(total_bytes, "total_bytes")
+    fit_gb = check_fit(fit)
     ti = trace_input(load(snapshot), device)
-    return run(ti, parsed, capacity_bytes, t_start=t_start)
+    return run(ti, parsed, capacity_bytes, t_start=t_start, fit=fit is not False,
+               fit_gb=fit_gb, total_bytes=total_bytes)
 
 
-def check_capacity(capacity_bytes: Any) -> int:
+def check_fit(fit: Any) -> float | None:
+    """``fit``: False, True, or the GPU size in GB to name the cheapest setting for."""
+    if fit is False or fit is True:
+        return None
+    if isinstance(fit, int | float) and not isinstance(fit, bool) and 0 < fit <= 1 << 20:
+        return float(fit)
+    raise SettingError(f"fit is True, False or a GPU size in GB such as 40, not {fit!r:.60}")
+
+
+def check_capacity(capacity_bytes: Any, name: str = "capacity_bytes") -> int:
     """A capacity in bytes, or a ``SettingError`` that says what one is."""
     if not isinstance(capacity_bytes, int) or isinstance(capacity_bytes, bool) or \
             not 0 < capacity_bytes <= MAX_CAPACITY_BYTES:
-        raise SettingError(f"capacity_bytes is a number of bytes between 1 and "
+        raise SettingError(f"{name} is a number of bytes between 1 and "
                            f"{MAX_CAPACITY_BYTES} ({format_bytes(MAX_CAPACITY_BYTES)}), not "
                            f"{capacity_bytes!r:.60}")
     return capacity_bytes
 
 
 def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int | None = None,
-        *, allowed_bytes: int | None = None, t_start: float | None = None) -> WhatIf:
+        *, allowed_bytes: int | None = None, t_start: float | None = None, fit: bool = False,
+        fit_gb: float | None = None, total_bytes: int | None = None) -> WhatIf:
     """Replay ``ti`` under each setting. ``capacity_bytes`` is what the driver could hand out;
     ``allowed_bytes`` a memory fraction's cap (checked as the allocator checks it), which
-    otherwise comes from the setting's or the recorded process's fraction."""
+    otherwise comes from the setting's or the recorded process's fraction of the GPU's
+    memory (``total_bytes`` when the snapshot does not say it, as ``_dump_snapshot``'s does
+    not). ``fit``: also find each setting's smallest GPU (``fit.py``)."""
     t_start = time.perf_counter() if t_start is None else t_start
-    trace = compile_trace(ti.entries)
     notes = list(ti.notes)
     recorded = parse_settings_or_none(ti.recorded_setting)
+    trace = compile_trace(ti.entries, **_recorded_limits(ti, recorded, total_bytes))
     if recorded is None:
         notes.append(f"The recorded setting {ti.recorded_setting!r} could not be read; no row "
                      "is marked as the current one.")
     cap = capacity_bytes if capacity_bytes is not None else ti.capacity_bytes
     st = ti.start
-    total = st.device_total_bytes
+    total = st.device_total_bytes or total_bytes
     start_page = recorded.large_segment_size if recorded is not None else None
     t0 = st.since_us if st.since_us is not None else next(
         (t for t in trace.times_us if t is not None), None)
@@ -87,12 +105,15 @@ def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int
         return (t - t0) / 1e3 if t is not None and t0 is not None else float(i)
 
     rows: list[WhatIfRow] = []
+    fits: list[FitRow] = []
     unmatched = 0
     for s in parsed:
         current = recorded is not None and same_rules(s, recorded)
         if not s.modelled:
             rows.append(WhatIfRow(setting=s.text, label=s.label, current=current,
                                   modelled=False, note=ASYNC_NOTE))
+            if fit:
+                fits.append(FitRow(s.label, s.text, None, note="cannot be modelled"))
             continue
         row_notes = []
         fraction = s.per_process_memory_fraction
@@ -104,7 +125,8 @@ def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int
                 allowed = int(fraction * total)
             else:
                 row_notes.append("The memory fraction is ignored: the snapshot does not say "
-                                 "how much memory the GPU has.")
+                                 "how much memory the GPU has (give it: --gpu SIZE, "
+                                 "total_bytes=).")
         if s.garbage_collection_threshold and allowed is None:
             row_notes.append("garbage_collection_threshold acts only under a memory fraction "
                              "(set_per_process_memory_fraction); with none it changes nothing.")
@@ -112,6 +134,21 @@ def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int
                    start_segments=st.segments, device=ti.device, device_total_bytes=total,
                    start_page_bytes=start_page or s.large_segment_size)
         unmatched = max(unmatched, r.unmatched_frees)
+        if r.oom:
+            row_notes.append(f"Ran out of memory at {ms(r.oom_event or 0):.1f} "
+                             f"{'ms' if t0 is not None else 'events'}; its peak is what the "
+                             "rest of the history asked for after the failed request, as if "
+                             "it had been given.")
+        if fit:
+            unlimited = r if cap is None and allowed is None else replay(
+                trace, s, start_segments=st.segments, device=ti.device,
+                device_total_bytes=total, start_page_bytes=start_page or s.large_segment_size)
+            need, n = min_room(trace, s, start_segments=st.segments or (), device=ti.device,
+                               start_page_bytes=start_page or s.large_segment_size,
+                               unlimited_peak_bytes=unlimited.peak_reserved_bytes,
+                               peak_allocated_bytes=unlimited.peak_allocated_bytes,
+                               device_total_bytes=total)
+            fits.append(FitRow(s.label, s.text, need, n))
         pts = series(r.changes, len(trace.events), r.start_reserved_bytes)
         rows.append(WhatIfRow(
             setting=s.text, label=s.label, current=current, modelled=True,
@@ -142,8 +179,29 @@ def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int
         skipped=dict(trace.skipped), unmatched_frees=unmatched, notes=tuple(notes),
         recorded_series=tuple(rec), recorded_peak_reserved_bytes=max(v for _, v in rec),
         recorded_end_reserved_bytes=rec[-1][1],
+        recorded_known=bool(trace.recorded) or bool(start_bytes),
         time_unit="ms" if t0 is not None else "event",
+        fit=Fit(tuple(fits), fit_gb) if fit else None,
         elapsed_s=time.perf_counter() - t_start)
+
+
+def _recorded_limits(ti: TraceInput, recorded: AllocatorSettings | None,
+                     total_bytes: int | None) -> dict[str, int | None]:
+    """What the recorded process held at the start and could reserve, when both are known
+    and its allocator frees for nothing but room (no garbage-collection threshold)."""
+    st = ti.start
+    if st.segments is None or recorded is None or recorded.garbage_collection_threshold:
+        return {}
+    total = st.device_total_bytes or total_bytes
+    fraction = recorded.per_process_memory_fraction or st.memory_fraction
+    limits = [x for x in (ti.capacity_bytes,
+                          int(fraction * total) if fraction and fraction < 1 and total
+                          else None) if x is not None]
+    if not limits:
+        return {}
+    held = sum(int(seg.get("total_size", 0)) for seg in st.segments
+               if int(seg.get("device", ti.device)) == ti.device)
+    return {"start_reserved_bytes": held, "recorded_limit_bytes": min(limits)}
 
 
 def parse_settings_or_none(text: str) -> AllocatorSettings | None:
@@ -170,9 +228,14 @@ def with_setting(text: str, key: str, value: str) -> str:
 
 def expandable_oom_line(snapshot: Mapping[str, Any], *, device: int,
                         capacity_bytes: int | None, allowed_bytes: int | None = None) -> str:
-    """The OOM explainer's line for a traced cell: the same history replayed with
-    expandable segments on, at the memory PyTorch could use when it failed (what the driver
-    had, and under a memory fraction its cap, checked the way the allocator checks it)."""
+    """The OOM explainer's line: the history replayed with expandable segments on, at the
+    memory PyTorch could use when it failed (what the driver had, and under a memory
+    fraction its cap, checked the way the allocator checks it).
+
+    A session recording (``%gpumem record on``, its snapshot carries ``SESSION_KEY``) is
+    replayed from its recorded start: "restart the kernel under it and run the same cells".
+    A traced cell's history starts from the segments the current setting made before it:
+    the line says so, and states no OOM outcome when those segments decide it."""
     if capacity_bytes is None and allowed_bytes is None:
         return ""
     try:
@@ -187,8 +250,31 @@ def expandable_oom_line(snapshot: Mapping[str, Any], *, device: int,
     row = run(ti, [parsed], capacity_bytes, allowed_bytes=allowed_bytes)[0]
     if row.peak_reserved_bytes is None:
         return ""
-    verdict = "fits" if not row.oom else "still out of memory"
     room = min(x for x in (capacity_bytes, allowed_bytes) if x is not None)
-    return (f"Replayed under expandable_segments:True this cell would have peaked at "
-            f"{format_bytes(row.peak_reserved_bytes)} reserved ({verdict} in the "
-            f"{format_bytes(room)} PyTorch could use).")
+    verdict = (f" ({'fits' if not row.oom else 'still out of memory'} in the "
+               f"{format_bytes(room)} PyTorch could use)")
+    held = row.start_reserved_bytes or 0
+    session = snapshot.get(SESSION_KEY)
+    peak = format_bytes(row.peak_reserved_bytes)
+    if isinstance(session, Mapping):
+        if session.get("dropped"):
+            return (f"Replayed under expandable_segments:True, the session recording would "
+                    f"have peaked at {peak} reserved; it lost its earliest entries (its "
+                    "buffer filled), so whether a restarted kernel fits is not predicted.")
+        if held:
+            return (f"Replayed under expandable_segments:True from when the session "
+                    f"recording began ({format_bytes(held)} already reserved then, under the "
+                    f"current setting), the cells since would have peaked at {peak} reserved; "
+                    "the segments reserved before it decide whether they fit, so no outcome "
+                    "is predicted.")
+        return (f"Replayed under expandable_segments:True from the start of the session "
+                f"recording (an empty GPU), the same cells would have peaked at {peak} "
+                f"reserved{verdict}: what restarting the kernel under it would do.")
+    if not held:
+        return (f"Replayed under expandable_segments:True, this cell alone (nothing was "
+                f"reserved before it) would have peaked at {peak} reserved{verdict}.")
+    return (f"Replayed under expandable_segments:True, this cell alone, from the "
+            f"{format_bytes(held)} of segments the current setting made before it, would "
+            f"have peaked at {peak} reserved. Those segments decide whether it fits, so no "
+            "outcome is predicted; for a kernel restarted under it, record the session from "
+            "its start (%gpumem record on) and run %gpumem whatif --session.")

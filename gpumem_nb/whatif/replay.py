@@ -53,7 +53,14 @@ class CompiledTrace:
         return sum(self.skipped.values())
 
 
-def compile_trace(entries: Sequence[Any]) -> CompiledTrace:
+def compile_trace(entries: Sequence[Any], *, start_reserved_bytes: int | None = None,
+                  recorded_limit_bytes: int | None = None) -> CompiledTrace:
+    """``recorded_limit_bytes``: what the recorded process could reserve (its memory
+    fraction's cap, or what the GPU had), with ``start_reserved_bytes`` what it held when
+    the history began. A run of segment frees right before a ``cudaMalloc`` is the
+    allocator making room only when that ``cudaMalloc`` would not have fitted: with room to
+    spare it is the user's ``empty_cache()`` followed by a request the emptied cache could
+    not serve (the H200's empty_cache session was over-predicted by 2-3 GiB)."""
     events: list[tuple[int, int, int, int]] = []
     times: list[float | None] = []
     recorded: list[tuple[int, int]] = []
@@ -130,7 +137,8 @@ def compile_trace(entries: Sequence[Any]) -> CompiledTrace:
                 k = j
                 while k < n and action_at(k) in _INFO:
                     k += 1
-                if k >= n or action_at(k) not in _INTERNAL_AFTER:
+                if k >= n or action_at(k) not in _INTERNAL_AFTER or _room_to_spare(
+                        entries[k], start_reserved_bytes, delta, recorded_limit_bytes):
                     events.append((EMPTY_CACHE, 0, 0, 0))
                     times.append(t)
                 for m in range(i, j):
@@ -149,6 +157,16 @@ def compile_trace(entries: Sequence[Any]) -> CompiledTrace:
         i += 1
     return CompiledTrace(events=events, times_us=times, has_completions=completions,
                          recorded=recorded, entries=n, skipped=skipped, double_frees=doubles)
+
+
+def _room_to_spare(nxt: Any, start: int | None, delta: int, limit: int | None) -> bool:
+    """Whether the recorded process had room for the ``cudaMalloc`` after a run of frees
+    without them (so the allocator had no reason to free)."""
+    if start is None or limit is None or not isinstance(nxt, Mapping) or \
+            nxt.get("action") not in _SEGMENT_GROW:
+        return False
+    size = uint(nxt.get("size"))
+    return size is not None and start + delta + size <= limit
 
 
 @dataclass(frozen=True)
@@ -173,10 +191,12 @@ class Replayed:
 def replay(trace: CompiledTrace, settings: AllocatorSettings, *, limits: Limits | None = None,
            start_segments: Sequence[Mapping[str, Any]] | None = None, device: int = 0,
            device_total_bytes: int | None = None, start_page_bytes: int = kLargeBuffer,
+           stop_at_oom: bool = False,
            on_event: Callable[[int, DeviceCachingAllocator, Mapping[int, Block]], None]
            | None = None) -> Replayed:
     """Run the model over ``trace``. ``on_event(i, model, live)`` is called after each event
-    (the property tests check the model's invariants there)."""
+    (the property tests check the model's invariants there). ``stop_at_oom``: stop at the
+    first request that fails (the fit search needs only whether one does)."""
     limits = limits or Limits()
     model = DeviceCachingAllocator(settings, limits, device_total_bytes=device_total_bytes)
     live, pending = model.load_segments(start_segments or (), device, start_page_bytes)
@@ -221,6 +241,8 @@ def replay(trace: CompiledTrace, settings: AllocatorSettings, *, limits: Limits 
             model.empty_cache()
         if on_event is not None:
             on_event(i, model, live)
+        if stop_at_oom and oom_event is not None:
+            break
     judged = limits.capacity_bytes is not None or limits.allowed_bytes is not None
     return Replayed(
         peak_reserved_bytes=model.peak_reserved, end_reserved_bytes=model.reserved,

@@ -60,6 +60,10 @@ class WhatIf(Sequence[WhatIfRow]):
     recorded_end_reserved_bytes: int
     time_unit: str = "ms"
     elapsed_s: float = 0.0
+    # Whether the history says what its own allocator reserved (segment entries, or a
+    # recorded start): a wrapped ring buffer or a hand-made history does not.
+    recorded_known: bool = True
+    fit: Any = None  # fit.Fit when asked for
 
     @overload
     def __getitem__(self, i: int) -> WhatIfRow: ...
@@ -105,15 +109,21 @@ class WhatIf(Sequence[WhatIfRow]):
                 f"replayed under {len(self.rows)} setting(s){cap}")
 
     def footer(self) -> str:
-        rec = (f"Recorded under {self.recorded_setting or 'defaults'}: the history's own "
-               f"segments peaked at {format_bytes(self.recorded_peak_reserved_bytes)} reserved "
-               f"and ended at {format_bytes(self.recorded_end_reserved_bytes)}.")
+        if self.recorded_known:
+            rec = (f"Recorded under {self.recorded_setting or 'defaults'}: the history's own "
+                   f"segments peaked at {format_bytes(self.recorded_peak_reserved_bytes)} "
+                   f"reserved and ended at {format_bytes(self.recorded_end_reserved_bytes)}.")
+        else:
+            rec = (f"Recorded under {self.recorded_setting or 'defaults'}: what its own "
+                   "allocator reserved is unknown (the history holds no segment entries).")
         return (f"{rec} Stranded: free bytes empty_cache could not give back. "
                 f"Replay took {self.elapsed_s * 1e3:.0f} ms.")
 
     def lines(self) -> list[str]:
         out = [self.title(), text_table(self.HEADERS, self.table_rows())]
         out += [f"{r.label}: {r.note}" for r in self.rows if r.note]
+        if self.fit is not None:
+            out += self.fit.lines()
         out += list(self.notes)
         out.append(self.footer())
         return out
@@ -128,6 +138,10 @@ class WhatIf(Sequence[WhatIfRow]):
         esc = html.escape
         parts = [html_table(self.HEADERS, self.table_rows(), caption=self.title())]
         parts += [f"<div>{esc(r.label)}: {esc(r.note)}</div>" for r in self.rows if r.note]
+        if self.fit is not None:
+            headers, rows = self.fit.gpu_table()
+            parts.append(html_table(headers, rows, caption=self.fit.lines()[0]))
+            parts.append(f"<div>{esc(self.fit.sentence())}</div>")
         parts += [f"<div>{esc(n)}</div>" for n in self.notes]
         parts.append(f"<div style='color:#777'>{esc(self.footer())}</div>")
         return "<div class='gpumem-nb gpumem-whatif'>" + "".join(parts) + "</div>"

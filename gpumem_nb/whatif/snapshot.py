@@ -31,7 +31,13 @@ from .config import settings_of_snapshot
 from .fields import SIZE_T_END, finite, plain, uint
 
 MAX_SNAPSHOT_BYTES = 1 << 30  # memory_viz itself gives up on snapshots around 1 GB
+# A pickle's shared references make a repeated entry cost 2 bytes in the file: a 4 MB file
+# held 2M entries and took 14-125 s to replay, a 20 MB one 66 s and 1 GB. The replay reads
+# each entry and block, so their counts are bounded, not the file's size alone.
+MAX_HISTORY_ENTRIES = 1_000_000  # about 1.2 s to replay per setting here
+MAX_BLOCKS = 1_000_000
 START_KEY = "gpumem_start"  # what %%gpumem --trace adds to the snapshot it keeps or saves
+SESSION_KEY = "gpumem_session"  # what %gpumem record adds: the session's start and drops
 COMPACT_FORMAT = "gpumem-whatif-trace/1"
 _KEEP = ("action", "addr", "size", "stream", "time_us")
 _MIN_BLOCK = 512  # kMinBlockSize
@@ -101,12 +107,38 @@ def load(source: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
         else:
             obj = _DataOnlyUnpickler(io.BytesIO(data)).load()
     except Exception as e:  # junk makes the unpickler raise nearly anything
+        why = " ".join(str(e).split())  # the unpickler's text runs over lines
         raise SnapshotError(f"{_shown(source)} is not a memory snapshot: "
-                            f"{type(e).__name__}: {plain(str(e), 200)}") from None
+                            f"{type(e).__name__}: {plain(why, 200)}") from None
     if not isinstance(obj, dict):
         raise SnapshotError(f"{_shown(source)} is not a memory snapshot (its top level is "
                             f"a {type(obj).__name__}, not a dict)")
+    _check_bounds(obj, _shown(source))
     return expand(obj)
+
+
+def _check_bounds(obj: Mapping[str, Any], name: str) -> None:
+    """Refuse, in one sentence, a file that holds more entries or blocks than a replay
+    should read (counted by their lists' lengths: nothing is walked)."""
+    traces = obj.get("device_traces")
+    cols = obj.get("device_traces_columns")
+    entries = sum(len(t) for t in traces[:1024] if isinstance(t, list)) \
+        if isinstance(traces, list) else 0
+    if isinstance(cols, list):
+        entries += sum(max((len(v) for v in c.values() if isinstance(v, list)), default=0)
+                       for c in cols[:1024] if isinstance(c, Mapping))
+    if entries > MAX_HISTORY_ENTRIES:
+        raise SnapshotError(f"{name} holds {entries} history entries, more than the "
+                            f"{MAX_HISTORY_ENTRIES} a what-if replays: record fewer "
+                            "(_record_memory_history's max_entries)")
+    blocks = 0
+    segments = obj.get("segments")
+    for seg in segments if isinstance(segments, list) else ():
+        b = seg.get("blocks") if isinstance(seg, Mapping) else None
+        blocks += len(b) + 1 if isinstance(b, list) else 1
+        if blocks > MAX_BLOCKS:
+            raise SnapshotError(f"{name} holds more than {MAX_BLOCKS} segments and blocks: "
+                                "too many for a what-if to read")
 
 
 @dataclass(frozen=True)
@@ -239,6 +271,12 @@ def start_of(snapshot: Mapping[str, Any], device: int) -> Start:
 def trace_input(snapshot: Mapping[str, Any], device: int | None = None) -> TraceInput:
     if device is not None and (not isinstance(device, int) or isinstance(device, bool)):
         raise TypeError(f"device is a GPU number (an int such as 0), not {device!r:.60}")
+    if "device_traces" not in snapshot and "segments" not in snapshot:
+        keys = ", ".join(plain(str(k), 30) for k in list(snapshot)[:6]) or "none"
+        raise SnapshotError("this file is not a memory snapshot: it has neither segments nor "
+                            f"device_traces (its keys: {keys}); the what-if reads "
+                            "torch.cuda.memory._snapshot()'s dict, a _dump_snapshot pickle "
+                            "or a %%gpumem --trace --save file")
     traces = snapshot.get("device_traces")
     if not isinstance(traces, list) or not any(isinstance(t, list) and t for t in traces):
         traces = None

@@ -1,0 +1,149 @@
+"""The smallest GPU each setting needs: the recorded work replayed at smaller and smaller
+memory until it runs out (bisection on what PyTorch may reserve).
+
+What PyTorch may reserve is checked as ``set_per_process_memory_fraction``'s cap is (the
+same check the allocator makes, with its free-the-cache-and-retry before giving up), so a
+real run capped at the minimum found fits and one a little under it runs out. The search
+assumes that more memory never makes a run fail; the model's allocator frees its cache and
+retries before an OOM, as PyTorch's does, which is what makes that hold. It starts from the
+unlimited replay's peak, and doubles past it when a run needs more room than its peak (the
+cap is checked against a whole request before the pages it needs are mapped).
+
+A GPU size's row ("fits on 40 GB") takes an N GB GPU as N GiB, less what the CUDA context
+and the libraries' workspaces hold before PyTorch can reserve any (``CONTEXT_BYTES``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..units import format_bytes
+from .allocator import Limits
+from .config import AllocatorSettings
+from .replay import CompiledTrace, replay
+
+GiB = 1 << 30
+MiB = 1 << 20
+GPU_SIZES_GB = (24, 40, 48, 80, 94, 141)
+CONTEXT_BYTES = 512 * MiB  # CUDA context and workspaces: not PyTorch's to reserve
+STEP_BYTES = 2 * MiB  # the search stops this close to the minimum (a large segment's size)
+STEP_FRACTION = 0.005  # or within 0.5% of it: a real run 2% under the minimum runs out
+
+
+@dataclass(frozen=True)
+class FitRow:
+    label: str
+    setting: str
+    min_bytes: int | None  # smallest memory PyTorch may use in which nothing runs out
+    replays: int = 0
+    note: str = ""
+
+    def fits(self, gpu_gb: float) -> bool | None:
+        if self.min_bytes is None:
+            return None
+        return self.min_bytes <= usable_bytes(gpu_gb)
+
+
+def usable_bytes(gpu_gb: float) -> int:
+    """What PyTorch can reserve on an N GB GPU (N GiB less the context)."""
+    return int(gpu_gb * GiB) - CONTEXT_BYTES
+
+
+def _room_limits(settings: AllocatorSettings, room: int) -> Limits:
+    """The limits of a GPU leaving ``room`` bytes to PyTorch, under ``settings``'s own
+    fraction if it has one (its cap is the fraction of the room)."""
+    f = settings.per_process_memory_fraction
+    allowed = int(f * room) if f is not None and f < 1.0 else room
+    return Limits(allowed_bytes=allowed, capacity_bytes=room)
+
+
+def min_room(trace: CompiledTrace, settings: AllocatorSettings, *, start_segments: Sequence,
+             device: int, start_page_bytes: int, unlimited_peak_bytes: int,
+             peak_allocated_bytes: int, device_total_bytes: int | None = None
+             ) -> tuple[int | None, int]:
+    """(the smallest room in which the replay has no OOM, replays made). The GPU's own size
+    stays what it is (an expandable segment's address space is sized from it): only what
+    PyTorch may reserve shrinks, as a memory fraction shrinks it."""
+    def fits(room: int) -> bool:
+        r = replay(trace, settings, limits=_room_limits(settings, room),
+                   start_segments=start_segments, device=device,
+                   device_total_bytes=device_total_bytes,
+                   start_page_bytes=start_page_bytes, stop_at_oom=True)
+        return not r.oom
+
+    f = settings.per_process_memory_fraction
+    scale = 1.0 / f if f is not None and 0 < f < 1.0 else 1.0
+    hi = max(int(unlimited_peak_bytes * scale) + 1, 1)
+    lo = max(int(peak_allocated_bytes * scale) - 1, 0)  # live bytes alone do not fit below
+    n = 0
+    proved = False  # whether a replay at ``hi`` fitted (the unlimited peak usually does)
+    while True:
+        step = max(STEP_BYTES, int(hi * STEP_FRACTION))
+        while hi - lo > step:
+            mid = (lo + hi) // 2
+            n += 1
+            if fits(mid):
+                hi, proved = mid, True
+            else:
+                lo = mid
+        if proved:
+            return hi, n
+        n += 1
+        if fits(hi):
+            return hi, n
+        # The cap is checked against a whole request before the pages it needs are mapped
+        # (an expandable segment's check): a run can need more room than its unlimited peak.
+        if hi > 1 << 50:
+            return None, n
+        lo, hi = hi, hi * 2
+
+
+@dataclass(frozen=True)
+class Fit:
+    rows: tuple[FitRow, ...]
+    target_gb: float | None = None
+
+    def gpu_table(self) -> tuple[tuple[str, ...], list[list[str]]]:
+        headers = ("setting", "needs", *(f"{g} GB" for g in GPU_SIZES_GB))
+        out = []
+        for r in self.rows:
+            if r.min_bytes is None:
+                out.append([r.label, r.note or "cannot be modelled", *("" for _ in GPU_SIZES_GB)])
+                continue
+            out.append([r.label, format_bytes(r.min_bytes),
+                        *("yes" if r.fits(g) else "no" for g in GPU_SIZES_GB)])
+        return headers, out
+
+    def sentence(self, gpu_gb: float | None = None) -> str:
+        """The cheapest setting that fits an N GB GPU, in a sentence."""
+        gb = gpu_gb if gpu_gb is not None else self.target_gb
+        known = [r for r in self.rows if r.min_bytes is not None]
+        if not known:
+            return "No setting could be modelled, so no GPU size is predicted."
+        best = min(known, key=lambda r: r.min_bytes or 0)
+        if gb is None:
+            return (f"The least memory: {best.label}, {format_bytes(best.min_bytes)} for "
+                    f"PyTorch (a {_gb_needed(best.min_bytes or 0)} GB GPU).")
+        fitting = [r for r in known if r.fits(gb)]
+        room = format_bytes(usable_bytes(gb))
+        if not fitting:
+            return (f"On a {gb:g} GB GPU ({room} for PyTorch) no setting tried fits: the "
+                    f"least is {best.label} at {format_bytes(best.min_bytes)}.")
+        cheapest = min(fitting, key=lambda r: r.min_bytes or 0)
+        others = [r.label for r in fitting if r is not cheapest]
+        rest = f"; {', '.join(others)} fit(s) too" if others else ""
+        return (f"On a {gb:g} GB GPU ({room} for PyTorch) {cheapest.label} fits with the "
+                f"most room: it needs {format_bytes(cheapest.min_bytes)}{rest}.")
+
+    def lines(self) -> list[str]:
+        from ..report import text_table
+
+        headers, rows = self.gpu_table()
+        return ["Smallest memory each setting needs (replayed by bisection; an N GB GPU is "
+                f"taken as N GiB less {format_bytes(CONTEXT_BYTES)} for the CUDA context):",
+                text_table(headers, rows), self.sentence()]
+
+
+def _gb_needed(nbytes: int) -> int:
+    return -(-(nbytes + CONTEXT_BYTES) // GiB)
