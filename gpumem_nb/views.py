@@ -62,7 +62,7 @@ class WhoReport:
         self.total = total
 
     def rows(self) -> list[list[str]]:
-        return [[h.name, h.kind, h.device, held_text(h), h.detail] for h in self.holders]
+        return [[h.label, h.kind, h.device, held_text(h), h.detail] for h in self.holders]
 
     @property
     def caption(self) -> str:

@@ -26,6 +26,7 @@ from .causes import (
     CAUSE_OTHER_PROCESSES,
     CAUSE_OUTSIDE,
     CAUSE_POOL,
+    CAUSE_PRIVATE_POOL,
     CAUSE_UNKNOWN,
     CAUSE_WORKING_SET,
     UNREACHABLE,
@@ -34,7 +35,7 @@ from .causes import (
     garbage_plausible,
     held_holders,
 )
-from .facts import OomFacts
+from .facts import POOL_USER, OomFacts, PoolUse
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,11 @@ class OomExplanation:
                 cached = (f" and {format_bytes(split)} reserved but unallocated"
                           + (" (it could not release that)" if split else ""))
             parts.append(f"PyTorch had {format_bytes(f.allocated_bytes)} allocated{cached}.")
+        if f.pools:
+            pooled = sum(p.reserved_bytes for p in f.pools)
+            parts.append(f"Private memory pools held {format_bytes(pooled)}"
+                         f" ({format_bytes(f.pools_free_bytes)} of it free to their own "
+                         "allocations only).")
         return " ".join(parts)
 
     def lines(self) -> list[str]:
@@ -168,6 +174,9 @@ def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holde
             continue  # it would not let the computation through
         if c.kind in (CAUSE_FRAGMENTATION, CAUSE_POOL) and not c.covers:
             continue  # its cure reclaims too little to matter here
+        if c.kind == CAUSE_PRIVATE_POOL:
+            out.extend(_pool_actions(f))
+            continue
         if c.kind == CAUSE_POOL:
             out.append(Action("%gpumem cleanup runs torch.cuda.empty_cache(), which returns the "
                               f"cudaMallocAsync pool's {format_bytes(c.nbytes)} of unused "
@@ -226,6 +235,36 @@ def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holde
     if dry_run is not None:
         out.extend(_dry_run_actions(dry_run))
     return tuple(out)
+
+
+def pool_action(pool: PoolUse) -> Action:
+    """The step that frees one private pool: its owner goes, then empty_cache."""
+    if pool.kind == POOL_USER:
+        who = f"del {pool.owner}" if pool.owner else "del the torch.cuda.MemPool object"
+        return Action(f"{who} and every tensor allocated in it (under "
+                      "torch.cuda.use_mem_pool), then %gpumem cleanup (torch.cuda.empty_cache()) "
+                      f"returns its {format_bytes(pool.reserved_bytes)}.", pool.reserved_bytes)
+    if pool.owner:
+        return Action(f"del {pool.owner} (the torch.cuda.CUDAGraph) and the static tensors its "
+                      "capture made, then %gpumem cleanup (torch.cuda.empty_cache()) returns "
+                      f"its private pool's {format_bytes(pool.reserved_bytes)}; or capture a "
+                      "smaller step, or let graphs share one pool (pool=g.pool()).",
+                      pool.reserved_bytes)
+    if pool.graph_trees:
+        return Action("torch.compiler.reset() drops the compiled functions and their CUDA graph "
+                      "trees (torch._inductor.cudagraph_trees.reset_cudagraph_trees() frees the "
+                      "trees alone); del the outputs you kept, then %gpumem cleanup "
+                      f"(torch.cuda.empty_cache()) returns the {format_bytes(pool.reserved_bytes)}"
+                      " pool. Or compile without CUDA graphs (mode=\"max-autotune-no-cudagraphs\" "
+                      "or the default mode).", pool.reserved_bytes)
+    return Action("del the torch.cuda.CUDAGraph that owns this pool and the static tensors its "
+                  "capture made, then %gpumem cleanup (torch.cuda.empty_cache()) returns its "
+                  f"{format_bytes(pool.reserved_bytes)}.", pool.reserved_bytes)
+
+
+def _pool_actions(f: OomFacts) -> list[Action]:
+    return [pool_action(p) for p in sorted(f.pools, key=lambda p: -p.reserved_bytes)
+            if p.reserved_bytes >= _NOTABLE_BYTES]
 
 
 def _workload_action(f: OomFacts) -> Action:

@@ -4,6 +4,7 @@ observer at the failure or from the message and readings after it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..model import (
     ChildProcess,
@@ -23,6 +24,30 @@ class ProcessUse:
             pid, _, what = self.child.label.partition(", ")
             return f"{pid} (this kernel's {what})"
         return f"PID {self.pid}" + (f" ({self.what})" if self.what else "")
+
+
+POOL_GRAPH = "CUDA graph"
+POOL_USER = "torch.cuda.MemPool"
+
+
+@dataclass(frozen=True)
+class PoolUse:
+    """A memory pool other than the default, from the snapshot's ``segment_pool_id``: CUDA
+    graphs (``torch.cuda.graph``, and ``torch.compile(mode="reduce-overhead")``'s graph trees)
+    get ids ``(n, 0)`` from ``graph_pool_handle``, a user's ``torch.cuda.MemPool`` ``(0, n)``.
+    Its free blocks serve only that pool's allocations, and ``empty_cache`` cannot release
+    them while the pool's owner lives."""
+
+    pool_id: tuple[int, int]
+    kind: str  # POOL_GRAPH or POOL_USER
+    reserved_bytes: int
+    allocated_bytes: int
+    owner: str = ""  # the variable that keeps it, where one was found
+    graph_trees: bool = False  # torch.compile's CUDA graph trees are loaded
+
+    @property
+    def free_bytes(self) -> int:
+        return max(self.reserved_bytes - self.allocated_bytes, 0)
 
 
 @dataclass(frozen=True)
@@ -72,6 +97,17 @@ class OomFacts:
     # NVML's least figure for this process while PyTorch's cache held nothing on this GPU:
     # the CUDA context as measured here (with whatever else the process held then).
     idle_process_bytes: int | None = None
+    # Memory pools other than the default (CUDA graphs, MemPool), at the failure.
+    pools: tuple[PoolUse, ...] = ()
+    # Some holder's object or graph walk was cut by its bounds: what is "not found" may be
+    # theirs, so it is never a verdict.
+    walk_capped: bool = False
+    # Where it failed, from the traceback's frames (site.py).
+    site: Any = None
+
+    @property
+    def pools_free_bytes(self) -> int:
+        return sum(p.free_bytes for p in self.pools)
 
     @property
     def pool_reuses_unallocated(self) -> bool:
@@ -89,7 +125,7 @@ class OomFacts:
         live tensors: fragmentation."""
         if self.reserved_bytes is None or self.allocated_bytes is None:
             return None
-        return max(self.reserved_bytes - self.allocated_bytes, 0)
+        return max(self.reserved_bytes - self.allocated_bytes - self.pools_free_bytes, 0)
 
     @property
     def outside_pytorch_bytes(self) -> int | None:

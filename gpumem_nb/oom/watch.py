@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -30,7 +31,7 @@ from ..sources.torch import TorchDebug, alloc_conf
 from ..units import printable
 from .advice import OomExplanation, SiteAtFailure, next_steps
 from .causes import KIND_FAILED_CALL, classify, held_holders
-from .facts import OomFacts, ProcessUse
+from .facts import POOL_GRAPH, POOL_USER, OomFacts, PoolUse, ProcessUse
 from .message import (
     FORM_ASYNC,
     FORM_DRIVER,
@@ -92,6 +93,7 @@ class OomEvent:
     expandable_segments: bool | None = None
     grad_enabled: bool | None = None  # on the allocating thread (a backward runs on its own)
     cell: CellStart | None = None
+    pools: tuple[PoolUse, ...] = ()
     cost_s: float = 0.0
     stage_s: dict[str, float] = field(default_factory=dict)
 
@@ -227,9 +229,41 @@ class OomWatch:
             if snap is not None:
                 event.largest_free_block_bytes, event.expandable_segments = \
                     _segment_facts(snap, device)
+                event.pools = self._named_pools(pools_in(snap.get("segments", ()), device,
+                                                         _graph_trees_loaded()))
             event.stage_s["observer_segments"] = self.clock() - t
         event.cost_s = self.clock() - t0
         self.events.append(event)
+
+    def _pools_now(self, device: int, backend: str) -> tuple[PoolUse, ...]:
+        """The private pools after the failure (a graph's pool outlives the exception)."""
+        if backend == "cudaMallocAsync":
+            return ()
+        try:
+            segs, _ = self.torch.segments_snapshot()
+        except Exception:
+            return ()
+        return self._named_pools(pools_in(segs or (), device, _graph_trees_loaded()))
+
+    def _named_pools(self, pools: tuple[PoolUse, ...]) -> tuple[PoolUse, ...]:
+        """Each pool with the user variable that owns it, where one is found at the top of
+        the namespace (a ``CUDAGraph``'s ``pool()``, a ``MemPool``'s ``id``: torch's own
+        methods, read guarded)."""
+        if not pools:
+            return pools
+        owners: dict[tuple[int, int], str] = {}
+        ns = getattr(getattr(self.host, "shell", None), "user_ns", None)
+        if isinstance(ns, dict):
+            for name, obj in list(ns.items()):
+                cls = type(obj).__name__
+                if cls not in ("CUDAGraph", "MemPool") or not isinstance(name, str):
+                    continue
+                try:
+                    raw = obj.pool() if cls == "CUDAGraph" else obj.id
+                    owners.setdefault((int(raw[0]), int(raw[1])), name)
+                except Exception:
+                    continue
+        return tuple(replace(p, owner=owners.get(p.pool_id, "")) for p in pools)
 
     def _cell_start(self, device: int) -> CellStart | None:
         fn = getattr(self.host, "cell_start", None)
@@ -445,7 +479,8 @@ class OomWatch:
             backend=self.torch.allocator_backend() or "native",
             expandable_segments=self._expandable(ev.expandable_segments),
             largest_free_block_bytes=ev.largest_free_block_bytes,
-            private_pool_bytes=msg.private_pool_bytes, measured_at="failure",
+            private_pool_bytes=msg.private_pool_bytes, measured_at="failure", pools=ev.pools,
+            walk_capped=_capped(holders),
             grad_enabled=ev.grad_enabled, idle_process_bytes=self._idle_bytes(ev.device),
             **_cell_facts(ev.cell, r.allocated_bytes if r else msg.allocated_bytes))
         stages = {"observer": ev.cost_s}
@@ -510,7 +545,8 @@ class OomWatch:
             private_pool_bytes=msg.private_pool_bytes, precision_bytes=msg.precision_bytes,
             measured_at="after", released_since_bytes=released,
             unreachable_bytes=unreachable, previous_error=previous_error,
-            computation_bytes=computation, grad_enabled=grad,
+            computation_bytes=computation, grad_enabled=grad, walk_capped=_capped(holders),
+            pools=self._pools_now(device, backend),
             idle_process_bytes=self._idle_bytes(device),
             **_cell_facts(self._cell_start(device), allocated))
         why = f"OOM observer {self.observer_status}" \
@@ -535,9 +571,44 @@ class OomWatch:
                 f"OOM observer: {self.observer_status}.")
 
 
+def pool_id_of(seg: Mapping[str, Any]) -> tuple[int, int]:
+    """A segment's ``segment_pool_id`` (``(0, 0)``: the default pool), as
+    ``torch/csrc/cuda/Module.cpp`` writes it from ``SegmentInfo.owner_private_pool_id``."""
+    raw = seg.get("segment_pool_id", (0, 0))
+    try:
+        a, b = raw
+        return int(a), int(b)
+    except (TypeError, ValueError):
+        return (0, 0)
+
+
+def pools_in(segments: Iterable[Mapping[str, Any]], device: int,
+             graph_trees: bool = False) -> tuple[PoolUse, ...]:
+    """Each non-default pool's reserved and allocated bytes on ``device``."""
+    sizes: dict[tuple[int, int], list[int]] = {}
+    for seg in segments:
+        if seg.get("device", device) != device:
+            continue
+        pid = pool_id_of(seg)
+        if pid == (0, 0):
+            continue
+        total = int(seg.get("total_size", 0) or 0)
+        allocated = seg.get("allocated_size")
+        if allocated is None:
+            allocated = sum(int(b.get("size", 0)) for b in seg.get("blocks", ())
+                            if b.get("state") == "active_allocated")
+        entry = sizes.setdefault(pid, [0, 0])
+        entry[0] += total
+        entry[1] += int(allocated)
+    return tuple(PoolUse(pid, POOL_USER if pid[0] == 0 else POOL_GRAPH, r, a,
+                         graph_trees=graph_trees and pid[0] != 0)
+                 for pid, (r, a) in sizes.items())
+
+
 def _segment_facts(snapshot: Mapping[str, Any], device: int) -> tuple[int | None, bool | None]:
-    """(largest free block inside PyTorch's segments, expandable segments on) from a
-    snapshot taken at the failure."""
+    """(largest free block inside PyTorch's default pool's segments, expandable segments on)
+    from a snapshot taken at the failure. A private pool's free blocks are not fragmentation:
+    only that pool can use them (``pools_in``)."""
     largest: int | None = None
     expandable: bool | None = None
     for seg in snapshot.get("segments", ()):
@@ -545,6 +616,8 @@ def _segment_facts(snapshot: Mapping[str, Any], device: int) -> tuple[int | None
             continue
         if seg.get("is_expandable"):
             expandable = True
+        if pool_id_of(seg) != (0, 0):
+            continue
         for b in seg.get("blocks", ()):
             if b.get("state") == "inactive":
                 largest = max(largest or 0, int(b.get("size", 0)))
@@ -581,10 +654,19 @@ def _unaccounted_at_start(cell: CellStart | None, holders: Sequence[Holder],
     if cell is None or cell.allocated_bytes is None:
         return None
     held = held_holders(holders, device)
-    if any(h.graph_bytes_capped or h.graph_unsized or (h.holds_graph and h.graph_bytes is None)
-           for h in held):
+    if _capped(held):
         return None
     return max(cell.allocated_bytes - sum(h.held_bytes for h in held), 0)
+
+
+def _graph_trees_loaded() -> bool:
+    """Whether torch.compile's CUDA graph trees have been imported (mode="reduce-overhead")."""
+    return "torch._inductor.cudagraph_trees" in sys.modules
+
+
+def _capped(holders: Sequence[Holder]) -> bool:
+    return any(h.walk_capped or h.graph_bytes_capped or h.graph_unsized
+               or (h.holds_graph and h.graph_bytes is None) for h in holders)
 
 
 def _failed_call_apart(holders: Sequence[Holder], error: BaseException) -> tuple[Holder, ...]:
