@@ -4,6 +4,7 @@
 - ``facts``: the numbers at the failure (``OomFacts``);
 - ``causes``: ``classify``, the causes most specific first, decided from measured numbers;
 - ``advice``: the ``OomExplanation`` and ``next_steps``, what to do and what each step frees;
+- ``site``: where it failed, from the traceback's frames (the module, a backward, generation);
 - ``watch``: the runtime (``OomWatch``): the allocator's OOM observer, the readings at the
   failure, and turning a failing cell into an explanation.
 
@@ -19,6 +20,7 @@ from .advice import (
     SiteAtFailure,
     child_advice,
     next_steps,
+    pool_action,
 )
 from .causes import (
     CAUSE_FRAGMENTATION,
@@ -27,10 +29,12 @@ from .causes import (
     CAUSE_OTHER_PROCESSES,
     CAUSE_OUTSIDE,
     CAUSE_POOL,
+    CAUSE_PRIVATE_POOL,
     CAUSE_UNKNOWN,
     CAUSE_WORKING_SET,
     CONTEXT_ALLOWANCE_BYTES,
     KIND_FAILED_CALL,
+    KIND_RUNNING,
     UNREACHABLE,
     UNREACHABLE_AT_START,
     Cause,
@@ -38,9 +42,13 @@ from .causes import (
     classify,
     garbage_plausible,
     held_holders,
+    pool_owner_text,
 )
 from .facts import (
+    POOL_GRAPH,
+    POOL_USER,
     OomFacts,
+    PoolUse,
     ProcessUse,
 )
 from .message import (
@@ -60,12 +68,21 @@ from .message import (
     is_cuda_oom,
     parse_oom_message,
 )
+from .site import (
+    CacheUse,
+    FailureSite,
+    failure_site,
+    mark_running,
+    module_paths,
+)
 from .watch import (
     EXPLAIN_GRAPH_BUDGET_S,
     OomEvent,
     OomHost,
     OomWatch,
     describe_pid,
+    pool_id_of,
+    pools_in,
     with_counted_ooms,
 )
 
@@ -76,6 +93,7 @@ __all__ = [
     "CAUSE_OTHER_PROCESSES",
     "CAUSE_OUTSIDE",
     "CAUSE_POOL",
+    "CAUSE_PRIVATE_POOL",
     "CAUSE_UNKNOWN",
     "CAUSE_WORKING_SET",
     "CONTEXT_ALLOWANCE_BYTES",
@@ -87,11 +105,16 @@ __all__ = [
     "FORM_SIZE_CHECK",
     "FORM_UNKNOWN",
     "KIND_FAILED_CALL",
+    "KIND_RUNNING",
+    "POOL_GRAPH",
+    "POOL_USER",
     "UNREACHABLE",
     "UNREACHABLE_AT_START",
     "WINDOW_CHARS",
     "Action",
+    "CacheUse",
     "Cause",
+    "FailureSite",
     "GiB",
     "MiB",
     "OomEvent",
@@ -100,6 +123,7 @@ __all__ = [
     "OomHost",
     "OomMessage",
     "OomWatch",
+    "PoolUse",
     "ProcessUse",
     "SiteAtFailure",
     "_window",
@@ -108,12 +132,19 @@ __all__ = [
     "classify",
     "describe_pid",
     "error_str",
+    "failure_site",
     "find_cuda_oom",
     "first_line",
     "garbage_plausible",
     "held_holders",
     "is_cuda_oom",
+    "mark_running",
+    "module_paths",
     "next_steps",
     "parse_oom_message",
+    "pool_action",
+    "pool_id_of",
+    "pool_owner_text",
+    "pools_in",
     "with_counted_ooms",
 ]

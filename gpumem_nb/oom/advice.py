@@ -268,6 +268,26 @@ def _pool_actions(f: OomFacts) -> list[Action]:
 
 
 def _workload_action(f: OomFacts) -> Action:
+    site = f.site
+    if site is not None and site.in_generate:
+        cache = site.cache
+        held = ""
+        if cache is not None:
+            grow = (f", {format_bytes(cache.per_token_bytes)} more per generated token"
+                    if cache.per_token_bytes else "")
+            held = f" The KV cache held {format_bytes(cache.nbytes)}{grow}."
+        return Action(
+            "Generation: lower the batch size or max_new_tokens (the KV cache grows with batch "
+            "× (prompt + generated) tokens), or keep less of the cache on the GPU "
+            "(generate(..., cache_implementation=\"offloaded\") or \"quantized\"), or a "
+            f"smaller dtype for the model and cache (bf16).{held} Activation checkpointing "
+            "does not apply: generation keeps no activations for a backward pass.")
+    if site is not None and site.whole_model_checkpoint:
+        return Action(
+            "Checkpoint per block, not the whole model: one checkpoint recomputes every "
+            "layer's activations in its backward at once (torch.utils.checkpoint around each "
+            "transformer block, or model.gradient_checkpointing_enable() for transformers); or "
+            "a smaller batch or sequence length.")
     text = ("Make the step smaller: a smaller batch or sequence length (activations grow with "
             "both), activation checkpointing (torch.utils.checkpoint), or bf16/fp16 autocast "
             "(torch.autocast)")

@@ -37,6 +37,8 @@ _HELD_KINDS_FIRST = ("output cache", "traceback")
 # The failing call's own traceback, when the explanation comes after the fact: the
 # computation's working set, not something the session keeps.
 KIND_FAILED_CALL = "failed call"
+# The running backward's own root and saved inputs (site.py): the computation, too.
+KIND_RUNNING = "running backward"
 # The cell's working set is the verdict when it is this many times every other cause: then
 # freeing anything else would let this one request through, not the computation.
 _DWARFS = 4
@@ -57,7 +59,7 @@ def held_holders(holders: Iterable[Holder], device: int) -> list[Holder]:
     """What the session holds on ``device`` (with their graphs), the accidental holders (Out,
     a traceback) first; the failing call's own locals are the computation's, not listed."""
     on = [h for h in holders if h.device in (f"cuda:{device}", "cuda") and h.held_bytes > 0
-          and h.kind != KIND_FAILED_CALL]
+          and h.kind not in (KIND_FAILED_CALL, KIND_RUNNING)]
     return sorted(on, key=lambda h: (h.kind not in _HELD_KINDS_FIRST, -h.held_bytes, h.name))
 
 

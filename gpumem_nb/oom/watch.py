@@ -30,7 +30,7 @@ from ..sources.processes import roles_to_learn
 from ..sources.torch import TorchDebug, alloc_conf
 from ..units import printable
 from .advice import OomExplanation, SiteAtFailure, next_steps
-from .causes import KIND_FAILED_CALL, classify, held_holders
+from .causes import CAUSE_WORKING_SET, KIND_FAILED_CALL, classify, held_holders
 from .facts import POOL_GRAPH, POOL_USER, OomFacts, PoolUse, ProcessUse
 from .message import (
     FORM_ASYNC,
@@ -41,6 +41,7 @@ from .message import (
     first_line,
     parse_oom_message,
 )
+from .site import failure_site, mark_running
 
 
 class OomHost(Protocol):
@@ -335,7 +336,18 @@ class OomWatch:
             pieces.facts = replace(pieces.facts, earlier_errors=earlier_errors)
         stages = pieces.stage_s
         t = self.clock()
+        ns = getattr(getattr(self.host, "shell", None), "user_ns", None)
+        site = failure_site(exc, ns if isinstance(ns, Mapping) else {}, holders=pieces.judged)
+        pieces.judged = mark_running(pieces.judged, site)
+        pieces.facts = replace(pieces.facts, site=site)
+        stages["site"] = self.clock() - t
+        t = self.clock()
         causes = classify(pieces.facts, pieces.judged)
+        if causes and causes[0].kind == CAUSE_WORKING_SET and site.lines():
+            causes = (replace(causes[0], details=causes[0].details + tuple(site.lines())),
+                      *causes[1:])
+        elif site.lines():
+            pieces.notes.extend(site.lines())
         stages["classify"] = self.clock() - t
         t = self.clock()
         try:
