@@ -9,6 +9,7 @@ from typing import Any
 
 from ..analysis import holder_action
 from ..cleanup import CleanupReport
+from ..ledger import Ledger
 from ..model import (
     ROLE_DATALOADER,
     ROLE_LAUNCHED,
@@ -69,6 +70,9 @@ class OomExplanation:
     # "classify", "dry_run"): the 50 ms budget is met on the GPU, where NVML and the
     # allocator cost what no fake shows, so the GPU tests print this.
     stage_s: dict[str, float] = field(default_factory=dict)
+    # Conservation: the allocated bytes split into holders, graphs, the computation, pools
+    # and "not found" (ledger.py), from the same scan as the causes.
+    ledger: Ledger | None = None
 
     def stages_text(self) -> str:
         return " ".join(f"{k} {v * 1e3:.1f}" for k, v in self.stage_s.items()) + " (ms)"
@@ -110,6 +114,8 @@ class OomExplanation:
 
     def lines(self) -> list[str]:
         out = [self.header()]
+        if self.ledger is not None:
+            out.append(self.ledger.line())
         for i, c in enumerate(self.causes):
             out.append(("Cause: " if i == 0 else "Also: ") + c.summary)
             out.extend(f"    {d}" for d in c.details)
@@ -133,6 +139,8 @@ class OomExplanation:
     def _repr_html_(self) -> str:
         esc = html.escape
         body = [f"<div><b>{esc(self.header())}</b></div>"]
+        if self.ledger is not None:
+            body.append(f"<div>{esc(self.ledger.line())}</div>")
         for i, c in enumerate(self.causes):
             label = "Cause" if i == 0 else "Also"
             body.append(f"<div><b>{label}:</b> {esc(c.summary)}</div>")

@@ -19,6 +19,7 @@ from .. import userexc
 from ..cleanup import CleanupReport, CleanupRequest
 from ..errtext import error_str
 from ..holders import exception_chain, last_value
+from ..ledger import Ledger, ledger
 from ..model import (
     AllocatorReading,
     CellStart,
@@ -30,7 +31,14 @@ from ..sources.processes import roles_to_learn
 from ..sources.torch import TorchDebug, alloc_conf
 from ..units import printable
 from .advice import OomExplanation, SiteAtFailure, next_steps
-from .causes import CAUSE_WORKING_SET, KIND_FAILED_CALL, classify, held_holders
+from .causes import (
+    CAUSE_WORKING_SET,
+    KIND_FAILED_CALL,
+    cell_working_set_bytes,
+    classify,
+    held_holders,
+    pool_owner_text,
+)
 from .facts import POOL_GRAPH, POOL_USER, OomFacts, PoolUse, ProcessUse
 from .message import (
     FORM_ASYNC,
@@ -363,7 +371,8 @@ class OomWatch:
                 "library's own allocation such as cuBLAS or cuDNN creating its handle, CuPy, "
                 "JAX, NCCL or a custom cudaMalloc).")
         return OomExplanation(
-            facts=pieces.facts, causes=causes,
+            ledger=explanation_ledger(pieces.facts, pieces.judged), facts=pieces.facts,
+            causes=causes,
             actions=next_steps(pieces.facts, causes, pieces.judged, dry),
             error=first_line(text, 300) or userexc.type_name(exc),
             form=msg.form, source=pieces.source, holders=pieces.holders,
@@ -669,6 +678,23 @@ def _unaccounted_at_start(cell: CellStart | None, holders: Sequence[Holder],
     if _capped(held):
         return None
     return max(cell.allocated_bytes - sum(h.held_bytes for h in held), 0)
+
+
+def explanation_ledger(f: OomFacts, judged: Sequence[Holder]) -> Ledger | None:
+    """The failure's split of allocated bytes: every holder on the GPU (the session's, the
+    running backward's, the failed call's), the failing cell's own working set beyond them
+    (at the failure), and each private pool's tensors."""
+    if f.allocated_bytes is None:
+        return None
+    device = f"cuda:{f.device}"
+    computation = 0
+    if f.measured_at == "failure":
+        computation = cell_working_set_bytes(f, judged) or 0
+        # What the running backward's inputs hold is listed among the holders already.
+    pools = tuple((f"the pool of {pool_owner_text(p)}", p.allocated_bytes) for p in f.pools)
+    return ledger(device, f.allocated_bytes,
+                  [h for h in judged if h.device.startswith("cuda")], computation_bytes=computation,
+                  pools=pools)
 
 
 def _graph_trees_loaded() -> bool:
