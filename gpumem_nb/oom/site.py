@@ -240,18 +240,25 @@ def _backward_inputs(site: FailureSite, root: Any, user_ns: Mapping[Any, Any],
         keys.add(info[2])
     grad_fn = getattr(root, "grad_fn", None) if issubclass(type(root), tensor_type) else None
     checkpoint_nodes = 0
+    walked: set[int] = set()
     if grad_fn is not None:
         walker = GraphWalker(scanner._tensor_info, set(), budget_s=0.01)
         walker.size([grad_fn])
         keys |= walker.seen | walker._leaves
         checkpoint_nodes = sum(1 for n in walker._held if "Checkpoint" in type(n).__name__)
+        walked = {id(n) for n in walker._held}
     names = {h.name for h in holders if h.kind == "variable"}
     running: list[str] = []
     total = 0
     for name in sorted(names):
         value = user_ns.get(name)
         vi = scanner._tensor_info(value) if value is not None else None
-        if value is root or (vi is not None and vi[2] in keys):
+        # The root, a tensor the graph saved or holds as a leaf, or an output whose own
+        # node is in the graph being run (``y`` of ``y.sum().backward()``).
+        node = getattr(value, "grad_fn", None) if vi is not None and issubclass(
+            type(value), tensor_type) else None
+        if value is root or (vi is not None and vi[2] in keys) or (
+                node is not None and id(node) in walked):
             running.append(name)
             total += sum(h.held_bytes for h in holders if h.name == name)
     # One checkpoint node and hardly any other nodes: the checkpoint wraps the whole model.
