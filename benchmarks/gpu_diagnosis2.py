@@ -72,7 +72,8 @@ MLP = ("width = 8192\n"
        "mlp = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(8)]).cuda()")
 GPT2 = ("from transformers import GPT2Config, GPT2LMHeadModel\n"
         "cfg = GPT2Config(n_embd=1024, n_layer=12, n_head=16, n_positions=1024)\n"
-        "model = GPT2LMHeadModel(cfg).cuda()")
+        "with torch.device('cuda'):\n    model = GPT2LMHeadModel(cfg)")
+FILL = "int(torch.cuda.mem_get_info()[0])"  # what CUDA has free now
 
 KINDS: list[Kind] = [
     # ---- the earlier set (benchmarks/gpu_diagnosis.py) -------------------------------------
@@ -164,12 +165,116 @@ KINDS: list[Kind] = [
           "x = torch.randn(524288, width, device='cuda', requires_grad=True)\n"
           "y = cp.checkpoint(net, x, use_reentrant=True)",),
          "y.sum().backward()",
-         (Step("y", "who:y", "del y"), Step("x", "who:x", "del x"))),
+         (TB, Step("y", "who:y", "del y"), Step("x", "who:x", "del x"))),
     Kind("first_run_own_traceback", "https://pytorch.org/blog/understanding-gpu-memory-2/",
          "own traceback", ("def f():\n    t = torch.empty(20 * GiB, dtype=torch.uint8, "
                            "device='cuda')\n    raise ValueError('nan')",),
          "f()", special="postcell"),
 ]
+
+# ---- out of sample: written after the first H200 run of the kinds above, never tuned on ------
+OOS = [
+    Kind("closure_keeps_tensors",
+         "https://theneuralbase.com/pytorch/learn/intermediate/memory-leak-detection/",
+         "held by your session",
+         ("def make_logger():\n"
+          "    saved = [torch.empty(60 * GiB, dtype=torch.uint8, device='cuda')]\n"
+          "    def log():\n        return len(saved)\n"
+          "    return log\nlogger = make_logger()",),
+         f"y = torch.empty({FILL} + 20 * GiB, dtype=torch.uint8, device='cuda')",
+         (Step("logger", "who:logger", "del logger"),)),
+    Kind("slots_dataclass_state", "http://pytorch.org/docs/master/notes/faq.html",
+         "held by your session",
+         ("import dataclasses\n"
+          "@dataclasses.dataclass(slots=True)\nclass State:\n    buf: object\n"
+          "state = State(torch.empty(60 * GiB, dtype=torch.uint8, device='cuda'))",),
+         f"y = torch.empty({FILL} + 20 * GiB, dtype=torch.uint8, device='cuda')",
+         (Step("state", "who:state", "del state"),)),
+    Kind("class_attribute_cache",
+         "https://discuss.pytorch.org/t/cuda-out-of-memory-error-understanding-how-pytorch-"
+         "stores-class-variable/13778",
+         "held by your session",
+         ("class Bottleneck:\n    out_saved = []\n"
+          "for _ in range(6):\n"
+          "    Bottleneck.out_saved.append(torch.empty(10 * GiB, dtype=torch.uint8, "
+          "device='cuda'))\nblock = Bottleneck()",),
+         f"y = torch.empty({FILL} + 20 * GiB, dtype=torch.uint8, device='cuda')",
+         (Step("Bottleneck.out_saved", "who:block", "Bottleneck.out_saved.clear()"),)),
+    Kind("validation_without_no_grad", "https://taourl.com/read-2182910.html",
+         "held by your session",
+         ("width = 8192\nnet = torch.nn.Sequential(torch.nn.Linear(width, width), "
+          "torch.nn.GELU(), torch.nn.Linear(width, width)).cuda()\npreds = {}",),
+         "for i in range(100_000):\n"
+         "    x = torch.randn(16384, width, device='cuda')\n"
+         "    preds[i] = net(x)",
+         (Step("preds", "who:preds", "del preds"),)),
+    Kind("retain_graph_total_loss",
+         "https://discuss.pytorch.org/t/how-computation-graph-in-pytorch-is-created-and-"
+         "freed/3515/4",
+         "held by your session",
+         ("width = 8192\nnet = torch.nn.Sequential(torch.nn.Linear(width, width), "
+          "torch.nn.GELU(), torch.nn.Linear(width, width)).cuda()\ntotal = 0",),
+         "for i in range(100_000):\n"
+         "    x = torch.randn(16384, width, device='cuda')\n"
+         "    loss = net(x).square().mean()\n"
+         "    loss.backward(retain_graph=True)\n"
+         "    total = total + loss",
+         (Step("total", "who:total", "del total"),)),
+    Kind("partial_holds_tensor", "http://pytorch.org/docs/master/notes/faq.html",
+         "held by your session",
+         ("import functools\n"
+          "fn = functools.partial(torch.add, torch.empty(60 * GiB, dtype=torch.uint8, "
+          "device='cuda'))",),
+         f"y = torch.empty({FILL} + 20 * GiB, dtype=torch.uint8, device='cuda')",
+         (Step("fn", "who:fn", "del fn"),)),
+    Kind("exception_kept_in_variable",
+         "https://adhdecode-articles-3.pages.dev/articles/pytorch/pytorch-memory-leak-"
+         "debugging-gpu/",
+         "held by your session",
+         ("def step():\n"
+          "    acts = torch.empty(60 * GiB, dtype=torch.uint8, device='cuda')\n"
+          "    raise RuntimeError('nan')\n"
+          "try:\n    step()\nexcept RuntimeError as caught:\n    err = caught",),
+         f"y = torch.empty({FILL} + 20 * GiB, dtype=torch.uint8, device='cuda')",
+         (Step("err", "who:err", "del err"),)),
+    Kind("mempool_keeps_segment", "https://github.com/pytorch/pytorch/issues/146431",
+         "memory pool",
+         ("pool = torch.cuda.MemPool()\n"
+          "with torch.cuda.use_mem_pool(pool):\n"
+          "    t = torch.empty(80 * GiB, dtype=torch.uint8, device='cuda')\n"
+          "    del t",),
+         "y = torch.empty(70 * GiB, dtype=torch.uint8, device='cuda')",
+         (Step("pool", "pool", "del pool\ntorch.cuda.synchronize()\ntorch.cuda.empty_cache()",
+               reserved=True),)),
+    Kind("compile_reduce_overhead_pool", "https://github.com/pytorch/pytorch/issues/128424",
+         "memory pool",
+         ("def spread(x):\n    return x.unsqueeze(0).expand(80, -1).contiguous().sum(0)\n"
+          "fast = torch.compile(spread, mode='reduce-overhead')\n"
+          "x = torch.ones(GiB // 4, device='cuda')\n"
+          "for _ in range(3):\n    out = fast(x).clone()",),
+         "y = torch.empty(70 * GiB, dtype=torch.uint8, device='cuda')",
+         (Step("fast", "pool", "del fast, out\ntorch.compiler.reset()\n"
+                               "import torch._inductor.cudagraph_trees as trees\n"
+                               "trees.reset_cudagraph_trees()\ntorch.cuda.synchronize()\n"
+                               "torch.cuda.empty_cache()", reserved=True),),
+         allocators=("native",)),
+    Kind("fragmentation_interleaved", "https://github.com/pytorch/pytorch/pull/96995",
+         "fragmentation",
+         ("a = torch.empty(40 * GiB, dtype=torch.uint8, device='cuda')\ndel a\n"
+          "blocks = [torch.empty(GiB, dtype=torch.uint8, device='cuda') for _ in range(40)]\n"
+          "del blocks[::2]\n"
+          f"rest = torch.empty({FILL} - 512 * 2**20, dtype=torch.uint8, device='cuda')",),
+         "y = torch.empty(2 * GiB, dtype=torch.uint8, device='cuda')",
+         allocators=("native",)),
+    Kind("impossible_single_allocation",
+         "https://theneuralbase.com/nvidia-cuda-for-ai/learn/beginner/cuda-out-of-memory/",
+         "impossible", (), "y = torch.empty(200 * GiB, dtype=torch.uint8, device='cuda')"),
+    Kind("memory_fraction_cap", "https://github.com/FlashML-org/FreeToken/issues/168",
+         "impossible", ("torch.cuda.set_per_process_memory_fraction(0.25)",),
+         "y = torch.empty(50 * GiB, dtype=torch.uint8, device='cuda')",
+         (Step("fraction", "none", "torch.cuda.set_per_process_memory_fraction(1.0)"),)),
+]
+KINDS += [Kind(**{**k.__dict__, "out_of_sample": True}) for k in OOS]
 
 
 # ============================================================================================
@@ -184,7 +289,8 @@ def run_allocator(allocator: str, which: str, limit_s: float,
     env["PYTORCH_ALLOC_CONF"] = ""
     env.setdefault("GPUMEM_NB_CONFIG", os.path.join(ROOT, ".diag2_config.json"))
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", allocator,
-                             "--set", which], stdout=subprocess.PIPE,
+                             "--set", which, "--skip", ",".join(sorted(SKIP))],
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
                             start_new_session=True)
     rows: list[dict[str, Any]] = []
@@ -222,8 +328,15 @@ def run_allocator(allocator: str, which: str, limit_s: float,
     return rows
 
 
+SKIP: set[str] = set()  # --skip: kinds measured by an earlier run
+
+
 def selected(which: str) -> list[Kind]:
-    return [k for k in KINDS if which == "all" or (which == "oos") == k.out_of_sample]
+    """The set's kinds, the out-of-sample ones first; torch.compile's last (its compile takes
+    the longest)."""
+    kinds = [k for k in KINDS if (which == "all" or (which == "oos") == k.out_of_sample)
+             and k.kind not in SKIP]
+    return sorted(kinds, key=lambda k: (not k.out_of_sample, k.kind.startswith("compile")))
 
 
 def base_row(k: Kind, allocator: str) -> dict[str, Any]:
@@ -255,9 +368,10 @@ def main_parent(args: argparse.Namespace) -> None:
     log: list[str] = []
     start = time.monotonic()
     allocators = args.allocators.split(",")
+    counts = [sum(1 for k in selected(args.set) if a in k.allocators) for a in allocators]
     for i, allocator in enumerate(allocators):
         left = args.budget_s - (time.monotonic() - start)
-        share = left / (len(allocators) - i)
+        share = left * counts[i] / max(sum(counts[i:]), 1)
         rows += run_allocator(allocator, args.set, max(share, 5), log)
         with open(os.path.join(args.out, "diagnosis2_h200.json"), "w") as f:
             json.dump(rows, f, indent=1, default=str)
@@ -300,6 +414,7 @@ def child(allocator: str, which: str) -> None:
 
     def fresh() -> None:
         release_everything(ip)
+        torch.cuda.set_per_process_memory_fraction(1.0)
         torch.cuda.empty_cache()
         left = allocated()
         if left > START_ALLOCATED_LIMIT_BYTES:
@@ -322,9 +437,12 @@ def child(allocator: str, which: str) -> None:
                 raise RuntimeError(f"not run: {k.needs} is not installed here")
             fresh()
             for cell in k.setup:
-                r = run(cell)
-                if r.error_in_exec is not None:
-                    raise RuntimeError(f"setup failed: {r.error_in_exec!r}"[:300])
+                # Never keep a cell's ExecutionResult: its .result is the cell's value, which
+                # the first H200 run of this harness kept alive past `cleanup --out`.
+                failed = run(cell).error_in_exec
+                if failed is not None:
+                    raise RuntimeError(f"setup failed: {failed!r}"[:300])
+                del failed
             if k.special == "foreign":
                 from benchmarks.foreign import ForeignHolder
 
@@ -342,12 +460,13 @@ def child(allocator: str, which: str) -> None:
                 if row["verdict"] is None:
                     row["note"] = "no post-cell line was shown for this cell"
             else:
-                result = run(k.fail)
-                if result.error_in_exec is None:
+                failed = run(k.fail).error_in_exec
+                if failed is None:
                     raise RuntimeError("the failing cell did not fail")
                 e = current_monitor(ip).oom.last
                 if e is None:
-                    raise RuntimeError(f"no explanation: {result.error_in_exec!r}"[:300])
+                    raise RuntimeError(f"no explanation: {failed!r}"[:300])
+                del failed
                 explained(row, e)
                 if k.steps:
                     truth(row, k, e, allocated, reserved, ip)
@@ -413,7 +532,9 @@ def main() -> None:
     p.add_argument("--allocators", default=",".join(ALLOCATORS))
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--list", action="store_true", help="print the kinds and exit")
+    p.add_argument("--skip", default="", help="kinds not to run (measured by an earlier run)")
     args = p.parse_args()
+    SKIP.update(k for k in args.skip.split(",") if k)
     if args.list:
         for k in KINDS:
             print(f"{k.kind:<30} {'oos' if k.out_of_sample else 'in ':<4} {k.expected:<22} "
