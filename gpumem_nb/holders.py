@@ -515,6 +515,17 @@ class Scanner:
             for f in found.values():
                 f.roots.clear()  # no graph outlives the scan
 
+    def tensors_of(self, obj: Any) -> list[tuple[Any, tuple[str, ...]]]:
+        """The tensors inside one object with their paths, by the scan's own walk and
+        bounds (a fresh walk: nothing an earlier scan entered is skipped)."""
+        self._entered.clear()
+        self._entered_n = 0
+        self._walk_deadline = time.perf_counter() + self.walk_budget_s
+        try:
+            return list(self._tensors_in(obj, _CONTAINER_DEPTH))
+        except Exception:
+            return []
+
     # -- whole scans -------------------------------------------------------------------------
     def scan(self, *args: Any, **kwargs: Any) -> list[Holder]:
         """See ``_scan``. Looking at user objects must never print: library warnings that

@@ -325,9 +325,10 @@ def _held(f: OomFacts, holders: Sequence[Holder],
                 "walks")
         out.append(Cause(
             CAUSE_HELD, unreachable,
-            head + " (your variables, Out, the stored traceback, and the autograd graphs "
-            "behind them): objects it does not look inside, such as your own classes' "
-            "attributes, closures or a library's caches"
+            head + " (your variables, Out, the stored traceback, the objects inside them "
+            "and the autograd graphs behind them): the scan did not find their holder, such "
+            "as a class-level attribute, a module's globals, an exception kept in a "
+            "variable, or a C extension's own references"
             + (", or the traceback of an earlier error that a later one replaced, waiting "
                "for the garbage collector (IPython's frames keep it in a reference cycle)"
                if garbage_plausible(f) else "") + "."

@@ -218,13 +218,13 @@ def _tokens(cache: Any, scanner: Scanner, mods: Mapping[str, Any]) -> int | None
     """The cache's sequence length: the largest dimension -2 of its 4-D tensors (batch,
     heads, tokens, head size)."""
     best = None
-    try:
-        for t, _ in scanner._tensors_in(cache, 2):
+    for t, _ in scanner.tensors_of(cache):
+        try:
             shape = tuple(getattr(t, "shape", ()))
             if len(shape) == 4:
                 best = max(best or 0, int(shape[-2]))
-    except Exception:
-        return best
+        except Exception:
+            continue
     return best
 
 
