@@ -591,15 +591,90 @@ class Scanner:
         for tb_name, frame_locals in _frames(last_exception):
             self._attribute(tb_name, "traceback", frame_locals, found)
         if include_gc:
-            for obj in gc.get_objects():
+            objs = gc.get_objects()
+            unfound: list[Any] = []
+            for obj in objs:
                 try:
                     if type(obj) in _ATOM_TYPES:
                         continue
                 except Exception:
                     continue
-                if self._tensor_info(obj) is not None:
-                    self._attribute("found only through the garbage collector", "gc", obj, found)
+                info = self._tensor_info(obj)
+                if info is not None and info[2] not in self._seen:
+                    unfound.append(obj)
+            # The reverse search: each unfound tensor's owner, from the garbage collector's
+            # referrers (a heap pass each, so only for the largest few, within a budget).
+            unfound.sort(key=lambda t: -(self._tensor_info(t) or ("", 0, ("", 0)))[1])
+            deadline = time.perf_counter() + REVERSE_BUDGET_S
+            skip = {id(objs), id(unfound), id(found)} | running_frame_ids()
+            for i, obj in enumerate(unfound):
+                name = None
+                if i < REVERSE_CAP and time.perf_counter() < deadline:
+                    name = owner_of(obj, skip | {id(unfound)}, user_ns)
+                label = (f"found through the garbage collector: {name}" if name else
+                         "found only through the garbage collector")
+                self._attribute(label, "gc", obj, found)
+            objs.clear()
+            unfound.clear()
         self._size_graphs(found)
+
+
+REVERSE_CAP = 20  # unfound tensors whose owner is searched for
+REVERSE_BUDGET_S = 0.5
+_REVERSE_LEVELS = 8
+_OWNER_ORDER: tuple[type, ...] = (dict, list, type, types.ModuleType, types.FrameType,
+                                  types.TracebackType, BaseException, tuple)
+
+
+def owner_of(obj: Any, skip: set[int], user_ns: Mapping[Any, Any]) -> str | None:
+    """Who keeps ``obj``, up the garbage collector's referrers: a variable (through an
+    exception's traceback, a frame's locals), a class attribute, a module's global. Reads
+    referrers only through C-level structures (dict items, sequences, frames' code names)."""
+    steps: list[str] = []
+    seen = set(skip) | running_frame_ids()  # this search's own frames refer to obj too
+    for _ in range(_REVERSE_LEVELS):
+        seen.add(id(obj))
+        refs = gc.get_referrers(obj)
+        r: Any = None
+        rank = len(_OWNER_ORDER) + 1
+        for cand in refs:
+            if id(cand) in seen or type(cand) is types.CellType:
+                continue
+            # Lasting owners before passing ones: a tuple or an iterator that refers to it
+            # may be some library's temporary.
+            k = next((i for i, kind in enumerate(_OWNER_ORDER) if issubclass(type(cand), kind)),
+                     len(_OWNER_ORDER))
+            if k < rank:
+                r, rank = cand, k
+        refs.clear()
+        if r is None:
+            return None
+        t = type(r)
+        if t is dict:
+            d: dict[Any, Any] = r
+            key = next((k for k, v in dict.items(d) if v is obj), None)
+            if d is user_ns:
+                return f"{key}{''.join(reversed(steps))}" if isinstance(key, str) else None
+            steps.append(f".{key}" if isinstance(key, str) and key.isidentifier()
+                         else _key_step(key))
+        elif t in (list, tuple):
+            idx = next((i for i, v in enumerate(t.__iter__(r)) if v is obj), None)
+            steps.append(f"[{idx}]" if idx is not None else "[…]")
+        elif t is types.FrameType:
+            steps.append(f" ({r.f_code.co_name}() locals)")
+        elif t is types.TracebackType or t is types.CellType:
+            pass
+        elif issubclass(t, BaseException):
+            steps.append(f" ({t.__name__}'s traceback)")
+        elif issubclass(t, type):
+            # The class's own __dict__ is the referrer one level down: its key is the name.
+            return f"{r.__qualname__}{''.join(reversed(steps))} (class attribute)"
+        elif t is types.ModuleType:
+            return f"{r.__name__}{''.join(reversed(steps))} (module global)"
+        else:
+            steps.append(f" (in a {t.__name__})")
+        obj = r
+    return None
 
 
 def _key_step(key: Any) -> str:

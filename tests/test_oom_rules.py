@@ -337,3 +337,39 @@ def test_a_first_runs_own_traceback_is_not_called_earlier_runs():
 def test_module_holders_keep_their_plain_name():
     (h,) = scan({"net": Module(FakeTensor(GiB))})
     assert h.label == "net"
+
+
+# -- the reverse search --------------------------------------------------------------------------
+class Bottleneck:
+    out_saved: list[Any] = []  # noqa: RUF012 (the class-level cache is what users write)
+
+
+def test_who_gc_names_a_class_attribute_that_the_forward_walk_cannot_reach():
+    # Out of sample on the H200 (class_attribute_cache): 60 GiB in a class-level list stayed
+    # "not found". The garbage collector's referrers name the class and the attribute.
+    Bottleneck.out_saved.append(FakeTensor(10 * GiB))
+    try:
+        ns = {"block": Bottleneck()}
+        forward = Scanner({"torch": fake_torch()}).scan(ns)
+        assert forward == []
+        found = Scanner({"torch": fake_torch()}).scan(ns, include_gc=True)
+        names = [h.name for h in found if h.nbytes == 10 * GiB]
+        assert names == ["found through the garbage collector: "
+                         "Bottleneck.out_saved[0] (class attribute)"]
+    finally:
+        Bottleneck.out_saved.clear()
+
+
+def test_who_gc_follows_an_exception_kept_in_a_variable_to_its_frames_locals():
+    def step() -> None:
+        acts = FakeTensor(6 * GiB)  # noqa: F841 (kept by the traceback)
+        raise RuntimeError("nan")
+
+    try:
+        step()
+    except RuntimeError as caught:
+        ns = {"err": caught}
+    found = Scanner({"torch": fake_torch()}).scan(ns, include_gc=True)
+    (name,) = [h.name for h in found if h.nbytes == 6 * GiB]
+    assert name.startswith("found through the garbage collector: err") and "step() locals" in name
+    ns.clear()
