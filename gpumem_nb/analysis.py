@@ -283,6 +283,13 @@ def holder_action(h: Holder) -> str:
                 "assign its result, and Out will not keep it.")
     if h.kind == "traceback":
         return f"%gpumem cleanup drops the stored traceback: {h.label} ({what})."
+    if h.kind == "gc":
+        # No variable to `del`: the name says where the reverse search found its owner.
+        owner = h.name.partition(": ")[2]
+        return (f"{owner} keeps {what}: drop that reference (clear the list, `del` the "
+                "variable, or let go of the exception)." if owner else
+                f"{what} is reachable, but neither the scan nor the reverse search found "
+                "its owner.")
     if graph and h.kind == "container":
         return (f"{h.name} ({what}) keeps its tensors' autograd graphs: store `loss.item()` "
                 "(a float) or `t.detach()` instead of the tensors.")

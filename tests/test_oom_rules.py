@@ -373,3 +373,14 @@ def test_who_gc_follows_an_exception_kept_in_a_variable_to_its_frames_locals():
     (name,) = [h.name for h in found if h.nbytes == 6 * GiB]
     assert name.startswith("found through the garbage collector: err") and "step() locals" in name
     ns.clear()
+
+
+def test_a_holder_found_through_the_gc_is_never_advised_as_del_of_its_label():
+    from gpumem_nb.analysis import holder_action
+
+    named = Holder(name="found through the garbage collector: Bottleneck.out_saved[0] "
+                   "(class attribute)", kind="gc", device="cuda:0", nbytes=GiB)
+    assert holder_action(named).startswith("Bottleneck.out_saved[0] (class attribute) keeps")
+    anon = Holder(name="found only through the garbage collector", kind="gc",
+                  device="cuda:0", nbytes=GiB)
+    assert "del found" not in holder_action(anon)
