@@ -300,29 +300,33 @@ class Scanner:
 
     def _items_in(self, obj: Any, depth: int, path: tuple[str, ...],
                   objdepth: int) -> Iterator[tuple[Any, tuple[str, ...]]]:
+        # Exact-type set lookups first: containers of plain numbers and strings (the common
+        # million-element case) cost one hash probe per item, and a plain container at the
+        # last level holds nothing that is looked at. The item's path is made only for an
+        # item that is looked into.
+        atoms, plain, last = _ATOM_TYPES, _PLAIN_CONTAINERS, depth == 1
         t = type(obj)
-        keyed = issubclass(t, dict)
-        items: Iterable[Any] | None = dict.items(obj) if keyed else _container_items(obj)
+        if issubclass(t, dict):
+            for key, item in itertools.islice(dict.items(obj), _MAX_ITEMS):
+                kind = type(item)
+                if kind in atoms or (last and kind in plain):
+                    continue
+                step = key if (not path and self._namespace_root and type(key) is str) \
+                    else _key_step(key)
+                yield from self._tensors_in(item, depth - 1, (*path, step), objdepth)
+            return
+        items = _container_items(obj)
         if items is None:
             return
         ordered = not issubclass(t, (set, frozenset))
-        for i, item in enumerate(itertools.islice(items, _MAX_ITEMS)):
-            key = None
-            if keyed:
-                key, item = item
-            # Exact-type set lookups first: containers of plain numbers and strings (the
-            # common million-element case) cost one hash probe per item, and a plain
-            # container at the last level holds nothing that is looked at.
-            try:
-                kind = type(item)
-                if kind in _ATOM_TYPES or (depth == 1 and kind in _PLAIN_CONTAINERS):
-                    continue
-            except Exception:
-                pass
-            step = (_key_step(key) if keyed else f"[{i}]" if ordered else "{…}")
-            if not path and keyed and type(key) is str and self._namespace_root:
-                step = key  # a frame's locals: the local's own name
-            yield from self._tensors_in(item, depth - 1, (*path, step), objdepth)
+        i = -1
+        for item in itertools.islice(items, _MAX_ITEMS):
+            i += 1
+            kind = type(item)
+            if kind in atoms or (last and kind in plain):
+                continue
+            yield from self._tensors_in(item, depth - 1,
+                                        (*path, f"[{i}]" if ordered else "{…}"), objdepth)
 
     def _enter(self, obj: Any) -> bool:
         """Whether to walk into this object: once per scan, within the scan's bounds."""
