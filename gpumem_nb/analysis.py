@@ -259,7 +259,7 @@ def top_holders(holders: Sequence[Holder], cause: str, n: int = 5) -> tuple[Hold
 def held_text(h: Holder) -> str:
     """``1.53 GiB + its graph 11.50 GiB (615 nodes)``: what a holder keeps, its autograd
     graph's saved tensors apart; ``≥`` where the walk was cut short."""
-    own = format_bytes(h.nbytes)
+    own = ("≥" if h.walk_capped else "") + format_bytes(h.nbytes)
     if not h.holds_graph:
         return own
     if h.graph_bytes is None:
@@ -282,7 +282,14 @@ def holder_action(h: Holder) -> str:
         return (f"%gpumem cleanup --out clears {h.name} ({what}); end a line with `;` or "
                 "assign its result, and Out will not keep it.")
     if h.kind == "traceback":
-        return f"%gpumem cleanup drops the stored traceback: {h.name} ({what})."
+        return f"%gpumem cleanup drops the stored traceback: {h.label} ({what})."
+    if h.kind == "gc":
+        # No variable to `del`: the name says where the reverse search found its owner.
+        owner = h.name.partition(": ")[2]
+        return (f"{owner} keeps {what}: drop that reference (clear the list, `del` the "
+                "variable, or let go of the exception)." if owner else
+                f"{what} is reachable, but neither the scan nor the reverse search found "
+                "its owner.")
     if graph and h.kind == "container":
         return (f"{h.name} ({what}) keeps its tensors' autograd graphs: store `loss.item()` "
                 "(a float) or `t.detach()` instead of the tensors.")
@@ -295,10 +302,12 @@ def holder_action(h: Holder) -> str:
     if h.kind == "optimizer state":
         return (f"{h.name} is an optimizer: its state holds {what} (Adam keeps two values "
                 f"per parameter); `del {h.name}` only once training is done.")
-    return f"del {h.name} ({h.kind}, {what}) if you no longer need it."
+    where = f": {h.path}" if h.path else ""
+    return f"del {h.name} ({h.kind}{where}, {what}) if you no longer need it."
 
 
 _RAISED_ADVICE = "the stored exception keeps the failed cell's local tensors alive"
+_FIRST_RUN_ADVICE = "tensors this cell made are still referenced"
 _ADVICE = {
     CAUSE_LIVE_TENSORS: "tensors from earlier runs are still referenced",
     CAUSE_CACHE: (
@@ -314,7 +323,7 @@ _ADVICE = {
 
 
 def _holder_text(h: Holder) -> str:
-    return f"{h.name} ({held_text(h)})"
+    return f"{h.label} ({held_text(h)})"
 
 
 def verdict_message(v: Verdict, holders: Sequence[Holder]) -> str:
@@ -324,8 +333,14 @@ def verdict_message(v: Verdict, holders: Sequence[Holder]) -> str:
     # graphs in a list and then raised is the list's doing, not the traceback's.
     biggest = max(holders, key=lambda h: h.held_bytes, default=None)
     by_traceback = biggest is None or biggest.kind == "traceback"
-    advice = (_RAISED_ADVICE if v.raised and v.cause == CAUSE_LIVE_TENSORS and by_traceback
-              else _ADVICE[v.cause])
+    # A traceback that holds the most is the cell's own, whichever run this is: on a first
+    # run there are no earlier runs to blame (issue 24, point 5).
+    own_traceback = biggest is not None and biggest.kind == "traceback"
+    advice = _ADVICE[v.cause]
+    if v.cause == CAUSE_LIVE_TENSORS and ((v.raised and by_traceback) or own_traceback):
+        advice = _RAISED_ADVICE
+    elif v.cause == CAUSE_LIVE_TENSORS and v.runs <= 1:
+        advice = _FIRST_RUN_ADVICE
     msg = (
         f"gpumem: cell {label} grew GPU {v.device} memory by "
         f"{format_bytes(v.growth_bytes)} {when} ({v.cause}): {advice}"

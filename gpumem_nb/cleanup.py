@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import html
 import os
 import sys
 import types
@@ -48,6 +49,7 @@ from .holders import (
     stored_cell_exception,
     traceback_links,
 )
+from .ledger import Ledger, ledgers_of
 from .model import Holder, Sample
 from .report import html_table, text_table
 from .sources.torch import TorchDebug, TorchSource
@@ -110,6 +112,8 @@ class CleanupReport:
     before: Measure
     after: Measure
     dry_run: bool = False
+    # The dry run's split of each GPU's allocated bytes, from the same scan (ledger.py).
+    ledgers: tuple[Ledger, ...] = ()
 
     HEADERS = ("step", "what it did", "allocated freed", "reserved freed", "NVML freed",
                "host RAM freed")
@@ -136,13 +140,15 @@ class CleanupReport:
         return "gpumem cleanup: what each step freed"
 
     def __str__(self) -> str:
-        return self.title + "\n" + text_table(self.HEADERS, self.rows())
+        return "\n".join([self.title, text_table(self.HEADERS, self.rows()),
+                          *(x.line() for x in self.ledgers)])
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(str(self))
 
     def _repr_html_(self) -> str:
-        return html_table(self.HEADERS, self.rows(), caption=self.title)
+        return html_table(self.HEADERS, self.rows(), caption=self.title) + "".join(
+            f"<div>{html.escape(x.line())}</div>" for x in self.ledgers)
 
     @property
     def freed_nvml_bytes(self) -> int | None:
@@ -583,7 +589,8 @@ def _estimate(request: CleanupRequest, names: list[str], shell: Any,
     if cache is not None:
         steps.append(StepResult("empty_cache", cache.did(), freed_reserved_bytes=cache.nbytes,
                                 brief=cache.brief()))
-    return CleanupReport(steps=tuple(steps), before=first, after=first, dry_run=True)
+    return CleanupReport(steps=tuple(steps), before=first, after=first, dry_run=True,
+                         ledgers=ledgers_of(sample, holders))
 
 
 def _cache_estimate(sample: Sample | None,

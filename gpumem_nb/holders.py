@@ -25,6 +25,7 @@ import inspect
 import itertools
 import re
 import sys
+import time
 import types
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -46,8 +47,12 @@ SHELL_NAMES = {
 OUTPUT_ALIAS = re.compile(r"^(_|__|___|_\d+)$")
 INPUT_ALIAS = re.compile(r"^_i\d*$|^_ii+$")
 _UNDERS = ("_", "__", "___")
-_ATOMS = (int, float, complex, str, bytes, bool, type(None), types.ModuleType, types.FunctionType,
-          type)
+_ATOMS = (int, float, complex, str, bytes, bool, type(None), types.ModuleType, type,
+          types.BuiltinFunctionType, types.CodeType, types.FrameType, types.TracebackType,
+          types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType, range,
+          types.MethodWrapperType, types.WrapperDescriptorType, types.MemberDescriptorType,
+          types.GetSetDescriptorType, property, staticmethod, classmethod, memoryview,
+          bytearray)
 _ATOM_TYPES = frozenset(_ATOMS)
 _PLAIN_CONTAINERS = frozenset((dict, list, tuple, set, frozenset))
 _CONTAINER_DEPTH = 2
@@ -58,6 +63,16 @@ _MAX_ITEMS = 1_000_000
 # scan (the OOM explainer has 50 ms in all, `who` 100 ms on the H200): a GPT-2 step's graph
 # of about 600 nodes takes a few milliseconds.
 GRAPH_BUDGET_S = 0.03
+# Objects of any class are entered (instance ``__dict__``, ``__slots__``, closure cells) this
+# many objects deep, each one's attributes then read as a holder's own are (``_CONTAINER_DEPTH``
+# levels of containers): a transformers KV cache sits at
+# ``model_kwargs['past_key_values'].layers[i].keys``. Bounded per scan in objects and time;
+# where a bound cut the walk, the holder's bytes are marked as a lower bound.
+_OBJECT_DEPTH = 5
+OBJECT_CAP = 200_000
+WALK_BUDGET_S = 0.05
+# A holder's path goes down to the object inside it that keeps this share of its bytes.
+_PATH_SHARE = 0.9
 _CHAIN_CAP = 100  # chained exceptions followed
 _LINK_CAP = 10_000  # traceback links followed per exception
 _GENERATOR_FLAGS = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
@@ -81,6 +96,12 @@ class _Found:
     roots: list[Any] = field(default_factory=list)  # the grad_fns of its tensors
     root_ids: set[int] = field(default_factory=set)
     details: list[str] = field(default_factory=list)
+    # bytes under each path prefix (a tuple of steps), to name where inside the bytes are
+    paths: dict[tuple[str, ...], int] = field(default_factory=dict)
+    classes: dict[tuple[str, ...], str] = field(default_factory=dict)
+    walk_capped: bool = False
+    arrays: bool = False
+    torch_tensors: bool = False
 
 
 def _is_atom(obj: Any) -> bool:
@@ -164,7 +185,8 @@ def alias_order(name: str) -> tuple[int, int]:
 
 class Scanner:
     def __init__(self, modules: Mapping[str, Any] | None = None, *,
-                 graph_budget_s: float = GRAPH_BUDGET_S) -> None:
+                 graph_budget_s: float = GRAPH_BUDGET_S, walk_budget_s: float = WALK_BUDGET_S,
+                 object_cap: int = OBJECT_CAP) -> None:
         mods = sys.modules if modules is None else modules
         torch = mods.get("torch")
         self._tensor_type: Any = getattr(torch, "Tensor", None) if torch else None
@@ -176,6 +198,16 @@ class Scanner:
         self._seen: set[tuple[str, int]] = set()
         self._device_names: dict[Any, str] = {}
         self.graph_budget_s = graph_budget_s
+        self.walk_budget_s = walk_budget_s
+        self.object_cap = object_cap
+        self._entered: set[int] = set()
+        self._entered_n = 0
+        self._walk_deadline = 0.0
+        self._cut = False  # the current holder's walk was cut by a bound
+        self._namespace_root = False  # the holder is a frame's locals: keys are local names
+        self._path_classes: dict[tuple[str, ...], str] = {}
+        self._plans: dict[type, tuple[Any, tuple[tuple[str, Any], ...]]] = {}
+        self.walk_capped = False  # some holder's object walk was cut this scan
         self.skipped = 0  # objects that raised while being looked at
         self.graph_s = 0.0  # the last scan's time in graph walks
         self.graph_nodes = 0  # and the nodes they walked
@@ -222,54 +254,152 @@ class Scanner:
         except Exception:
             return None
 
-    def _tensors_in(self, obj: Any, depth: int) -> Iterator[Any]:
-        """Tensors inside obj: modules, optimizers and containers, ``depth`` levels down."""
+    def _tensors_in(self, obj: Any, depth: int, path: tuple[str, ...] = (),
+                    objdepth: int = _OBJECT_DEPTH) -> Iterator[tuple[Any, tuple[str, ...]]]:
+        """Tensors inside obj, each with its path: modules, optimizers and containers
+        ``depth`` levels down; objects of any other class (their ``__dict__``, ``__slots__``,
+        a function's closure cells) ``objdepth`` objects down, each starting the container
+        levels afresh."""
         if type(obj) in _PLAIN_CONTAINERS:  # the common case, and never a tensor or module
             if depth > 0:
-                yield from self._items_in(obj, depth)
+                yield from self._items_in(obj, depth, path, objdepth)
             return
         if _is_atom(obj):
             return
         if self._tensor_info(obj) is not None:
-            yield obj
+            yield obj, path
             # Only leaves have a .grad; asking a non-leaf makes torch warn.
             if _is_a(obj, self._tensor_type):
                 grad = self._grad_of(obj)
                 if grad is not None:
-                    yield grad
+                    yield grad, (*path, ".grad")
             return
         if _is_a(obj, self._module_type):
             for p in _bounded(lambda: obj.parameters()):
-                yield p
+                yield p, path
                 grad = self._grad_of(p)
                 if grad is not None:
-                    yield grad
-            yield from _bounded(lambda: obj.buffers())
+                    yield grad, path
+            for b in _bounded(lambda: obj.buffers()):
+                yield b, path
             return
         if _is_a(obj, self._optimizer_type):
             for state in _bounded(lambda: obj.state.values()):
                 for v in _bounded(lambda s=state: s.values()):  # type: ignore[misc]
                     if self._tensor_info(v) is not None:
-                        yield v
+                        yield v, path
             return
-        if depth > 0:
-            yield from self._items_in(obj, depth)
+        if _container_items(obj) is not None:  # a subclass of a builtin container
+            if depth > 0:
+                yield from self._items_in(obj, depth, path, objdepth)
+            return
+        if objdepth > 0:
+            with contextlib.suppress(Exception):
+                self._path_classes.setdefault(path, type(obj).__name__)
+            yield from self._attributes_of(obj, path, objdepth)
 
-    def _items_in(self, obj: Any, depth: int) -> Iterator[Any]:
+    def _items_in(self, obj: Any, depth: int, path: tuple[str, ...],
+                  objdepth: int) -> Iterator[tuple[Any, tuple[str, ...]]]:
+        # Exact-type set lookups first: containers of plain numbers and strings (the common
+        # million-element case) cost one hash probe per item, and a plain container at the
+        # last level holds nothing that is looked at. The item's path is made only for an
+        # item that is looked into.
+        atoms, plain, last = _ATOM_TYPES, _PLAIN_CONTAINERS, depth == 1
+        t = type(obj)
+        if issubclass(t, dict):
+            for key, item in itertools.islice(dict.items(obj), _MAX_ITEMS):
+                kind = type(item)
+                if kind in atoms or (last and kind in plain):
+                    continue
+                step = key if (not path and self._namespace_root and type(key) is str) \
+                    else _key_step(key)
+                yield from self._tensors_in(item, depth - 1, (*path, step), objdepth)
+            return
         items = _container_items(obj)
         if items is None:
             return
+        ordered = not issubclass(t, (set, frozenset))
+        i = -1
         for item in itertools.islice(items, _MAX_ITEMS):
-            # Exact-type set lookups first: containers of plain numbers and strings (the
-            # common million-element case) cost one hash probe per item, and a plain
-            # container at the last level holds nothing that is looked at.
-            try:
-                kind = type(item)
-                if kind in _ATOM_TYPES or (depth == 1 and kind in _PLAIN_CONTAINERS):
+            i += 1
+            kind = type(item)
+            if kind in atoms or (last and kind in plain):
+                continue
+            yield from self._tensors_in(item, depth - 1,
+                                        (*path, f"[{i}]" if ordered else "{…}"), objdepth)
+
+    def _enter(self, obj: Any) -> bool:
+        """Whether to walk into this object: once per scan, within the scan's bounds."""
+        if id(obj) in self._entered:
+            return False
+        if self._entered_n >= self.object_cap or (
+                self._entered_n % 64 == 0 and time.perf_counter() > self._walk_deadline):
+            self._cut = True
+            return False
+        self._entered.add(id(obj))
+        self._entered_n += 1
+        return True
+
+    def _plan_of(self, t: type) -> tuple[Any, tuple[tuple[str, Any], ...]]:
+        """The class's own C descriptors for an instance's ``__dict__`` and slots: reading
+        them runs no code of the class (no property, no ``__getattr__`` or
+        ``__getattribute__``)."""
+        plan = self._plans.get(t)
+        if plan is None:
+            dict_desc: Any = None
+            slots: list[tuple[str, Any]] = []
+            seen: set[str] = set()
+            for klass in type.__dict__["__mro__"].__get__(t):
+                try:
+                    ns = type.__dict__["__dict__"].__get__(klass)
+                except Exception:
                     continue
+                for name, desc in list(ns.items()):
+                    if name in seen or not isinstance(name, str):
+                        continue
+                    seen.add(name)
+                    if name == "__dict__" and type(desc) is types.GetSetDescriptorType:
+                        dict_desc = dict_desc or desc
+                    elif type(desc) is types.MemberDescriptorType and name != "__weakref__":
+                        slots.append((name, desc))
+            plan = self._plans[t] = (dict_desc, tuple(slots))
+        return plan
+
+    def _attributes_of(self, obj: Any, path: tuple[str, ...],
+                       objdepth: int) -> Iterator[tuple[Any, tuple[str, ...]]]:
+        if not self._enter(obj):
+            return
+        if type(obj) is types.FunctionType:
+            cells = obj.__closure__ or ()
+            names = obj.__code__.co_freevars
+            for name, cell in zip(names, cells, strict=False):
+                try:
+                    value = cell.cell_contents
+                except ValueError:  # an empty cell
+                    continue
+                if not _is_atom(value) or type(value) is types.FunctionType:
+                    yield from self._tensors_in(value, _CONTAINER_DEPTH,
+                                                (*path, f" closure '{name}'"), objdepth - 1)
+            return
+        dict_desc, slots = self._plan_of(type(obj))
+        if dict_desc is not None:
+            try:
+                attrs = dict_desc.__get__(obj)
             except Exception:
-                pass
-            yield from self._tensors_in(item, depth - 1)
+                attrs = None
+            if type(attrs) is dict:
+                for name, value in list(attrs.items()):
+                    if type(value) in _ATOM_TYPES:
+                        continue
+                    yield from self._tensors_in(value, _CONTAINER_DEPTH,
+                                                (*path, f".{name}"), objdepth - 1)
+        for name, desc in slots:
+            try:
+                value = desc.__get__(obj)
+            except Exception:  # an unset slot
+                continue
+            yield from self._tensors_in(value, _CONTAINER_DEPTH, (*path, f".{name}"),
+                                        objdepth - 1)
 
     def _grad_of(self, t: Any) -> Any:
         try:
@@ -296,7 +426,22 @@ class Scanner:
             self.skipped += 1  # a hostile object: what was found before it still counts
 
     def _attribute_each(self, name: str, kind: str, obj: Any, out: dict[str, _Found]) -> None:
-        for t in self._tensors_in(obj, _CONTAINER_DEPTH):
+        self._cut = False
+        self._namespace_root = kind == "traceback"
+        self._path_classes = {}
+        try:
+            self._attribute_walk(name, kind, obj, out)
+        finally:
+            for f in out.values():
+                if f.name == name:
+                    f.classes.update(self._path_classes)
+                    if self._cut:
+                        f.walk_capped = True
+            if self._cut:
+                self.walk_capped = True
+
+    def _attribute_walk(self, name: str, kind: str, obj: Any, out: dict[str, _Found]) -> None:
+        for t, path in self._tensors_in(obj, _CONTAINER_DEPTH):
             info = self._tensor_info(t)
             if info is None:
                 continue
@@ -310,6 +455,13 @@ class Scanner:
                 f = out[slot] = _Found(name=name, kind=kind, device=device)
             f.nbytes += nbytes
             f.tensors += 1
+            if _is_a(t, self._tensor_type):
+                f.torch_tensors = True
+            else:
+                f.arrays = True
+            for k in range(1, len(path) + 1):
+                prefix = path[:k]
+                f.paths[prefix] = f.paths.get(prefix, 0) + nbytes
             if f.tensors == 1:
                 f.first = self._describe(t)
             grad_fn = self._grad_fn(t)
@@ -367,6 +519,17 @@ class Scanner:
             for f in found.values():
                 f.roots.clear()  # no graph outlives the scan
 
+    def tensors_of(self, obj: Any) -> list[tuple[Any, tuple[str, ...]]]:
+        """The tensors inside one object with their paths, by the scan's own walk and
+        bounds (a fresh walk: nothing an earlier scan entered is skipped)."""
+        self._entered.clear()
+        self._entered_n = 0
+        self._walk_deadline = time.perf_counter() + self.walk_budget_s
+        try:
+            return list(self._tensors_in(obj, _CONTAINER_DEPTH))
+        except Exception:
+            return []
+
     # -- whole scans -------------------------------------------------------------------------
     def scan(self, *args: Any, **kwargs: Any) -> list[Holder]:
         """See ``_scan``. Looking at user objects must never print: library warnings that
@@ -402,6 +565,10 @@ class Scanner:
         hidden: Mapping[str, Any] | None = None,
     ) -> None:
         self._seen.clear()
+        self._entered.clear()
+        self._entered_n = 0
+        self.walk_capped = False
+        self._walk_deadline = time.perf_counter() + self.walk_budget_s
         self.graph_s, self.graph_nodes = 0.0, 0
         out = dict(output_cache or {})
         cached = output_cache_names(user_ns, out, hidden)
@@ -428,32 +595,141 @@ class Scanner:
         for tb_name, frame_locals in _frames(last_exception):
             self._attribute(tb_name, "traceback", frame_locals, found)
         if include_gc:
-            for obj in gc.get_objects():
+            objs = gc.get_objects()
+            unfound: list[Any] = []
+            for obj in objs:
                 try:
                     if type(obj) in _ATOM_TYPES:
                         continue
                 except Exception:
                     continue
-                if self._tensor_info(obj) is not None:
-                    self._attribute("unreachable from your variables", "gc", obj, found)
+                info = self._tensor_info(obj)
+                if info is not None and info[2] not in self._seen:
+                    unfound.append(obj)
+            # The reverse search: each unfound tensor's owner, from the garbage collector's
+            # referrers (a heap pass each, so only for the largest few, within a budget).
+            unfound.sort(key=lambda t: -(self._tensor_info(t) or ("", 0, ("", 0)))[1])
+            deadline = time.perf_counter() + REVERSE_BUDGET_S
+            skip = {id(objs), id(unfound), id(found)} | running_frame_ids()
+            for i, obj in enumerate(unfound):
+                name = None
+                if i < REVERSE_CAP and time.perf_counter() < deadline:
+                    name = owner_of(obj, skip | {id(unfound)}, user_ns)
+                label = (f"found through the garbage collector: {name}" if name else
+                         "found only through the garbage collector")
+                self._attribute(label, "gc", obj, found)
+            objs.clear()
+            unfound.clear()
         self._size_graphs(found)
+
+
+REVERSE_CAP = 20  # unfound tensors whose owner is searched for
+REVERSE_BUDGET_S = 0.5
+_REVERSE_LEVELS = 8
+_OWNER_ORDER: tuple[type, ...] = (dict, list, type, types.ModuleType, types.FrameType,
+                                  types.TracebackType, BaseException, tuple)
+
+
+def owner_of(obj: Any, skip: set[int], user_ns: Mapping[Any, Any]) -> str | None:
+    """Who keeps ``obj``, up the garbage collector's referrers: a variable (through an
+    exception's traceback, a frame's locals), a class attribute, a module's global. Reads
+    referrers only through C-level structures (dict items, sequences, frames' code names)."""
+    steps: list[str] = []
+    seen = set(skip) | running_frame_ids()  # this search's own frames refer to obj too
+    for _ in range(_REVERSE_LEVELS):
+        seen.add(id(obj))
+        refs = gc.get_referrers(obj)
+        r: Any = None
+        rank = len(_OWNER_ORDER) + 1
+        for cand in refs:
+            if id(cand) in seen or type(cand) is types.CellType:
+                continue
+            # Lasting owners before passing ones: a tuple or an iterator that refers to it
+            # may be some library's temporary.
+            k = next((i for i, kind in enumerate(_OWNER_ORDER) if issubclass(type(cand), kind)),
+                     len(_OWNER_ORDER))
+            if k < rank:
+                r, rank = cand, k
+        refs.clear()
+        if r is None:
+            return None
+        t = type(r)
+        if t is dict:
+            d: dict[Any, Any] = r
+            key = next((k for k, v in dict.items(d) if v is obj), None)
+            if d is user_ns:
+                return f"{key}{''.join(reversed(steps))}" if isinstance(key, str) else None
+            steps.append(f".{key}" if isinstance(key, str) and key.isidentifier()
+                         else _key_step(key))
+        elif t in (list, tuple):
+            idx = next((i for i, v in enumerate(t.__iter__(r)) if v is obj), None)
+            steps.append(f"[{idx}]" if idx is not None else "[…]")
+        elif t is types.FrameType:
+            steps.append(f" ({r.f_code.co_name}() locals)")
+        elif t is types.TracebackType or t is types.CellType:
+            pass
+        elif issubclass(t, BaseException):
+            steps.append(f" ({t.__name__}'s traceback)")
+        elif issubclass(t, type):
+            # The class's own __dict__ is the referrer one level down: its key is the name.
+            return f"{r.__qualname__}{''.join(reversed(steps))} (class attribute)"
+        elif t is types.ModuleType:
+            return f"{r.__name__}{''.join(reversed(steps))} (module global)"
+        else:
+            steps.append(f" (in a {t.__name__})")
+        obj = r
+    return None
+
+
+def _key_step(key: Any) -> str:
+    """``['past_key_values']``, ``[3]``; ``[…]`` for a key whose repr could run code."""
+    if type(key) in (str, int, float, bool, bytes) or key is None:
+        text = repr(key)
+        return f"[{text}]" if len(text) <= 40 else f"[{text[:37]}…]"
+    return "[…]"
+
+
+def path_of(f: _Found) -> str:
+    """Down from the holder's name while one step keeps nearly all of its bytes, to the
+    object that holds them, with that object's class."""
+    if not f.paths or not f.nbytes:
+        return ""
+    here: tuple[str, ...] = ()
+    while True:
+        best = max((p for p in f.paths if len(p) == len(here) + 1 and p[:len(here)] == here),
+                   key=lambda p: f.paths[p], default=None)
+        if best is None or f.paths[best] < _PATH_SHARE * f.nbytes:
+            break
+        here = best
+    if not here:
+        return ""
+    # The deepest object along the way whose class is known names what holds the bytes.
+    text = "".join(here).lstrip(".")
+    for k in range(len(here), 0, -1):
+        cls = f.classes.get(here[:k])
+        if cls is not None:
+            text = "".join(here[:k]).lstrip(".") + f" ({cls})"
+            break
+    return text
 
 
 def _holder(f: _Found) -> Holder:
     """The scan's record of one holder. What its graph keeps is in the ``graph_*`` fields
     (``analysis.held_text`` says it), not in ``detail``."""
+    what = "arrays" if f.arrays and not f.torch_tensors else "tensors"
     if f.tensors == 1:
         detail = f.first
     elif f.tensors:
-        detail = f"{f.tensors} tensors" + (f"; one has {f.graph.split(', ', 1)[-1]}"
-                                           if f.graph else "")
+        detail = f"{f.tensors} {what}" + (f"; one has {f.graph.split(', ', 1)[-1]}"
+                                          if f.graph else "")
     else:
         detail = "tensors its autograd graph saved on this device"
     return Holder(name=f.name, kind=f.kind, device=f.device, nbytes=f.nbytes, detail=detail,
                   holds_graph=bool(f.graph) or f.graph_bytes is not None,
                   graph_nodes=f.graph_nodes, graph_nodes_capped=f.graph_capped,
                   graph_bytes=f.graph_bytes, graph_bytes_capped=f.graph_capped,
-                  graph_unsized=f.graph_unsized)
+                  graph_unsized=f.graph_unsized, path=path_of(f), walk_capped=f.walk_capped,
+                  arrays=f.arrays and not f.torch_tensors)
 
 
 # -- stored exceptions ---------------------------------------------------------------------------

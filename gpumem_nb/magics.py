@@ -28,6 +28,7 @@ from IPython.display import display
 from . import cleanup, safeio, trace
 from .analysis import build_record
 from .errtext import one_read_per_error
+from .ledger import ledgers_of
 from .monitor import UNCHANGED, Monitor, error_text
 from .oom import SiteAtFailure, with_counted_ooms
 from .records import HistoryTable
@@ -396,7 +397,11 @@ class GpumemMagics(Magics):
         if args.n <= 0:
             raise UsageError("-n must be a positive number of holders")
         holders = self.monitor.scan(include_gc=args.gc)
-        report = WhoReport(holders[: args.n], total=len(holders))
+        try:
+            ledgers = ledgers_of(self.monitor.read_hot(), holders)
+        except Exception:  # a reading that fails leaves the table as it is
+            ledgers = ()
+        report = WhoReport(holders[: args.n], total=len(holders), ledgers=ledgers)
         if args.o:
             return report
         display(report)

@@ -268,6 +268,17 @@ class Holder:
     graph_bytes: int | None = None
     graph_bytes_capped: bool = False
     graph_unsized: int = 0  # saved tensors behind hooks (or an unknown torch): not sized
+    # Where inside it the bytes are, from its name through attributes, items or closures, with
+    # the class of what holds them: "model_kwargs['past_key_values'] (DynamicCache)".
+    path: str = ""
+    # The object walk stopped at its time or object budget inside it: nbytes is a lower bound.
+    walk_capped: bool = False
+    arrays: bool = False  # numpy/cupy-like arrays, not torch tensors
+
+    @property
+    def label(self) -> str:
+        """Its name and, where one object inside holds nearly all of it, the path there."""
+        return f"{self.name} → {self.path}" if self.path else self.name
 
     @property
     def held_bytes(self) -> int:

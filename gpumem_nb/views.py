@@ -7,11 +7,13 @@ import system replaced the function with the module as soon as the extension loa
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .analysis import held_text
+from .ledger import Ledger
 from .model import STATUS_OK, CellRecord, DeviceSample, Holder, Sample, SourceStatus
 from .records import DISPLAY_HEADERS, display_rows
 from .report import html_lines, html_table, text_table
@@ -57,12 +59,15 @@ class CellReport:
 class WhoReport:
     HEADERS = ("holder", "kind", "device", "bytes", "detail")
 
-    def __init__(self, holders: Sequence[Holder], total: int) -> None:
+    def __init__(self, holders: Sequence[Holder], total: int,
+                 ledgers: Sequence[Ledger] = ()) -> None:
         self.holders = list(holders)
         self.total = total
+        # Each GPU's allocated bytes split among all holders (not only those shown).
+        self.ledgers = list(ledgers)
 
     def rows(self) -> list[list[str]]:
-        return [[h.name, h.kind, h.device, held_text(h), h.detail] for h in self.holders]
+        return [[h.label, h.kind, h.device, held_text(h), h.detail] for h in self.holders]
 
     @property
     def caption(self) -> str:
@@ -75,17 +80,19 @@ class WhoReport:
         return text + "."
 
     def __str__(self) -> str:
+        lines = [x.line() for x in self.ledgers]
         if not self.holders:
-            return self.caption
-        return self.caption + "\n" + text_table(self.HEADERS, self.rows())
+            return "\n".join([self.caption, *lines])
+        return "\n".join([self.caption, text_table(self.HEADERS, self.rows()), *lines])
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(str(self))
 
     def _repr_html_(self) -> str:
+        lines = "".join(f"<div>{html.escape(x.line())}</div>" for x in self.ledgers)
         if not self.holders:
-            return f"<div>{self.caption}</div>"
-        return html_table(self.HEADERS, self.rows(), caption=self.caption)
+            return f"<div>{self.caption}</div>" + lines
+        return html_table(self.HEADERS, self.rows(), caption=self.caption) + lines
 
 
 class ConfigView:

@@ -314,12 +314,27 @@ class Box:
     """A user's own class: the holder scan does not look inside its instances."""
 
 
-def test_memory_from_before_the_cell_that_nothing_scanned_holds_is_not_its_working_set(world):
-    # The first H200 run: 135 GiB allocated before the failing cell, which had itself made
-    # nothing yet, were explained as "the working set of the code that ran".
+def test_a_user_class_attribute_is_named_with_its_path_not_called_unreachable(world):
+    # Issue 24: the holder scan did not enter objects of other classes, so a tensor kept on
+    # an attribute was "reachable from nothing the scan walks".
     ip = world.shell
     ip.user_ns["Box"] = Box
     run(ip, "box = Box()\nbox.kept = cuda.tensor(100 * GiB)")
+    run(ip, "y = cuda.tensor(60 * GiB)")
+    e = current_monitor(ip).oom.last
+    assert e is not None and e.cause == CAUSE_HELD, str(e)
+    assert "box → kept 100.00 GiB" in e.verdict, str(e)
+    assert not e.facts.unreachable_bytes, str(e)
+    assert "del box" in str(e)
+
+
+def test_memory_from_before_the_cell_that_nothing_scanned_holds_is_not_its_working_set(world):
+    # The first H200 run: 135 GiB allocated before the failing cell, which had itself made
+    # nothing yet, were explained as "the working set of the code that ran".
+    # (A user class's attribute is now entered and named: a module's globals stay outside
+    # the walk, which is where this test hides its tensor.)
+    ip = world.shell
+    run(ip, "import types\nlib = types.ModuleType('lib')\nlib.kept = cuda.tensor(100 * GiB)")
     run(ip, "y = cuda.tensor(60 * GiB)")
     e = current_monitor(ip).oom.last
     assert e is not None and e.cause == CAUSE_HELD, str(e)

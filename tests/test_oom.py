@@ -406,7 +406,7 @@ def test_unreachable_memory_without_a_replaced_traceback_is_not_called_garbage()
     # gc.collect then freed 0 B. With no replaced traceback there is no cycle to expect.
     f = facts(unreachable_bytes=20 * GiB, measured_at="after")
     causes = classify(f)
-    assert causes[0].kind == CAUSE_HELD and "does not look inside" in causes[0].summary
+    assert causes[0].kind == CAUSE_HELD and "did not find their holder" in causes[0].summary
     text = str(causes[0].summary) + " ".join(a.text for a in next_steps(f, causes, (), None))
     assert "gc.collect" not in text and "reference cycles" not in text
     assert "%gpumem who --gc" in text

@@ -1,0 +1,720 @@
+"""The runtime: PyTorch's OOM observer (registered once per process, never creating a CUDA
+context, kept across ``%reload_ext``), the allocator's state at the failure, when every tensor
+is still alive, and turning a failing cell into an ``OomExplanation``. Ordinary cells cost one
+attribute check."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from .. import userexc
+from ..cleanup import CleanupReport, CleanupRequest
+from ..errtext import error_str
+from ..holders import exception_chain, last_value
+from ..ledger import Ledger, ledger
+from ..model import (
+    AllocatorReading,
+    CellStart,
+    ChildProcess,
+    Holder,
+    Sample,
+)
+from ..sources.processes import roles_to_learn
+from ..sources.torch import TorchDebug, alloc_conf
+from ..units import printable
+from .advice import OomExplanation, SiteAtFailure, next_steps
+from .causes import (
+    CAUSE_WORKING_SET,
+    KIND_FAILED_CALL,
+    cell_working_set_bytes,
+    classify,
+    held_holders,
+    pool_owner_text,
+)
+from .facts import POOL_GRAPH, POOL_USER, OomFacts, PoolUse, ProcessUse
+from .message import (
+    FORM_ASYNC,
+    FORM_DRIVER,
+    FORM_UNKNOWN,
+    OomMessage,
+    find_cuda_oom,
+    first_line,
+    parse_oom_message,
+)
+from .site import failure_site, mark_running
+
+
+class OomHost(Protocol):
+    """What the explainer needs from the monitor."""
+
+    shell: Any
+    source: Any
+
+    def scan(self, include_gc: bool = False,
+             graph_budget_s: float | None = None) -> list[Holder]: ...
+
+    def read(self) -> Sample: ...
+
+    def cleanup(self, request: CleanupRequest) -> CleanupReport: ...
+
+
+class _Trampoline:
+    """What PyTorch holds as the OOM observer: forwards to whichever handler the current load
+    of gpumem_nb installed. PyTorch cannot detach observers, so this one object is registered
+    once per process and only its ``handler`` changes across loads and reloads. Kept trivial
+    on purpose: an instance made by an older copy of this module must keep working."""
+
+    def __init__(self) -> None:
+        self.handler: Callable[[int, int, int, int], None] | None = None
+
+    def __call__(self, device: int, alloc: int, limit: int, free: int) -> None:
+        handler = self.handler
+        if handler is None:
+            return
+        # Raising here would replace the user's OOM with our error.
+        with contextlib.suppress(BaseException):
+            handler(device, alloc, limit, free)
+
+
+@dataclass
+class OomEvent:
+    """The allocator's state when its observer fired: before the exception, every tensor
+    still alive."""
+
+    device: int
+    requested_bytes: int
+    limit_bytes: int  # the memory-fraction cap when set, else the device total
+    free_bytes: int
+    wall_s: float
+    generation: int
+    reading: AllocatorReading | None = None
+    processes: list[tuple[int, int | None]] | None = None
+    holders: tuple[Holder, ...] | None = None
+    largest_free_block_bytes: int | None = None
+    expandable_segments: bool | None = None
+    grad_enabled: bool | None = None  # on the allocating thread (a backward runs on its own)
+    cell: CellStart | None = None
+    pools: tuple[PoolUse, ...] = ()
+    cost_s: float = 0.0
+    stage_s: dict[str, float] = field(default_factory=dict)
+
+
+def describe_pid(pid: int) -> str:
+    """A few words about a process from /proc (same PID namespace only); "" if unknown."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = [a.decode(errors="replace") for a in fh.read().split(b"\0") if a]
+    except OSError:
+        return ""
+    if not argv:
+        return ""
+    joined = " ".join(argv)
+    if "ipykernel" in joined:
+        conn = next((a for a in argv if a.endswith(".json")), "")
+        name = os.path.basename(conn)[: -len(".json")] if conn else ""
+        return "a Jupyter kernel" + (f" {name}" if name else "")
+    # One line: a ``python -c`` script's newlines would break the explanation's lines; any
+    # other control character (a terminal escape) is printed as its escape.
+    text = printable(" ".join(" ".join([os.path.basename(argv[0]), *argv[1:3]]).split()))
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def with_counted_ooms(sample: Sample, counts: Mapping[int, int]) -> Sample:
+    """``sample`` with each device's OOM count at least what gpumem_nb counted itself: the
+    cudaMallocAsync backend leaves ``num_ooms`` at 0."""
+    devices = []
+    for d in sample.devices:
+        n = counts.get(d.index, 0)
+        if d.allocator is not None and n > d.allocator.num_ooms:
+            d = replace(d, allocator=replace(d.allocator, num_ooms=n))
+        devices.append(d)
+    return replace(sample, devices=tuple(devices))
+
+
+@dataclass
+class _Pieces:
+    """Everything read for one explanation, gathered before classifying."""
+
+    facts: OomFacts
+    holders: tuple[Holder, ...]  # as scanned (the dry run reuses them)
+    source: str
+    # As judged: the failing call's own traceback set apart (kind KIND_FAILED_CALL).
+    judged: tuple[Holder, ...] = ()
+    observer_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    sample: Sample | None = None  # a full reading made after the failure, for the dry run
+    stage_s: dict[str, float] = field(default_factory=dict)
+
+
+class OomWatch:
+    """One loaded extension's OOM explainer. ``on_cell_result`` is the only per-cell call."""
+
+    def __init__(self, host: OomHost, torch: TorchDebug | None = None,
+                 show: Callable[[Any], Any] = print,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.host = host
+        self.torch = torch if torch is not None else TorchDebug()
+        self.show = show
+        self.clock = clock
+        self.last: OomExplanation | None = None
+        self.counts: dict[int, int] = {}
+        self.events: deque[OomEvent] = deque(maxlen=32)
+        self.observer_status = "not attached: CUDA is not initialized yet"
+        self._observer: Any = None
+        self._attach_tried = False
+        self._closed = False
+        self._generation = 0
+        self._scanned_generation = -1
+        self._previous_error = ""
+        self._errors = 0  # cells that raised, since this load
+        self._lock = threading.Lock()
+        # More lines for the explanation, from features the caller sets per cell (the
+        # allocator what-if of a traced cell). Given the facts; a hook that fails adds none.
+        self.extra_lines: Callable[[OomFacts], Sequence[str]] | None = None
+
+    # -- the observer ------------------------------------------------------------------------
+    def ensure_attached(self) -> None:
+        """Register the observer once CUDA is up; a no-op afterwards (one attribute check).
+        Never after ``close``: the process-wide observer would keep an unloaded monitor
+        alive (a ``%%gpumem`` cell that ran ``%unload_ext`` explains its own result after)."""
+        if self._attach_tried or self._closed or not self.torch.initialized:
+            return
+        self._attach_tried = True
+        observer, why = self.torch.oom_observer(_Trampoline)
+        if observer is None:
+            # torch's reason, up to its first sentence ("cudaMallocAsync does not yet
+            # support attachOutOfMemoryObserver.")
+            self.observer_status = f"not available: {why.split('. ')[0].rstrip('.')}"
+            return
+        observer.handler = self._on_oom
+        self._observer = observer
+        self.observer_status = "attached"
+
+    def close(self) -> None:
+        """Unload: the process keeps the registered observer; it stops calling us."""
+        self._closed = True
+        obs = self._observer
+        if obs is not None and getattr(obs, "handler", None) == self._on_oom:
+            obs.handler = None
+        self._observer = None
+
+    def _on_oom(self, device: int, alloc: int, limit: int, free: int) -> None:
+        """Inside the allocator's OOM path, before the exception: read what only exists now.
+        Several can fire for one cell (cuDNN retries smaller workspaces); the session is
+        scanned once per cell."""
+        t0 = self.clock()
+        with self._lock:
+            self.counts[device] = self.counts.get(device, 0) + 1
+            generation = self._generation
+            scan = self._scanned_generation != generation
+            self._scanned_generation = generation
+        event = OomEvent(device=device, requested_bytes=int(alloc), limit_bytes=int(limit),
+                         free_bytes=int(free), wall_s=time.time(), generation=generation)
+        event.reading = self.torch.read(device)
+        event.grad_enabled = self.torch.grad_enabled()
+        event.cell = self._cell_start(device)
+        t = self.clock()
+        event.stage_s["observer_read"] = t - t0
+        event.processes = self._processes(device)
+        event.stage_s["observer_processes"] = self.clock() - t
+        if scan:
+            t = self.clock()
+            event.holders = tuple(self.host.scan(graph_budget_s=EXPLAIN_GRAPH_BUDGET_S))
+            event.stage_s["observer_scan"] = self.clock() - t
+        if not self.torch.history_enabled() and \
+                self.torch.allocator_backend() != "cudaMallocAsync":
+            # Without recorded history the snapshot is just segments and blocks: cheap. The
+            # async pool has no segments to read a fragmentation verdict from.
+            t = self.clock()
+            snap, _ = self.torch.memory_snapshot()
+            if snap is not None:
+                event.largest_free_block_bytes, event.expandable_segments = \
+                    _segment_facts(snap, device)
+                event.pools = self._named_pools(pools_in(snap.get("segments", ()), device,
+                                                         _graph_trees_loaded()))
+            event.stage_s["observer_segments"] = self.clock() - t
+        event.cost_s = self.clock() - t0
+        self.events.append(event)
+
+    def _pools_now(self, device: int, backend: str) -> tuple[PoolUse, ...]:
+        """The private pools after the failure (a graph's pool outlives the exception)."""
+        if backend == "cudaMallocAsync":
+            return ()
+        try:
+            segs, _ = self.torch.segments_snapshot()
+        except Exception:
+            return ()
+        return self._named_pools(pools_in(segs or (), device, _graph_trees_loaded()))
+
+    def _named_pools(self, pools: tuple[PoolUse, ...]) -> tuple[PoolUse, ...]:
+        """Each pool with the user variable that owns it, where one is found at the top of
+        the namespace (a ``CUDAGraph``'s ``pool()``, a ``MemPool``'s ``id``: torch's own
+        methods, read guarded)."""
+        if not pools:
+            return pools
+        owners: dict[tuple[int, int], str] = {}
+        ns = getattr(getattr(self.host, "shell", None), "user_ns", None)
+        if isinstance(ns, dict):
+            for name, obj in list(ns.items()):
+                cls = type(obj).__name__
+                if cls not in ("CUDAGraph", "MemPool") or not isinstance(name, str):
+                    continue
+                try:
+                    raw = obj.pool() if cls == "CUDAGraph" else obj.id
+                    owners.setdefault((int(raw[0]), int(raw[1])), name)
+                except Exception:
+                    continue
+        return tuple(replace(p, owner=owners.get(p.pool_id, "")) for p in pools)
+
+    def _cell_start(self, device: int) -> CellStart | None:
+        fn = getattr(self.host, "cell_start", None)
+        if fn is None:
+            return None
+        try:
+            start: CellStart | None = fn(device)
+            return start
+        except Exception:
+            return None
+
+    def _processes(self, device: int) -> list[tuple[int, int | None]] | None:
+        src = self.host.source
+        nvml = getattr(src, "nvml", None)
+        ids = src.device_ids() if hasattr(src, "device_ids") else []
+        if nvml is None or not hasattr(nvml, "processes") or device >= len(ids):
+            return None
+        gate = getattr(self.host, "read_gate", None)
+        if gate is not None and gate.hung_s() is not None:
+            return None  # NVML hangs (sources/gate.py): this call would hang the cell with it
+        try:
+            result: list[tuple[int, int | None]] | None = nvml.processes(ids[device])
+            return result
+        except Exception:
+            return None
+
+    # -- per cell ----------------------------------------------------------------------------
+    def on_cell_result(self, result: Any,
+                       sites: Sequence[SiteAtFailure] = ()) -> OomExplanation | None:
+        """Called once per finished cell. Costs nothing unless the cell raised a CUDA OOM."""
+        self.ensure_attached()
+        generation = self._generation
+        with self._lock:
+            self._generation += 1
+        err = getattr(result, "error_in_exec", None)
+        if not userexc.is_exception(err):
+            self._previous_error = ""
+            return None
+        earlier, self._errors = self._errors, self._errors + 1
+        previous, self._previous_error = self._previous_error, \
+            f"{userexc.type_name(err)}: {first_line(error_str(err), 120)}"[:120]
+        oom = find_cuda_oom(err)
+        if oom is None:
+            return None
+        t0 = self.clock()
+        explanation = self.explain(oom, generation=generation, previous_error=previous,
+                                   sites=sites, cell_error=err, earlier_errors=earlier)
+        explanation = replace(explanation, added_s=self.clock() - t0 + explanation.observer_s)
+        self.last = explanation
+        self.show(explanation)
+        return explanation
+
+    def explain(self, exc: BaseException, *, generation: int | None = None,
+                previous_error: str = "", sites: Sequence[SiteAtFailure] = (),
+                cell_error: BaseException | None = None,
+                earlier_errors: int = 0) -> OomExplanation:
+        text = error_str(exc)
+        msg = parse_oom_message(text) or OomMessage(FORM_UNKNOWN)
+        event = self._event_for(msg, generation)
+        if event is None:
+            # The observer did not see it (cudaMallocAsync, or before it was attached).
+            device = msg.device if msg.device is not None else 0
+            with self._lock:
+                self.counts[device] = self.counts.get(device, 0) + 1
+            pieces = self._from_message(msg, previous_error, cell_error or exc)
+        else:
+            pieces = self._from_event(event, msg)
+        if earlier_errors:
+            pieces.facts = replace(pieces.facts, earlier_errors=earlier_errors)
+        stages = pieces.stage_s
+        t = self.clock()
+        ns = getattr(getattr(self.host, "shell", None), "user_ns", None)
+        site = failure_site(exc, ns if isinstance(ns, Mapping) else {}, holders=pieces.judged)
+        pieces.judged = mark_running(pieces.judged, site)
+        pieces.facts = replace(pieces.facts, site=site)
+        stages["site"] = self.clock() - t
+        t = self.clock()
+        causes = classify(pieces.facts, pieces.judged)
+        if causes and causes[0].kind == CAUSE_WORKING_SET and site.lines():
+            causes = (replace(causes[0], details=causes[0].details + tuple(site.lines())),
+                      *causes[1:])
+        elif site.lines():
+            pieces.notes.extend(site.lines())
+        stages["classify"] = self.clock() - t
+        t = self.clock()
+        try:
+            dry = self.host.cleanup(self._dry_run_request(pieces, event))
+        except Exception:
+            dry = None
+        stages["dry_run"] = self.clock() - t
+        extra = self._extra_lines(pieces.facts, stages)
+        if msg.form == FORM_DRIVER:
+            pieces.notes.append(
+                "This error comes from CUDA or a CUDA library, not from PyTorch's allocator: "
+                "memory ran out outside the caching allocator (creating the CUDA context, a "
+                "library's own allocation such as cuBLAS or cuDNN creating its handle, CuPy, "
+                "JAX, NCCL or a custom cudaMalloc).")
+        return OomExplanation(
+            ledger=explanation_ledger(pieces.facts, pieces.judged), facts=pieces.facts,
+            causes=causes,
+            actions=next_steps(pieces.facts, causes, pieces.judged, dry),
+            error=first_line(text, 300) or userexc.type_name(exc),
+            form=msg.form, source=pieces.source, holders=pieces.holders,
+            sites_at_failure=tuple(sites), observer_s=pieces.observer_s,
+            notes=tuple(pieces.notes) + extra, stage_s=stages)
+
+    def _extra_lines(self, facts: OomFacts, stages: dict[str, float]) -> tuple[str, ...]:
+        hook = self.extra_lines
+        if hook is None:
+            return ()
+        t = self.clock()
+        try:
+            return tuple(line for line in hook(facts) if line)
+        except Exception:
+            return ()
+        finally:
+            stages["extra"] = self.clock() - t
+
+    def _dry_run_request(self, pieces: _Pieces, event: OomEvent | None) -> CleanupRequest:
+        """The in-cell ``cleanup --dry-run``, reusing what was already read after the failure.
+
+        Without the observer, the scan and the full reading were both made after the failure,
+        exactly what the dry run would make again: they are handed over. The observer's scan
+        is from before the exception unwound (the failing call's locals were live then, and
+        the stored exception was the previous cell's), so after it the dry run still scans;
+        only its reading is the cheap allocator-and-host one: its estimates use allocator
+        figures only, never NVML's."""
+        if event is None:
+            return CleanupRequest(dry_run=True, clear_output=True, reuse_sample=pieces.sample,
+                                  reuse_holders=pieces.holders)
+        hot = getattr(self.host, "read_hot", None)
+        sample: Sample | None = None
+        if hot is not None:
+            try:
+                sample = hot()
+            except Exception:
+                sample = None
+        return CleanupRequest(dry_run=True, clear_output=True, reuse_sample=sample,
+                              graph_budget_s=EXPLAIN_GRAPH_BUDGET_S)
+
+    def _event_for(self, msg: OomMessage, generation: int | None) -> OomEvent | None:
+        """The observer's record of this error: the latest event of this cell that matches
+        the message's device and size (the message prints sizes rounded)."""
+        for ev in reversed(self.events):
+            if generation is not None and ev.generation != generation:
+                continue
+            if msg.device is not None and ev.device != msg.device:
+                continue
+            if msg.requested_bytes is not None and abs(
+                    ev.requested_bytes - msg.requested_bytes) > msg.precision_bytes + 1:
+                continue
+            return ev
+        return None
+
+    def _idle_bytes(self, device: int) -> int | None:
+        """The source's measure of the CUDA context on ``device`` (``LiveSource``), if any."""
+        known = getattr(self.host.source, "idle_process_bytes", None)
+        value = known.get(device) if isinstance(known, Mapping) else None
+        return value if isinstance(value, int) else None
+
+    def _expandable(self, seen: bool | None) -> bool:
+        if seen is not None:
+            return seen
+        return "expandable_segments:true" in alloc_conf()[0].replace(" ", "").lower()
+
+    def _processes_facts(self, listed: Sequence[tuple[int, int | None]] | None,
+                         from_message: Sequence[tuple[int, int | None]] = (),
+                         this_from_message: int | None = None, *, ours_expected: bool,
+                         ) -> tuple[int | None, tuple[ProcessUse, ...], bool]:
+        """(this process's bytes, the others, whether the others are unknown)."""
+        me = os.getpid()
+        if listed is None:
+            others = self._uses(from_message)
+            return this_from_message, others, not from_message and this_from_message is None
+        mine = [n for p, n in listed if p == me]
+        if not mine and (ours_expected or any(
+                not os.path.exists(f"/proc/{p}") for p, _ in listed)):
+            # PyTorch holds memory here, yet our PID is not listed, or the PIDs do not exist
+            # here: NVML shows another PID namespace (a container), so no listed process can
+            # be told apart from this one.
+            return None, (), True
+        this = sum(n or 0 for n in mine) if mine and None not in mine else None
+        others = self._uses([(p, n) for p, n in listed if p != me])
+        return this, others, False
+
+    def _uses(self, listed: Sequence[tuple[int, int | None]]) -> tuple[ProcessUse, ...]:
+        """The other processes, this kernel's children named as such. Read on demand (the
+        failed cell only): a few small /proc reads per listed process."""
+        tree = getattr(self.host.source, "processes", None)
+        children: dict[int, ChildProcess] = {}
+        if tree is not None and listed and all(os.path.exists(f"/proc/{p}") for p, _ in listed):
+            try:
+                children = {c.pid: c for c in tree.children_of(listed)}
+                unknown = roles_to_learn(children.values())
+                if unknown and tree.learn_roles(unknown):
+                    children = {c.pid: c for c in tree.children_of(listed)}
+            except Exception:
+                children = {}
+        return tuple(ProcessUse(p, n, describe_pid(p) if p not in children else "",
+                                child=children.get(p)) for p, n in listed)
+
+    def _from_event(self, ev: OomEvent, msg: OomMessage) -> _Pieces:
+        r = ev.reading
+        total = self.torch.device_total_bytes(ev.device) or msg.total_bytes
+        fraction = self.torch.memory_fraction(ev.device)
+        allowed = msg.allowed_bytes
+        if fraction is not None and fraction < 1.0:
+            allowed = ev.limit_bytes
+        t = self.clock()
+        this, others, unknown = self._processes_facts(
+            ev.processes, msg.other_processes, msg.this_process_bytes,
+            ours_expected=bool(r and r.reserved_bytes))
+        named_s = self.clock() - t
+        holders = ev.holders
+        if holders is None:  # a second OOM in the same cell: reuse the first one's scan
+            holders = next((e.holders for e in reversed(self.events)
+                            if e.generation == ev.generation and e.holders is not None), ())
+        facts = OomFacts(
+            device=ev.device, requested_bytes=ev.requested_bytes, total_bytes=total,
+            free_bytes=ev.free_bytes, allowed_bytes=allowed,
+            unreachable_bytes=_unaccounted_at_start(ev.cell, holders, ev.device),
+            allocated_bytes=r.allocated_bytes if r else msg.allocated_bytes,
+            reserved_bytes=r.reserved_bytes if r else msg.reserved_total_bytes,
+            this_process_bytes=this, other_processes=others, others_unknown=unknown,
+            backend=self.torch.allocator_backend() or "native",
+            expandable_segments=self._expandable(ev.expandable_segments),
+            largest_free_block_bytes=ev.largest_free_block_bytes,
+            private_pool_bytes=msg.private_pool_bytes, measured_at="failure", pools=ev.pools,
+            walk_capped=_capped(holders),
+            grad_enabled=ev.grad_enabled, idle_process_bytes=self._idle_bytes(ev.device),
+            **_cell_facts(ev.cell, r.allocated_bytes if r else msg.allocated_bytes))
+        stages = {"observer": ev.cost_s}
+        stages.update(ev.stage_s)
+        stages["children"] = named_s  # naming the other processes (this kernel's children)
+        return _Pieces(facts=facts, holders=tuple(holders), judged=tuple(holders),
+                       source="Measured at the failure by the allocator's OOM observer",
+                       observer_s=ev.cost_s, notes=self._unknown_note(unknown),
+                       stage_s=stages)
+
+    def _from_message(self, msg: OomMessage, previous_error: str,
+                      error: BaseException) -> _Pieces:
+        device = msg.device if msg.device is not None else 0
+        stages: dict[str, float] = {}
+        t = self.clock()
+        now = self.host.read()
+        stages["read"] = self.clock() - t
+        d = now.device(device)
+        al = d.allocator if d is not None else None
+        backend = self.torch.allocator_backend() or (
+            "cudaMallocAsync" if msg.form == FORM_ASYNC else "native")
+        t = self.clock()
+        listed = self._processes(device)
+        stages["processes"] = self.clock() - t
+        t = self.clock()
+        this, others, unknown = self._processes_facts(
+            listed, msg.other_processes, msg.this_process_bytes,
+            ours_expected=bool(al and al.reserved_bytes))
+        stages["children"] = self.clock() - t
+        if this is None and d is not None and d.nvml is not None:
+            this = d.nvml.process_bytes
+        allocated = msg.allocated_bytes if msg.allocated_bytes is not None else (
+            al.allocated_bytes if al else None)
+        reserved = msg.reserved_total_bytes
+        if reserved is None and al is not None:
+            # The async message has no reservation: the pool's, read now, stands in.
+            reserved = max(al.reserved_bytes, allocated or 0)
+        released = unreachable = None
+        t = self.clock()
+        holders = tuple(self.host.scan(graph_budget_s=EXPLAIN_GRAPH_BUDGET_S))
+        stages["scan"] = self.clock() - t
+        judged = _failed_call_apart(holders, error)
+        failed = [h for h in judged if h.kind == KIND_FAILED_CALL
+                  and h.device in (f"cuda:{device}", "cuda")]
+        computation = sum(h.held_bytes for h in failed) if failed else None
+        # A failed call whose tensors carry graphs ran with autograd on; without graphs it
+        # may have run under no_grad, or made nothing yet: unknown.
+        grad = True if any(h.holds_graph for h in failed) else None
+        if al is not None:
+            if msg.allocated_bytes is not None:
+                released = max(msg.allocated_bytes - al.allocated_bytes, 0)
+            reachable = sum(h.held_bytes for h in held_holders(judged, device)) + \
+                (computation or 0)
+            unreachable = max(al.allocated_bytes - reachable, 0)
+        total = self.torch.device_total_bytes(device) or msg.total_bytes  # exact, not printed
+        facts = OomFacts(
+            device=device, requested_bytes=msg.requested_bytes, total_bytes=total,
+            free_bytes=msg.free_bytes, allowed_bytes=msg.allowed_bytes,
+            allocated_bytes=allocated, reserved_bytes=reserved, this_process_bytes=this,
+            other_processes=others, others_unknown=unknown, backend=backend,
+            expandable_segments=self._expandable(None),
+            private_pool_bytes=msg.private_pool_bytes, precision_bytes=msg.precision_bytes,
+            measured_at="after", released_since_bytes=released,
+            unreachable_bytes=unreachable, previous_error=previous_error,
+            computation_bytes=computation, grad_enabled=grad, walk_capped=_capped(holders),
+            pools=self._pools_now(device, backend),
+            idle_process_bytes=self._idle_bytes(device),
+            **_cell_facts(self._cell_start(device), allocated))
+        why = f"OOM observer {self.observer_status}" \
+            if self.observer_status != "attached" else "the OOM observer did not see this one"
+        notes = self._unknown_note(unknown)
+        return _Pieces(facts=facts, holders=holders, judged=judged,
+                       source=f"From the error message and readings after it ({why})",
+                       notes=notes, sample=now, stage_s=stages)
+
+    @staticmethod
+    def _unknown_note(unknown: bool) -> list[str]:
+        if not unknown:
+            return []
+        return ["NVML could not attribute GPU memory to processes here (another PID "
+                "namespace, such as a container, or no NVML), so other processes and memory "
+                "outside PyTorch are not shown."]
+
+    def no_oom_line(self) -> str:
+        seen = sum(self.counts.values())
+        caught = f" ({seen} caught by your own code, none reached a cell)" if seen else ""
+        return (f"gpumem: no CUDA out-of-memory error has reached a cell yet{caught}. "
+                f"OOM observer: {self.observer_status}.")
+
+
+def pool_id_of(seg: Mapping[str, Any]) -> tuple[int, int]:
+    """A segment's ``segment_pool_id`` (``(0, 0)``: the default pool), as
+    ``torch/csrc/cuda/Module.cpp`` writes it from ``SegmentInfo.owner_private_pool_id``."""
+    raw = seg.get("segment_pool_id", (0, 0))
+    try:
+        a, b = raw
+        return int(a), int(b)
+    except (TypeError, ValueError):
+        return (0, 0)
+
+
+def pools_in(segments: Iterable[Mapping[str, Any]], device: int,
+             graph_trees: bool = False) -> tuple[PoolUse, ...]:
+    """Each non-default pool's reserved and allocated bytes on ``device``."""
+    sizes: dict[tuple[int, int], list[int]] = {}
+    for seg in segments:
+        if seg.get("device", device) != device:
+            continue
+        pid = pool_id_of(seg)
+        if pid == (0, 0):
+            continue
+        total = int(seg.get("total_size", 0) or 0)
+        allocated = seg.get("allocated_size")
+        if allocated is None:
+            allocated = sum(int(b.get("size", 0)) for b in seg.get("blocks", ())
+                            if b.get("state") == "active_allocated")
+        entry = sizes.setdefault(pid, [0, 0])
+        entry[0] += total
+        entry[1] += int(allocated)
+    return tuple(PoolUse(pid, POOL_USER if pid[0] == 0 else POOL_GRAPH, r, a,
+                         graph_trees=graph_trees and pid[0] != 0)
+                 for pid, (r, a) in sizes.items())
+
+
+def _segment_facts(snapshot: Mapping[str, Any], device: int) -> tuple[int | None, bool | None]:
+    """(largest free block inside PyTorch's default pool's segments, expandable segments on)
+    from a snapshot taken at the failure. A private pool's free blocks are not fragmentation:
+    only that pool can use them (``pools_in``)."""
+    largest: int | None = None
+    expandable: bool | None = None
+    for seg in snapshot.get("segments", ()):
+        if seg.get("device", device) != device:
+            continue
+        if seg.get("is_expandable"):
+            expandable = True
+        if pool_id_of(seg) != (0, 0):
+            continue
+        for b in seg.get("blocks", ()):
+            if b.get("state") == "inactive":
+                largest = max(largest or 0, int(b.get("size", 0)))
+    settings = snapshot.get("allocator_settings")
+    if isinstance(settings, Mapping) and "expandable_segments" in settings:
+        expandable = bool(settings["expandable_segments"]) or bool(expandable)
+    return largest, expandable
+
+
+# The explainer's two scans (in the observer, then the dry run after the failure) each get this
+# long for autograd graphs, so that the whole explanation stays within its 50 ms.
+EXPLAIN_GRAPH_BUDGET_S = 0.015
+
+
+def _cell_facts(cell: CellStart | None, allocated: int | None) -> dict[str, Any]:
+    """The failing cell's working-set facts, from its start and PyTorch's allocated bytes at
+    the failure."""
+    if cell is None:
+        return {}
+    own = None
+    if cell.allocated_bytes is not None and allocated is not None:
+        own = max(allocated - cell.allocated_bytes, 0)
+    return {"cell_bytes": own, "cell_start_bytes": cell.allocated_bytes,
+            "cell_previous_peak_bytes": cell.previous_peak_bytes,
+            "cell_previous_peak_exact": cell.previous_peak_exact}
+
+
+def _unaccounted_at_start(cell: CellStart | None, holders: Sequence[Holder],
+                          device: int) -> int | None:
+    """At the failure: what PyTorch had allocated when the failing cell started that none of
+    the session's holders keeps (they are scanned at the failure, so they also hold what the
+    cell stored: that can only make this smaller). Unknown when a holder's graph was not
+    sized in full, which would make it larger than it is."""
+    if cell is None or cell.allocated_bytes is None:
+        return None
+    held = held_holders(holders, device)
+    if _capped(held):
+        return None
+    return max(cell.allocated_bytes - sum(h.held_bytes for h in held), 0)
+
+
+def explanation_ledger(f: OomFacts, judged: Sequence[Holder]) -> Ledger | None:
+    """The failure's split of allocated bytes: every holder on the GPU (the session's, the
+    running backward's, the failed call's), the failing cell's own working set beyond them
+    (at the failure), and each private pool's tensors."""
+    if f.allocated_bytes is None:
+        return None
+    device = f"cuda:{f.device}"
+    computation = 0
+    if f.measured_at == "failure":
+        computation = cell_working_set_bytes(f, judged) or 0
+        # What the running backward's inputs hold is listed among the holders already.
+    pools = tuple((f"the pool of {pool_owner_text(p)}", p.allocated_bytes) for p in f.pools)
+    return ledger(device, f.allocated_bytes,
+                  [h for h in judged if h.device.startswith("cuda")], computation_bytes=computation,
+                  pools=pools)
+
+
+def _graph_trees_loaded() -> bool:
+    """Whether torch.compile's CUDA graph trees have been imported (mode="reduce-overhead")."""
+    return "torch._inductor.cudagraph_trees" in sys.modules
+
+
+def _capped(holders: Sequence[Holder]) -> bool:
+    return any(h.walk_capped or h.graph_bytes_capped or h.graph_unsized
+               or (h.holds_graph and h.graph_bytes is None) for h in holders)
+
+
+def _failed_call_apart(holders: Sequence[Holder], error: BaseException) -> tuple[Holder, ...]:
+    """The holders, with the failing call's own traceback marked as such: when the stored
+    exception is this error, its frames' locals are the computation's working set (under
+    cudaMallocAsync the explanation comes after the exception unwound), not memory the
+    session keeps."""
+    stored = last_value()
+    if not isinstance(stored, BaseException) or not any(
+            e is error for e in exception_chain(stored)):
+        return tuple(holders)
+    return tuple(replace(h, kind=KIND_FAILED_CALL) if h.kind == "traceback" else h
+                 for h in holders)
