@@ -287,6 +287,35 @@ def sources_digest(root: Path = ROOT) -> str:
     return digest.hexdigest()
 
 
+def sources_digest_at(commit: str, root: Path = ROOT) -> str | None:
+    """``sources_digest`` of the files a commit holds (git's objects, not the working tree),
+    so that a notebook executed at an earlier commit can still be checked against what
+    produced it. None when git or the commit is not there (a shallow clone)."""
+    import fnmatch
+    import hashlib
+    import subprocess
+    from pathlib import PurePosixPath
+
+    def git(*args: str) -> bytes:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True,
+                              check=True, timeout=60).stdout
+
+    try:
+        names = git("ls-tree", "-r", "-z", "--name-only", commit).decode().split("\0")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    # Path.glob's "**/*" and "*" read as: anything below the folder, and one level only.
+    paths = sorted(PurePosixPath(n) for n in names if n and "__pycache__" not in n.split("/")
+                   and not n.endswith((".pyc", ".pyo"))
+                   and (n.startswith("gpumem_nb/") or fnmatch.fnmatch(n, "notebooks/*.py")
+                        and n.count("/") == 1))
+    digest = hashlib.sha256()
+    for p in paths:
+        digest.update(p.as_posix().encode() + b"\0")
+        digest.update(git("show", f"{commit}:{p.as_posix()}").replace(b"\r\n", b"\n") + b"\0")
+    return digest.hexdigest()
+
+
 def gpu_facts() -> dict[str, Any]:
     """The GPUs, their MIG mode, the driver and its CUDA version, from NVML; empty without a
     driver."""
