@@ -47,6 +47,10 @@ class LiveSource:
         # thread: a wedged driver's nvmlInit may never return): readings and status then
         # wait for nothing, their NVML figures unknown until it ends.
         self._start_pending = False
+        # Closed (the extension unloaded): a reading still asked of it (a %%gpumem cell that
+        # ran %unload_ext takes its closing reading after the unload) must not start NVML
+        # again, or that nvmlInit is never balanced.
+        self._closed = False
         self.selected: Sequence[int] | None = None  # None: every visible device
         # Processes are listed on every sampler tick: the hooks no longer read NVML, so the
         # listing (about 145 µs per GPU) is off the cell's path, and this process's share is
@@ -69,6 +73,7 @@ class LiveSource:
         return self._start_pending and not self._started
 
     def start(self) -> bool:
+        self._closed = False
         self._start_pending = True
         try:
             ok = self.nvml.start()
@@ -81,12 +86,15 @@ class LiveSource:
         return ok
 
     def close(self) -> None:
+        self._closed = True
         self._start_pending = False
         self.nvml.close()
         # Its /proc/self/statm descriptor: closed now, not whenever the collector gets to it
         # (a reload's old source may live on in a reference cycle; 20 reloads were 20 fds).
         self.host.close()
         self._started = False
+        with self._lock:
+            self._mapping = []
 
     def _refresh_mapping(self) -> None:
         """Once CUDA is up, map by UUID/bus id; torch's numbering is then authoritative."""
@@ -123,7 +131,7 @@ class LiveSource:
         ``process_refresh_s``; between listings this process's share is derived from the
         last one (see ``NvmlSource.read``).
         """
-        if not self._started and not self._start_pending:
+        if not self._started and not self._start_pending and not self._closed:
             self.start()
         now = self._clock()
         if processes is None:
@@ -205,7 +213,7 @@ class LiveSource:
         if self.starting:
             return SourceStatus(nvml=STARTING, torch=self.torch.state(), gpu_count=0,
                                 allocator=self.torch.allocator_info())
-        if not self._started:
+        if not self._started and not self._closed:
             self.start()
         notes: list[str] = []
         if self.nvml.status == "ok" and not self._mapping:
