@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+# Run by the GPU machine's ``pytest -m gpu`` (CI has no torch, so unmarked it ran nowhere).
+pytestmark = pytest.mark.gpu
 pytest.importorskip("torch")
 
 from benchmarks.gpu_diagnosis import EXPECTED, GROUPS, run_all, summary
