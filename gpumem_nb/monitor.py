@@ -738,7 +738,7 @@ class Monitor:
         cell shorter than the sampling interval would otherwise see before and after it."""
         did_reset = self._reset_peaks() if reset_peak else False
         before = self.read() if nvml_now else self.read_hot()
-        wm = Watermark()
+        wm = Watermark(since_t_s=before.t_s)
         self._watermarks.append(wm)
         return before, wm, did_reset
 
@@ -777,7 +777,7 @@ class Monitor:
             if self.cuda_start.started is None:
                 self.cuda_start.cell_started(_pre_count(self.shell, info),
                                              getattr(info, "raw_cell", "") or "")
-            wm = Watermark()
+            wm = Watermark(since_t_s=t_s)
             self._watermarks.append(wm)
             self._pending = _Pending(
                 before=before, t_s=t_s, wall_s=time.time(), cell_key=cell_key_of(info),

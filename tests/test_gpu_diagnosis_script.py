@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-# Run by the GPU machine's ``pytest -m gpu`` (CI has no torch, so unmarked it ran nowhere).
-pytestmark = pytest.mark.gpu
 pytest.importorskip("torch")
 
 from benchmarks.gpu_diagnosis import EXPECTED, GROUPS, run_all, summary
+
+# Run by the GPU machine's ``pytest -m gpu`` (CI has no torch, so unmarked it ran nowhere).
+pytestmark = pytest.mark.gpu
 
 
 def test_the_dry_run_writes_a_row_per_workload_with_its_explanation(tmp_path: Any):
