@@ -27,7 +27,12 @@ case "$shard" in
   all) sel=(tests); log="$out/gpu_tests_${commit}.log" ;;
   *) echo "usage: $0 a|b|all [OUT]" >&2; exit 2 ;;
 esac
+# One hung test must not eat the device call: pytest-timeout, where installed (the H200's
+# venv has it), fails it after 240 s and the run goes on to its summary line.
+extra=()
+python3 -c "import pytest_timeout" 2>/dev/null && extra+=(--timeout=240)
 # -m gpu over tests/ (not tests/gpu alone): the torch-needing tests outside tests/gpu are
 # marked gpu too, and ran nowhere while the command named tests/gpu only.
-python3 -m pytest -m gpu "${sel[@]}" -v -p no:cacheprovider --durations=25 2>&1 | tee "$log"
+python3 -m pytest -m gpu "${sel[@]}" -v -p no:cacheprovider --durations=25 "${extra[@]}" \
+  2>&1 | tee "$log"
 exit "${PIPESTATUS[0]}"
