@@ -17,7 +17,8 @@ export GPUMEM_NB_DIAGNOSIS_JSON=/tmp/bench/diagnosis_h200.json
 # empty_cache's estimate against its real drop, per backend (three fresh processes, <= 150 s).
 OUT=/tmp/bench timeout 160 python3 benchmarks/gpu_emptycache.py 2>&1 | tail -6 \
   | tee -a "$out/bench.log"
-python3 -m pytest -m gpu tests/gpu -v -s -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log"
+# Every test marked gpu, tests/gpu and the torch-needing ones beside it (benchmarks/gpu_tests.sh).
+bash benchmarks/gpu_tests.sh all "$out"
 # bench_widget.py needs no GPU (it replays a trace); it runs on the development machine.
 for b in bench_sources bench_hooks bench_who bench_graph gpu_widget_check; do
   timeout 300 python3 "benchmarks/$b.py" 2>&1 | tee -a "$out/bench.log"

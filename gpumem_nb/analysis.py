@@ -30,8 +30,13 @@ class Watermark:
 
     nvml_used_bytes: dict[int, int] = field(default_factory=dict)
     allocated_bytes: dict[int, int] = field(default_factory=dict)
+    # When the cell began: a sampler reading taken before it (delivered a moment late) is
+    # not a reading of this cell.
+    since_t_s: float = float("-inf")
 
     def update(self, sample: Sample) -> None:
+        if sample.t_s < self.since_t_s:
+            return
         for d in sample.devices:
             if d.nvml is not None and d.nvml.used_bytes is not None:
                 prev = self.nvml_used_bytes.get(d.index, 0)
@@ -72,16 +77,21 @@ def cell_devices(
     before: Sample, after: Sample, watermark: Watermark, *, reset_at_start: bool
 ) -> tuple[CellDevice, ...]:
     out = []
+    # The hooks' "after" carries the sampler's latest NVML reading; taken before this cell
+    # began (cells back to back), it is the previous state, not this cell's end.
+    nvml_after_fresh = after.nvml_t_s is None or after.nvml_t_s >= before.t_s
     for a in after.devices:
         b = before.device(a.index)
         b_al = b.allocator if b else None
         b_nv = b.nvml if b else None
-        a_al, a_nv = a.allocator, a.nvml
+        a_al = a.allocator
+        a_nv = a.nvml if nvml_after_fresh else None
         peak, exact = cell_peak(b_al, a_al, watermark.allocated_bytes.get(a.index),
                                 reset_at_start=reset_at_start)
         used_b = b_nv.used_bytes if b_nv else None
         used_a = a_nv.used_bytes if a_nv else None
-        known = [v for v in (used_b, used_a, watermark.nvml_used_bytes.get(a.index)) if v]
+        during = [v for v in (used_a, watermark.nvml_used_bytes.get(a.index)) if v]
+        known = [v for v in (used_b, *during) if v]
         out.append(
             CellDevice(
                 index=a.index,
@@ -98,6 +108,7 @@ def cell_devices(
                 process_after_bytes=a_nv.process_bytes if a_nv else None,
                 children_before_bytes=b_nv.children_bytes if b_nv else None,
                 children_after_bytes=a_nv.children_bytes if a_nv else None,
+                nvml_peak_measured=bool(during),
             )
         )
     return tuple(out)
@@ -123,7 +134,7 @@ def complete_nvml(record: CellRecord, sample: Sample | None) -> CellRecord:
         devices.append(replace(d, nvml_used_after_bytes=nv.used_bytes,
                                process_after_bytes=nv.process_bytes,
                                children_after_bytes=nv.children_bytes,
-                               nvml_peak_bytes=max(peaks)))
+                               nvml_peak_bytes=max(peaks), nvml_peak_measured=True))
     return replace(record, devices=tuple(devices))
 
 

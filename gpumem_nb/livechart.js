@@ -460,6 +460,19 @@ function initialize({ model }) {
   return () => { savers.charts.delete(saver); };
 }
 
+// The notebook's session (JupyterLab, Notebook 7), for the kernel's status; null elsewhere.
+function sessionOf(model) {
+  const manager = model.widget_manager;
+  const ctx = manager && manager.context;
+  const session = ctx && ctx.sessionContext;
+  return session && session.statusChanged && typeof session.statusChanged.connect === "function"
+    ? session : null;
+}
+// Kernel states after which this chart's kernel, and so its comm, is gone for good.
+const GONE = new Set(["restarting", "autorestarting", "dead", "terminating"]);
+const GONE_NOTE = "The kernel restarted or stopped: this chart is frozen as it was, and its "
+  + "controls do nothing now. Run %gpumem watch again for a live chart.";
+
 // -- the live view ----------------------------------------------------------------------------
 function requestId() {
   return `${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}`;
@@ -498,6 +511,11 @@ function render({ model, el: host }) {
     frozen: null, // while paused: the lines and marks as they were
     pending: { cleanup: null, device: null }, // requests the kernel has not answered yet
     options: "",
+    // The kernel restarted or stopped. JupyterLab drops the chart's comm before the kernel
+    // hears of it, so the kernel cannot turn the chart into its picture: the page says so
+    // and disables the controls (before, a restart mid-replay left Pause and Clean up
+    // looking clickable on a chart nothing would update again).
+    gone: false,
   };
 
   const isHidden = (s) => (view.hidden.has(s.key) ? view.hidden.get(s.key) : !!s.hidden);
@@ -516,8 +534,9 @@ function render({ model, el: host }) {
       { w: Math.max(view.width, 200), h: HEIGHT, m: M }, view.zoom);
     view.frame = f;
     title.textContent = meta.title || "";
-    note.textContent = meta.note || "";
-    pausedNote.hidden = !view.frozen;
+    note.textContent = view.gone ? GONE_NOTE : meta.note || "";
+    root.classList.toggle("gl-gone", view.gone);
+    pausedNote.hidden = !view.frozen || view.gone;
     pausedNote.textContent = "paused: the lines hold still";
     svg.setAttribute("width", f.w);
     svg.setAttribute("viewBox", `0 0 ${f.w} ${HEIGHT}`);
@@ -571,6 +590,8 @@ function render({ model, el: host }) {
         return o;
       }));
     }
+    select.disabled = view.gone;
+    pause.disabled = view.gone;
     const want = view.pending.device ? view.pending.device.value : meta.device;
     if (devices && select.value !== String(want)) select.value = String(want);
     devicePending.textContent = !view.pending.device ? ""
@@ -584,7 +605,7 @@ function render({ model, el: host }) {
 
     cleanup.textContent = !view.pending.cleanup ? "Clean up"
       : meta.busy ? "Clean up: queued until the cell ends" : "Cleaning up…";
-    cleanup.disabled = !!view.pending.cleanup;
+    cleanup.disabled = view.gone || !!view.pending.cleanup;
     cleanup.classList.toggle("gl-is-pending", !!view.pending.cleanup);
   }
 
@@ -637,16 +658,18 @@ function render({ model, el: host }) {
     schedule();
   }
   pause.addEventListener("click", () => {
+    if (view.gone) return;
     model.set("paused", !model.get("paused"));
     model.save_changes(); // reaches the kernel once a running cell ends
   });
   cleanup.addEventListener("click", () => {
-    if (view.pending.cleanup) return;
+    if (view.gone || view.pending.cleanup) return;
     view.pending.cleanup = requestId();
     model.send({ kind: "cleanup", id: view.pending.cleanup });
     schedule();
   });
   select.addEventListener("change", () => {
+    if (view.gone) return;
     const value = Number(select.value);
     if (model.get("paused")) { // a device picked is a device to follow: the lines move again
       model.set("paused", false);
@@ -714,6 +737,23 @@ function render({ model, el: host }) {
   model.on("change:paused", onPaused);
   model.on("msg:custom", onMessage);
   if (model.get("paused")) view.frozen = modelData(model);
+  const session = sessionOf(model);
+  const kernelAtStart = session && session.session ? session.session.kernel : null;
+  function onKernel() {
+    if (view.gone || !session) return;
+    const kernel = session.session ? session.session.kernel : null;
+    const replaced = kernelAtStart !== null && kernel !== kernelAtStart;
+    if (replaced || (kernel && GONE.has(kernel.status))) {
+      view.gone = true;
+      view.frozen = view.frozen || modelData(model); // what it showed stays, unmoving
+      view.pending = { cleanup: null, device: null };
+      schedule();
+    }
+  }
+  if (session) {
+    session.statusChanged.connect(onKernel);
+    if (session.kernelChanged) session.kernelChanged.connect(onKernel);
+  }
   draw();
 
   // What the browser tests read (like plotly's graph div): what is drawn, not how.
@@ -735,6 +775,7 @@ function render({ model, el: host }) {
       zoom: view.zoom ? [...view.zoom] : null,
       xrange: view.frame ? [view.frame.x0, view.frame.x1] : null,
       paused: !!view.frozen,
+      gone: view.gone,
       pending: { cleanup: !!view.pending.cleanup, device: !!view.pending.device },
     };
   };
@@ -743,6 +784,10 @@ function render({ model, el: host }) {
     for (const k of keys) model.off(`change:${k}`, schedule);
     model.off("change:paused", onPaused);
     model.off("msg:custom", onMessage);
+    if (session) {
+      session.statusChanged.disconnect(onKernel);
+      if (session.kernelChanged) session.kernelChanged.disconnect(onKernel);
+    }
     window.removeEventListener("mousemove", onMove);
     window.removeEventListener("mouseup", onUp);
     resize.disconnect();

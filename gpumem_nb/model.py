@@ -182,6 +182,10 @@ class CellDevice:
     # What this kernel's child processes held on the device (NVML), at either end.
     children_before_bytes: int | None = None
     children_after_bytes: int | None = None
+    # Whether ``nvml_peak_bytes`` rests on a reading taken during or after the cell. False:
+    # only the reading at its start was known (cells run back to back, as in Run All, end
+    # before the sampler reads again), so the figure is a lower bound, shown with "≥".
+    nvml_peak_measured: bool = True
 
     @property
     def idle(self) -> bool:

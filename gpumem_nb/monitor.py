@@ -82,6 +82,10 @@ MAX_QUEUED_CELLS = 64
 # Unload judges the cells still queued (verdicts included) for at most this long; any left
 # after it are recorded unjudged. Nothing queued is dropped.
 UNLOAD_JUDGE_S = 0.5
+# How long %load_ext waits for the sources to start. NVML's start (nvmlInit, then counting
+# the devices) takes milliseconds, or, with a wedged driver, forever: it runs on a helper
+# thread, and the load answers after this long at most, NVML's figures unknown until then.
+START_WAIT_S = 1.5
 MAX_LOAD_FRAMES = 100  # the stack searched, at load, for the cell running %load_ext
 
 
@@ -244,19 +248,19 @@ class Monitor:
         # cell's error can reach its outer cell's result too): advised once. By id: holding
         # the exception would hold its frames' tensors.
         self._advised_id: int | None = None
+        self._start_cancelled = threading.Event()
+        self._start_thread: threading.Thread | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
-        try:
-            self.source.start()
-        except Exception as e:
-            self._contain("start", e)
+        start_note = self._start_source()
         try:
             self.cuda_start.on_load(in_cell=self._loaded_in_cell())
             self.cuda_start.arm()
         except Exception as e:
             self._contain("CUDA start watch", e)
-        self._check_starting_device()
+        if not start_note:
+            self._check_starting_device()  # the GPU count is not known before NVML answers
         self.sampler.add_listener(self._on_sample)
         self.sampler.start()
         request = replay_request()
@@ -268,7 +272,55 @@ class Monitor:
                                " (GPUMEM_NB_REPLAY); your cells are measured live.")
             except (OSError, ValueError) as e:
                 replay_note = f" {REPLAY_ENV}={request} ignored: {e}."
+        if start_note:
+            return f"gpumem_nb {__version__}: {start_note} %gpumem? for help." + replay_note
         return self.status_line() + replay_note
+
+    def _start_source(self) -> str:
+        """Start the sources on a helper thread, waiting ``START_WAIT_S`` at most; "" when
+        they answered, else the sentence saying why NVML's figures are unknown for now.
+
+        The helper takes the read gate, so while its start hangs no reading joins it on
+        another thread, and a reload while it hangs adds no second stuck start: the new
+        helper waits at the gate, and leaves when its monitor is unloaded.
+        """
+        done = threading.Event()
+        begin = getattr(self.source, "begin_start", None)
+        if callable(begin):
+            begin()
+
+        def work() -> None:
+            try:
+                while not self._start_cancelled.is_set():
+                    if self.read_gate.wait_free(0.2) and self.read_gate.enter(wait_s=0.0):
+                        break
+                else:
+                    return
+                try:
+                    self.source.start()
+                except Exception as e:
+                    self._contain("start", e)
+                finally:
+                    self.read_gate.leave()
+            finally:
+                done.set()
+
+        self._start_thread = threading.Thread(target=work, name="gpumem_nb-start",
+                                              daemon=True)
+        self._start_thread.start()
+        # A reading already hung inside the gate (a reload while NVML hangs): the start
+        # waits behind it, and the load does not.
+        hung_before = self.read_gate.hung_s()
+        if done.wait(0.0 if hung_before is not None else START_WAIT_S):
+            self._start_thread.join()
+            self._start_thread = None
+            return ""
+        if hung_before is not None:
+            return (f"a reading of the GPUs has not returned for {hung_before:.1f} s (NVML "
+                    "hangs); NVML's figures show as unknown until it does.")
+        return (f"NVML has not answered its start for {START_WAIT_S:g} s (a wedged driver, "
+                "or a GPU off the bus, can do this); its figures show as unknown until it "
+                "does.")
 
     def _loaded_in_cell(self) -> bool:
         """Whether a cell is running this load (``%load_ext``), not the kernel's start-up:
@@ -290,6 +342,7 @@ class Monitor:
         # unloaded monitor that something still references (a widget, a user's variable, a
         # cycle the collector has not reached) must not keep them past the shell's own record.
         self.last_cell_exception.release()
+        self._start_cancelled.set()  # a start still waiting at the gate gives up
         self.stop_cluster_feed()
         self._close_cluster_collector()
         self.stop_replay()
@@ -461,7 +514,12 @@ class Monitor:
         box: list[Sample] = []
         errors: list[BaseException] = []
         t0 = time.monotonic()
-        if not self.read_gate.enter(wait_s=timeout_s):
+        starting = self._start_thread
+        if starting is not None and self.read_gate.hung_s() is None:
+            starting.join(timeout_s)  # a start under way that is not (yet) taken for hung
+            if not starting.is_alive():
+                self._start_thread = None
+        if not self.read_gate.enter(wait_s=max(timeout_s - (time.monotonic() - t0), 0.0)):
             hung = self.read_gate.hung_s()
             why = (f"a reading of the GPUs has not returned for {hung:.1f} s (NVML hangs)"
                    if hung is not None else f"NVML did not answer within {timeout_s:g} s")
@@ -680,7 +738,7 @@ class Monitor:
         cell shorter than the sampling interval would otherwise see before and after it."""
         did_reset = self._reset_peaks() if reset_peak else False
         before = self.read() if nvml_now else self.read_hot()
-        wm = Watermark()
+        wm = Watermark(since_t_s=before.t_s)
         self._watermarks.append(wm)
         return before, wm, did_reset
 
@@ -719,7 +777,7 @@ class Monitor:
             if self.cuda_start.started is None:
                 self.cuda_start.cell_started(_pre_count(self.shell, info),
                                              getattr(info, "raw_cell", "") or "")
-            wm = Watermark()
+            wm = Watermark(since_t_s=t_s)
             self._watermarks.append(wm)
             self._pending = _Pending(
                 before=before, t_s=t_s, wall_s=time.time(), cell_key=cell_key_of(info),

@@ -26,7 +26,7 @@ COLUMNS = (
     "device", "allocated_before_bytes", "allocated_after_bytes", "allocated_delta_bytes",
     "reserved_before_bytes", "reserved_after_bytes", "reserved_delta_bytes",
     "peak_allocated_bytes", "peak_exact", "nvml_used_before_bytes", "nvml_used_after_bytes",
-    "nvml_peak_bytes", "process_before_bytes", "process_after_bytes",
+    "nvml_peak_bytes", "nvml_peak_measured", "process_before_bytes", "process_after_bytes",
     "rss_before_bytes", "rss_after_bytes", "children_before_bytes", "children_after_bytes",
 )
 
@@ -81,12 +81,20 @@ def flat_rows(rec: CellRecord) -> Iterator[dict[str, Any]]:
             "nvml_used_before_bytes": d.nvml_used_before_bytes,
             "nvml_used_after_bytes": d.nvml_used_after_bytes,
             "nvml_peak_bytes": d.nvml_peak_bytes,
+            "nvml_peak_measured": d.nvml_peak_measured,
             "process_before_bytes": d.process_before_bytes,
             "process_after_bytes": d.process_after_bytes,
             "children_before_bytes": d.children_before_bytes,
             "children_after_bytes": d.children_after_bytes,
         })
         yield {c: row.get(c) for c in COLUMNS}
+
+
+def format_nvml_peak(d: CellDevice) -> str:
+    """NVML's peak during the cell; "≥" when no reading was taken during or after it (only
+    the one at its start is known: a lower bound, not a measurement)."""
+    text = format_bytes(d.nvml_peak_bytes)
+    return text if d.nvml_peak_measured or d.nvml_peak_bytes is None else f"≥{text}"
 
 
 def format_peak(d: CellDevice) -> str:
@@ -106,7 +114,7 @@ def display_rows(rec: CellRecord, children: bool = False) -> list[list[str]]:
     return [
         [*common, str(d.index), format_bytes(d.allocated_delta_bytes, signed=True),
          format_bytes(d.reserved_delta_bytes, signed=True), format_peak(d),
-         format_bytes(d.nvml_delta_bytes, signed=True), format_bytes(d.nvml_peak_bytes), rss,
+         format_bytes(d.nvml_delta_bytes, signed=True), format_nvml_peak(d), rss,
          *([format_children(d)] if children else []), flag]
         for d in rec.shown_devices()
     ]

@@ -15,7 +15,7 @@ from typing import Any
 from .analysis import held_text
 from .ledger import Ledger
 from .model import STATUS_OK, CellRecord, DeviceSample, Holder, Sample, SourceStatus
-from .records import DISPLAY_HEADERS, display_rows
+from .records import DISPLAY_HEADERS, display_rows, format_nvml_peak
 from .report import html_lines, html_table, text_table
 from .settings import Config
 from .units import format_bytes
@@ -41,7 +41,7 @@ class CellReport:
                 f"GPU {d.index}: peak {format_bytes(d.peak_allocated_bytes)} ({exact}), "
                 f"allocated {format_bytes(d.allocated_delta_bytes, signed=True)}, "
                 f"reserved {format_bytes(d.reserved_delta_bytes, signed=True)}, "
-                f"NVML peak {format_bytes(d.nvml_peak_bytes)}"
+                f"NVML peak {format_nvml_peak(d)}"
             )
         parts.append(f"host RAM {format_bytes(r.rss_delta_bytes, signed=True)}")
         return " · ".join(parts)

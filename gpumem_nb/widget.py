@@ -166,6 +166,7 @@ class MemoryWidget:
         self.header = widgets.HTML()
         self.banner = widgets.HTML(layout=widgets.Layout(display="none"))
         self.report = widgets.HTML()
+        self._report_text = ""  # the last cleanup report as text, for the picture
         self.box = widgets.VBox([self.header, self.banner, self.chart, self.report])
         self.chart.parts = {"box": self.box.model_id, "header": self.header.model_id,
                             "banner": self.banner.model_id}
@@ -506,6 +507,7 @@ class MemoryWidget:
             self._post(lambda: setattr(self.report, "value", text))
         else:
             page = report._repr_html_()
+            self._report_text = str(report)
             self._post(lambda: setattr(self.report, "value", page))
         self._ack(rid)
 
@@ -555,9 +557,13 @@ class MemoryWidget:
         latest = self.feed.latest() or self.monitor.read()
         snap = Snapshot(status=self.status, sample=latest)
         static = self.static_bundle(latest)
+        # The Clean up button's report stays with the picture: it was the user's only
+        # account of what was freed, and ``watch --stop`` used to wipe it with the chart.
+        report_html = self.report.value or ""
+        report_text = f"\n{self._report_text}" if report_html and self._report_text else ""
         return {"text/plain": "gpumem_nb chart (a static picture; live with a kernel)\n"
-                              + str(snap),
-                "text/html": static["text/html"] + snap._repr_html_(),
+                              + str(snap) + report_text,
+                "text/html": static["text/html"] + snap._repr_html_() + report_html,
                 "image/svg+xml": static["image/svg+xml"]}
 
     def static_bundle(self, sample: Sample | None) -> dict[str, str]:

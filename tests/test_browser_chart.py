@@ -695,3 +695,46 @@ def test_nothing_overlaps_in_the_live_chart_or_the_trace_timeline(lab, browser, 
             assert not found, f"the replay's chart at {width} px: {found}"
     finally:
         ctx.close()
+
+
+# --------------------------------------------------------------------------------------------
+# A kernel restart in the middle of a replay
+# --------------------------------------------------------------------------------------------
+CHART_CONTROLS = f"""() => {{
+  const r = document.querySelector('{CHART}');
+  if (!r) return null;
+  const q = (c) => r.querySelector(c);
+  return {{gone: r.gpumemState().gone, note: q('.gl-note').textContent,
+          paused_note: !q('.gl-paused').hidden,
+          disabled: [q('.gl-pause').disabled, q('.gl-cleanup').disabled,
+                     q('.gl-device-select').disabled]}};
+}}"""
+
+
+def test_a_kernel_restart_mid_replay_says_so_and_disables_the_charts_controls(lab, context):
+    # Before: the chart froze showing 0 B, with Pause and Clean up still looking clickable.
+    # JupyterLab drops the chart's comm before the kernel hears of the restart, so the kernel
+    # cannot make it the picture: the page itself says the kernel restarted.
+    folder = lab.folder("restart-replay")
+    use_two_fake_gpus(folder)
+    path = write_notebook(folder, "replay.ipynb",
+                          ["%load_ext gpumem_nb", "%gpumem watch --replay bundled"])
+    page = context.new_page()
+    with ErrorWatch(page, lab, folder):
+        open_notebook(page, lab, path)
+        run_first_cell(page, "watching GPU")
+        run_cell(page, 1)
+        page.wait_for_function(f"() => !!document.querySelector('{CHART} path.gl-series')",
+                               timeout=20_000)
+        before = page.evaluate(CHART_CONTROLS)
+        assert before and not before["gone"] and before["disabled"][:2] == [False, False]
+        current_session(page, "restartKernel()")
+        wait_kernel_idle(page)
+        page.wait_for_function(f"() => ({CHART_CONTROLS})()?.gone === true", timeout=10_000)
+        after = page.evaluate(CHART_CONTROLS)
+        assert after["disabled"] == [True, True, True], after
+        assert "kernel restarted or stopped" in after["note"], after
+        assert "%gpumem watch" in after["note"] and not after["paused_note"]
+        page.locator(f"{CHART} .gl-cleanup").click(force=True)  # nothing is sent, no error
+        page.wait_for_timeout(500)
+        screenshot(page, "browser-restart-mid-replay.png")

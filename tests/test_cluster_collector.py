@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from gpumem_nb import __version__
 from gpumem_nb.cluster import (
     ROW_OK,
     ROW_UNKNOWN,
@@ -24,7 +25,7 @@ GiB = 1 << 30
 
 
 def answer(name: str, uuid: str = "", used: int = 1 * GiB) -> dict[str, Any]:
-    return {"name": name, "host": "h", "pid": 1, "nvml": "ok",
+    return {"gpumem_nb": __version__, "name": name, "host": "h", "pid": 1, "nvml": "ok",
             "devices": [{"index": 0, "uuid": uuid or f"GPU-{name}", "used_bytes": used,
                          "total_bytes": 141 * GiB}]}
 
@@ -219,3 +220,117 @@ def test_the_chart_rebuilds_no_cluster_line_between_collections(shell, no_gpu):
     finally:
         m.cluster_feed = None
         m.end_chart()
+
+
+def _device(**fields: Any) -> dict[str, Any]:
+    return {"index": 0, "uuid": "GPU-x", "used_bytes": GiB, "total_bytes": 141 * GiB, **fields}
+
+
+def _worker(devices: Any = None, **fields: Any) -> dict[str, Any]:
+    return {"gpumem_nb": __version__, "name": "w", "host": "h", "pid": 1, "nvml": "ok",
+            "devices": [_device()] if devices is None else devices, **fields}
+
+
+# What the 2026-12-01b review's workers answered (t14), and more of the same kind: each field
+# of the wrong type or out of range. Four of these gave a gpumem_nb traceback.
+MALFORMED = {
+    "devices a string": _worker("GPU-0"),
+    "devices a list of ints": _worker([1, 2]),
+    "an index mixing ints and strings": _worker([_device(index=0), _device(index="1")]),
+    "used_bytes a string": _worker([_device(used_bytes="1 GiB")]),
+    "used_bytes 2**1024": _worker([_device(used_bytes=2 ** 1024)]),
+    "used_bytes 10**400": _worker([_device(used_bytes=10 ** 400)]),
+    "used_bytes NaN": _worker([_device(used_bytes=float("nan"))]),
+    "used_bytes negative": _worker([_device(used_bytes=-1)]),
+    "used_bytes True": _worker([_device(used_bytes=True)]),
+    "a list for a UUID": _worker([_device(uuid=["GPU-x"])]),
+    "a dict for a name": _worker(name={"a": 1}),
+    "a string pid": _worker(pid="1"),
+    "a number for nvml": _worker([], nvml=3),
+    "a string for the device status": _worker([_device(status=7)]),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(MALFORMED))
+def test_a_malformed_worker_answer_is_an_unreadable_row_not_a_traceback(shape):
+    good = _worker(name="good")
+    client = ScriptedClient([{"tcp://bad": MALFORMED[shape], "tcp://good": good}])
+    reading = DaskCollector(client).collect(1.0)
+    text = str(ClusterView(reading))
+    ClusterView(reading)._repr_html_()
+    bad = [r for r in reading.rows if r.worker == "tcp://bad"]
+    assert bad and any(r.status == "unreadable" for r in bad), bad
+    assert "unreadable: " in text
+    # The good worker's row, and the sum over the readable GPUs, still read.
+    assert [r.status for r in reading.rows if r.name == "good"] == [ROW_OK]
+    assert "1 GPU(s)" in text or "2 GPU(s)" in text
+
+
+@pytest.mark.parametrize("size", ["1 GiB", 2 ** 1024])
+def test_the_charts_cluster_feed_lives_through_a_worker_answering_junk_for_a_size(size):
+    # Before: a string or an int of 2**1024 for used_bytes ended the feed's thread, and the
+    # chart's cluster lines stopped for good with no note.
+    script = [{"tcp://w": _worker([_device(used_bytes=size)])}, {"tcp://w": _worker()}]
+    feed = ClusterFeed(DaskCollector(ScriptedClient(script)), lambda: 0.05)
+    first = feed.poll_once()
+    assert not feed.ended
+    assert first.rows[0].status == "unreadable"
+    feed.poll_once()  # the next good answer is drawn
+    assert any(v is not None for _, ys in feed.series(0.0).values() for v in ys)
+
+
+def test_the_feed_turns_an_answer_it_cannot_draw_into_a_gap_that_says_why():
+    class Weird:
+        engine = "dask"
+        closed = False
+
+        def collect(self, timeout_s: float) -> ClusterReading:
+            row = WorkerGpu(worker="w", uuid="GPU-x", used_bytes="junk")  # type: ignore[arg-type]
+            return ClusterReading(t_s=time.monotonic(), rows=(row,))
+
+        def close(self) -> None:
+            pass
+
+    feed = ClusterFeed(Weird(), lambda: 0.05)
+    feed.start()
+    try:
+        deadline = time.monotonic() + 3.0
+        while feed.collections < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert feed.collections >= 2 and feed.running  # the thread went on
+        assert feed.latest is not None and "could not be drawn" in feed.latest.detail
+    finally:
+        feed.stop()
+
+
+def test_a_worker_running_another_gpumem_nb_version_is_named():
+    old = {k: v for k, v in _worker(name="old").items() if k != "gpumem_nb"}
+    client = ScriptedClient([{"tcp://a": _worker(name="alike"),
+                              "tcp://b": _worker(name="other", gpumem_nb="0.0.9"),
+                              "tcp://c": old}])
+    reading = DaskCollector(client).collect(1.0)
+    text = str(ClusterView(reading))
+    assert f"run another gpumem_nb (0.0.9) than this kernel's {__version__}: other" in text
+    assert "(older, which does not send its version)" in text and ": old" in text
+    assert len(reading.notes) == 2
+    assert not any("alike" in n for n in reading.notes)  # the same version is not called out
+
+
+def test_a_hundred_thousand_devices_and_a_huge_name_print_bounded_and_fast():
+    # Before: 2 x 100,000 devices took 62-73 s and printed 26.6 MB (121 MB of HTML), and a
+    # 10 MB worker name was printed whole.
+    many = [_device(index=i, uuid=f"GPU-{w}-{i}") for w in "ab" for i in range(100_000)]
+    answers = {"tcp://a": _worker(many[:100_000], name="a"),
+               "tcp://b": _worker(many[100_000:], name="b" * 10_000_000)}
+    answers.update({f"tcp://w{i}": _worker([_device(uuid=f"GPU-w{i}")], name=f"w{i}")
+                    for i in range(300)})
+    t0 = time.perf_counter()
+    reading = DaskCollector(ScriptedClient([answers])).collect(1.0)
+    text = str(ClusterView(reading))
+    html = ClusterView(reading)._repr_html_()
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 3.0, elapsed
+    assert len(text) < 100_000 and len(html) < 200_000, (len(text), len(html))
+    assert "device(s) beyond 64 per worker were left out" in text
+    assert "The table shows 100 of 428 rows" in text
+    assert "b" * 1000 not in text

@@ -6,6 +6,8 @@ import logging
 import threading
 from typing import Any
 
+import pytest
+
 from gpumem_nb.magics import current_monitor
 
 from .fakes import GiB, MiB
@@ -20,7 +22,21 @@ def run(ip: Any, source: str, cell_id: str | None = None) -> Any:
 
 
 def sampler_threads() -> int:
-    return sum(t.name == "gpumem_nb-sampler" for t in threading.enumerate())
+    """Live sampler threads this test started: an earlier test's sampler that is still
+    ending (stuck a few seconds in a hung fake NVML) is not counted (``earlier_threads``)."""
+    return sum(t.name == "gpumem_nb-sampler" and t.is_alive() and t not in _EARLIER
+               for t in threading.enumerate())
+
+
+_EARLIER: set[threading.Thread] = set()
+
+
+@pytest.fixture(autouse=True)
+def earlier_threads() -> Any:
+    _EARLIER.clear()
+    _EARLIER.update(threading.enumerate())
+    yield
+    _EARLIER.clear()
 
 
 def test_load_prints_one_line_that_says_there_is_no_gpu(shell, no_gpu, capsys):

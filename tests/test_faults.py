@@ -208,3 +208,58 @@ def test_an_oom_while_nvml_hangs_is_explained_without_hanging_the_cell(shell, fa
     finally:
         hang.release.set()
         listing.release.set()
+
+
+def _gpumem_threads(name: str) -> int:
+    return sum(t.name == name and t.is_alive() for t in threading.enumerate())
+
+
+def _wait_until(predicate: Any, timeout_s: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return bool(predicate())
+
+
+@pytest.mark.parametrize("call", ["nvmlInit", "nvmlDeviceGetCount"])
+def test_a_load_whose_nvml_start_hangs_answers_within_two_seconds_and_says_why(
+        shell, fake_gpu, capsys, call):
+    # Before: nvmlInit and the device count ran on the main thread at load, so a wedged
+    # driver froze %load_ext (and a kernel that loads the extension at start) for good.
+    hang = Hang(fake_gpu.nvml, call)
+    try:
+        t0 = time.perf_counter()
+        shell.run_cell("%load_ext gpumem_nb")
+        elapsed = time.perf_counter() - t0
+        out = capsys.readouterr().out
+        assert hang.entered.is_set()
+        assert elapsed < 2.2, elapsed
+        assert "NVML has not answered its start" in out, out
+        assert "unknown" in out
+        assert _timed(shell, "x = 1") < 0.05
+        assert _timed(shell, "%gpumem") < 1.5
+        mon = current_monitor(shell)
+        assert mon is not None
+        assert all(d.nvml is None for d in mon.read(timeout_s=0.2).devices)
+    finally:
+        hang.release.set()
+    assert _wait_until(lambda: _gpumem_threads("gpumem_nb-start") == 0)
+    # Once NVML answers, its figures are read again.
+    assert mon.read().devices[0].nvml is not None
+
+
+def test_unloading_while_nvml_start_hangs_is_quick_and_leaves_nothing_behind(
+        shell, fake_gpu, capsys):
+    nvml = fake_gpu.nvml
+    samplers = sampler_threads()
+    hang = Hang(nvml, "nvmlInit")
+    try:
+        assert _timed(shell, "%load_ext gpumem_nb") < 2.2
+        assert hang.entered.is_set()
+        assert _timed(shell, "%unload_ext gpumem_nb") < 1.0
+    finally:
+        hang.release.set()
+    # The start returns once the driver answers, balances its own nvmlInit, and ends.
+    assert _wait_until(lambda: _gpumem_threads("gpumem_nb-start") == 0)
+    assert _wait_until(lambda: nvml.inits == nvml.shutdowns == 1), (nvml.inits, nvml.shutdowns)
+    assert sampler_threads() == samplers

@@ -13,6 +13,9 @@ pytest.importorskip("torch")
 
 from benchmarks.gpu_diagnosis import EXPECTED, GROUPS, run_all, summary
 
+# Run by the GPU machine's ``pytest -m gpu`` (CI has no torch, so unmarked it ran nowhere).
+pytestmark = pytest.mark.gpu
+
 
 def test_the_dry_run_writes_a_row_per_workload_with_its_explanation(tmp_path: Any):
     rows = run_all(str(tmp_path), dry=True, allocators=["native"], groups=["cupy", "jax"])

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+# Run by the GPU machine's ``pytest -m gpu`` (CI has no torch, so unmarked it ran nowhere).
+pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
 from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402

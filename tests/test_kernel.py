@@ -100,3 +100,63 @@ def test_an_exception_whose_str_raises_system_exit_neither_ends_nor_stalls_the_k
     texts = [outputs_text(c) for c in nb.cells]
     assert "still alive" in texts[3]
     assert "['raise Odd()', \"print('still', 'alive')\"]" in texts[4]
+
+
+def test_cells_sent_back_to_back_never_show_an_nvml_peak_read_before_the_cell(tmp_path):
+    # Run All sends every cell at once: each cell ends before the sampler reads again. Before,
+    # %gpumem history showed the sampler's last reading from before a cell as that cell's
+    # "NVML peak" (1.48 GiB for a cell that grew allocated memory by 13.08 GiB), unmarked.
+    import json
+    from pathlib import Path
+
+    from jupyter_client.manager import start_new_kernel
+
+    root = Path(__file__).resolve().parents[1]
+    km, kc = start_new_kernel(kernel_name="python3", cwd=str(root))
+    try:
+        setup = ("from benchmarks.kernel_probe import install_fakes, _FAKE_WORLD\n"
+                 "install_fakes(1)\n"
+                 "%load_ext gpumem_nb\n"
+                 "cuda = _FAKE_WORLD['cuda']\n"
+                 "base = cuda.tensor(2**30)\n"
+                 "import time; time.sleep(1.2)")  # the sampler has read NVML since
+        reply = kc.execute_interactive(setup, timeout=60, output_hook=lambda m: None)
+        assert reply["content"]["status"] == "ok"
+        cells = [f"t{i} = cuda.tensor({i + 1} * 2**30)" for i in range(6)]
+        ids = [kc.execute(c) for c in cells]  # all at once, as Run All does
+        report = ("from gpumem_nb.magics import current_monitor\n"
+                  "m = current_monitor()\n"
+                  "import json\n"
+                  "print(json.dumps([[r.source_preview, d.allocated_after_bytes, "
+                  "d.nvml_peak_bytes, getattr(d, 'nvml_peak_measured', True)] "
+                  "for r in m.history.records() for d in r.devices]))\n"
+                  "%gpumem history")
+        out: list[str] = []
+
+        def hook(msg: Any) -> None:
+            if msg["msg_type"] == "stream":
+                out.append(msg["content"]["text"])
+            elif msg["msg_type"] in ("execute_result", "display_data"):
+                out.append(msg["content"]["data"].get("text/plain", ""))
+
+        reply = kc.execute_interactive(report, timeout=60, output_hook=hook)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        assert len(ids) == 6
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    text = "".join(out)
+    rows = [r for r in json.loads(text.splitlines()[0]) if r[0].startswith("t")]
+    assert len(rows) == 6, rows
+    assert any(r[2] is not None for r in rows), rows  # NVML peaks were given, to be checked
+    marked = 0
+    for source, allocated_after, nvml_peak, measured in rows:
+        if nvml_peak is None:
+            continue
+        if measured:
+            # A reading of this cell: NVML's "used" includes what PyTorch holds then.
+            assert nvml_peak >= allocated_after, (source, nvml_peak, allocated_after)
+        else:
+            marked += 1
+    history = text.split("\n", 1)[1]
+    assert history.count("≥") >= marked, history  # each lower bound is marked as one

@@ -14,6 +14,9 @@ import pytest
 
 from .gpu.helpers import fresh
 
+# Run by the GPU machine's ``pytest -m gpu`` (CI has no torch, so unmarked it ran nowhere).
+pytestmark = pytest.mark.gpu
+
 REINIT = ("Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, "
           "you must use the 'spawn' start method")
 

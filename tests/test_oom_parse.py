@@ -271,6 +271,7 @@ def test_the_window_keeps_head_and_tail_and_cannot_join_them():
     assert dataclasses.is_dataclass(EXPECTED[TORCH_1_0])
 
 
+@pytest.mark.gpu  # needs torch: the GPU machine's run has it, CI does not
 def test_real_torch_oom_classes_are_recognised(tmp_path):
     """torch.OutOfMemoryError, torch.cuda.OutOfMemoryError and torch.AcceleratorError as a
     real (CPU) torch defines them; in a subprocess, so this process never imports torch."""

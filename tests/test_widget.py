@@ -666,3 +666,16 @@ def test_a_series_colour_that_is_not_a_colour_is_refused_where_it_is_made(color)
     for width, dash in ((0, ""), (float("nan"), ""), (1.5, "6 3\"/>")):
         with pytest.raises(ValueError):
             SeriesStyle("x", "#000", width, dash)
+
+
+def test_watch_stop_keeps_the_cleanup_report_the_charts_button_printed(chart, shell, fake_gpu):
+    # Before: the picture that replaced the chart had no report, so --stop wiped the only
+    # account of what the Clean up button freed.
+    handle = chart.display_handle = _Handle()
+    chart.request_cleanup()
+    current_monitor(shell).sampler.tick()
+    assert "what each step freed" in chart.report.value
+    run(shell, "%gpumem watch --stop")
+    (bundle, _), = handle.updates
+    assert "what each step freed" in bundle["text/html"]
+    assert "freed" in bundle["text/plain"]

@@ -111,12 +111,23 @@ def natural_key(text: str) -> tuple[tuple[int, int, str], ...]:
                  for part in re.split(r"(\d+)", text) if part)
 
 
+# The table shows at most this many rows, and the shared-GPU lines this many GPUs: a
+# cluster of 100,000 devices printed 26.6 MB of text (121 MB of HTML) and took a minute.
+# The rest are counted in the sums and said to be left out; ``-o`` gives every row.
+MAX_ROWS = 100
+MAX_SHARED_LINES = 20
+MAX_CELL = 40  # characters kept of a name or host in a cell
+
 HEADERS = ("worker", "host", "GPU", "UUID", "NVML used / total", "this worker",
            "allocated", "reserved", "peak allocated", "status")
 
 
 def _short_uuid(uuid: str) -> str:
-    return uuid if len(uuid) <= 16 else uuid[:15] + "…"
+    return _cut(uuid, 16)
+
+
+def _cut(text: str, limit: int = MAX_CELL) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def _row(r: WorkerGpu) -> list[str]:
@@ -125,7 +136,8 @@ def _row(r: WorkerGpu) -> list[str]:
         f"{format_bytes(r.used_bytes)} / {format_bytes(r.total_bytes)}"
     status = r.status + (f": {r.detail}" if r.detail else "")
     # Names, hosts and error text come from the workers: printed escaped, never raw.
-    return [printable(r.name or r.worker), printable(r.host) or "—", printable(gpu),
+    return [printable(_cut(r.name or r.worker)), printable(_cut(r.host)) or "—",
+            printable(_cut(gpu)),
             printable(_short_uuid(r.uuid)) or "—", used,
             format_bytes(r.process_bytes), format_bytes(r.allocated_bytes),
             format_bytes(r.reserved_bytes), format_bytes(r.peak_allocated_bytes),
@@ -139,7 +151,9 @@ class ClusterView:
         self.reading = reading
 
     def rows(self) -> list[list[str]]:
-        return [_row(r) for r in self.reading.rows]
+        """The table's rows: the first ``MAX_ROWS`` (``lines()`` says how many were left
+        out)."""
+        return [_row(r) for r in self.reading.rows[:MAX_ROWS]]
 
     def lines(self) -> list[str]:
         rd = self.reading
@@ -159,13 +173,22 @@ class ClusterView:
             out.append(f"{len(workers)} worker(s) on {len(devices)} GPU(s), each GPU counted "
                        f"once by UUID: {format_bytes(sum(used) if used else None)} used of "
                        f"{format_bytes(sum(total) if total else None)}.")
-            out.extend(printable(
-                f"  {_short_uuid(d.uuid)} ({d.gpu_name or 'GPU'} on {d.host or '?'}): "
-                f"{format_bytes(d.used_bytes)} used, shared by workers {', '.join(d.workers)}")
-                for d in devices if len(d.workers) > 1)
+            shared = [d for d in devices if len(d.workers) > 1]
+            out.extend(printable(_cut(
+                f"  {_short_uuid(d.uuid)} ({_cut(d.gpu_name or 'GPU')} on "
+                f"{_cut(d.host or '?')}): {format_bytes(d.used_bytes)} used, shared by "
+                f"workers {', '.join(d.workers)}", 200))
+                for d in shared[:MAX_SHARED_LINES])
+            if len(shared) > MAX_SHARED_LINES:
+                out.append(f"  … and {len(shared) - MAX_SHARED_LINES} more shared GPU(s).")
         elif rd.status == ROW_OK:
             out.append(f"{len(workers)} worker(s), none with a GPU gpumem_nb could read.")
-        out.extend(printable(n) for n in rd.notes)
+        if len(rd.rows) > MAX_ROWS:
+            unreadable = sum(r.status not in (ROW_OK, ROW_UNKNOWN) for r in rd.rows[MAX_ROWS:])
+            out.append(f"The table shows {MAX_ROWS} of {len(rd.rows)} rows; the other "
+                       f"{len(rd.rows) - MAX_ROWS} ({unreadable} of them not ok) are counted "
+                       "above but left out. %gpumem cluster -o returns every row.")
+        out.extend(printable(_cut(n, 300)) for n in rd.notes)
         return out
 
     def __str__(self) -> str:

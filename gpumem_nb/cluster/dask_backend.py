@@ -31,17 +31,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import __version__
 from . import (
     READING_CLOSED,
     ROW_ERROR,
     ROW_NO_GPUMEM,
-    ROW_NO_NVML,
-    ROW_OK,
     ROW_UNKNOWN,
     ClusterReading,
     WorkerGpu,
     natural_key,
 )
+from . import answer as answer_mod
 from .worker import report
 
 INSTALL_HINT = ("%gpumem cluster needs Dask's distributed: pip install 'gpumem-nb[cluster]' "
@@ -167,13 +167,28 @@ class DaskCollector:
         answers = req.box.get("answers")
         if not isinstance(answers, dict):
             return self._unknown(now, "the client gave an unreadable answer")
+        rows: list[WorkerGpu] = []
+        left_out = 0
+        versions: dict[str, list[str]] = {}
         with self._lock:
-            rows: list[WorkerGpu] = []
             for address, answer in answers.items():
-                rows.extend(self._rows(str(address), answer))
+                got, cut_devices = self._rows(str(address), answer)
+                rows.extend(got)
+                left_out += cut_devices
+                other = answer_mod.other_version(answer)
+                if other is not None:
+                    versions.setdefault(other, []).append(got[0].name or got[0].worker)
             self._known = {f"{r.worker}/{r.device}": r for r in rows}
         rows.sort(key=_order)
-        return ClusterReading(t_s=now, rows=tuple(rows), scheduler=self.scheduler)
+        notes = [f"{len(names)} worker(s) run another gpumem_nb ({v}) than this kernel's "
+                 f"{__version__}: {answer_mod.cut(', '.join(sorted(names, key=natural_key)))}"
+                 ". Their rows may read as unreadable: install the same version there."
+                 for v, names in sorted(versions.items())]
+        if left_out:
+            notes.append(f"{left_out} device(s) beyond {answer_mod.MAX_DEVICES} per worker "
+                         "were left out.")
+        return ClusterReading(t_s=now, rows=tuple(rows), scheduler=self.scheduler,
+                              notes=tuple(notes))
 
     def _send(self, timeout_s: float) -> _Request:
         box: dict[str, Any] = {}
@@ -214,7 +229,8 @@ class DaskCollector:
             _close_soon(old)
         return own
 
-    def _rows(self, address: str, answer: Any) -> list[WorkerGpu]:
+    def _rows(self, address: str, answer: Any) -> tuple[list[WorkerGpu], int]:
+        """The rows of one worker's answer, and how many of its devices were left out."""
         if isinstance(answer, BaseException):
             text = f"{type(answer).__name__}: {answer}"
             # The worker could not load the function: Dask hands back the ImportError itself,
@@ -224,28 +240,9 @@ class DaskCollector:
             row = WorkerGpu(worker=address, name=self._name(address),
                             status=ROW_NO_GPUMEM if missing else ROW_ERROR,
                             detail=("install gpumem-nb in the workers' environment"
-                                    if missing else text[:120]))
-            return [row]
-        if not isinstance(answer, dict):
-            return [WorkerGpu(worker=address, status=ROW_ERROR, detail="an unreadable answer")]
-        base: dict[str, Any] = dict(worker=address, name=str(answer.get("name") or ""),
-                    host=str(answer.get("host") or ""), pid=answer.get("pid"))
-        devices = answer.get("devices") or []
-        if not devices:
-            nvml = str(answer.get("nvml") or "")
-            status = ROW_OK if nvml == "ok" else ROW_NO_NVML
-            return [WorkerGpu(**base, status=status,
-                              detail=nvml if status != ROW_OK else "no GPU visible")]
-        return [WorkerGpu(
-            **base, device=d.get("index"), uuid=str(d.get("uuid") or ""),
-            gpu_name=str(d.get("name") or ""), used_bytes=d.get("used_bytes"),
-            total_bytes=d.get("total_bytes"), process_bytes=d.get("process_bytes"),
-            allocated_bytes=d.get("allocated_bytes"),
-            reserved_bytes=d.get("reserved_bytes"),
-            peak_allocated_bytes=d.get("peak_allocated_bytes"),
-            status=ROW_OK if d.get("status", "ok") == "ok" else ROW_ERROR,
-            detail="" if d.get("status", "ok") == "ok" else str(d.get("detail"))[:80],
-        ) for d in devices]
+                                    if missing else answer_mod.cut(text, 120)))
+            return [row], 0
+        return answer_mod.rows(address, answer, self._name(address))
 
     def _name(self, address: str) -> str:
         return next((r.name for r in self._known.values() if r.worker == address), "")

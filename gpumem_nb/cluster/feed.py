@@ -95,7 +95,19 @@ class ClusterFeed:
             reading = ClusterReading(t_s=self._clock(), rows=(), status="error",
                                      detail=f"{type(e).__name__}: {e}"[:200])
         self.collections += 1
-        self._record(reading)
+        try:
+            self._record(reading)
+        except Exception as e:  # answers are checked (cluster.answer); this is the backstop
+            # Before: an answer the checks missed ended the feed's thread, and the chart's
+            # cluster lines just stopped. Now it is a gap, and ``latest`` says why.
+            reading = ClusterReading(t_s=reading.t_s, rows=(), status="error",
+                                     detail=f"an answer could not be drawn: "
+                                            f"{type(e).__name__}: {e}"[:200])
+            with self._lock:
+                self.latest = reading
+                for points in self._lines.values():
+                    points.append((reading.t_s, None))
+                self.version += 1
         if getattr(self.collector, "closed", False):
             self.ended = reading.detail or "the client is closed"
         return reading

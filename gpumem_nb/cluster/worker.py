@@ -16,6 +16,7 @@ import socket
 import threading
 from typing import Any
 
+from .. import __version__
 from ..model import STATUS_OK
 
 _LOCK = threading.Lock()
@@ -56,6 +57,7 @@ def report(dask_worker: Any = None) -> dict[str, Any]:
             "peak_allocated_bytes": al.peak_allocated_bytes if al else None,
         })
     return {
+        "gpumem_nb": __version__,  # the kernel says when its workers run another version
         "pid": os.getpid(),
         "name": "" if getattr(dask_worker, "name", None) is None else str(dask_worker.name),
         "host": socket.gethostname(),

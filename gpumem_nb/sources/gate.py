@@ -50,6 +50,18 @@ class ReadGate:
             self._since = self._clock()
             return True
 
+    def wait_free(self, timeout_s: float) -> bool:
+        """Wait, at most ``timeout_s``, until no reading is inside (hung or not); True when
+        none is. For a start that must wait its turn behind a hung reading."""
+        deadline = self._clock() + max(timeout_s, 0.0)
+        with self._cond:
+            while self._since is not None:
+                left = deadline - self._clock()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
     def leave(self) -> None:
         with self._cond:
             self._since = None

@@ -19,6 +19,8 @@ from .nvml import NvmlSource
 from .processes import ProcessTree, split_children
 from .torch import ZERO_READING, TorchSource
 
+STARTING = "NVML has not answered its start yet"
+
 
 class LiveSource:
     def __init__(
@@ -41,6 +43,14 @@ class LiveSource:
         self._mapping: list[DeviceId] = []
         self._mapped_with_torch = False
         self._started = False
+        # A start is under way on another thread (``Monitor`` starts NVML off the main
+        # thread: a wedged driver's nvmlInit may never return): readings and status then
+        # wait for nothing, their NVML figures unknown until it ends.
+        self._start_pending = False
+        # Closed (the extension unloaded): a reading still asked of it (a %%gpumem cell that
+        # ran %unload_ext takes its closing reading after the unload) must not start NVML
+        # again, or that nvmlInit is never balanced.
+        self._closed = False
         self.selected: Sequence[int] | None = None  # None: every visible device
         # Processes are listed on every sampler tick: the hooks no longer read NVML, so the
         # listing (about 145 µs per GPU) is off the cell's path, and this process's share is
@@ -52,20 +62,39 @@ class LiveSource:
         # whatever another library held at that moment; the explanations quote it as measured.
         self.idle_process_bytes: dict[int, int] = {}
 
+    def begin_start(self) -> None:
+        """Say that ``start()`` is about to run on another thread: until it returns, no
+        reading or status call starts NVML itself (on the caller's thread, where it could
+        hang)."""
+        self._start_pending = True
+
+    @property
+    def starting(self) -> bool:
+        return self._start_pending and not self._started
+
     def start(self) -> bool:
-        ok = self.nvml.start()
-        with self._lock:
-            self._mapping = self.nvml.cuda_order() if ok else []
-            self._mapped_with_torch = False
-            self._started = True
+        self._closed = False
+        self._start_pending = True
+        try:
+            ok = self.nvml.start()
+            with self._lock:
+                self._mapping = self.nvml.cuda_order() if ok else []
+                self._mapped_with_torch = False
+                self._started = True
+        finally:
+            self._start_pending = False
         return ok
 
     def close(self) -> None:
+        self._closed = True
+        self._start_pending = False
         self.nvml.close()
         # Its /proc/self/statm descriptor: closed now, not whenever the collector gets to it
         # (a reload's old source may live on in a reference cycle; 20 reloads were 20 fds).
         self.host.close()
         self._started = False
+        with self._lock:
+            self._mapping = []
 
     def _refresh_mapping(self) -> None:
         """Once CUDA is up, map by UUID/bus id; torch's numbering is then authoritative."""
@@ -102,7 +131,7 @@ class LiveSource:
         ``process_refresh_s``; between listings this process's share is derived from the
         last one (see ``NvmlSource.read``).
         """
-        if not self._started:
+        if not self._started and not self._start_pending and not self._closed:
             self.start()
         now = self._clock()
         if processes is None:
@@ -181,7 +210,10 @@ class LiveSource:
                       devices=tuple(devices), nvml_t_s=nvml_from.t_s if nvml_from else None)
 
     def status(self) -> SourceStatus:
-        if not self._started:
+        if self.starting:
+            return SourceStatus(nvml=STARTING, torch=self.torch.state(), gpu_count=0,
+                                allocator=self.torch.allocator_info())
+        if not self._started and not self._closed:
             self.start()
         notes: list[str] = []
         if self.nvml.status == "ok" and not self._mapping:

@@ -23,6 +23,9 @@ from typing import Any
 from ..model import STATUS_ERROR, STATUS_LOST, STATUS_OK, NvmlReading
 from .devices import DeviceId, visible_devices
 
+# How long close() waits for a start in progress (a healthy one takes milliseconds).
+CLOSE_WAIT_S = 0.2
+
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
@@ -45,6 +48,9 @@ class NvmlSource:
         self._handles: dict[int, Any] = {}
         self._v2_memory = True
         self._v3_procs = True
+        # close() asked while start() was inside the driver: start() balances its own
+        # nvmlInit when (if ever) the driver answers, so an unload never waits on a hang.
+        self._close_requested = False
         self._pid = os.getpid()
         # Per device: did the last process listing attribute memory to us, and what did the
         # other processes use then.
@@ -75,18 +81,33 @@ class NvmlSource:
                 return False
             self._status = STATUS_OK
             self._devices = self._enumerate()
+            if self._close_requested:  # unloaded while the driver kept us waiting
+                self._close_locked()
+                return False
             return True
 
     def close(self) -> None:
-        """Balance our ``nvmlInit``; NVML reference-counts init and shutdown."""
-        with self._lock:
-            if self._inited and self._status == STATUS_OK:
-                with contextlib.suppress(Exception):
-                    self._mod.nvmlShutdown()
-            self._inited = False
-            self._status = "stopped"
-            self._handles.clear()
-            self._devices = []
+        """Balance our ``nvmlInit``; NVML reference-counts init and shutdown.
+
+        Never waits on a start that hangs in the driver: that start closes itself on return.
+        """
+        self._close_requested = True
+        if not self._lock.acquire(timeout=CLOSE_WAIT_S):
+            return
+        try:
+            self._close_locked()
+        finally:
+            self._lock.release()
+
+    def _close_locked(self) -> None:
+        if self._inited and self._status == STATUS_OK:
+            with contextlib.suppress(Exception):
+                self._mod.nvmlShutdown()
+        self._inited = False
+        self._close_requested = False
+        self._status = "stopped"
+        self._handles.clear()
+        self._devices = []
 
     @property
     def status(self) -> str:

@@ -153,7 +153,14 @@ def test_a_torch_multiprocessing_child_is_named_as_the_kernels_child_with_advice
         return
     assert nbytes >= 100 * GiB  # its tensor plus its own context
     assert r["explained"] and r["cause"] == "other processes", r.get("text")
-    assert r["verdict"].startswith("This kernel's own child process holds")
+    # In company the pytest runner itself holds a CUDA context (about 900 MiB, made by the
+    # in-process GPU tests before this one): then the child is named as the part of the other
+    # processes' memory that is this kernel's own. Alone, the child is all of it. (Before, the
+    # test asserted the "alone" verdict and failed whenever it ran after those tests.)
+    if r["others_before"] == [0]:
+        assert r["verdict"].startswith("This kernel's own child process holds"), r["verdict"]
+    else:
+        assert "of it this kernel's own child process" in r["verdict"], r["verdict"]
     assert f"PID {pid} (this kernel's launched worker local rank 0)" in r["text"]
     assert "torch.distributed.destroy_process_group()" in r["text"]
 
