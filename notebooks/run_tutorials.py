@@ -307,8 +307,8 @@ def sources_digest_at(commit: str, root: Path = ROOT) -> str | None:
     # Path.glob's "**/*" and "*" read as: anything below the folder, and one level only.
     paths = sorted(PurePosixPath(n) for n in names if n and "__pycache__" not in n.split("/")
                    and not n.endswith((".pyc", ".pyo"))
-                   and (n.startswith("gpumem_nb/") or fnmatch.fnmatch(n, "notebooks/*.py")
-                        and n.count("/") == 1))
+                   and (n.startswith("gpumem_nb/") or (fnmatch.fnmatch(n, "notebooks/*.py")
+                        and n.count("/") == 1)))
     digest = hashlib.sha256()
     for p in paths:
         digest.update(p.as_posix().encode() + b"\0")
