@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import difflib
 import importlib.util
 import os
 import re
@@ -67,9 +68,31 @@ class _Parser(MagicArgumentParser):
         found = re.match(r"argument SUBCOMMAND: invalid choice: (.*) \(choose from", message,
                          re.S)
         if found:
-            raise UsageError(f"%gpumem has no subcommand {_cut(found.group(1))}; "
-                             "try %gpumem? for the list")
+            typed = found.group(1)
+            hint = _did_you_mean(typed.strip("'\""), _subparsers(self))
+            raise UsageError(f"%gpumem has no subcommand {_cut(typed)}; "
+                             f"{hint or 'try %gpumem? for the list'}")
         raise UsageError(short_message(f"{self.prog}: {message}"))
+
+
+def _did_you_mean(typed: str, known: Any) -> str:
+    """"did you mean 'history'?" for the closest of ``known`` words, as git does; "" when
+    none is close (a typo, not another word)."""
+    close = difflib.get_close_matches(typed, list(known), n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else ""
+
+
+def _unknown_flags_error(prog: str, parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """argparse's "unrecognized arguments" sentence, with the closest flag of ``parser``
+    suggested for the first unknown one that looks like a flag."""
+    text = short_message(f"{prog}: unrecognized arguments: {' '.join(extras)}")
+    flags = [f for a in parser._actions for f in a.option_strings]
+    for word in extras:
+        if word.startswith("--"):
+            hint = _did_you_mean(word.split("=", 1)[0], flags)
+            if hint:
+                return f"{text}; {hint}"
+    return text
 
 
 def _build_parser() -> _Parser:
@@ -82,8 +105,9 @@ def _build_parser() -> _Parser:
     add("status", "status of every GPU (the same as a bare %gpumem): NVML used/total, this "
                   "process,\nallocated, reserved, peak, outside PyTorch, other processes")
     h = add("history", "the per-cell table")
-    h.add_argument("-n", type=int, default=20, help="how many recent cells to show")
-    h.add_argument("-o", action="store_true", help="return a DataFrame (pandas) instead")
+    h.add_argument("-n", type=int, help="how many recent cells to show (20; with -o: all)")
+    h.add_argument("-o", action="store_true",
+                   help="return a DataFrame (pandas) instead, of the last -n cells if given")
     h.add_argument("--csv", metavar="FILE", help="write the whole history as CSV")
     w = add("who", "who holds memory: variables (and tensors inside modules, optimizers,\n"
                    "lists, dicts), Out[n], the last traceback")
@@ -151,6 +175,17 @@ def _build_parser() -> _Parser:
                     help="which GPU's history (default: the one with the most entries)")
     wi.add_argument("-o", action="store_true", help="return the result object")
     return p
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> Any:
+    """``parser.parse_args``, but an unknown flag gets the closest known one suggested (the
+    subcommand's own flags: argparse reports extras from the top parser, which knows none)."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        chosen = _subparsers(parser).get(getattr(args, "cmd", None) or "", parser)
+        prog = chosen.prog
+        raise UsageError(_unknown_flags_error(prog, chosen, extras))
+    return args
 
 
 def _build_cell_parser() -> _Parser:
@@ -281,6 +316,9 @@ def _device_arg(text: str) -> int | None:
     return index
 
 
+# %gpumem history shows this many recent cells unless -n says otherwise.
+HISTORY_ROWS = 20
+
 # %gpumem cluster --timeout: below this no scheduler answers (a broadcast reaches every worker).
 MIN_TIMEOUT_S = 0.1
 MAX_TIMEOUT_S = 60.0
@@ -334,7 +372,7 @@ class GpumemMagics(Magics):
             return None
         if cell is not None:
             return self._cell(argv, cell)
-        args = self.parser.parse_args(argv)
+        args = _parse(self.parser, argv)
         self.monitor.flush()  # earlier cells the sampler has not recorded yet
         handler = getattr(self, f"_cmd_{args.cmd or 'status'}")
         return handler(args)
@@ -358,7 +396,7 @@ class GpumemMagics(Magics):
         display(Snapshot(status=status, sample=sample))
 
     def _cmd_history(self, args: Any) -> Any:
-        if args.n <= 0:
+        if args.n is not None and args.n <= 0:
             raise UsageError("-n must be a positive number of cells")
         h = self.monitor.history
         if args.csv is not None:
@@ -371,9 +409,9 @@ class GpumemMagics(Magics):
         if args.o:
             if importlib.util.find_spec("pandas") is None:
                 raise UsageError("history -o needs pandas; use --csv FILE without it")
-            return h.to_dataframe()
+            return h.to_dataframe(last=args.n)
         if args.csv is None:
-            display(HistoryTable(h.records(last=args.n), total=len(h)))
+            display(HistoryTable(h.records(last=args.n or HISTORY_ROWS), total=len(h)))
         return None
 
     def _cmd_who(self, args: Any) -> Any:
@@ -428,6 +466,11 @@ class GpumemMagics(Magics):
         except OSError as e:
             raise UsageError(f"could not save the settings to {safeio.shown(config_path())}: "
                              f"{safeio.reason(e)}; nothing was changed") from None
+        typed = (args.threshold or "").strip()
+        if threshold is not None and format_bytes(threshold).replace(" ", "") != typed:
+            # 512MB is decimal: say what it came to, beside what was typed.
+            print(f"gpumem: threshold {typed} = {format_bytes(threshold)} "
+                  f"({threshold:,} bytes)")
         if args.save:
             what = ", ".join(m.saved_keys) if m.saved_keys else \
                 "nothing (no setting was changed in this session; device is never saved)"
@@ -450,12 +493,13 @@ class GpumemMagics(Magics):
 
     def _cmd_oom(self, args: Any) -> Any:
         last = self.monitor.oom.last
+        if last is None:
+            # Said under -o too: a bare None in Out would look like a failed call.
+            print(self.monitor.oom.no_oom_line())
+            return None
         if args.o:
             return last
-        if last is None:
-            print(self.monitor.oom.no_oom_line())
-        else:
-            display(last)
+        display(last)
         return None
 
     def _cmd_whatif(self, args: Any) -> Any:
@@ -603,13 +647,16 @@ class GpumemMagics(Magics):
             return self._measured_cell(argv, cell)
 
     def _measured_cell(self, argv: list[str], cell: str) -> Any:
-        args = self.cell_parser.parse_args(argv)
+        args = _parse(self.cell_parser, argv)
         m = self.monitor
         if args.device is not None:
             try:
                 m.check_device(_device_arg(str(args.device)))
             except SettingsError as e:
-                raise UsageError(f"--device: {e.why}") from None
+                # A notebook written on a GPU machine, run on a laptop: the cell is the
+                # user's work and runs all the same; only this GPU's report is missing.
+                print(f"gpumem: --device {args.device}: {e.why}; the cell runs all the "
+                      "same, measured without that GPU.")
         if (args.top is not None or args.save is not None) and not args.trace:
             raise UsageError("--top and --save go with --trace")
         if args.top is not None and args.top <= 0:
