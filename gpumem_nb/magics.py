@@ -32,7 +32,14 @@ from .errtext import one_read_per_error
 from .monitor import UNCHANGED, Monitor, error_text
 from .oom import SiteAtFailure, with_counted_ooms
 from .records import HistoryTable
-from .settings import PEAK_PRESERVE, PEAK_RESET, SettingsError, config_path, load_config
+from .settings import (
+    PEAK_PRESERVE,
+    PEAK_RESET,
+    GpumemNb,
+    SettingsError,
+    config_path,
+    load_config,
+)
 from .summary import Summary
 from .units import format_bytes, parse_size
 from .views import CellReport, ConfigView, Snapshot, WhoReport
@@ -42,6 +49,7 @@ _HISTORY_ATTR = "_gpumem_nb_history"
 _CONFIG_ATTR = "_gpumem_nb_config"
 _SESSION_KEYS_ATTR = "_gpumem_nb_session_keys"  # settings changed since the kernel started
 _MAGICS_ATTR = "_gpumem_nb_magics"
+_TRAITS_ATTR = "_gpumem_nb_traits"  # the GpumemNb configurable (%config GpumemNb)
 
 
 # ------------------------------------------------------------------------------------------
@@ -817,7 +825,7 @@ def load(shell: Any) -> None:
     # History and settings survive %reload_ext; a first load reads the settings file (which
     # never raises: bad values are reported and replaced by defaults).
     history = getattr(shell, _HISTORY_ATTR, None)
-    config = getattr(shell, _CONFIG_ATTR, None) or load_config()
+    config = getattr(shell, _CONFIG_ATTR, None) or load_config(getattr(shell, "config", None))
     keys = getattr(shell, _SESSION_KEYS_ATTR, None)
     monitor = Monitor(shell, history=history, config=config,
                       session_keys=keys if isinstance(keys, set) else None)
@@ -833,6 +841,7 @@ def load(shell: Any) -> None:
             shell.observe(monitor.on_shell_exit, names="exit_now")
         magics = GpumemMagics(shell, monitor)
         shell.register_magics(magics)
+        _add_traits(shell, monitor)
         setattr(shell, _SHELL_ATTR, monitor)
         # Stop sampling before the kernel closes its sockets: a last tick publishing to a
         # closed socket logs an error at exit.
@@ -852,6 +861,18 @@ def load(shell: Any) -> None:
             show_chart(monitor)
         except Exception as e:
             monitor._contain("auto-show", e)
+
+
+def _add_traits(shell: Any, monitor: Monitor) -> None:
+    """The settings as the ``GpumemNb`` configurable, for ``%config GpumemNb``: its traits
+    mirror the monitor's settings (a listener), and a trait set there goes through
+    ``Monitor.configure``, the one writer."""
+    traits = GpumemNb(monitor.config, monitor.configure, monitor.check_device)
+    monitor.settings_listeners.append(traits.mirror)
+    configurables = getattr(shell, "configurables", None)
+    if isinstance(configurables, list):
+        configurables.append(traits)
+    setattr(shell, _TRAITS_ATTR, traits)
 
 
 def unload(shell: Any) -> None:
@@ -879,13 +900,18 @@ def _teardown(shell: Any, monitor: Monitor, magics: GpumemMagics | None) -> None
                 manager.magics[kind].pop("gpumem", None)
         if magics is not None and manager.registry.get(type(magics).__name__) is magics:
             del manager.registry[type(magics).__name__]
-    if magics is not None:
+    traits = getattr(shell, _TRAITS_ATTR, None)
+    if traits is not None and getattr(traits, "_configure", None) != monitor.configure:
+        traits = None  # another load's
+    if magics is not None or traits is not None:
         # IPython's Magics.__init__ appends every instance to shell.configurables and nothing
         # ever removes it: without this, each %reload_ext kept the old monitor (its history
-        # buffers, sources and file descriptors) alive for the life of the kernel.
+        # buffers, sources and file descriptors) alive for the life of the kernel. The
+        # GpumemNb configurable holds the monitor's configure: it goes too.
         configurables = getattr(shell, "configurables", [])
-        configurables[:] = [c for c in configurables if c is not magics]
+        configurables[:] = [c for c in configurables if c is not magics and c is not traits]
+    if magics is not None:
         magics.monitor = None  # type: ignore[assignment]
-    for attr in (_SHELL_ATTR, _MAGICS_ATTR):
-        if getattr(shell, attr, None) in (monitor, magics):
+    for attr in (_SHELL_ATTR, _MAGICS_ATTR, _TRAITS_ATTR):
+        if getattr(shell, attr, None) in (monitor, magics, traits) and hasattr(shell, attr):
             delattr(shell, attr)

@@ -483,7 +483,7 @@ def test_configure_keeps_the_device_unless_asked_and_none_means_every_gpu(shell,
 
 def test_configure_save_failure_raises_and_applies_nothing(loaded, private_settings):
     mon = current_monitor(loaded)
-    private_settings.mkdir()
+    private_settings.write_text("[1]")  # not an object of settings: the save is refused
     with pytest.raises(OSError):
         mon.configure(interval_s=2, save=True)
     assert mon.config.interval_s == mon.sampler.interval_s == 0.5
