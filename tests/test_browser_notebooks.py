@@ -101,3 +101,43 @@ def test_every_tutorial_opens_and_meets_its_kernel_without_being_rewritten(lab, 
             problems.append(f"{name}: language_info says {saved['metadata']['language_info']}"
                             f" but the run's Python was {run_python}")
     assert not problems, "\n".join(problems)
+
+
+def test_an_untrusted_replay_picture_is_titled_with_the_recorded_gpu(lab, browser, tmp_path):
+    """Issue 27: the untrusted fallback of the bundled replay was titled "gpumem_nb chart: host
+    RAM" over the H200's lines, without its total and headroom; the trusted view names
+    "GPU 0 (NVIDIA H200)". Executed by nbclient with the chart left live (as a notebook saved
+    during the replay is), so the output is the one the kernel displayed; opened untrusted."""
+    import base64
+    import re
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    folder = lab.folder("untrusted-replay")
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in
+                ("%load_ext gpumem_nb", "%gpumem watch --replay bundled")]
+    NotebookClient(nb, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(folder)}}).execute(env=lab.env)
+    nbformat.write(nb, folder / "replay.ipynb")
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        open_notebook(page, lab, f"{folder.name}/replay.ipynb")
+        page.wait_for_selector(".jp-OutputArea-output img", timeout=60_000)
+        shown = page.evaluate(
+            "() => Array.from(document.querySelectorAll('.jp-OutputArea-output img'))"
+            ".filter(i => i.src.startsWith('data:image/svg+xml;base64,'))"
+            ".map(i => ({alt: i.alt, src: i.src, width: i.naturalWidth}))")
+        trusted = page.evaluate("() => window.jupyterapp.shell.currentWidget.content.widgets"
+                                ".filter(c => c.model.type === 'code')"
+                                ".map(c => c.model.trusted)")
+    finally:
+        page.close()
+    assert not any(trusted), "the notebook opened trusted: this test is of the untrusted view"
+    assert shown and shown[0]["width"] > 0, shown
+    assert shown[0]["alt"].startswith("gpumem_nb chart: GPU 0 (NVIDIA H200)"), shown[0]["alt"]
+    svg = base64.b64decode(shown[0]["src"].split(",", 1)[1]).decode()
+    assert re.search(r"total 1\d\d\.\d GiB · headroom 1\d\d\.\d GiB", svg)
