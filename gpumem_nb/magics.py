@@ -28,18 +28,12 @@ from IPython.display import display
 
 from . import cleanup, safeio, trace
 from .analysis import build_record
+from .configurable import GpumemNb
 from .errtext import one_read_per_error
 from .monitor import UNCHANGED, Monitor, error_text
 from .oom import SiteAtFailure, with_counted_ooms
 from .records import HistoryTable
-from .settings import (
-    PEAK_PRESERVE,
-    PEAK_RESET,
-    GpumemNb,
-    SettingsError,
-    config_path,
-    load_config,
-)
+from .settings import PEAK_PRESERVE, PEAK_RESET, SettingsError, config_path, load_config
 from .summary import Summary
 from .units import format_bytes, parse_size
 from .views import CellReport, ConfigView, Snapshot, WhoReport

@@ -11,7 +11,8 @@ GpumemNb.interval = 2`` to set one. Order of precedence, lowest first: the defau
 ``ipython_config.py``, the saved file, ``GPUMEM_NB_AUTO_SHOW``; then whatever the session sets
 (``%gpumem config``, ``%config GpumemNb``, the chart's controls) until the kernel ends. There is
 one source of truth, the monitor's ``Config``: ``Monitor.configure`` is its one writer, and the
-configurable's traits mirror it (a trait set by ``%config`` goes through ``configure``).
+configurable's traits (configurable.py) mirror it (a trait set by ``%config`` goes through
+``configure``).
 
 Settings must never stop the extension from loading, and a wrong value must never be used
 quietly: the file is checked key by key. Each bad value is reported once, in one line naming
@@ -31,13 +32,10 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
-
-from traitlets import Bool, Float, Int, TraitError, Unicode, Union, observe, validate
-from traitlets.config import Configurable
 
 from . import safeio
 from .analysis import DEFAULT_THRESHOLD_BYTES
@@ -311,72 +309,6 @@ def from_ipython_config(ipython_config: Any) -> tuple[Config, list[str]]:
             problems.append(f"gpumem_nb: {IPYTHON_ORIGIN}: \"{trait}\" {e.why}; using the "
                             f"default ({describe_default(TRAIT_FIELDS[trait])}).")
     return cfg, problems
-
-
-class GpumemNb(Configurable):
-    """gpumem_nb's settings, the same as %gpumem config's. Precedence, lowest first: the
-    defaults, ipython_config.py (c.GpumemNb.interval = 1.0), the file %gpumem config --save
-    writes, GPUMEM_NB_AUTO_SHOW; then what the session sets (%gpumem config, %config GpumemNb)."""
-
-    interval = Float(DEFAULT_INTERVAL_S, help="sampling interval in seconds, "
-                     f"{MIN_INTERVAL_S:g}-{MAX_INTERVAL_S:g} (%gpumem config --interval)"
-                     ).tag(config=True)
-    device = Int(None, allow_none=True, help="which GPU to record; None for every GPU "
-                 "(%gpumem config --device); never saved to the file").tag(config=True)
-    threshold = Union([Int(), Unicode()], default_value=DEFAULT_THRESHOLD_BYTES,
-                      help="re-run growth to flag: bytes, or a size such as '64MiB' "
-                      "(%gpumem config --threshold)").tag(config=True)
-    peak = Unicode(PEAK_PRESERVE, help=f"'{PEAK_PRESERVE}': never reset PyTorch's peak "
-                   f"counters; '{PEAK_RESET}': reset them before each cell (%gpumem config "
-                   "--peak)").tag(config=True)
-    auto_show = Bool(False, help="show the live chart when the extension loads (%gpumem "
-                     "config --auto-show)").tag(config=True)
-
-    def __init__(self, current: Config, configure: Callable[..., Any],
-                 check_device: Callable[[Any], Any]) -> None:
-        super().__init__()
-        self._configure = configure
-        self._check_device = check_device
-        self._mirroring = False
-        self.mirror(current)
-
-    @contextlib.contextmanager
-    def _quiet(self) -> Iterator[None]:
-        self._mirroring = True
-        try:
-            yield
-        finally:
-            self._mirroring = False
-
-    def mirror(self, cfg: Config) -> None:
-        """Show ``cfg`` in the traits without applying anything (the monitor's listener)."""
-        with self._quiet():
-            for trait, field in TRAIT_FIELDS.items():
-                setattr(self, trait, getattr(cfg, field))
-
-    @validate(*TRAIT_FIELDS)
-    def _check(self, proposal: Any) -> Any:
-        name = proposal["trait"].name
-        if self._mirroring:
-            return proposal["value"]
-        try:
-            value = check_trait(name, proposal["value"])
-            if name == "device":
-                value = self._check_device(value)
-        except SettingsError as e:
-            raise TraitError(f"GpumemNb.{name}: {e.why}") from None
-        return value
-
-    @observe(*TRAIT_FIELDS)
-    def _changed(self, change: Any) -> None:
-        if self._mirroring:
-            return
-        try:
-            self._configure(**{TRAIT_FIELDS[change["name"]]: change["new"]})
-        except Exception:
-            with self._quiet():  # the monitor refused it: show what is in force
-                setattr(self, change["name"], change["old"])
-            raise
 
 
 def lock_path(path: Path) -> Path:

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from IPython.core.error import UsageError
 
+from gpumem_nb.configurable import GpumemNb
 from gpumem_nb.magics import current_monitor
-from gpumem_nb.settings import DEFAULT_THRESHOLD_BYTES, GpumemNb
+from gpumem_nb.settings import DEFAULT_THRESHOLD_BYTES
 
 ROOT = Path(__file__).resolve().parent.parent
 
