@@ -205,3 +205,23 @@ def test_a_kernel_takes_gpumemnb_from_ipython_config_py(tmp_path):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+@pytest.mark.kernel
+def test_a_kernel_answers_a_misspelt_subcommand_with_the_one_meant(tmp_path):
+    from jupyter_client.manager import start_new_kernel
+
+    env = {**os.environ, "GPUMEM_NB_CONFIG": str(tmp_path / "none.json"),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    km, kc = start_new_kernel(kernel_name="python3", cwd=str(tmp_path), env=env)
+    try:
+        kc.execute_interactive("%load_ext gpumem_nb", timeout=60, output_hook=lambda m: None)
+        reply = kc.execute_interactive("%gpumem histroy", timeout=60,
+                                       output_hook=lambda m: None)
+        content = reply["content"]
+        assert content["status"] == "error" and content["ename"] == "UsageError"
+        assert content["evalue"] == ("%gpumem has no subcommand 'histroy'; "
+                                     "did you mean 'history'?")
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
