@@ -498,10 +498,11 @@ def render_plot(plot: Plot) -> str:
     return _document(plot.summary, width, plot_bottom + 40 + legend_h, body)
 
 
-# A picture is an <img>: it cannot see the page's theme, only the browser's colour scheme. Under
-# a dark one (JupyterLab's "synchronise with the system" theme, a dark OS, GitHub's dark mode)
-# it takes the live chart's dark colours instead of showing as a white card (issue 27). CSS
-# outranks the presentation attributes the light colours are written in.
+# A picture is an <img>: it cannot see the page's stylesheet, but its prefers-color-scheme is
+# the colour scheme of the element showing it (in chromium), which JupyterLab's dark theme sets
+# (`color-scheme: dark` on <body>), as a dark system does. Under a dark one it takes the live
+# chart's dark colours instead of showing as a white card (issue 27).
+# CSS outranks the presentation attributes the light colours are written in.
 # Text with a colour of its own (the red total, each cell mark's label) keeps it.
 DARK_CSS = ("@media (prefers-color-scheme: dark){.background{fill:#111}"
             "text:not([fill]){fill:rgba(255,255,255,.87)}.grid{stroke:#424242}}")

@@ -1,10 +1,13 @@
-"""The chart's saved picture follows a dark colour scheme in chromium instead of showing as a
-white card (issue 27), and stays light under a light one. The picture is an ``<img>``, which
-cannot see the page's theme: the browser's colour scheme is what it can follow."""
+"""The chart's saved picture follows the page's theme in chromium instead of showing as a white
+card in a dark one (issue 27). The picture is an ``<img>``: it cannot see the page's
+stylesheet, but inside it ``prefers-color-scheme`` is the colour scheme of the element that
+shows it, which a dark system sets, and JupyterLab's dark theme too (``color-scheme: dark`` on
+``<body>``)."""
 
 from __future__ import annotations
 
 import struct
+import time
 import zlib
 from typing import Any
 
@@ -12,7 +15,14 @@ import pytest
 
 from gpumem_nb.svgchart import static_bundle
 
-from .browser_harness import chromium
+from .browser_harness import (
+    chromium,
+    open_notebook,
+    run_cell,
+    running_lab,
+    wait_kernel_idle,
+    write_notebook,
+)
 from .test_svgchart import gpu_data
 
 pytestmark = pytest.mark.browser
@@ -32,25 +42,70 @@ def pixel(png: bytes) -> tuple[int, int, int]:
     return raw[1], raw[2], raw[3]
 
 
+def background(page: Any, img: Any) -> tuple[int, int, int]:
+    """The picture's own background, left of its title."""
+    box = img.bounding_box()
+    return pixel(page.screenshot(clip={"x": box["x"] + 8, "y": box["y"] + 8, "width": 1,
+                                       "height": 1}))
+
+
+def is_dark(rgb: tuple[int, int, int]) -> bool:
+    assert max(rgb) < 40 or min(rgb) > 220, f"neither dark nor light: {rgb}"
+    return max(rgb) < 40
+
+
 @pytest.fixture(scope="module")
 def browser() -> Any:
     with chromium() as b:
         yield b
 
 
-@pytest.mark.parametrize(("scheme", "dark"), [("dark", True), ("light", False)])
-def test_the_saved_picture_takes_the_colour_scheme_of_the_page(browser, scheme, dark):
+@pytest.mark.parametrize(("system", "page_scheme", "dark"), [
+    ("dark", "", True), ("light", "", False),  # a page of no scheme of its own
+    ("light", "dark", True),  # a dark page on a light system: the reviewer's white card
+    ("dark", "light", False),
+])
+def test_the_saved_picture_takes_the_colour_scheme_it_is_shown_in(
+        browser, system, page_scheme, dark):
     html = static_bundle(gpu_data())["text/html"]
-    context = browser.new_context(color_scheme=scheme, viewport={"width": 900, "height": 500})
+    context = browser.new_context(color_scheme=system, viewport={"width": 900, "height": 500})
+    scheme = f"color-scheme:{page_scheme};" if page_scheme else ""
     try:
         page = context.new_page()
-        page.set_content(f"<body style='margin:0;background:#777'>{html}</body>")
+        page.set_content(f"<body style='{scheme}margin:0;background:#777'>{html}</body>")
         page.wait_for_function("() => document.querySelector('img').complete")
-        # The picture's own background, left of its title.
-        r, g, b = pixel(page.screenshot(clip={"x": 8, "y": 8, "width": 1, "height": 1}))
+        assert is_dark(background(page, page.locator("img"))) is dark
     finally:
         context.close()
-    if dark:
-        assert max(r, g, b) < 40, (r, g, b)
-    else:
-        assert min(r, g, b) > 240, (r, g, b)
+
+
+DISPLAY_PICTURE = """\
+from tests.test_svgchart import gpu_data
+from gpumem_nb.svgchart import static_bundle
+from IPython.display import display
+display({'text/html': static_bundle(gpu_data())['text/html']}, raw=True)"""
+
+
+def test_the_picture_follows_jupyterlabs_theme_on_a_light_system(browser, tmp_path):
+    """Chromium's colour scheme left light, as the reviewer's was: only the theme changes."""
+    with running_lab(tmp_path) as lab:
+        folder = lab.folder("dark")
+        (folder / "tests").symlink_to(lab.env["PYTHONPATH"].split(":")[0] + "/tests")
+        write_notebook(folder, "dark.ipynb", [DISPLAY_PICTURE])
+        page = browser.new_page(viewport={"width": 1300, "height": 900}, color_scheme="light")
+        open_notebook(page, lab, "dark/dark.ipynb")
+        wait_kernel_idle(page)
+        run_cell(page, 0)
+        img = page.locator(".jp-OutputArea-output img").first
+        img.wait_for()
+        seen = {}
+        for theme in ("JupyterLab Light", "JupyterLab Dark"):
+            page.evaluate("(t) => window.jupyterapp.commands.execute("
+                          "'apputils:change-theme', {theme: t})", theme)
+            page.wait_for_function("(t) => document.body.dataset.jpThemeName === t", arg=theme,
+                                   timeout=30_000)
+            time.sleep(1)  # the theme's stylesheet applied and the image redrawn
+            seen[theme] = is_dark(background(page, img))
+        page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', "
+                      "{theme: 'JupyterLab Light'})")
+    assert seen == {"JupyterLab Light": False, "JupyterLab Dark": True}, seen
