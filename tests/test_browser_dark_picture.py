@@ -109,3 +109,43 @@ def test_the_picture_follows_jupyterlabs_theme_on_a_light_system(browser, tmp_pa
         page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', "
                       "{theme: 'JupyterLab Light'})")
     assert seen == {"JupyterLab Light": False, "JupyterLab Dark": True}, seen
+
+
+def test_the_picture_the_page_saves_with_the_notebook_is_dark_in_a_dark_page(browser, tmp_path):
+    """The other picture: the one livechart.js saves in the notebook's widget state when the
+    user saves with the chart live (what a reopened notebook shows, kernel gone)."""
+    import base64
+    import re
+
+    import nbformat
+
+    from .browser_harness import use_two_fake_gpus
+    from .test_browser_chart import CELLS, open_live_and_save
+
+    with running_lab(tmp_path) as lab:
+        folder = lab.folder("saved")
+        use_two_fake_gpus(folder)
+        path = write_notebook(folder, "saved.ipynb", CELLS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1200})
+        try:
+            open_live_and_save(page, lab, path, folder / "saved.ipynb", "lab")
+        finally:
+            page.close()
+    nb = nbformat.read(folder / "saved.ipynb", as_version=4)
+    states = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    values = [e["state"].get("value", "") for e in states.values()
+              if e.get("model_name") == "HTMLModel"]
+    src = next(re.search(r'src="(data:image/svg\+xml;base64,[^"]+)"', v) for v in values
+               if "data:image/svg+xml" in v)
+    svg = base64.b64decode(src.group(1).split(",", 1)[1]).decode()
+    assert "prefers-color-scheme: dark" in svg
+    for scheme, dark in (("dark", True), ("light", False)):
+        context = browser.new_context(viewport={"width": 900, "height": 600})
+        try:
+            page = context.new_page()
+            page.set_content(f"<body style='color-scheme:{scheme};margin:0'>"
+                             f"<img src='{src.group(1)}'></body>")
+            page.wait_for_function("() => document.querySelector('img').complete")
+            assert is_dark(background(page, page.locator("img"))) is dark, scheme
+        finally:
+            context.close()
