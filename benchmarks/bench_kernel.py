@@ -44,7 +44,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -421,7 +421,7 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
         "ipython": _version("ipython"),
         "nvidia_ml_py": _version("nvidia-ml-py"),
         "gpumem_nb_commit": git_commit(str(ROOT)),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
     env.update(gpu_environment())

@@ -262,13 +262,17 @@ function paint(svg, lines, marks, meta, f, compact) {
 }
 
 // -- the picture saved with the notebook ------------------------------------------------------
-// Light colours of its own: an <img> shows it apart from the page's theme and stylesheet.
+// Colours of its own: an <img> shows it apart from the page's stylesheet. Dark ones where the
+// element showing it is dark (JupyterLab's dark theme sets color-scheme: dark; chromium passes
+// that to the image as prefers-color-scheme), as svgchart.py's picture does (issue 27).
 const PICTURE_CSS = `text{font-family:sans-serif;font-size:11px;fill:#333}
 .gl-ticks text{fill:#444}.gl-mark-labels text{fill:#555;font-size:10px}
 .gl-grid{stroke:#e5e5e5;fill:none}.gl-axis{stroke:#999;fill:none}
 .gl-marks{stroke:#000;stroke-opacity:.25;stroke-dasharray:1 3;fill:none}
 .gl-total{stroke:#d62728;stroke-dasharray:6 3;fill:none}.gl-series{fill:none;stroke-linejoin:round}
-.gl-title{font-weight:bold}.gl-note{fill:#d62728}`;
+.gl-title{font-weight:bold}.gl-note{fill:#d62728}
+@media (prefers-color-scheme: dark){.gl-bg{fill:#111}text,.gl-ticks text{fill:rgba(255,255,255,.87)}
+.gl-mark-labels text{fill:#bbb}.gl-grid{stroke:#424242}.gl-marks{stroke:#fff}.gl-note{fill:#f44336}}`;
 
 function widthOf(s, px) { return s.length * px * 0.62; }
 
@@ -280,7 +284,7 @@ function pictureSvg(model) {
   // the document invalid, and the image blank).
   const svg = el("svg:svg", { width: PICTURE_W, role: "img" });
   el("svg:style", {}, svg).textContent = PICTURE_CSS;
-  const bg = el("svg:rect", { width: PICTURE_W, fill: "#fff" }, svg);
+  const bg = el("svg:rect", { class: "gl-bg", width: PICTURE_W, fill: "#fff" }, svg);
   const title = meta.title || "gpumem_nb chart";
   const note = meta.note || "";
   const twoLines = note && 52 + widthOf(title, 12) + 16 + widthOf(note, 11) > PICTURE_W - 16;

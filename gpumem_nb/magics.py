@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import difflib
 import importlib.util
 import os
 import re
@@ -27,6 +28,7 @@ from IPython.display import display
 
 from . import cleanup, safeio, trace
 from .analysis import build_record
+from .configurable import GpumemNb
 from .errtext import one_read_per_error
 from .ledger import ledgers_of
 from .monitor import UNCHANGED, Monitor, error_text
@@ -42,6 +44,7 @@ _HISTORY_ATTR = "_gpumem_nb_history"
 _CONFIG_ATTR = "_gpumem_nb_config"
 _SESSION_KEYS_ATTR = "_gpumem_nb_session_keys"  # settings changed since the kernel started
 _MAGICS_ATTR = "_gpumem_nb_magics"
+_TRAITS_ATTR = "_gpumem_nb_traits"  # the GpumemNb configurable (%config GpumemNb)
 
 
 # ------------------------------------------------------------------------------------------
@@ -68,9 +71,31 @@ class _Parser(MagicArgumentParser):
         found = re.match(r"argument SUBCOMMAND: invalid choice: (.*) \(choose from", message,
                          re.S)
         if found:
-            raise UsageError(f"%gpumem has no subcommand {_cut(found.group(1))}; "
-                             "try %gpumem? for the list")
+            typed = found.group(1)
+            hint = _did_you_mean(typed.strip("'\""), _subparsers(self))
+            raise UsageError(f"%gpumem has no subcommand {_cut(typed)}; "
+                             f"{hint or 'try %gpumem? for the list'}")
         raise UsageError(short_message(f"{self.prog}: {message}"))
+
+
+def _did_you_mean(typed: str, known: Any) -> str:
+    """"did you mean 'history'?" for the closest of ``known`` words, as git does; "" when
+    none is close (a typo, not another word)."""
+    close = difflib.get_close_matches(typed, list(known), n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else ""
+
+
+def _unknown_flags_error(prog: str, parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """argparse's "unrecognized arguments" sentence, with the closest flag of ``parser``
+    suggested for the first unknown one that looks like a flag."""
+    text = short_message(f"{prog}: unrecognized arguments: {' '.join(extras)}")
+    flags = [f for a in parser._actions for f in a.option_strings]
+    for word in extras:
+        if word.startswith("--"):
+            hint = _did_you_mean(word.split("=", 1)[0], flags)
+            if hint:
+                return f"{text}; {hint}"
+    return text
 
 
 def _build_parser() -> _Parser:
@@ -83,8 +108,9 @@ def _build_parser() -> _Parser:
     add("status", "status of every GPU (the same as a bare %gpumem): NVML used/total, this "
                   "process,\nallocated, reserved, peak, outside PyTorch, other processes")
     h = add("history", "the per-cell table")
-    h.add_argument("-n", type=int, default=20, help="how many recent cells to show")
-    h.add_argument("-o", action="store_true", help="return a DataFrame (pandas) instead")
+    h.add_argument("-n", type=int, help="how many recent cells to show (20; with -o: all)")
+    h.add_argument("-o", action="store_true",
+                   help="return a DataFrame (pandas) instead, of the last -n cells if given")
     h.add_argument("--csv", metavar="FILE", help="write the whole history as CSV")
     w = add("who", "who holds memory: variables (and tensors inside modules, optimizers,\n"
                    "lists, dicts), Out[n], the last traceback")
@@ -168,6 +194,17 @@ def _build_parser() -> _Parser:
     rec.add_argument("--max-entries", type=int, metavar="N",
                      help="allocator events kept at most (100000; older ones are dropped)")
     return p
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> Any:
+    """``parser.parse_args``, but an unknown flag gets the closest known one suggested (the
+    subcommand's own flags: argparse reports extras from the top parser, which knows none)."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        chosen = _subparsers(parser).get(getattr(args, "cmd", None) or "", parser)
+        prog = chosen.prog
+        raise UsageError(_unknown_flags_error(prog, chosen, extras))
+    return args
 
 
 def _build_cell_parser() -> _Parser:
@@ -298,6 +335,9 @@ def _device_arg(text: str) -> int | None:
     return index
 
 
+# %gpumem history shows this many recent cells unless -n says otherwise.
+HISTORY_ROWS = 20
+
 # %gpumem cluster --timeout: below this no scheduler answers (a broadcast reaches every worker).
 MIN_TIMEOUT_S = 0.1
 MAX_TIMEOUT_S = 60.0
@@ -351,7 +391,7 @@ class GpumemMagics(Magics):
             return None
         if cell is not None:
             return self._cell(argv, cell)
-        args = self.parser.parse_args(argv)
+        args = _parse(self.parser, argv)
         self.monitor.flush()  # earlier cells the sampler has not recorded yet
         handler = getattr(self, f"_cmd_{args.cmd or 'status'}")
         return handler(args)
@@ -375,7 +415,7 @@ class GpumemMagics(Magics):
         display(Snapshot(status=status, sample=sample))
 
     def _cmd_history(self, args: Any) -> Any:
-        if args.n <= 0:
+        if args.n is not None and args.n <= 0:
             raise UsageError("-n must be a positive number of cells")
         h = self.monitor.history
         if args.csv is not None:
@@ -388,9 +428,9 @@ class GpumemMagics(Magics):
         if args.o:
             if importlib.util.find_spec("pandas") is None:
                 raise UsageError("history -o needs pandas; use --csv FILE without it")
-            return h.to_dataframe()
+            return h.to_dataframe(last=args.n)
         if args.csv is None:
-            display(HistoryTable(h.records(last=args.n), total=len(h)))
+            display(HistoryTable(h.records(last=args.n or HISTORY_ROWS), total=len(h)))
         return None
 
     def _cmd_who(self, args: Any) -> Any:
@@ -449,6 +489,11 @@ class GpumemMagics(Magics):
         except OSError as e:
             raise UsageError(f"could not save the settings to {safeio.shown(config_path())}: "
                              f"{safeio.reason(e)}; nothing was changed") from None
+        typed = (args.threshold or "").strip()
+        if threshold is not None and format_bytes(threshold).replace(" ", "") != typed:
+            # 512MB is decimal: say what it came to, beside what was typed.
+            print(f"gpumem: threshold {typed} = {format_bytes(threshold)} "
+                  f"({threshold:,} bytes)")
         if args.save:
             what = ", ".join(m.saved_keys) if m.saved_keys else \
                 "nothing (no setting was changed in this session; device is never saved)"
@@ -471,12 +516,13 @@ class GpumemMagics(Magics):
 
     def _cmd_oom(self, args: Any) -> Any:
         last = self.monitor.oom.last
+        if last is None:
+            # Said under -o too: a bare None in Out would look like a failed call.
+            print(self.monitor.oom.no_oom_line())
+            return None
         if args.o:
             return last
-        if last is None:
-            print(self.monitor.oom.no_oom_line())
-        else:
-            display(last)
+        display(last)
         return None
 
     def _session(self) -> Any:
@@ -688,13 +734,16 @@ class GpumemMagics(Magics):
             return self._measured_cell(argv, cell)
 
     def _measured_cell(self, argv: list[str], cell: str) -> Any:
-        args = self.cell_parser.parse_args(argv)
+        args = _parse(self.cell_parser, argv)
         m = self.monitor
         if args.device is not None:
             try:
                 m.check_device(_device_arg(str(args.device)))
             except SettingsError as e:
-                raise UsageError(f"--device: {e.why}") from None
+                # A notebook written on a GPU machine, run on a laptop: the cell is the
+                # user's work and runs all the same; only this GPU's report is missing.
+                print(f"gpumem: --device {args.device}: {e.why}; the cell runs all the "
+                      "same, measured without that GPU.")
         if (args.top is not None or args.save is not None) and not args.trace:
             raise UsageError("--top and --save go with --trace")
         if args.top is not None and args.top <= 0:
@@ -875,7 +924,7 @@ def load(shell: Any) -> None:
     # History and settings survive %reload_ext; a first load reads the settings file (which
     # never raises: bad values are reported and replaced by defaults).
     history = getattr(shell, _HISTORY_ATTR, None)
-    config = getattr(shell, _CONFIG_ATTR, None) or load_config()
+    config = getattr(shell, _CONFIG_ATTR, None) or load_config(getattr(shell, "config", None))
     keys = getattr(shell, _SESSION_KEYS_ATTR, None)
     monitor = Monitor(shell, history=history, config=config,
                       session_keys=keys if isinstance(keys, set) else None)
@@ -891,6 +940,7 @@ def load(shell: Any) -> None:
             shell.observe(monitor.on_shell_exit, names="exit_now")
         magics = GpumemMagics(shell, monitor)
         shell.register_magics(magics)
+        _add_traits(shell, monitor)
         setattr(shell, _SHELL_ATTR, monitor)
         # Stop sampling before the kernel closes its sockets: a last tick publishing to a
         # closed socket logs an error at exit.
@@ -910,6 +960,18 @@ def load(shell: Any) -> None:
             show_chart(monitor)
         except Exception as e:
             monitor._contain("auto-show", e)
+
+
+def _add_traits(shell: Any, monitor: Monitor) -> None:
+    """The settings as the ``GpumemNb`` configurable, for ``%config GpumemNb``: its traits
+    mirror the monitor's settings (a listener), and a trait set there goes through
+    ``Monitor.configure``, the one writer."""
+    traits = GpumemNb(monitor.config, monitor.configure, monitor.check_device)
+    monitor.settings_listeners.append(traits.mirror)
+    configurables = getattr(shell, "configurables", None)
+    if isinstance(configurables, list):
+        configurables.append(traits)
+    setattr(shell, _TRAITS_ATTR, traits)
 
 
 def unload(shell: Any) -> None:
@@ -941,13 +1003,18 @@ def _teardown(shell: Any, monitor: Monitor, magics: GpumemMagics | None) -> None
                 manager.magics[kind].pop("gpumem", None)
         if magics is not None and manager.registry.get(type(magics).__name__) is magics:
             del manager.registry[type(magics).__name__]
-    if magics is not None:
+    traits = getattr(shell, _TRAITS_ATTR, None)
+    if traits is not None and getattr(traits, "_configure", None) != monitor.configure:
+        traits = None  # another load's
+    if magics is not None or traits is not None:
         # IPython's Magics.__init__ appends every instance to shell.configurables and nothing
         # ever removes it: without this, each %reload_ext kept the old monitor (its history
-        # buffers, sources and file descriptors) alive for the life of the kernel.
+        # buffers, sources and file descriptors) alive for the life of the kernel. The
+        # GpumemNb configurable holds the monitor's configure: it goes too.
         configurables = getattr(shell, "configurables", [])
-        configurables[:] = [c for c in configurables if c is not magics]
+        configurables[:] = [c for c in configurables if c is not magics and c is not traits]
+    if magics is not None:
         magics.monitor = None  # type: ignore[assignment]
-    for attr in (_SHELL_ATTR, _MAGICS_ATTR):
-        if getattr(shell, attr, None) in (monitor, magics):
+    for attr in (_SHELL_ATTR, _MAGICS_ATTR, _TRAITS_ATTR):
+        if getattr(shell, attr, None) in (monitor, magics, traits) and hasattr(shell, attr):
             delattr(shell, attr)

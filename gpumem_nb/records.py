@@ -153,13 +153,14 @@ class History:
     def __len__(self) -> int:
         return len(self._records)
 
-    def rows(self) -> list[dict[str, Any]]:
-        return [row for rec in self.records() for row in flat_rows(rec)]
+    def rows(self, last: int | None = None) -> list[dict[str, Any]]:
+        return [row for rec in self.records(last) for row in flat_rows(rec)]
 
-    def to_dataframe(self) -> Any:
+    def to_dataframe(self, last: int | None = None) -> Any:
+        """One row per cell and GPU; of the ``last`` cells only, when given."""
         import pandas as pd
 
-        return pd.DataFrame(self.rows(), columns=list(COLUMNS))
+        return pd.DataFrame(self.rows(last), columns=list(COLUMNS))
 
     def to_csv(self, path: str | Path | None = None) -> str:
         """The CSV text; with ``path``, also written there (``OSError`` if refused)."""

@@ -1,8 +1,18 @@
-"""Settings: defaults, a user file, and environment variables, each value checked.
+"""Settings: defaults, IPython's configuration, a user file, and environment variables, each
+value checked.
 
 ``%gpumem config ... --save`` writes ``~/.config/gpumem_nb/config.json`` (or the file named by
 ``GPUMEM_NB_CONFIG``); loading the extension reads it. ``GPUMEM_NB_AUTO_SHOW=1`` shows the
 chart on load whatever the file says.
+
+The same settings are the traits of the ``GpumemNb`` configurable: ``c.GpumemNb.interval =
+1.0`` in ``ipython_config.py``, ``%config GpumemNb`` to show them and ``%config
+GpumemNb.interval = 2`` to set one. Order of precedence, lowest first: the defaults,
+``ipython_config.py``, the saved file, ``GPUMEM_NB_AUTO_SHOW``; then whatever the session sets
+(``%gpumem config``, ``%config GpumemNb``, the chart's controls) until the kernel ends. There is
+one source of truth, the monitor's ``Config``: ``Monitor.configure`` is its one writer, and the
+configurable's traits (configurable.py) mirror it (a trait set by ``%config`` goes through
+``configure``).
 
 Settings must never stop the extension from loading, and a wrong value must never be used
 quietly: the file is checked key by key. Each bad value is reported once, in one line naming
@@ -30,7 +40,7 @@ from typing import Any
 from . import safeio
 from .analysis import DEFAULT_THRESHOLD_BYTES
 from .sampler import DEFAULT_INTERVAL_S, MAX_INTERVAL_S, MIN_INTERVAL_S
-from .units import format_bytes
+from .units import format_bytes, parse_size
 
 log = logging.getLogger("gpumem_nb")
 
@@ -149,14 +159,18 @@ def bad_setting_line(origin: str, e: SettingsError) -> str:
             f"using the default ({describe_default(e.key)}).")
 
 
-def parse_config(data: Any, origin: str) -> tuple[Config, list[str]]:
-    """A valid ``Config`` from parsed JSON, whatever it holds, and one line per problem."""
+def parse_config(data: Any, origin: str, base: Config | None = None
+                 ) -> tuple[Config, list[str]]:
+    """A valid ``Config`` from parsed JSON, whatever it holds, and one line per problem. The
+    keys it holds override ``base`` (the defaults, or what IPython's configuration set)."""
+    base = Config() if base is None else base
     if not isinstance(data, dict):
         kind = {list: "a list", str: "a string", type(None): "null", bool: "true or false"}.get(
             type(data), "a number")
-        return Config(), [f"gpumem_nb: {origin}: ignored: it holds {kind}, not an object of "
-                          "settings; using the default settings."]
-    cfg = Config()
+        return replace_config(base), [
+            f"gpumem_nb: {origin}: ignored: it holds {kind}, not an object of settings; "
+            "using the default settings."]
+    cfg = replace_config(base)
     problems = []
     for key, value in data.items():
         check = CHECKS.get(key)
@@ -170,45 +184,131 @@ def parse_config(data: Any, origin: str) -> tuple[Config, list[str]]:
     return cfg, problems
 
 
+def replace_config(cfg: Config) -> Config:
+    return Config(**{f.name: getattr(cfg, f.name) for f in fields(Config)})
+
+
+class BadConfigPath(SettingsError):
+    """``GPUMEM_NB_CONFIG`` names no file a setting could be saved in (a directory, blanks)."""
+
+
 def config_path() -> Path:
+    """The settings file: ``GPUMEM_NB_CONFIG`` (``~`` expanded, as every path the magic takes
+    is), else ``$XDG_CONFIG_HOME/gpumem_nb/config.json``. Never raises: ``checked_config_path``
+    says whether it names a file."""
     env = os.environ.get(CONFIG_ENV)
     if env:
-        return Path(env)
+        return Path(os.path.expanduser(env))
     base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
     return Path(base) / "gpumem_nb" / "config.json"
 
 
-def read_config() -> tuple[Config, list[str]]:
-    """The settings file's ``Config`` and its problems; no file at all is no problem."""
+def checked_config_path() -> Path:
+    """``config_path``, or ``BadConfigPath`` when ``GPUMEM_NB_CONFIG`` cannot name a settings
+    file: blanks (``' '`` was a file of that name in the working directory), a directory (``/``,
+    ``~``) or a name ending in a separator."""
+    env = os.environ.get(CONFIG_ENV)
     path = config_path()
-    origin = safeio.shown(path)
+    if not env:
+        return path
+    what = "is blank" if not env.strip() else "names a directory" if (
+        env.endswith(("/", os.sep)) or path.is_dir()) else ""
+    if what:
+        shown = json.dumps(env) if len(env) <= 200 else json.dumps(env[:200]) + "..."
+        raise BadConfigPath(CONFIG_ENV, f"{what} ({shown}): it must name a settings file, "
+                                        "for example ~/gpumem_nb.json")
+    return path
+
+
+def read_config(base: Config | None = None) -> tuple[Config, list[str]]:
+    """The settings file's ``Config`` over ``base`` (the defaults) and its problems; no file at
+    all is no problem."""
+    base = Config() if base is None else base
     try:
-        text = safeio.read_text(path, max_bytes=MAX_SETTINGS_BYTES, follow_symlinks=False)
-    except FileNotFoundError:
-        cfg, problems = Config(), []
-    except OSError as e:
-        cfg, problems = Config(), [f"gpumem_nb: {origin}: ignored: {safeio.reason(e)}; "
-                                   "using the default settings."]
+        path = checked_config_path()
+    except BadConfigPath as e:
+        cfg, problems = replace_config(base), [
+            f"gpumem_nb: {e.key} {e.why}; using none."]
     else:
-        try:
-            data = json.loads(text)
-        except (ValueError, RecursionError) as e:  # RecursionError: "[[[[..." nested deep
-            where = f" ({e.msg}, line {e.lineno})" if isinstance(e, json.JSONDecodeError) else ""
-            cfg, problems = Config(), [f"gpumem_nb: {origin}: ignored: it is not valid JSON"
-                                       f"{where}; using the default settings."]
-        else:
-            cfg, problems = parse_config(data, origin)
+        cfg, problems = _read_file(path, base)
     if os.environ.get(AUTO_SHOW_ENV) == "1":
         cfg.auto_show = True
     return cfg, problems
 
 
-def load_config() -> Config:
-    """``read_config``, with each problem logged once (the extension's load calls this once)."""
-    cfg, problems = read_config()
-    for line in problems:
+def _read_file(path: Path, base: Config) -> tuple[Config, list[str]]:
+    origin = safeio.shown(path)
+    try:
+        text = safeio.read_text(path, max_bytes=MAX_SETTINGS_BYTES, follow_symlinks=False)
+    except FileNotFoundError:
+        return replace_config(base), []
+    except OSError as e:
+        return replace_config(base), [f"gpumem_nb: {origin}: ignored: {safeio.reason(e)}; "
+                                      "using the default settings."]
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as e:  # RecursionError: "[[[[..." nested deep
+        where = f" ({e.msg}, line {e.lineno})" if isinstance(e, json.JSONDecodeError) else ""
+        return replace_config(base), [f"gpumem_nb: {origin}: ignored: it is not valid JSON"
+                                      f"{where}; using the default settings."]
+    return parse_config(data, origin, base)
+
+
+def load_config(ipython_config: Any = None) -> Config:
+    """The settings a load starts from, by precedence: the defaults, then the ``GpumemNb``
+    section of IPython's configuration (``ipython_config``, the shell's ``config``), then the
+    settings file, then the environment. Each problem is logged once (a load calls this once)."""
+    base, problems = from_ipython_config(ipython_config)
+    cfg, more = read_config(base)
+    for line in (*problems, *more):
         log.warning("%s", line)
     return cfg
+
+
+# ------------------------------------------------------------------------------------------
+# IPython's configuration: the GpumemNb configurable
+# ------------------------------------------------------------------------------------------
+# Trait names are %gpumem config's flags; the saved file keeps the fields' names (units in
+# them), as it always has.
+TRAIT_FIELDS = {"interval": "interval_s", "device": "device", "threshold": "threshold_bytes",
+                "peak": "peak", "auto_show": "auto_show"}
+IPYTHON_ORIGIN = "IPython configuration (c.GpumemNb)"
+
+
+def check_trait(trait: str, value: Any) -> Any:
+    """A trait's value checked as the file's and the magic's are (``SettingsError`` naming
+    the trait); a threshold may be a size in words ("64MiB") as the magic's flag takes."""
+    if trait == "threshold" and isinstance(value, str):
+        try:
+            value = parse_size(value)
+        except ValueError as e:
+            raise SettingsError("threshold", str(e)) from None
+    try:
+        return CHECKS[TRAIT_FIELDS[trait]](value)
+    except SettingsError as e:
+        raise SettingsError(trait, e.why) from None
+
+
+def from_ipython_config(ipython_config: Any) -> tuple[Config, list[str]]:
+    """The defaults with what ``c.GpumemNb`` sets (checked key by key, as the file is: a bad
+    value is one line and the default), and one line per problem. Read here, not by traitlets
+    at construction: a bad value there would raise and stop the extension from loading."""
+    cfg = Config()
+    # No shell, or one without a configuration, sets nothing.
+    section = ipython_config.get("GpumemNb") if isinstance(ipython_config, Mapping) else None
+    problems = []
+    for trait, value in (dict(section) if isinstance(section, Mapping) else {}).items():
+        if trait not in TRAIT_FIELDS:
+            problems.append(f"gpumem_nb: {IPYTHON_ORIGIN}: unknown setting "
+                            f"{show_value(trait)} ignored; GpumemNb has "
+                            f"{', '.join(TRAIT_FIELDS)}.")
+            continue
+        try:
+            setattr(cfg, TRAIT_FIELDS[trait], check_trait(trait, value))
+        except SettingsError as e:
+            problems.append(f"gpumem_nb: {IPYTHON_ORIGIN}: \"{trait}\" {e.why}; using the "
+                            f"default ({describe_default(TRAIT_FIELDS[trait])}).")
+    return cfg, problems
 
 
 def lock_path(path: Path) -> Path:
@@ -240,7 +340,7 @@ def save_config(changes: Mapping[str, Any]) -> Saved:
     untouched. Which GPU to watch belongs to a session, not to every notebook: ``device`` is
     never saved.
     """
-    path = config_path()
+    path = checked_config_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     with safeio.locked(lock_path(path)) as lock:
         try:

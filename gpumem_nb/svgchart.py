@@ -498,13 +498,23 @@ def render_plot(plot: Plot) -> str:
     return _document(plot.summary, width, plot_bottom + 40 + legend_h, body)
 
 
+# A picture is an <img>: it cannot see the page's stylesheet, but its prefers-color-scheme is
+# the colour scheme of the element showing it (in chromium), which JupyterLab's dark theme sets
+# (`color-scheme: dark` on <body>), as a dark system does. Under a dark one it takes the live
+# chart's dark colours instead of showing as a white card (issue 27).
+# CSS outranks the presentation attributes the light colours are written in.
+# Text with a colour of its own (the red total, each cell mark's label) keeps it.
+DARK_CSS = ("@media (prefers-color-scheme: dark){.background{fill:#111}"
+            "text:not([fill]){fill:rgba(255,255,255,.87)}.grid{stroke:#424242}}")
+
+
 def _document(summary: str, width: int, height: int, body: list[str]) -> str:
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" role="img" aria-label="{_attr(summary)}" '
         f'font-family="sans-serif" font-size="{FONT_PX}">'
-        f"<title>{html.escape(summary)}</title>"
-        f'<rect width="{width}" height="{height}" fill="#fff"/>'
+        f"<title>{html.escape(summary)}</title><style>{DARK_CSS}</style>"
+        f'<rect class="background" width="{width}" height="{height}" fill="#fff"/>'
         + "".join(body) + "</svg>")
 
 

@@ -554,7 +554,10 @@ class MemoryWidget:
 
     def plain_bundle(self) -> dict[str, str]:
         """The chart without the widget: text, the picture (SVG) and the numbers."""
-        latest = self.feed.latest() or self.monitor.read()
+        # A replay's picture is its whole recording: its table is the recording's end, the
+        # point the picture ends at, not wherever the playback happened to be (issue 27).
+        end = self._recording_end() if self.replay is not None else None
+        latest = end or self.feed.latest() or self.monitor.read()
         snap = Snapshot(status=self.status, sample=latest)
         static = self.static_bundle(latest)
         # The Clean up button's report stays with the picture: it was the user's only
@@ -575,6 +578,9 @@ class MemoryWidget:
             t0 = self._t0_s
             if self.replay is not None:
                 tl, t0 = self._recording_timeline()
+                # Named and totalled as the recording, not this machine: the picture plots
+                # the recorded GPU's lines, as the live chart's header names it (issue 27).
+                sample = self._recording_end() or sample
             total = self._total_gib(sample)
             shown = self._devices_shown(sample)
             where = (f"GPU {shown[0].index}" if len(shown) == 1
@@ -588,6 +594,10 @@ class MemoryWidget:
                               include_rss=not self.has_gpu,
                               x_title=LIVE_X_TITLE if self.replay is None else REPLAY_X_TITLE)
         return svg_static_bundle(data)
+
+    def _recording_end(self) -> Sample | None:
+        recording = getattr(self.replay.source if self.replay else None, "recording", None)
+        return recording[-1] if recording else None
 
     def _recording_timeline(self) -> tuple[Timeline | None, float]:
         recording = getattr(self.replay.source if self.replay else None, "recording", None)

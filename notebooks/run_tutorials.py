@@ -391,7 +391,7 @@ def provenance(client: NotebookClient) -> dict[str, object]:
     facts = {"gpu": "none", "gpu_count": 0, "driver": "none", **gpu_facts()}
     return {**facts, **kernel_values(client), "commit": commit, "tree_clean": clean,
             "sources_sha256": sources_digest(),
-            "executed": datetime.datetime.now(datetime.timezone.utc).isoformat(
+            "executed": datetime.datetime.now(datetime.UTC).isoformat(
                 timespec="seconds")}
 
 

@@ -361,9 +361,18 @@ def test_cell_magic_quiet_prints_nothing_and_keeps_ipython_semantics(loaded, cap
     assert "gpumem:" not in out and "42" in out and loaded.user_ns["q"] == 42
 
 
-def test_cell_magic_bad_device_is_a_usage_error(loaded):
-    with pytest.raises(UsageError, match="there is no GPU 3"):
-        loaded.run_cell_magic("gpumem", "--device 3", "pass")
+def test_cell_magic_for_a_gpu_this_machine_lacks_still_runs_the_cell(loaded, capsys):
+    loaded.run_cell_magic("gpumem", "--device 3", "ran = 1")
+    lines = capsys.readouterr().out.splitlines()
+    assert loaded.user_ns["ran"] == 1
+    assert lines[0] == ("gpumem: --device 3: there is no GPU 3: this process sees GPU 0; "
+                        "the cell runs all the same, measured without that GPU.")
+    assert "GPU 0" not in lines[1]  # the report is of GPU 3 only, which is not there
+
+
+def test_cell_magic_device_that_is_not_a_number_is_a_usage_error(loaded):
+    with pytest.raises(UsageError, match="argument --device: invalid int value"):
+        loaded.run_cell_magic("gpumem", "--device first", "pass")
 
 
 # -- summary, start/stop -----------------------------------------------------------------------
@@ -474,7 +483,7 @@ def test_configure_keeps_the_device_unless_asked_and_none_means_every_gpu(shell,
 
 def test_configure_save_failure_raises_and_applies_nothing(loaded, private_settings):
     mon = current_monitor(loaded)
-    private_settings.mkdir()
+    private_settings.write_text("[1]")  # not an object of settings: the save is refused
     with pytest.raises(OSError):
         mon.configure(interval_s=2, save=True)
     assert mon.config.interval_s == mon.sampler.interval_s == 0.5

@@ -259,7 +259,8 @@ def test_a_device_or_directory_as_settings_file_is_refused_in_one_line(
         result = run(shell, "%load_ext gpumem_nb")
     assert result.success and current_monitor(shell).config == Config()
     lines = problems(caplog)
-    assert len(lines) == 1 and path in lines[0] and "not a regular file" in lines[0]
+    reason = "names a directory" if special == "directory" else "not a regular file"
+    assert len(lines) == 1 and path in lines[0] and reason in lines[0]
 
 
 def test_a_settings_file_over_the_size_cap_is_not_read(no_gpu, private_settings, caplog):
@@ -280,8 +281,8 @@ def test_a_symlinked_settings_file_is_not_read(no_gpu, private_settings, tmp_pat
 
 # -- saving ------------------------------------------------------------------------------------
 def test_a_failed_save_applies_nothing(shell, no_gpu, private_settings):
-    private_settings.mkdir()  # the write cannot replace a directory
     run(shell, "%load_ext gpumem_nb")
+    private_settings.write_text("[1]")  # not an object of settings: the save is refused
     mon = current_monitor(shell)
     with pytest.raises(UsageError, match=r"could not save the settings.*nothing was changed"):
         shell.run_line_magic("gpumem", "config --interval 2 --threshold 1GiB --save")

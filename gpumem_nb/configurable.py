@@ -1,0 +1,84 @@
+"""The settings as IPython's configuration: the ``GpumemNb`` configurable, for
+``c.GpumemNb.interval = 1.0`` in ipython_config.py and ``%config GpumemNb``. Apart from
+settings.py so that reading the settings (``python -m gpumem_nb``, ``snapshot()``) does not
+import traitlets.config; the magics make one per load (settings.py says the precedence).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from traitlets import Bool, Float, Int, TraitError, Unicode, Union, observe, validate
+from traitlets.config import Configurable
+
+from .analysis import DEFAULT_THRESHOLD_BYTES
+from .sampler import DEFAULT_INTERVAL_S, MAX_INTERVAL_S, MIN_INTERVAL_S
+from .settings import PEAK_PRESERVE, PEAK_RESET, TRAIT_FIELDS, Config, SettingsError, check_trait
+
+
+class GpumemNb(Configurable):
+    """gpumem_nb's settings, the same as %gpumem config's. Precedence, lowest first: the
+    defaults, ipython_config.py (c.GpumemNb.interval = 1.0), the file %gpumem config --save
+    writes, GPUMEM_NB_AUTO_SHOW; then what the session sets (%gpumem config, %config GpumemNb)."""
+
+    interval = Float(DEFAULT_INTERVAL_S, help="sampling interval in seconds, "
+                     f"{MIN_INTERVAL_S:g}-{MAX_INTERVAL_S:g} (%gpumem config --interval)"
+                     ).tag(config=True)
+    device = Int(None, allow_none=True, help="which GPU to record; None for every GPU "
+                 "(%gpumem config --device); never saved to the file").tag(config=True)
+    threshold = Union([Int(), Unicode()], default_value=DEFAULT_THRESHOLD_BYTES,
+                      help="re-run growth to flag: bytes, or a size such as '64MiB' "
+                      "(%gpumem config --threshold)").tag(config=True)
+    peak = Unicode(PEAK_PRESERVE, help=f"'{PEAK_PRESERVE}': never reset PyTorch's peak "
+                   f"counters; '{PEAK_RESET}': reset them before each cell (%gpumem config "
+                   "--peak)").tag(config=True)
+    auto_show = Bool(False, help="show the live chart when the extension loads (%gpumem "
+                     "config --auto-show)").tag(config=True)
+
+    def __init__(self, current: Config, configure: Callable[..., Any],
+                 check_device: Callable[[Any], Any]) -> None:
+        super().__init__()
+        self._configure = configure
+        self._check_device = check_device
+        self._mirroring = False
+        self.mirror(current)
+
+    @contextlib.contextmanager
+    def _quiet(self) -> Iterator[None]:
+        self._mirroring = True
+        try:
+            yield
+        finally:
+            self._mirroring = False
+
+    def mirror(self, cfg: Config) -> None:
+        """Show ``cfg`` in the traits without applying anything (the monitor's listener)."""
+        with self._quiet():
+            for trait, field in TRAIT_FIELDS.items():
+                setattr(self, trait, getattr(cfg, field))
+
+    @validate(*TRAIT_FIELDS)
+    def _check(self, proposal: Any) -> Any:
+        name = proposal["trait"].name
+        if self._mirroring:
+            return proposal["value"]
+        try:
+            value = check_trait(name, proposal["value"])
+            if name == "device":
+                value = self._check_device(value)
+        except SettingsError as e:
+            raise TraitError(f"GpumemNb.{name}: {e.why}") from None
+        return value
+
+    @observe(*TRAIT_FIELDS)
+    def _changed(self, change: Any) -> None:
+        if self._mirroring:
+            return
+        try:
+            self._configure(**{TRAIT_FIELDS[change["name"]]: change["new"]})
+        except Exception:
+            with self._quiet():  # the monitor refused it: show what is in force
+                setattr(self, change["name"], change["old"])
+            raise

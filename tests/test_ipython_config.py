@@ -1,0 +1,227 @@
+"""The settings as IPython's configuration: ``c.GpumemNb.*`` in ipython_config.py and
+``%config GpumemNb``, the same settings as ``%gpumem config`` and the saved file, in one
+documented order of precedence; and a GPUMEM_NB_CONFIG that names no file."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from IPython.core.error import UsageError
+
+from gpumem_nb.configurable import GpumemNb
+from gpumem_nb.magics import current_monitor
+from gpumem_nb.settings import DEFAULT_THRESHOLD_BYTES
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def traits(shell: Any) -> list[GpumemNb]:
+    return [c for c in shell.configurables if isinstance(c, GpumemNb)]
+
+
+@pytest.fixture(autouse=True)
+def ipython_config(shell: Any) -> Any:
+    """The shell's ``c.GpumemNb`` section, as ipython_config.py sets it. Emptied before and
+    after: ``%config GpumemNb.x = ...`` also writes it there (the shell's configuration is
+    shared by its configurables), and the shell outlives each test."""
+    shell.config.pop("GpumemNb", None)
+    yield shell.config.GpumemNb
+    shell.config.pop("GpumemNb", None)
+
+
+def load(shell: Any, capsys: Any) -> Any:
+    shell.run_cell("%load_ext gpumem_nb", store_history=True)
+    capsys.readouterr()
+    return current_monitor(shell)
+
+
+# -- %config GpumemNb --------------------------------------------------------------------------
+def test_config_gpumemnb_shows_the_settings_in_force(shell, no_gpu, capsys):
+    mon = load(shell, capsys)
+    mon.configure(interval_s=2.5)
+    shell.run_line_magic("config", "GpumemNb")
+    out = capsys.readouterr().out
+    assert "GpumemNb.interval=<Float>" in out
+    assert "Current: 2.5" in out and "GpumemNb.threshold" in out and "GpumemNb.peak" in out
+
+
+def test_config_gpumemnb_sets_the_interval_the_sampler_uses(shell, no_gpu, capsys):
+    mon = load(shell, capsys)
+    shell.run_line_magic("config", "GpumemNb.interval = 2")
+    assert mon.config.interval_s == mon.sampler.interval_s == 2.0
+    assert "interval_s" in mon.session_keys  # a bare `config --save` keeps it
+    shell.run_line_magic("config", "GpumemNb.threshold = '1GiB'")
+    assert mon.config.threshold_bytes == mon.tracker.threshold_bytes == 2**30
+
+
+def test_gpumem_config_is_what_config_gpumemnb_reads_back(shell, no_gpu, capsys):
+    load(shell, capsys)
+    shell.run_line_magic("gpumem", "config --interval 3 --peak reset")
+    assert shell.run_line_magic("config", "GpumemNb.interval") == 3.0
+    assert shell.run_line_magic("config", "GpumemNb.peak") == "reset"
+
+
+def test_a_refused_config_value_changes_nothing_and_says_why(shell, no_gpu, capsys, caplog):
+    mon = load(shell, capsys)
+    with caplog.at_level(logging.ERROR):
+        shell.run_line_magic("config", "GpumemNb.interval = 200")
+        shell.run_line_magic("config", "GpumemNb.device = 3")
+    said = caplog.text + capsys.readouterr().err
+    assert "GpumemNb.interval: must be between 0.05 and 60 seconds, not 200" in said
+    assert "GpumemNb.device: there is no GPU 3: this process sees no GPU" in said
+    assert mon.config.interval_s == mon.sampler.interval_s == 0.5 and mon.config.device is None
+    assert shell.run_line_magic("config", "GpumemNb.interval") == 0.5
+
+
+def test_reload_ext_leaves_one_gpumemnb_driving_the_new_monitor(shell, no_gpu, capsys):
+    load(shell, capsys)
+    for _ in range(3):
+        shell.run_line_magic("reload_ext", "gpumem_nb")
+    assert len(traits(shell)) == 1
+    shell.run_line_magic("config", "GpumemNb.interval = 4")
+    assert current_monitor(shell).sampler.interval_s == 4.0
+    shell.run_line_magic("unload_ext", "gpumem_nb")
+    assert traits(shell) == []
+
+
+# -- precedence --------------------------------------------------------------------------------
+def test_ipython_config_sets_the_starting_settings(shell, no_gpu, capsys, ipython_config):
+    ipython_config.interval = 1.5
+    ipython_config.threshold = "256MiB"
+    mon = load(shell, capsys)
+    assert mon.config.interval_s == mon.sampler.interval_s == 1.5
+    assert mon.config.threshold_bytes == 256 * 2**20
+
+
+def test_the_saved_file_overrides_ipython_config_key_by_key(shell, no_gpu, capsys,
+                                                            ipython_config, private_settings):
+    ipython_config.interval = 1.5
+    ipython_config.peak = "reset"
+    private_settings.write_text(json.dumps({"interval_s": 2.0}))
+    mon = load(shell, capsys)
+    assert mon.config.interval_s == 2.0  # the file's
+    assert mon.config.peak == "reset"  # ipython_config's: the file does not set it
+    assert mon.config.threshold_bytes == DEFAULT_THRESHOLD_BYTES  # neither: the default
+
+
+def test_the_environment_overrides_the_file_and_the_session_overrides_all(
+        shell, no_gpu, capsys, ipython_config, private_settings, monkeypatch):
+    ipython_config.auto_show = False
+    private_settings.write_text(json.dumps({"auto_show": False, "interval_s": 2.0}))
+    monkeypatch.setenv("GPUMEM_NB_AUTO_SHOW", "1")
+    mon = load(shell, capsys)
+    assert mon.config.auto_show is True
+    shell.run_line_magic("gpumem", "config --interval 5")
+    assert mon.config.interval_s == 5.0
+
+
+def test_a_bad_ipython_config_value_is_one_line_and_the_extension_loads(
+        shell, no_gpu, capsys, caplog, ipython_config):
+    ipython_config.peak = "sometimes"
+    ipython_config.interval = 1.5
+    ipython_config.intervall = 3
+    with caplog.at_level(logging.WARNING, logger="gpumem_nb"):
+        mon = load(shell, capsys)
+    lines = [r.getMessage() for r in caplog.records if r.name == "gpumem_nb"]
+    assert ('gpumem_nb: IPython configuration (c.GpumemNb): "peak" must be "preserve" or '
+            '"reset", not "sometimes"; using the default ("preserve").') in lines
+    assert any("unknown setting \"intervall\" ignored" in ln for ln in lines)
+    assert mon.config.interval_s == 1.5 and mon.config.peak == "preserve"
+
+
+# -- GPUMEM_NB_CONFIG that names no file ---------------------------------------------------------
+@pytest.mark.parametrize(("value", "what"), [
+    ("/", "names a directory"), (" ", "is blank"), ("~", "names a directory"),
+    ("somewhere/", "names a directory"),
+])
+def test_a_config_path_that_names_no_file_is_one_line_and_writes_nothing(
+        shell, no_gpu, capsys, caplog, monkeypatch, tmp_path, value, what):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GPUMEM_NB_CONFIG", value)
+    with caplog.at_level(logging.WARNING, logger="gpumem_nb"):
+        mon = load(shell, capsys)
+    assert [r.getMessage() for r in caplog.records if r.name == "gpumem_nb"] == [
+        f"gpumem_nb: GPUMEM_NB_CONFIG {what} ({json.dumps(value)}): it must name a settings "
+        "file, for example ~/gpumem_nb.json; using none."]
+    with pytest.raises(UsageError) as e:
+        shell.run_line_magic("gpumem", "config --interval 2 --save")
+    assert str(e.value) == (f"GPUMEM_NB_CONFIG: {what} ({json.dumps(value)}): it must name a "
+                            "settings file, for example ~/gpumem_nb.json")
+    assert mon.config.interval_s == 0.5  # nothing changed
+    assert sorted(os.listdir(tmp_path)) == ["home"] and os.listdir(home) == []
+
+
+def test_a_config_path_under_tilde_is_the_home_directory(shell, no_gpu, capsys, monkeypatch,
+                                                         tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    os.mkdir("elsewhere")
+    monkeypatch.chdir("elsewhere")
+    monkeypatch.setenv("GPUMEM_NB_CONFIG", "~/gpumem.json")
+    load(shell, capsys)
+    shell.run_line_magic("gpumem", "config --interval 2 --save")
+    assert json.loads((tmp_path / "gpumem.json").read_text()) == {"interval_s": 2.0}
+    assert os.listdir(".") == []  # no directory named "~" here
+
+
+# -- a real kernel -------------------------------------------------------------------------------
+@pytest.mark.kernel
+def test_a_kernel_takes_gpumemnb_from_ipython_config_py(tmp_path):
+    from jupyter_client.manager import start_new_kernel
+
+    profile = tmp_path / "ipython" / "profile_default"
+    profile.mkdir(parents=True)
+    (profile / "ipython_config.py").write_text(
+        "c.GpumemNb.interval = 1.25\nc.GpumemNb.threshold = '128MiB'\n")
+    env = {**os.environ, "IPYTHONDIR": str(tmp_path / "ipython"),
+           "GPUMEM_NB_CONFIG": str(tmp_path / "none.json"),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    km, kc = start_new_kernel(kernel_name="python3", cwd=str(tmp_path), env=env)
+    try:
+        said: list[str] = []
+
+        def keep(msg: Any) -> None:
+            if msg["msg_type"] == "stream":
+                said.append(msg["content"]["text"])
+            elif msg["msg_type"] in ("execute_result", "display_data"):
+                said.append(msg["content"]["data"].get("text/plain", ""))
+
+        for code in ("%load_ext gpumem_nb", "%config GpumemNb",
+                     "%config GpumemNb.interval = 2", "%gpumem config"):
+            reply = kc.execute_interactive(code, timeout=60, output_hook=keep)
+            assert reply["content"]["status"] == "ok", reply["content"]
+        text = "".join(said)
+        assert "Current: 1.25" in text and "Current: 134217728" in text
+        assert re.search(r"interval +2 s", text) and re.search(r"threshold +128.00 MiB", text)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+@pytest.mark.kernel
+def test_a_kernel_answers_a_misspelt_subcommand_with_the_one_meant(tmp_path):
+    from jupyter_client.manager import start_new_kernel
+
+    env = {**os.environ, "GPUMEM_NB_CONFIG": str(tmp_path / "none.json"),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    km, kc = start_new_kernel(kernel_name="python3", cwd=str(tmp_path), env=env)
+    try:
+        kc.execute_interactive("%load_ext gpumem_nb", timeout=60, output_hook=lambda m: None)
+        reply = kc.execute_interactive("%gpumem histroy", timeout=60,
+                                       output_hook=lambda m: None)
+        content = reply["content"]
+        assert content["status"] == "error" and content["ename"] == "UsageError"
+        assert content["evalue"] == ("%gpumem has no subcommand 'histroy'; "
+                                     "did you mean 'history'?")
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

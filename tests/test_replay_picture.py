@@ -1,0 +1,52 @@
+"""The replay's picture, the one an untrusted notebook (or any viewer without the widget's
+JavaScript) shows, names what it plots: the recorded H200, with its total and headroom, as the
+live chart's header does; never this machine's "host RAM" (issue 27)."""
+
+from __future__ import annotations
+
+import base64
+import re
+from typing import Any
+
+from gpumem_nb.magics import current_monitor
+
+
+def picture_of(bundle: dict[str, str]) -> str:
+    src = re.search(r'src="data:image/svg\+xml;base64,([^"]+)"', bundle["text/html"])
+    assert src is not None, bundle["text/html"][:300]
+    return base64.b64decode(src.group(1)).decode()
+
+
+def test_the_replays_untrusted_picture_names_the_recorded_gpu_and_its_headroom(
+        shell: Any, no_gpu: Any, capsys: Any) -> None:
+    shell.run_cell("%load_ext gpumem_nb", store_history=True)
+    shell.run_cell("%gpumem watch --replay bundled", store_history=True)
+    mon = current_monitor(shell)
+    mon.replay.sampler.stop()  # before the first tick: the state a fresh display is in
+    bundle = mon.widget.plain_bundle()
+    svg = picture_of(bundle)
+    title = re.search(r"<title>([^<]*)</title>", svg)
+    assert title is not None and title.group(1).startswith(
+        "gpumem_nb chart: GPU 0 (NVIDIA H200)"), title
+    assert re.search(r"total 1\d\d\.\d GiB · headroom 1\d\d\.\d GiB", svg), svg[:2000]
+    assert bundle["image/svg+xml"] == svg
+    mon.replay.sampler.tick()
+    assert "NVIDIA H200" in mon.widget.header.value  # what the trusted view says
+
+
+def test_the_replays_table_is_where_its_picture_ends(shell: Any, no_gpu: Any, capsys: Any
+                                                     ) -> None:
+    """Quickstart 00's saved table read "0 B / 140.40 GiB" (the playback had barely begun)
+    under a picture of the whole recording, ending at 0.6 GiB."""
+    from gpumem_nb.units import format_bytes
+
+    shell.run_cell("%load_ext gpumem_nb", store_history=True)
+    shell.run_cell("%gpumem watch --replay bundled", store_history=True)
+    mon = current_monitor(shell)
+    mon.replay.sampler.stop()
+    mon.replay.sampler.tick()  # one reading played: the recording's first
+    end = mon.replay.source.recording[-1].devices[0].nvml
+    bundle = mon.widget.plain_bundle()
+    assert end.used_bytes > 0
+    assert f"{format_bytes(end.used_bytes)} / {format_bytes(end.total_bytes)}" in \
+        bundle["text/plain"], bundle["text/plain"]
