@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from gpumem_nb.holders import Scanner
+from gpumem_nb.model import Holder
 
-from .fakes import FakeTensor, GiB, fake_torch
+from .fakes import FakeTensor, GiB, MiB, fake_torch
 
 
 # -- holders the forward walk did not reach ------------------------------------------------------
@@ -80,3 +81,59 @@ def test_an_exceptions_context_is_followed_too():
     (h,) = Scanner({"torch": fake_torch()}).scan(ns)
     assert h.nbytes == 3 * GiB
     ns.clear()
+
+
+# -- cudaMallocAsync: the verdict and the split decided by conservation -----------------------
+def _generate_under_async() -> Any:
+    """The H200 row generate_batch_too_big under cudaMallocAsync (no OOM observer there):
+    97.35 GiB allocated at the failure (the message), 65.29 GiB now, the pool 138.97 GiB."""
+    from gpumem_nb.oom import OomFacts
+
+    return OomFacts(
+        device=0, requested_bytes=16 * GiB, total_bytes=int(139.80 * GiB),
+        free_bytes=31 * MiB, allowed_bytes=int(139.80 * GiB),
+        allocated_bytes=int(97.35 * GiB), reserved_bytes=int(138.97 * GiB),
+        backend="cudaMallocAsync", measured_at="after",
+        released_since_bytes=int(32.06 * GiB), computation_bytes=int(64.52 * GiB),
+        cell_bytes=int(96.56 * GiB), cell_start_bytes=int(0.79 * GiB))
+
+
+def test_under_cudamallocasync_a_computation_that_outgrew_the_whole_room_is_the_working_set():
+    # H200: "cached by the cudaMallocAsync pool" for a generate() that had allocated 96.5 GiB,
+    # because the pool's 41.6 GiB unused (what was free on the GPU included) was compared
+    # 4x against it. The native run of the same cell said "working set".
+    from gpumem_nb.oom import CAUSE_WORKING_SET, classify
+
+    causes = classify(_generate_under_async())
+    assert causes[0].kind == CAUSE_WORKING_SET
+    assert causes[0].covers
+
+
+def test_a_pool_that_would_serve_many_requests_stays_the_verdict():
+    from gpumem_nb.oom import OomFacts, classify
+    from gpumem_nb.oom.causes import CAUSE_POOL
+
+    f = OomFacts(device=0, requested_bytes=2 * GiB, total_bytes=140 * GiB, free_bytes=0,
+                 allocated_bytes=100 * GiB, reserved_bytes=139 * GiB,
+                 backend="cudaMallocAsync", measured_at="after", cell_bytes=60 * GiB)
+    assert classify(f)[0].kind == CAUSE_POOL  # 39 GiB unused: 19 more such requests
+
+
+def test_after_the_fact_what_the_unwinding_freed_is_the_failing_computation_not_not_found():
+    # H200: 32.06 GiB (33%) "not found": allocated at the failure, freed as generate()'s
+    # frames unwound, before the explanation (cudaMallocAsync has no OOM observer).
+    from dataclasses import replace
+
+    from gpumem_nb.oom.watch import explanation_ledger
+
+    f = _generate_under_async()
+    failed = Holder(name="traceback: generate() locals", kind="failed call",
+                    device="cuda:0", nbytes=int(64.52 * GiB))
+    model = Holder(name="model", kind="module", device="cuda:0", nbytes=int(0.77 * GiB))
+    led = explanation_ledger(f, [failed, model])
+    assert led is not None
+    assert led.computation_bytes == int(32.06 * GiB)
+    assert led.not_found_bytes <= 0.01 * led.allocated_bytes
+    # A replaced traceback could hold the freed bytes: then they are not claimed.
+    led = explanation_ledger(replace(f, previous_error="RuntimeError"), [failed, model])
+    assert led is not None and led.computation_bytes == 0

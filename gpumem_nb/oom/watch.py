@@ -691,6 +691,12 @@ def explanation_ledger(f: OomFacts, judged: Sequence[Holder]) -> Ledger | None:
     if f.measured_at == "failure":
         computation = cell_working_set_bytes(f, judged) or 0
         # What the running backward's inputs hold is listed among the holders already.
+    elif not f.previous_error:
+        # Explained after the fact: what was allocated at the failure and is free now was
+        # freed by the failing computation as its frames unwound (its temporaries); no other
+        # code ran in between, and no earlier traceback was replaced that could have held it.
+        # The failed call's locals are among the holders already (kind "failed call").
+        computation = f.released_since_bytes or 0
     pools = tuple((f"the pool of {pool_owner_text(p)}", p.allocated_bytes) for p in f.pools)
     return ledger(device, f.allocated_bytes,
                   [h for h in judged if h.device.startswith("cuda")], computation_bytes=computation,
