@@ -137,3 +137,62 @@ def test_after_the_fact_what_the_unwinding_freed_is_the_failing_computation_not_
     # A replaced traceback could hold the freed bytes: then they are not claimed.
     led = explanation_ledger(replace(f, previous_error="RuntimeError"), [failed, model])
     assert led is not None and led.computation_bytes == 0
+
+
+# -- cuBLAS's workspaces -------------------------------------------------------------------------
+def _block(size: int, state: str = "active_allocated", frames: Any = ()) -> dict[str, Any]:
+    return {"size": size, "requested_size": size, "state": state, "frames": list(frames)}
+
+
+def test_cublas_workspaces_are_named_in_the_ledger_from_the_snapshot_not_left_not_found():
+    # H200: 33 MiB (one stream) or 66 MiB "not found" on rows with little allocated, 100% of
+    # it: PyTorch's cuBLAS workspace (32 MiB on sm90) and cuBLASLt's (1 MiB), per stream.
+    from gpumem_nb.ledger import ledger, workspace_blocks_bytes
+
+    segments = [
+        {"device": 0, "segment_pool_id": (0, 0), "blocks": [_block(32 * MiB)]},
+        {"device": 0, "segment_pool_id": (0, 0), "blocks": [_block(MiB), _block(MiB, "inactive")]},
+        # A user's own 32 MiB tensor, allocated from Python, and one in a graph's pool.
+        {"device": 0, "segment_pool_id": (0, 0),
+         "blocks": [_block(32 * MiB, frames=[{"filename": "/nb/cell.py", "line": 3}])]},
+        {"device": 0, "segment_pool_id": (1, 0), "blocks": [_block(32 * MiB)]},
+        {"device": 1, "segment_pool_id": (0, 0), "blocks": [_block(32 * MiB)]},
+    ]
+    ws = workspace_blocks_bytes(segments, 0, frozenset({32 * MiB, MiB}))
+    assert ws == 33 * MiB
+    led = ledger("cuda:0", 33 * MiB, [], workspaces_bytes=ws)
+    assert led.not_found_bytes == 0 and not led.shows_not_found
+    assert "33.00 MiB cuBLAS workspaces" in led.line()
+    assert "_cuda_clearCublasWorkspaces" in led.line()
+
+
+def test_workspaces_never_claim_bytes_a_holder_already_accounts_for():
+    from gpumem_nb.ledger import ledger
+
+    h = Holder(name="x", kind="variable", device="cuda:0", nbytes=32 * MiB)
+    led = ledger("cuda:0", 40 * MiB, [h], workspaces_bytes=33 * MiB)
+    assert led.workspaces_bytes == 8 * MiB
+    assert led.attributed_bytes == 40 * MiB
+
+
+def test_workspace_sizes_follow_cublas_workspace_config_as_pytorch_parses_it():
+    from gpumem_nb.ledger import cublas_workspace_sizes
+
+    assert cublas_workspace_sizes({}) == {32 * MiB, 8 * MiB + 128 * 1024, MiB}
+    # ":4096:8" is 4096 KiB x 8 = 32 MiB; ":16:8" adds 128 KiB; cuBLASLt's stays 1 MiB.
+    assert cublas_workspace_sizes({"CUBLAS_WORKSPACE_CONFIG": ":4096:8:16:8"}) == {
+        32 * MiB + 128 * 1024, MiB}
+    assert cublas_workspace_sizes({"CUBLAS_WORKSPACE_CONFIG": ":16:8",
+                                   "CUBLASLT_WORKSPACE_SIZE": "4096"}) == {128 * 1024}
+
+
+def test_the_explanation_ledger_carries_the_snapshots_workspaces():
+    from dataclasses import replace
+
+    from gpumem_nb.oom.watch import explanation_ledger
+
+    f = replace(_generate_under_async(), backend="native", allocated_bytes=33 * MiB,
+                released_since_bytes=0, computation_bytes=0, cell_bytes=0,
+                workspaces_bytes=33 * MiB)
+    led = explanation_ledger(f, [])
+    assert led is not None and led.not_found_bytes == 0
