@@ -107,14 +107,21 @@ def ledger(device: str, allocated_bytes: int, holders: Iterable[Holder], *,
                   workspaces_bytes=max(min(workspaces_bytes, rest), 0))
 
 
-def ledgers_of(sample: Any, holders: Sequence[Holder]) -> tuple[Ledger, ...]:
-    """One ledger per GPU of a reading (``model.Sample``) with allocator figures."""
+def ledgers_of(sample: Any, holders: Sequence[Holder],
+               segments: Sequence[Mapping[str, Any]] | None = None) -> tuple[Ledger, ...]:
+    """One ledger per GPU of a reading (``model.Sample``) with allocator figures; with the
+    allocator's segments (``TorchSource.segments_snapshot``), cuBLAS's workspaces too."""
     out = []
     for d in getattr(sample, "devices", ()) or ():
         al = getattr(d, "allocator", None)
         if al is None or al.allocated_bytes is None:
             continue
-        out.append(ledger(f"cuda:{d.index}", int(al.allocated_bytes), holders))
+        try:
+            ws = workspace_blocks_bytes(segments or (), int(d.index))
+        except (TypeError, ValueError, AttributeError):  # segments of another shape
+            ws = 0
+        out.append(ledger(f"cuda:{d.index}", int(al.allocated_bytes), holders,
+                          workspaces_bytes=ws))
     return tuple(out)
 
 

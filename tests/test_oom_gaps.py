@@ -196,3 +196,28 @@ def test_the_explanation_ledger_carries_the_snapshots_workspaces():
                 workspaces_bytes=33 * MiB)
     led = explanation_ledger(f, [])
     assert led is not None and led.not_found_bytes == 0
+
+
+def test_who_and_the_dry_runs_ledgers_name_the_workspaces_from_the_segments():
+    from types import SimpleNamespace
+
+    from gpumem_nb.ledger import ledgers_of
+
+    al = SimpleNamespace(allocated_bytes=33 * MiB)
+    sample = SimpleNamespace(devices=[SimpleNamespace(index=0, allocator=al)])
+    segments = [{"device": 0, "blocks": [_block(32 * MiB), _block(MiB)]}]
+    (without,) = ledgers_of(sample, [])
+    assert without.not_found_bytes == 33 * MiB
+    (led,) = ledgers_of(sample, [], segments)
+    assert led.workspaces_bytes == 33 * MiB and led.not_found_bytes == 0
+
+
+def test_reading_the_segments_for_the_ledger_never_starts_cuda():
+    from gpumem_nb.cleanup import allocator_segments
+
+    from .fakes import FakeCuda
+
+    cuda = FakeCuda()
+    assert allocator_segments({"torch": fake_torch(cuda)}) is None
+    assert not cuda.initialized
+    assert not any("snapshot" in c for c in cuda.calls)
