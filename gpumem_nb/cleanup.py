@@ -590,7 +590,19 @@ def _estimate(request: CleanupRequest, names: list[str], shell: Any,
         steps.append(StepResult("empty_cache", cache.did(), freed_reserved_bytes=cache.nbytes,
                                 brief=cache.brief()))
     return CleanupReport(steps=tuple(steps), before=first, after=first, dry_run=True,
-                         ledgers=ledgers_of(sample, holders))
+                         ledgers=ledgers_of(sample, holders, allocator_segments(mods)))
+
+
+def allocator_segments(mods: Mapping[str, Any] | None = None) -> list[dict[str, Any]] | None:
+    """The allocator's segments for the ledger's cuBLAS workspaces, or None: never starts
+    CUDA, and under cudaMallocAsync there are none."""
+    torch = TorchDebug(sys.modules if mods is None else mods)
+    if not torch.initialized:
+        return None
+    try:
+        return torch.segments_snapshot()[0]
+    except Exception:
+        return None
 
 
 def _cache_estimate(sample: Sample | None,

@@ -114,6 +114,22 @@ def _is_atom(obj: Any) -> bool:
     return issubclass(t, _ATOMS)
 
 
+# What a class's namespace holds that is no state of its own: methods and descriptors.
+_CLASS_MEMBERS = (types.FunctionType, staticmethod, classmethod, property,
+                  types.MemberDescriptorType, types.GetSetDescriptorType)
+
+
+def _user_class(klass: type) -> bool:
+    """A class the user defined (in a notebook cell or a script: ``__main__``), whose own
+    namespace may keep state; a library's classes are not entered (their class attributes
+    are configuration, and a scan would walk every library's namespaces)."""
+    try:
+        ns = type.__dict__["__dict__"].__get__(klass)
+        return ns.get("__module__") == "__main__"
+    except Exception:
+        return False
+
+
 def _is_a(obj: Any, cls: Any) -> bool:
     """``isinstance`` by the object's real type: ``isinstance`` also asks ``obj.__class__``,
     which a proxy may answer by raising."""
@@ -400,6 +416,28 @@ class Scanner:
                 continue
             yield from self._tensors_in(value, _CONTAINER_DEPTH, (*path, f".{name}"),
                                         objdepth - 1)
+        if userexc.is_exception(obj):
+            # An exception kept in a variable keeps its traceback's frames, and their locals
+            # (issue 24: `except E as e: err = e`); its cause and context chain on. Read
+            # through C descriptors (userexc), never the exception's own code.
+            for tb_name, frame_locals in _frames([obj]):
+                yield from self._items_in(frame_locals, _CONTAINER_DEPTH,
+                                          (*path, f" {tb_name}"), objdepth - 1)
+        klass = type(obj)
+        if _user_class(klass) and self._enter(klass):
+            # A class-level attribute (`class C: cache = []`) is reachable from every
+            # instance through its type; entered once per scan, from the first instance.
+            try:
+                ns = type.__dict__["__dict__"].__get__(klass)
+            except Exception:
+                ns = {}
+            for name, value in list(ns.items()):
+                if not isinstance(name, str) or name.startswith("__") or \
+                        type(value) in _ATOM_TYPES or isinstance(value, _CLASS_MEMBERS):
+                    continue
+                yield from self._tensors_in(value, _CONTAINER_DEPTH,
+                                            (*path, f" class {klass.__name__}.{name}"),
+                                            objdepth - 1)
 
     def _grad_of(self, t: Any) -> Any:
         try:

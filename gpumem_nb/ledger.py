@@ -7,13 +7,18 @@ from the same holder scan (``holders.Scanner``, which gives each storage to one 
 - what their autograd graphs keep (saved tensors nothing listed holds);
 - the failing computation (at an OOM: what the failing cell allocated and no holder keeps);
 - the tensors in each memory pool other than the default (CUDA graphs, MemPool);
+- cuBLAS's workspaces, which ATen caches per (handle, stream) in the caching allocator
+  (``workspace_blocks_bytes``): found in the allocator's snapshot, never by a size alone;
 - "not found": the rest. A lower bound on nothing: where a walk was cut, the holders' figures
   are lower bounds and "not found" may be theirs, which is said, and it is never a cause.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import contextlib
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +38,7 @@ class Ledger:
     computation_bytes: int = 0
     pools: tuple[tuple[str, int], ...] = ()  # (label, allocated bytes in it)
     capped: bool = False  # a walk was cut: holder figures are lower bounds
+    workspaces_bytes: int = 0  # cuBLAS / cuBLASLt workspaces (workspace_blocks_bytes)
 
     @property
     def pools_bytes(self) -> int:
@@ -41,7 +47,7 @@ class Ledger:
     @property
     def attributed_bytes(self) -> int:
         return min(self.holders_bytes + self.graphs_bytes + self.computation_bytes
-                   + self.pools_bytes, self.allocated_bytes)
+                   + self.pools_bytes + self.workspaces_bytes, self.allocated_bytes)
 
     @property
     def not_found_bytes(self) -> int:
@@ -59,6 +65,10 @@ class Ledger:
         if self.computation_bytes:
             parts.append(f"{format_bytes(self.computation_bytes)} the failing computation")
         parts += [f"{format_bytes(n)} in {label}" for label, n in self.pools if n]
+        if self.workspaces_bytes:
+            parts.append(f"{format_bytes(self.workspaces_bytes)} cuBLAS workspaces "
+                         "(torch._C._cuda_clearCublasWorkspaces() frees them until the next "
+                         "matmul)")
         text = (f"Of {format_bytes(self.allocated_bytes)} allocated on {self.device}: "
                 + ", ".join(parts))
         if self.shows_not_found:
@@ -75,7 +85,8 @@ def on_device(h: Holder, device: str) -> bool:
 
 
 def ledger(device: str, allocated_bytes: int, holders: Iterable[Holder], *,
-           computation_bytes: int = 0, pools: Sequence[tuple[str, int]] = ()) -> Ledger:
+           computation_bytes: int = 0, pools: Sequence[tuple[str, int]] = (),
+           workspaces_bytes: int = 0) -> Ledger:
     """The split of ``allocated_bytes`` on ``device`` among these holders (each storage is in
     one holder already: the scan attributes it once)."""
     own = graphs = 0
@@ -87,17 +98,81 @@ def ledger(device: str, allocated_bytes: int, holders: Iterable[Holder], *,
         graphs += h.graph_bytes or 0
         capped = capped or h.walk_capped or h.graph_bytes_capped or bool(h.graph_unsized) \
             or (h.holds_graph and h.graph_bytes is None)
+    # Workspaces claim only what nothing else accounts for: a block of a workspace's size
+    # that a holder's tensor owns is counted once, as the holder's.
+    rest = allocated_bytes - own - graphs - computation_bytes - sum(n for _, n in pools)
     return Ledger(device=device, allocated_bytes=allocated_bytes, holders_bytes=own,
                   graphs_bytes=graphs, computation_bytes=computation_bytes,
-                  pools=tuple(pools), capped=capped)
+                  pools=tuple(pools), capped=capped,
+                  workspaces_bytes=max(min(workspaces_bytes, rest), 0))
 
 
-def ledgers_of(sample: Any, holders: Sequence[Holder]) -> tuple[Ledger, ...]:
-    """One ledger per GPU of a reading (``model.Sample``) with allocator figures."""
+def ledgers_of(sample: Any, holders: Sequence[Holder],
+               segments: Sequence[Mapping[str, Any]] | None = None) -> tuple[Ledger, ...]:
+    """One ledger per GPU of a reading (``model.Sample``) with allocator figures; with the
+    allocator's segments (``TorchSource.segments_snapshot``), cuBLAS's workspaces too."""
     out = []
     for d in getattr(sample, "devices", ()) or ():
         al = getattr(d, "allocator", None)
         if al is None or al.allocated_bytes is None:
             continue
-        out.append(ledger(f"cuda:{d.index}", int(al.allocated_bytes), holders))
+        try:
+            ws = workspace_blocks_bytes(segments or (), int(d.index))
+        except (TypeError, ValueError, AttributeError):  # segments of another shape
+            ws = 0
+        out.append(ledger(f"cuda:{d.index}", int(al.allocated_bytes), holders,
+                          workspaces_bytes=ws))
     return tuple(out)
+
+
+# PyTorch's sizes (aten/src/ATen/cuda/CublasHandlePool.cpp): cuBLAS's workspace is
+# CUBLAS_WORKSPACE_CONFIG's ":SIZE_KiB:COUNT" pairs summed, else 32 MiB on Hopper (sm90) and
+# 4096 KiB x 2 + 16 KiB x 8 elsewhere; cuBLASLt's is CUBLASLT_WORKSPACE_SIZE KiB, else 1 MiB,
+# at most cuBLAS's. Each is allocated from the caching allocator, once per (handle, stream),
+# and kept until torch._C._cuda_clearCublasWorkspaces().
+_CUBLAS_DEFAULTS_BYTES = (4096 * 8 * 1024, 4096 * 1024 * 2 + 16 * 1024 * 8)
+_CUBLASLT_DEFAULT_BYTES = 1024 * 1024
+
+
+def cublas_workspace_sizes(env: Mapping[str, str] | None = None) -> frozenset[int]:
+    """The sizes a cuBLAS or cuBLASLt workspace block can have in this process."""
+    env = os.environ if env is None else env
+    cublas: tuple[int, ...] = _CUBLAS_DEFAULTS_BYTES
+    config = env.get("CUBLAS_WORKSPACE_CONFIG")
+    if config:
+        pairs = re.findall(r":([0-9]+):([0-9]+)", config)
+        if pairs:
+            cublas = (sum(int(a) * 1024 * int(b) for a, b in pairs),)
+    lt = _CUBLASLT_DEFAULT_BYTES
+    with_lt = env.get("CUBLASLT_WORKSPACE_SIZE")
+    if with_lt:
+        with contextlib.suppress(ValueError):
+            lt = int(with_lt) * 1024
+    return frozenset([*cublas, *(min(lt, c) for c in cublas)])
+
+
+def workspace_blocks_bytes(segments: Iterable[Mapping[str, Any]], device: int,
+                           sizes: frozenset[int] | None = None) -> int:
+    """The bytes of the allocator's live blocks that are cuBLAS workspaces, from a snapshot's
+    segments: blocks in the default pool whose requested size is exactly a workspace's
+    (``cublas_workspace_sizes``) and, where history was recorded, allocated with no Python
+    frame (ATen allocates them from C++, inside the first matmul on a stream). The ledger
+    counts them only within what no holder accounts for."""
+    sizes = cublas_workspace_sizes() if sizes is None else sizes
+    total = 0
+    for seg in segments:
+        if seg.get("device", device) != device or \
+                tuple(seg.get("segment_pool_id", (0, 0)) or (0, 0)) != (0, 0):
+            continue
+        for b in seg.get("blocks", ()) or ():
+            if b.get("state") != "active_allocated":
+                continue
+            requested = b.get("requested_size", b.get("size"))
+            if requested not in sizes:
+                continue
+            frames = b.get("frames") or ()
+            if any(str(fr.get("filename", "")).endswith(".py") for fr in frames
+                   if isinstance(fr, Mapping)):
+                continue  # allocated from Python: a tensor of that size, not a workspace
+            total += int(b.get("size", requested) or 0)
+    return total

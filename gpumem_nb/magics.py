@@ -438,7 +438,7 @@ class GpumemMagics(Magics):
             raise UsageError("-n must be a positive number of holders")
         holders = self.monitor.scan(include_gc=args.gc)
         try:
-            ledgers = ledgers_of(self.monitor.read_hot(), holders)
+            ledgers = ledgers_of(self.monitor.read_hot(), holders, cleanup.allocator_segments())
         except Exception:  # a reading that fails leaves the table as it is
             ledgers = ()
         report = WhoReport(holders[: args.n], total=len(holders), ledgers=ledgers)

@@ -370,8 +370,9 @@ def test_who_gc_follows_an_exception_kept_in_a_variable_to_its_frames_locals():
     except RuntimeError as caught:
         ns = {"err": caught}
     found = Scanner({"torch": fake_torch()}).scan(ns, include_gc=True)
+    # The forward walk reaches it now (tests/test_oom_gaps.py): the variable is its holder.
     (name,) = [h.name for h in found if h.nbytes == 6 * GiB]
-    assert name.startswith("found through the garbage collector: err") and "step() locals" in name
+    assert name == "err"
     ns.clear()
 
 

@@ -146,8 +146,14 @@ def classify(facts: OomFacts, holders: Sequence[Holder] = ()) -> tuple[Cause, ..
         # whatever the cell made before (20 GiB in 1 GiB holes against a 2 GiB request). The
         # cell's bytes are not proof of a growing computation anyway: its start is the last
         # reading before it, so what ran between cells after that reading counts as its own.
+        #
+        # The scale is the whole room the allocator had at the failure (``_room_bytes``), not
+        # the stranded bytes alone: under cudaMallocAsync the pool's unused bytes also hold
+        # what was free on the GPU (the pool keeps what it grew trying the failed request),
+        # so only the room, free and stranded together, counts the same bytes on every
+        # backend (H200, generate_batch_too_big: 96.5 GiB grown against a 41.6 GiB pool).
         causes = [_demoted(c, f) if c.kind in (CAUSE_FRAGMENTATION, CAUSE_POOL) and c.covers
-                  and grown >= _DWARFS * (c.nbytes or 0)
+                  and grown >= min(_DWARFS * (c.nbytes or 0), _room_bytes(f, c))
                   and _requests_served(f, c) < _DWARFS else c for c in causes]
     working = _dominant_working_set(f, causes, holders, need)
     if working is not None:
@@ -182,7 +188,11 @@ def _dominant_working_set(f: OomFacts, causes: Sequence[Cause], holders: Sequenc
         return None
     biggest = max(causes, key=lambda c: c.nbytes or 0, default=None)
     other = (biggest.nbytes or 0) if biggest is not None else 0
-    if working < _DWARFS * other:
+    # Stranded bytes already judged against the computation (demoted: usable, they would let
+    # only a few more requests through) are no rival to it.
+    rival = max((c.nbytes or 0 for c in causes
+                 if c.covers or c.kind not in (CAUSE_FRAGMENTATION, CAUSE_POOL)), default=0)
+    if working < _DWARFS * rival:
         return None
     gpu = (f" ({working / f.total_bytes:.0%} of the GPU's {format_bytes(f.total_bytes)})"
            if f.total_bytes else "")
@@ -203,12 +213,17 @@ def _dominant_working_set(f: OomFacts, causes: Sequence[Cause], holders: Sequenc
         covers=True)
 
 
+def _room_bytes(f: OomFacts, stranded: Cause) -> int:
+    """The room the allocator had at the failure were the stranded bytes usable: what CUDA
+    had free plus those bytes (under cudaMallocAsync the headroom already counts the pool's
+    unused bytes)."""
+    return (f.headroom_bytes or 0) + (0 if f.pool_reuses_unallocated else stranded.nbytes or 0)
+
+
 def _requests_served(f: OomFacts, stranded: Cause) -> int:
     """How many requests of the failing size the stranded bytes, were they usable, and the
-    room the allocator had besides would have served (under cudaMallocAsync that room
-    already counts the pool's unused bytes)."""
-    room = (f.headroom_bytes or 0) + (0 if f.pool_reuses_unallocated else stranded.nbytes or 0)
-    return room // max(f.requested_bytes or 0, 1)
+    room the allocator had besides would have served."""
+    return _room_bytes(f, stranded) // max(f.requested_bytes or 0, 1)
 
 
 def _demoted(c: Cause, f: OomFacts) -> Cause:

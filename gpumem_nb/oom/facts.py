@@ -104,6 +104,8 @@ class OomFacts:
     walk_capped: bool = False
     # Where it failed, from the traceback's frames (site.py).
     site: Any = None
+    # cuBLAS workspaces among the allocated bytes, from the allocator's snapshot (ledger.py).
+    workspaces_bytes: int = 0
 
     @property
     def pools_free_bytes(self) -> int:

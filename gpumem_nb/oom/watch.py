@@ -19,7 +19,7 @@ from .. import userexc
 from ..cleanup import CleanupReport, CleanupRequest
 from ..errtext import error_str
 from ..holders import exception_chain, last_value
-from ..ledger import Ledger, ledger
+from ..ledger import Ledger, ledger, workspace_blocks_bytes
 from ..model import (
     AllocatorReading,
     CellStart,
@@ -103,6 +103,7 @@ class OomEvent:
     grad_enabled: bool | None = None  # on the allocating thread (a backward runs on its own)
     cell: CellStart | None = None
     pools: tuple[PoolUse, ...] = ()
+    workspaces_bytes: int = 0  # cuBLAS workspaces in the snapshot at the failure
     cost_s: float = 0.0
     stage_s: dict[str, float] = field(default_factory=dict)
 
@@ -240,6 +241,8 @@ class OomWatch:
                     _segment_facts(snap, device)
                 event.pools = self._named_pools(pools_in(snap.get("segments", ()), device,
                                                          _graph_trees_loaded()))
+                event.workspaces_bytes = workspace_blocks_bytes(snap.get("segments", ()),
+                                                                device)
             event.stage_s["observer_segments"] = self.clock() - t
         event.cost_s = self.clock() - t0
         self.events.append(event)
@@ -253,6 +256,16 @@ class OomWatch:
         except Exception:
             return ()
         return self._named_pools(pools_in(segs or (), device, _graph_trees_loaded()))
+
+    def _workspaces_now(self, device: int, backend: str) -> int:
+        """cuBLAS's workspaces after the failure (ATen keeps them per handle and stream)."""
+        if backend == "cudaMallocAsync":
+            return 0  # no segments to read them from: they stay "not found"
+        try:
+            segs, _ = self.torch.segments_snapshot()
+        except Exception:
+            return 0
+        return workspace_blocks_bytes(segs or (), device)
 
     def _named_pools(self, pools: tuple[PoolUse, ...]) -> tuple[PoolUse, ...]:
         """Each pool with the user variable that owns it, where one is found at the top of
@@ -501,7 +514,7 @@ class OomWatch:
             expandable_segments=self._expandable(ev.expandable_segments),
             largest_free_block_bytes=ev.largest_free_block_bytes,
             private_pool_bytes=msg.private_pool_bytes, measured_at="failure", pools=ev.pools,
-            walk_capped=_capped(holders),
+            walk_capped=_capped(holders), workspaces_bytes=ev.workspaces_bytes,
             grad_enabled=ev.grad_enabled, idle_process_bytes=self._idle_bytes(ev.device),
             **_cell_facts(ev.cell, r.allocated_bytes if r else msg.allocated_bytes))
         stages = {"observer": ev.cost_s}
@@ -568,6 +581,7 @@ class OomWatch:
             unreachable_bytes=unreachable, previous_error=previous_error,
             computation_bytes=computation, grad_enabled=grad, walk_capped=_capped(holders),
             pools=self._pools_now(device, backend),
+            workspaces_bytes=self._workspaces_now(device, backend),
             idle_process_bytes=self._idle_bytes(device),
             **_cell_facts(self._cell_start(device), allocated))
         why = f"OOM observer {self.observer_status}" \
@@ -691,10 +705,16 @@ def explanation_ledger(f: OomFacts, judged: Sequence[Holder]) -> Ledger | None:
     if f.measured_at == "failure":
         computation = cell_working_set_bytes(f, judged) or 0
         # What the running backward's inputs hold is listed among the holders already.
+    elif not f.previous_error:
+        # Explained after the fact: what was allocated at the failure and is free now was
+        # freed by the failing computation as its frames unwound (its temporaries); no other
+        # code ran in between, and no earlier traceback was replaced that could have held it.
+        # The failed call's locals are among the holders already (kind "failed call").
+        computation = f.released_since_bytes or 0
     pools = tuple((f"the pool of {pool_owner_text(p)}", p.allocated_bytes) for p in f.pools)
     return ledger(device, f.allocated_bytes,
                   [h for h in judged if h.device.startswith("cuda")], computation_bytes=computation,
-                  pools=pools)
+                  pools=pools, workspaces_bytes=f.workspaces_bytes)
 
 
 def _graph_trees_loaded() -> bool:
