@@ -312,3 +312,42 @@ def test_a_long_conf_value_is_quoted_once(loaded):
     with pytest.raises(UsageError) as e:
         loaded.run_line_magic("gpumem", "whatif --conf max_split_size_mb:" + "9" * 300)
     assert str(e.value).count("'99999") == 1
+
+
+# Each of these files is a few kilobytes; before they were bounded, the first replayed 3M
+# entries past the bound, the second read the start's blocks 200,000 x 200,000 times (hours),
+# the third built 18M entries (32 s, 3.5 GB) before anything was counted.
+_ENTRY = {"action": "alloc", "addr": 1 << 40, "size": 1 << 20, "stream": 0, "time_us": 1.0}
+_BLOCK = {"address": 1 << 40, "size": 512, "state": "inactive"}
+_SEGMENT = {"device": 0, "address": 1 << 40, "total_size": 1 << 30, "stream": 0,
+            "blocks": [_BLOCK] * 200_000}
+_COLUMNS = {k: ["alloc" if k == "action" else 1] * 900_000
+            for k in ("action", "addr", "size", "stream", "time_us")}
+
+
+@pytest.mark.parametrize("bomb, words", [
+    ({"segments": [], "device_traces": [[] for _ in range(1024)] + [[_ENTRY] * 3_000_000]},
+     "GPUs"),
+    ({"segments": [], "device_traces": [[_ENTRY]],
+      "gpumem_start": {"segments": [_SEGMENT] * 200_000}}, "segments and blocks"),
+    ({"segments": [], "device_traces": [[_ENTRY]],
+      "gpumem_start": {"segments": [{**_SEGMENT, "blocks": [_BLOCK] * 1_500_000}]}},
+     "segments and blocks"),
+    ({"format": "gpumem-whatif-trace/1", "segments": [],
+      "device_traces_columns": [{}] * 1024 + [_COLUMNS] * 20}, "GPUs"),
+    ({"format": "gpumem-whatif-trace/1", "segments": [],
+      "device_traces_columns": [_COLUMNS] * 20}, "history entries"),
+], ids=["a-gpu-past-the-1024th", "start-segments-shared", "start-blocks",
+        "columns-past-the-1024th", "columns-summed"])
+def test_shared_references_anywhere_the_replay_reads_are_refused_in_bounded_time(
+        tmp_path, bomb, words):
+    import time
+
+    path = tmp_path / "bomb.pickle.gz"
+    path.write_bytes(gzip.compress(pickle.dumps(bomb, protocol=4)))
+    assert path.stat().st_size < 100_000
+    t0 = time.process_time()
+    with pytest.raises(w.SnapshotError) as e:
+        gpumem_nb.whatif(str(path), [""])
+    assert words in str(e.value) and "\n" not in str(e.value)
+    assert time.process_time() - t0 < 5  # refused once counted, not after reading it all

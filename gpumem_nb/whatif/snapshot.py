@@ -35,7 +35,8 @@ MAX_SNAPSHOT_BYTES = 1 << 30  # memory_viz itself gives up on snapshots around 1
 # held 2M entries and took 14-125 s to replay, a 20 MB one 66 s and 1 GB. The replay reads
 # each entry and block, so their counts are bounded, not the file's size alone.
 MAX_HISTORY_ENTRIES = 1_000_000  # about 1.2 s to replay per setting here
-MAX_BLOCKS = 1_000_000
+MAX_BLOCKS = 1_000_000  # the end's and the recorded start's segments, with their blocks
+MAX_DEVICES = 1024  # GPUs one snapshot may name: far more than one process drives
 START_KEY = "gpumem_start"  # what %%gpumem --trace adds to the snapshot it keeps or saves
 SESSION_KEY = "gpumem_session"  # what %gpumem record adds: the session's start and drops
 COMPACT_FORMAT = "gpumem-whatif-trace/1"
@@ -119,26 +120,35 @@ def load(source: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
 
 def _check_bounds(obj: Mapping[str, Any], name: str) -> None:
     """Refuse, in one sentence, a file that holds more entries or blocks than a replay
-    should read (counted by their lists' lengths: nothing is walked)."""
+    should read (counted by their lists' lengths: nothing is walked). Every list the
+    what-if reads is counted: a GPU's history past the first 1024 and the recorded start's
+    segments are as cheap to share as the first GPU's entries."""
     traces = obj.get("device_traces")
     cols = obj.get("device_traces_columns")
-    entries = sum(len(t) for t in traces[:1024] if isinstance(t, list)) \
+    for lists in (traces, cols):
+        if isinstance(lists, list) and len(lists) > MAX_DEVICES:
+            raise SnapshotError(f"{name} holds histories for {len(lists)} GPUs, more than "
+                                f"the {MAX_DEVICES} a what-if reads: not a snapshot "
+                                "of one process")
+    entries = sum(len(t) for t in traces if isinstance(t, list)) \
         if isinstance(traces, list) else 0
     if isinstance(cols, list):
         entries += sum(max((len(v) for v in c.values() if isinstance(v, list)), default=0)
-                       for c in cols[:1024] if isinstance(c, Mapping))
+                       for c in cols if isinstance(c, Mapping))
     if entries > MAX_HISTORY_ENTRIES:
         raise SnapshotError(f"{name} holds {entries} history entries, more than the "
                             f"{MAX_HISTORY_ENTRIES} a what-if replays: record fewer "
                             "(_record_memory_history's max_entries)")
+    start = obj.get(START_KEY)
     blocks = 0
-    segments = obj.get("segments")
-    for seg in segments if isinstance(segments, list) else ():
-        b = seg.get("blocks") if isinstance(seg, Mapping) else None
-        blocks += len(b) + 1 if isinstance(b, list) else 1
-        if blocks > MAX_BLOCKS:
-            raise SnapshotError(f"{name} holds more than {MAX_BLOCKS} segments and blocks: "
-                                "too many for a what-if to read")
+    for segments in (obj.get("segments"),
+                     start.get("segments") if isinstance(start, Mapping) else None):
+        for seg in segments if isinstance(segments, list) else ():
+            b = seg.get("blocks") if isinstance(seg, Mapping) else None
+            blocks += len(b) + 1 if isinstance(b, list) else 1
+            if blocks > MAX_BLOCKS:
+                raise SnapshotError(f"{name} holds more than {MAX_BLOCKS} segments and "
+                                    "blocks: too many for a what-if to read")
 
 
 @dataclass(frozen=True)
