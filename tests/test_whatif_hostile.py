@@ -351,3 +351,29 @@ def test_shared_references_anywhere_the_replay_reads_are_refused_in_bounded_time
         gpumem_nb.whatif(str(path), [""])
     assert words in str(e.value) and "\n" not in str(e.value)
     assert time.process_time() - t0 < 5  # refused once counted, not after reading it all
+
+
+def _empty_dicts_pickle(n: int, *, one_frame: bool = False) -> bytes:
+    """``{"device_traces": [[{}, {}, ...]]}``: one byte of file per dict of 64 bytes."""
+    body = b"}\x94\x8c\x0ddevice_traces\x94]\x94]\x94(" + b"}" * n + b"eas."
+    if one_frame:  # what a bomb declares to be read at once, past any check between reads
+        return b"\x80\x04\x95" + len(body).to_bytes(8, "little") + body
+    return b"\x80\x04" + body
+
+
+@pytest.mark.parametrize("one_frame", [False, True], ids=["opcodes", "one-frame"])
+def test_a_pickle_of_empty_objects_is_refused_before_it_fills_the_memory(tmp_path, one_frame):
+    # 30 MB of EMPTY_DICT opcodes, 30 KB gzip'd: 2 GB once unpickled, before anything could
+    # be counted (50 MB made 4.3 GB; the 1 GiB the size cap allows would be 70 GB).
+    import time
+
+    path = tmp_path / "dicts.pickle.gz"
+    path.write_bytes(gzip.compress(_empty_dicts_pickle(30_000_000, one_frame=one_frame)))
+    assert path.stat().st_size < 100_000
+    t0 = time.process_time()
+    with pytest.raises(w.SnapshotError) as e:
+        gpumem_nb.whatif(str(path), [""])
+    msg = str(e.value)
+    assert "is refused" in msg and "\n" not in msg
+    assert ("MiB of memory" in msg) if not one_frame else ("bytes at once" in msg)
+    assert time.process_time() - t0 < 5

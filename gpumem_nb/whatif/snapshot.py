@@ -43,7 +43,73 @@ COMPACT_FORMAT = "gpumem-whatif-trace/1"
 _KEEP = ("action", "addr", "size", "stream", "time_us")
 _MIN_BLOCK = 512  # kMinBlockSize
 _GZIP_CHUNK = 1 << 20
+# The unpickler builds the whole object before anything can be counted, and a byte of the
+# file can make an object: 50 MB of EMPTY_DICT opcodes (50 KB gzip'd) made 4.3 GB. So the
+# unpickler reads through ``_Watched``, which refuses once this process has grown past what
+# any snapshot within the entry bound needs (100,000 entries with 29 frames each: 18 MB in
+# the file, about 100 MB in memory), or grows far faster than the bytes it has read.
+MAX_GROWTH_BYTES = 2 << 30  # 1,000,000 such entries: 178 MB of file, 0.7 GB
+MAX_GROWTH_RATIO = 16  # a real snapshot: about 4 bytes of memory per byte of file
+_GROWTH_FLOOR_BYTES = 512 << 20  # below it, the ratio is not judged (the start's noise)
+_MAX_READ_BYTES = 8 << 20  # pickle writes 64 KB frames: one read past this is no snapshot
 _LEADING_SPACE = re.compile(rb"\s*")
+
+
+class _Expands(Exception):
+    """The pickle grows memory past ``_Watched``'s bounds."""
+
+
+class _Watched:
+    """The file as the C unpickler reads it: through ``peek`` it asks for 128 KB at a time
+    and for a frame at once, so each call is where the memory built so far is checked."""
+
+    def __init__(self, data: bytes) -> None:
+        from ..sources.host import HostSource
+
+        self._view = memoryview(data)
+        self._pos = 0
+        self._host = HostSource()
+        self._rss0 = self._host.rss_bytes()
+
+    def _check(self, n: int) -> None:
+        if n > _MAX_READ_BYTES:
+            raise _Expands(f"it asks for {n} bytes at once (a frame or string far larger "
+                           "than pickle writes for a snapshot)")
+        rss, rss0 = self._host.rss_bytes(), self._rss0
+        if rss is None or rss0 is None:
+            return
+        grown = rss - rss0
+        if grown > MAX_GROWTH_BYTES or (grown > _GROWTH_FLOOR_BYTES
+                                        and grown > MAX_GROWTH_RATIO * self._pos):
+            raise _Expands(f"unpickling its first {self._pos} bytes took {grown >> 20} MiB "
+                           "of memory (shared references or empty objects expand)")
+
+    def read(self, n: int = -1) -> bytes:
+        n = len(self._view) - self._pos if n is None or n < 0 else n
+        self._check(n)
+        out = bytes(self._view[self._pos:self._pos + n])
+        self._pos += len(out)
+        return out
+
+    def readinto(self, buf: Any) -> int:
+        self._check(len(buf))
+        out = self._view[self._pos:self._pos + len(buf)]
+        buf[:len(out)] = out
+        self._pos += len(out)
+        return len(out)
+
+    def peek(self, n: int = 1) -> bytes:
+        self._check(0)
+        return bytes(self._view[self._pos:self._pos + max(n, 1)])
+
+    def readline(self) -> bytes:
+        end = bytes(self._view[self._pos:self._pos + _MAX_READ_BYTES]).find(b"\n")
+        n = (end + 1) if end >= 0 else min(len(self._view) - self._pos, _MAX_READ_BYTES + 1)
+        return self.read(n)
+
+    def close(self) -> None:
+        self._host.close()
+        self._view.release()
 
 
 class SnapshotError(ValueError):
@@ -106,7 +172,13 @@ def load(source: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
         if text[lead.end() if lead else 0:][:1] in (b"{", b"["):
             obj = json.loads(text)
         else:
-            obj = _DataOnlyUnpickler(io.BytesIO(data)).load()
+            watched = _Watched(data)
+            try:
+                obj = _DataOnlyUnpickler(watched).load()
+            finally:
+                watched.close()
+    except _Expands as e:
+        raise SnapshotError(f"{_shown(source)} is refused: {e}") from None
     except Exception as e:  # junk makes the unpickler raise nearly anything
         why = " ".join(str(e).split())  # the unpickler's text runs over lines
         raise SnapshotError(f"{_shown(source)} is not a memory snapshot: "
