@@ -377,3 +377,16 @@ def test_a_pickle_of_empty_objects_is_refused_before_it_fills_the_memory(tmp_pat
     assert "is refused" in msg and "\n" not in msg
     assert ("MiB of memory" in msg) if not one_frame else ("bytes at once" in msg)
     assert time.process_time() - t0 < 5
+
+
+def test_a_json_file_of_empty_objects_is_refused_before_it_is_parsed(tmp_path):
+    # 3 bytes of file, 72 of memory each: 60 MB of "{}," made 1.5 GB (1 GiB: 26 GB).
+    import time
+
+    path = tmp_path / "dicts.json.gz"
+    path.write_bytes(gzip.compress(b'{"segments": [], "device_traces": [['
+                                   + b"{}," * 20_000_000 + b"{}]]}"))
+    t0 = time.process_time()
+    with pytest.raises(w.SnapshotError, match="is refused: it holds 20000005 JSON objects"):
+        gpumem_nb.whatif(str(path), [""])
+    assert time.process_time() - t0 < 2

@@ -52,6 +52,9 @@ MAX_GROWTH_BYTES = 2 << 30  # 1,000,000 such entries: 178 MB of file, 0.7 GB
 MAX_GROWTH_RATIO = 16  # a real snapshot: about 4 bytes of memory per byte of file
 _GROWTH_FLOOR_BYTES = 512 << 20  # below it, the ratio is not judged (the start's noise)
 _MAX_READ_BYTES = 8 << 20  # pickle writes 64 KB frames: one read past this is no snapshot
+# JSON shares nothing, but "{}," is 3 bytes of file and 72 of memory: its objects and lists
+# are counted (an upper bound: brackets inside strings count too) before it is parsed.
+MAX_JSON_CONTAINERS = 8_000_000  # 100,000 entries with 29 frames each, as JSON: 3.1M
 _LEADING_SPACE = re.compile(rb"\s*")
 
 
@@ -170,6 +173,10 @@ def load(source: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
         text = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 BOM, as some editors save JSON
         lead = _LEADING_SPACE.match(text)
         if text[lead.end() if lead else 0:][:1] in (b"{", b"["):
+            containers = text.count(b"{") + text.count(b"[")
+            if containers > MAX_JSON_CONTAINERS:
+                raise _Expands(f"it holds {containers} JSON objects and lists, more than the "
+                               f"{MAX_JSON_CONTAINERS} of any snapshot a what-if replays")
             obj = json.loads(text)
         else:
             watched = _Watched(data)
