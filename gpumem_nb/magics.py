@@ -695,7 +695,9 @@ class GpumemMagics(Magics):
         if args.top is not None and args.top <= 0:
             raise UsageError("--top must be a positive number of sites")
         save = _save_target(args.save) if args.save is not None else None
-        tracer = trace.CellTracer() if args.trace else None
+        session = getattr(self.monitor, "session", None)
+        tracer = trace.CellTracer(session=session is not None and session.active) \
+            if args.trace else None
         why = tracer.start() if tracer is not None else ""
         if why:
             print(f"gpumem --trace: {why}")

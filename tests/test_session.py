@@ -200,3 +200,15 @@ def test_unloading_the_extension_switches_the_session_recording_off(loaded, caps
     assert cuda.history == "all"
     loaded.run_cell("%unload_ext gpumem_nb")
     assert cuda.history is None  # no recording left costing every allocation
+
+
+def test_a_traced_cell_during_the_session_names_the_session_not_your_own_recording(
+        loaded, capsys):
+    record(loaded, "on")
+    loaded.run_cell("%%gpumem --trace\nb = cuda.tensor(GiB)")
+    out = capsys.readouterr().out
+    assert "The session recording (%gpumem record on) was already on" in out
+    assert "Your own allocation-history recording" not in out
+    assert sys.modules["torch"].cuda.history == "all"  # the session still records
+    record(loaded, "off")
+    del loaded.user_ns["b"]
