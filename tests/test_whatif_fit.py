@@ -107,3 +107,17 @@ def test_a_row_that_runs_out_says_what_its_peak_is():
     r, = w.whatif(h.snapshot(), [NATIVE], capacity_bytes=100 * MiB)
     assert r.oom and r.peak_reserved_bytes > 100 * MiB
     assert "Ran out of memory at" in r.note and "as if it had been given" in r.note
+
+
+def test_a_gpu_size_the_recording_contradicts_is_said_unused_not_dropped_silently():
+    # A session or traced cell knows its GPU: --gpu 80GB on it used to change nothing and
+    # say nothing, so "OOM judged at 139.91 GiB" read as the answer for an 80 GB GPU.
+    h = History()
+    h.alloc(30 * GiB)
+    snap = h.snapshot(start={"segments": [], "devices": {"0": {
+        "free_bytes": 140 * GiB, "total_bytes": 141 * GiB, "fraction": 1.0}}})
+    r = w.whatif(snap, [NATIVE], total_bytes=80 * GiB)
+    assert any("80.00 GiB, --gpu or total_bytes=) is not used: the recording says GPU 0 has "
+               "141.00 GiB" in n for n in r.notes)
+    same = w.whatif(snap, [NATIVE], total_bytes=141 * GiB)
+    assert not any("is not used" in n for n in same.notes)

@@ -94,6 +94,12 @@ def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int
     cap = capacity_bytes if capacity_bytes is not None else ti.capacity_bytes
     st = ti.start
     total = st.device_total_bytes or total_bytes
+    if total_bytes is not None and st.device_total_bytes and total_bytes != total:
+        # Said, not silently dropped: a user asking "on an 80 GB GPU?" gets the answer
+        # for the GPU that was recorded otherwise.
+        notes.append(f"The GPU size given ({format_bytes(total_bytes)}, --gpu or "
+                     f"total_bytes=) is not used: the recording says GPU {ti.device} has "
+                     f"{format_bytes(total)}. To judge another GPU, use --capacity or --fit.")
     start_page = recorded.large_segment_size if recorded is not None else None
     t0 = st.since_us if st.since_us is not None else next(
         (t for t in trace.times_us if t is not None), None)
