@@ -40,6 +40,7 @@ _SHELL_ATTR = "_gpumem_nb_monitor"
 _HISTORY_ATTR = "_gpumem_nb_history"
 _CONFIG_ATTR = "_gpumem_nb_config"
 _SESSION_KEYS_ATTR = "_gpumem_nb_session_keys"  # settings changed since the kernel started
+MIN_GPU_BYTES = 256 << 20  # less is no GPU PyTorch runs on: a size without its unit
 _MAGICS_ATTR = "_gpumem_nb_magics"
 
 
@@ -156,8 +157,9 @@ def _build_parser() -> _Parser:
                     help="also the smallest GPU memory each setting needs (and, given GB, "
                          "the cheapest setting that fits that size)")
     wi.add_argument("--gpu", metavar="SIZE",
-                    help="the GPU's memory, for a file that does not say it (_dump_snapshot's): "
-                         "models per_process_memory_fraction and garbage_collection_threshold")
+                    help="the GPU's memory, for a file that does not say it (_dump_snapshot's), "
+                         "such as 80GiB (80GB is 80e9 bytes): models "
+                         "per_process_memory_fraction and garbage_collection_threshold")
     wi.add_argument("-o", action="store_true", help="return the result object")
     rec = add("record", "record the allocator's history for the whole session (for "
                         "%gpumem whatif --session)")
@@ -545,6 +547,10 @@ class GpumemMagics(Magics):
                 raise UsageError(f"--gpu must be a size above zero and at most "
                                  f"{format_bytes(wi.MAX_CAPACITY_BYTES)}, not "
                                  f"{_quoted(args.gpu)}")
+            if total < MIN_GPU_BYTES:
+                # "--gpu 80", written as --fit 80 is, is 80 bytes: every row would run out.
+                raise UsageError(f"--gpu is the GPU's memory with its unit, such as 80GiB; "
+                                 f"{_quoted(args.gpu)} is {format_bytes(total)}")
         fit_gb = None
         if args.fit:
             try:

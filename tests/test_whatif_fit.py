@@ -110,7 +110,7 @@ def test_a_row_that_runs_out_says_what_its_peak_is():
 
 
 def test_a_gpu_size_the_recording_contradicts_is_said_unused_not_dropped_silently():
-    # A session or traced cell knows its GPU: --gpu 80GB on it used to change nothing and
+    # A session or traced cell knows its GPU: --gpu 80GiB on it used to change nothing and
     # say nothing, so "OOM judged at 139.91 GiB" read as the answer for an 80 GB GPU.
     h = History()
     h.alloc(30 * GiB)

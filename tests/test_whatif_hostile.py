@@ -244,6 +244,9 @@ def test_trace_expands_a_home_directory_as_save_does(loaded, tmp_path, monkeypat
                          "not '-1GiB'"),
     ("--capacity 1e30", "at most 1024.00 TiB, not '1e30'"),
     ("--capacity 0", "above zero"),
+    # Written as --fit 80 is, "--gpu 80" was a GPU of 80 bytes: every setting ran out.
+    ("--gpu 80", "--gpu is the GPU's memory with its unit, such as 80GiB; '80' is 80 B"),
+    ("--gpu 0", "--gpu must be a size above zero"),
 ])
 def test_a_capacity_nobody_has_is_refused_in_a_sentence(loaded, line, words):
     loaded.run_cell("%%gpumem --trace -q\nx = cuda.tensor(MiB)", store_history=True)
