@@ -63,7 +63,8 @@ def test_the_gpu_size_rows_and_the_sentence_name_the_cheapest_setting_that_fits(
     headers, rows = r.fit.gpu_table()
     assert headers[2:] == ("24 GB", "40 GB", "48 GB", "80 GB", "94 GB", "141 GB")
     assert rows[0][2:] == ["no", "yes", "yes", "yes", "yes", "yes"]
-    assert "On a 40 GB GPU" in r.fit.sentence() and "defaults fits" in r.fit.sentence()
+    assert r.fit.sentence() == ("On a 40 GB GPU (39.50 GiB for PyTorch) defaults fits and "
+                                "needs the least, 30.00 GiB.")
     assert "no setting tried fits" in r.fit.sentence(24)
     assert usable_bytes(24) == 24 * GiB - CONTEXT_BYTES
 
@@ -121,3 +122,25 @@ def test_a_gpu_size_the_recording_contradicts_is_said_unused_not_dropped_silentl
                "141.00 GiB" in n for n in r.notes)
     same = w.whatif(snap, [NATIVE], total_bytes=141 * GiB)
     assert not any("is not used" in n for n in same.notes)
+
+
+def test_the_fit_sentence_names_the_cheapest_then_what_else_fits_and_what_does_not():
+    # It read "X fits with the most room: it needs ...; A, B fit(s) too", and without a size
+    # "(a 26 GB GPU)", a GPU nobody sells.
+    h = History()
+    a = h.alloc(20 * GiB)
+    h.free(a)
+    h.alloc(10 * GiB)  # splits the cached 20 GiB segment under the defaults
+    h.alloc(15 * GiB)  # past its free 10 GiB: a second segment (25 GiB expandable)
+    r = w.whatif(h.snapshot(), [NATIVE, EXPANDABLE], fit=32)
+    need = {row.label: row.min_bytes for row in r.fit.rows}
+    assert need["expandable_segments:True"] < usable_bytes(32) < need["defaults"]
+    assert r.fit.sentence() == ("On a 32 GB GPU (31.50 GiB for PyTorch) "
+                                "expandable_segments:True fits and needs the least, 25.00 GiB; "
+                                "defaults does not.")
+    assert r.fit.sentence(40).endswith("25.00 GiB; defaults also fits.")
+    assert r.fit.sentence(20).startswith("On a 20 GB GPU (19.50 GiB for PyTorch) no setting "
+                                         "tried fits")
+    untargeted = w.whatif(h.snapshot(), [EXPANDABLE], fit=True).fit.sentence()
+    assert untargeted == ("The least memory: expandable_segments:True, 25.00 GiB for PyTorch "
+                          "(a GPU of 26 GB or more).")
