@@ -167,7 +167,8 @@ def _build_parser() -> _Parser:
     rec.add_argument("--start-cuda", action="store_true",
                      help="with CUDA not started yet: start it now and record from an empty GPU")
     rec.add_argument("--max-entries", type=int, metavar="N",
-                     help="allocator events kept at most (100000; older ones are dropped)")
+                     help="allocator events kept at most (100000, at most 1000000; older "
+                          "ones are dropped)")
     return p
 
 
@@ -489,8 +490,20 @@ class GpumemMagics(Magics):
 
     def _cmd_record(self, args: Any) -> None:
         rec = self._session()
-        if args.max_entries is not None and not 1 <= args.max_entries <= 100_000_000:
-            raise UsageError("--max-entries is a number of events between 1 and 100000000")
+        from .whatif.snapshot import MAX_HISTORY_ENTRIES
+
+        # No more than --session replays: past it, reading the history back alone takes
+        # minutes (176 ms per 100,000 entries on the H200) and gigabytes of dicts.
+        if args.max_entries is not None and not 1 <= args.max_entries <= MAX_HISTORY_ENTRIES:
+            raise UsageError(f"--max-entries is a number of events between 1 and "
+                             f"{MAX_HISTORY_ENTRIES} (what %gpumem whatif --session replays "
+                             f"at most), not {args.max_entries}")
+        if args.max_entries is not None and args.state == "on" and rec.active and \
+                args.max_entries != rec.max_entries:
+            raise UsageError(f"the session recording is already on, keeping "
+                             f"{rec.max_entries} events: switch it off first "
+                             f"(%gpumem record off) to record with --max-entries "
+                             f"{args.max_entries}")
         if args.state == "on":
             print(rec.start(start_cuda=args.start_cuda, max_entries=args.max_entries))
         elif args.state == "off":

@@ -212,3 +212,26 @@ def test_a_traced_cell_during_the_session_names_the_session_not_your_own_recordi
     assert sys.modules["torch"].cuda.history == "all"  # the session still records
     record(loaded, "off")
     del loaded.user_ns["b"]
+
+
+@pytest.mark.parametrize(("line", "words"), [
+    ("on --max-entries 0", "between 1 and 1000000"),
+    ("on --max-entries -1", "between 1 and 1000000"),
+    # 100,000,000 was accepted: a session --session then reads for minutes, in gigabytes.
+    ("on --max-entries 100000000", "between 1 and 1000000 (what %gpumem whatif --session "
+                                   "replays at most), not 100000000"),
+])
+def test_max_entries_past_what_the_session_replay_reads_is_refused(loaded, line, words):
+    with pytest.raises(UsageError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        record(loaded, line)
+    assert sys.modules["torch"].cuda.history is None
+
+
+def test_max_entries_while_recording_says_to_switch_off_first_not_ignored(loaded, capsys):
+    record(loaded, "on")
+    with pytest.raises(UsageError, match="already on, keeping 100000 events: switch it off "
+                                         "first"):
+        record(loaded, "on --max-entries 500")
+    record(loaded, "on")  # twice, as asked before: said, not refused
+    assert "already on" in capsys.readouterr().out
+    record(loaded, "off")
