@@ -39,6 +39,7 @@ from .views import CellReport, ConfigView, Snapshot, WhoReport
 _SHELL_ATTR = "_gpumem_nb_monitor"
 _HISTORY_ATTR = "_gpumem_nb_history"
 _CONFIG_ATTR = "_gpumem_nb_config"
+_RECORDED_ATTR = "_gpumem_nb_recorded_session"  # a session kept across %reload_ext
 _SESSION_KEYS_ATTR = "_gpumem_nb_session_keys"  # settings changed since the kernel started
 MIN_GPU_BYTES = 256 << 20  # less is no GPU PyTorch runs on: a size without its unit
 _MAGICS_ATTR = "_gpumem_nb_magics"
@@ -896,6 +897,11 @@ def load(shell: Any) -> None:
     monitor = Monitor(shell, history=history, config=config,
                       session_keys=keys if isinstance(keys, set) else None)
     monitor.oom.show = display  # rich output in notebooks, text in terminals
+    kept = getattr(shell, _RECORDED_ATTR, None)
+    if kept is not None:
+        # The session %reload_ext switched off: still there for --session, as the history is.
+        setattr(monitor, "session", kept)  # noqa: B010 - monitor.py is issue 26's file
+        delattr(shell, _RECORDED_ATTR)
     magics: GpumemMagics | None = None
     try:
         line = monitor.start()
@@ -948,6 +954,9 @@ def _teardown(shell: Any, monitor: Monitor, magics: GpumemMagics | None) -> None
     if recorder is not None and recorder.on:
         with contextlib.suppress(Exception):  # unloaded, nothing of ours keeps recording
             recorder.stop()
+    if recorder is not None and recorder.kept is not None:
+        with contextlib.suppress(Exception):
+            setattr(shell, _RECORDED_ATTR, recorder)
     monitor.shutdown()
     manager = getattr(shell, "magics_manager", None)
     if manager is not None:

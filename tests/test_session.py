@@ -235,3 +235,16 @@ def test_max_entries_while_recording_says_to_switch_off_first_not_ignored(loaded
     record(loaded, "on")  # twice, as asked before: said, not refused
     assert "already on" in capsys.readouterr().out
     record(loaded, "off")
+
+
+def test_reload_ext_while_recording_stops_it_and_keeps_the_session_for_replay(loaded, capsys):
+    # %reload_ext switched the recording off (as it must) and lost the session with it:
+    # "no session recording" right after, the cells' history gone.
+    record(loaded, "on")
+    loaded.run_cell("a = cuda.tensor(30 * GiB)")
+    loaded.run_cell("%reload_ext gpumem_nb")
+    assert sys.modules["torch"].cuda.history is None  # nothing of ours keeps recording
+    record(loaded, "status")
+    assert "a finished session is kept for --session" in capsys.readouterr().out
+    assert whatif(loaded, "--session -o").baseline.peak_allocated_bytes == 30 * GiB
+    del loaded.user_ns["a"]
