@@ -571,8 +571,8 @@ class GpumemMagics(Magics):
                 fit_gb = float(args.fit.strip().upper().removesuffix("GB").strip())
                 wi.check_fit(fit_gb)
             except (ValueError, wi.SettingError):
-                raise UsageError(f"--fit takes a GPU size in GB such as 40, not "
-                                 f"{_quoted(args.fit)}") from None
+                raise UsageError(f"--fit takes a GPU size in GB from 1 to {1 << 20}, such as "
+                                 f"40, not {_quoted(args.fit)}") from None
         if args.device is not None and args.device < 0:
             raise UsageError("--device takes a GPU number")
         try:

@@ -144,3 +144,14 @@ def test_the_fit_sentence_names_the_cheapest_then_what_else_fits_and_what_does_n
     untargeted = w.whatif(h.snapshot(), [EXPANDABLE], fit=True).fit.sentence()
     assert untargeted == ("The least memory: expandable_segments:True, 25.00 GiB for PyTorch "
                           "(a GPU of 26 GB or more).")
+
+
+@pytest.mark.parametrize("gb", [1e-300, 0.25, 0.5])
+def test_a_gpu_smaller_than_its_cuda_context_is_refused_not_given_negative_room(loaded, gb):
+    # It said "On a 0.25 GB GPU (-256.00 MiB for PyTorch) no setting tried fits".
+    with pytest.raises(w.SettingError, match="a GPU size in GB from 1 to"):
+        w.whatif(History().snapshot(), [NATIVE], fit=gb)
+    loaded.run_cell("%%gpumem --trace -q\nx = cuda.tensor(MiB)")
+    with pytest.raises(UsageError, match="--fit takes a GPU size in GB from 1 to 1048576"):
+        whatif(loaded, f"--fit {gb}")
+    del loaded.user_ns["x"]

@@ -61,9 +61,12 @@ def check_fit(fit: Any) -> float | None:
     """``fit``: False, True, or the GPU size in GB to name the cheapest setting for."""
     if fit is False or fit is True:
         return None
-    if isinstance(fit, int | float) and not isinstance(fit, bool) and 0 < fit <= 1 << 20:
+    # At least 1 GB: at 0.5 GB or less the CUDA context alone (CONTEXT_BYTES) fills the GPU,
+    # and the sentence said "-512.00 MiB for PyTorch".
+    if isinstance(fit, int | float) and not isinstance(fit, bool) and 1 <= fit <= 1 << 20:
         return float(fit)
-    raise SettingError(f"fit is True, False or a GPU size in GB such as 40, not {fit!r:.60}")
+    raise SettingError(f"fit is True, False or a GPU size in GB from 1 to {1 << 20}, such as "
+                       f"40, not {fit!r:.60}")
 
 
 def check_capacity(capacity_bytes: Any, name: str = "capacity_bytes") -> int:
