@@ -393,3 +393,19 @@ def test_a_json_file_of_empty_objects_is_refused_before_it_is_parsed(tmp_path):
     with pytest.raises(w.SnapshotError, match="is refused: it holds 20000005 JSON objects"):
         gpumem_nb.whatif(str(path), [""])
     assert time.process_time() - t0 < 2
+
+
+@pytest.mark.parametrize("junk", [1e308, 1e18, -1e18, float("nan"), "x"])
+def test_a_time_no_clock_gives_is_replayed_at_the_time_before_it(junk):
+    # A row said "Ran out of memory at 9999...(300 digits) ms" for a time_us of 1e308, and
+    # at "-1001000000000000.0 ms" for -1e18; the event still counts in the replay.
+    entries = [{"action": "alloc", "addr": 1 << 40, "size": MiB, "stream": 0,
+                "time_us": 1e15},
+               {"action": "alloc", "addr": 2 << 40, "size": GiB, "stream": 0,
+                "time_us": 1e15 + 5000},
+               {"action": "alloc", "addr": 3 << 40, "size": GiB, "stream": 0, "time_us": junk}]
+    r = gpumem_nb.whatif({"segments": [], "device_traces": [entries]}, [""],
+                         capacity_bytes=GiB + 512 * MiB)
+    assert r[0].oom and r[0].oom_at_ms == 5.0
+    assert "Ran out of memory at 5.0 ms" in r[0].note
+    assert all(0 <= t <= 5.0 for t, _ in r[0].series)

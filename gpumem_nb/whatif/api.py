@@ -107,10 +107,16 @@ def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int
     t0 = st.since_us if st.since_us is not None else next(
         (t for t in trace.times_us if t is not None), None)
 
+    # An event without a usable time takes the last one before it (a row's OOM said "at
+    # 1e+305 ms" for a time_us of 1e308, or the event's number as milliseconds).
+    known: list[float | None] = []
+    for t in trace.times_us:
+        known.append(t if t is not None else (known[-1] if known else t0))
+
     def ms(i: int) -> float:
-        if not trace.times_us:
+        if not known:
             return 0.0
-        t = trace.times_us[min(i, len(trace.times_us) - 1)]
+        t = known[min(i, len(known) - 1)]
         return (t - t0) / 1e3 if t is not None and t0 is not None else float(i)
 
     rows: list[WhatIfRow] = []
