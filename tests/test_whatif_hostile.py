@@ -366,7 +366,7 @@ def _empty_dicts_pickle(n: int, *, one_frame: bool = False) -> bytes:
 
 @pytest.mark.parametrize("one_frame", [False, True], ids=["opcodes", "one-frame"])
 def test_a_pickle_of_empty_objects_is_refused_before_it_fills_the_memory(tmp_path, one_frame):
-    # 30 MB of EMPTY_DICT opcodes, 30 KB gzip'd: 2 GB once unpickled, before anything could
+    # 30 MB of EMPTY_DICT opcodes, 30 KB gzip'd: 2.6 GB once unpickled, before anything could
     # be counted (50 MB made 4.3 GB; the 1 GiB the size cap allows would be 70 GB).
     import time
 
