@@ -42,7 +42,9 @@ from .views import CellReport, ConfigView, Snapshot, WhoReport
 _SHELL_ATTR = "_gpumem_nb_monitor"
 _HISTORY_ATTR = "_gpumem_nb_history"
 _CONFIG_ATTR = "_gpumem_nb_config"
+_RECORDED_ATTR = "_gpumem_nb_recorded_session"  # a session kept across %reload_ext
 _SESSION_KEYS_ATTR = "_gpumem_nb_session_keys"  # settings changed since the kernel started
+MIN_GPU_BYTES = 256 << 20  # less is no GPU PyTorch runs on: a size without its unit
 _MAGICS_ATTR = "_gpumem_nb_magics"
 _TRAITS_ATTR = "_gpumem_nb_traits"  # the GpumemNb configurable (%config GpumemNb)
 
@@ -183,8 +185,9 @@ def _build_parser() -> _Parser:
                     help="also the smallest GPU memory each setting needs (and, given GB, "
                          "the cheapest setting that fits that size)")
     wi.add_argument("--gpu", metavar="SIZE",
-                    help="the GPU's memory, for a file that does not say it (_dump_snapshot's): "
-                         "models per_process_memory_fraction and garbage_collection_threshold")
+                    help="the GPU's memory, for a file that does not say it (_dump_snapshot's), "
+                         "such as 80GiB (80GB is 80e9 bytes): models "
+                         "per_process_memory_fraction and garbage_collection_threshold")
     wi.add_argument("-o", action="store_true", help="return the result object")
     rec = add("record", "record the allocator's history for the whole session (for "
                         "%gpumem whatif --session)")
@@ -192,7 +195,8 @@ def _build_parser() -> _Parser:
     rec.add_argument("--start-cuda", action="store_true",
                      help="with CUDA not started yet: start it now and record from an empty GPU")
     rec.add_argument("--max-entries", type=int, metavar="N",
-                     help="allocator events kept at most (100000; older ones are dropped)")
+                     help="allocator events kept at most (100000, at most 1000000; older "
+                          "ones are dropped)")
     return p
 
 
@@ -538,8 +542,20 @@ class GpumemMagics(Magics):
 
     def _cmd_record(self, args: Any) -> None:
         rec = self._session()
-        if args.max_entries is not None and not 1 <= args.max_entries <= 100_000_000:
-            raise UsageError("--max-entries is a number of events between 1 and 100000000")
+        from .whatif.snapshot import MAX_HISTORY_ENTRIES
+
+        # No more than --session replays: past it, reading the history back alone takes
+        # minutes (176 ms per 100,000 entries on the H200) and gigabytes of dicts.
+        if args.max_entries is not None and not 1 <= args.max_entries <= MAX_HISTORY_ENTRIES:
+            raise UsageError(f"--max-entries is a number of events between 1 and "
+                             f"{MAX_HISTORY_ENTRIES} (what %gpumem whatif --session replays "
+                             f"at most), not {args.max_entries}")
+        if args.max_entries is not None and args.state == "on" and rec.active and \
+                args.max_entries != rec.max_entries:
+            raise UsageError(f"the session recording is already on, keeping "
+                             f"{rec.max_entries} events: switch it off first "
+                             f"(%gpumem record off) to record with --max-entries "
+                             f"{args.max_entries}")
         if args.state == "on":
             print(rec.start(start_cuda=args.start_cuda, max_entries=args.max_entries))
         elif args.state == "off":
@@ -596,14 +612,18 @@ class GpumemMagics(Magics):
                 raise UsageError(f"--gpu must be a size above zero and at most "
                                  f"{format_bytes(wi.MAX_CAPACITY_BYTES)}, not "
                                  f"{_quoted(args.gpu)}")
+            if total < MIN_GPU_BYTES:
+                # "--gpu 80", written as --fit 80 is, is 80 bytes: every row would run out.
+                raise UsageError(f"--gpu is the GPU's memory with its unit, such as 80GiB; "
+                                 f"{_quoted(args.gpu)} is {format_bytes(total)}")
         fit_gb = None
         if args.fit:
             try:
                 fit_gb = float(args.fit.strip().upper().removesuffix("GB").strip())
                 wi.check_fit(fit_gb)
             except (ValueError, wi.SettingError):
-                raise UsageError(f"--fit takes a GPU size in GB such as 40, not "
-                                 f"{_quoted(args.fit)}") from None
+                raise UsageError(f"--fit takes a GPU size in GB from 1 to {1 << 20}, such as "
+                                 f"40, not {_quoted(args.fit)}") from None
         if args.device is not None and args.device < 0:
             raise UsageError("--device takes a GPU number")
         try:
@@ -749,7 +769,9 @@ class GpumemMagics(Magics):
         if args.top is not None and args.top <= 0:
             raise UsageError("--top must be a positive number of sites")
         save = _save_target(args.save) if args.save is not None else None
-        tracer = trace.CellTracer() if args.trace else None
+        session = getattr(self.monitor, "session", None)
+        tracer = trace.CellTracer(session=session is not None and session.active) \
+            if args.trace else None
         why = tracer.start() if tracer is not None else ""
         if why:
             print(f"gpumem --trace: {why}")
@@ -929,6 +951,11 @@ def load(shell: Any) -> None:
     monitor = Monitor(shell, history=history, config=config,
                       session_keys=keys if isinstance(keys, set) else None)
     monitor.oom.show = display  # rich output in notebooks, text in terminals
+    kept = getattr(shell, _RECORDED_ATTR, None)
+    if kept is not None:
+        # The session %reload_ext switched off: still there for --session, as the history is.
+        setattr(monitor, "session", kept)  # noqa: B010 - monitor.py is issue 26's file
+        delattr(shell, _RECORDED_ATTR)
     magics: GpumemMagics | None = None
     try:
         line = monitor.start()
@@ -994,6 +1021,9 @@ def _teardown(shell: Any, monitor: Monitor, magics: GpumemMagics | None) -> None
     if recorder is not None and recorder.on:
         with contextlib.suppress(Exception):  # unloaded, nothing of ours keeps recording
             recorder.stop()
+    if recorder is not None and recorder.kept is not None:
+        with contextlib.suppress(Exception):
+            setattr(shell, _RECORDED_ATTR, recorder)
     monitor.shutdown()
     manager = getattr(shell, "magics_manager", None)
     if manager is not None:

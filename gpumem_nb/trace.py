@@ -507,9 +507,10 @@ class TraceResult:
 class CellTracer:
     def __init__(self, torch: TorchDebug | None = None, *, max_entries: int = MAX_ENTRIES,
                  clock: Callable[[], float] = time.perf_counter,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, session: bool = False) -> None:
         self.torch = torch if torch is not None else TorchDebug()
         self.max_entries = max_entries
+        self.session = session  # %gpumem record's history is on: it, not the user's, is read
         self.clock = clock
         self.wall = wall
         self._ours = False
@@ -550,6 +551,10 @@ class CellTracer:
         prior = t.history_enabled()
         self._start_state = self._record_start()
         self._since_us = self.wall() * 1e6
+        if prior and self.session:
+            self._notes.append("The session recording (%gpumem record on) was already on: "
+                               "this cell's part of it was read, and it keeps recording.")
+            return ""
         if prior:
             self._notes.append("Your own allocation-history recording was already on; it "
                                "was read and left as it was.")

@@ -51,7 +51,8 @@ def ip() -> Any:
 def shell(ip: Any, capsys: Any) -> Any:
     """A real InteractiveShell with the extension unloaded before and after."""
     _unload(ip)
-    for attr in ("_gpumem_nb_history", "_gpumem_nb_config", "_gpumem_nb_session_keys"):
+    for attr in ("_gpumem_nb_history", "_gpumem_nb_config", "_gpumem_nb_session_keys",
+                 "_gpumem_nb_recorded_session"):
         if hasattr(ip, attr):
             delattr(ip, attr)
     ip.run_cell("%reset -f", store_history=False)

@@ -200,3 +200,51 @@ def test_unloading_the_extension_switches_the_session_recording_off(loaded, caps
     assert cuda.history == "all"
     loaded.run_cell("%unload_ext gpumem_nb")
     assert cuda.history is None  # no recording left costing every allocation
+
+
+def test_a_traced_cell_during_the_session_names_the_session_not_your_own_recording(
+        loaded, capsys):
+    record(loaded, "on")
+    loaded.run_cell("%%gpumem --trace\nb = cuda.tensor(GiB)")
+    out = capsys.readouterr().out
+    assert "The session recording (%gpumem record on) was already on" in out
+    assert "Your own allocation-history recording" not in out
+    assert sys.modules["torch"].cuda.history == "all"  # the session still records
+    record(loaded, "off")
+    del loaded.user_ns["b"]
+
+
+@pytest.mark.parametrize(("line", "words"), [
+    ("on --max-entries 0", "between 1 and 1000000"),
+    ("on --max-entries -1", "between 1 and 1000000"),
+    # 100,000,000 was accepted: a session --session then reads for minutes, in gigabytes.
+    ("on --max-entries 100000000", "between 1 and 1000000 (what %gpumem whatif --session "
+                                   "replays at most), not 100000000"),
+])
+def test_max_entries_past_what_the_session_replay_reads_is_refused(loaded, line, words):
+    with pytest.raises(UsageError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        record(loaded, line)
+    assert sys.modules["torch"].cuda.history is None
+
+
+def test_max_entries_while_recording_says_to_switch_off_first_not_ignored(loaded, capsys):
+    record(loaded, "on")
+    with pytest.raises(UsageError, match="already on, keeping 100000 events: switch it off "
+                                         "first"):
+        record(loaded, "on --max-entries 500")
+    record(loaded, "on")  # twice, as asked before: said, not refused
+    assert "already on" in capsys.readouterr().out
+    record(loaded, "off")
+
+
+def test_reload_ext_while_recording_stops_it_and_keeps_the_session_for_replay(loaded, capsys):
+    # %reload_ext switched the recording off (as it must) and lost the session with it:
+    # "no session recording" right after, the cells' history gone.
+    record(loaded, "on")
+    loaded.run_cell("a = cuda.tensor(30 * GiB)")
+    loaded.run_cell("%reload_ext gpumem_nb")
+    assert sys.modules["torch"].cuda.history is None  # nothing of ours keeps recording
+    record(loaded, "status")
+    assert "a finished session is kept for --session" in capsys.readouterr().out
+    assert whatif(loaded, "--session -o").baseline.peak_allocated_bytes == 30 * GiB
+    del loaded.user_ns["a"]

@@ -63,7 +63,8 @@ def test_the_gpu_size_rows_and_the_sentence_name_the_cheapest_setting_that_fits(
     headers, rows = r.fit.gpu_table()
     assert headers[2:] == ("24 GB", "40 GB", "48 GB", "80 GB", "94 GB", "141 GB")
     assert rows[0][2:] == ["no", "yes", "yes", "yes", "yes", "yes"]
-    assert "On a 40 GB GPU" in r.fit.sentence() and "defaults fits" in r.fit.sentence()
+    assert r.fit.sentence() == ("On a 40 GB GPU (39.50 GiB for PyTorch) defaults fits and "
+                                "needs the least, 30.00 GiB.")
     assert "no setting tried fits" in r.fit.sentence(24)
     assert usable_bytes(24) == 24 * GiB - CONTEXT_BYTES
 
@@ -107,3 +108,50 @@ def test_a_row_that_runs_out_says_what_its_peak_is():
     r, = w.whatif(h.snapshot(), [NATIVE], capacity_bytes=100 * MiB)
     assert r.oom and r.peak_reserved_bytes > 100 * MiB
     assert "Ran out of memory at" in r.note and "as if it had been given" in r.note
+
+
+def test_a_gpu_size_the_recording_contradicts_is_said_unused_not_dropped_silently():
+    # A session or traced cell knows its GPU: --gpu 80GiB on it used to change nothing and
+    # say nothing, so "OOM judged at 139.91 GiB" read as the answer for an 80 GB GPU.
+    h = History()
+    h.alloc(30 * GiB)
+    snap = h.snapshot(start={"segments": [], "devices": {"0": {
+        "free_bytes": 140 * GiB, "total_bytes": 141 * GiB, "fraction": 1.0}}})
+    r = w.whatif(snap, [NATIVE], total_bytes=80 * GiB)
+    assert any("80.00 GiB, --gpu or total_bytes=) is not used: the recording says GPU 0 has "
+               "141.00 GiB" in n for n in r.notes)
+    same = w.whatif(snap, [NATIVE], total_bytes=141 * GiB)
+    assert not any("is not used" in n for n in same.notes)
+
+
+def test_the_fit_sentence_names_the_cheapest_then_what_else_fits_and_what_does_not():
+    # It read "X fits with the most room: it needs ...; A, B fit(s) too", and without a size
+    # "(a 26 GB GPU)", a GPU nobody sells.
+    h = History()
+    a = h.alloc(20 * GiB)
+    h.free(a)
+    h.alloc(10 * GiB)  # splits the cached 20 GiB segment under the defaults
+    h.alloc(15 * GiB)  # past its free 10 GiB: a second segment (25 GiB expandable)
+    r = w.whatif(h.snapshot(), [NATIVE, EXPANDABLE], fit=32)
+    need = {row.label: row.min_bytes for row in r.fit.rows}
+    assert need["expandable_segments:True"] < usable_bytes(32) < need["defaults"]
+    assert r.fit.sentence() == ("On a 32 GB GPU (31.50 GiB for PyTorch) "
+                                "expandable_segments:True fits and needs the least, 25.00 GiB; "
+                                "defaults does not.")
+    assert r.fit.sentence(40).endswith("25.00 GiB; defaults also fits.")
+    assert r.fit.sentence(20).startswith("On a 20 GB GPU (19.50 GiB for PyTorch) no setting "
+                                         "tried fits")
+    untargeted = w.whatif(h.snapshot(), [EXPANDABLE], fit=True).fit.sentence()
+    assert untargeted == ("The least memory: expandable_segments:True, 25.00 GiB for PyTorch "
+                          "(a GPU of 26 GB or more).")
+
+
+@pytest.mark.parametrize("gb", [1e-300, 0.25, 0.5])
+def test_a_gpu_smaller_than_its_cuda_context_is_refused_not_given_negative_room(loaded, gb):
+    # It said "On a 0.25 GB GPU (-256.00 MiB for PyTorch) no setting tried fits".
+    with pytest.raises(w.SettingError, match="a GPU size in GB from 1 to"):
+        w.whatif(History().snapshot(), [NATIVE], fit=gb)
+    loaded.run_cell("%%gpumem --trace -q\nx = cuda.tensor(MiB)")
+    with pytest.raises(UsageError, match="--fit takes a GPU size in GB from 1 to 1048576"):
+        whatif(loaded, f"--fit {gb}")
+    del loaded.user_ns["x"]

@@ -244,6 +244,9 @@ def test_trace_expands_a_home_directory_as_save_does(loaded, tmp_path, monkeypat
                          "not '-1GiB'"),
     ("--capacity 1e30", "at most 1024.00 TiB, not '1e30'"),
     ("--capacity 0", "above zero"),
+    # Written as --fit 80 is, "--gpu 80" was a GPU of 80 bytes: every setting ran out.
+    ("--gpu 80", "--gpu is the GPU's memory with its unit, such as 80GiB; '80' is 80 B"),
+    ("--gpu 0", "--gpu must be a size above zero"),
 ])
 def test_a_capacity_nobody_has_is_refused_in_a_sentence(loaded, line, words):
     loaded.run_cell("%%gpumem --trace -q\nx = cuda.tensor(MiB)", store_history=True)
@@ -312,3 +315,97 @@ def test_a_long_conf_value_is_quoted_once(loaded):
     with pytest.raises(UsageError) as e:
         loaded.run_line_magic("gpumem", "whatif --conf max_split_size_mb:" + "9" * 300)
     assert str(e.value).count("'99999") == 1
+
+
+# Each of these files is a few kilobytes; before they were bounded, the first replayed 3M
+# entries past the bound, the second read the start's blocks 200,000 x 200,000 times (hours),
+# the third built 18M entries (32 s, 3.5 GB) before anything was counted.
+_ENTRY = {"action": "alloc", "addr": 1 << 40, "size": 1 << 20, "stream": 0, "time_us": 1.0}
+_BLOCK = {"address": 1 << 40, "size": 512, "state": "inactive"}
+_SEGMENT = {"device": 0, "address": 1 << 40, "total_size": 1 << 30, "stream": 0,
+            "blocks": [_BLOCK] * 200_000}
+_COLUMNS = {k: ["alloc" if k == "action" else 1] * 900_000
+            for k in ("action", "addr", "size", "stream", "time_us")}
+
+
+@pytest.mark.parametrize("bomb, words", [
+    ({"segments": [], "device_traces": [[] for _ in range(1024)] + [[_ENTRY] * 3_000_000]},
+     "GPUs"),
+    ({"segments": [], "device_traces": [[_ENTRY]],
+      "gpumem_start": {"segments": [_SEGMENT] * 200_000}}, "segments and blocks"),
+    ({"segments": [], "device_traces": [[_ENTRY]],
+      "gpumem_start": {"segments": [{**_SEGMENT, "blocks": [_BLOCK] * 1_500_000}]}},
+     "segments and blocks"),
+    ({"format": "gpumem-whatif-trace/1", "segments": [],
+      "device_traces_columns": [{}] * 1024 + [_COLUMNS] * 20}, "GPUs"),
+    ({"format": "gpumem-whatif-trace/1", "segments": [],
+      "device_traces_columns": [_COLUMNS] * 20}, "history entries"),
+], ids=["a-gpu-past-the-1024th", "start-segments-shared", "start-blocks",
+        "columns-past-the-1024th", "columns-summed"])
+def test_shared_references_anywhere_the_replay_reads_are_refused_in_bounded_time(
+        tmp_path, bomb, words):
+    import time
+
+    path = tmp_path / "bomb.pickle.gz"
+    path.write_bytes(gzip.compress(pickle.dumps(bomb, protocol=4)))
+    assert path.stat().st_size < 100_000
+    t0 = time.process_time()
+    with pytest.raises(w.SnapshotError) as e:
+        gpumem_nb.whatif(str(path), [""])
+    assert words in str(e.value) and "\n" not in str(e.value)
+    assert time.process_time() - t0 < 5  # refused once counted, not after reading it all
+
+
+def _empty_dicts_pickle(n: int, *, one_frame: bool = False) -> bytes:
+    """``{"device_traces": [[{}, {}, ...]]}``: one byte of file per dict of 64 bytes."""
+    body = b"}\x94\x8c\x0ddevice_traces\x94]\x94]\x94(" + b"}" * n + b"eas."
+    if one_frame:  # what a bomb declares to be read at once, past any check between reads
+        return b"\x80\x04\x95" + len(body).to_bytes(8, "little") + body
+    return b"\x80\x04" + body
+
+
+@pytest.mark.parametrize("one_frame", [False, True], ids=["opcodes", "one-frame"])
+def test_a_pickle_of_empty_objects_is_refused_before_it_fills_the_memory(tmp_path, one_frame):
+    # 30 MB of EMPTY_DICT opcodes, 30 KB gzip'd: 2.6 GB once unpickled, before anything could
+    # be counted (50 MB made 4.3 GB; the 1 GiB the size cap allows would be 70 GB).
+    import time
+
+    path = tmp_path / "dicts.pickle.gz"
+    path.write_bytes(gzip.compress(_empty_dicts_pickle(30_000_000, one_frame=one_frame)))
+    assert path.stat().st_size < 100_000
+    t0 = time.process_time()
+    with pytest.raises(w.SnapshotError) as e:
+        gpumem_nb.whatif(str(path), [""])
+    msg = str(e.value)
+    assert "is refused" in msg and "\n" not in msg
+    assert ("MiB of memory" in msg) if not one_frame else ("bytes at once" in msg)
+    assert time.process_time() - t0 < 5
+
+
+def test_a_json_file_of_empty_objects_is_refused_before_it_is_parsed(tmp_path):
+    # 3 bytes of file, 72 of memory each: 60 MB of "{}," made 1.5 GB (1 GiB: 26 GB).
+    import time
+
+    path = tmp_path / "dicts.json.gz"
+    path.write_bytes(gzip.compress(b'{"segments": [], "device_traces": [['
+                                   + b"{}," * 20_000_000 + b"{}]]}"))
+    t0 = time.process_time()
+    with pytest.raises(w.SnapshotError, match="is refused: it holds 20000005 JSON objects"):
+        gpumem_nb.whatif(str(path), [""])
+    assert time.process_time() - t0 < 2
+
+
+@pytest.mark.parametrize("junk", [1e308, 1e18, -1e18, float("nan"), "x"])
+def test_a_time_no_clock_gives_is_replayed_at_the_time_before_it(junk):
+    # A row said "Ran out of memory at 9999...(300 digits) ms" for a time_us of 1e308, and
+    # at "-1001000000000000.0 ms" for -1e18; the event still counts in the replay.
+    entries = [{"action": "alloc", "addr": 1 << 40, "size": MiB, "stream": 0,
+                "time_us": 1e15},
+               {"action": "alloc", "addr": 2 << 40, "size": GiB, "stream": 0,
+                "time_us": 1e15 + 5000},
+               {"action": "alloc", "addr": 3 << 40, "size": GiB, "stream": 0, "time_us": junk}]
+    r = gpumem_nb.whatif({"segments": [], "device_traces": [entries]}, [""],
+                         capacity_bytes=GiB + 512 * MiB)
+    assert r[0].oom and r[0].oom_at_ms == 5.0
+    assert "Ran out of memory at 5.0 ms" in r[0].note
+    assert all(0 <= t <= 5.0 for t, _ in r[0].series)

@@ -61,9 +61,12 @@ def check_fit(fit: Any) -> float | None:
     """``fit``: False, True, or the GPU size in GB to name the cheapest setting for."""
     if fit is False or fit is True:
         return None
-    if isinstance(fit, int | float) and not isinstance(fit, bool) and 0 < fit <= 1 << 20:
+    # At least 1 GB: at 0.5 GB or less the CUDA context alone (CONTEXT_BYTES) fills the GPU,
+    # and the sentence said "-512.00 MiB for PyTorch".
+    if isinstance(fit, int | float) and not isinstance(fit, bool) and 1 <= fit <= 1 << 20:
         return float(fit)
-    raise SettingError(f"fit is True, False or a GPU size in GB such as 40, not {fit!r:.60}")
+    raise SettingError(f"fit is True, False or a GPU size in GB from 1 to {1 << 20}, such as "
+                       f"40, not {fit!r:.60}")
 
 
 def check_capacity(capacity_bytes: Any, name: str = "capacity_bytes") -> int:
@@ -94,14 +97,26 @@ def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int
     cap = capacity_bytes if capacity_bytes is not None else ti.capacity_bytes
     st = ti.start
     total = st.device_total_bytes or total_bytes
+    if total_bytes is not None and st.device_total_bytes and total_bytes != total:
+        # Said, not silently dropped: a user asking "on an 80 GB GPU?" gets the answer
+        # for the GPU that was recorded otherwise.
+        notes.append(f"The GPU size given ({format_bytes(total_bytes)}, --gpu or "
+                     f"total_bytes=) is not used: the recording says GPU {ti.device} has "
+                     f"{format_bytes(total)}. To judge another GPU, use --capacity or --fit.")
     start_page = recorded.large_segment_size if recorded is not None else None
     t0 = st.since_us if st.since_us is not None else next(
         (t for t in trace.times_us if t is not None), None)
 
+    # An event without a usable time takes the last one before it (a row's OOM said "at
+    # 1e+305 ms" for a time_us of 1e308, or the event's number as milliseconds).
+    known: list[float | None] = []
+    for t in trace.times_us:
+        known.append(t if t is not None else (known[-1] if known else t0))
+
     def ms(i: int) -> float:
-        if not trace.times_us:
+        if not known:
             return 0.0
-        t = trace.times_us[min(i, len(trace.times_us) - 1)]
+        t = known[min(i, len(known) - 1)]
         return (t - t0) / 1e3 if t is not None and t0 is not None else float(i)
 
     rows: list[WhatIfRow] = []

@@ -124,7 +124,7 @@ class Fit:
         best = min(known, key=lambda r: r.min_bytes or 0)
         if gb is None:
             return (f"The least memory: {best.label}, {format_bytes(best.min_bytes)} for "
-                    f"PyTorch (a {_gb_needed(best.min_bytes or 0)} GB GPU).")
+                    f"PyTorch (a GPU of {_gb_needed(best.min_bytes or 0)} GB or more).")
         fitting = [r for r in known if r.fits(gb)]
         room = format_bytes(usable_bytes(gb))
         if not fitting:
@@ -132,9 +132,13 @@ class Fit:
                     f"least is {best.label} at {format_bytes(best.min_bytes)}.")
         cheapest = min(fitting, key=lambda r: r.min_bytes or 0)
         others = [r.label for r in fitting if r is not cheapest]
-        rest = f"; {', '.join(others)} fit(s) too" if others else ""
-        return (f"On a {gb:g} GB GPU ({room} for PyTorch) {cheapest.label} fits with the "
-                f"most room: it needs {format_bytes(cheapest.min_bytes)}{rest}.")
+        short = [r.label for r in known if not r.fits(gb)]
+        rest = f"; {', '.join(others)} also fit{'s' if len(others) == 1 else ''}" \
+            if others else ""
+        rest += f"; {', '.join(short)} {'does' if len(short) == 1 else 'do'} not" \
+            if short else ""
+        return (f"On a {gb:g} GB GPU ({room} for PyTorch) {cheapest.label} fits and needs "
+                f"the least, {format_bytes(cheapest.min_bytes)}{rest}.")
 
     def lines(self) -> list[str]:
         from ..report import text_table

@@ -35,6 +35,8 @@ _MODEL = {"alloc": ALLOC, "free_requested": FREE_REQUESTED, "free_completed": FR
           "oom": OOM}
 MAX_POINTS = 2000  # per line of the chart
 
+MAX_TIME_US = 1e17  # the year 5138: a later (or negative) time_us is no clock's
+
 
 @dataclass(frozen=True)
 class CompiledTrace:
@@ -93,6 +95,8 @@ def compile_trace(entries: Sequence[Any], *, start_reserved_bytes: int | None = 
             i += 1
             continue
         t = finite(e.get("time_us"))
+        if t is not None and not 0 <= t < MAX_TIME_US:
+            t = None  # no clock's: the event is replayed, its time unknown (as trace.py's)
         code = _MODEL.get(action)
         if code is not None:
             addr, size = uint(e.get("addr")), uint(e.get("size"))

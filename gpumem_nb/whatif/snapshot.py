@@ -35,14 +35,84 @@ MAX_SNAPSHOT_BYTES = 1 << 30  # memory_viz itself gives up on snapshots around 1
 # held 2M entries and took 14-125 s to replay, a 20 MB one 66 s and 1 GB. The replay reads
 # each entry and block, so their counts are bounded, not the file's size alone.
 MAX_HISTORY_ENTRIES = 1_000_000  # about 1.2 s to replay per setting here
-MAX_BLOCKS = 1_000_000
+MAX_BLOCKS = 1_000_000  # the end's and the recorded start's segments, with their blocks
+MAX_DEVICES = 1024  # GPUs one snapshot may name: far more than one process drives
 START_KEY = "gpumem_start"  # what %%gpumem --trace adds to the snapshot it keeps or saves
 SESSION_KEY = "gpumem_session"  # what %gpumem record adds: the session's start and drops
 COMPACT_FORMAT = "gpumem-whatif-trace/1"
 _KEEP = ("action", "addr", "size", "stream", "time_us")
 _MIN_BLOCK = 512  # kMinBlockSize
 _GZIP_CHUNK = 1 << 20
+# The unpickler builds the whole object before anything can be counted, and a byte of the
+# file can make an object: 50 MB of EMPTY_DICT opcodes (50 KB gzip'd) made 4.3 GB. So the
+# unpickler reads through ``_Watched``, which refuses once this process has grown past what
+# any snapshot within the entry bound needs (100,000 entries with 29 frames each: 18 MB in
+# the file, about 100 MB in memory), or grows far faster than the bytes it has read.
+MAX_GROWTH_BYTES = 2 << 30  # 1,000,000 such entries: 178 MB of file, 0.7 GB
+MAX_GROWTH_RATIO = 16  # a real snapshot: about 4 bytes of memory per byte of file
+_GROWTH_FLOOR_BYTES = 512 << 20  # below it, the ratio is not judged (the start's noise)
+_MAX_READ_BYTES = 8 << 20  # pickle writes 64 KB frames: one read past this is no snapshot
+# JSON shares nothing, but "{}," is 3 bytes of file and 72 of memory: its objects and lists
+# are counted (an upper bound: brackets inside strings count too) before it is parsed.
+MAX_JSON_CONTAINERS = 8_000_000  # 100,000 entries with 29 frames each, as JSON: 3.1M
 _LEADING_SPACE = re.compile(rb"\s*")
+
+
+class _Expands(Exception):
+    """The pickle grows memory past ``_Watched``'s bounds."""
+
+
+class _Watched:
+    """The file as the C unpickler reads it: through ``peek`` it asks for 128 KB at a time
+    and for a frame at once, so each call is where the memory built so far is checked."""
+
+    def __init__(self, data: bytes) -> None:
+        from ..sources.host import HostSource
+
+        self._view = memoryview(data)
+        self._pos = 0
+        self._host = HostSource()
+        self._rss0 = self._host.rss_bytes()
+
+    def _check(self, n: int) -> None:
+        if n > _MAX_READ_BYTES:
+            raise _Expands(f"it asks for {n} bytes at once (a frame or string far larger "
+                           "than pickle writes for a snapshot)")
+        rss, rss0 = self._host.rss_bytes(), self._rss0
+        if rss is None or rss0 is None:
+            return
+        grown = rss - rss0
+        if grown > MAX_GROWTH_BYTES or (grown > _GROWTH_FLOOR_BYTES
+                                        and grown > MAX_GROWTH_RATIO * self._pos):
+            raise _Expands(f"unpickling its first {self._pos} bytes took {grown >> 20} MiB "
+                           "of memory (shared references or empty objects expand)")
+
+    def read(self, n: int = -1) -> bytes:
+        n = len(self._view) - self._pos if n is None or n < 0 else n
+        self._check(n)
+        out = bytes(self._view[self._pos:self._pos + n])
+        self._pos += len(out)
+        return out
+
+    def readinto(self, buf: Any) -> int:
+        self._check(len(buf))
+        out = self._view[self._pos:self._pos + len(buf)]
+        buf[:len(out)] = out
+        self._pos += len(out)
+        return len(out)
+
+    def peek(self, n: int = 1) -> bytes:
+        self._check(0)
+        return bytes(self._view[self._pos:self._pos + max(n, 1)])
+
+    def readline(self) -> bytes:
+        end = bytes(self._view[self._pos:self._pos + _MAX_READ_BYTES]).find(b"\n")
+        n = (end + 1) if end >= 0 else min(len(self._view) - self._pos, _MAX_READ_BYTES + 1)
+        return self.read(n)
+
+    def close(self) -> None:
+        self._host.close()
+        self._view.release()
 
 
 class SnapshotError(ValueError):
@@ -103,9 +173,19 @@ def load(source: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
         text = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 BOM, as some editors save JSON
         lead = _LEADING_SPACE.match(text)
         if text[lead.end() if lead else 0:][:1] in (b"{", b"["):
+            containers = text.count(b"{") + text.count(b"[")
+            if containers > MAX_JSON_CONTAINERS:
+                raise _Expands(f"it holds {containers} JSON objects and lists, more than the "
+                               f"{MAX_JSON_CONTAINERS} of any snapshot a what-if replays")
             obj = json.loads(text)
         else:
-            obj = _DataOnlyUnpickler(io.BytesIO(data)).load()
+            watched = _Watched(data)
+            try:
+                obj = _DataOnlyUnpickler(watched).load()
+            finally:
+                watched.close()
+    except _Expands as e:
+        raise SnapshotError(f"{_shown(source)} is refused: {e}") from None
     except Exception as e:  # junk makes the unpickler raise nearly anything
         why = " ".join(str(e).split())  # the unpickler's text runs over lines
         raise SnapshotError(f"{_shown(source)} is not a memory snapshot: "
@@ -119,26 +199,35 @@ def load(source: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
 
 def _check_bounds(obj: Mapping[str, Any], name: str) -> None:
     """Refuse, in one sentence, a file that holds more entries or blocks than a replay
-    should read (counted by their lists' lengths: nothing is walked)."""
+    should read (counted by their lists' lengths: nothing is walked). Every list the
+    what-if reads is counted: a GPU's history past the first 1024 and the recorded start's
+    segments are as cheap to share as the first GPU's entries."""
     traces = obj.get("device_traces")
     cols = obj.get("device_traces_columns")
-    entries = sum(len(t) for t in traces[:1024] if isinstance(t, list)) \
+    for lists in (traces, cols):
+        if isinstance(lists, list) and len(lists) > MAX_DEVICES:
+            raise SnapshotError(f"{name} holds histories for {len(lists)} GPUs, more than "
+                                f"the {MAX_DEVICES} a what-if reads: not a snapshot "
+                                "of one process")
+    entries = sum(len(t) for t in traces if isinstance(t, list)) \
         if isinstance(traces, list) else 0
     if isinstance(cols, list):
         entries += sum(max((len(v) for v in c.values() if isinstance(v, list)), default=0)
-                       for c in cols[:1024] if isinstance(c, Mapping))
+                       for c in cols if isinstance(c, Mapping))
     if entries > MAX_HISTORY_ENTRIES:
         raise SnapshotError(f"{name} holds {entries} history entries, more than the "
                             f"{MAX_HISTORY_ENTRIES} a what-if replays: record fewer "
                             "(_record_memory_history's max_entries)")
+    start = obj.get(START_KEY)
     blocks = 0
-    segments = obj.get("segments")
-    for seg in segments if isinstance(segments, list) else ():
-        b = seg.get("blocks") if isinstance(seg, Mapping) else None
-        blocks += len(b) + 1 if isinstance(b, list) else 1
-        if blocks > MAX_BLOCKS:
-            raise SnapshotError(f"{name} holds more than {MAX_BLOCKS} segments and blocks: "
-                                "too many for a what-if to read")
+    for segments in (obj.get("segments"),
+                     start.get("segments") if isinstance(start, Mapping) else None):
+        for seg in segments if isinstance(segments, list) else ():
+            b = seg.get("blocks") if isinstance(seg, Mapping) else None
+            blocks += len(b) + 1 if isinstance(b, list) else 1
+            if blocks > MAX_BLOCKS:
+                raise SnapshotError(f"{name} holds more than {MAX_BLOCKS} segments and "
+                                    "blocks: too many for a what-if to read")
 
 
 @dataclass(frozen=True)
