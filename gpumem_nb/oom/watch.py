@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from .. import userexc
 from ..cleanup import CleanupReport, CleanupRequest
 from ..errtext import error_str
-from ..holders import exception_chain, last_value
+from ..holders import exception_chain, last_value, static_attribute, type_name
 from ..ledger import Ledger, ledger
 from ..model import (
     AllocatorReading,
@@ -264,8 +264,13 @@ class OomWatch:
         ns = getattr(getattr(self.host, "shell", None), "user_ns", None)
         if isinstance(ns, dict):
             for name, obj in list(ns.items()):
-                cls = type(obj).__name__
+                # Read through type's own descriptors: a user's metaclass runs no code here,
+                # and a user's class of the same name is not torch's (its pool() is theirs).
+                cls = type_name(type(obj))
                 if cls not in ("CUDAGraph", "MemPool") or not isinstance(name, str):
+                    continue
+                module = static_attribute(type(obj), "__module__")
+                if type(module) is not str or not module.startswith("torch."):
                     continue
                 try:
                     raw = obj.pool() if cls == "CUDAGraph" else obj.id

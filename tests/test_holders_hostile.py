@@ -1,0 +1,161 @@
+"""The object walk against hostile objects found while testing issue 24: a metaclass that
+runs code on lookup, a class that looks like an array through Python properties, a class
+whose metaclass makes hashing raise, a walk past its time bound, a container past the item
+cap, and a namespace object that breaks the pools' owner search. Each would either run the
+user's code, hide a holder's tensors, or let the walk run long without saying ``≥``."""
+
+from __future__ import annotations
+
+import time
+import types
+from typing import Any
+
+from gpumem_nb.holders import Scanner
+from gpumem_nb.oom import POOL_GRAPH, PoolUse
+from gpumem_nb.oom.watch import OomWatch
+
+from .fakes import FakeTensor, GiB, MiB
+from .test_holders import torch_with_nn
+
+calls: list[str] = []
+
+
+def scan(ns: dict, **kw: Any) -> list:
+    return Scanner({"torch": torch_with_nn()}, **kw).scan(ns)
+
+
+class Noisy(type):
+    """A metaclass that records (and could do anything on) every lookup on its classes."""
+
+    def __getattribute__(cls, name: str) -> Any:
+        calls.append(f"metaclass __getattribute__ {name}")
+        return type.__getattribute__(cls, name)
+
+    def __getattr__(cls, name: str) -> Any:
+        calls.append(f"metaclass __getattr__ {name}")
+        raise AttributeError(name)
+
+
+class Watched(metaclass=Noisy):
+    def __init__(self) -> None:
+        self.kept = FakeTensor(GiB)
+
+
+def test_a_metaclass_that_runs_code_on_lookup_is_never_asked_and_its_tensor_is_found():
+    calls.clear()
+    obj = Watched()
+    (h,) = scan({"obj": obj})
+    assert (h.nbytes, h.label) == (GiB, "obj → kept")
+    assert calls == []
+
+
+class LazyDataset:
+    """Looks like an array by its attribute names, but each is a Python property that loads
+    data: reading them is running the user's code."""
+
+    @property
+    def nbytes(self) -> int:
+        calls.append("nbytes")
+        return 8
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        calls.append("shape")
+        return (2,)
+
+    @property
+    def dtype(self) -> str:
+        calls.append("dtype")
+        return "float32"
+
+    def __getattr__(self, name: str) -> Any:
+        calls.append(f"__getattr__ {name}")
+        raise AttributeError(name)
+
+
+def test_an_object_that_only_looks_like_an_array_through_properties_is_never_read():
+    calls.clear()
+    ds = LazyDataset()
+    ds.__dict__["cache"] = FakeTensor(GiB)
+    (h,) = scan({"ds": ds})
+    assert (h.nbytes, h.path) == (GiB, "cache")
+    assert calls == []
+
+
+class HashRaises(type):
+    def __hash__(cls) -> int:
+        calls.append("metaclass __hash__")
+        raise RuntimeError("class hash")
+
+    def __eq__(cls, other: object) -> bool:
+        calls.append("metaclass __eq__")
+        raise RuntimeError("class eq")
+
+
+class Odd(metaclass=HashRaises):
+    pass
+
+
+class Box:
+    def __init__(self) -> None:
+        self.odd = Odd()
+        self.kept = FakeTensor(2 * GiB)
+
+
+def test_an_attribute_whose_class_cannot_be_hashed_hides_none_of_the_holders_tensors():
+    calls.clear()
+    holders = scan({"box": Box(), "by_key": {Odd(): FakeTensor(MiB)}})
+    assert {(h.name, h.nbytes) for h in holders} == {("box", 2 * GiB), ("by_key", MiB)}
+    assert calls == []
+
+
+class Cell:
+    def __init__(self) -> None:
+        self.t = FakeTensor(MiB)
+
+
+def test_a_walk_past_its_time_bound_stops_reading_and_says_at_least():
+    # 300,000 objects: the walk stopped entering them at its bound, then still went through
+    # every item of the list (seconds here) before it returned.
+    many = [Cell() for _ in range(300_000)]
+    start = time.perf_counter()
+    (h,) = scan({"many": many}, walk_budget_s=0.01)
+    assert time.perf_counter() - start < 0.5
+    assert h.walk_capped
+
+
+def test_a_container_longer_than_the_item_cap_marks_its_holder_as_a_lower_bound():
+    big = [FakeTensor(GiB), *range(1_000_000), FakeTensor(GiB)]
+    (h,) = scan({"big": big}, walk_budget_s=60.0)
+    assert h.nbytes == GiB and h.walk_capped
+
+
+def test_a_simple_namespace_is_named_by_its_attributes_not_by_its_dict():
+    (h,) = scan({"cfg": types.SimpleNamespace(cache=FakeTensor(GiB))})
+    assert h.label == "cfg → cache"
+
+
+class CUDAGraph(metaclass=Noisy):
+    """A user's class that shares torch's name: its pool() is the user's code."""
+
+    def pool(self) -> Any:
+        calls.append("pool()")
+        return (1, 7)
+
+
+def test_the_pool_owner_search_runs_no_user_code_and_survives_a_hostile_namespace():
+    calls.clear()
+
+    class NoName(type):
+        def __getattribute__(cls, name: str) -> Any:
+            raise RuntimeError(name)
+
+    class Nameless(metaclass=NoName):
+        pass
+
+    ns = {"g": CUDAGraph(), "n": Nameless()}
+    watch = OomWatch(types.SimpleNamespace(shell=types.SimpleNamespace(user_ns=ns)),
+                     torch=types.SimpleNamespace())
+    pools = (PoolUse((1, 7), POOL_GRAPH, 2 * GiB, GiB),)
+    (named,) = watch._named_pools(pools)
+    assert named.owner == "" and calls == []
