@@ -159,3 +159,58 @@ def test_the_pool_owner_search_runs_no_user_code_and_survives_a_hostile_namespac
     pools = (PoolUse((1, 7), POOL_GRAPH, 2 * GiB, GiB),)
     (named,) = watch._named_pools(pools)
     assert named.owner == "" and calls == []
+
+
+class HistoryOnTorch:
+    """torch as the observer sees it while allocation history is recorded (``%%gpumem
+    --trace``, or the user's own ``_record_memory_history``): the whole snapshot would carry
+    the history, the segments alone are cheap."""
+
+    def __init__(self, segments: list[dict[str, Any]]) -> None:
+        self.segments = segments
+        self.calls: list[str] = []
+
+    def read(self, device: int) -> None:
+        return None
+
+    def grad_enabled(self) -> bool:
+        return False
+
+    def history_enabled(self) -> bool:
+        return True
+
+    def allocator_backend(self) -> str:
+        return "native"
+
+    def memory_snapshot(self) -> tuple[dict[str, Any] | None, str]:
+        self.calls.append("memory_snapshot")  # with history: the costly one
+        return {"segments": self.segments}, ""
+
+    def segments_snapshot(self) -> tuple[list[dict[str, Any]] | None, str]:
+        self.calls.append("segments_snapshot")
+        return self.segments, ""
+
+
+def test_with_history_recorded_the_observer_still_reads_the_pools_and_free_blocks():
+    # A CUDA graph's private pool with 80 GiB free (issue 24, point 2): with history on, the
+    # observer read no segments, so the pool was unknown and its free memory would be
+    # fragmentation again.
+    segments = [
+        {"device": 0, "total_size": 82 * GiB, "allocated_size": 2 * GiB,
+         "segment_pool_id": (1, 0), "blocks": [
+             {"size": 2 * GiB, "state": "active_allocated"},
+             {"size": 80 * GiB, "state": "inactive"}]},
+        {"device": 0, "total_size": 10 * GiB, "allocated_size": 9 * GiB, "blocks": [
+            {"size": 9 * GiB, "state": "active_allocated"},
+            {"size": GiB, "state": "inactive"}]},
+    ]
+    torch = HistoryOnTorch(segments)
+    host = types.SimpleNamespace(shell=types.SimpleNamespace(user_ns={}),
+                                 source=types.SimpleNamespace(), scan=lambda **kw: [])
+    watch = OomWatch(host, torch=torch)  # type: ignore[arg-type]
+    watch._on_oom(0, 4 * GiB, 140 * GiB, 0)
+    (ev,) = watch.events
+    assert [(p.pool_id, p.reserved_bytes, p.allocated_bytes) for p in ev.pools] == [
+        ((1, 0), 82 * GiB, 2 * GiB)]
+    assert ev.largest_free_block_bytes == GiB  # the default pool's own, not the graph's
+    assert "memory_snapshot" not in torch.calls

@@ -229,12 +229,16 @@ class OomWatch:
             t = self.clock()
             event.holders = tuple(self.host.scan(graph_budget_s=EXPLAIN_GRAPH_BUDGET_S))
             event.stage_s["observer_scan"] = self.clock() - t
-        if not self.torch.history_enabled() and \
-                self.torch.allocator_backend() != "cudaMallocAsync":
-            # Without recorded history the snapshot is just segments and blocks: cheap. The
-            # async pool has no segments to read a fragmentation verdict from.
+        if self.torch.allocator_backend() != "cudaMallocAsync":
+            # Segments and blocks only: cheap. With history recorded the whole snapshot would
+            # carry it, so the segments are read alone; skipping them left a CUDA graph's free
+            # pool unknown, and so called fragmentation. The async pool has no segments.
             t = self.clock()
-            snap, _ = self.torch.memory_snapshot()
+            if not self.torch.history_enabled():
+                snap, _ = self.torch.memory_snapshot()
+            else:
+                segs, _ = self.torch.segments_snapshot()
+                snap = {"segments": segs} if segs is not None else None
             if snap is not None:
                 event.largest_free_block_bytes, event.expandable_segments = \
                     _segment_facts(snap, device)
