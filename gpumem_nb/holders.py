@@ -141,6 +141,7 @@ class _Found:
     walk_capped: bool = False
     arrays: bool = False
     torch_tensors: bool = False
+    storages: list[tuple[int, int]] = field(default_factory=list)  # (address, bytes) on GPUs
 
 
 def _is_atom(obj: Any) -> bool:
@@ -556,6 +557,8 @@ class Scanner:
             f.tensors += 1
             if _is_a(t, self._tensor_type):
                 f.torch_tensors = True
+                if device.startswith("cuda"):
+                    f.storages.append((key[1], nbytes))
             else:
                 f.arrays = True
             for k in range(1, len(path) + 1):
@@ -828,7 +831,7 @@ def _holder(f: _Found) -> Holder:
                   graph_nodes=f.graph_nodes, graph_nodes_capped=f.graph_capped,
                   graph_bytes=f.graph_bytes, graph_bytes_capped=f.graph_capped,
                   graph_unsized=f.graph_unsized, path=path_of(f), walk_capped=f.walk_capped,
-                  arrays=f.arrays and not f.torch_tensors)
+                  arrays=f.arrays and not f.torch_tensors, storages=tuple(f.storages))
 
 
 # -- stored exceptions ---------------------------------------------------------------------------

@@ -214,3 +214,26 @@ def test_with_history_recorded_the_observer_still_reads_the_pools_and_free_block
         ((1, 0), 82 * GiB, 2 * GiB)]
     assert ev.largest_free_block_bytes == GiB  # the default pool's own, not the graph's
     assert "memory_snapshot" not in torch.calls
+
+
+def test_a_graphs_output_kept_in_a_variable_is_counted_once_in_the_explanations_ledger():
+    # A CUDA graph's static output lives in the graph's private pool and is kept by the user's
+    # variable: counted as the variable's and again as the pool's, the ledger's parts added up
+    # to more than was allocated, and "not found" shrank by as much.
+    from gpumem_nb.oom import OomFacts
+    from gpumem_nb.oom.watch import explanation_ledger, pools_in
+
+    static_out, weights = FakeTensor(2 * GiB), FakeTensor(9 * GiB)
+    holders = scan({"static_out": static_out, "weights": weights})
+    segments = [{"device": 0, "address": id(static_out), "total_size": 82 * GiB,
+                 "allocated_size": 2 * GiB, "segment_pool_id": (1, 0), "blocks": []},
+                {"device": 0, "address": id(weights), "total_size": 9 * GiB,
+                 "allocated_size": 9 * GiB, "blocks": []}]
+    facts = OomFacts(device=0, requested_bytes=GiB, total_bytes=140 * GiB, free_bytes=0,
+                     allocated_bytes=12 * GiB, reserved_bytes=92 * GiB, measured_at="failure",
+                     pools=pools_in(segments, 0))
+    led = explanation_ledger(facts, holders)
+    assert led is not None
+    parts = led.holders_bytes + led.graphs_bytes + led.computation_bytes + led.pools_bytes
+    assert parts + led.not_found_bytes == led.allocated_bytes
+    assert (led.holders_bytes, led.pools_bytes, led.not_found_bytes) == (11 * GiB, 0, GiB)

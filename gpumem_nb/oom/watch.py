@@ -616,6 +616,7 @@ def pools_in(segments: Iterable[Mapping[str, Any]], device: int,
              graph_trees: bool = False) -> tuple[PoolUse, ...]:
     """Each non-default pool's reserved and allocated bytes on ``device``."""
     sizes: dict[tuple[int, int], list[int]] = {}
+    ranges: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for seg in segments:
         if seg.get("device", device) != device:
             continue
@@ -630,8 +631,12 @@ def pools_in(segments: Iterable[Mapping[str, Any]], device: int,
         entry = sizes.setdefault(pid, [0, 0])
         entry[0] += total
         entry[1] += int(allocated)
+        address = seg.get("address")
+        if isinstance(address, int):
+            ranges.setdefault(pid, []).append((address, total))
     return tuple(PoolUse(pid, POOL_USER if pid[0] == 0 else POOL_GRAPH, r, a,
-                         graph_trees=graph_trees and pid[0] != 0)
+                         graph_trees=graph_trees and pid[0] != 0,
+                         ranges=tuple(ranges.get(pid, ())))
                  for pid, (r, a) in sizes.items())
 
 
@@ -700,9 +705,14 @@ def explanation_ledger(f: OomFacts, judged: Sequence[Holder]) -> Ledger | None:
     if f.measured_at == "failure":
         computation = cell_working_set_bytes(f, judged) or 0
         # What the running backward's inputs hold is listed among the holders already.
-    pools = tuple((f"the pool of {pool_owner_text(p)}", p.allocated_bytes) for p in f.pools)
-    return ledger(device, f.allocated_bytes,
-                  [h for h in judged if h.device.startswith("cuda")], computation_bytes=computation,
+    on_gpu = [h for h in judged if h.device.startswith("cuda")]
+    # A pool's tensors that a holder keeps (a CUDA graph's static outputs, kept in a variable)
+    # are that holder's: counted under both, the parts added up to more than was allocated.
+    pools = tuple((f"the pool of {pool_owner_text(p)}",
+                   max(p.allocated_bytes - sum(n for h in on_gpu for a, n in h.storages
+                                               if p.holds(a)), 0))
+                  for p in f.pools)
+    return ledger(device, f.allocated_bytes, on_gpu, computation_bytes=computation,
                   pools=pools)
 
 
