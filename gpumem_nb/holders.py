@@ -69,6 +69,7 @@ _TYPE_NAME = type.__dict__["__name__"]
 # CuPy's): a Python property there is the class's own code.
 _C_DESCRIPTORS = (types.GetSetDescriptorType, types.MemberDescriptorType)
 _CONTAINER_DEPTH = 2
+_PEEK_ITEMS = 8  # items looked at in a container past those levels, to say ≥ or not
 # A container longer than this is read up to here: a tensor past a million items is missed
 # rather than `who` taking minutes over a list of ten million objects.
 _MAX_ITEMS = 1_000_000
@@ -334,6 +335,8 @@ class Scanner:
         if id(type(obj)) in _PLAIN_IDS:  # the common case, and never a tensor or module
             if depth > 0:
                 yield from self._items_in(obj, depth, path, objdepth)
+            else:
+                self._note_unread(obj)
             return
         if _is_atom(obj):
             return
@@ -363,6 +366,8 @@ class Scanner:
         if _container_items(obj) is not None:  # a subclass of a builtin container
             if depth > 0:
                 yield from self._items_in(obj, depth, path, objdepth)
+            else:
+                self._note_unread(obj)
             return
         if objdepth > 0:
             self._path_classes.setdefault(path, type_name(type(obj)))
@@ -389,7 +394,10 @@ class Scanner:
                 if bounded and i & 1023 == 1023 and self._past_stop():
                     return
                 kind = id(type(item))
-                if kind in atoms or (last and kind in plain):
+                if kind in atoms:
+                    continue
+                if last and kind in plain:
+                    self._note_unread(item)
                     continue
                 step = key if (not path and self._namespace_root and type(key) is str) \
                     else _key_step(key)
@@ -407,7 +415,10 @@ class Scanner:
             if bounded and i & 1023 == 1023 and self._past_stop():
                 return
             kind = id(type(item))
-            if kind in atoms or (last and kind in plain):
+            if kind in atoms:
+                continue
+            if last and kind in plain:
+                self._note_unread(item)
                 continue
             yield from self._tensors_in(item, depth - 1,
                                         (*path, f"[{i}]" if ordered else "{…}"), objdepth)
@@ -417,6 +428,15 @@ class Scanner:
         self._walk_deadline = now + self.walk_budget_s
         self._stop_at = now + WALK_STOP_FACTOR * self.walk_budget_s
         self._stopped = False
+
+    def _note_unread(self, container: Any) -> None:
+        """A container past the walk's container levels is not read; if its first few items
+        are not all plain numbers or strings it may hold tensors, so the holder's bytes are a
+        lower bound (``[{"logits": t}]`` inside a list was missed without a word)."""
+        if not self._cut and any(id(type(x)) not in _ATOM_IDS
+                                 for x in itertools.islice(_container_items(container) or (),
+                                                           _PEEK_ITEMS)):
+            self._cut = True
 
     def _past_stop(self) -> bool:
         """Whether the scan is past its stop (then the current holder's walk is cut)."""

@@ -237,3 +237,61 @@ def test_a_graphs_output_kept_in_a_variable_is_counted_once_in_the_explanations_
     parts = led.holders_bytes + led.graphs_bytes + led.computation_bytes + led.pools_bytes
     assert parts + led.not_found_bytes == led.allocated_bytes
     assert (led.holders_bytes, led.pools_bytes, led.not_found_bytes) == (11 * GiB, 0, GiB)
+
+
+class Slotted:
+    __slots__ = ("item",)
+
+    def __init__(self, item: Any) -> None:
+        self.item = item
+
+
+class Attrs:
+    def __init__(self, item: Any) -> None:
+        self.item = item
+
+
+_WRAPS = (lambda x: [x], lambda x: {"k": x}, Slotted, Attrs, lambda x: (lambda: x),
+          lambda x: types.SimpleNamespace(v=x))
+
+
+def test_tensors_shared_by_many_holders_are_counted_once_and_the_ledger_adds_up():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from gpumem_nb.ledger import ledger
+
+    @settings(max_examples=150, deadline=None)
+    @given(sizes=st.lists(st.integers(1, 4 * GiB), min_size=1, max_size=8),
+           holders=st.lists(st.lists(st.tuples(st.integers(0, 7), st.integers(0, 5),
+                                               st.integers(0, 5)), max_size=6),
+                            min_size=1, max_size=6),
+           extra=st.integers(0, 8 * GiB))
+    def check(sizes: list[int], holders: list[list[tuple[int, int, int]]], extra: int) -> None:
+        tensors = [FakeTensor(n) for n in sizes]
+        ns: dict[str, Any] = {}
+        kept: set[int] = set()
+        for i, picks in enumerate(holders):
+            items = []
+            for which, outer, inner in picks:
+                k = which % len(tensors)
+                kept.add(k)
+                items.append(_WRAPS[outer](Attrs(_WRAPS[inner](tensors[k]))))
+            ns[f"h{i}"] = Attrs(tuple(items))  # within the walk's levels: found in full
+        found = scan(ns, walk_budget_s=60.0)
+        held = sum(sizes[k] for k in kept)
+        assert sum(h.nbytes for h in found) == held
+        led = ledger("cuda:0", held + extra, found)
+        assert led.holders_bytes + led.not_found_bytes == led.allocated_bytes
+        assert led.shows_not_found == (extra > 0.01 * (held + extra))
+
+    check()
+
+
+def test_a_tensor_past_the_walks_container_levels_marks_its_holder_as_a_lower_bound():
+    # A dict of lists of dicts (results per run): the walk reads two container levels, so
+    # the innermost dict was skipped without a word and its tensors were "not found".
+    (h,) = scan({"runs": {"a": [FakeTensor(MiB), {"logits": FakeTensor(GiB)}]}})
+    assert h.nbytes == MiB and h.walk_capped
+    (plain,) = scan({"rows": [FakeTensor(MiB), [[1, 2], [3.0, "x"]]]})
+    assert not plain.walk_capped  # plain numbers past the levels: nothing can hide there
