@@ -13,7 +13,7 @@ from the same holder scan (``holders.Scanner``, which gives each storage to one 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,12 +92,26 @@ def ledger(device: str, allocated_bytes: int, holders: Iterable[Holder], *,
                   pools=tuple(pools), capped=capped)
 
 
-def ledgers_of(sample: Any, holders: Sequence[Holder]) -> tuple[Ledger, ...]:
-    """One ledger per GPU of a reading (``model.Sample``) with allocator figures."""
+# Each GPU's memory pools other than the default, as the ledger's (label, bytes) parts.
+PoolParts = Callable[[Sequence[Holder]], Mapping[int, Sequence[tuple[str, int]]]]
+
+
+def ledgers_of(sample: Any, holders: Sequence[Holder],
+               pools: PoolParts | None = None) -> tuple[Ledger, ...]:
+    """One ledger per GPU of a reading (``model.Sample``) with allocator figures, with each
+    GPU's private pools where ``pools`` reads them (the OOM explainer's own reading: `who`,
+    `cleanup --dry-run` and the explanation split the same bytes the same way)."""
+    parts: Mapping[int, Sequence[tuple[str, int]]] = {}
+    if pools is not None:
+        try:
+            parts = pools(holders)
+        except Exception:
+            parts = {}
     out = []
     for d in getattr(sample, "devices", ()) or ():
         al = getattr(d, "allocator", None)
         if al is None or al.allocated_bytes is None:
             continue
-        out.append(ledger(f"cuda:{d.index}", int(al.allocated_bytes), holders))
+        out.append(ledger(f"cuda:{d.index}", int(al.allocated_bytes), holders,
+                          pools=parts.get(d.index, ())))
     return tuple(out)

@@ -295,3 +295,36 @@ def test_a_tensor_past_the_walks_container_levels_marks_its_holder_as_a_lower_bo
     assert h.nbytes == MiB and h.walk_capped
     (plain,) = scan({"rows": [FakeTensor(MiB), [[1, 2], [3.0, "x"]]]})
     assert not plain.walk_capped  # plain numbers past the levels: nothing can hide there
+
+
+def test_who_and_the_dry_run_split_a_private_pool_as_the_explanation_does(
+        shell: Any, monkeypatch: Any, capsys: Any) -> None:
+    # A CUDA graph's pool holding 5 GiB that no variable keeps (what the graph's replays
+    # write into): the explanation said "in the pool of a CUDA graph", `who` and the dry run
+    # "not found: 5.00 GiB": one ledger, read three ways.
+    from .test_oom import make_world, run
+
+    w = make_world(monkeypatch)
+    run(shell, "%load_ext gpumem_nb")
+    shell.user_ns.update(cuda=w.cuda, GiB=GiB)
+    run(shell, "weights = cuda.tensor(9 * GiB)")
+    graph_owned = w.cuda.tensor(5 * GiB)  # kept here, as a graph keeps its pool's tensors
+    plain = w.cuda.memory._build_snapshot
+
+    def with_pool() -> dict[str, Any]:
+        snap = plain()
+        snap["segments"].append({"device": 0, "address": 1 << 60,
+                                 "total_size": 8 * GiB, "allocated_size": 5 * GiB,
+                                 "segment_pool_id": (1, 0), "blocks": []})
+        return snap
+
+    monkeypatch.setattr(w.cuda.memory, "_build_snapshot", with_pool)
+    capsys.readouterr()
+    who = shell.run_line_magic("gpumem", "who -o")
+    dry = shell.run_line_magic("gpumem", "cleanup --dry-run -o")
+    for led in (who.ledgers[0], dry.ledgers[0]):
+        assert led.pools == (("the pool of a CUDA graph (torch.cuda.graph / CUDAGraph)",
+                              5 * GiB),)
+        assert (led.holders_bytes, led.not_found_bytes) == (9 * GiB, 0)
+        assert "not found" not in led.line()
+    del graph_owned

@@ -258,6 +258,25 @@ class OomWatch:
             return ()
         return self._named_pools(pools_in(segs or (), device, _graph_trees_loaded()))
 
+    def ledger_pools(self, holders: Sequence[Holder]) -> dict[int, tuple[tuple[str, int], ...]]:
+        """Every GPU's private pools as ledger parts, for `who` and `cleanup --dry-run`: one
+        reading of the segments (cheap, no history), none before CUDA is up."""
+        if not self.torch.initialized or \
+                self.torch.allocator_backend() == "cudaMallocAsync":
+            return {}
+        try:
+            segs, _ = self.torch.segments_snapshot()
+        except Exception:
+            return {}
+        devices = {seg.get("device") for seg in segs or () if isinstance(seg, Mapping)}
+        out: dict[int, tuple[tuple[str, int], ...]] = {}
+        for device in devices:
+            if isinstance(device, int):
+                pools = self._named_pools(pools_in(segs or (), device, _graph_trees_loaded()))
+                if pools:
+                    out[device] = pool_parts(pools, holders)
+        return out
+
     def _named_pools(self, pools: tuple[PoolUse, ...]) -> tuple[PoolUse, ...]:
         """Each pool with the user variable that owns it, where one is found at the top of
         the namespace (a ``CUDAGraph``'s ``pool()``, a ``MemPool``'s ``id``: torch's own
@@ -411,7 +430,7 @@ class OomWatch:
         figures only, never NVML's."""
         if event is None:
             return CleanupRequest(dry_run=True, clear_output=True, reuse_sample=pieces.sample,
-                                  reuse_holders=pieces.holders)
+                                  reuse_holders=pieces.holders, pools=self.ledger_pools)
         hot = getattr(self.host, "read_hot", None)
         sample: Sample | None = None
         if hot is not None:
@@ -420,7 +439,7 @@ class OomWatch:
             except Exception:
                 sample = None
         return CleanupRequest(dry_run=True, clear_output=True, reuse_sample=sample,
-                              graph_budget_s=EXPLAIN_GRAPH_BUDGET_S)
+                              graph_budget_s=EXPLAIN_GRAPH_BUDGET_S, pools=self.ledger_pools)
 
     def _event_for(self, msg: OomMessage, generation: int | None) -> OomEvent | None:
         """The observer's record of this error: the latest event of this cell that matches
@@ -706,14 +725,18 @@ def explanation_ledger(f: OomFacts, judged: Sequence[Holder]) -> Ledger | None:
         computation = cell_working_set_bytes(f, judged) or 0
         # What the running backward's inputs hold is listed among the holders already.
     on_gpu = [h for h in judged if h.device.startswith("cuda")]
-    # A pool's tensors that a holder keeps (a CUDA graph's static outputs, kept in a variable)
-    # are that holder's: counted under both, the parts added up to more than was allocated.
-    pools = tuple((f"the pool of {pool_owner_text(p)}",
-                   max(p.allocated_bytes - sum(n for h in on_gpu for a, n in h.storages
-                                               if p.holds(a)), 0))
-                  for p in f.pools)
     return ledger(device, f.allocated_bytes, on_gpu, computation_bytes=computation,
-                  pools=pools)
+                  pools=pool_parts(f.pools, on_gpu))
+
+
+def pool_parts(pools: Iterable[PoolUse], holders: Sequence[Holder]) -> tuple[tuple[str, int], ...]:
+    """Each pool's part of the ledger: its allocated bytes less what the holders keep in it.
+    A pool's tensors that a holder keeps (a CUDA graph's static outputs, kept in a variable)
+    are that holder's: counted under both, the parts added up to more than was allocated."""
+    return tuple((f"the pool of {pool_owner_text(p)}",
+                  max(p.allocated_bytes - sum(n for h in holders for a, n in h.storages
+                                              if p.holds(a)), 0))
+                 for p in pools)
 
 
 def _graph_trees_loaded() -> bool:
