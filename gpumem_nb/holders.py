@@ -65,6 +65,7 @@ _KEY_IDS = frozenset(map(id, (str, int, float, bool, bytes)))
 _TYPE_MRO = type.__dict__["__mro__"]
 _TYPE_DICT = type.__dict__["__dict__"]
 _TYPE_NAME = type.__dict__["__name__"]
+_MODULE_DICT: Any = vars(types.ModuleType)["__dict__"]
 # Attributes read on an array-like only through these descriptor types, written in C (numpy's,
 # CuPy's): a Python property there is the class's own code.
 _C_DESCRIPTORS = (types.GetSetDescriptorType, types.MemberDescriptorType)
@@ -720,10 +721,7 @@ class Scanner:
             objs = gc.get_objects()
             unfound: list[Any] = []
             for obj in objs:
-                try:
-                    if type(obj) in _ATOM_TYPES:
-                        continue
-                except Exception:
+                if id(type(obj)) in _ATOM_IDS:
                     continue
                 info = self._tensor_info(obj)
                 if info is not None and info[2] not in self._seen:
@@ -791,16 +789,32 @@ def owner_of(obj: Any, skip: set[int], user_ns: Mapping[Any, Any]) -> str | None
         elif t is types.TracebackType or t is types.CellType:
             pass
         elif issubclass(t, BaseException):
-            steps.append(f" ({t.__name__}'s traceback)")
+            steps.append(f" ({type_name(t)}'s traceback)")
         elif issubclass(t, type):
             # The class's own __dict__ is the referrer one level down: its key is the name.
-            return f"{r.__qualname__}{''.join(reversed(steps))} (class attribute)"
+            return f"{_qualname(r)}{''.join(reversed(steps))} (class attribute)"
         elif t is types.ModuleType:
-            return f"{r.__name__}{''.join(reversed(steps))} (module global)"
+            return f"{_module_name(r)}{''.join(reversed(steps))} (module global)"
         else:
-            steps.append(f" (in a {t.__name__})")
+            steps.append(f" (in a {type_name(t)})")
         obj = r
     return None
+
+
+def _qualname(t: Any) -> str:
+    try:
+        name = type.__dict__["__qualname__"].__get__(t)
+    except Exception:
+        return "?"
+    return name if type(name) is str else "?"
+
+
+def _module_name(m: Any) -> str:
+    try:
+        name = _MODULE_DICT.__get__(m).get("__name__")
+    except Exception:
+        return "?"
+    return name if type(name) is str else "?"
 
 
 def _key_step(key: Any) -> str:

@@ -328,3 +328,22 @@ def test_who_and_the_dry_run_split_a_private_pool_as_the_explanation_does(
         assert (led.holders_bytes, led.not_found_bytes) == (9 * GiB, 0)
         assert "not found" not in led.line()
     del graph_owned
+
+
+class Registry(metaclass=Noisy):
+    kept: list[Any] = []  # noqa: RUF012 (the class-level list is the point)
+
+
+def test_who_gc_names_a_class_attribute_without_running_its_metaclass():
+    from .fakes import fake_torch
+
+    Registry.kept.append(FakeTensor(3 * GiB))
+    calls.clear()
+    try:
+        found = Scanner({"torch": fake_torch()}).scan({"r": Registry()}, include_gc=True)
+        names = [h.name for h in found if h.nbytes == 3 * GiB]
+        assert names == ["found through the garbage collector: "
+                         "Registry.kept[0] (class attribute)"]
+        assert calls == []
+    finally:
+        type.__getattribute__(Registry, "kept").clear()
