@@ -49,7 +49,7 @@ from .holders import (
     stored_cell_exception,
     traceback_links,
 )
-from .ledger import Ledger, ledgers_of
+from .ledger import Ledger, PoolParts, ledgers_of
 from .model import Holder, Sample
 from .report import html_table, text_table
 from .sources.torch import TorchDebug, TorchSource
@@ -172,6 +172,8 @@ class CleanupRequest:
     reuse_sample: Sample | None = None
     reuse_holders: Sequence[Holder] | None = None
     graph_budget_s: float | None = None  # the dry run's scan: time for autograd graphs
+    # Each GPU's private pools for the dry run's ledger (the OOM explainer's reading).
+    pools: PoolParts | None = None
 
 
 # -- naming variables ----------------------------------------------------------------------------
@@ -590,7 +592,8 @@ def _estimate(request: CleanupRequest, names: list[str], shell: Any,
         steps.append(StepResult("empty_cache", cache.did(), freed_reserved_bytes=cache.nbytes,
                                 brief=cache.brief()))
     return CleanupReport(steps=tuple(steps), before=first, after=first, dry_run=True,
-                         ledgers=ledgers_of(sample, holders, allocator_segments(mods)))
+                         ledgers=ledgers_of(sample, holders, allocator_segments(mods),
+                                            request.pools))
 
 
 def allocator_segments(mods: Mapping[str, Any] | None = None) -> list[dict[str, Any]] | None:

@@ -55,7 +55,22 @@ _ATOMS = (int, float, complex, str, bytes, bool, type(None), types.ModuleType, t
           bytearray)
 _ATOM_TYPES = frozenset(_ATOMS)
 _PLAIN_CONTAINERS = frozenset((dict, list, tuple, set, frozenset))
+# The same, by identity: testing a type's membership in a set hashes it, and comparing it in
+# a tuple may call ``__eq__``: a metaclass's own code, which may raise or do anything.
+_ATOM_IDS = frozenset(map(id, _ATOMS))
+_PLAIN_IDS = frozenset(map(id, _PLAIN_CONTAINERS))
+_KEY_IDS = frozenset(map(id, (str, int, float, bool, bytes)))
+# A class's own lookups through ``type``'s C descriptors: a metaclass's ``__getattribute__``
+# or ``__getattr__`` never runs.
+_TYPE_MRO = type.__dict__["__mro__"]
+_TYPE_DICT = type.__dict__["__dict__"]
+_TYPE_NAME = type.__dict__["__name__"]
+_MODULE_DICT: Any = vars(types.ModuleType)["__dict__"]
+# Attributes read on an array-like only through these descriptor types, written in C (numpy's,
+# CuPy's): a Python property there is the class's own code.
+_C_DESCRIPTORS = (types.GetSetDescriptorType, types.MemberDescriptorType)
 _CONTAINER_DEPTH = 2
+_PEEK_ITEMS = 8  # items looked at in a container past those levels, to say ≥ or not
 # A container longer than this is read up to here: a tensor past a million items is missed
 # rather than `who` taking minutes over a list of ten million objects.
 _MAX_ITEMS = 1_000_000
@@ -71,6 +86,10 @@ GRAPH_BUDGET_S = 0.03
 _OBJECT_DEPTH = 5
 OBJECT_CAP = 200_000
 WALK_BUDGET_S = 0.05
+# Past the budget no more objects are entered; past this many times it no container's items
+# are read either (but a frame's locals): 300,000 objects in a list took seconds to pass over
+# once nothing could be entered any more.
+WALK_STOP_FACTOR = 2
 # A holder's path goes down to the object inside it that keeps this share of its bytes.
 _PATH_SHARE = 0.9
 _CHAIN_CAP = 100  # chained exceptions followed
@@ -78,6 +97,28 @@ _LINK_CAP = 10_000  # traceback links followed per exception
 _GENERATOR_FLAGS = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
                     | inspect.CO_ITERABLE_COROUTINE)
 _MISSING = object()
+
+
+def type_name(t: Any) -> str:
+    """A class's ``__name__`` without its metaclass's code; "?" where it has none."""
+    try:
+        name = _TYPE_NAME.__get__(t)
+    except Exception:
+        return "?"
+    return name if type(name) is str else "?"
+
+
+def static_attribute(t: Any, name: str) -> Any:
+    """What ``name`` is in the class's own dictionaries, along its MRO, found without running
+    any code of the class or its metaclass; ``_MISSING`` where none defines it."""
+    try:
+        for klass in _TYPE_MRO.__get__(t):
+            ns = _TYPE_DICT.__get__(klass)
+            if name in ns:
+                return ns[name]
+    except Exception:
+        pass
+    return _MISSING
 
 
 @dataclass
@@ -102,16 +143,17 @@ class _Found:
     walk_capped: bool = False
     arrays: bool = False
     torch_tensors: bool = False
+    storages: list[tuple[int, int]] = field(default_factory=list)  # (address, bytes) on GPUs
 
 
 def _is_atom(obj: Any) -> bool:
     t = type(obj)
+    if id(t) in _ATOM_IDS:
+        return True
     try:
-        if t in _ATOM_TYPES:
-            return True
-    except Exception:  # a class whose metaclass makes hashing raise
+        return issubclass(t, _ATOMS)
+    except Exception:
         return False
-    return issubclass(t, _ATOMS)
 
 
 # What a class's namespace holds that is no state of its own: methods and descriptors.
@@ -147,6 +189,15 @@ def _bounded(make: Callable[[], Iterable[Any]]) -> Iterator[Any]:
         yield from itertools.islice(make(), _MAX_ITEMS)
     except Exception:
         return
+
+
+def _container_len(obj: Any) -> int:
+    """A builtin container's length by its base type's own ``__len__``."""
+    t = type(obj)
+    for base in (dict, list, tuple, set, frozenset):
+        if issubclass(t, base):
+            return int(base.__len__(obj))
+    return 0
 
 
 def _container_items(obj: Any) -> Iterable[Any] | None:
@@ -222,7 +273,12 @@ class Scanner:
         self._cut = False  # the current holder's walk was cut by a bound
         self._namespace_root = False  # the holder is a frame's locals: keys are local names
         self._path_classes: dict[tuple[str, ...], str] = {}
-        self._plans: dict[type, tuple[Any, tuple[tuple[str, Any], ...]]] = {}
+        # Keyed by the class's id (hashing a class may run its metaclass's code), the class
+        # kept with its plan so that the id stays its own.
+        self._plans: dict[int, tuple[type, tuple[Any, tuple[tuple[str, Any], ...]]]] = {}
+        self._arrays: dict[int, tuple[type, tuple[Any, Any, bool] | None]] = {}
+        self._stop_at = 0.0  # past this, the scan reads no more container items
+        self._stopped = False
         self.walk_capped = False  # some holder's object walk was cut this scan
         self.skipped = 0  # objects that raised while being looked at
         self.graph_s = 0.0  # the last scan's time in graph walks
@@ -251,16 +307,33 @@ class Scanner:
             except Exception:
                 n = int(t.element_size() * t.nelement())
                 return device, n, (device, id(t))
-        if getattr(type(t), "nbytes", None) is None:
+        plan = self._array_plan(type(t))
+        if plan is None:
             return None
-        if not (hasattr(t, "shape") and hasattr(t, "dtype")):
-            return None
-        n = int(t.nbytes)
+        nbytes_desc, base_desc, on_device = plan
+        n = int(nbytes_desc.__get__(t, type(t)))
         if n < 0:
             return None
-        device = "cuda" if hasattr(t, "__cuda_array_interface__") else "cpu"
-        base = getattr(t, "base", None)
+        device = "cuda" if on_device else "cpu"
+        base = base_desc.__get__(t, type(t)) if base_desc is not None else None
         return device, n, (device, id(base if base is not None else t))
+
+    def _array_plan(self, t: type) -> tuple[Any, Any, bool] | None:
+        """How to read an array of this class (numpy's, CuPy's): its ``nbytes`` and ``base``
+        descriptors and whether it lives on a GPU, or None for a class that is not one. Only
+        C descriptors count: a Python ``nbytes``/``shape``/``dtype`` property (a lazy
+        dataset) would be the user's code, run by looking."""
+        cached = self._arrays.get(id(t))
+        if cached is not None and cached[0] is t:
+            return cached[1]
+        plan: tuple[Any, Any, bool] | None = None
+        found = [static_attribute(t, n) for n in ("nbytes", "shape", "dtype")]
+        if all(type(d) in _C_DESCRIPTORS for d in found):
+            base = static_attribute(t, "base")
+            plan = (found[0], base if type(base) in _C_DESCRIPTORS else None,
+                    static_attribute(t, "__cuda_array_interface__") is not _MISSING)
+        self._arrays[id(t)] = (t, plan)
+        return plan
 
     def _grad_fn(self, t: Any) -> Any:
         if not _is_a(t, self._tensor_type):
@@ -276,9 +349,11 @@ class Scanner:
         ``depth`` levels down; objects of any other class (their ``__dict__``, ``__slots__``,
         a function's closure cells) ``objdepth`` objects down, each starting the container
         levels afresh."""
-        if type(obj) in _PLAIN_CONTAINERS:  # the common case, and never a tensor or module
+        if id(type(obj)) in _PLAIN_IDS:  # the common case, and never a tensor or module
             if depth > 0:
                 yield from self._items_in(obj, depth, path, objdepth)
+            else:
+                self._note_unread(obj)
             return
         if _is_atom(obj):
             return
@@ -308,10 +383,11 @@ class Scanner:
         if _container_items(obj) is not None:  # a subclass of a builtin container
             if depth > 0:
                 yield from self._items_in(obj, depth, path, objdepth)
+            else:
+                self._note_unread(obj)
             return
         if objdepth > 0:
-            with contextlib.suppress(Exception):
-                self._path_classes.setdefault(path, type(obj).__name__)
+            self._path_classes.setdefault(path, type_name(type(obj)))
             yield from self._attributes_of(obj, path, objdepth)
 
     def _items_in(self, obj: Any, depth: int, path: tuple[str, ...],
@@ -320,12 +396,25 @@ class Scanner:
         # million-element case) cost one hash probe per item, and a plain container at the
         # last level holds nothing that is looked at. The item's path is made only for an
         # item that is looked into.
-        atoms, plain, last = _ATOM_TYPES, _PLAIN_CONTAINERS, depth == 1
+        atoms, plain, last = _ATOM_IDS, _PLAIN_IDS, depth == 1
+        # Past the scan's stop a container is read up to its 1,024th item (small ones, and
+        # frame locals, in full): the walk ends soon, yet a tensor kept in a short list next
+        # to a namespace of millions of objects is still found.
+        bounded = bool(path) or not self._namespace_root
         t = type(obj)
         if issubclass(t, dict):
+            if dict.__len__(obj) > _MAX_ITEMS:
+                self._cut = True
+            i = -1
             for key, item in itertools.islice(dict.items(obj), _MAX_ITEMS):
-                kind = type(item)
-                if kind in atoms or (last and kind in plain):
+                i += 1
+                if bounded and i & 1023 == 1023 and self._past_stop():
+                    return
+                kind = id(type(item))
+                if kind in atoms:
+                    continue
+                if last and kind in plain:
+                    self._note_unread(item)
                     continue
                 step = key if (not path and self._namespace_root and type(key) is str) \
                     else _key_step(key)
@@ -334,15 +423,43 @@ class Scanner:
         items = _container_items(obj)
         if items is None:
             return
+        if _container_len(obj) > _MAX_ITEMS:
+            self._cut = True
         ordered = not issubclass(t, (set, frozenset))
         i = -1
         for item in itertools.islice(items, _MAX_ITEMS):
             i += 1
-            kind = type(item)
-            if kind in atoms or (last and kind in plain):
+            if bounded and i & 1023 == 1023 and self._past_stop():
+                return
+            kind = id(type(item))
+            if kind in atoms:
+                continue
+            if last and kind in plain:
+                self._note_unread(item)
                 continue
             yield from self._tensors_in(item, depth - 1,
                                         (*path, f"[{i}]" if ordered else "{…}"), objdepth)
+
+    def _start_walk(self) -> None:
+        now = time.perf_counter()
+        self._walk_deadline = now + self.walk_budget_s
+        self._stop_at = now + WALK_STOP_FACTOR * self.walk_budget_s
+        self._stopped = False
+
+    def _note_unread(self, container: Any) -> None:
+        """A container past the walk's container levels is not read; if its first few items
+        are not all plain numbers or strings it may hold tensors, so the holder's bytes are a
+        lower bound (``[{"logits": t}]`` inside a list was missed without a word)."""
+        if not self._cut and any(id(type(x)) not in _ATOM_IDS
+                                 for x in itertools.islice(_container_items(container) or (),
+                                                           _PEEK_ITEMS)):
+            self._cut = True
+
+    def _past_stop(self) -> bool:
+        """Whether the scan is past its stop (then the current holder's walk is cut)."""
+        if self._stopped or time.perf_counter() > self._stop_at:
+            self._stopped = self._cut = True
+        return self._stopped
 
     def _enter(self, obj: Any) -> bool:
         """Whether to walk into this object: once per scan, within the scan's bounds."""
@@ -360,25 +477,29 @@ class Scanner:
         """The class's own C descriptors for an instance's ``__dict__`` and slots: reading
         them runs no code of the class (no property, no ``__getattr__`` or
         ``__getattribute__``)."""
-        plan = self._plans.get(t)
-        if plan is None:
-            dict_desc: Any = None
-            slots: list[tuple[str, Any]] = []
-            seen: set[str] = set()
-            for klass in type.__dict__["__mro__"].__get__(t):
-                try:
-                    ns = type.__dict__["__dict__"].__get__(klass)
-                except Exception:
+        cached = self._plans.get(id(t))
+        if cached is not None and cached[0] is t:
+            return cached[1]
+        dict_desc: Any = None
+        slots: list[tuple[str, Any]] = []
+        seen: set[str] = set()
+        for klass in _TYPE_MRO.__get__(t):
+            try:
+                ns = _TYPE_DICT.__get__(klass)
+            except Exception:
+                continue
+            for name, desc in list(ns.items()):
+                if type(name) is not str or name in seen:
                     continue
-                for name, desc in list(ns.items()):
-                    if name in seen or not isinstance(name, str):
-                        continue
-                    seen.add(name)
-                    if name == "__dict__" and type(desc) is types.GetSetDescriptorType:
-                        dict_desc = dict_desc or desc
-                    elif type(desc) is types.MemberDescriptorType and name != "__weakref__":
-                        slots.append((name, desc))
-            plan = self._plans[t] = (dict_desc, tuple(slots))
+                seen.add(name)
+                if name == "__dict__" and type(desc) in _C_DESCRIPTORS:
+                    # A member for C types that keep their dict in a struct field
+                    # (SimpleNamespace): its items are the attributes all the same.
+                    dict_desc = dict_desc or desc
+                elif type(desc) is types.MemberDescriptorType and name != "__weakref__":
+                    slots.append((name, desc))
+        plan = (dict_desc, tuple(slots))
+        self._plans[id(t)] = (t, plan)
         return plan
 
     def _attributes_of(self, obj: Any, path: tuple[str, ...],
@@ -405,7 +526,7 @@ class Scanner:
                 attrs = None
             if type(attrs) is dict:
                 for name, value in list(attrs.items()):
-                    if type(value) in _ATOM_TYPES:
+                    if id(type(value)) in _ATOM_IDS:
                         continue
                     yield from self._tensors_in(value, _CONTAINER_DEPTH,
                                                 (*path, f".{name}"), objdepth - 1)
@@ -495,6 +616,8 @@ class Scanner:
             f.tensors += 1
             if _is_a(t, self._tensor_type):
                 f.torch_tensors = True
+                if device.startswith("cuda"):
+                    f.storages.append((key[1], nbytes))
             else:
                 f.arrays = True
             for k in range(1, len(path) + 1):
@@ -562,7 +685,7 @@ class Scanner:
         bounds (a fresh walk: nothing an earlier scan entered is skipped)."""
         self._entered.clear()
         self._entered_n = 0
-        self._walk_deadline = time.perf_counter() + self.walk_budget_s
+        self._start_walk()
         try:
             return list(self._tensors_in(obj, _CONTAINER_DEPTH))
         except Exception:
@@ -606,7 +729,7 @@ class Scanner:
         self._entered.clear()
         self._entered_n = 0
         self.walk_capped = False
-        self._walk_deadline = time.perf_counter() + self.walk_budget_s
+        self._start_walk()
         self.graph_s, self.graph_nodes = 0.0, 0
         out = dict(output_cache or {})
         cached = output_cache_names(user_ns, out, hidden)
@@ -636,10 +759,7 @@ class Scanner:
             objs = gc.get_objects()
             unfound: list[Any] = []
             for obj in objs:
-                try:
-                    if type(obj) in _ATOM_TYPES:
-                        continue
-                except Exception:
+                if id(type(obj)) in _ATOM_IDS:
                     continue
                 info = self._tensor_info(obj)
                 if info is not None and info[2] not in self._seen:
@@ -707,21 +827,37 @@ def owner_of(obj: Any, skip: set[int], user_ns: Mapping[Any, Any]) -> str | None
         elif t is types.TracebackType or t is types.CellType:
             pass
         elif issubclass(t, BaseException):
-            steps.append(f" ({t.__name__}'s traceback)")
+            steps.append(f" ({type_name(t)}'s traceback)")
         elif issubclass(t, type):
             # The class's own __dict__ is the referrer one level down: its key is the name.
-            return f"{r.__qualname__}{''.join(reversed(steps))} (class attribute)"
+            return f"{_qualname(r)}{''.join(reversed(steps))} (class attribute)"
         elif t is types.ModuleType:
-            return f"{r.__name__}{''.join(reversed(steps))} (module global)"
+            return f"{_module_name(r)}{''.join(reversed(steps))} (module global)"
         else:
-            steps.append(f" (in a {t.__name__})")
+            steps.append(f" (in a {type_name(t)})")
         obj = r
     return None
 
 
+def _qualname(t: Any) -> str:
+    try:
+        name = type.__dict__["__qualname__"].__get__(t)
+    except Exception:
+        return "?"
+    return name if type(name) is str else "?"
+
+
+def _module_name(m: Any) -> str:
+    try:
+        name = _MODULE_DICT.__get__(m).get("__name__")
+    except Exception:
+        return "?"
+    return name if type(name) is str else "?"
+
+
 def _key_step(key: Any) -> str:
     """``['past_key_values']``, ``[3]``; ``[…]`` for a key whose repr could run code."""
-    if type(key) in (str, int, float, bool, bytes) or key is None:
+    if id(type(key)) in _KEY_IDS or key is None:
         text = repr(key)
         return f"[{text}]" if len(text) <= 40 else f"[{text[:37]}…]"
     return "[…]"
@@ -767,7 +903,7 @@ def _holder(f: _Found) -> Holder:
                   graph_nodes=f.graph_nodes, graph_nodes_capped=f.graph_capped,
                   graph_bytes=f.graph_bytes, graph_bytes_capped=f.graph_capped,
                   graph_unsized=f.graph_unsized, path=path_of(f), walk_capped=f.walk_capped,
-                  arrays=f.arrays and not f.torch_tensors)
+                  arrays=f.arrays and not f.torch_tensors, storages=tuple(f.storages))
 
 
 # -- stored exceptions ---------------------------------------------------------------------------

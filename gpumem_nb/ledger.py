@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,10 +107,23 @@ def ledger(device: str, allocated_bytes: int, holders: Iterable[Holder], *,
                   workspaces_bytes=max(min(workspaces_bytes, rest), 0))
 
 
+# Each GPU's memory pools other than the default, as the ledger's (label, bytes) parts.
+PoolParts = Callable[[Sequence[Holder]], Mapping[int, Sequence[tuple[str, int]]]]
+
+
 def ledgers_of(sample: Any, holders: Sequence[Holder],
-               segments: Sequence[Mapping[str, Any]] | None = None) -> tuple[Ledger, ...]:
+               segments: Sequence[Mapping[str, Any]] | None = None,
+               pools: PoolParts | None = None) -> tuple[Ledger, ...]:
     """One ledger per GPU of a reading (``model.Sample``) with allocator figures; with the
-    allocator's segments (``TorchSource.segments_snapshot``), cuBLAS's workspaces too."""
+    allocator's segments (``TorchSource.segments_snapshot``), cuBLAS's workspaces too, and
+    each GPU's private pools where ``pools`` reads them (the OOM explainer's own reading:
+    `who`, `cleanup --dry-run` and the explanation split the same bytes the same way)."""
+    parts: Mapping[int, Sequence[tuple[str, int]]] = {}
+    if pools is not None:
+        try:
+            parts = pools(holders)
+        except Exception:
+            parts = {}
     out = []
     for d in getattr(sample, "devices", ()) or ():
         al = getattr(d, "allocator", None)
@@ -121,7 +134,7 @@ def ledgers_of(sample: Any, holders: Sequence[Holder],
         except (TypeError, ValueError, AttributeError):  # segments of another shape
             ws = 0
         out.append(ledger(f"cuda:{d.index}", int(al.allocated_bytes), holders,
-                          workspaces_bytes=ws))
+                          pools=parts.get(d.index, ()), workspaces_bytes=ws))
     return tuple(out)
 
 

@@ -442,7 +442,8 @@ class GpumemMagics(Magics):
             raise UsageError("-n must be a positive number of holders")
         holders = self.monitor.scan(include_gc=args.gc)
         try:
-            ledgers = ledgers_of(self.monitor.read_hot(), holders, cleanup.allocator_segments())
+            ledgers = ledgers_of(self.monitor.read_hot(), holders, cleanup.allocator_segments(),
+                                 self.monitor.oom.ledger_pools)
         except Exception:  # a reading that fails leaves the table as it is
             ledgers = ()
         report = WhoReport(holders[: args.n], total=len(holders), ledgers=ledgers)
@@ -460,6 +461,7 @@ class GpumemMagics(Magics):
         request = cleanup.CleanupRequest(
             clear_traceback=not args.keep_traceback, clear_output=args.out,
             delete_vars=names, dry_run=args.dry_run, find_holders=True,
+            pools=self.monitor.oom.ledger_pools,
         )
         try:
             report = self.monitor.cleanup(request)

@@ -3,7 +3,7 @@ observer at the failure or from the message and readings after it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..model import (
@@ -44,6 +44,11 @@ class PoolUse:
     allocated_bytes: int
     owner: str = ""  # the variable that keeps it, where one was found
     graph_trees: bool = False  # torch.compile's CUDA graph trees are loaded
+    # Its segments' (address, bytes): a holder's tensors inside are counted as the holder's.
+    ranges: tuple[tuple[int, int], ...] = field(default=(), compare=False, repr=False)
+
+    def holds(self, address: int) -> bool:
+        return any(start <= address < start + size for start, size in self.ranges)
 
     @property
     def free_bytes(self) -> int:

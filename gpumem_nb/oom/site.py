@@ -26,6 +26,7 @@ from ..holders import (
     is_function_frame,
     running_frame_ids,
     traceback_links,
+    type_name,
 )
 from ..model import Holder
 from ..units import format_bytes
@@ -179,7 +180,7 @@ def _failure_site(exc: BaseException, user_ns: Mapping[Any, Any], mods: Mapping[
     module = ""
     if innermost is not None:
         paths = module_paths(user_ns, module_type, deadline)
-        cls = type(innermost).__name__
+        cls = type_name(type(innermost))
         module = f"{paths[id(innermost)]} ({cls})" if id(innermost) in paths else f"a {cls}"
     site = FailureSite(module=module, in_backward=in_backward, in_generate=in_generate,
                        checkpoint_frames=checkpoint, cache=cache)
@@ -194,11 +195,11 @@ def _cache_in(local: Mapping[str, Any], where: str, mods: Mapping[str, Any],
     (``model_kwargs['past_key_values']``), sized by the holder walk."""
     candidates: list[tuple[str, Any]] = []
     for name, value in local.items():
-        if type(value).__name__.endswith("Cache"):
+        if type_name(type(value)).endswith("Cache"):
             candidates.append((name, value))
         elif type(value) is dict:
             candidates += [(f"{name}[{k!r}]", v) for k, v in list(value.items())
-                           if isinstance(k, str) and type(v).__name__.endswith("Cache")]
+                           if isinstance(k, str) and type_name(type(v)).endswith("Cache")]
     for path, obj in candidates:
         if time.perf_counter() > deadline:
             return None
@@ -209,7 +210,7 @@ def _cache_in(local: Mapping[str, Any], where: str, mods: Mapping[str, Any],
             continue
         tokens = _tokens(obj, scanner, mods)
         per = nbytes // tokens if tokens else None
-        return CacheUse(name=f"{where} → {path} ({type(obj).__name__})", nbytes=nbytes,
+        return CacheUse(name=f"{where} → {path} ({type_name(type(obj))})", nbytes=nbytes,
                         tokens=tokens, per_token_bytes=per)
     return None
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from .. import userexc
 from ..cleanup import CleanupReport, CleanupRequest
 from ..errtext import error_str
-from ..holders import exception_chain, last_value
+from ..holders import exception_chain, last_value, static_attribute, type_name
 from ..ledger import Ledger, ledger, workspace_blocks_bytes
 from ..model import (
     AllocatorReading,
@@ -230,12 +230,16 @@ class OomWatch:
             t = self.clock()
             event.holders = tuple(self.host.scan(graph_budget_s=EXPLAIN_GRAPH_BUDGET_S))
             event.stage_s["observer_scan"] = self.clock() - t
-        if not self.torch.history_enabled() and \
-                self.torch.allocator_backend() != "cudaMallocAsync":
-            # Without recorded history the snapshot is just segments and blocks: cheap. The
-            # async pool has no segments to read a fragmentation verdict from.
+        if self.torch.allocator_backend() != "cudaMallocAsync":
+            # Segments and blocks only: cheap. With history recorded the whole snapshot would
+            # carry it, so the segments are read alone; skipping them left a CUDA graph's free
+            # pool unknown, and so called fragmentation. The async pool has no segments.
             t = self.clock()
-            snap, _ = self.torch.memory_snapshot()
+            if not self.torch.history_enabled():
+                snap, _ = self.torch.memory_snapshot()
+            else:
+                segs, _ = self.torch.segments_snapshot()
+                snap = {"segments": segs} if segs is not None else None
             if snap is not None:
                 event.largest_free_block_bytes, event.expandable_segments = \
                     _segment_facts(snap, device)
@@ -267,6 +271,25 @@ class OomWatch:
             return 0
         return workspace_blocks_bytes(segs or (), device)
 
+    def ledger_pools(self, holders: Sequence[Holder]) -> dict[int, tuple[tuple[str, int], ...]]:
+        """Every GPU's private pools as ledger parts, for `who` and `cleanup --dry-run`: one
+        reading of the segments (cheap, no history), none before CUDA is up."""
+        if not self.torch.initialized or \
+                self.torch.allocator_backend() == "cudaMallocAsync":
+            return {}
+        try:
+            segs, _ = self.torch.segments_snapshot()
+        except Exception:
+            return {}
+        devices = {seg.get("device") for seg in segs or () if isinstance(seg, Mapping)}
+        out: dict[int, tuple[tuple[str, int], ...]] = {}
+        for device in devices:
+            if isinstance(device, int):
+                pools = self._named_pools(pools_in(segs or (), device, _graph_trees_loaded()))
+                if pools:
+                    out[device] = pool_parts(pools, holders)
+        return out
+
     def _named_pools(self, pools: tuple[PoolUse, ...]) -> tuple[PoolUse, ...]:
         """Each pool with the user variable that owns it, where one is found at the top of
         the namespace (a ``CUDAGraph``'s ``pool()``, a ``MemPool``'s ``id``: torch's own
@@ -277,8 +300,13 @@ class OomWatch:
         ns = getattr(getattr(self.host, "shell", None), "user_ns", None)
         if isinstance(ns, dict):
             for name, obj in list(ns.items()):
-                cls = type(obj).__name__
+                # Read through type's own descriptors: a user's metaclass runs no code here,
+                # and a user's class of the same name is not torch's (its pool() is theirs).
+                cls = type_name(type(obj))
                 if cls not in ("CUDAGraph", "MemPool") or not isinstance(name, str):
+                    continue
+                module = static_attribute(type(obj), "__module__")
+                if type(module) is not str or not module.startswith("torch."):
                     continue
                 try:
                     raw = obj.pool() if cls == "CUDAGraph" else obj.id
@@ -415,7 +443,7 @@ class OomWatch:
         figures only, never NVML's."""
         if event is None:
             return CleanupRequest(dry_run=True, clear_output=True, reuse_sample=pieces.sample,
-                                  reuse_holders=pieces.holders)
+                                  reuse_holders=pieces.holders, pools=self.ledger_pools)
         hot = getattr(self.host, "read_hot", None)
         sample: Sample | None = None
         if hot is not None:
@@ -424,7 +452,7 @@ class OomWatch:
             except Exception:
                 sample = None
         return CleanupRequest(dry_run=True, clear_output=True, reuse_sample=sample,
-                              graph_budget_s=EXPLAIN_GRAPH_BUDGET_S)
+                              graph_budget_s=EXPLAIN_GRAPH_BUDGET_S, pools=self.ledger_pools)
 
     def _event_for(self, msg: OomMessage, generation: int | None) -> OomEvent | None:
         """The observer's record of this error: the latest event of this cell that matches
@@ -621,6 +649,7 @@ def pools_in(segments: Iterable[Mapping[str, Any]], device: int,
              graph_trees: bool = False) -> tuple[PoolUse, ...]:
     """Each non-default pool's reserved and allocated bytes on ``device``."""
     sizes: dict[tuple[int, int], list[int]] = {}
+    ranges: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for seg in segments:
         if seg.get("device", device) != device:
             continue
@@ -635,8 +664,12 @@ def pools_in(segments: Iterable[Mapping[str, Any]], device: int,
         entry = sizes.setdefault(pid, [0, 0])
         entry[0] += total
         entry[1] += int(allocated)
+        address = seg.get("address")
+        if isinstance(address, int):
+            ranges.setdefault(pid, []).append((address, total))
     return tuple(PoolUse(pid, POOL_USER if pid[0] == 0 else POOL_GRAPH, r, a,
-                         graph_trees=graph_trees and pid[0] != 0)
+                         graph_trees=graph_trees and pid[0] != 0,
+                         ranges=tuple(ranges.get(pid, ())))
                  for pid, (r, a) in sizes.items())
 
 
@@ -711,10 +744,19 @@ def explanation_ledger(f: OomFacts, judged: Sequence[Holder]) -> Ledger | None:
         # code ran in between, and no earlier traceback was replaced that could have held it.
         # The failed call's locals are among the holders already (kind "failed call").
         computation = f.released_since_bytes or 0
-    pools = tuple((f"the pool of {pool_owner_text(p)}", p.allocated_bytes) for p in f.pools)
-    return ledger(device, f.allocated_bytes,
-                  [h for h in judged if h.device.startswith("cuda")], computation_bytes=computation,
-                  pools=pools, workspaces_bytes=f.workspaces_bytes)
+    on_gpu = [h for h in judged if h.device.startswith("cuda")]
+    return ledger(device, f.allocated_bytes, on_gpu, computation_bytes=computation,
+                  pools=pool_parts(f.pools, on_gpu), workspaces_bytes=f.workspaces_bytes)
+
+
+def pool_parts(pools: Iterable[PoolUse], holders: Sequence[Holder]) -> tuple[tuple[str, int], ...]:
+    """Each pool's part of the ledger: its allocated bytes less what the holders keep in it.
+    A pool's tensors that a holder keeps (a CUDA graph's static outputs, kept in a variable)
+    are that holder's: counted under both, the parts added up to more than was allocated."""
+    return tuple((f"the pool of {pool_owner_text(p)}",
+                  max(p.allocated_bytes - sum(n for h in holders for a, n in h.storages
+                                              if p.holds(a)), 0))
+                 for p in pools)
 
 
 def _graph_trees_loaded() -> bool:
