@@ -293,7 +293,13 @@ class Monitor:
             try:
                 while not self._start_cancelled.is_set():
                     if self.read_gate.wait_free(0.2) and self.read_gate.enter(wait_s=0.0):
-                        break
+                        if not self._start_cancelled.is_set():
+                            break
+                        # Unloaded while it waited: the gate freed as NVML answered. Before,
+                        # each such start ran on its closed source, an nvmlInit never
+                        # balanced (20 reloads during a hang: 21 inits, 2 shutdowns).
+                        self.read_gate.leave()
+                        return
                 else:
                     return
                 try:

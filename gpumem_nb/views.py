@@ -210,14 +210,59 @@ class Snapshot:
         return table + html_lines(status_lines(self.status, self.sample))
 
 
-def take(source: Any = None) -> Snapshot:
-    """Read every source once. ``source`` defaults to a fresh live source."""
-    if source is None:
-        from .sources.live import LiveSource
+# How long ``snapshot()`` waits for a fresh live source (its nvmlInit, then its reading).
+TAKE_WAIT_S = 2.0
 
-        source = LiveSource()
+
+def take(source: Any = None, wait_s: float = TAKE_WAIT_S) -> Snapshot:
+    """Read every source once. ``source`` defaults to a fresh live source, read on a helper
+    thread under the process's read gate and waited on ``wait_s`` at most: a wedged driver's
+    nvmlInit or memory query never returns, and ``gpumem_nb.snapshot()`` in a cell used to
+    hang it for good. Then NVML's figures are unknown and the status says why."""
+    if source is not None:
+        return Snapshot(status=source.status(), sample=source.read())
+    import threading
+    import time
+
+    from .sources import gate
+    from .sources.live import LiveSource
+
+    live = gate.LIVE
+    if not live.enter(wait_s=wait_s):
+        hung = live.hung_s()
+        return _unanswered("a reading of the GPUs has not returned"
+                           + (f" for {hung:.1f} s" if hung is not None else "")
+                           + " (NVML hangs)")
+    box: list[Snapshot] = []
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        fresh = LiveSource()
         try:
-            return Snapshot(status=source.status(), sample=source.read())
+            box.append(Snapshot(status=fresh.status(), sample=fresh.read()))
+        except BaseException as e:  # handed to the caller
+            errors.append(e)
         finally:
-            source.close()
-    return Snapshot(status=source.status(), sample=source.read())
+            try:
+                fresh.close()
+            finally:
+                live.leave()
+
+    worker = threading.Thread(target=work, name="gpumem_nb-snapshot", daemon=True)
+    t0 = time.monotonic()
+    worker.start()
+    worker.join(wait_s)
+    if box:
+        return box[0]
+    if errors:
+        raise errors[0]
+    return _unanswered(f"NVML did not answer within {time.monotonic() - t0:.1f} s "
+                       "(a wedged driver, or a GPU off the bus, can do this)")
+
+
+def _unanswered(why: str) -> Snapshot:
+    import time
+
+    return Snapshot(status=SourceStatus(nvml=f"{why}; its figures are unknown", torch="unknown",
+                                        gpu_count=0),
+                    sample=Sample(t_s=time.monotonic(), wall_s=time.time(), rss_bytes=None))

@@ -334,3 +334,36 @@ def test_a_hundred_thousand_devices_and_a_huge_name_print_bounded_and_fast():
     assert "device(s) beyond 64 per worker were left out" in text
     assert "The table shows 100 of 428 rows" in text
     assert "b" * 1000 not in text
+
+
+class _TextRaises(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("this exception's text raises too")
+
+
+class _GetRaises(dict):  # type: ignore[type-arg]
+    def get(self, *args: Any) -> Any:
+        raise RuntimeError("get")
+
+
+def test_a_worker_error_whose_text_raises_is_one_row_not_a_traceback():
+    # Dask hands back what report() raised in the worker (on_error="return"): any class, any
+    # __str__. Before: its f-string formatting raised out of collect(), a gpumem_nb traceback
+    # in %gpumem cluster.
+    client = ScriptedClient([{"tcp://bad": _TextRaises(), "tcp://odd": _GetRaises(_worker()),
+                              "tcp://good": _worker(name="good")}])
+    reading = DaskCollector(client).collect(1.0)
+    text = str(ClusterView(reading))
+    assert [r.status for r in reading.rows if r.name == "good"] == [ROW_OK]
+    assert "_TextRaises" in text
+    # A dict no check foresaw (its get raises): the backstop makes it one unreadable row.
+    assert "the answer could not be read (RuntimeError)" in text
+
+
+def test_workers_of_many_gpumem_nb_versions_get_a_bounded_note_not_one_line_each():
+    # Before: 2,000 workers each naming its own version printed 2,000 notes (293 KB of text).
+    answers = {f"tcp://w{i}": _worker(name=f"w{i}", gpumem_nb=f"0.0.{i}") for i in range(2000)}
+    reading = DaskCollector(ScriptedClient([answers])).collect(1.0)
+    assert len(reading.notes) <= 4, len(reading.notes)
+    assert len(str(ClusterView(reading))) < 20_000
+    assert any("1997 more gpumem_nb version(s)" in n for n in reading.notes), reading.notes

@@ -263,3 +263,23 @@ def test_unloading_while_nvml_start_hangs_is_quick_and_leaves_nothing_behind(
     assert _wait_until(lambda: _gpumem_threads("gpumem_nb-start") == 0)
     assert _wait_until(lambda: nvml.inits == nvml.shutdowns == 1), (nvml.inits, nvml.shutdowns)
     assert sampler_threads() == samplers
+
+
+def test_reloads_during_a_hung_start_leave_nvml_balanced_when_it_answers(shell, fake_gpu,
+                                                                         capsys):
+    nvml = fake_gpu.nvml
+    hang = Hang(nvml, "nvmlInit")
+    try:
+        shell.run_cell("%load_ext gpumem_nb")
+        assert hang.entered.is_set()
+        for _ in range(5):  # each new monitor's start waits at the gate behind the hung one
+            shell.run_cell("%reload_ext gpumem_nb")
+        shell.run_cell("%unload_ext gpumem_nb")
+    finally:
+        hang.release.set()  # the driver answers while the cancelled starts still wait
+    assert _wait_until(lambda: _gpumem_threads("gpumem_nb-start") == 0)
+    # Before: each waiting start, cancelled by its unload, still went in once the gate freed
+    # and started NVML on its closed source: 6 nvmlInit, 1 nvmlShutdown.
+    assert _wait_until(lambda: nvml.inits == nvml.shutdowns), (nvml.inits, nvml.shutdowns)
+    time.sleep(0.3)
+    assert nvml.inits == nvml.shutdowns, (nvml.inits, nvml.shutdowns)

@@ -70,3 +70,49 @@ def test_selected_devices_limit_what_is_read():
     src = live(FakePynvml(gpus))
     src.selected = [1]
     assert [d.index for d in src.read().devices] == [1]
+
+
+def test_snapshot_answers_while_the_driver_hangs_and_leaves_one_thread(monkeypatch):
+    import sys
+    import threading
+    import time
+
+    import gpumem_nb
+
+    fake = FakePynvml()
+    release = threading.Event()
+    init = fake.nvmlInit
+
+    def hung_init() -> None:
+        release.wait(10.0)  # a wedged driver: nvmlInit does not return
+        init()
+
+    fake.nvmlInit = hung_init  # type: ignore[method-assign]
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+
+    def helpers() -> int:
+        return sum(t.name == "gpumem_nb-snapshot" and t.is_alive()
+                   for t in threading.enumerate())
+
+    try:
+        t0 = time.perf_counter()
+        snap = gpumem_nb.snapshot()
+        # Before: the fresh source's nvmlInit ran on the caller's thread, and the cell that
+        # asked for a snapshot hung for good.
+        assert time.perf_counter() - t0 < 3.0
+        assert "did not answer" in snap.status.nvml and "unknown" in snap.status.nvml
+        str(snap)
+        snap._repr_html_()
+        t0 = time.perf_counter()
+        again = gpumem_nb.snapshot()  # the first is still stuck: no second thread joins it
+        assert time.perf_counter() - t0 < 3.0
+        assert "has not returned" in again.status.nvml
+        assert helpers() == 1
+    finally:
+        release.set()
+    deadline = time.monotonic() + 3.0
+    while helpers() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert helpers() == 0
+    assert fake.inits == fake.shutdowns  # the late start is balanced by the helper's close

@@ -136,6 +136,21 @@ def test_init_and_shutdown_are_balanced():
     assert fake.inits == 1 and fake.shutdowns == 1
 
 
+def test_a_device_count_that_fails_still_balances_the_init_it_followed():
+    fake = FakePynvml()
+
+    def count() -> int:
+        raise fake.NVMLError(fake.NVML_ERROR_UNKNOWN)
+
+    fake.nvmlDeviceGetCount = count  # type: ignore[method-assign]
+    src = started(fake)
+    assert "could not count devices" in src.status and not src.devices
+    src.close()
+    # Before: the failed count's status kept close() from calling nvmlShutdown, so every load
+    # (and %reload_ext) on such a driver left one more nvmlInit.
+    assert (fake.inits, fake.shutdowns) == (1, 1)
+
+
 def test_hot_path_derives_our_share_from_the_last_process_listing():
     gpu = FakeGpu("GPU-a", used_bytes=3 * GiB, procs=[(os.getpid(), 2 * GiB), (1, GiB)])
     fake = FakePynvml([gpu])

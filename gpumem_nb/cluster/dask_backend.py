@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import __version__
+from .. import __version__, userexc
 from . import (
     READING_CLOSED,
     ROW_ERROR,
@@ -46,6 +46,9 @@ from .worker import report
 
 INSTALL_HINT = ("%gpumem cluster needs Dask's distributed: pip install 'gpumem-nb[cluster]' "
                 "(or pip install 'dask[distributed]')")
+# Notes naming other gpumem_nb versions among the workers: a few, then a count (a bounded
+# output, however many versions a cluster mixes).
+MAX_VERSION_NOTES = 3
 CLOSE_WAIT_S = 0.5  # how long closing our own client may hold an unload
 
 
@@ -171,11 +174,23 @@ class DaskCollector:
         left_out = 0
         versions: dict[str, list[str]] = {}
         with self._lock:
-            for address, answer in answers.items():
-                got, cut_devices = self._rows(str(address), answer)
+            for position, (address, answer) in enumerate(answers.items()):
+                try:
+                    where = str.__str__(address) if isinstance(address, str) else str(address)
+                    got, cut_devices = self._rows(where, answer)
+                    other = answer_mod.other_version(answer)
+                    if other is not None:
+                        other = str.__str__(other)
+                except Exception as e:
+                    # Answers are checked field by field (cluster.answer); this is the
+                    # backstop for what no check foresaw (an exception whose text raises, a
+                    # key of a str subclass), so one worker is one unreadable row, never a
+                    # traceback in %gpumem cluster.
+                    got, cut_devices, other = [WorkerGpu(
+                        worker=f"worker {position}", status=answer_mod.ROW_UNREADABLE,
+                        detail=f"the answer could not be read ({userexc.type_name(e)})")], 0, None
                 rows.extend(got)
                 left_out += cut_devices
-                other = answer_mod.other_version(answer)
                 if other is not None:
                     versions.setdefault(other, []).append(got[0].name or got[0].worker)
             self._known = {f"{r.worker}/{r.device}": r for r in rows}
@@ -183,7 +198,10 @@ class DaskCollector:
         notes = [f"{len(names)} worker(s) run another gpumem_nb ({v}) than this kernel's "
                  f"{__version__}: {answer_mod.cut(', '.join(sorted(names, key=natural_key)))}"
                  ". Their rows may read as unreadable: install the same version there."
-                 for v, names in sorted(versions.items())]
+                 for v, names in sorted(versions.items())[:MAX_VERSION_NOTES]]
+        if len(versions) > MAX_VERSION_NOTES:
+            notes.append(f"{len(versions) - MAX_VERSION_NOTES} more gpumem_nb version(s) "
+                         "among the workers were not listed.")
         if left_out:
             notes.append(f"{left_out} device(s) beyond {answer_mod.MAX_DEVICES} per worker "
                          "were left out.")
@@ -232,7 +250,8 @@ class DaskCollector:
     def _rows(self, address: str, answer: Any) -> tuple[list[WorkerGpu], int]:
         """The rows of one worker's answer, and how many of its devices were left out."""
         if isinstance(answer, BaseException):
-            text = f"{type(answer).__name__}: {answer}"
+            # Through userexc: the worker's exception may be any class, its text may raise.
+            text = f"{userexc.type_name(answer)}: {userexc.text(answer)[:1000]}"
             # The worker could not load the function: Dask hands back the ImportError itself,
             # or (raised before the call, while unpickling) an Exception carrying its text.
             missing = "gpumem_nb" in text and (isinstance(answer, ImportError)

@@ -42,6 +42,10 @@ class NvmlSource:
         self._mod: Any = module
         self._lock = threading.Lock()
         self._inited = False
+        # nvmlInit returned: one nvmlShutdown is owed, whatever the status says later (a
+        # device count that fails turns the status into that error, and close() used to
+        # skip the shutdown then: one nvmlInit more per load or reload).
+        self._init_done = False
         self._status = "not started"
         self._devices: list[DeviceId] = []
         self._names: dict[int, str] = {}
@@ -79,6 +83,7 @@ class NvmlSource:
             except Exception as e:  # any failure here means "no NVML", never a crash
                 self._status = self._describe_init_error(e)
                 return False
+            self._init_done = True
             self._status = STATUS_OK
             self._devices = self._enumerate()
             if self._close_requested:  # unloaded while the driver kept us waiting
@@ -100,9 +105,10 @@ class NvmlSource:
             self._lock.release()
 
     def _close_locked(self) -> None:
-        if self._inited and self._status == STATUS_OK:
+        if self._init_done:
             with contextlib.suppress(Exception):
                 self._mod.nvmlShutdown()
+        self._init_done = False
         self._inited = False
         self._close_requested = False
         self._status = "stopped"
