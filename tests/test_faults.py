@@ -210,6 +210,31 @@ def test_an_oom_while_nvml_hangs_is_explained_without_hanging_the_cell(shell, fa
         listing.release.set()
 
 
+
+def test_an_oom_while_only_the_process_listing_hangs_and_the_sampler_is_stopped_is_bounded(
+        shell, fake_gpu, capsys):
+    """Nothing else inside the gate, so the gate alone could not tell it hangs: the cell
+    waited for the driver (a real wedged one: forever)."""
+    from .fakes import GiB
+
+    shell.run_cell("%load_ext gpumem_nb")
+    shell.user_ns.update(cuda=fake_gpu.cuda, GiB=GiB)
+    shell.run_cell("warm = cuda.tensor(1)")
+    shell.run_cell("%gpumem stop")
+    listing = Hang(fake_gpu.nvml, "nvmlDeviceGetComputeRunningProcesses_v3")
+    try:
+        capsys.readouterr()
+        t0 = time.perf_counter()
+        shell.run_cell("x = cuda.tensor(400 * GiB)", store_history=True)
+        elapsed = time.perf_counter() - t0
+        assert elapsed < 2.0, elapsed
+        assert "gpumem: CUDA out of memory on GPU 0" in capsys.readouterr().out
+        assert _gpumem_threads("gpumem_nb-oom-processes") <= 1
+    finally:
+        listing.release.set()
+    assert _wait_until(lambda: _gpumem_threads("gpumem_nb-oom-processes") == 0)
+
+
 def _gpumem_threads(name: str) -> int:
     return sum(t.name == name and t.is_alive() for t in threading.enumerate())
 

@@ -155,6 +155,11 @@ class _Pieces:
     stage_s: dict[str, float] = field(default_factory=dict)
 
 
+# How long the explanation waits for NVML's process listing (an H200's first listing takes well
+# under 10 ms): past it, the other processes read as unknown rather than the cell hanging.
+PROCESSES_WAIT_S = 0.5
+
+
 class OomWatch:
     """One loaded extension's OOM explainer. ``on_cell_result`` is the only per-cell call."""
 
@@ -332,13 +337,32 @@ class OomWatch:
         if nvml is None or not hasattr(nvml, "processes") or device >= len(ids):
             return None
         gate = getattr(self.host, "read_gate", None)
-        if gate is not None and gate.hung_s() is not None:
-            return None  # NVML hangs (sources/gate.py): this call would hang the cell with it
-        try:
-            result: list[tuple[int, int | None]] | None = nvml.processes(ids[device])
-            return result
-        except Exception:
+        if gate is None:
+            try:
+                result: list[tuple[int, int | None]] | None = nvml.processes(ids[device])
+                return result
+            except Exception:
+                return None
+        # NVML can hang with nothing else inside the gate yet (the sampler stopped, or just
+        # started its reading): the listing runs on a helper thread under the gate, and the
+        # cell waits a bounded time for it, as Monitor.read does; a hung one stays the only
+        # stuck thread, and the explanation goes on with the processes unknown.
+        if not gate.enter(wait_s=PROCESSES_WAIT_S):
             return None
+        box: list[list[tuple[int, int | None]] | None] = []
+
+        def work() -> None:
+            try:
+                box.append(nvml.processes(ids[device]))
+            except Exception:
+                box.append(None)
+            finally:
+                gate.leave()
+
+        worker = threading.Thread(target=work, name="gpumem_nb-oom-processes", daemon=True)
+        worker.start()
+        worker.join(PROCESSES_WAIT_S)
+        return box[0] if box else None
 
     # -- per cell ----------------------------------------------------------------------------
     def on_cell_result(self, result: Any,
