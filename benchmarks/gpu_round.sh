@@ -26,7 +26,7 @@ measure)
   } > "$out/gpu.txt" 2>&1
   mkdir -p /tmp/sess /tmp/bench /tmp/d2
   # Issue 25: the sessions, the fit checks and the traced cell's cost again, at this commit.
-  timeout 140 python3 benchmarks/gpu_session.py /tmp/sess > /tmp/sess/log.txt 2>&1
+  timeout 125 python3 benchmarks/gpu_session.py /tmp/sess > /tmp/sess/log.txt 2>&1
   echo "gpu_session rc=$?" >> /tmp/sess/log.txt
   # Issue 15's workloads, for tests/gpu/test_diagnosis_gpu.py in the suite call.
   timeout 175 python3 benchmarks/gpu_diagnosis.py --out /tmp/bench --budget-s 165 \
@@ -38,8 +38,8 @@ measure)
   kinds=$kinds,cuda_graph_capture_pool,class_attribute_cache,exception_kept_in_variable
   kinds=$kinds,generate_batch_too_big,compile_reduce_overhead_pool,backward_single_checkpoint
   kinds=$kinds,first_run_own_traceback
-  timeout 160 python3 benchmarks/gpu_diagnosis2.py --out /tmp/d2 --only "$kinds" \
-    --budget-s 150 --merge benchmarks/results/diagnosis2_h200.json \
+  timeout 125 python3 benchmarks/gpu_diagnosis2.py --out /tmp/d2 --only "$kinds" \
+    --budget-s 115 --merge benchmarks/results/diagnosis2_h200.json \
     --run "H200 round at $commit: rows changed by issue 24's gap fixes or never measured" \
     --commit "$commit" > /tmp/d2/log.txt 2>&1
   echo "gpu_diagnosis2 rc=$?" >> /tmp/d2/log.txt
@@ -50,7 +50,7 @@ suite)
   if [ -f .gpuin/diagnosis_h200.json ]; then
     export GPUMEM_NB_DIAGNOSIS_JSON="$PWD/.gpuin/diagnosis_h200.json"
   fi
-  GPUMEM_COMMIT=$commit timeout 460 bash benchmarks/gpu_tests.sh all "$out" | tail -60
+  GPUMEM_COMMIT=$commit timeout "${SUITE_S:-460}" bash benchmarks/gpu_tests.sh all "$out" | tail -60
   ;;
 *) echo "usage: $0 measure|suite OUT" >&2; exit 2 ;;
 esac
