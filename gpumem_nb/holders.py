@@ -557,7 +557,7 @@ class Scanner:
                         type(value) in _ATOM_TYPES or isinstance(value, _CLASS_MEMBERS):
                     continue
                 yield from self._tensors_in(value, _CONTAINER_DEPTH,
-                                            (*path, f" class {klass.__name__}.{name}"),
+                                            (*path, f" class {type_name(klass)}.{name}"),
                                             objdepth - 1)
 
     def _grad_of(self, t: Any) -> Any:

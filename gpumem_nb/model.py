@@ -285,7 +285,7 @@ class Holder:
     @property
     def label(self) -> str:
         """Its name and, where one object inside holds nearly all of it, the path there."""
-        return f"{self.name} → {self.path}" if self.path else self.name
+        return f"{self.name} → {self.path.lstrip()}" if self.path else self.name
 
     @property
     def held_bytes(self) -> int:

@@ -9,8 +9,9 @@ from typing import Any
 
 from benchmarks import gpu_diagnosis2 as d2
 
-RESULTS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks", "results",
-                       "diagnosis2_h200.json")
+# Rows of benchmarks/results/diagnosis2_h200.json as they were before a merge re-measured
+# them (its second H200 call), so that the tests do not change with the file they protect.
+RESULTS = os.path.join(os.path.dirname(__file__), "data", "diagnosis2_before_round3.json")
 
 
 def _fresh(kind: str, allocator: str, **kw: Any) -> dict[str, Any]:

@@ -57,7 +57,7 @@ def test_cell_that_raises_after_allocating_is_flagged_and_default_cleanup_frees_
     flag = [ln for ln in out.splitlines() if ln.startswith("gpumem: cell")]
     print(flag)
     assert flag and "and raised (live tensors)" in flag[0]
-    assert "traceback: step() locals (2.00 GiB)" in flag[0]
+    assert "traceback: step() locals → acts (2.00 GiB)" in flag[0]
     assert torch.cuda.memory_allocated(0) == base + 2 * GiB
     report = gpu_shell.run_line_magic("gpumem", "cleanup -o")
     print(report)

@@ -94,13 +94,18 @@ FRAGMENTED = PRELUDE + """
 """
 
 
-def test_a_fragmentation_oom_says_expandable_segments_fit_and_they_really_do():
+def test_a_fragmentation_oom_gives_the_real_expandable_peak_and_no_outcome_its_start_decides():
+    """The cell starts on a segment the native setting made (CUDA's first tensor), which a
+    kernel restarted under expandable segments would not have: the line gives the replayed
+    peak, which the real run under expandable segments reaches, and no fits/OOM verdict
+    (issue 25: a traced cell's replay cannot answer "restart under X")."""
     native = fresh(FRAGMENTED, env=NATIVE)
     expandable = fresh(FRAGMENTED, env=EXPANDABLE)
     print(f"\nWHATIF fragmentation OOM: native {native}\nexpandable {expandable}")
     assert native["oom"]
     line = next(n for n in native["notes"] if n.startswith("Replayed under expandable"))
-    assert "(fits in the" in line and "peaked at" in line
+    assert "this cell alone" in line and "no outcome is predicted" in line
+    assert "(fits in the" not in line and "still out of memory" not in line
     assert not expandable["oom"]  # the real allocator agrees
     assert native["base"] == expandable["base"]
     assert f"peaked at {format_bytes(expandable['peak'])} reserved" in line
