@@ -256,25 +256,19 @@ class OomWatch:
         event.cost_s = self.clock() - t0
         self.events.append(event)
 
-    def _pools_now(self, device: int, backend: str) -> tuple[PoolUse, ...]:
-        """The private pools after the failure (a graph's pool outlives the exception)."""
+    def _segments_now(self, device: int, backend: str) -> tuple[tuple[PoolUse, ...], int]:
+        """After the failure, from one reading of the segments: the private pools (a graph's
+        pool outlives the exception) and cuBLAS's workspaces (ATen keeps them per handle and
+        stream). Under cudaMallocAsync there are no segments: no pools, and the workspaces
+        stay "not found"."""
         if backend == "cudaMallocAsync":
-            return ()
+            return (), 0
         try:
             segs, _ = self.torch.segments_snapshot()
         except Exception:
-            return ()
-        return self._named_pools(pools_in(segs or (), device, _graph_trees_loaded()))
-
-    def _workspaces_now(self, device: int, backend: str) -> int:
-        """cuBLAS's workspaces after the failure (ATen keeps them per handle and stream)."""
-        if backend == "cudaMallocAsync":
-            return 0  # no segments to read them from: they stay "not found"
-        try:
-            segs, _ = self.torch.segments_snapshot()
-        except Exception:
-            return 0
-        return workspace_blocks_bytes(segs or (), device)
+            return (), 0
+        return (self._named_pools(pools_in(segs or (), device, _graph_trees_loaded())),
+                workspace_blocks_bytes(segs or (), device))
 
     def ledger_pools(self, holders: Sequence[Holder]) -> dict[int, tuple[tuple[str, int], ...]]:
         """Every GPU's private pools as ledger parts, for `who` and `cleanup --dry-run`: one
@@ -622,6 +616,7 @@ class OomWatch:
                 (computation or 0)
             unreachable = max(al.allocated_bytes - reachable, 0)
         total = self.torch.device_total_bytes(device) or msg.total_bytes  # exact, not printed
+        pools_now, workspaces_now = self._segments_now(device, backend)
         facts = OomFacts(
             device=device, requested_bytes=msg.requested_bytes, total_bytes=total,
             free_bytes=msg.free_bytes, allowed_bytes=msg.allowed_bytes,
@@ -632,8 +627,7 @@ class OomWatch:
             measured_at="after", released_since_bytes=released,
             unreachable_bytes=unreachable, previous_error=previous_error,
             computation_bytes=computation, grad_enabled=grad, walk_capped=_capped(holders),
-            pools=self._pools_now(device, backend),
-            workspaces_bytes=self._workspaces_now(device, backend),
+            pools=pools_now, workspaces_bytes=workspaces_now,
             idle_process_bytes=self._idle_bytes(device),
             **_cell_facts(self._cell_start(device), allocated))
         why = f"OOM observer {self.observer_status}" \
