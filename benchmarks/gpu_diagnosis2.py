@@ -463,7 +463,11 @@ def main_parent(args: argparse.Namespace) -> None:
 # the ledger's cuBLAS workspaces were changed after the H200 run showed these rows.
 TUNED_ON = {"class_attribute_cache", "exception_kept_in_variable", "mempool_keeps_segment",
             "impossible_single_allocation", "memory_fraction_cap",
-            "compile_reduce_overhead_pool"}
+            "compile_reduce_overhead_pool",
+            # The second batch: the walk was taught modules' own dicts, lru_cache and
+            # suspended generators after their first run found 99-100% not found.
+            "forward_hook_keeps_outputs", "lru_cache_keeps_results",
+            "suspended_generator_keeps_batch"}
 
 
 def git_commit() -> str:

@@ -307,6 +307,19 @@ def holder_action(h: Holder) -> str:
     if graph:
         return (f"{h.name} ({what}) keeps its autograd graph: keep `{h.name}.detach()` (or "
                 f"`.item()` for a number), or `del {h.name}`.")
+    path = h.path.lstrip()
+    if "lru_cache results" in path:
+        return (f"{h.label} keeps {what}: `{h.name}.cache_clear()` lets the results go "
+                "(or give the cache a `maxsize`).")
+    if " suspended " in f" {path}":
+        return (f"{h.label} keeps {what} in a suspended generator's frame: "
+                f"`{h.name}.close()` (or running it to its end) lets them go.")
+    if h.kind == "module" and path:
+        fix = ("remove the hook (`.remove()` on the handle its register call returned) or "
+               "stop it keeping outputs" if "_hooks" in path else
+               "set that attribute to None once it is used")
+        return (f"{h.label} keeps {what} in the module beyond its parameters: {fix}; "
+                f"`del {h.name}` only if you are done with the model.")
     if h.kind == "module":
         return (f"{h.name} is a torch.nn.Module: its parameters, gradients and buffers hold "
                 f"{what}; `del {h.name}` only if you are done with it.")

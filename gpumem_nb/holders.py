@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import gc
 import inspect
 import itertools
@@ -49,11 +50,19 @@ INPUT_ALIAS = re.compile(r"^_i\d*$|^_ii+$")
 _UNDERS = ("_", "__", "___")
 _ATOMS = (int, float, complex, str, bytes, bool, type(None), types.ModuleType, type,
           types.BuiltinFunctionType, types.CodeType, types.FrameType, types.TracebackType,
-          types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType, range,
+          range,
           types.MethodWrapperType, types.WrapperDescriptorType, types.MemberDescriptorType,
           types.GetSetDescriptorType, property, staticmethod, classmethod, memoryview,
           bytearray)
 _ATOM_TYPES = frozenset(_ATOMS)
+# A suspended generator's or coroutine's frame keeps its locals (`batch = ...; yield`).
+_SUSPENDABLE = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)
+_SUSPENDABLE_IDS = frozenset(map(id, _SUSPENDABLE))
+# functools' C cache of results, which no attribute exposes.
+_LRU_WRAPPER: type | None = type(functools.lru_cache(maxsize=None)(lambda: None))
+# What a module's own dict holds that is not a tensor it owns: children and parameters are
+# walked as the module's, hooks and plain attributes (`self.last = out`) as its contents.
+_MODULE_OWN = frozenset(("_parameters", "_buffers", "_modules"))
 _PLAIN_CONTAINERS = frozenset((dict, list, tuple, set, frozenset))
 # The same, by identity: testing a type's membership in a set hashes it, and comparing it in
 # a tuple may call ``__eq__``: a metaclass's own code, which may raise or do anything.
@@ -373,6 +382,8 @@ class Scanner:
                     yield grad, path
             for b in _bounded(lambda: obj.buffers()):
                 yield b, path
+            if objdepth > 0:
+                yield from self._module_contents(obj, path, objdepth)
             return
         if _is_a(obj, self._optimizer_type):
             for state in _bounded(lambda: obj.state.values()):
@@ -506,6 +517,12 @@ class Scanner:
                        objdepth: int) -> Iterator[tuple[Any, tuple[str, ...]]]:
         if not self._enter(obj):
             return
+        if id(type(obj)) in _SUSPENDABLE_IDS:
+            yield from self._suspended_locals(obj, path, objdepth)
+            return
+        if _LRU_WRAPPER is not None and type(obj) is _LRU_WRAPPER:
+            yield from self._referents(obj, (*path, " lru_cache results"), objdepth)
+            return
         if type(obj) is types.FunctionType:
             cells = obj.__closure__ or ()
             names = obj.__code__.co_freevars
@@ -559,6 +576,54 @@ class Scanner:
                 yield from self._tensors_in(value, _CONTAINER_DEPTH,
                                             (*path, f" class {type_name(klass)}.{name}"),
                                             objdepth - 1)
+
+    def _module_contents(self, obj: Any, path: tuple[str, ...],
+                         objdepth: int) -> Iterator[tuple[Any, tuple[str, ...]]]:
+        """What a module and its children keep besides parameters and buffers: a tensor set as
+        a plain attribute, and what hooks keep (a forward hook's closure appending every
+        output to a list: issue 24's forward_hook_keeps_outputs, 60 GiB not found on the
+        H200). Read through the ``__dict__`` descriptor, never the module's ``__getattr__``."""
+        children = list(_bounded(lambda: obj.named_modules())) or [("", obj)]
+        for name, m in children:
+            if type(name) is not str or not self._enter(m):
+                continue
+            dict_desc, _ = self._plan_of(type(m))
+            try:
+                attrs = dict_desc.__get__(m) if dict_desc is not None else None
+            except Exception:
+                attrs = None
+            if type(attrs) is not dict:
+                continue
+            where = (*path, f".{name}") if name else path
+            for key, value in list(attrs.items()):
+                if key in _MODULE_OWN or id(type(value)) in _ATOM_IDS:
+                    continue
+                yield from self._tensors_in(value, _CONTAINER_DEPTH, (*where, f".{key}"),
+                                            objdepth - 1)
+
+    def _suspended_locals(self, gen: Any, path: tuple[str, ...],
+                          objdepth: int) -> Iterator[tuple[Any, tuple[str, ...]]]:
+        """A suspended generator's or coroutine's locals, read as the garbage collector
+        reads them (its traversal, C code): asking for ``gi_frame`` would make a frame
+        object, and reading its ``f_locals`` a snapshot that keeps the locals alive past
+        the generator's end."""
+        code = getattr(gen, "gi_code", None) or getattr(gen, "cr_code", None) or \
+            getattr(gen, "ag_code", None)
+        label = f" suspended {getattr(code, 'co_name', '?')}() locals"
+        yield from self._referents(gen, (*path, label), objdepth)
+
+    def _referents(self, obj: Any, path: tuple[str, ...],
+                   objdepth: int) -> Iterator[tuple[Any, tuple[str, ...]]]:
+        """What a C object refers to, by its own traversal (no Python code runs), skipping
+        code, names and functions (a function's globals are a whole module)."""
+        try:
+            refs = gc.get_referents(obj)
+        except Exception:
+            return
+        for value in itertools.islice(refs, _MAX_ITEMS):
+            if id(type(value)) in _ATOM_IDS or type(value) is types.FunctionType:
+                continue
+            yield from self._tensors_in(value, _CONTAINER_DEPTH, path, objdepth - 1)
 
     def _grad_of(self, t: Any) -> Any:
         try:

@@ -203,3 +203,118 @@ def test_a_scan_leaves_the_garbage_collector_as_it_found_it():
                 assert gc.isenabled() is enabled
     finally:
         gc.enable()
+
+
+# -- holders the first walk never entered (issue 24's second out-of-sample batch, H200) ------
+class HookedModule(Module):
+    """A module as torch keeps one: children in ``_modules``, hooks in ``_forward_hooks``,
+    anything else the user sets in its own dict."""
+
+    def __init__(self, *tensors: FakeTensor, **children: Module) -> None:
+        super().__init__(*tensors)
+        self._parameters: dict = {}
+        self._buffers: dict = {}
+        self._modules = dict(children)
+        self._forward_hooks: dict = {}
+
+    def named_modules(self, prefix: str = ""):
+        yield prefix, self
+        for name, child in self._modules.items():
+            if isinstance(child, HookedModule):
+                yield from child.named_modules(f"{prefix}.{name}" if prefix else name)
+            else:
+                yield (f"{prefix}.{name}" if prefix else name), child
+
+
+def test_outputs_a_forward_hooks_closure_keeps_are_the_modules_not_unfound():
+    weight = FakeTensor(MiB)
+    act = HookedModule()
+    net = HookedModule(weight, **{"0": HookedModule(), "1": act})
+
+    def attach(module: HookedModule) -> None:
+        feats: list = []
+        module._forward_hooks[0] = lambda m, i, o: feats.append(o)
+        feats.extend(FakeTensor(GiB) for _ in range(3))
+
+    attach(act)
+    (h,) = scan({"net": net})
+    assert (h.name, h.kind, h.nbytes) == ("net", "module", 3 * GiB + MiB)
+
+
+def test_a_tensor_a_module_keeps_as_a_plain_attribute_is_the_modules():
+    net = HookedModule(FakeTensor(MiB))
+    net.last_out = FakeTensor(GiB)  # `self.last_out = out` in forward
+    (h,) = scan({"net": net})
+    assert h.nbytes == GiB + MiB
+
+
+def test_results_an_lru_cache_keeps_are_the_cached_functions():
+    import functools
+
+    @functools.lru_cache(maxsize=None)
+    def embed(i: int) -> FakeTensor:
+        return FakeTensor(GiB)
+
+    @functools.lru_cache(maxsize=2)
+    def small(i: int) -> FakeTensor:
+        return FakeTensor(MiB)
+
+    for i in range(3):
+        embed(i)
+        small(i)
+    got = {h.name: h.nbytes for h in scan({"embed": embed, "small": small})}
+    assert got == {"embed": 3 * GiB, "small": 2 * MiB}  # small's bound evicted one
+
+
+def test_a_suspended_generators_batch_is_found_and_the_look_keeps_nothing_alive():
+    import weakref
+
+    def batches():
+        for i in range(3):
+            batch = FakeTensor(GiB)
+            yield float(i)
+            del batch
+
+    it = batches()
+    next(it)
+    (h,) = scan({"it": it})
+    assert (h.name, h.nbytes) == ("it", GiB)
+    # Closing the generator must free its batch: a frame object or locals snapshot made by
+    # the look would keep it alive (the H200 row freed 0 B on `it.close()`).
+    ref = weakref.ref(next(o for o in __import__("gc").get_referents(it)
+                           if isinstance(o, FakeTensor)))
+    it.close()
+    assert ref() is None
+
+
+def test_the_advice_for_a_hook_a_cache_or_a_generator_is_the_step_that_frees_it():
+    import functools
+
+    from gpumem_nb.analysis import holder_action
+
+    act = HookedModule()
+    net = HookedModule(FakeTensor(MiB), **{"1": act})
+    feats = [FakeTensor(GiB) for _ in range(4)]
+    act._forward_hooks[0] = lambda m, i, o: feats.append(o)
+
+    @functools.lru_cache(maxsize=None)
+    def embed(i: int) -> FakeTensor:
+        return FakeTensor(GiB)
+
+    embed(0)
+
+    def batches():
+        batch = FakeTensor(GiB)  # noqa: F841 - the suspended frame keeps it
+        yield 1.0
+
+    it = batches()
+    next(it)
+    got = {h.name: (h.label, holder_action(h)) for h in
+           scan({"net": net, "embed": embed, "it": it})}
+    label, action = got["net"]
+    assert label.startswith("net → 1._forward_hooks[0]"), label
+    assert "remove the hook" in action and "beyond its parameters" in action
+    label, action = got["embed"]
+    assert "lru_cache results" in label and "`embed.cache_clear()`" in action
+    label, action = got["it"]
+    assert "suspended batches() locals" in label and "`it.close()`" in action
