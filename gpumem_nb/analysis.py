@@ -312,8 +312,10 @@ def holder_action(h: Holder) -> str:
         return (f"{h.label} keeps {what}: `{h.name}.cache_clear()` lets the results go "
                 "(or give the cache a `maxsize`).")
     if " suspended " in f" {path}":
-        return (f"{h.label} keeps {what} in a suspended generator's frame: "
-                f"`{h.name}.close()` (or running it to its end) lets them go.")
+        # `del`, not `.close()`: on the H200's Python 3.12.3 a closed generator kept its
+        # frame's locals (60 GiB) until the generator itself went (benchmarks/probe_generator_close.py).
+        return (f"{h.label} keeps {what} in a suspended generator's frame: `del {h.name}` "
+                "(or running it to its end) lets them go; `.close()` alone may not.")
     if h.kind == "module" and path:
         fix = ("remove the hook (`.remove()` on the handle its register call returned) or "
                "stop it keeping outputs" if "_hooks" in path else

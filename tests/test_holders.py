@@ -317,4 +317,4 @@ def test_the_advice_for_a_hook_a_cache_or_a_generator_is_the_step_that_frees_it(
     label, action = got["embed"]
     assert "lru_cache results" in label and "`embed.cache_clear()`" in action
     label, action = got["it"]
-    assert "suspended batches() locals" in label and "`it.close()`" in action
+    assert "suspended batches() locals" in label and "`del it`" in action
