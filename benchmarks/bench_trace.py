@@ -34,6 +34,7 @@ import gc
 import os
 import random
 import sys
+import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -189,6 +190,27 @@ def _snapshot(traces: list[dict[str, Any]]) -> dict[str, Any]:
             "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""}, "external_annotations": []}
 
 
+class _GcWatch:
+    """The garbage collector's passes while a traced cell's analysis runs: a full pass walks
+    every object the kernel holds, the previous cell's snapshot among them."""
+
+    def __init__(self) -> None:
+        self.passes: list[tuple[int, float]] = []
+        self._t0 = 0.0
+        self.on = False
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if not self.on:
+            return
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.passes.append((info["generation"], time.perf_counter() - self._t0))
+
+
+GC = _GcWatch()
+
+
 def traced_cell(snapshot: dict[str, Any], *, since_us: float | None,
                 recording: bool) -> Any:
     """One traced cell as the magic runs it: start, (the cell), stop; ``ours_s`` is ours."""
@@ -197,8 +219,12 @@ def traced_cell(snapshot: dict[str, Any], *, since_us: float | None,
     wall = (lambda: since_us / 1e6) if since_us is not None else (lambda: T0_US / 1e6)
     tracer = CellTracer(_PrebuiltTorch(snapshot, recording), wall=wall,  # type: ignore[arg-type]
                         session=recording)
-    assert tracer.start() == ""
-    return tracer.stop()
+    GC.on = True
+    try:
+        assert tracer.start() == ""
+        return tracer.stop()
+    finally:
+        GC.on = False
 
 
 def kernel_heap(objects: int = 600_000) -> list[Any]:
@@ -223,9 +249,14 @@ def measure(n: int, kind: str, runs: int) -> dict[str, Any]:
     frames = _Frames()
     held: Any = None
     times, result = [], None
+    gc_ms, full = 0.0, 0
     for run in range(runs + (kind != "first")):
         snap, since = _cell_snapshot(n, kind, run, frames)
+        GC.passes.clear()
         result = traced_cell(snap, since_us=since, recording=kind == "recording_on")
+        if kind == "first" or run > 0:
+            gc_ms += sum(s for _, s in GC.passes) * 1e3
+            full += sum(g == 2 for g, _ in GC.passes)
         # "later": the previous cell's report and snapshot stay held while the next runs
         held = result if kind != "first" else None
         if kind == "first" or run > 0:
@@ -236,6 +267,8 @@ def measure(n: int, kind: str, runs: int) -> dict[str, Any]:
     return {"history_entries": len(result.snapshot["device_traces"][0]), "cell": kind,
             "ours_ms": [round(x, 1) for x in times], "best_ours_ms": round(min(times), 1),
             "median_ours_ms": round(sorted(times)[len(times) // 2], 1),
+            "gc_ms_per_cell": round(gc_ms / len(times), 1),
+            "full_gc_passes_per_cell": round(full / len(times), 2),
             "entries_counted": result.entries, "allocations": d.allocations if d else 0,
             "top_site": d.at_peak[0].label if d and d.at_peak else None}
 
@@ -245,6 +278,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = 2 if "--quick" in args else 5
     heap = kernel_heap()  # held to the end: what a full collection walks
     gc.collect()
+    gc.callbacks.append(GC)
     rows = []
     for n in SIZES:
         for kind in ("first", "later", "recording_on"):

@@ -22,7 +22,6 @@ import contextlib
 import html
 import linecache
 import math
-import operator
 import os
 import pickle
 import re
@@ -280,8 +279,9 @@ class _Sites:
         self._frames: dict[int, tuple[Any, str, int, str, bool, bool, bool]] = {}
         self._libs: dict[str, bool] = {}
         self._outer: dict[str, bool] = {}
-        # (id of the first frame, id of the last, depth) -> the stacks seen with them
-        self._memo: dict[tuple[int, int, int], list[tuple[tuple[Any, ...], Any, int]]] = {}
+        # by the first, the last and how many frames read, of each reading length
+        self._memo: dict[tuple[int, int, int],
+                         list[tuple[int, dict[tuple[int, ...], tuple[tuple[Any, ...], int]]]]] = {}
 
     def _frame(self, f: Any) -> tuple[Any, str, int, str, bool, bool, bool]:
         """One frame, read and classified (``_Malformed`` when not torch's form)."""
@@ -308,21 +308,29 @@ class _Sites:
 
     def site(self, frames: Any) -> int:
         """The site's number. The same stack seen again (the same frame objects, as
-        torch shares them) is answered from the frames its first reading read, compared by
-        identity: a loop's allocations cost a lookup each, not a walk."""
+        torch shares them) is answered from the frames its first reading read, looked up
+        by their identities: a loop's allocations cost a lookup each, not a walk."""
         if not isinstance(frames, list | tuple):
             raise _Malformed
         n = len(frames)
         if not n:
             return self._id("", 0, "", "")
         key = (id(frames[0]), id(frames[-1]), n)
-        for mid, _, sid in self._memo.get(key, ()):
-            if not mid or all(map(operator.is_, frames[1:len(mid) + 1], mid)):
-                return sid
+        groups = self._memo.get(key)
+        if groups is not None:
+            for read, seen in groups:
+                got = seen.get(tuple(map(id, frames[:read])))
+                if got is not None:
+                    return got[1]
         sid, read = self._walk(frames)
-        if read:  # kept with the frames it read, whose ids stay theirs while they live
-            self._memo.setdefault(key, []).append(
-                (tuple(frames[1:read]), (frames[0], frames[-1]), sid))
+        if read:  # kept with the frames it read, so that their ids stay theirs
+            if groups is None:
+                groups = self._memo[key] = []
+            seen = next((g for r, g in groups if r == read), None)
+            if seen is None:
+                seen = {}
+                groups.append((read, seen))
+            seen[tuple(map(id, frames[:read]))] = ((*frames[:read], frames[-1]), sid)
         return sid
 
     def _walk(self, frames: list[Any] | tuple[Any, ...]) -> tuple[int, int]:
@@ -400,6 +408,8 @@ def analyze(entries: Sequence[Mapping[str, Any]], *, device: int = 0,
     peak_i = oom_i = -1
     oom_size: int | None = None
     limit_t, limit_f = _MAX_TIME_US, _MAX_FIELD
+    keep_entry, keep_total = readable.append, totals.append
+    i = -1  # the window's entries read so far, less one
     for e in given:
         if type(e) is not dict:
             e = _plain(e)
@@ -419,13 +429,14 @@ def analyze(entries: Sequence[Mapping[str, Any]], *, device: int = 0,
             continue
         if since_us is not None and t is not None and t < since_us:
             continue  # before the window
-        i = len(readable)
+        i += 1
         if action == "alloc":
             if addr is not None:
                 try:
                     s = site_of_frames(e.get("frames") or ())
                 except _Malformed:
                     skipped += 1
+                    i -= 1
                     continue
                 size = int(size)
                 # An address allocated again without a free: the first stays counted.
@@ -454,8 +465,8 @@ def analyze(entries: Sequence[Mapping[str, Any]], *, device: int = 0,
                 total -= a_size[k]
         elif action == "oom":
             oom_i, oom_size = i, int(size)
-        readable.append(e)
-        totals.append(total)
+        keep_entry(e)
+        keep_total(total)
     n = len(readable)
     n_sites = len(sites.sites)
 
