@@ -326,11 +326,11 @@ class _Sites:
         if read:  # kept with the frames it read, so that their ids stay theirs
             if groups is None:
                 groups = self._memo[key] = []
-            seen = next((g for r, g in groups if r == read), None)
-            if seen is None:
-                seen = {}
-                groups.append((read, seen))
-            seen[tuple(map(id, frames[:read]))] = ((*frames[:read], frames[-1]), sid)
+            group = next((g for r, g in groups if r == read), None)
+            if group is None:
+                group = {}
+                groups.append((read, group))
+            group[tuple(map(id, frames[:read]))] = ((*frames[:read], frames[-1]), sid)
         return sid
 
     def _walk(self, frames: list[Any] | tuple[Any, ...]) -> tuple[int, int]:
