@@ -388,7 +388,7 @@ def analyze(entries: Sequence[Mapping[str, Any]], *, device: int = 0,
     number, frames that are not a list of dicts) are skipped and counted in ``skipped``.
 
     One pass over the entries, each read once: a traced cell of 100,000 entries waits for
-    it (two passes that kept per-site totals took 0.36 s on the 2-core machine). The pass
+    it (two passes that kept per-site totals took 0.29-0.36 s on the 2-core machine). The pass
     keeps each allocation's entry index, size, site and freeing index; who was live at the
     peak, at the OOM and at the end, and the timeline's instants, are read from those."""
     given = _as_list(entries)
