@@ -232,12 +232,30 @@ def _body(n: int) -> str:
     return f"for _ in range({n // 3}):\n    t = torch.empty(4096, device='cuda')\n    del t"
 
 
+# The garbage collector's passes since the last reading (a full pass walks every object the
+# kernel holds, the previous traced cell's snapshot among them): why a later traced cell
+# could cost more than the first.
+GC_WATCH = """\
+import gc
+_gc = {"passes": 0, "full": 0, "s": 0.0, "t0": 0.0}
+def _gc_watch(phase, info):
+    if phase == "start":
+        _gc["t0"] = time.perf_counter()
+    else:
+        _gc["passes"] += 1
+        _gc["full"] += info["generation"] == 2
+        _gc["s"] += time.perf_counter() - _gc["t0"]
+gc.callbacks.append(_gc_watch)
+"""
 READ_TRACE = """\
 from gpumem_nb.magics import current_monitor
 _t = current_monitor().last_trace
 print("@@" + json.dumps({"entries": _t.entries, "added_ms": _t.added_s * 1e3,
     "snapshot_ms": _t.snapshot_s * 1e3, "switch_ms": _t.switch_s * 1e3,
-    "ours_ms": _t.ours_s * 1e3, "inductor_imported": "torch._inductor" in sys.modules}))
+    "ours_ms": _t.ours_s * 1e3, "inductor_imported": "torch._inductor" in sys.modules,
+    "cell_gc_ms": _gc["s"] * 1e3, "cell_gc_passes": _gc["passes"],
+    "cell_full_gc_passes": _gc["full"], "gc_objects": len(gc.get_objects())}))
+_gc.update(passes=0, full=0, s=0.0)
 """
 RECORD_COST = """\
 def _loop(n=50000):
@@ -262,8 +280,8 @@ print("@@" + json.dumps({"alloc_free_pair_off_us": _off * 1e6, "alloc_free_pair_
 
 def trace_kernel(n: int, cost: bool = True) -> dict[str, Any]:
     cell = "%%gpumem --trace -q\n" + _body(n)
-    cells = ["%load_ext gpumem_nb\nimport torch, json, sys, time\ntorch.zeros(1, device='cuda')",
-             cell, READ_TRACE, cell, READ_TRACE]
+    cells = ["%load_ext gpumem_nb\nimport torch, json, sys, time\ntorch.zeros(1, device='cuda')\n"
+             + GC_WATCH, cell, READ_TRACE, cell, READ_TRACE]
     if n <= 1 and cost:
         cells.append(RECORD_COST)
     res = _kernel({}, cells)
@@ -359,7 +377,7 @@ def main() -> int:
                 compile(c, "<cell>", "exec")
         for n in (1, 10_000):
             compile(_body(n), "<cell>", "exec")
-        for src in (RECORD_COST, READ_TRACE, IMPORT_INDUCTOR,
+        for src in (RECORD_COST, READ_TRACE, GC_WATCH, IMPORT_INDUCTOR,
                     RAW_FIRST_SNAPSHOT.format(setup=PLAIN_CTX),
                     FIT_REAL.format(prelude="", cells=[], fraction=0.5),
                     FIT_RECORD.format(root="", prelude="", cells=[], settings=[]),
@@ -387,7 +405,9 @@ def main() -> int:
                 rows.append({"history_entries": r.get("entries"), "cell": which,
                              "added_ms": r.get("added_ms"), "snapshot_ms": r.get("snapshot_ms"),
                              "switch_ms": r.get("switch_ms"), "ours_ms": r.get("ours_ms"),
-                             "inductor_imported": r.get("inductor_imported")})
+                             "inductor_imported": r.get("inductor_imported"),
+                             "cell_gc_ms": r.get("cell_gc_ms"),
+                             "cell_full_gc_passes": r.get("cell_full_gc_passes")})
         rec_cost = kernels[0].get("recording_cost")
         trace_doc = {"device": "1x H200", "rows": rows, "kernels": kernels,
                      "first_snapshot_raw": raws, "recording_cost": rec_cost,

@@ -17,6 +17,7 @@ protocol 4, the newest that PyTorch's memory_viz reader accepts.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import html
 import linecache
@@ -258,27 +259,35 @@ def _as_list(entries: Any) -> list[Any]:
     return []
 
 
-class _Replay:
-    """Live allocations by site, advanced one history entry at a time.
+_NEVER = 1 << 62  # the entry index of a free that never came
 
-    A free counts at ``free_requested`` (when the tensor dies, as ``allocated_bytes``
-    counts it); ``free_completed`` only when no request was seen (histories recorded
-    with that action skipped). Frees of allocations made before the window are ignored.
-    """
+
+class _Sites:
+    """``site_of`` for each allocation's frames, reading only the frames it needs: the
+    innermost of the user's and, inside a function, the way out to the cell.
+
+    torch symbolizes each distinct frame once and shares that dict among every entry
+    recorded there (``py_symbolize``), so a frame is checked and classified once per
+    analysis, by identity; the object is kept with its reading so that its id cannot be
+    reused by another. A site is a small int here (``Site`` hashes in Python, slowly)."""
 
     def __init__(self, skip: tuple[str, ...]) -> None:
         self.skip = skip
-        self.live: dict[int, tuple[int, Site]] = {}
-        self.by_site: dict[Site, list[int]] = {}
-        self.total = 0
-        self._requested: set[int] = set()
-        self._sites: dict[tuple[Any, ...], Site] = {}
+        self.sites: list[Site] = []
+        self._ids: dict[tuple[str, int, str, str], int] = {}
+        # id(frame) -> (frame, filename, line, name, library, cell top level, outer)
+        self._frames: dict[int, tuple[Any, str, int, str, bool, bool, bool]] = {}
         self._libs: dict[str, bool] = {}
-        self._flips: dict[tuple[str, str], bool] = {}
-        self.last_site: Site | None = None
+        self._outer: dict[str, bool] = {}
+        # by the first, the last and how many frames read, of each reading length
+        self._memo: dict[tuple[int, int, int],
+                         list[tuple[int, dict[tuple[int, ...], tuple[tuple[Any, ...], int]]]]] = {}
 
-    def _frame(self, f: Any) -> tuple[str, int, str]:
-        """One frame's (filename, line, name), or ``_Malformed``."""
+    def _frame(self, f: Any) -> tuple[Any, str, int, str, bool, bool, bool]:
+        """One frame, read and classified (``_Malformed`` when not torch's form)."""
+        got = self._frames.get(id(f))
+        if got is not None and got[0] is f:
+            return got
         p = _plain(f)
         if p is None:
             raise _Malformed  # a frame that is not a dict, or one whose methods raise
@@ -286,91 +295,83 @@ class _Replay:
         if not (isinstance(fn, str | None) and isinstance(name, str | None)
                 and (line is None or (_count(line) and line < _MAX_LINE))):
             raise _Malformed
-        return fn or "", line or 0, name or ""
+        fn, line, name = fn or "", line or 0, name or ""
+        lib = self._libs.get(fn)
+        if lib is None:
+            lib = self._libs[fn] = _is_library(fn, self.skip)
+        outer = self._outer.get(fn)
+        if outer is None:
+            outer = self._outer[fn] = _is_outer({"filename": fn})
+        cell = name == "<module>" and bool(_CELL_FILE.search(fn))
+        got = self._frames[id(f)] = (f, fn, line, name, lib, cell, outer)
+        return got
 
-    def _lib(self, filename: str) -> bool:
-        v = self._libs.get(filename)
-        if v is None:
-            v = self._libs[filename] = _is_library(filename, self.skip)
-        return v
-
-    def site(self, frames: Any) -> Site:
-        """``site_of`` for one entry's frames, reading only the frames it needs: the
-        innermost of the user's and, inside a function, the way out to the cell. A history
-        of 100,000 entries with 30 frames each took 1.5 s when every frame was read."""
+    def site(self, frames: Any) -> int:
+        """The site's number. The same stack seen again (the same frame objects, as
+        torch shares them) is answered from the frames its first reading read, looked up
+        by their identities: a loop's allocations cost a lookup each, not a walk."""
         if not isinstance(frames, list | tuple):
             raise _Malformed
-        if not frames:
-            return self._cached("", 0, "", "")
-        first, last = self._frame(frames[0]), self._frame(frames[-1])
-        ends = (first[0], last[0])
-        flip = self._flips.get(ends)
-        if flip is None:
-            flip = self._flips[ends] = _is_outer({"filename": first[0]}) and \
-                not _is_outer({"filename": last[0]})
-        seq = frames[::-1] if flip else frames  # a build that records outermost first
+        n = len(frames)
+        if not n:
+            return self._id("", 0, "", "")
+        key = (id(frames[0]), id(frames[-1]), n)
+        groups = self._memo.get(key)
+        if groups is not None:
+            for read, seen in groups:
+                got = seen.get(tuple(map(id, frames[:read])))
+                if got is not None:
+                    return got[1]
+        sid, read = self._walk(frames)
+        if read:  # kept with the frames it read, so that their ids stay theirs
+            if groups is None:
+                groups = self._memo[key] = []
+            group = next((g for r, g in groups if r == read), None)
+            if group is None:
+                group = {}
+                groups.append((read, group))
+            group[tuple(map(id, frames[:read]))] = ((*frames[:read], frames[-1]), sid)
+        return sid
+
+    def _walk(self, frames: list[Any] | tuple[Any, ...]) -> tuple[int, int]:
+        """The site's number, and how many frames from the innermost it read (0: not
+        a plain innermost-first reading, so not remembered)."""
+        frame = self._frame
+        n = len(frames)
+        first, last = frame(frames[0]), frame(frames[-1])
+        flip = first[6] and not last[6]  # a build that records outermost first
         top = last if flip else first
         inner_i = -1
         inner = None
-        if not self._lib(top[0]):
+        if not top[4]:
             inner_i, inner = 0, top
         else:
-            for i in range(1, len(seq)):
-                fr = self._frame(seq[i])
-                if not self._lib(fr[0]):
+            for i in range(1, n):
+                fr = frame(frames[n - 1 - i] if flip else frames[i])
+                if not fr[4]:
                     inner_i, inner = i, fr
                     break
+        read = 0 if flip else (inner_i + 1 if inner is not None else n)
         if inner is None:
-            return self._cached(*top, "")
-        if inner[2] == "<module>" and _CELL_FILE.search(inner[0]):
-            return self._cached(*inner, "")
-        for f in seq[inner_i + 1:]:
-            fr = self._frame(f)
-            if fr[2] == "<module>" and _CELL_FILE.search(fr[0]):
-                return self._cached(*inner, f"cell line {fr[1]}")
-        return self._cached(*inner, "")
+            return self._id(top[1], top[2], top[3], ""), read
+        if not inner[5]:
+            # Inside a function: the cell line that led there, the nearest cell's top
+            # level going outward (a %%gpumem cell's body runs inside the cell holding it).
+            for i in range(inner_i + 1, n):
+                fr = frame(frames[n - 1 - i] if flip else frames[i])
+                if fr[5]:
+                    return (self._id(inner[1], inner[2], inner[3], f"cell line {fr[2]}"),
+                            0 if flip else i + 1)
+            read = 0 if flip else n
+        return self._id(inner[1], inner[2], inner[3], ""), read
 
-    def _cached(self, filename: str, line: int, name: str, via: str) -> Site:
+    def _id(self, filename: str, line: int, name: str, via: str) -> int:
         key = (filename, line, name, via)
-        s = self._sites.get(key)
-        if s is None:
-            s = self._sites[key] = Site(filename, line, name, via)
-        return s
-
-    def step(self, e: Mapping[str, Any], site: Site | None = None) -> str:
-        """Advance by one entry; ``site``: the allocation's, when an earlier pass found it."""
-        action, addr = e.get("action"), e.get("addr")
-        if action == "alloc" and addr is not None:
-            size = int(e.get("size", 0))
-            # May raise _Malformed: nothing changed yet.
-            s = site if site is not None else self.site(e.get("frames") or ())
-            self.last_site = s
-            self.live[addr] = (size, s)
-            self._requested.discard(addr)
-            v = self.by_site.setdefault(s, [0, 0])
-            v[0] += size
-            v[1] += 1
-            self.total += size
-            return "alloc"
-        if action == "free_requested" and addr in self.live:
-            self._requested.add(addr)
-            self._free(addr)
-        elif action == "free_completed":
-            if addr in self._requested:
-                self._requested.discard(addr)
-            elif addr in self.live:
-                self._free(addr)
-        return str(action)
-
-    def _free(self, addr: int) -> None:
-        size, s = self.live.pop(addr)
-        v = self.by_site[s]
-        v[0] -= size
-        v[1] -= 1
-        self.total -= size
-
-    def copy_sites(self) -> dict[Site, list[int]]:
-        return {s: list(v) for s, v in self.by_site.items()}
+        i = self._ids.get(key)
+        if i is None:
+            i = self._ids[key] = len(self.sites)
+            self.sites.append(Site(filename, line, name, via))
+        return i
 
 
 def analyze(entries: Sequence[Mapping[str, Any]], *, device: int = 0,
@@ -379,69 +380,125 @@ def analyze(entries: Sequence[Mapping[str, Any]], *, device: int = 0,
     """Replay one device's history. Only allocations made in the window count, so the
     figures are this cell's own: at its peak, at its end, and at an OOM entry.
 
+    A free counts at ``free_requested`` (when the tensor dies, as ``allocated_bytes``
+    counts it); ``free_completed`` only when no request was seen (histories recorded
+    with that action skipped). Frees of allocations made before the window are ignored.
+
     Entries that are not what torch writes (not a dict, a size, line or time that is not a
-    number, frames that are not a list of dicts) are skipped and counted in ``skipped``."""
+    number, frames that are not a list of dicts) are skipped and counted in ``skipped``.
+
+    One pass over the entries, each read once: a traced cell of 100,000 entries waits for
+    it (two passes that kept per-site totals took 0.29-0.36 s on the 2-core machine). The pass
+    keeps each allocation's entry index, size, site and freeing index; who was live at the
+    peak, at the OOM and at the end, and the timeline's instants, are read from those."""
     given = _as_list(entries)
-    usable = [u for u in map(_usable, given) if u is not None]
-    skipped = len(given) - len(usable)
-    window = [e for e in usable
-              if since_us is None or e.get("time_us") is None or e["time_us"] >= since_us]
-    # First pass: where the peak and the OOM are; entries it cannot read are dropped.
-    first = _Replay(skip)
-    peak = 0
+    sites = _Sites(skip)
+    site_of_frames = sites.site
+    skipped = 0
+    readable: list[dict[str, Any]] = []  # the window's entries, as read
+    totals: list[int] = []  # live bytes after each of them
+    # The allocations in order: entry index, bytes, site, index of the entry that freed it.
+    a_at: list[int] = []
+    a_size: list[int] = []
+    a_site: list[int] = []
+    a_freed: list[int] = []
+    live: dict[int, int] = {}  # address -> allocation
+    requested: set[int] = set()
+    total = peak = allocations = 0
     peak_i = oom_i = -1
     oom_size: int | None = None
-    allocations = 0
-    readable = []
-    sites: list[Site | None] = []
-    for e in window:
-        first.last_site = None
-        try:
-            action = first.step(e)
-        except _Malformed:
+    limit_t, limit_f = _MAX_TIME_US, _MAX_FIELD
+    keep_entry, keep_total = readable.append, totals.append
+    i = -1  # the window's entries read so far, less one
+    for e in given:
+        if type(e) is not dict:
+            e = _plain(e)
+            if e is None:
+                skipped += 1
+                continue
+        action = e.get("action")
+        t = e.get("time_us")
+        size = e.get("size", 0)
+        addr = e.get("addr")
+        # torch's own types pass at once; anything else gets the general checks
+        if not (type(action) is str and type(size) is int and 0 <= size < limit_f
+                and (t is None or ((type(t) is float or type(t) is int) and 0 <= t < limit_t))
+                and (addr is None or (type(addr) is int and 0 <= addr < limit_f))) \
+                and _usable(e) is None:
             skipped += 1
             continue
-        readable.append(e)
-        sites.append(first.last_site)
-        i = len(readable) - 1
+        if since_us is not None and t is not None and t < since_us:
+            continue  # before the window
+        i += 1
         if action == "alloc":
+            if addr is not None:
+                try:
+                    s = site_of_frames(e.get("frames") or ())
+                except _Malformed:
+                    skipped += 1
+                    i -= 1
+                    continue
+                size = int(size)
+                # An address allocated again without a free: the first stays counted.
+                live[addr] = len(a_at)
+                requested.discard(addr)
+                a_at.append(i)
+                a_size.append(size)
+                a_site.append(s)
+                a_freed.append(_NEVER)
+                total += size
             allocations += 1
-            if first.total > peak:
-                peak, peak_i = first.total, i
+            if total > peak:
+                peak, peak_i = total, i
+        elif action == "free_requested":
+            if addr in live:
+                requested.add(addr)
+                k = live.pop(addr)
+                a_freed[k] = i
+                total -= a_size[k]
+        elif action == "free_completed":
+            if addr in requested:
+                requested.discard(addr)
+            elif addr in live:
+                k = live.pop(addr)
+                a_freed[k] = i
+                total -= a_size[k]
         elif action == "oom":
-            oom_i, oom_size = i, int(e.get("size", 0))
-    window = readable
-    # Second pass: who was live there, and the series at the instants to draw.
-    n = len(window)
+            oom_i, oom_size = i, int(size)
+        keep_entry(e)
+        keep_total(total)
+    n = len(readable)
+    n_sites = len(sites.sites)
+
+    def live_at(i: int) -> dict[Site, list[int]]:
+        """Bytes and allocations by site live just after entry ``i``, in the order the
+        sites first allocated (ranking ties keep it)."""
+        got = [[0, 0] for _ in range(n_sites)]
+        for k in range(bisect.bisect_right(a_at, i)):
+            if a_freed[k] > i:
+                v = got[a_site[k]]
+                v[0] += a_size[k]
+                v[1] += 1
+        return {sites.sites[j]: v for j, v in enumerate(got) if v[1]}
+
+    ranked_peak = _ranked(live_at(peak_i), top) if peak_i >= 0 else ()
+    ranked_end = _ranked(live_at(n - 1), top) if n else ()
+    ranked_oom = _ranked(live_at(oom_i), top) if oom_i >= 0 else ()
     step = max(1, -(-n // _MAX_POINTS))
     keep = sorted({*range(0, n, step), n - 1, *(i for i in (peak_i, oom_i) if i >= 0)}) \
         if n else []
-    keep_set = set(keep)
-    second = _Replay(skip)  # reads no frame: each allocation's site is the first pass's
-    at_peak: dict[Site, list[int]] = {}
-    at_oom: dict[Site, list[int]] = {}
-    samples: list[dict[Site, int]] = []
-    for i, e in enumerate(window):
-        second.step(e, sites[i])
-        if i == peak_i:
-            at_peak = second.copy_sites()
-        if i == oom_i:
-            at_oom = second.copy_sites()
-        if i in keep_set:
-            samples.append({s: v[0] for s, v in second.by_site.items() if v[0]})
-    t0 = _t0(window, since_us)
+    t0 = _t0(readable, since_us)
 
     def ms(i: int) -> float:
-        t = window[i].get("time_us") if 0 <= i < n else None
+        t = readable[i].get("time_us") if 0 <= i < n else None
         return (float(t) - t0) / 1e3 if t is not None and t0 is not None else float(i)
 
-    ranked_peak = _ranked(at_peak, top)
-    ranked_end = _ranked(first.by_site, top)
-    times, series = _series(samples, [ms(i) for i in keep], ranked_peak, ranked_end)
+    times, series = _series(keep, [ms(i) for i in keep], totals, ranked_peak, ranked_end,
+                            sites, a_at, a_size, a_site, a_freed)
     return DeviceTrace(
         device=device, entries=n, allocations=allocations, peak_bytes=peak,
-        peak_ms=ms(peak_i), end_bytes=first.total, at_peak=ranked_peak,
-        alive_at_end=ranked_end, at_oom=_ranked(at_oom, top), oom_requested_bytes=oom_size,
+        peak_ms=ms(peak_i), end_bytes=total, at_peak=ranked_peak,
+        alive_at_end=ranked_end, at_oom=ranked_oom, oom_requested_bytes=oom_size,
         oom_ms=ms(oom_i) if oom_i >= 0 else None, times_ms=times, series=series,
         skipped=skipped)
 
@@ -453,20 +510,45 @@ def _t0(window: Sequence[Mapping[str, Any]], since_us: float | None) -> float | 
     return float(first) if first is not None else None
 
 
-def _series(samples: Sequence[dict[Site, int]], times: Sequence[float],
-            at_peak: Sequence[SiteBytes], at_end: Sequence[SiteBytes],
-            ) -> tuple[tuple[float, ...], tuple[Series, ...]]:
-    """Live MiB per site at each kept instant for the biggest sites, the rest as "other"."""
+def _series(keep: Sequence[int], times: Sequence[float], totals: Sequence[int],
+            at_peak: Sequence[SiteBytes], at_end: Sequence[SiteBytes], sites: _Sites,
+            a_at: Sequence[int], a_size: Sequence[int], a_site: Sequence[int],
+            a_freed: Sequence[int]) -> tuple[tuple[float, ...], tuple[Series, ...]]:
+    """Live MiB per site at each kept instant for the biggest sites, the rest as "other".
+    An allocation adds its bytes to the kept instants from its entry to the one before its
+    free: a range of ``keep``, added as the two ends of a difference array."""
     chosen: list[Site] = []
     for sb in (*at_peak, *at_end):
         if sb.site not in chosen and len(chosen) < _TIMELINE_SITES:
             chosen.append(sb.site)
-    if not samples or not chosen:
+    if not keep or not chosen:
         return (), ()
-    series = [Series(s.label, tuple(smp.get(s, 0) / MiB for smp in samples))
-              for s in chosen]
-    other = tuple((sum(smp.values()) - sum(smp.get(s, 0) for s in chosen)) / MiB
-                  for smp in samples)
+    slot = [-1] * len(sites.sites)
+    for c, s in enumerate(chosen):
+        slot[sites._ids[(s.filename, s.line, s.function, s.via)]] = c
+    m = len(keep)
+    diffs = [[0] * (m + 1) for _ in chosen]
+    left = bisect.bisect_left
+    for k, sid in enumerate(a_site):
+        c = slot[sid]
+        if c < 0:
+            continue
+        lo, hi = left(keep, a_at[k]), left(keep, a_freed[k])
+        if lo < hi:
+            d = diffs[c]
+            d[lo] += a_size[k]
+            d[hi] -= a_size[k]
+    values = []
+    for d in diffs:
+        run, col = 0, []
+        for j in range(m):
+            run += d[j]
+            col.append(run)
+        values.append(col)
+    series = [Series(s.label, tuple(v / MiB for v in col)) for s, col in zip(chosen, values,
+                                                                             strict=True)]
+    other = tuple((totals[i] - sum(col[j] for col in values)) / MiB
+                  for j, i in enumerate(keep))
     if any(v > 0 for v in other):
         series.append(Series("other sites", other))
     return tuple(round(t, 3) for t in times), tuple(series)

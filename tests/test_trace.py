@@ -239,6 +239,32 @@ def test_a_recording_the_user_already_had_is_read_and_left_running():
     del earlier, mine
 
 
+def test_a_later_cell_under_a_running_recording_counts_only_its_own_entries():
+    """The history also holds the earlier cells' entries (a recording left on): none of
+    them is this cell's, not in the entry count, the peak, the sites or the timeline, and
+    freeing an earlier cell's tensor takes nothing off this cell's bytes."""
+    cuda = FakeCuda(initialized=True)
+    cuda.memory._record_memory_history("all", max_entries=1000)
+    big = cuda.tensor(4 * GiB)  # an earlier cell's peak, freed before the traced cell
+    del big
+    kept = cuda.tensor(GiB)  # an earlier cell's, freed inside the traced cell
+    before = len(cuda.traces[0])
+    t = tracer_for(cuda)
+    time.sleep(0.002)
+    assert t.start() == ""
+    del kept
+    mine = cuda.tensor(512 * MiB)
+    result = t.stop()
+    d = result.devices[0]
+    assert len(cuda.traces[0]) - before == 3 == result.entries == d.entries
+    assert d.allocations == 1 and d.peak_bytes == d.end_bytes == 512 * MiB
+    assert [s.nbytes for s in d.at_peak] == [s.nbytes for s in d.alive_at_end] == [512 * MiB]
+    assert max(sum(s.mib[i] for s in d.series) for i in range(len(d.times_ms))) == 512
+    assert min(d.times_ms) >= 0  # drawn from the cell's start, not the earlier entries'
+    assert "gpumem --trace: 3 history entries" in TraceReport(result).footer()
+    del mine
+
+
 def test_builds_with_only_the_legacy_signature_are_still_recorded():
     cuda = FakeCuda(initialized=True)
     seen: list[tuple[Any, ...]] = []
