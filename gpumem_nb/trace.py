@@ -39,7 +39,7 @@ from .sources.torch import TorchDebug
 from .units import format_bytes
 from .whatif.snapshot import START_KEY
 
-MAX_ENTRIES = 100_000  # history ring buffer: about 0.7 s to snapshot when full
+MAX_ENTRIES = 100_000  # history ring buffer: 0.2-0.27 s for torch to snapshot when full (H200)
 TOP_DEFAULT = 5
 _TIMELINE_SITES = 8
 MiB = 1 << 20
