@@ -313,7 +313,8 @@ def holder_action(h: Holder) -> str:
                 "(or give the cache a `maxsize`).")
     if " suspended " in f" {path}":
         # `del`, not `.close()`: on the H200's Python 3.12.3 a closed generator kept its
-        # frame's locals (60 GiB) until the generator itself went (benchmarks/probe_generator_close.py).
+        # frame's locals (60 GiB) until the generator itself went
+        # (benchmarks/probe_generator_close.py).
         return (f"{h.label} keeps {what} in a suspended generator's frame: `del {h.name}` "
                 "(or running it to its end) lets them go; `.close()` alone may not.")
     if h.kind == "module" and path:

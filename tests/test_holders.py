@@ -251,7 +251,7 @@ def test_a_tensor_a_module_keeps_as_a_plain_attribute_is_the_modules():
 def test_results_an_lru_cache_keeps_are_the_cached_functions():
     import functools
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def embed(i: int) -> FakeTensor:
         return FakeTensor(GiB)
 
@@ -297,7 +297,7 @@ def test_the_advice_for_a_hook_a_cache_or_a_generator_is_the_step_that_frees_it(
     feats = [FakeTensor(GiB) for _ in range(4)]
     act._forward_hooks[0] = lambda m, i, o: feats.append(o)
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def embed(i: int) -> FakeTensor:
         return FakeTensor(GiB)
 
