@@ -116,12 +116,13 @@ def test_twenty_gib_stranded_in_1_gib_holes_is_fragmentation_whatever_the_cell_s
     assert "expandable_segments:True" in steps[0]
     held = next(c for c in causes if c.kind == CAUSE_HELD)
     assert held.covers and held.nbytes == FRAG_KEEP.nbytes + FRAG_FILLER.nbytes  # also listed
-    # The same holes in the cudaMallocAsync pool (its unused bytes and the 0.5 GiB free would
-    # have fitted, yet the driver refused): the pool is the cause, not the session.
+    # The same holes in the cudaMallocAsync pool: the driver reuses and stitches them, so
+    # the pool's unused bytes are said but never the verdict (issue 26: never seen on a GPU).
     pool = replace(f, backend="cudaMallocAsync", measured_at="after", free_bytes=31 * MiB,
                    largest_free_block_bytes=None, released_since_bytes=0)
     causes, _, text = explain(pool, [FRAG_KEEP, FRAG_FILLER])
-    assert causes[0].kind == CAUSE_POOL and causes[0].covers, text
+    assert causes[0].kind not in (CAUSE_POOL, CAUSE_FRAGMENTATION), text
+    assert not next(c for c in causes if c.kind == CAUSE_POOL).covers, text
 
 
 def test_a_cell_that_filled_a_list_its_session_keeps_is_held_not_its_working_set():

@@ -222,22 +222,27 @@ def test_fragmentation_names_expandable_segments_only_when_it_is_off():
     assert "already on" in text and "PYTORCH_ALLOC_CONF=expandable" not in text
 
 
-def test_an_async_pool_that_held_enough_yet_failed_is_the_cause_and_names_no_native_setting():
-    # 30 GiB unused in the pool + 2 GiB free >= 10 GiB asked, and still an OOM.
+def test_an_async_pools_unused_memory_is_room_never_the_cause_and_names_no_native_setting():
+    # 30 GiB unused in the pool + 2 GiB free >= 10 GiB asked, and still an OOM. Issue 26: no
+    # recipe on the H200 left the pool unable to serve a request its unused memory fits (the
+    # driver reuses frees across streams and stitches holes), and the one real row called so
+    # was its working set; the pool's bytes are said, never the verdict.
     f = facts(reserved_bytes=130 * GiB, backend="cudaMallocAsync")
     causes = classify(f)
-    text = causes[0].summary + " ".join(a.text for a in next_steps(f, causes, (), None))
-    assert causes[0].kind == CAUSE_POOL and causes[0].covers and causes[0].nbytes == 30 * GiB
+    text = " ".join(c.summary for c in causes) + " ".join(
+        a.text for a in next_steps(f, causes, (), None))
+    pool = next(c for c in causes if c.kind == CAUSE_POOL)
+    assert causes[0].kind != CAUSE_POOL and not pool.covers and pool.nbytes == 30 * GiB
+    assert "not what failed" in pool.summary
     assert "expandable_segments" not in text and "max_split_size" not in text
-    assert "empty_cache" in text
 
 
-def test_an_async_pool_cause_does_not_hide_a_cause_that_alone_would_also_cover():
+def test_an_async_pools_unused_memory_never_hides_the_cause_that_covers():
     f = facts(reserved_bytes=130 * GiB, backend="cudaMallocAsync",
               other_processes=(ProcessUse(7, 20 * GiB),))  # 20 GiB >= the 8 GiB CUDA lacked
     causes = classify(f, [Holder("x", "variable", "cuda:0", GiB)])  # 1 GiB: not enough
-    assert [(c.kind, c.covers) for c in causes] == [
-        (CAUSE_POOL, True), (CAUSE_OTHER_PROCESSES, True), (CAUSE_HELD, False)]
+    assert causes[0].kind == CAUSE_OTHER_PROCESSES and causes[0].covers
+    assert (CAUSE_POOL, False) in [(c.kind, c.covers) for c in causes]
 
 
 # Recorded on the H200 (torch 2.11, driver 580, backend:cudaMallocAsync, run 3): each scenario
@@ -563,7 +568,13 @@ def test_fragmentation_is_measured_from_split_blocks(world):
     e = last(world.shell)
     # Under cudaMallocAsync the pool's unused 50 GiB would have fit 25 GiB by itself: when
     # the driver still refused, the pool's cache is the cause (empty_cache, then retry).
-    first = CAUSE_FRAGMENTATION if world.backend == "native" else CAUSE_POOL
+    if world.backend != "native":
+        # The pool's unused bytes are room the driver reuses, never the verdict (issue 26).
+        pool = next(c for c in e.causes if c.kind == CAUSE_POOL)
+        assert e.cause not in (CAUSE_POOL, CAUSE_FRAGMENTATION) and not pool.covers, str(e)
+        assert "expandable_segments" not in str(e)
+        return
+    first = CAUSE_FRAGMENTATION
     assert e.cause == first, str(e)
     assert [c.kind for c in e.causes] == [first, CAUSE_HELD]  # keep: 70 GiB
     assert e.causes[0].nbytes == 50 * GiB
@@ -595,7 +606,13 @@ def test_holes_made_between_cells_are_fragmentation_not_the_failing_cells_own(wo
     # What the stale start implies (under cudaMallocAsync, read from the message's rounding).
     assert e is not None and e.facts.cell_bytes is not None
     assert abs(e.facts.cell_bytes - d.allocated) <= e.facts.precision_bytes
-    first = CAUSE_FRAGMENTATION if world.backend == "native" else CAUSE_POOL
+    if world.backend != "native":
+        # The pool's unused bytes are room the driver reuses, never the verdict (issue 26).
+        pool = next(c for c in e.causes if c.kind == CAUSE_POOL)
+        assert e.cause not in (CAUSE_POOL, CAUSE_FRAGMENTATION) and not pool.covers, str(e)
+        assert "expandable_segments" not in str(e)
+        return
+    first = CAUSE_FRAGMENTATION
     assert e.cause == first, str(e)
     assert abs(e.causes[0].nbytes - 20 * GiB) <= e.facts.precision_bytes
     assert [c.kind for c in e.causes] == [first, CAUSE_HELD]  # keep and filler, listed after

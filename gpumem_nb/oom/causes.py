@@ -104,18 +104,18 @@ def classify(facts: OomFacts, holders: Sequence[Holder] = ()) -> tuple[Cause, ..
     split = f.unallocated_bytes
     if f.pool_reuses_unallocated:
         if need is not None and need <= slack and split:
-            # The pool's unused memory plus what was free would have fit, yet the driver did
-            # not serve it: that memory is the cause, and empty_cache is the cure. Freeing
-            # something else alone helps if it covers what the driver itself lacked.
-            need = max((req - (f.free_bytes or 0)), 0)
+            # Never the cause (issue 26): PyTorch's cudaMallocAsync backend lets the driver
+            # reuse memory freed on other streams (internal dependencies and opportunistic
+            # reuse, both enabled in CUDAMallocAsyncAllocator.cpp) and the pool stitches freed
+            # pieces (the H200 served 2 GiB from 1 GiB holes), and no recipe on the H200 left
+            # the pool unable to serve a request its unused memory would fit; the one real
+            # workload that was called so (generate(), 39 GiB unused) was its working set.
             causes.append(Cause(
                 CAUSE_POOL, split,
-                f"The cudaMallocAsync pool held {format_bytes(split)} it was not using, with "
-                f"{format_bytes(f.free_bytes)} free besides: together enough for "
-                f"{format_bytes(req)}, yet the driver did not serve it from the pool (memory "
-                "freed on another stream and not yet reusable, or the pool's address range "
-                "cut up). torch.cuda.empty_cache() returns the pool's unused memory to the "
-                "driver.", covers=True))
+                f"The cudaMallocAsync pool held {format_bytes(split)} it was not using; the "
+                "driver reuses it for this process's requests, so it is room this request "
+                "could use, not what failed. torch.cuda.empty_cache() gives it back to the "
+                "driver for other processes.", covers=False))
     elif split and (covers(split) or split >= _NOTABLE_BYTES):
         causes.append(_fragmentation(f, split, covers(split)))
     if f.other_processes and (covers(f.others_bytes) or f.others_bytes >= _NOTABLE_BYTES):

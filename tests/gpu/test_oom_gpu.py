@@ -142,10 +142,12 @@ def test_fragmentation_from_many_splits_is_fragmentation(backend):
     if not r["explained"] and backend == "cudaMallocAsync":
         pytest.skip("cudaMallocAsync served 2 GiB from the freed 1 GiB pieces: this recipe "
                     "cannot fragment its pool")
-    # Under cudaMallocAsync, a pool whose unused memory would have fitted the request and
-    # still failed is its own cause (empty_cache, then retry), not fragmentation.
-    check(r, "fragmentation" if backend == "native" else "cached by the cudaMallocAsync pool",
-          "fragmentation (splits)")
+    if backend != "native":
+        # The pool's unused bytes are room the driver reuses (issue 26: no recipe left it
+        # unable to serve such a request), so they are never the verdict.
+        assert r["cause"] not in ("fragmentation", "cached by the cudaMallocAsync pool"), r
+        return
+    check(r, "fragmentation", "fragmentation (splits)")
     frag = r["causes"][0]
     assert frag[1] >= 20 * GiB - 64 * (1 << 20), frag  # the 20 holes
     if backend == "native":
