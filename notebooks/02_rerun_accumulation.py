@@ -30,7 +30,7 @@
 # %% id="02-01"
 # %load_ext gpumem_nb
 import torch
-from claims import claim
+from claims import claim, skipped
 
 import gpumem_nb
 from gpumem_nb.units import format_bytes as fmt
@@ -201,12 +201,13 @@ claim(second.reserved_delta_bytes > 0 and third.reserved_delta_bytes == 0,
 # ## What `who` cannot see
 #
 # `who` lists Python objects that hold tensors, and the tensors their autograd graphs saved. One
-# thing holds GPU memory without being such an object: cuBLAS's workspaces. PyTorch keeps one
-# per cuBLAS handle and stream, every thread that multiplies matrices has its own handle, and
-# backward runs on autograd's own thread, so their total depends on how the process ran (compare
-# the size printed here with notebook 1's). The next cell accounts for `allocated` in full:
-# what `who` lists, what deleting `loss` frees (its graph), and what dropping cuBLAS's
-# workspaces frees.
+# thing holds GPU memory without being such an object: the matrix libraries' workspaces. ATen
+# keeps one per handle and stream for each of two libraries (`CublasHandlePool.cpp`): cuBLAS's,
+# for plain products such as `y @ y` above, and cuBLASLt's, for products fused with a bias add,
+# the path `nn.Linear` takes. Notebook 1 ran only a bare `a @ a`, so it made cuBLAS's alone;
+# here both exist (so far only forward passes have run). The next cell accounts for
+# `allocated` in full: what `who` lists, what deleting `loss` frees (its graph), and what
+# dropping the workspaces frees; the cell after it reads the two workspaces from a trace.
 
 # %% id="02-20"
 def listed_bytes():
@@ -233,6 +234,56 @@ print(f"still not listed:          {fmt(still)}")
 claim(workspaces > 0 and 0 <= allocated - listed - workspaces < 512 and still == 0,
       "who lists everything allocated but cuBLAS's workspaces, graphs included",
       not_listed=fmt(allocated - listed), workspaces=fmt(workspaces), still=fmt(still))
+
+# %% [markdown] id="02-33"
+# ### The two workspaces, read from a trace
+#
+# The next cell records the allocator's history, with C++ frames, around one forward pass of
+# the model (nothing kept), right after the workspaces were dropped. What is still allocated
+# at the end, and was allocated inside that pass, is what the pass recreated and no tensor
+# holds: the workspaces, each with the function that allocated it. It drops them again after,
+# so the cells below start as before.
+
+# %% id="02-34"
+torch.cuda.memory._record_memory_history(stacks="all", max_entries=100_000)
+with torch.no_grad():
+    model(batch)  # nn.Linear: the bias-fused product; its result is not kept
+torch.cuda.synchronize()
+trace = torch.cuda.memory._snapshot()
+torch.cuda.memory._record_memory_history(enabled=None)
+recreated = [b for seg in trace["segments"] for b in seg["blocks"]
+             if b["state"] == "active_allocated" and b.get("frames")]
+
+
+def library(block):
+    # The workspace getters of CublasHandlePool.cpp: getNewCUDABlasLtWorkspace for cuBLASLt,
+    # getNewWorkspace for cuBLAS (found by name in the C++ frames).
+    names = [str(f.get("name", "")) for f in block["frames"]]
+    if any("LtWorkspace" in n for n in names):
+        return "cuBLASLt"
+    return "cuBLAS" if any("Workspace" in n for n in names) else None
+
+
+for b in sorted(recreated, key=lambda b: -b["size"]):
+    python = next((f"{f['filename'].rsplit('/', 1)[-1]}:{f['line']}" for f in b["frames"]
+                   if str(f.get("filename", "")).endswith(".py")), "no Python frame")
+    print(f"{fmt(b['size']):>10}  allocated by {library(b) or 'a function not named here'}'s "
+          f"workspace getter, called from {python}")
+total = sum(b["size"] for b in recreated)
+print(f"together {fmt(total)}; dropping the workspaces above freed {fmt(workspaces)}")
+claim(len(recreated) == 2 and total == workspaces,
+      "one forward pass through nn.Linear recreated two blocks no tensor holds, together the "
+      "workspaces dropped above", blocks=len(recreated), together=fmt(total),
+      workspaces=fmt(workspaces))
+found = sorted(filter(None, map(library, recreated)))
+if len(found) == len(recreated):
+    claim(found == ["cuBLAS", "cuBLASLt"],
+          "one is cuBLAS's workspace and the other cuBLASLt's, by the functions that "
+          "allocated them", libraries=", ".join(found))
+else:
+    skipped("one is cuBLAS's workspace and the other cuBLASLt's",
+            "the trace's C++ frames do not name the workspace getters on this build")
+torch._C._cuda_clearCublasWorkspaces()  # as before this cell
 
 # %% [markdown] id="02-21"
 # The fix is not to keep the tensor at all. Start from an empty cache and re-run three times:
