@@ -38,6 +38,7 @@ import json
 import linecache
 import numbers
 import os
+import re
 import sys
 from types import FrameType
 from typing import Any
@@ -47,6 +48,8 @@ HELD_MARK = "✓"
 SKIPPED_MARK = "⊘ skipped:"
 # The longest operand text shown; a longer string or a container is no value a reader reads.
 VALUE_CHARS = 120
+# A unit constant (MiB = 2**20) is how a value is written, not a value the claim compared.
+UNIT_NAME = re.compile(r"[KMGT]i?B")
 
 _records: list[dict[str, Any]] = []
 
@@ -120,7 +123,7 @@ def operands(frame: FrameType | None) -> dict[str, str]:
         if not isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)):
             continue
         text = ast.get_source_segment(source, node)
-        if not text or text in found:
+        if not text or text in found or UNIT_NAME.fullmatch(text):
             continue
         try:
             shown = _shown(_operand(node, frame))
