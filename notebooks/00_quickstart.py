@@ -97,8 +97,8 @@ print("GPU:", torch.cuda.get_device_name(0) if GPU else
 # replay, at the point it had reached), which GitHub, nbviewer and a JupyterLab without a
 # kernel show. So for a replay the picture and the table under it can show different moments:
 # the picture draws the whole recording, the table where the replay stood when the chart
-# ended. The last line of the cell after the chart prints the recording's own last sample. On a GPU machine `%gpumem watch --live` switches it to this machine's
-# own memory.
+# ended. The last line of the cell after the chart prints the recording's own last sample.
+# On a GPU machine `%gpumem watch --live` switches it to this machine's own memory.
 
 # %% id="00-05"
 # %gpumem watch --replay bundled

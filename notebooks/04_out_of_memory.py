@@ -131,8 +131,9 @@ claim(verdict() == "impossible", "gpumem_nb calls a request for twice the GPU im
 # ## What the allocator tries before it raises
 #
 # When no cached block fits, the native allocator (this notebook's, until its last section)
-# asks the driver (`cudaMalloc`). If that fails, it does not give up: it returns every cached block that is a whole free segment to the driver
-# (the same as `empty_cache()`), and asks again. It counts that as an *allocation retry*; only
+# asks the driver (`cudaMalloc`). If that fails, it does not give up: it returns every cached
+# block that is a whole free segment to the driver (the same as `empty_cache()`), and asks
+# again. It counts that as an *allocation retry*; only
 # if the second attempt fails too does it raise, and count an OOM.
 #
 # The next cell fills the GPU with 1 GiB tensors, deletes them (they stay cached), then asks for
