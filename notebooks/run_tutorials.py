@@ -41,6 +41,11 @@ ipykernel, gpumem_nb, Python, commit, whether the tree was clean, the date, and 
 package and tutorial sources, which tests compare with the checkout.
 
     python notebooks/run_tutorials.py [--no-widget-state] [--budget-s S] OUT_DIR [NAME ...]
+    python notebooks/run_tutorials.py --dry-run [OUT_DIR] [NAME ...]
+
+``--dry-run`` executes nothing: it parses every code cell as IPython would and lists, per
+tutorial, its cells, claims, the cells that fail on purpose, and how long its last H200 run
+took (``benchmarks/results/tutorial_timings_h200.json``).
 
 NAME is a tutorial's stem or file name (``00_quickstart``, ``00_quickstart.py``); all of
 them by default, in order. After ``--budget-s`` seconds no further notebook is started.
@@ -562,8 +567,62 @@ def resolve(names: list[str]) -> list[Path]:
     return chosen
 
 
+TIMINGS = ROOT / "benchmarks" / "results" / "tutorial_timings_h200.json"
+
+
+def plan(paths: list[Path], timings: Path = TIMINGS) -> list[dict[str, Any]]:
+    """What executing ``paths`` would do, without a kernel: per tutorial its cells, code cells
+    (with their runs), claims, cells that fail on purpose, and the seconds its last H200 run
+    took (None for one never run there). Each code cell is parsed as IPython would run it, so
+    a syntax error shows here rather than on the GPU machine."""
+    import ast as ast_
+    import shlex
+
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    transform = TransformerManager().transform_cell
+    known = json.loads(timings.read_text()) if timings.exists() else {}
+    rows = []
+    for path in paths:
+        nb = load_source(path)
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        for cell in code:
+            text = cell.source
+            body = text.split("\n", 1)[1] if text.startswith("%%") else transform(text)
+            try:
+                ast_.parse(body, f"{path.name} cell {cell.id}")
+            except SyntaxError as e:
+                raise SyntaxError(f"{path.name} cell {cell.id}: {e}") from None
+            if text.startswith("%%"):
+                shlex.split(text.split("\n", 1)[0])  # the cell magic's own line parses
+        last = known.get(path.stem, {})
+        rows.append({
+            "name": path.stem, "cells": len(nb.cells), "code_cells": len(code),
+            "runs": sum(c.metadata.get("tutorial", {}).get("runs", 1) for c in code),
+            "claims": sum(len(re.findall(r"^\s*(?:claim|skipped)\(", c.source, re.M))
+                          for c in code),
+            "raises": [c.id for c in code if "raises-exception" in c.metadata.get("tags", [])],
+            "last_h200_s": last.get("total_s") if isinstance(last, dict) else None,
+            "executed": path.with_suffix(".ipynb").exists()})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if "--dry-run" in args:
+        names = [a for a in args if a != "--dry-run" and not a.startswith("-")]
+        # OUT_DIR first as for a real run; a dry run writes nothing there.
+        rows = plan(resolve(names[1:] if names and not Path(names[0]).stem[:2].isdigit()
+                            else names))
+        for r in rows:
+            took = "never run on the H200" if r["last_h200_s"] is None else \
+                f"{r['last_h200_s']:.0f} s on the H200 last time"
+            state = "executed" if r["executed"] else "not yet executed"
+            print(f"{r['name']:<36} {r['code_cells']:>3} code cells ({r['runs']} runs), "
+                  f"{r['claims']:>3} claim calls, fails on purpose: {r['raises'] or 'none'}; "
+                  f"{took}; {state}")
+        print(f"{len(rows)} tutorials parse; nothing was executed")
+        return 0
     widget_state = "--no-widget-state" not in args
     args = [a for a in args if a != "--no-widget-state"]
     budget_s = None
