@@ -30,7 +30,7 @@
 # %% id="02-01"
 # %load_ext gpumem_nb
 import torch
-from claims import claim, skipped
+from claims import claim
 
 import gpumem_nb
 from gpumem_nb.units import format_bytes as fmt
@@ -238,51 +238,47 @@ claim(workspaces > 0 and 0 <= allocated - listed - workspaces < 512 and still ==
 # %% [markdown] id="02-33"
 # ### The two workspaces, read from a trace
 #
-# The next cell records the allocator's history, with C++ frames, around one forward pass of
-# the model (nothing kept), right after the workspaces were dropped. What is still allocated
-# at the end, and was allocated inside that pass, is what the pass recreated and no tensor
-# holds: the workspaces, each with the function that allocated it. It drops them again after,
-# so the cells below start as before.
+# The next cell records the allocator's history around two calls, right after the workspaces
+# were dropped: a plain product of a square matrix (no bias: cuBLAS), then one forward pass of
+# the model (`nn.Linear`'s bias-fused products: cuBLASLt). Neither keeps its result. What is
+# still allocated at the end, and was allocated during the recording, is what the two calls
+# recreated and no tensor holds: one block per library, each with the Python line it was
+# allocated under. It drops them again after, so the cells below start as before.
 
 # %% id="02-34"
-torch.cuda.memory._record_memory_history(stacks="all", max_entries=100_000)
+square = torch.randn(1024, 1024, device="cuda")  # made before the recording starts
+torch.cuda.memory._record_memory_history(max_entries=100_000)  # Python stacks
 with torch.no_grad():
-    model(batch)  # nn.Linear: the bias-fused product; its result is not kept
+    square @ square  # a plain product
+    model(batch)  # bias-fused products; neither result is kept
 torch.cuda.synchronize()
 trace = torch.cuda.memory._snapshot()
 torch.cuda.memory._record_memory_history(enabled=None)
+del square
 recreated = [b for seg in trace["segments"] for b in seg["blocks"]
              if b["state"] == "active_allocated" and b.get("frames")]
 
 
-def library(block):
-    # The workspace getters of CublasHandlePool.cpp: getNewCUDABlasLtWorkspace for cuBLASLt,
-    # getNewWorkspace for cuBLAS (found by name in the C++ frames).
-    names = [str(f.get("name", "")) for f in block["frames"]]
-    if any("LtWorkspace" in n for n in names):
-        return "cuBLASLt"
-    return "cuBLAS" if any("Workspace" in n for n in names) else None
+def made_by_linear(block):
+    # Allocated under nn.Linear's forward (torch/nn/modules/linear.py), not the plain product.
+    return any(str(f.get("filename", "")).replace("\\", "/").endswith("nn/modules/linear.py")
+               for f in block["frames"])
 
 
 for b in sorted(recreated, key=lambda b: -b["size"]):
-    python = next((f"{f['filename'].rsplit('/', 1)[-1]}:{f['line']}" for f in b["frames"]
-                   if str(f.get("filename", "")).endswith(".py")), "no Python frame")
-    print(f"{fmt(b['size']):>10}  allocated by {library(b) or 'a function not named here'}'s "
-          f"workspace getter, called from {python}")
+    where = next(f"{f['filename'].rsplit('/', 1)[-1]}:{f['line']}" for f in b["frames"])
+    who = "the model (nn.Linear: cuBLASLt)" if made_by_linear(b) else \
+        "the plain product (cuBLAS)"
+    print(f"{fmt(b['size']):>10}  allocated by {who}, at {where}")
 total = sum(b["size"] for b in recreated)
 print(f"together {fmt(total)}; dropping the workspaces above freed {fmt(workspaces)}")
 claim(len(recreated) == 2 and total == workspaces,
-      "one forward pass through nn.Linear recreated two blocks no tensor holds, together the "
-      "workspaces dropped above", blocks=len(recreated), together=fmt(total),
-      workspaces=fmt(workspaces))
-found = sorted(filter(None, map(library, recreated)))
-if len(found) == len(recreated):
-    claim(found == ["cuBLAS", "cuBLASLt"],
-          "one is cuBLAS's workspace and the other cuBLASLt's, by the functions that "
-          "allocated them", libraries=", ".join(found))
-else:
-    skipped("one is cuBLAS's workspace and the other cuBLASLt's",
-            "the trace's C++ frames do not name the workspace getters on this build")
+      "the two calls recreated two blocks that no tensor holds, together the workspaces "
+      "dropped above", blocks=len(recreated), together=fmt(total), workspaces=fmt(workspaces))
+claim(sorted(map(made_by_linear, recreated)) == [False, True],
+      "the plain product made one, cuBLAS's, and nn.Linear's bias-fused products the other, "
+      "cuBLASLt's", by_linear=fmt(sum(b["size"] for b in recreated if made_by_linear(b))),
+      by_plain_product=fmt(sum(b["size"] for b in recreated if not made_by_linear(b))))
 torch._C._cuda_clearCublasWorkspaces()  # as before this cell
 
 # %% [markdown] id="02-21"

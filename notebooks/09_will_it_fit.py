@@ -57,10 +57,12 @@ CONFS = " ".join(f"--conf {conf}" for conf in SETTINGS[1:])  # "" is the default
 #
 # The third way needs the allocator's history from an empty GPU, so it starts first.
 # `%gpumem record on --start-cuda` starts CUDA (gpumem_nb never does unless asked) and keeps
-# PyTorch's allocation history for every cell from here on.
+# PyTorch's allocation history for every cell from here on; `--max-entries` makes room for
+# every event of this notebook (a full ring buffer would drop the oldest, and the replay would
+# no longer start from the empty GPU).
 
 # %% id="09-03"
-# %gpumem record on --start-cuda
+# %gpumem record on --start-cuda --max-entries 500000
 
 # %% [markdown] id="09-04"
 # ## The run
