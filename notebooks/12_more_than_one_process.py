@@ -181,7 +181,8 @@ claim(len(workers) == 2 and all((c.nbytes or 0) >= 256 * MiB for c in workers),
 # `cuda:0` (pytorch/pytorch#58626). Ending the workers frees their contexts:
 
 # %% id="12-09"
-del batches, loader, first
+del first  # a batch the workers shared with this process: let it go before they end
+del batches, loader
 no_workers = wait_for(lambda: not [c for c in gpu0().children if c.role == "DataLoader worker"])
 print(f"after the loader is gone: this kernel's children {fmt(gpu0().children_bytes)}")
 claim(no_workers, "without the loader its workers ended, and their contexts with them")
