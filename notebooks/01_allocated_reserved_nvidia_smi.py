@@ -42,7 +42,7 @@
 import os
 
 import pynvml  # from the nvidia-ml-py package: what nvidia-smi reads
-from claims import claim, near
+from claims import claim, near, skipped
 
 from gpumem_nb.units import format_bytes as fmt
 
@@ -107,11 +107,15 @@ claim(torch.cuda.is_initialized() and this_process() is None,
 # %% [markdown] id="01-08"
 # ## The CUDA context
 #
-# The first allocation creates the context: the driver's per-process state and the GPU code
-# PyTorch loads for its own kernels. It is this process's memory, but PyTorch's allocator does
-# not manage it, so it appears as **outside PyTorch** and never as `reserved`. Libraries come
-# later: cuBLAS loads its kernels at the first matrix product, which adds to the context (the
-# section "The context keeps growing" below measures it).
+# The first allocation creates the context: almost all of it is the driver's per-process
+# state. It is this process's memory, but PyTorch's allocator does not manage it, so it
+# appears as **outside PyTorch** and never as `reserved`.
+#
+# GPU code is not loaded with it. When PyTorch starts CUDA it sets `CUDA_MODULE_LOADING=LAZY`
+# unless you set it yourself (`CUDAHooks::init()` in PyTorch's source): a kernel's code is
+# loaded the first time that kernel is launched, so every kernel launched for the first time,
+# PyTorch's own as much as a library's, grows the context a little. The two cells after the
+# next one measure what lazy loading saves.
 
 # %% id="01-09"
 t = torch.zeros(1, device="cuda")
@@ -125,6 +129,69 @@ claim(after_alloc - after_init > 256 * MiB and this_process() is not None,
 
 # %% id="01-10"
 # %gpumem
+
+# %% [markdown] id="01-38"
+# ### What lazy loading saves
+#
+# Two fresh processes make the same first allocation, then launch a handful of kernels they
+# have not launched before (`sin`, `exp`, `sort`, `cumsum`, `softmax`, `topk`): one with
+# PyTorch's default (lazy), one with `CUDA_MODULE_LOADING=EAGER`, which loads the code of every
+# kernel in the CUDA libraries loaded so far (PyTorch's own, cuBLAS's and the others it links)
+# when the context is created. "Outside PyTorch" is the process's NVML
+# line less what PyTorch reserved.
+
+# %% id="01-39"
+from fresh_process import run_fresh_many
+
+CONTEXT_COST = r'''
+import ctypes, json, os, sys
+mode = os.environ.pop("TUTORIAL_MODULE_LOADING")
+os.environ.pop("CUDA_MODULE_LOADING", None)
+if mode == "EAGER":
+    os.environ["CUDA_MODULE_LOADING"] = "EAGER"
+import pynvml, torch
+pynvml.nvmlInit()
+gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+
+
+def outside():
+    for p in pynvml.nvmlDeviceGetComputeRunningProcesses(gpu):
+        if p.pid == os.getpid() and p.usedGpuMemory is not None:
+            return p.usedGpuMemory - torch.cuda.memory_reserved()
+    return None
+
+
+t = torch.zeros(1, device="cuda")
+torch.cuda.synchronize()
+first = outside()
+x = torch.randn(1024, 1024, device="cuda")
+for kernel in (torch.sin, torch.exp, torch.sort, lambda v: v.cumsum(0),
+               lambda v: v.softmax(-1), lambda v: v.topk(5)):
+    kernel(x)
+torch.cuda.synchronize()
+libc = ctypes.CDLL(None)
+libc.getenv.restype = ctypes.c_char_p
+setting = libc.getenv(b"CUDA_MODULE_LOADING")  # what the process runs with, as CUDA reads it
+print(json.dumps({"mode": mode, "setting": setting.decode() if setting else None,
+                  "first": first, "after_kernels": outside()}))
+'''
+lazy, eager = run_fresh_many(CONTEXT_COST, ["", ""],
+                             extra_envs=[{"TUTORIAL_MODULE_LOADING": "default"},
+                                         {"TUTORIAL_MODULE_LOADING": "EAGER"}])
+print(f"{'':<34}{'at the first allocation':>26}{'after six new kernels':>24}")
+for label, r in (("default (PyTorch sets " + str(lazy["setting"]) + ")", lazy),
+                 ("CUDA_MODULE_LOADING=EAGER", eager)):
+    print(f"{label:<34}{fmt(r['first']):>26}{fmt(r['after_kernels']):>24}")
+grew = lazy["after_kernels"] - lazy["first"]
+saved = eager["first"] - lazy["first"]
+print(f"lazy: the six first launches grew the context by {fmt(grew, signed=True)}; "
+      f"loading everything up front costs {fmt(saved, signed=True)} more at the first "
+      "allocation")
+claim(lazy["setting"] == "LAZY", "left to itself, PyTorch runs with CUDA_MODULE_LOADING=LAZY",
+      setting=lazy["setting"])
+claim(saved > 0, "eager loading makes the first allocation's context larger: the kernels' "
+      "code, which lazy loading leaves out of it", lazy=fmt(lazy["first"]),
+      eager=fmt(eager["first"]))
 
 # %% [markdown] id="01-11"
 # ## Why a 4-byte tensor shows 512 B allocated and 2 MiB reserved
@@ -204,6 +271,8 @@ used, mine = nvml_used(), this_process()
 print(f"NVML used on the device:      {fmt(used)}")
 if mine is None:
     print("this process is not in NVML's list (in a container NVML may report host PIDs)")
+    skipped("nearly all of the device's used memory is this process's own",
+            "NVML does not list this process")
 else:
     print(f"NVML's line for this process: {fmt(mine)}")
     print(f"used − this process:          {fmt(used - mine)} "
@@ -322,12 +391,20 @@ reserved_before, nvml_before = torch.cuda.memory_reserved(), nvml_used()
 # because it would have reused the cache anyway. `%gpumem cleanup` calls it for you and reports
 # what each step freed.
 #
-# It can only return whole segments. A segment is one `cudaMalloc`, and `cudaFree` takes the
-# segment's start address and frees all of it or nothing, so the allocator frees only cached
-# blocks that were never split, i.e. segments with no live block in them (PyTorch's source:
-# "Free all non-split cached blocks"). Here `y`'s block was the whole
-# segment, so everything goes back. A free block that shares its segment with a live tensor
-# stays cached until that tensor goes: notebooks 0 and 3 show that case.
+# With the native allocator's default segments (this notebook's), it can only return whole
+# segments. A segment is one `cudaMalloc`, and `cudaFree` takes the segment's start address
+# and frees all of it or nothing, so the allocator frees only cached blocks that were never
+# split, i.e. segments with no live block in them (PyTorch's source: "Free all non-split
+# cached blocks"). Here `y`'s block was the whole segment, so everything goes back. A free
+# block that shares its segment with a live tensor stays cached until that tensor goes:
+# notebook 0 shows that case.
+#
+# The other backends do otherwise. With `expandable_segments:True` a segment is address space
+# with pages mapped into it, and `empty_cache` unmaps every free page, split block or not, even
+# beside a live tensor (`release_blocks` unmaps each free expandable block; notebook 3 measures
+# it). `cudaMallocAsync` keeps no segments of its own: `empty_cache` asks the driver's pool to
+# give back what no live allocation uses (`cudaMemPoolTrimTo`). Notebook 5 checks on every
+# backend that what `empty_cache` gave back also left this process's NVML line.
 
 # %% id="01-25"
 # %gpumem cleanup
@@ -344,10 +421,12 @@ claim(torch.cuda.memory_reserved() == 0
 # %% [markdown] id="01-27"
 # ## The context keeps growing
 #
-# The context is not fixed at creation. Libraries load lazily: the first matrix product loads
-# cuBLAS's kernels, which count outside PyTorch, and gives cuBLAS a *workspace*, which PyTorch
-# allocates from its own cache. The next cell measures both around the first product of this
-# process.
+# The context is not fixed at creation: under lazy loading, each kernel's code arrives at its
+# first launch. The first matrix product launches cuBLAS's kernels and PyTorch's own
+# matmul-path kernels, whose code counts outside PyTorch, and gives cuBLAS a *workspace*, which
+# PyTorch allocates from its own cache. The next cell measures both around the first product
+# of this process; its "outside PyTorch" figure mixes cuBLAS's code with PyTorch's, and nothing
+# here separates the two.
 
 # %% id="01-28"
 def outside_pytorch():
@@ -368,7 +447,11 @@ claim(grown > out.nbytes, "the first product allocates more than its result: a w
       workspace=fmt(grown - out.nbytes))
 if outside0 is not None:
     print(f"outside PyTorch: {fmt(outside_pytorch() - outside0, signed=True)}")
-    claim(outside_pytorch() > outside0, "the first product also grows memory outside PyTorch")
+    claim(outside_pytorch() > outside0, "the first product also grows memory outside PyTorch",
+          outside_pytorch=fmt(outside_pytorch() - outside0, signed=True))
+else:
+    skipped("the first product also grows memory outside PyTorch",
+            "NVML does not list this process")
 
 # %% [markdown] id="01-29"
 # The part of `allocated` that is no tensor of yours is cuBLAS's workspace; the end of this
@@ -420,7 +503,8 @@ claim(nothing_ms < 10, "with nothing to free, it returned at once (< 10 ms)")
 # With a block to free, `empty_cache()` blocked behind the queued work (compare the first and
 # third lines); with nothing to free it returned at once. So it is not harmless:
 # inside a training loop it stalls the pipeline every time it has something to free. Call it
-# between phases, and never from a background thread.
+# between phases. (Measured here on the native allocator; under `cudaMallocAsync` it
+# synchronizes the device before trimming its pool, too.)
 #
 # Its docstring gives it one more purpose: it "may help reduce fragmentation". Returning whole
 # free segments lets a later, larger request be served by a fresh `cudaMalloc` instead of

@@ -201,12 +201,13 @@ claim(second.reserved_delta_bytes > 0 and third.reserved_delta_bytes == 0,
 # ## What `who` cannot see
 #
 # `who` lists Python objects that hold tensors, and the tensors their autograd graphs saved. One
-# thing holds GPU memory without being such an object: cuBLAS's workspaces. PyTorch keeps one
-# per cuBLAS handle and stream, every thread that multiplies matrices has its own handle, and
-# backward runs on autograd's own thread, so their total depends on how the process ran (compare
-# the size printed here with notebook 1's). The next cell accounts for `allocated` in full:
-# what `who` lists, what deleting `loss` frees (its graph), and what dropping cuBLAS's
-# workspaces frees.
+# thing holds GPU memory without being such an object: the matrix libraries' workspaces. ATen
+# keeps one per handle and stream for each of two libraries (`CublasHandlePool.cpp`): cuBLAS's,
+# for plain products such as `y @ y` above, and cuBLASLt's, for products fused with a bias add,
+# the path `nn.Linear` takes. Notebook 1 ran only a bare `a @ a`, so it made cuBLAS's alone;
+# here both exist (so far only forward passes have run). The next cell accounts for
+# `allocated` in full: what `who` lists, what deleting `loss` frees (its graph), and what
+# dropping the workspaces frees; the cell after it reads the two workspaces from a trace.
 
 # %% id="02-20"
 def listed_bytes():
@@ -233,6 +234,52 @@ print(f"still not listed:          {fmt(still)}")
 claim(workspaces > 0 and 0 <= allocated - listed - workspaces < 512 and still == 0,
       "who lists everything allocated but cuBLAS's workspaces, graphs included",
       not_listed=fmt(allocated - listed), workspaces=fmt(workspaces), still=fmt(still))
+
+# %% [markdown] id="02-33"
+# ### The two workspaces, read from a trace
+#
+# The next cell records the allocator's history around two calls, right after the workspaces
+# were dropped: a plain product of a square matrix (no bias: cuBLAS), then one forward pass of
+# the model (`nn.Linear`'s bias-fused products: cuBLASLt). Neither keeps its result. What is
+# still allocated at the end, and was allocated during the recording, is what the two calls
+# recreated and no tensor holds: one block per library, each with the Python line it was
+# allocated under. It drops them again after, so the cells below start as before.
+
+# %% id="02-34"
+square = torch.randn(1024, 1024, device="cuda")  # made before the recording starts
+torch.cuda.memory._record_memory_history(max_entries=100_000)  # Python stacks
+with torch.no_grad():
+    square @ square  # a plain product
+    model(batch)  # bias-fused products; neither result is kept
+torch.cuda.synchronize()
+trace = torch.cuda.memory._snapshot()
+torch.cuda.memory._record_memory_history(enabled=None)
+del square
+recreated = [b for seg in trace["segments"] for b in seg["blocks"]
+             if b["state"] == "active_allocated" and b.get("frames")]
+
+
+def made_by_linear(block):
+    # Allocated under nn.Linear's forward (torch/nn/modules/linear.py), not the plain product.
+    return any(str(f.get("filename", "")).replace("\\", "/").endswith("nn/modules/linear.py")
+               for f in block["frames"])
+
+
+for b in sorted(recreated, key=lambda b: -b["size"]):
+    where = next(f"{f['filename'].rsplit('/', 1)[-1]}:{f['line']}" for f in b["frames"])
+    who = "the model (nn.Linear: cuBLASLt)" if made_by_linear(b) else \
+        "the plain product (cuBLAS)"
+    print(f"{fmt(b['size']):>10}  allocated by {who}, at {where}")
+total = sum(b["size"] for b in recreated)
+print(f"together {fmt(total)}; dropping the workspaces above freed {fmt(workspaces)}")
+claim(len(recreated) == 2 and total == workspaces,
+      "the two calls recreated two blocks that no tensor holds, together the workspaces "
+      "dropped above", blocks=len(recreated), together=fmt(total), workspaces=fmt(workspaces))
+claim(sorted(map(made_by_linear, recreated)) == [False, True],
+      "the plain product made one, cuBLAS's, and nn.Linear's bias-fused products the other, "
+      "cuBLASLt's", by_linear=fmt(sum(b["size"] for b in recreated if made_by_linear(b))),
+      by_plain_product=fmt(sum(b["size"] for b in recreated if not made_by_linear(b))))
+torch._C._cuda_clearCublasWorkspaces()  # as before this cell
 
 # %% [markdown] id="02-21"
 # The fix is not to keep the tensor at all. Start from an empty cache and re-run three times:

@@ -61,15 +61,21 @@ claim(cell.peak_exact and cell.peak_allocated_bytes >= 8 * 2**30,
       peak=fmt(int(cell.peak_allocated_bytes)), exact=cell.peak_exact)
 claim(torch.cuda.max_memory_allocated() >= 8 * 2**30,
       "gpumem_nb did not reset PyTorch's own peak counter")
+before_spike = torch.cuda.memory_stats()  # for the next cell's bound (reads, allocates nothing)
 
 # %% [markdown] id="03-05"
 # A smaller spike later does not raise the process-wide peak, so without a reset its exact size
-# is unknown; gpumem_nb reports the best honest lower bound instead of a guess (`%%gpumem` says
-# "lower bound", the history marks it `≥`). Ask for a reset and the figure is exact again.
+# is unknown. gpumem_nb then reports a lower bound instead of a guess (`%%gpumem` says "lower
+# bound", the history marks it `≥`): the largest of the readings at the cell's start, at its
+# end and by the sampler in between. That bound is honest but loose, and for this cell it
+# misses the whole spike. The cell after the next
+# computes a tighter one from PyTorch's cumulative counters; ask for a reset and the figure is
+# exact again.
 
 # %% id="03-06"
 # %%gpumem
 tmp = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda"); del tmp
+after_spike = torch.cuda.memory_stats()
 
 # %% id="03-07"
 # %%gpumem --reset-peak
@@ -77,7 +83,21 @@ tmp = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda"); del tmp
 
 # %% id="03-22"
 smaller, reset = gpumem_nb.history().iloc[-2:].itertuples()
-claim(not smaller.peak_exact, "without a reset the smaller spike's peak is a lower bound")
+claim(not smaller.peak_exact, "without a reset the smaller spike's peak is a lower bound",
+      reported=fmt(int(smaller.peak_allocated_bytes)))
+# The cell's largest allocation is at least the mean of its allocations, and the peak is at
+# least its largest allocation: max(start, end, Δ allocated bytes ÷ Δ allocations).
+added = (after_spike["allocated_bytes.all.allocated"]
+         - before_spike["allocated_bytes.all.allocated"])
+count = after_spike["allocation.all.allocated"] - before_spike["allocation.all.allocated"]
+tighter = max(int(smaller.allocated_before_bytes), int(smaller.allocated_after_bytes),
+              added // max(count, 1))
+print(f"the smaller spike: gpumem_nb's bound {fmt(int(smaller.peak_allocated_bytes))}; "
+      f"from the counters, {fmt(added)} in {count} allocation(s): at least {fmt(tighter)}")
+claim(tighter >= 2 * 2**30 > smaller.peak_allocated_bytes,
+      "PyTorch's cumulative counters bound the spike by its real size, where the start-and-"
+      "end bound does not", counters_bound=fmt(tighter),
+      gpumem_bound=fmt(int(smaller.peak_allocated_bytes)))
 claim(reset.peak_exact and reset.peak_allocated_bytes >= 2 * 2**30,
       "with --reset-peak the peak is exact again",
       peak=fmt(int(reset.peak_allocated_bytes)), exact=reset.peak_exact)

@@ -130,9 +130,10 @@ claim(verdict() == "impossible", "gpumem_nb calls a request for twice the GPU im
 # %% [markdown] id="04-08"
 # ## What the allocator tries before it raises
 #
-# When no cached block fits, the allocator asks the driver (`cudaMalloc`). If that fails, it
-# does not give up: it returns every cached block that is a whole free segment to the driver
-# (the same as `empty_cache()`), and asks again. It counts that as an *allocation retry*; only
+# When no cached block fits, the native allocator (this notebook's, until its last section)
+# asks the driver (`cudaMalloc`). If that fails, it does not give up: it returns every cached
+# block that is a whole free segment to the driver (the same as `empty_cache()`), and asks
+# again. It counts that as an *allocation retry*; only
 # if the second attempt fails too does it raise, and count an OOM.
 #
 # The next cell fills the GPU with 1 GiB tensors, deletes them (they stay cached), then asks for
@@ -172,9 +173,12 @@ del big
 
 # %% [markdown] id="04-10"
 # The request succeeded, and the retry counter moved: the allocator flushed its cache and
-# retried, and `reserved` fell to little more than the new tensor. A rising `num_alloc_retries`
-# in a training run is an early warning: each retry synchronizes the GPU and frees the cache, and
-# the next failure will be a real OOM.
+# retried, and `reserved` fell to little more than the new tensor. A retry that succeeds says
+# only that the cache was flushed once and the request then fit; it predicts no OOM, and a
+# workload whose cache fragments can retry on every step without ever failing (this cell
+# counted a retry and no OOM). A rising `num_alloc_retries` in a training run is an early
+# warning of a cost: each retry synchronizes the GPU, frees the cache, and the allocator then
+# pays `cudaMalloc` again for what it had cached.
 #
 # ## Catching `OutOfMemoryError`: the leak
 #
@@ -558,9 +562,13 @@ torch.cuda.set_per_process_memory_fraction(1.0)
 # ## The `cudaMallocAsync` backend says it differently
 #
 # With `PYTORCH_ALLOC_CONF=backend:cudaMallocAsync` the allocation is served by CUDA's own pool,
-# and the message has another format. Its statistics also differ: the counters printed here
-# stay at zero after a real OOM under that backend, which is why gpumem_nb counts OOMs itself.
-# Both backends, in fresh processes:
+# and the message has another format. PyTorch makes no flush-and-retry of its own there
+# (`CUDAMallocAsyncAllocator.cpp` raises on the first failed `cudaMallocAsync`): the pool is
+# the driver's. Its statistics also differ: the counters printed here stay at zero after a
+# real OOM under that backend, which is why gpumem_nb counts OOMs itself. Its message names a
+# "PyTorch limit (set by user-supplied memory fraction)" even where no fraction was set: the
+# limit is then the largest 64-bit size, which it prints as an absurd number of GiB. Both
+# backends, in fresh processes:
 
 # %% id="04-37"
 from fresh_process import run_fresh_many

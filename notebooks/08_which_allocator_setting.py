@@ -15,18 +15,21 @@
 # %% [markdown] id="08-00"
 # # 8. Which allocator setting for my workload?
 #
-# PyTorch's out-of-memory message ends with the same advice whenever much is reserved but
-# unallocated: "try setting `expandable_segments:True`".
-# Whether that helps *your* workload, or whether `max_split_size_mb` or
-# `roundup_power2_divisions` would help more, usually means restarting the kernel under each
+# PyTorch's out-of-memory message (the native allocator's) ends with the same advice every
+# time: "try setting `expandable_segments:True`". It says so even when nothing is reserved but
+# unallocated (notebook 4 prints it so) and even when the setting is already on
+# (pytorch/pytorch#173049). Whether that helps *your* workload, or whether `max_split_size_mb`
+# or `roundup_power2_divisions` would help more, usually means restarting the kernel under each
 # setting and running again. This notebook does it in one pass instead:
 #
 # 1. trace a real training run once, under the default allocator (`%%gpumem --trace`);
 # 2. replay that trace through a model of PyTorch's caching allocator under the alternatives
 #    (`%gpumem whatif`), without running anything on the GPU again;
-# 3. pick the setting the replay says is best;
-# 4. prove it: run the same workload for real in a fresh process under each setting, and put
-#    the predicted and the real figures side by side.
+# 3. ask the replay two different questions: which setting holds the least at its peak, and
+#    which fits in the least memory (`%gpumem whatif --fit`);
+# 4. prove both answers: run the same workload for real in a fresh process under each setting,
+#    once without a cap and twice under a cap (`set_per_process_memory_fraction`) just above
+#    and just below what the replay says it needs.
 #
 # > The outputs were produced by running this notebook on an NVIDIA H200; its metadata
 # > (`gpumem_nb` key) records the GPU, driver, CUDA, torch and gpumem_nb versions, the commit
@@ -158,11 +161,20 @@ claim(near(default.peak_reserved_bytes, traced["peak_reserved"],
       predicted=fmt(default.peak_reserved_bytes), real=fmt(traced["peak_reserved"]))
 
 # %% [markdown] id="08-11"
-# ## 3. Pick the best
+# ## 3. Two questions, two answers
 #
-# The best setting here is the one with the lowest predicted peak `reserved` that does not run
-# out of memory: the peak is what decides whether the run fits on a smaller GPU, or beside
-# another process.
+# **How much does this process hold at its peak?** That is the peak `reserved` with no memory
+# pressure, the column above. It matters beside another process: no other process can use
+# this process's cache.
+#
+# **Does the run fit on a smaller GPU?** The peak `reserved` does not say. When a `cudaMalloc`
+# fails, the native allocator frees its cache and retries before it raises (notebook 4
+# measures the retry), so a run can fit in less than its peak `reserved`; under
+# `max_split_size_mb` the oversize blocks are the first to go. Only a run under a cap answers
+# it: the section after this one replays the trace under smaller and smaller caps.
+#
+# First question: the lowest peak `reserved`, among the settings that do not run out of memory
+# on this GPU.
 
 # %% id="08-12"
 rows = dict(zip(SETTINGS, predicted))
@@ -171,21 +183,24 @@ best_peak, best = min(fits)
 saving = 1 - best_peak / default.peak_reserved_bytes
 print(f"best predicted: {best or '(default)'}, peak reserved {fmt(best_peak)}, "
       f"{saving:.1%} below the default's {fmt(default.peak_reserved_bytes)}")
-print(f"stranded in split blocks at the peak: default {fmt(default.inactive_split_bytes)}, "
-      f"{best or '(default)'} {fmt(rows[best].inactive_split_bytes)}; cudaMalloc calls: "
-      f"default {default.segment_allocs}, {best or '(default)'} {rows[best].segment_allocs}")
+print(f"stranded in split blocks at the peak (the replay's figure): default "
+      f"{fmt(default.inactive_split_bytes)}, {best or '(default)'} "
+      f"{fmt(rows[best].inactive_split_bytes)}")
 claim(best == "expandable_segments:True"
-      and rows[best].inactive_split_bytes < default.inactive_split_bytes
-      and rows[best].segment_allocs < default.segment_allocs,
-      "expandable segments are predicted best: less stranded at the peak, fewer cudaMallocs")
+      and rows[best].inactive_split_bytes < default.inactive_split_bytes,
+      "expandable segments are predicted to hold the least at the peak, with less stranded",
+      best=best or "(default)", stranded=fmt(rows[best].inactive_split_bytes),
+      default_stranded=fmt(default.inactive_split_bytes))
 
 # %% [markdown] id="08-13"
 # Expandable segments win the replay. With the sequence length changing, the default allocator
 # cuts each step's tensors out of segments sized for earlier steps; the free pieces left inside
 # segments that still hold live tensors (*stranded*) cannot serve a larger request, so it asks
-# the driver for new segments. One expandable segment per stream maps pages where they are
-# needed instead, so less is stranded and fewer `cudaMalloc` calls are made (the two lines
-# above).
+# the driver for new segments. Expandable segments make no `cudaMalloc` per segment: each
+# stream's segment reserves address space once and maps pages into it where they are needed
+# (`cuMemCreate`, `cuMemMap`), so less is stranded (the line above). That line is the
+# replay's figure: the real runs below check the peaks, not what is stranded, and the replay's
+# `cudaMalloc` column is its count of new segments under the native allocator's name.
 #
 # ## 4. Prove it
 #
@@ -221,15 +236,90 @@ claim(all(real_by[c]["peak_reserved"] > real_by[""]["peak_reserved"]
           for c in ("max_split_size_mb:64", "max_split_size_mb:256")),
       "for real, max_split_size_mb makes this workload's peak higher, not lower")
 
+# %% [markdown] id="08-17"
+# ## 5. Will it fit in less memory?
+#
+# `--fit` replays the trace under smaller and smaller caps on what PyTorch may reserve,
+# checked as `set_per_process_memory_fraction`'s cap is (with the allocator's free-the-cache-
+# and-retry before an OOM), until it runs out: the smallest cap that still fits is the memory
+# each setting needs. Its table also says which common GPU sizes that fits on (an N GB GPU
+# taken as N GiB less what the CUDA context holds).
+
+# %% id="08-18"
+# %gpumem whatif --trace last --fit {ALTERNATIVES}
+
+# %% id="08-19"
+fitted = gpumem_nb.whatif(snapshot_path, SETTINGS, fit=True)
+needs = {conf: r.min_bytes for conf, r in zip(SETTINGS, fitted.fit.rows)}
+print(f"{'setting':<38}{'needs':>14}{'peak reserved, no cap':>24}")
+for conf, row in rows.items():
+    need = fmt(needs[conf]) if needs[conf] else "not found"
+    print(f"{conf or '(default)':<38}{need:>14}{fmt(row.peak_reserved_bytes):>24}")
+claim(len(fitted.fit.rows) == len(SETTINGS) and all(needs.values()),
+      "the replay found what every setting needs", settings=len(needs))
+cheapest = min(needs, key=needs.get)
+print(f"fits in the least memory: {cheapest or '(default)'}, {fmt(needs[cheapest])}; holds "
+      f"the least at its peak: {best or '(default)'}: "
+      f"{'the same setting' if cheapest == best else 'two different settings'}")
+claim(needs[""] < default.peak_reserved_bytes,
+      "the default allocator needs less than its peak reserved: under a cap it frees its "
+      "cache and retries before it would run out", needs=fmt(needs[""]),
+      peak_reserved=fmt(default.peak_reserved_bytes))
+
+# %% [markdown] id="08-20"
+# ### Prove it: real runs under a cap
+#
+# Each setting runs the workload for real again, in fresh processes, capped with
+# `torch.cuda.set_per_process_memory_fraction` at what the replay says it needs, plus a margin
+# and minus one (`MARGIN`, printed). If the replay is right, every run above its need fits and
+# every run below it runs out of memory.
+
+# %% id="08-21"
+MARGIN = 0.03
+CAPPED = "import torch; torch.zeros(1, device='cuda')\n" + WORKLOAD + r'''
+import os
+total = torch.cuda.get_device_properties(0).total_memory
+torch.cuda.set_per_process_memory_fraction(float(os.environ["TUTORIAL_CAP"]) / total)
+try:
+    run_workload()
+    oom = False
+except torch.OutOfMemoryError:
+    oom = True
+print(json.dumps({"oom": oom, "peak_reserved": torch.cuda.max_memory_reserved()}))
+'''
+jobs = [(conf, sign) for conf in SETTINGS for sign in (+1, -1)]
+capped = run_fresh_many(
+    CAPPED, [conf for conf, _ in jobs], workers=len(SETTINGS),
+    extra_envs=[{"TUTORIAL_CAP": str(int(needs[conf] * (1 + sign * MARGIN)))}
+                for conf, sign in jobs])
+by_job = dict(zip(jobs, capped))
+print(f"capped {MARGIN:.0%} above and {MARGIN:.0%} below what the replay says each needs:")
+print(f"{'setting':<38}{'needs':>12}{'above: OOM?':>14}{'below: OOM?':>14}")
+for conf in SETTINGS:
+    above, below = by_job[(conf, +1)], by_job[(conf, -1)]
+    print(f"{conf or '(default)':<38}{fmt(needs[conf]):>12}"
+          f"{'yes' if above['oom'] else 'no':>14}{'yes' if below['oom'] else 'no':>14}")
+claim(not any(by_job[(c, +1)]["oom"] for c in SETTINGS),
+      f"capped {MARGIN:.0%} above what the replay says it needs, every setting ran without an "
+      "OOM", ran_out=[c or "default" for c in SETTINGS if by_job[(c, +1)]["oom"]])
+claim(all(by_job[(c, -1)]["oom"] for c in SETTINGS),
+      f"capped {MARGIN:.0%} below it, every setting ran out of memory",
+      fitted_anyway=[c or "default" for c in SETTINGS if not by_job[(c, -1)]["oom"]])
+
 # %% [markdown] id="08-15"
 # What to take away:
 #
 # - One traced run and a replay answer "which setting?" without restarting the kernel under
 #   each; the fresh processes above are the proof, not a step you need.
-# - The answer is this workload's. Here the replay's pick was also the real winner, and
-#   `max_split_size_mb`, the setting most often suggested against fragmentation, raised the
-#   peak for real (the ✓ lines above): blocks above its limit are never split, so each large
-#   request needs a cached block of about its own size. Another workload can rank them
-#   differently: trace your own steps and replay them.
+# - "Which setting?" is two questions. The lowest peak `reserved` (section 3) is what this
+#   process holds beside others; the least memory it fits in (section 5) decides a smaller GPU,
+#   and only a run under a cap shows it, because the allocator frees its cache and retries
+#   before an OOM. The line under the `--fit` table says whether one setting answers both here.
+# - The answers are this workload's. Here the replay's pick for the peak was also the real
+#   winner, and `max_split_size_mb`, the setting most often suggested against fragmentation,
+#   raised the peak `reserved` for real (the ✓ lines of section 4): blocks above its limit are
+#   never split, so each large request needs a cached block of about its own size. What it
+#   needs under a cap is in the `--fit` rows, checked by the capped runs. Another workload can
+#   rank them differently: trace your own steps and replay them.
 # - Set the winner before CUDA starts (notebook 3): first cell, or `PYTORCH_ALLOC_CONF` in the
 #   environment of the kernel.

@@ -30,11 +30,22 @@ What a saved notebook needs to show its charts without a kernel, and to open unm
   every view of it, and its outputs fall back to their static picture. ``--no-widget-state``
   leaves all widget state out.
 
+Each claim a cell makes (``claims.py``: the sentence, the values it compared, the line it
+printed, or why it was skipped) is read from the kernel after the cell and saved in the
+metadata (``gpumem_nb.claims``, by cell id), with a digest of every code cell's outputs as
+saved (``gpumem_nb.outputs_sha256``): tests/test_tutorial_prose.py then fails on a ``✓`` line
+that no claim wrote, a claim whose cell is gone, or an output edited after the run.
+
 Provenance goes into the metadata (key ``gpumem_nb``): GPU, driver, CUDA, torch, IPython,
 ipykernel, gpumem_nb, Python, commit, whether the tree was clean, the date, and a digest of the
 package and tutorial sources, which tests compare with the checkout.
 
     python notebooks/run_tutorials.py [--no-widget-state] [--budget-s S] OUT_DIR [NAME ...]
+    python notebooks/run_tutorials.py --dry-run [OUT_DIR] [NAME ...]
+
+``--dry-run`` executes nothing: it parses every code cell as IPython would and lists, per
+tutorial, its cells, claims, the cells that fail on purpose, and how long its last H200 run
+took (``benchmarks/results/tutorial_timings_h200.json``).
 
 NAME is a tutorial's stem or file name (``00_quickstart``, ``00_quickstart.py``); all of
 them by default, in order. After ``--budget-s`` seconds no further notebook is started.
@@ -42,6 +53,8 @@ them by default, in order. After ``--budget-s`` seconds no further notebook is s
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import json
 import os
 import re
@@ -68,6 +81,14 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE_LIMIT_BYTES = 200_000
 CLAIM_FAILED = "ClaimFailed"
 FAILED_MARK = "✗ CLAIM FAILED"  # claims.py, in TUTORIAL_CLAIMS=report mode
+# The version of what the runner records about claims in the metadata (``claims`` and
+# ``outputs_sha256`` under PROVENANCE_KEY): tests/test_tutorial_prose.py applies the claim
+# rules that need the record to every notebook that carries it, and only a notebook executed
+# at a commit whose runner did not record claims may lack it.
+CHECKS_VERSION = 1
+# Evaluated silently after each run of a cell: the claims it made (claims.take_records).
+TAKE_RECORDS = ("__import__('sys').modules['claims'].take_records() "
+                "if 'claims' in __import__('sys').modules else '[]'")
 
 
 def tutorial_sources(folder: Path = HERE) -> list[Path]:
@@ -398,6 +419,50 @@ def provenance(client: NotebookClient) -> dict[str, object]:
 CELL_GAP_S = 0.25
 
 
+def take_claim_records(client: NotebookClient) -> list[dict[str, Any]]:
+    """The claims the last cell made, from ``claims.take_records`` in the kernel."""
+    assert client.kc is not None
+    msg_id = client.kc.execute("", silent=True, store_history=False,
+                               user_expressions={"records": TAKE_RECORDS})
+    reply = client.wait_for_reply(msg_id) or {}
+    found = reply.get("content", {}).get("user_expressions", {}).get("records", {})
+    if found.get("status") != "ok":
+        raise RuntimeError(f"could not read the claims' records: {found}")
+    text = found["data"]["text/plain"]
+    records: list[dict[str, Any]] = json.loads(ast.literal_eval(text))
+    return records
+
+
+def outputs_digest(cell: Any) -> str:
+    """SHA-256 of a code cell's outputs as nbformat reads them back (multi-line strings
+    joined), so that the digest of a saved cell is the digest of the cell as written."""
+    import hashlib
+
+    def normal(value: Any, key: str = "") -> Any:
+        if isinstance(value, dict):
+            return {k: normal(v, k) for k, v in value.items()}
+        if isinstance(value, list):
+            if value and all(isinstance(v, str) for v in value) and (
+                    key == "text" or "/" in key):
+                return "".join(value)
+            return [normal(v) for v in value]
+        return value
+
+    text = json.dumps(normal(list(cell.get("outputs", []))), sort_keys=True,
+                      ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def record_checks(nb: Any, claims: dict[str, list[dict[str, Any]]]) -> None:
+    """Save each cell's claims and the digest of every code cell's outputs in the metadata:
+    a ✓ line is then tied to the claim that wrote it, its values and its cell's outputs."""
+    meta = nb.metadata.setdefault(PROVENANCE_KEY, {})
+    meta["checks_version"] = CHECKS_VERSION
+    meta["claims"] = {cell_id: records for cell_id, records in claims.items() if records}
+    meta["outputs_sha256"] = {c.id: outputs_digest(c) for c in nb.cells
+                              if c.cell_type == "code" and c.get("execution_count")}
+
+
 class ClaimError(RuntimeError):
     """A tutorial's cell contradicted its prose (``claims.ClaimFailed``)."""
 
@@ -428,6 +493,7 @@ def run(path: Path, out_dir: Path, widget_state: bool = True,
                             store_widget_state=widget_state,
                             resources={"metadata": {"path": str(path.parent)}})
     timings: dict[str, Any] = {}
+    claims: dict[str, list[dict[str, Any]]] = {}
     failure: RuntimeError | None = None
     try:
         with client.setup_kernel():
@@ -439,7 +505,14 @@ def run(path: Path, out_dir: Path, widget_state: bool = True,
                 t0 = time.monotonic()
                 try:
                     for _ in range(runs):
-                        client.execute_cell(cell, index)
+                        # The notebook keeps the last run's outputs, and its claims.
+                        try:
+                            client.execute_cell(cell, index)
+                        except BaseException:
+                            with contextlib.suppress(Exception):  # a dead kernel has none
+                                claims[cell.id] = take_claim_records(client)
+                            raise
+                        claims[cell.id] = take_claim_records(client)
                         # People pause between cells; the sampler's reading after each one
                         # (at most 0.1 s later) completes the cell's NVML figures.
                         time.sleep(CELL_GAP_S)
@@ -471,6 +544,7 @@ def run(path: Path, out_dir: Path, widget_state: bool = True,
                        if widget_state_limit_bytes is not None else [])
             if dropped:
                 timings["widget_state_left_out"] = dropped
+        record_checks(nb, claims)  # last: the digests are of the outputs as saved
         nbformat.write(nb, out_dir / f"{path.stem}.ipynb")
     reported = failed_claims(nb)
     if reported:
@@ -493,8 +567,62 @@ def resolve(names: list[str]) -> list[Path]:
     return chosen
 
 
+TIMINGS = ROOT / "benchmarks" / "results" / "tutorial_timings_h200.json"
+
+
+def plan(paths: list[Path], timings: Path = TIMINGS) -> list[dict[str, Any]]:
+    """What executing ``paths`` would do, without a kernel: per tutorial its cells, code cells
+    (with their runs), claims, cells that fail on purpose, and the seconds its last H200 run
+    took (None for one never run there). Each code cell is parsed as IPython would run it, so
+    a syntax error shows here rather than on the GPU machine."""
+    import ast as ast_
+    import shlex
+
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    transform = TransformerManager().transform_cell
+    known = json.loads(timings.read_text()) if timings.exists() else {}
+    rows = []
+    for path in paths:
+        nb = load_source(path)
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        for cell in code:
+            text = cell.source
+            body = text.split("\n", 1)[1] if text.startswith("%%") else transform(text)
+            try:
+                ast_.parse(body, f"{path.name} cell {cell.id}")
+            except SyntaxError as e:
+                raise SyntaxError(f"{path.name} cell {cell.id}: {e}") from None
+            if text.startswith("%%"):
+                shlex.split(text.split("\n", 1)[0])  # the cell magic's own line parses
+        last = known.get(path.stem, {})
+        rows.append({
+            "name": path.stem, "cells": len(nb.cells), "code_cells": len(code),
+            "runs": sum(c.metadata.get("tutorial", {}).get("runs", 1) for c in code),
+            "claims": sum(len(re.findall(r"^\s*(?:claim|skipped)\(", c.source, re.M))
+                          for c in code),
+            "raises": [c.id for c in code if "raises-exception" in c.metadata.get("tags", [])],
+            "last_h200_s": last.get("total_s") if isinstance(last, dict) else None,
+            "executed": path.with_suffix(".ipynb").exists()})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if "--dry-run" in args:
+        names = [a for a in args if a != "--dry-run" and not a.startswith("-")]
+        # OUT_DIR first as for a real run; a dry run writes nothing there.
+        rows = plan(resolve(names[1:] if names and not Path(names[0]).stem[:2].isdigit()
+                            else names))
+        for r in rows:
+            took = "never run on the H200" if r["last_h200_s"] is None else \
+                f"{r['last_h200_s']:.0f} s on the H200 last time"
+            state = "executed" if r["executed"] else "not yet executed"
+            print(f"{r['name']:<36} {r['code_cells']:>3} code cells ({r['runs']} runs), "
+                  f"{r['claims']:>3} claim calls, fails on purpose: {r['raises'] or 'none'}; "
+                  f"{took}; {state}")
+        print(f"{len(rows)} tutorials parse; nothing was executed")
+        return 0
     widget_state = "--no-widget-state" not in args
     args = [a for a in args if a != "--no-widget-state"]
     budget_s = None

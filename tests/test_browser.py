@@ -622,7 +622,8 @@ def test_saved_notebook_shows_the_chart_in_its_bundle_in_nbconvert_html_and_in_j
         assert not problems, "\n".join(problems)
 
 
-TUTORIALS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("0*.ipynb"))
+TUTORIALS = sorted((Path(__file__).resolve().parent.parent / "notebooks")
+                   .glob("[0-9][0-9]_*.ipynb"))
 WATCH = re.compile(r"^\s*%gpumem\s+watch\b", re.M)
 
 KERNEL_METADATA = """

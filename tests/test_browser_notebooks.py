@@ -22,7 +22,7 @@ from .browser_harness import chromium, open_notebook, running_lab, wait_kernel_i
 pytestmark = pytest.mark.browser
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-TUTORIALS = sorted(p.name for p in NOTEBOOKS.glob("0*.ipynb"))
+TUTORIALS = sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 
 MODEL = """async () => { const w = window.jupyterapp.shell.currentWidget; await w.context.ready;
   return {dirty: w.context.model.dirty, json: w.context.model.toJSON()}; }"""

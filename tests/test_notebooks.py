@@ -24,7 +24,7 @@ from gpumem_nb.model import CellDevice, CellRecord
 from gpumem_nb.records import DISPLAY_HEADERS, HistoryTable
 
 ROOT = Path(__file__).resolve().parent.parent
-TUTORIALS = sorted((ROOT / "notebooks").glob("0*.ipynb"))
+TUTORIALS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 IMG_SVG = re.compile(r'<img src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)"')

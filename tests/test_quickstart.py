@@ -38,9 +38,11 @@ def load(name: str, path: Path) -> Any:
 
 
 RUNNER = load("run_tutorials", NOTEBOOKS / "run_tutorials.py")
-# Modules that only the GPU machine has: the notebooks that import them (04, 08) need a GPU,
+# Modules that only the GPU machine has: the notebooks that import them (04, 08, 11, 12) need a GPU,
 # which Binder does not have.
-GPU_ONLY = {"cupy", "transformers", "jax"}
+GPU_ONLY = {"cupy", "transformers", "jax", "distributed"}
+# Import name -> the requirement that brings it (a dependency of that package).
+PROVIDED_BY = {"jupyter_client": "ipykernel"}
 
 
 def outputs_text(cell: Any) -> str:
@@ -134,7 +136,8 @@ def test_binder_installs_every_package_the_tutorials_import():
     third_party = (modules - set(sys.stdlib_module_names) - local - GPU_ONLY
                    - {"gpumem_nb", "__future__"})
     assert {"torch", "numpy", "pynvml"} <= third_party, third_party  # the scan found them
-    needed = {DISTRIBUTIONS.get(m, m).lower().replace("_", "-") for m in third_party}
+    needed = {DISTRIBUTIONS.get(m, PROVIDED_BY.get(m, m)).lower().replace("_", "-")
+              for m in third_party}
     missing = needed - requirement_names(BINDER / "requirements.txt")
     assert not missing, f"binder/requirements.txt lacks {sorted(missing)}"
     # gpumem_nb itself comes from the checkout

@@ -15,7 +15,15 @@ Three rules bind a tutorial's text to what its own cells measured:
   sources at that commit (this checkout's, or an earlier commit's that git still holds, in
   which case the README must say that the tutorials ran on older code).
 
-The tests on the executed notebooks read ``notebooks/NN_*.ipynb`` as committed. Only the GPU
+A notebook executed by the current runner also records, in its metadata, every claim its cells
+made (the sentence, the values it compared, the line it printed) and a digest of each code
+cell's outputs: a ✓ line that no claim wrote, a claim whose cell is gone, or outputs changed
+after the run then fail (the review's three forgeries, tested on a notebook executed here).
+The notebooks executed before the record existed (at efadd2a) are checked against their
+commit's sources, and the README says they ran on older code.
+
+The tests on the executed notebooks read ``notebooks/NN_*.ipynb`` as committed; a source
+without its notebook is "not yet executed", which the README must say. Only the GPU
 machine can produce those (``python notebooks/run_tutorials.py OUT_DIR``), so after any change
 to ``gpumem_nb/`` or a tutorial's source they fail until the tutorials are executed again
 there. The tests of the checkers run anywhere, and show that each rule can fail.
@@ -23,6 +31,7 @@ there. The tests of the checkers run anywhere, and show that each rule can fail.
 
 from __future__ import annotations
 
+import copy
 import html
 import importlib.util
 import json
@@ -50,7 +59,12 @@ def load_runner() -> Any:
 
 RUNNER = load_runner()
 SOURCES = RUNNER.tutorial_sources()
-NAMES = [p.stem for p in SOURCES]
+ALL_NAMES = [p.stem for p in SOURCES]
+# A source whose notebook the GPU machine has not produced yet is "not yet executed", which the
+# README must say (test_the_readme_lists_every_tutorial_and_says_which_are_not_yet_executed);
+# the rules on executed notebooks apply to the others.
+NAMES = [n for n in ALL_NAMES if (NOTEBOOKS / f"{n}.ipynb").exists()]
+NOT_YET_EXECUTED = [n for n in ALL_NAMES if n not in NAMES]
 
 # Units a quantity can carry; written forms that name the same unit map to one.
 UNITS = {
@@ -69,8 +83,8 @@ CODE_SPAN = re.compile(r"`[^`]*`")  # `max_split_size_mb:128` is a name, not a q
 HTML_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 TAGS = re.compile(r"<[^>]+>")
-HELD, FAILED = "✓", "✗ CLAIM FAILED"
-CLAIM_CALL = re.compile(r"^\s*claim\(", re.MULTILINE)
+HELD, FAILED, SKIPPED = "✓", "✗ CLAIM FAILED", "⊘ skipped:"
+CLAIM_CALL = re.compile(r"^\s*(?:claim|skipped)\(", re.MULTILINE)
 MARKERS = re.compile(r"DEPENDS\(|TODO-GPU")
 
 
@@ -138,7 +152,7 @@ def unchecked_claims(nb: Any) -> list[str]:
         lines = output_text(cell).splitlines()
         if any(line.startswith(FAILED) for line in lines):
             problems.append(f"{cell.id}: a claim failed")
-        elif not any(line.startswith(HELD) for line in lines):
+        elif not any(line.startswith((HELD, SKIPPED)) for line in lines):
             problems.append(f"{cell.id}: claims, but printed no ✓ line")
     return problems
 
@@ -150,11 +164,107 @@ def executed(name: str) -> Any:
     return nbformat.read(path, as_version=4)
 
 
+MARKED = (HELD, FAILED, SKIPPED)
+
+
+def marked_lines(cell: Any) -> list[str]:
+    """The claim lines a reader sees in a cell's outputs (✓, ⊘ skipped, ✗), in order; a
+    report-mode failure's copy on stderr is not a second line."""
+    lines: list[str] = []
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "stream" and out.get("name") == "stderr":
+            continue
+        lines += [ln for ln in output_text({"outputs": [out]}).splitlines()
+                  if ln.startswith(MARKED)]
+    return lines
+
+
+def claim_line(record: dict[str, Any]) -> str:
+    """The line a recorded claim printed, rebuilt from its sentence and values here (not with
+    claims.py's code: the check must not share the code it checks)."""
+    shown = record.get("values") or record.get("operands") or {}
+    values = "; ".join(f"{k} = {v}" for k, v in shown.items())
+    if record["status"] == "skipped":
+        return f"{SKIPPED} {record['says']} ({record['why']})"
+    if record["status"] == "failed":
+        listed = ", ".join(f"{k} = {v}" for k, v in shown.items()) or "(no values given)"
+        return f"{FAILED}: {record['says']} ({listed})"
+    return f"{HELD} {record['says']}" + (f" [{values}]" if values else "")
+
+
+def records_checks(nb: Any) -> bool:
+    """Executed by a runner that records each claim and its cell's outputs' digest."""
+    return "checks_version" in nb.metadata.get("gpumem_nb", {})
+
+
+def forged_claims(nb: Any) -> list[str]:
+    """What does not match the claims the run recorded (notebooks that record them):
+
+    - a cell whose outputs are not those the run saved (their digest), or a recorded cell
+      that is gone;
+    - a ✓ (or ⊘, ✗) line that no claim wrote, or a recorded claim whose line is not shown;
+    - a claim's line that no longer holds the values the claim compared;
+    - a cell that calls ``claim(``/``skipped(`` and recorded none, or a claim that failed.
+    """
+    meta = nb.metadata.get("gpumem_nb", {})
+    recorded: dict[str, list[dict[str, Any]]] = meta.get("claims", {})
+    digests: dict[str, str] = meta.get("outputs_sha256", {})
+    cells = {c.id: c for c in nb.cells}
+    problems = [f"{i}: the cell of a recorded claim is missing" for i in recorded
+                if i not in cells]
+    problems += [f"{i}: a measured cell is missing" for i in digests
+                 if i not in cells and i not in recorded]
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        records = recorded.get(cell.id, [])
+        if cell.get("execution_count") and cell.id not in digests:
+            problems.append(f"{cell.id}: executed, but the run recorded no digest of it")
+        elif cell.id in digests and RUNNER.outputs_digest(cell) != digests[cell.id]:
+            problems.append(f"{cell.id}: its outputs are not those the run saved")
+        if CLAIM_CALL.search(cell.source) and not records:
+            problems.append(f"{cell.id}: claims, but the run recorded no claim")
+        for r in records:
+            if r["status"] == "failed":
+                problems.append(f"{cell.id}: a claim failed: {r['says']}")
+            if r.get("line") != claim_line(r):
+                problems.append(f"{cell.id}: the recorded line is not its claim's: {r}")
+        shown, written = marked_lines(cell), [claim_line(r) for r in records]
+        if shown != written:
+            unwritten = [ln for ln in shown if ln not in written]
+            unshown = [ln for ln in written if ln not in shown]
+            problems.append(f"{cell.id}: claim lines that no claim wrote {unwritten}, claims "
+                            f"whose line is not shown {unshown}" if unwritten or unshown else
+                            f"{cell.id}: the claim lines are not in the order written")
+    return problems
+
+
+def source_as_executed(name: str, meta: dict[str, Any], tmp: Path) -> Any:
+    """The source the notebook was executed from: this checkout's, or for a notebook that ran
+    on older code (its recorded digest is an earlier commit's) that commit's."""
+    import subprocess
+
+    if meta.get("sources_sha256") == RUNNER.sources_digest():
+        return RUNNER.load_source(NOTEBOOKS / f"{name}.py")
+    try:
+        text = subprocess.run(["git", "-C", str(ROOT), "show",
+                               f"{meta['commit']}:notebooks/{name}.py"], capture_output=True,
+                              check=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError, KeyError):
+        pytest.skip(f"this clone cannot read {name}.py at {meta.get('commit')} (shallow?)")
+    path = tmp / f"{name}.py"
+    path.write_bytes(text)
+    return RUNNER.load_source(path)
+
+
 # -- the executed tutorials ------------------------------------------------------------------
 @pytest.mark.parametrize("name", NAMES)
-def test_the_executed_tutorial_is_exactly_its_source(name):
-    source = RUNNER.load_source(NOTEBOOKS / f"{name}.py")
+def test_the_executed_tutorial_is_exactly_its_source(name, tmp_path):
+    """Same cells, ids and text as the source it ran: this checkout's, or the commit's it
+    names when it ran on older code (the README says so, and the digest rule below ties the
+    digest to that commit)."""
     ran = executed(name)
+    source = source_as_executed(name, ran.metadata.get("gpumem_nb", {}), tmp_path)
     assert [(c.id, c.cell_type, c.source) for c in ran.cells] == [
         (c.id, c.cell_type, c.source) for c in source.cells], (
         f"{name}: the notebook is not its source: execute it again")
@@ -174,6 +284,39 @@ def test_every_claim_of_the_prose_was_checked_by_the_cell_that_measured_it(name)
         f"{name} checks no claim")
     problems = unchecked_claims(nb)
     assert not problems, f"{name}: {problems}"
+
+
+def runner_recorded_checks_at(commit: str) -> bool | None:
+    """Whether the runner at ``commit`` recorded claims (None: git cannot tell)."""
+    import subprocess
+
+    try:
+        text = subprocess.run(["git", "-C", str(ROOT), "show",
+                               f"{commit}:notebooks/run_tutorials.py"], capture_output=True,
+                              check=True, timeout=60, text=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return "CHECKS_VERSION" in text
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_check_line_was_written_by_its_claim_over_the_outputs_the_run_saved(name):
+    """A notebook executed by a runner that records claims: each ✓ line is its claim's, with
+    the values the claim compared, over the outputs the run saved (review 2026-12-01b, §4).
+    Only a notebook from a commit whose runner did not record claims may lack the record;
+    those are covered by the stale notice (test_the_readme_says_when_...)."""
+    nb = executed(name)
+    if not records_checks(nb):
+        commit = nb.metadata.get("gpumem_nb", {}).get("commit", "")
+        recorded = runner_recorded_checks_at(commit)
+        if recorded is None:
+            pytest.skip(f"this clone cannot read commit {commit}")
+        assert not recorded, (f"{name} ran at {commit}, whose runner records claims, and "
+                              "carries no record: its metadata was edited")
+        assert nb.metadata["gpumem_nb"]["sources_sha256"] != RUNNER.sources_digest(), name
+        return
+    problems = forged_claims(nb)
+    assert not problems, f"{name}: " + "\n".join(problems)
 
 
 PROVENANCE = ("gpu", "gpu_count", "mig", "driver", "cuda_driver_api", "cuda_runtime", "torch",
@@ -217,6 +360,17 @@ def test_the_readme_says_when_the_tutorials_ran_on_older_code():
             stale, said)
     else:
         assert not said, "the README says the tutorials ran on older code; they ran on this"
+
+
+def test_the_readme_lists_every_tutorial_and_says_which_are_not_yet_executed():
+    """A tutorial whose source is written but whose notebook the GPU machine has not produced
+    yet is listed as such, and only while it is true."""
+    readme = (ROOT / "README.md").read_text()
+    listed = set(re.findall(r"^- `(\d\d_\w+)\.ipynb`", readme, re.MULTILINE))
+    assert listed == set(ALL_NAMES), (sorted(set(ALL_NAMES) - listed), sorted(listed))
+    said = set(re.findall(r"^- `(\d\d_\w+)\.ipynb` \(not yet executed\)", readme,
+                          re.MULTILINE))
+    assert said == set(NOT_YET_EXECUTED), (sorted(said), NOT_YET_EXECUTED)
 
 
 def test_a_commits_sources_digest_is_the_checkouts_when_nothing_changed():
@@ -403,6 +557,181 @@ def test_the_runner_stops_a_notebook_at_a_failed_claim_names_it_and_saves_what_r
     assert "ClaimFailed" in output_text(saved.cells[1])
     # Saved as far as it got, it still says what produced it (and its chart was ended).
     assert saved.metadata["gpumem_nb"]["sources_sha256"], saved.metadata
+
+
+# -- the record of claims: the review's three forgeries, on notebooks executed here ----------
+def claim_cells(nb: Any) -> list[Any]:
+    recorded = nb.metadata.get("gpumem_nb", {}).get("claims", {})
+    return [c for c in nb.cells if c.cell_type == "code" and c.id in recorded]
+
+
+def contradict_a_measured_line(nb: Any) -> Any:
+    """Review E2 ("after del error: 8.00 GiB"): a number in a claim cell's printed lines is
+    changed, the ✓ line left as it was."""
+    nb = copy.deepcopy(nb)
+    for cell in claim_cells(nb):
+        for out in cell.outputs:
+            if out.get("output_type") != "stream":
+                continue
+            lines = out["text"].splitlines(keepends=True)
+            for i, line in enumerate(lines):
+                m = re.search(r"\d", line)
+                if m and not line.startswith(MARKED):
+                    digit = str((int(m.group()) + 1) % 10)
+                    lines[i] = line[:m.start()] + digit + line[m.end():]
+                    out["text"] = "".join(lines)
+                    return nb
+    raise AssertionError("no claim cell prints a measured number: nothing to contradict")
+
+
+def cut_down_to_claim_lines(nb: Any) -> Any:
+    """Review E4: every table, traceback and measured line deleted; the ✓ lines kept."""
+    nb = copy.deepcopy(nb)
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        kept = marked_lines(cell)
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout",
+                                               text="".join(f"{ln}\n" for ln in kept))
+                        ] if kept else []
+    return nb
+
+
+def forge_anything(nb: Any) -> Any:
+    """Review E5 (07's outputs): each claim cell shows one hand-written "✓ anything"."""
+    nb = copy.deepcopy(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "code" and CLAIM_CALL.search(cell.source):
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout",
+                                                   text="✓ anything\n")]
+    return nb
+
+
+FORGERIES = {"outputs contradicting their ✓ lines": contradict_a_measured_line,
+             "cut down to the ✓ lines": cut_down_to_claim_lines,
+             'outputs replaced by "✓ anything"': forge_anything}
+RECORDED = [n for n in NAMES if records_checks(executed(n))]
+
+
+@pytest.mark.parametrize("name", RECORDED)
+@pytest.mark.parametrize("forgery", FORGERIES)
+def test_each_of_the_reviews_forgeries_of_an_executed_tutorial_fails(name, forgery):
+    nb = executed(name)
+    assert forged_claims(FORGERIES[forgery](nb)), f"{name}, {forgery}: not caught"
+
+
+SYNTHETIC = """\
+# %% [markdown] id="99-00"
+# A lesson about two blocks, measured on the CPU.
+
+# %% id="99-01"
+from claims import claim, skipped
+MiB = 2**20
+blocks = [3 * MiB, 5 * MiB]
+total = sum(blocks)
+print(f"after del error: {total // MiB} MiB in {len(blocks)} blocks")
+claim(total == 8 * MiB, "the two blocks add up to 8 MiB", total=f"{total // MiB} MiB")
+
+# %% id="99-02" tutorial={"runs": 2}
+runs = globals().get("runs", 0) + 1
+free = blocks[0] - 3 * MiB
+print(f"run {runs}: free {free} B")
+claim(free == 0 and runs >= 1, "nothing is left free")
+skipped("NVML agrees", "no GPU on this machine")
+
+# %% [markdown] id="99-03"
+# No claim below, only a table.
+
+# %% id="99-04"
+print("block  size\\n0      3 MiB\\n1      5 MiB")
+"""
+
+
+@pytest.fixture(scope="module")
+def synthetic_run(tmp_path_factory: Any) -> Any:
+    """A small tutorial whose claims rest on numbers computed here, executed by the runner in
+    a real kernel, as the GPU machine executes the tutorials."""
+    import shutil
+
+    work = tmp_path_factory.mktemp("synthetic")
+    shutil.copy(NOTEBOOKS / "claims.py", work / "claims.py")
+    src = work / "99_synthetic.py"
+    src.write_text(SYNTHETIC)
+    out = work / "out"
+    out.mkdir()
+    RUNNER.run(src, out)
+    return nbformat.read(out / "99_synthetic.ipynb", as_version=4)
+
+
+@pytest.mark.kernel
+def test_the_runner_records_each_claim_with_its_values_and_its_cells_outputs(synthetic_run):
+    nb = synthetic_run
+    assert forged_claims(nb) == [], forged_claims(nb)
+    meta = nb.metadata["gpumem_nb"]
+    assert meta["checks_version"] == RUNNER.CHECKS_VERSION
+    first, second = meta["claims"]["99-01"], meta["claims"]["99-02"]
+    assert [r["line"] for r in first] == [
+        "✓ the two blocks add up to 8 MiB [total = 8 MiB]"]
+    # Without values given, the line shows what the expression compared, as it was; the cell
+    # ran twice and keeps its last run's claims only, as it keeps that run's outputs.
+    assert [r["line"] for r in second] == [
+        "✓ nothing is left free [free = 0; runs = 2]",
+        "⊘ skipped: NVML agrees (no GPU on this machine)"]
+    assert set(meta["outputs_sha256"]) == {"99-01", "99-02", "99-04"}
+    assert "run 2: free 0 B" in output_text(nb.cells[2])
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("forgery", FORGERIES)
+def test_each_of_the_reviews_forgeries_fails_on_a_notebook_executed_here(synthetic_run,
+                                                                         forgery):
+    problems = forged_claims(FORGERIES[forgery](synthetic_run))
+    assert problems, f"{forgery}: not caught"
+
+
+@pytest.mark.kernel
+def test_a_check_line_no_claim_wrote_a_missing_claim_cell_and_changed_values_fail(
+        synthetic_run):
+    nb = copy.deepcopy(synthetic_run)
+    table = nb.cells[4]
+    table.outputs.append(nbformat.v4.new_output("stream", name="stdout", text="✓ it fits\n"))
+    assert any("no claim wrote ['✓ it fits']" in p for p in forged_claims(nb))
+
+    nb = copy.deepcopy(synthetic_run)
+    del nb.cells[1]
+    assert "99-01: the cell of a recorded claim is missing" in forged_claims(nb)
+
+    # The numbers the claim compared, changed in its line and (by a careful forger) in the
+    # digest too: the line no longer holds its claim's values.
+    nb = copy.deepcopy(synthetic_run)
+    out = nb.cells[1].outputs[0]
+    out["text"] = out["text"].replace("[total = 8 MiB]", "[total = 9 MiB]")
+    nb.metadata["gpumem_nb"]["outputs_sha256"]["99-01"] = RUNNER.outputs_digest(nb.cells[1])
+    assert any("no claim wrote ['✓ the two blocks add up to 8 MiB [total = 9 MiB]']" in p
+               for p in forged_claims(nb)), forged_claims(nb)
+
+    # A skip is a line too: one removed is a claim whose line is not shown.
+    nb = copy.deepcopy(synthetic_run)
+    out = nb.cells[2].outputs[0]
+    out["text"] = out["text"].replace("⊘ skipped: NVML agrees (no GPU on this machine)\n", "")
+    nb.metadata["gpumem_nb"]["outputs_sha256"]["99-02"] = RUNNER.outputs_digest(nb.cells[2])
+    assert any("whose line is not shown ['⊘ skipped" in p for p in forged_claims(nb))
+
+
+@pytest.mark.kernel
+def test_the_digest_of_a_saved_cell_is_the_digest_of_the_cell_read_back(synthetic_run,
+                                                                        tmp_path):
+    nbformat.write(synthetic_run, tmp_path / "again.ipynb")
+    again = nbformat.read(tmp_path / "again.ipynb", as_version=4)
+    assert forged_claims(again) == []
+
+
+def test_a_notebook_without_the_record_is_accepted_only_from_a_runner_that_kept_none():
+    """The notebooks executed at efadd2a predate the record; a commit whose runner writes it
+    (this one) must leave it in every notebook it executed."""
+    assert runner_recorded_checks_at("efadd2a") in (False, None)
+    # What runner_recorded_checks_at looks for is what this runner defines.
+    assert "\nCHECKS_VERSION = " in (NOTEBOOKS / "run_tutorials.py").read_text()
 
 
 def test_a_source_without_ids_or_with_a_duplicate_is_refused(tmp_path):
