@@ -931,7 +931,7 @@ def show_chart(monitor: Monitor) -> Any:
     from .widget import show
 
     widget = show(monitor)
-    widget.display()
+    widget.display(display, monitor.shell)
     return widget
 
 

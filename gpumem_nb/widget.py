@@ -575,21 +575,21 @@ class MemoryWidget:
         bundle.update(self.plain_bundle())
         return bundle
 
-    def display(self) -> None:
+    def display(self, show: Callable[..., Any], shell: Any) -> None:
         """Show the chart as two outputs: the live view (with an empty ``text/html``, so a
         frontend that cannot draw it shows nothing there), then its picture, which the page
         hides while the view shows (``PICTURE_STYLE``) and which every cell's end brings up
         to date (``_after_cell``): what a notebook saved while the chart is live, by the page
-        or by nbclient, shows in nbconvert's HTML offline."""
-        from IPython.display import display
-
+        or by nbclient, shows in nbconvert's HTML offline. ``show`` is IPython's ``display``
+        and ``shell`` the kernel's shell, both from the magics (the one module that imports
+        IPython)."""
         view = {k: v for k, v in self.box._repr_mimebundle_().items() if k == WIDGET_VIEW}
         view["text/html"] = ""
-        self.display_handle = display(view, raw=True, display_id=self.display_id)
+        self.display_handle = show(view, raw=True, display_id=self.display_id)
         picture = self.picture_bundle()
-        self.picture_handle = display(picture, raw=True, display_id=self.picture_id)
+        self.picture_handle = show(picture, raw=True, display_id=self.picture_id)
         self._picture_sent = picture
-        self._follow_cells()
+        self._follow_cells(shell)
 
     def picture_bundle(self) -> dict[str, str]:
         """The picture's own output: the plain bundle, its HTML marked for ``PICTURE_STYLE``."""
@@ -598,12 +598,9 @@ class MemoryWidget:
                                f"{bundle['text/html']}</div>")
         return bundle
 
-    def _follow_cells(self) -> None:
+    def _follow_cells(self, shell: Any) -> None:
         if self._shell is not None:
             return
-        from IPython import get_ipython
-
-        shell = get_ipython()
         events = getattr(shell, "events", None)
         # Only in a kernel: a terminal's display updates would print the picture's text
         # after every cell.

@@ -35,7 +35,7 @@ class Handle:
 @pytest.fixture
 def shown(monkeypatch: Any) -> list[Any]:
     """What the chart displays and updates, in order: ("display" | "update", id, bundle)."""
-    import IPython.display
+    import gpumem_nb.magics
 
     events: list[Any] = []
 
@@ -44,7 +44,7 @@ def shown(monkeypatch: Any) -> list[Any]:
         events.append(("display", display_id, bundle))
         return Handle(events, display_id)
 
-    monkeypatch.setattr(IPython.display, "display", display)
+    monkeypatch.setattr(gpumem_nb.magics, "display", display)
     return events
 
 
