@@ -113,12 +113,15 @@ def pictures_offline(context: Any, html: Path) -> tuple[dict[str, Any], list[str
     return seen, refused
 
 
-def export(file: Path, template: str) -> Path:
-    """nbconvert's HTML of the notebook, as `jupyter nbconvert --to html` writes it."""
+def export(file: Path, template: str, *, clear_metadata: bool = False) -> Path:
+    """nbconvert's HTML of the notebook, as `jupyter nbconvert --to html` writes it (with
+    ``--ClearMetadataPreprocessor.enabled=True``: without the widget state)."""
     from nbconvert import HTMLExporter
+    from traitlets.config import Config
 
-    body, _ = HTMLExporter(template_name=template).from_filename(str(file))
-    out = file.with_name(f"{file.stem}-{template}.html")
+    config = Config({"ClearMetadataPreprocessor": {"enabled": clear_metadata}})
+    body, _ = HTMLExporter(template_name=template, config=config).from_filename(str(file))
+    out = file.with_name(f"{file.stem}-{template}{'-cleared' if clear_metadata else ''}.html")
     out.write_text(body, encoding="utf-8")
     return out
 
@@ -184,6 +187,12 @@ def test_a_notebook_executed_by_nbconvert_or_nbclient_exports_with_the_picture_o
     for file in (by_cli, by_client):
         assert_saved_with_the_chart_live(file)
         assert_one_picture_offline(context, file, marks=("[5]",))
+    # Its widget state dropped (as for GitHub or nbviewer): the picture still, once.
+    for template in TEMPLATES:
+        html = export(by_cli, template, clear_metadata=True)
+        assert "application/vnd.jupyter.widget-state+json" not in html.read_text()
+        seen, _ = pictures_offline(context, html)
+        assert seen["shown"] == 1, (template, "cleared", seen["found"], seen["alts"])
 
 
 # --------------------------------------------------------------------------------------------
