@@ -22,6 +22,7 @@ import contextlib
 import html
 import logging
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -104,6 +105,8 @@ BANNER_STYLE = ("background:var(--jp-layout-color2,#fff3cd);"
                 "color:var(--jp-ui-font-color1,#111);"
                 "border-left:4px solid var(--jp-warn-color1,#d39e00);padding:6px 10px")
 REPLAY_X_TITLE = "seconds into the recording"
+# At most one redraw of the picture per this many seconds on a cell's end (the main thread).
+PICTURE_EVERY_S = 1.0
 _log = logging.getLogger(__name__)
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 # The chart's picture is an output of its own, after the live view's (``display``): where a
@@ -173,6 +176,9 @@ class MemoryWidget:
         self.picture_id = f"{self.display_id}-picture"
         self.picture_handle: Any = None
         self._picture_sent: dict[str, str] | None = None
+        self._picture_at_s = float("-inf")  # when a cell's end last redrew the picture
+        self._picture_dirty = False  # a cell ended since, within PICTURE_EVERY_S of that
+        self._picture_lock = threading.Lock()  # the main thread's and the sampler's sends
         self._shell: Any = None  # whose post_run_cell refreshes the picture
 
         gpus = status.gpu_count
@@ -295,6 +301,9 @@ class MemoryWidget:
         else:
             self._append(sample)
         self._draw(sample)
+        if self._picture_dirty and self._shell is not None and \
+                time.monotonic() - self._picture_at_s >= PICTURE_EVERY_S:
+            self._send_picture()  # the cells that ended too soon after the last redraw
 
     def _drain(self) -> None:
         while self._inbox:
@@ -619,15 +628,27 @@ class MemoryWidget:
         """At each cell's end, on the kernel's main thread, inside that cell's execution:
         nbclient (``jupyter nbconvert --execute``) keeps only the messages a cell sends
         before it is idle, and a page's save shows the picture as of the last cell. Sent
-        only when the picture changed."""
+        only when the picture changed, and redrawn at most once per ``PICTURE_EVERY_S``
+        here: drawing costs about 3 ms, thirty times the hooks' whole budget, so cells run
+        back to back leave it to the sampler thread (``_on_sample``), after their reply."""
+        if self.picture_handle is None or self._closed:
+            return
+        if time.monotonic() - self._picture_at_s < PICTURE_EVERY_S:
+            self._picture_dirty = True
+            return
+        self._send_picture()
+
+    def _send_picture(self) -> None:
         handle = self.picture_handle
         if handle is None or self._closed:
             return
         try:
-            picture = self.picture_bundle()
-            if picture != self._picture_sent:
-                handle.update(picture, raw=True)
-                self._picture_sent = picture
+            with self._picture_lock:
+                self._picture_at_s, self._picture_dirty = time.monotonic(), False
+                picture = self.picture_bundle()
+                if picture != self._picture_sent:
+                    handle.update(picture, raw=True)
+                    self._picture_sent = picture
         except Exception:  # never a traceback under every cell: the picture stops following
             _log.warning("gpumem_nb: the chart's picture stopped following the cells",
                          exc_info=True)

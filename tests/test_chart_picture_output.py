@@ -50,8 +50,12 @@ def shown(monkeypatch: Any) -> list[Any]:
 
 @pytest.fixture
 def in_a_kernel(shell: Any, monkeypatch: Any) -> Any:
-    """The shell as ipykernel's is: it has a kernel (the picture follows the cells there)."""
+    """The shell as ipykernel's is: it has a kernel (the picture follows the cells there).
+    Every cell's end redraws here; the throttle has its own test."""
+    import gpumem_nb.widget
+
     monkeypatch.setattr(shell, "kernel", object(), raising=False)
+    monkeypatch.setattr(gpumem_nb.widget, "PICTURE_EVERY_S", 0.0)
     return shell
 
 
@@ -155,3 +159,30 @@ def test_a_picture_that_cannot_be_drawn_stops_following_without_a_traceback_per_
     assert "Traceback" not in out.out + out.err and "Error in callback" not in out.err
     assert not followers(shell)
     assert sum("stopped following" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_cells_back_to_back_do_not_each_pay_a_redraw_and_the_sampler_catches_up(
+        shell, fake_gpu, shown, monkeypatch):
+    # Drawing the picture costs about 3 ms, thirty times the hooks' whole per-cell budget: on
+    # the main thread it is redrawn at most once per PICTURE_EVERY_S, and a cell that ended
+    # sooner is drawn by the sampler thread afterwards, so the picture still ends up current.
+    import gpumem_nb.widget
+
+    monkeypatch.setattr(shell, "kernel", object(), raising=False)
+    monkeypatch.setattr(gpumem_nb.widget, "PICTURE_EVERY_S", 3600.0)
+    w = watch(shell, fake_gpu)
+    drawn: list[int] = []
+    real = w.picture_bundle
+
+    def counted() -> Any:
+        drawn.append(1)
+        return real()
+
+    w.picture_bundle = counted
+    for i in range(5):
+        run(shell, f"z{i} = cuda.tensor(2**30)")
+    # The watch cell's own end drew it; these five only marked it stale.
+    assert drawn == [] and w._picture_dirty
+    monkeypatch.setattr(gpumem_nb.widget, "PICTURE_EVERY_S", 0.0)
+    current_monitor(shell).sampler.tick()  # the sampler thread's next sample
+    assert len(drawn) == 1 and not w._picture_dirty
