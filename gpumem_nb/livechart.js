@@ -360,7 +360,9 @@ function snapshot(model, parts) {
   // ipywidgets' HTML widget is a flex row whose content cannot shrink below what it holds:
   // a box of no width of its own, at least as wide as the output, lets the header table
   // scroll inside it and the picture scale down in a narrow output.
-  const html = '<div style="width:0;min-width:100%">'
+  // gpumem-saved: the picture the kernel keeps in an output of its own, after this one (for
+  // nbconvert's HTML offline), hides itself beside this one (widget.py's PICTURE_STYLE).
+  const html = '<div class="gpumem-saved" style="width:0;min-width:100%">'
     + [parts.header, parts.banner].map((m) => (m && m.get("value")) || "").join("")
     + img.outerHTML + note.outerHTML + "</div>";
   const version = (parts.header && parts.header.get("_model_module_version")) || "2.0.0";

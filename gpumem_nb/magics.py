@@ -925,12 +925,13 @@ def _stop_at_exit(ref: Any) -> None:
 
 
 def show_chart(monitor: Monitor) -> Any:
-    """Display the kernel's chart. Every display of one chart shares its display_id, so when
-    the chart ends each of them is replaced by its picture."""
+    """Display the kernel's chart: its live view and its picture (``MemoryWidget.display``).
+    Every display of one chart shares their two display_ids, so when the chart ends each of
+    them is replaced by its picture."""
     from .widget import show
 
     widget = show(monitor)
-    widget.display_handle = display(widget, display_id=widget.display_id)
+    widget.display(display, monitor.shell)
     return widget
 
 

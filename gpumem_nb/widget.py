@@ -18,8 +18,11 @@ widget: model not found", in JupyterLab, Notebook 7, nbconvert and GitHub alike.
 
 from __future__ import annotations
 
+import contextlib
 import html
+import logging
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -102,6 +105,24 @@ BANNER_STYLE = ("background:var(--jp-layout-color2,#fff3cd);"
                 "color:var(--jp-ui-font-color1,#111);"
                 "border-left:4px solid var(--jp-warn-color1,#d39e00);padding:6px 10px")
 REPLAY_X_TITLE = "seconds into the recording"
+# At most one redraw of the picture per this many seconds on a cell's end (the main thread).
+PICTURE_EVERY_S = 1.0
+_log = logging.getLogger(__name__)
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+# The chart's picture is an output of its own, after the live view's (``display``): where a
+# notebook holds widget state, nbconvert's HTML writes only the widget's script for an output
+# that has a widget view and drops the rest of its bundle (``WidgetsDataTypeFilter``), so a
+# picture beside the view would show nowhere offline. This rule, in the picture's own HTML,
+# hides it wherever the output before it shows the chart: the live view (livechart.js's
+# ``.gpumem-live``) or the picture the page saved in its place (``.gpumem-saved``), in
+# JupyterLab, Notebook 7 and nbconvert's lab and classic HTML, whose outputs are siblings of
+# these classes. Where that output shows nothing (offline, untrusted, no widget manager), no
+# rule matches and the picture shows.
+PICTURE_CLASS = "gpumem-picture"
+_SHOWN = ":has(.gpumem-live,.gpumem-saved)"
+PICTURE_STYLE = ("<style>" + ",".join(
+    f"{c}{_SHOWN}+{c}:has(.{PICTURE_CLASS})" for c in (".jp-OutputArea-child", ".output_area"))
+    + "{display:none}</style>")
 
 
 @dataclass(frozen=True)
@@ -149,8 +170,16 @@ class MemoryWidget:
         self._closed = False
         # Every display of this chart shares one id, so closing it replaces them all.
         self.display_id = f"gpumem-chart-{uuid.uuid4().hex}"
-        # Set by ``%gpumem watch``: the display it made, so the static picture can follow.
+        # Set by ``display`` (``%gpumem watch``): the live view's output and the picture's,
+        # so the picture can follow the chart and both can become the picture at its end.
         self.display_handle: Any = None
+        self.picture_id = f"{self.display_id}-picture"
+        self.picture_handle: Any = None
+        self._picture_sent: dict[str, str] | None = None
+        self._picture_at_s = float("-inf")  # when a cell's end last redrew the picture
+        self._picture_dirty = False  # a cell ended since, within PICTURE_EVERY_S of that
+        self._picture_lock = threading.Lock()  # the main thread's and the sampler's sends
+        self._shell: Any = None  # whose post_run_cell refreshes the picture
 
         gpus = status.gpu_count
         # The device choices the chart offers (none with one GPU): (label, value) pairs.
@@ -272,6 +301,9 @@ class MemoryWidget:
         else:
             self._append(sample)
         self._draw(sample)
+        if self._picture_dirty and self._shell is not None and \
+                time.monotonic() - self._picture_at_s >= PICTURE_EVERY_S:
+            self._send_picture()  # the cells that ended too soon after the last redraw
 
     def _drain(self) -> None:
         while self._inbox:
@@ -552,6 +584,76 @@ class MemoryWidget:
         bundle.update(self.plain_bundle())
         return bundle
 
+    def display(self, show: Callable[..., Any], shell: Any) -> None:
+        """Show the chart as two outputs: the live view (with an empty ``text/html``, so a
+        frontend that cannot draw it shows nothing there), then its picture, which the page
+        hides while the view shows (``PICTURE_STYLE``) and which every cell's end brings up
+        to date (``_after_cell``): what a notebook saved while the chart is live, by the page
+        or by nbclient, shows in nbconvert's HTML offline. ``show`` is IPython's ``display``
+        and ``shell`` the kernel's shell, both from the magics (the one module that imports
+        IPython)."""
+        view = {k: v for k, v in self.box._repr_mimebundle_().items() if k == WIDGET_VIEW}
+        view["text/html"] = ""
+        self.display_handle = show(view, raw=True, display_id=self.display_id)
+        picture = self.picture_bundle()
+        self.picture_handle = show(picture, raw=True, display_id=self.picture_id)
+        self._picture_sent = picture
+        self._follow_cells(shell)
+
+    def picture_bundle(self) -> dict[str, str]:
+        """The picture's own output: the plain bundle, its HTML marked for ``PICTURE_STYLE``."""
+        bundle = self.plain_bundle()
+        bundle["text/html"] = (f"<div class='{PICTURE_CLASS}'>{PICTURE_STYLE}"
+                               f"{bundle['text/html']}</div>")
+        return bundle
+
+    def _follow_cells(self, shell: Any) -> None:
+        if self._shell is not None:
+            return
+        events = getattr(shell, "events", None)
+        # Only in a kernel: a terminal's display updates would print the picture's text
+        # after every cell.
+        if events is None or getattr(shell, "kernel", None) is None:
+            return
+        events.register("post_run_cell", self._after_cell)
+        self._shell = shell
+
+    def _unfollow_cells(self) -> None:
+        shell, self._shell = self._shell, None
+        if shell is not None:
+            with contextlib.suppress(ValueError):
+                shell.events.unregister("post_run_cell", self._after_cell)
+
+    def _after_cell(self, _result: Any = None) -> None:
+        """At each cell's end, on the kernel's main thread, inside that cell's execution:
+        nbclient (``jupyter nbconvert --execute``) keeps only the messages a cell sends
+        before it is idle, and a page's save shows the picture as of the last cell. Sent
+        only when the picture changed, and redrawn at most once per ``PICTURE_EVERY_S``
+        here: drawing costs about 3 ms, thirty times the hooks' whole budget, so cells run
+        back to back leave it to the sampler thread (``_on_sample``), after their reply."""
+        if self.picture_handle is None or self._closed:
+            return
+        if time.monotonic() - self._picture_at_s < PICTURE_EVERY_S:
+            self._picture_dirty = True
+            return
+        self._send_picture()
+
+    def _send_picture(self) -> None:
+        handle = self.picture_handle
+        if handle is None or self._closed:
+            return
+        try:
+            with self._picture_lock:
+                self._picture_at_s, self._picture_dirty = time.monotonic(), False
+                picture = self.picture_bundle()
+                if picture != self._picture_sent:
+                    handle.update(picture, raw=True)
+                    self._picture_sent = picture
+        except Exception:  # never a traceback under every cell: the picture stops following
+            _log.warning("gpumem_nb: the chart's picture stopped following the cells",
+                         exc_info=True)
+            self._unfollow_cells()
+
     def plain_bundle(self) -> dict[str, str]:
         """The chart without the widget: text, the picture (SVG) and the numbers."""
         # A replay's picture is its whole recording: its table is the recording's end, the
@@ -613,10 +715,11 @@ class MemoryWidget:
         """Update the displayed outputs' static picture to the chart as it is now, the chart
         staying live. Needs the handle ``%gpumem watch`` displayed the chart with."""
         self._draw(self.feed.latest())  # header and buttons land in the saved state too
-        handle = self.display_handle
+        handle = self.picture_handle
         if handle is None:
             return False
-        handle.update(self)
+        self._picture_sent = picture = self.picture_bundle()
+        handle.update(picture, raw=True)
         return True
 
     def close(self, *, kernel_exiting: bool = False) -> None:
@@ -636,8 +739,14 @@ class MemoryWidget:
             self.monitor.on_record.remove(self._on_record)
         if self._on_settings in self.monitor.settings_listeners:
             self.monitor.settings_listeners.remove(self._on_settings)
+        self._unfollow_cells()
         handle, self.display_handle = self.display_handle, None
+        picture, self.picture_handle = self.picture_handle, None
         try:
+            # The picture's output empties first, so the two never show the picture at once;
+            # the view's output becomes the picture, where the chart was.
+            if picture is not None:
+                picture.update({"text/html": ""}, raw=True)
             if handle is not None:
                 handle.update(self.plain_bundle(), raw=True)
         finally:

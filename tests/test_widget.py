@@ -267,8 +267,8 @@ def test_display_bundle_carries_a_picture_of_the_chart_for_saved_notebooks(chart
 
 def test_refresh_static_updates_the_displayed_picture_to_the_end_of_the_run(chart, shell):
     updates = []
-    chart.display_handle = type("Handle", (), {"update": lambda self, obj: updates.append(
-        obj._repr_mimebundle_()["image/svg+xml"])})()
+    chart.picture_handle = type("Handle", (), {"update": lambda self, obj, raw: updates.append(
+        obj["image/svg+xml"])})()
     first = chart._repr_mimebundle_()["image/svg+xml"]
     run(shell, "t = cuda.tensor(5 * 2**30)")
     chart.monitor.sampler.tick()

@@ -1,0 +1,188 @@
+"""The chart's picture as an output of its own (issue 27: a picture in every export).
+
+nbconvert's HTML of a notebook that holds widget state writes, for an output with a widget view
+whose model is in that state, only the widget's script tag: the rest of that output's bundle
+(the picture) is dropped. So ``%gpumem watch`` shows two outputs, the live view and then the
+picture, which follows every cell in a kernel (nbclient keeps only what a cell sends before it
+is idle). tests/test_browser_export.py checks the result in nbconvert's HTML and JupyterLab.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpumem_nb.magics import current_monitor
+
+from .test_widget import run
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+class Handle:
+    def __init__(self, shown: list[Any], display_id: str) -> None:
+        self.shown = shown
+        self.display_id = display_id
+        self.updates: list[dict[str, Any]] = []
+
+    def update(self, bundle: Any, **kw: Any) -> None:
+        assert kw == {"raw": True}
+        self.updates.append(bundle)
+        self.shown.append(("update", self.display_id, bundle))
+
+
+@pytest.fixture
+def shown(monkeypatch: Any) -> list[Any]:
+    """What the chart displays and updates, in order: ("display" | "update", id, bundle)."""
+    import gpumem_nb.magics
+
+    events: list[Any] = []
+
+    def display(bundle: Any, *, raw: bool, display_id: str) -> Handle:
+        assert raw
+        events.append(("display", display_id, bundle))
+        return Handle(events, display_id)
+
+    monkeypatch.setattr(gpumem_nb.magics, "display", display)
+    return events
+
+
+@pytest.fixture
+def in_a_kernel(shell: Any, monkeypatch: Any) -> Any:
+    """The shell as ipykernel's is: it has a kernel (the picture follows the cells there).
+    Every cell's end redraws here; the throttle has its own test."""
+    import gpumem_nb.widget
+
+    monkeypatch.setattr(shell, "kernel", object(), raising=False)
+    monkeypatch.setattr(gpumem_nb.widget, "PICTURE_EVERY_S", 0.0)
+    return shell
+
+
+def watch(shell: Any, fake_gpu: Any) -> Any:
+    run(shell, "%load_ext gpumem_nb")
+    mon = current_monitor(shell)
+    mon.sampler.stop()
+    shell.user_ns["cuda"] = fake_gpu.cuda
+    run(shell, "t = cuda.tensor(3 * 2**30)")
+    mon.sampler.tick()
+    run(shell, "%gpumem watch")
+    return mon.widget
+
+
+def followers(shell: Any) -> list[Any]:
+    return [f for f in shell.events.callbacks["post_run_cell"]
+            if getattr(f, "__name__", "") == "_after_cell"]
+
+
+def test_watch_shows_the_view_and_the_picture_as_two_outputs_so_nbconvert_keeps_the_picture(
+        shell, fake_gpu, shown):
+    w = watch(shell, fake_gpu)
+    displays = [e for e in shown if e[0] == "display"]
+    assert len(displays) == 2, [e[:2] for e in shown]
+    (_, view_id, view), (_, picture_id, picture) = displays
+    # The view's output: nothing but the view, and an empty page where it cannot be drawn.
+    assert set(view) == {WIDGET_VIEW, "text/html"} and view["text/html"] == ""
+    assert view[WIDGET_VIEW]["model_id"] == w.box.model_id
+    # The picture's output: no widget view, so nbconvert's HTML keeps its picture.
+    assert WIDGET_VIEW not in picture and picture["image/svg+xml"].startswith("<svg")
+    html = picture["text/html"]
+    assert html.startswith("<div class='gpumem-picture'><style>")
+    assert '<img src="data:image/svg+xml;base64,' in html and "<table" in html
+    assert "NVML used / total" in picture["text/plain"]
+    assert view_id == w.display_id and picture_id == w.picture_id != view_id
+
+
+def test_in_a_kernel_the_picture_follows_each_cell_and_is_sent_only_when_it_changed(
+        in_a_kernel, fake_gpu, shown):
+    shell = in_a_kernel
+    w = watch(shell, fake_gpu)
+    handle = w.picture_handle
+    sent = len(handle.updates)
+    run(shell, "u = cuda.tensor(5 * 2**30)")
+    count = shell.execution_count - 1
+    assert len(handle.updates) == sent + 1
+    assert f">[{count}]<" in handle.updates[-1]["image/svg+xml"]  # the cell just ended
+    assert handle.updates[-1]["text/html"].startswith("<div class='gpumem-picture'>")
+    w._after_cell()  # nothing new since: nothing sent
+    assert len(handle.updates) == sent + 1
+    assert all(e[1] == w.picture_id for e in shown if e[0] == "update")  # never the view
+
+
+def test_in_a_terminal_the_picture_never_prints_after_every_cell(shell, fake_gpu, shown):
+    w = watch(shell, fake_gpu)
+    assert not followers(shell)
+    run(shell, "x = 1")
+    assert not w.picture_handle.updates
+
+
+def test_ending_the_chart_empties_the_picture_first_and_the_view_becomes_the_picture(
+        in_a_kernel, fake_gpu, shown):
+    """Never the picture twice on screen, even between the two updates; the saved notebook
+    then shows the picture where the chart was, without a widget view."""
+    shell = in_a_kernel
+    w = watch(shell, fake_gpu)
+    del shown[:]
+    run(shell, "%gpumem watch --stop")
+    updates = [e for e in shown if e[0] == "update"]
+    assert [e[1] for e in updates] == [w.picture_id, w.display_id], [e[:2] for e in shown]
+    assert updates[0][2] == {"text/html": ""}
+    assert WIDGET_VIEW not in updates[1][2] and "<img" in updates[1][2]["text/html"]
+    assert not followers(shell)  # and nothing left hooked on the cells
+
+
+def test_reload_ext_leaves_no_picture_hook_on_the_cells(in_a_kernel, fake_gpu, shown):
+    shell = in_a_kernel
+    watch(shell, fake_gpu)
+    assert len(followers(shell)) == 1
+    run(shell, "%reload_ext gpumem_nb")
+    assert not followers(shell)
+    run(shell, "%gpumem watch")
+    assert len(followers(shell)) == 1  # the new chart's, once however often it is shown
+    run(shell, "%gpumem watch")
+    assert len(followers(shell)) == 1
+
+
+def test_a_picture_that_cannot_be_drawn_stops_following_without_a_traceback_per_cell(
+        in_a_kernel, fake_gpu, shown, capsys, caplog):
+    shell = in_a_kernel
+    w = watch(shell, fake_gpu)
+    capsys.readouterr()
+
+    def broken() -> Any:
+        raise RuntimeError("no picture")
+
+    w.plain_bundle = broken
+    for _ in range(3):
+        assert run(shell, "y = 2").success
+    out = capsys.readouterr()
+    assert "Traceback" not in out.out + out.err and "Error in callback" not in out.err
+    assert not followers(shell)
+    assert sum("stopped following" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_cells_back_to_back_do_not_each_pay_a_redraw_and_the_sampler_catches_up(
+        shell, fake_gpu, shown, monkeypatch):
+    # Drawing the picture costs about 3 ms, thirty times the hooks' whole per-cell budget: on
+    # the main thread it is redrawn at most once per PICTURE_EVERY_S, and a cell that ended
+    # sooner is drawn by the sampler thread afterwards, so the picture still ends up current.
+    import gpumem_nb.widget
+
+    monkeypatch.setattr(shell, "kernel", object(), raising=False)
+    monkeypatch.setattr(gpumem_nb.widget, "PICTURE_EVERY_S", 3600.0)
+    w = watch(shell, fake_gpu)
+    drawn: list[int] = []
+    real = w.picture_bundle
+
+    def counted() -> Any:
+        drawn.append(1)
+        return real()
+
+    w.picture_bundle = counted
+    for i in range(5):
+        run(shell, f"z{i} = cuda.tensor(2**30)")
+    # The watch cell's own end drew it; these five only marked it stale.
+    assert drawn == [] and w._picture_dirty
+    monkeypatch.setattr(gpumem_nb.widget, "PICTURE_EVERY_S", 0.0)
+    current_monitor(shell).sampler.tick()  # the sampler thread's next sample
+    assert len(drawn) == 1 and not w._picture_dirty
