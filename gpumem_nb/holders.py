@@ -568,11 +568,18 @@ class Scanner:
                                                 (*path, f" closure '{name}'"), objdepth - 1)
             # A default binds as a closure does: `lambda m, i, o, feats=feats:
             # feats.append(o)` is a common way to write a hook that keeps outputs.
-            for label, values in ((" defaults", obj.__defaults__),
-                                  (" keyword defaults", obj.__kwdefaults__)):
-                if values:
-                    yield from self._tensors_in(values, _CONTAINER_DEPTH, (*path, label),
-                                                objdepth - 1)
+            # A hook's `model=model` default is the module already walked: skipped here,
+            # as most defaults (numbers, None) are, without a walk of their own (2,000 such
+            # hooks cost 12 ms more on a 66 ms scan).
+            walked = self._modules_walked
+            for i, value in enumerate(obj.__defaults__ or ()):
+                if id(type(value)) not in _ATOM_IDS and id(value) not in walked:
+                    yield from self._tensors_in(value, _CONTAINER_DEPTH - 1,
+                                                (*path, f" default [{i}]"), objdepth - 1)
+            kwdefaults = obj.__kwdefaults__
+            if kwdefaults:
+                yield from self._tensors_in(kwdefaults, _CONTAINER_DEPTH,
+                                            (*path, " keyword defaults"), objdepth - 1)
             return
         dict_desc, slots = self._plan_of(type(obj))
         if dict_desc is not None:
