@@ -5,6 +5,7 @@ No threads, no I/O, no third-party imports: everything here is table-testable.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -285,6 +286,20 @@ def held_text(h: Holder) -> str:
     return f"{own} + its graph {at_least}{format_bytes(h.graph_bytes)}{nodes}{hooked}"
 
 
+def _cache_clear(name: str, path: str) -> str:
+    """The call that clears the lru_cache on this path: the holder itself (`embed`), an
+    attribute of it (`model.embed`), a method's cache on the class (`C.emb`); else said as
+    where it is, since `name.cache_clear()` would fail on what is no cache."""
+    where = path.split("lru_cache results", 1)[0].strip()
+    if not where:
+        return f"`{name}.cache_clear()`"
+    if where.startswith("class ") and re.fullmatch(r"[A-Za-z_][\w.]*", where[6:]):
+        return f"`{where[6:]}.cache_clear()`"
+    if re.fullmatch(r"[A-Za-z_][\w.]*", where):
+        return f"`{name}.{where}.cache_clear()`"
+    return f"`.cache_clear()` on the cache at {name} → {where}"
+
+
 def holder_action(h: Holder) -> str:
     """What to do about one holder, by what it is."""
     what = held_text(h)
@@ -309,7 +324,7 @@ def holder_action(h: Holder) -> str:
                 f"`.item()` for a number), or `del {h.name}`.")
     path = h.path.lstrip()
     if "lru_cache results" in path:
-        return (f"{h.label} keeps {what}: `{h.name}.cache_clear()` lets the results go "
+        return (f"{h.label} keeps {what}: {_cache_clear(h.name, path)} lets the results go "
                 "(or give the cache a `maxsize`).")
     if " suspended " in f" {path}":
         # `del`, not `.close()`: on the H200's Python 3.12.3 a closed generator kept its
@@ -322,6 +337,13 @@ def holder_action(h: Holder) -> str:
                "stop it keeping outputs" if "_hooks" in path else
                "set that attribute to None once it is used")
         return (f"{h.label} keeps {what} in the module beyond its parameters: {fix}; "
+                f"`del {h.name}` only if you are done with the model.")
+    if h.kind == "module" and h.contents_bytes:
+        # Hooks and attributes in several places, none with nearly all: saying the
+        # parameters hold it all sent the user to the wrong fix.
+        return (f"{h.name} ({what}) keeps {format_bytes(h.contents_bytes)} of it beyond its "
+                "parameters, in more than one of its hooks or attributes: remove the hooks "
+                "that keep outputs and set such attributes to None once used; "
                 f"`del {h.name}` only if you are done with the model.")
     if h.kind == "module":
         return (f"{h.name} is a torch.nn.Module: its parameters, gradients and buffers hold "

@@ -61,10 +61,25 @@ _SUSPENDABLE = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorTy
 _SUSPENDABLE_IDS = frozenset(map(id, _SUSPENDABLE))
 # functools' C cache of results, which no attribute exposes.
 _LRU_WRAPPER: type | None = type(functools.lru_cache(maxsize=None)(lambda: None))
+
+
+def _lru_link_type() -> type | None:
+    """The C type of a bounded lru_cache's entries (its cache dict's values), which hold
+    nothing readable: the wrapper's own traversal reaches their keys and results."""
+    probe = functools.lru_cache(maxsize=1)(lambda: None)
+    probe()
+    for ref in gc.get_referents(probe):
+        if type(ref) is dict:
+            for value in ref.values():
+                return type(value) if type_name(type(value)) == "_lru_list_elem" else None
+    return None
+
+
 # What a module's own dict holds that is not a tensor it owns: children and parameters are
 # walked as the module's, hooks and plain attributes (`self.last = out`) as its contents.
 _MODULE_OWN = frozenset(("_parameters", "_buffers", "_modules"))
 _EMPTY_CHECK_IDS = frozenset(map(id, (dict, list, set, tuple, collections.OrderedDict)))
+_DICT_IDS = frozenset(map(id, (dict, collections.OrderedDict)))
 _PLAIN_CONTAINERS = frozenset((dict, list, tuple, set, frozenset))
 # The same, by identity: testing a type's membership in a set hashes it, and comparing it in
 # a tuple may call ``__eq__``: a metaclass's own code, which may raise or do anything.
@@ -117,6 +132,10 @@ def type_name(t: Any) -> str:
     except Exception:
         return "?"
     return name if type(name) is str else "?"
+
+
+# A million-entry bounded cache's entries, each entered, took the whole scan's object budget.
+_LRU_LINK: type | None = _lru_link_type()
 
 
 def static_attribute(t: Any, name: str) -> Any:
@@ -524,13 +543,17 @@ class Scanner:
 
     def _attributes_of(self, obj: Any, path: tuple[str, ...],
                        objdepth: int) -> Iterator[tuple[Any, tuple[str, ...]]]:
-        if not self._enter(obj):
+        if (_LRU_LINK is not None and type(obj) is _LRU_LINK) or not self._enter(obj):
             return
         if id(type(obj)) in _SUSPENDABLE_IDS:
             yield from self._suspended_locals(obj, path, objdepth)
             return
         if _LRU_WRAPPER is not None and type(obj) is _LRU_WRAPPER:
-            yield from self._referents(obj, (*path, " lru_cache results"), objdepth)
+            results = (*path, " lru_cache results")
+            # Named, so that the holder's path keeps this step down to the results (the
+            # advice, `.cache_clear()`, rests on it).
+            self._path_classes.setdefault(results, "functools.lru_cache")
+            yield from self._referents(obj, results, objdepth)
             return
         if type(obj) is types.FunctionType:
             cells = obj.__closure__ or ()
@@ -543,6 +566,20 @@ class Scanner:
                 if not _is_atom(value) or type(value) is types.FunctionType:
                     yield from self._tensors_in(value, _CONTAINER_DEPTH,
                                                 (*path, f" closure '{name}'"), objdepth - 1)
+            # A default binds as a closure does: `lambda m, i, o, feats=feats:
+            # feats.append(o)` is a common way to write a hook that keeps outputs.
+            # A hook's `model=model` default is the module already walked: skipped here,
+            # as most defaults (numbers, None) are, without a walk of their own (2,000 such
+            # hooks cost 12 ms more on a 66 ms scan).
+            walked = self._modules_walked
+            for i, value in enumerate(obj.__defaults__ or ()):
+                if id(type(value)) not in _ATOM_IDS and id(value) not in walked:
+                    yield from self._tensors_in(value, _CONTAINER_DEPTH - 1,
+                                                (*path, f" default [{i}]"), objdepth - 1)
+            kwdefaults = obj.__kwdefaults__
+            if kwdefaults:
+                yield from self._tensors_in(kwdefaults, _CONTAINER_DEPTH,
+                                            (*path, " keyword defaults"), objdepth - 1)
             return
         dict_desc, slots = self._plan_of(type(obj))
         if dict_desc is not None:
@@ -555,7 +592,7 @@ class Scanner:
                     if id(type(value)) in _ATOM_IDS:
                         continue
                     yield from self._tensors_in(value, _CONTAINER_DEPTH,
-                                                (*path, f".{name}"), objdepth - 1)
+                                                (*path, _attr_step(name)), objdepth - 1)
         for name, desc in slots:
             try:
                 value = desc.__get__(obj)
@@ -591,11 +628,20 @@ class Scanner:
         """What a module and its children keep besides parameters and buffers: a tensor set as
         a plain attribute, and what hooks keep (a forward hook's closure appending every
         output to a list: issue 24's forward_hook_keeps_outputs, 60 GiB not found on the
-        H200). Read through the ``__dict__`` descriptor, never the module's ``__getattr__``."""
-        children = list(_bounded(lambda: obj.named_modules())) or [("", obj)]
-        for name, m in children:
-            if type(name) is not str or not self._enter(m):
+        H200). Children are found as torch keeps them, in each module's own
+        ``__dict__['_modules']`` read through the ``__dict__`` descriptor, in
+        ``named_modules()``'s order: calling ``named_modules`` ran a subclass's override or
+        property, and one yielding millions of modules took seconds past every bound."""
+        stack: list[tuple[str, Any]] = [("", obj)]
+        while stack:
+            name, m = stack.pop()
+            if not self._enter(m):
+                if id(m) not in self._entered:  # refused by a bound, not seen before
+                    return
                 continue
+            # A child's parameters came with its root's (``parameters()`` recurses): another
+            # reference to it inside this holder enumerates nothing again.
+            self._modules_walked.add(id(m))
             dict_desc, _ = self._plan_of(type(m))
             try:
                 attrs = dict_desc.__get__(m) if dict_desc is not None else None
@@ -606,13 +652,22 @@ class Scanner:
             where = (*path, f".{name}") if name else path
             for key, value in list(attrs.items()):
                 kind = id(type(value))
-                if kind in _ATOM_IDS or key in _MODULE_OWN:
+                # Keys compared only as exact strs: a dict lookup or a set test would run a
+                # key's own ``__hash__``/``__eq__`` (``obj.__dict__[k] = ...``).
+                if type(key) is str and key in _MODULE_OWN:
+                    if key == "_modules" and kind in _DICT_IDS:
+                        stack.extend(reversed([
+                            (f"{name}.{k}" if name else k, child)
+                            for k, child in itertools.islice(dict.items(value), _MAX_ITEMS)
+                            if type(k) is str and _is_a(child, self._module_type)]))
+                    continue
+                if kind in _ATOM_IDS:
                     continue
                 # Most of a module's dict is a dozen empty hook dicts: skipped for the price of
                 # a length (exact builtin types: no user code), as the walk runs on every OOM.
                 if kind in _EMPTY_CHECK_IDS and not len(value):
                     continue
-                yield from self._tensors_in(value, _CONTAINER_DEPTH, (*where, f".{key}"),
+                yield from self._tensors_in(value, _CONTAINER_DEPTH, (*where, _attr_step(key)),
                                             objdepth - 1)
 
     def _suspended_locals(self, gen: Any, path: tuple[str, ...],
@@ -621,6 +676,12 @@ class Scanner:
         reads them (its traversal, C code): asking for ``gi_frame`` would make a frame
         object, and reading its ``f_locals`` a snapshot that keeps the locals alive past
         the generator's end."""
+        if getattr(gen, "gi_running", None) or getattr(gen, "cr_running", None) or \
+                getattr(gen, "ag_running", None):
+            # Running (the scan is called from inside it, as the OOM observer is from a
+            # training loop written as a generator): its locals are the code's working set,
+            # as a running function's are, and `del` could not free them.
+            return
         code = getattr(gen, "gi_code", None) or getattr(gen, "cr_code", None) or \
             getattr(gen, "ag_code", None)
         label = f" suspended {getattr(code, 'co_name', '?')}() locals"
@@ -634,8 +695,18 @@ class Scanner:
             refs = gc.get_referents(obj)
         except Exception:
             return
-        for value in itertools.islice(refs, _MAX_ITEMS):
-            if id(type(value)) in _ATOM_IDS or type(value) is types.FunctionType:
+        if len(refs) > _MAX_ITEMS:
+            self._cut = True
+        # A bounded lru_cache of a million entries is two million referents (its keys and
+        # results): read within the scan's stop as a container's items are, else it took
+        # seconds and missed a tensor past its bounds without a word.
+        for i, value in enumerate(itertools.islice(refs, _MAX_ITEMS)):
+            if i & 1023 == 1023 and self._past_stop():
+                return
+            # `object()`: lru_cache's keyword marker, which holds nothing and would name
+            # the path's class "object".
+            if id(type(value)) in _ATOM_IDS or type(value) is types.FunctionType or \
+                    type(value) is object:
                 continue
             yield from self._tensors_in(value, _CONTAINER_DEPTH, path, objdepth - 1)
 
@@ -935,6 +1006,13 @@ def _module_name(m: Any) -> str:
     return name if type(name) is str else "?"
 
 
+def _attr_step(name: Any) -> str:
+    """``.name`` for an attribute in an object's own dict; a key that is no plain ``str``
+    (``obj.__dict__[k] = ...``) is said as ``_key_step`` says it: formatting it would run its
+    class's ``__format__``."""
+    return f".{name}" if type(name) is str else _key_step(name)
+
+
 def _key_step(key: Any) -> str:
     """``['past_key_values']``, ``[3]``; ``[…]`` for a key whose repr could run code."""
     if id(type(key)) in _KEY_IDS or key is None:
@@ -983,7 +1061,9 @@ def _holder(f: _Found) -> Holder:
                   graph_nodes=f.graph_nodes, graph_nodes_capped=f.graph_capped,
                   graph_bytes=f.graph_bytes, graph_bytes_capped=f.graph_capped,
                   graph_unsized=f.graph_unsized, path=path_of(f), walk_capped=f.walk_capped,
-                  arrays=f.arrays and not f.torch_tensors, storages=tuple(f.storages))
+                  arrays=f.arrays and not f.torch_tensors, storages=tuple(f.storages),
+                  contents_bytes=(sum(n for p, n in f.paths.items() if len(p) == 1)
+                                  if f.kind == "module" else 0))
 
 
 # -- stored exceptions ---------------------------------------------------------------------------

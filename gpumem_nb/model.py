@@ -278,6 +278,9 @@ class Holder:
     # The object walk stopped at its time or object budget inside it: nbytes is a lower bound.
     walk_capped: bool = False
     arrays: bool = False  # numpy/cupy-like arrays, not torch tensors
+    # A module's bytes beyond its parameters, gradients and buffers (hooks' closures, plain
+    # attributes), wherever they are: split among several, no one path names them.
+    contents_bytes: int = 0
     # (address, bytes) of each of its own tensors' storages on a GPU: which memory pool they
     # are in (a CUDA graph's outputs are in its private pool) is read from these.
     storages: tuple[tuple[int, int], ...] = field(default=(), compare=False, repr=False)
