@@ -119,6 +119,8 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 # these classes. Where that output shows nothing (offline, untrusted, no widget manager), no
 # rule matches and the picture shows.
 PICTURE_CLASS = "gpumem-picture"
+# The view's output when the chart ends and its picture cannot be drawn (``close``).
+ENDED_UNDRAWN = "gpumem_nb chart (ended; its picture could not be drawn)"
 _SHOWN = ":has(.gpumem-live,.gpumem-saved)"
 PICTURE_STYLE = ("<style>" + ",".join(
     f"{c}{_SHOWN}+{c}:has(.{PICTURE_CLASS})" for c in (".jp-OutputArea-child", ".output_area"))
@@ -595,7 +597,13 @@ class MemoryWidget:
         view = {k: v for k, v in self.box._repr_mimebundle_().items() if k == WIDGET_VIEW}
         view["text/html"] = ""
         self.display_handle = show(view, raw=True, display_id=self.display_id)
-        picture = self.picture_bundle()
+        try:
+            picture = self.picture_bundle()
+        except Exception as e:  # the live chart still works: no traceback, no picture
+            _log.warning("gpumem_nb: the chart's picture could not be drawn (%s); the live "
+                         "chart shows, but a saved notebook's export will not", e)
+            _log.debug("the picture's failure", exc_info=True)
+            return
         self.picture_handle = show(picture, raw=True, display_id=self.picture_id)
         self._picture_sent = picture
         self._follow_cells(shell)
@@ -649,9 +657,10 @@ class MemoryWidget:
                 if picture != self._picture_sent:
                     handle.update(picture, raw=True)
                     self._picture_sent = picture
-        except Exception:  # never a traceback under every cell: the picture stops following
-            _log.warning("gpumem_nb: the chart's picture stopped following the cells",
-                         exc_info=True)
+        except Exception as e:  # never a traceback under a cell: the picture stops following
+            # A plain sentence: ipykernel prints a warning's traceback into the user's cell.
+            _log.warning("gpumem_nb: the chart's picture stopped following the cells (%s)", e)
+            _log.debug("the picture's failure", exc_info=True)
             self._unfollow_cells()
 
     def plain_bundle(self) -> dict[str, str]:
@@ -743,12 +752,22 @@ class MemoryWidget:
         handle, self.display_handle = self.display_handle, None
         picture, self.picture_handle = self.picture_handle, None
         try:
+            try:
+                plain: dict[str, str] | None = self.plain_bundle()
+            except Exception as e:
+                _log.warning("gpumem_nb: the chart's picture could not be drawn at its end "
+                             "(%s); its last picture stays", e)
+                _log.debug("the picture's failure", exc_info=True)
+                plain = None
             # The picture's output empties first, so the two never show the picture at once;
-            # the view's output becomes the picture, where the chart was.
-            if picture is not None:
+            # the view's output becomes the picture, where the chart was. With no picture to
+            # draw, the last one drawn stays and the view becomes a line of text: no widget
+            # view left to read "model not found", and the rule no longer hides that picture.
+            if picture is not None and plain is not None:
                 picture.update({"text/html": ""}, raw=True)
             if handle is not None:
-                handle.update(self.plain_bundle(), raw=True)
+                handle.update(plain or {"text/plain": ENDED_UNDRAWN, "text/html": ""},
+                              raw=True)
         finally:
             if not kernel_exiting:
                 self._close_widgets()

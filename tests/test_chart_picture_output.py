@@ -186,3 +186,64 @@ def test_cells_back_to_back_do_not_each_pay_a_redraw_and_the_sampler_catches_up(
     monkeypatch.setattr(gpumem_nb.widget, "PICTURE_EVERY_S", 0.0)
     current_monitor(shell).sampler.tick()  # the sampler thread's next sample
     assert len(drawn) == 1 and not w._picture_dirty
+
+
+# --------------------------------------------------------------------------------------------
+# A picture that cannot be drawn (tried as a new user, t27b): in a real kernel a warning's
+# traceback lands in the user's cell, a watch whose picture failed raised, and a chart ending
+# without a picture emptied the last one it had, leaving the export with none at all.
+# --------------------------------------------------------------------------------------------
+def broken(*_: Any, **__: Any) -> Any:
+    raise RuntimeError("no picture")
+
+
+def test_a_picture_that_stops_drawing_says_so_in_a_sentence_not_a_traceback_in_the_cell(
+        in_a_kernel, fake_gpu, shown, caplog):
+    # ipykernel's logging prints a record's exc_info into the cell's output: a traceback.
+    shell = in_a_kernel
+    w = watch(shell, fake_gpu)
+    w.plain_bundle = broken
+    assert run(shell, "y = 2").success
+    said = [r for r in caplog.records if r.levelno >= 30]
+    assert [r.exc_info for r in said] == [None], [r.getMessage() for r in said]
+    assert "no picture" in said[0].getMessage()
+
+
+def test_a_watch_whose_picture_cannot_be_drawn_still_shows_the_live_chart_without_an_error(
+        in_a_kernel, fake_gpu, shown, monkeypatch, caplog):
+    import gpumem_nb.widget
+
+    monkeypatch.setattr(gpumem_nb.widget, "svg_static_bundle", broken)
+    shell = in_a_kernel
+    run(shell, "%load_ext gpumem_nb")
+    result = run(shell, "%gpumem watch")
+    assert result.success, result.error_in_exec
+    w = current_monitor(shell).widget
+    displays = [e for e in shown if e[0] == "display"]
+    assert [e[1] for e in displays] == [w.display_id]  # the view; no picture to show
+    assert WIDGET_VIEW in displays[0][2]
+    assert not followers(shell)  # nothing to redraw after each cell
+    assert [r.exc_info for r in caplog.records if r.levelno >= 30] == [None]
+    assert run(shell, "%gpumem watch --stop").success
+    # The view's output ends as text: no widget view left to read "model not found".
+    ended = [e for e in shown if e[0] == "update"][-1]
+    assert ended[1] == w.display_id and WIDGET_VIEW not in ended[2]
+    assert ended[2]["text/plain"] == gpumem_nb.widget.ENDED_UNDRAWN
+
+
+def test_a_chart_ending_without_a_new_picture_keeps_its_last_picture_so_the_export_shows_one(
+        in_a_kernel, fake_gpu, shown, monkeypatch):
+    import gpumem_nb.widget
+
+    shell = in_a_kernel
+    w = watch(shell, fake_gpu)
+    last = w.picture_handle.updates[-1] if w.picture_handle.updates else None
+    monkeypatch.setattr(gpumem_nb.widget, "svg_static_bundle", broken)
+    del shown[:]
+    assert run(shell, "%gpumem watch --stop").success
+    # The picture's output is left as it was drawn (never emptied), and the view's output
+    # shows no chart, so the rule that hid the picture beside it no longer matches.
+    assert [e[1] for e in shown if e[0] == "update"] == [w.display_id], [e[:2] for e in shown]
+    ended = shown[-1][2]
+    assert WIDGET_VIEW not in ended and "gpumem-live" not in ended.get("text/html", "")
+    assert last is None or "<img" in last["text/html"]
