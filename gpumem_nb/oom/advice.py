@@ -185,11 +185,7 @@ def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holde
         if c.kind == CAUSE_PRIVATE_POOL:
             out.extend(_pool_actions(f))
             continue
-        if c.kind == CAUSE_POOL:
-            out.append(Action("%gpumem cleanup runs torch.cuda.empty_cache(), which returns the "
-                              f"cudaMallocAsync pool's {format_bytes(c.nbytes)} of unused "
-                              "memory to the driver; then run the cell again.", c.nbytes))
-        elif c.kind == CAUSE_FRAGMENTATION:
+        if c.kind == CAUSE_FRAGMENTATION:
             out.append(_fragmentation_action(f))
         elif c.kind == CAUSE_OTHER_PROCESSES:
             for p in sorted(f.other_processes, key=lambda p: -(p.nbytes or 0))[:5]:

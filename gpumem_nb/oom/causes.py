@@ -152,7 +152,7 @@ def classify(facts: OomFacts, holders: Sequence[Holder] = ()) -> tuple[Cause, ..
         # what was free on the GPU (the pool keeps what it grew trying the failed request),
         # so only the room, free and stranded together, counts the same bytes on every
         # backend (H200, generate_batch_too_big: 96.5 GiB grown against a 41.6 GiB pool).
-        causes = [_demoted(c, f) if c.kind in (CAUSE_FRAGMENTATION, CAUSE_POOL) and c.covers
+        causes = [_demoted(c, f) if c.kind == CAUSE_FRAGMENTATION and c.covers
                   and grown >= min(_DWARFS * (c.nbytes or 0), _room_bytes(f, c))
                   and _requests_served(f, c) < _DWARFS else c for c in causes]
     working = _dominant_working_set(f, causes, holders, need)
@@ -229,7 +229,7 @@ def _requests_served(f: OomFacts, stranded: Cause) -> int:
 def _demoted(c: Cause, f: OomFacts) -> Cause:
     if not c.covers:
         return c
-    if c.kind in (CAUSE_FRAGMENTATION, CAUSE_POOL):
+    if c.kind == CAUSE_FRAGMENTATION:  # the pool's unused bytes never cover (issue 26)
         more = _requests_served(f, c) - 1
         served = (f"this request and {more} more of its size" if more > 0
                   else "this one request")
