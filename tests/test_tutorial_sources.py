@@ -14,27 +14,12 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = ROOT / "notebooks"
-
-
-def load_runner() -> Any:
-    spec = importlib.util.spec_from_file_location("run_tutorials",
-                                                  NOTEBOOKS / "run_tutorials.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-RUNNER = load_runner()
+from .test_tutorial_prose import NOTEBOOKS, ROOT, RUNNER
 
 
 def cell_function(name: str, cell_id: str, function: str, namespace: dict[str, Any]) -> Any:
