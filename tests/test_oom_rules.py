@@ -282,6 +282,20 @@ def test_inside_generate_the_kv_cache_is_named_with_its_bytes_and_growth_per_tok
     assert "does not apply" in advice and "(torch.utils.checkpoint)" not in advice
 
 
+def test_a_step_that_failed_halfway_still_gives_the_exact_growth_per_token():
+    # H200, GPT-2 in generate(): the OOM came inside a step, after the first layers had
+    # appended their token; dividing the whole cache by the longest layer said 47.89 MiB
+    # per token for 48.00 MiB.
+    cache = DynamicCache(layers=12, tokens=397)
+    cache.layers[0] = DynamicLayer(398)
+    err = raise_in("/site-packages/transformers/generation/utils.py", "_sample",
+                   {"self": object(), "model_kwargs": {"past_key_values": cache}})
+    site = failure_site(err, {}, modules={"torch": torch_with_module_type()})
+    assert site.cache is not None and site.cache.tokens == 398
+    assert site.cache.nbytes == 2 * (11 * 397 + 398) * MiB
+    assert site.cache.per_token_bytes == 24 * MiB
+
+
 def test_a_running_backwards_root_and_inputs_are_the_computation_not_advised_away():
     # Issue 24, point 3: x and y were "held by your session" with `del x`, `del y` advised,
     # though they were the input and output of the backward that was running.

@@ -208,25 +208,41 @@ def _cache_in(local: Mapping[str, Any], where: str, mods: Mapping[str, Any],
         nbytes = sum(h.nbytes for h in found if h.device.startswith("cuda"))
         if not nbytes:
             continue
-        tokens = _tokens(obj, scanner, mods)
-        per = nbytes // tokens if tokens else None
+        tokens, per = _tokens(obj, scanner, mods)
         return CacheUse(name=f"{where} → {path} ({type_name(type(obj))})", nbytes=nbytes,
                         tokens=tokens, per_token_bytes=per)
     return None
 
 
-def _tokens(cache: Any, scanner: Scanner, mods: Mapping[str, Any]) -> int | None:
-    """The cache's sequence length: the largest dimension -2 of its 4-D tensors (batch,
-    heads, tokens, head size)."""
+def _tokens(cache: Any, scanner: Scanner, mods: Mapping[str, Any]) -> tuple[int | None,
+                                                                          int | None]:
+    """The cache's sequence length (the largest dimension -2 of its 4-D tensors: batch, heads,
+    tokens, head size) and what one more token adds to it: each tensor's bytes over its own
+    length, summed. Dividing the total by the longest length under-counted: an OOM inside a
+    step finds the first layers one token longer than the rest (H200, GPT-2: 47.89 MiB said for
+    48.00 MiB)."""
     best = None
+    per = 0
+    seen: set[Any] = set()
     for t, _ in scanner.tensors_of(cache):
         try:
             shape = tuple(getattr(t, "shape", ()))
-            if len(shape) == 4:
-                best = max(best or 0, int(shape[-2]))
+            if len(shape) != 4 or int(shape[-2]) <= 0:
+                continue
+            length = int(shape[-2])
+            info = scanner._tensor_info(t)
+            if info is None or not info[0].startswith("cuda") or info[2] in seen:
+                continue
+            seen.add(info[2])
+            try:  # the tensor's own elements, not a larger storage it may view
+                nbytes = int(t.element_size() * t.nelement())
+            except Exception:
+                nbytes = info[1]
+            best = max(best or 0, length)
+            per += nbytes // length
         except Exception:
             continue
-    return best
+    return best, (per or None)
 
 
 def _backward_inputs(site: FailureSite, root: Any, user_ns: Mapping[Any, Any],
