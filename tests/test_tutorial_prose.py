@@ -181,8 +181,20 @@ def marked_lines(cell: Any) -> list[str]:
 
 def claim_line(record: dict[str, Any]) -> str:
     """The line a recorded claim printed, rebuilt from its sentence and values here (not with
-    claims.py's code: the check must not share the code it checks)."""
-    shown = record.get("values") or record.get("operands") or {}
+    claims.py's code: the check must not share the code it checks).
+
+    The values are put in the order the recorded line shows them: the notebook's metadata is
+    written with sorted keys, so the record keeps which values, not their order (the first
+    H200 run at b27572d failed every tutorial on that alone). Any other difference, a value
+    or the sentence, still makes the rebuilt line differ."""
+    recorded = record.get("values") or record.get("operands") or {}
+    line = str(record.get("line", ""))
+
+    def place(item: tuple[str, Any]) -> int:
+        at = line.find(f"{item[0]} = {item[1]}")
+        return at if at >= 0 else len(line)
+
+    shown = dict(sorted(recorded.items(), key=place))
     values = "; ".join(f"{k} = {v}" for k, v in shown.items())
     if record["status"] == "skipped":
         return f"{SKIPPED} {record['says']} ({record['why']})"
@@ -780,3 +792,19 @@ def test_the_sources_digest_changes_with_the_package_and_the_tutorials(tmp_path)
         (tmp_path / rel).write_text("changed")
         assert RUNNER.sources_digest(tmp_path) != first, rel
         first = RUNNER.sources_digest(tmp_path)
+
+
+def test_a_record_written_with_sorted_keys_still_matches_its_line_and_a_swapped_value_does_not():
+    """nbformat writes the metadata with sorted keys, so a claim's values come back in another
+    order than its line shows them; the line still matches, and a line whose values were
+    exchanged between names still does not."""
+    line = f"{HELD} the pool holds the output [pool = 572.00 MiB; output = 256.00 MiB]"
+    record = json.loads(json.dumps({"line": line, "says": "the pool holds the output",
+                                    "status": "held",
+                                    "values": {"pool": "572.00 MiB", "output": "256.00 MiB"}},
+                                   sort_keys=True))
+    assert list(record["values"]) == ["output", "pool"]
+    assert claim_line(record) == line
+    swapped = dict(record, line=f"{HELD} the pool holds the output "
+                                "[pool = 256.00 MiB; output = 572.00 MiB]")
+    assert claim_line(swapped) != swapped["line"]
