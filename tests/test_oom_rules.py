@@ -296,6 +296,48 @@ def test_a_step_that_failed_halfway_still_gives_the_exact_growth_per_token():
     assert site.cache.per_token_bytes == 24 * MiB
 
 
+class StaticLayer(DynamicLayer):
+    pass
+
+
+class Cache:  # transformers >= 4.56 builds a cache of layers under its own class name
+    def __init__(self, layers: list[Any]) -> None:
+        self.layers = layers
+
+
+def test_a_static_cache_is_said_to_be_allocated_up_front_not_to_grow_per_token():
+    # generate(..., cache_implementation="static") allocates every layer for its whole
+    # length at the start; "growing 24 MiB per generated token" would be false there.
+    for cache in (Cache([StaticLayer(1024) for _ in range(12)]),
+                  type("StaticCache", (), {})()):
+        if not hasattr(cache, "layers"):
+            cache.layers = [StaticLayer(1024) for _ in range(12)]
+        err = raise_in("/site-packages/transformers/generation/utils.py", "_sample",
+                       {"self": object(), "model_kwargs": {"past_key_values": cache}})
+        site = failure_site(err, {}, modules={"torch": torch_with_module_type()})
+        assert site.cache is not None and site.cache.preallocated, type(cache)
+        text = " ".join(site.lines())
+        assert "allocated up front for 1024 tokens" in text and "per generated token" not in text
+        f = OomFacts(device=0, requested_bytes=GiB, total_bytes=140 * GiB, free_bytes=0,
+                     site=site, grad_enabled=False)
+        advice = _workload_action(f).text
+        assert "per generated token" not in advice and "max_cache_len" in advice
+
+
+def test_a_dynamic_cache_of_growing_layers_is_not_taken_for_a_static_one():
+    class DynamicSlidingWindowLayer(DynamicLayer):
+        pass
+
+    for layers in ([DynamicLayer(512) for _ in range(12)],
+                   [DynamicSlidingWindowLayer(512) for _ in range(12)],
+                   [StaticLayer(512)] + [DynamicLayer(512) for _ in range(11)]):
+        err = raise_in("/site-packages/transformers/generation/utils.py", "_sample",
+                       {"self": object(), "model_kwargs": {"past_key_values": Cache(layers)}})
+        site = failure_site(err, {}, modules={"torch": torch_with_module_type()})
+        assert site.cache is not None and not site.cache.preallocated
+        assert "24.00 MiB per generated token" in " ".join(site.lines())
+
+
 def test_a_running_backwards_root_and_inputs_are_the_computation_not_advised_away():
     # Issue 24, point 3: x and y were "held by your session" with `del x`, `del y` advised,
     # though they were the input and output of the backward that was running.

@@ -276,7 +276,12 @@ def _workload_action(f: OomFacts) -> Action:
     if site is not None and site.in_generate:
         cache = site.cache
         held = ""
-        if cache is not None:
+        if cache is not None and cache.preallocated:
+            per = (f", {format_bytes(cache.per_token_bytes)} per token of its length"
+                   if cache.per_token_bytes else "")
+            held = (f" The KV cache held {format_bytes(cache.nbytes)}{per}, allocated up front "
+                    "for batch × max length (max_cache_len, or prompt + max_new_tokens).")
+        elif cache is not None:
             grow = (f", {format_bytes(cache.per_token_bytes)} more per generated token"
                     if cache.per_token_bytes else "")
             held = f" The KV cache held {format_bytes(cache.nbytes)}{grow}."

@@ -46,6 +46,9 @@ class CacheUse:
     nbytes: int
     tokens: int | None  # its sequence length (keys' dimension -2)
     per_token_bytes: int | None  # what one more generated token adds, for this batch
+    # A static cache (StaticCache, sliding-window and hybrid ones) is allocated up front for its
+    # whole length: its bytes are per token of that length, and generating does not grow it.
+    preallocated: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,10 +78,17 @@ class FailureSite:
                        "peak.")
         if self.cache is not None:
             c = self.cache
-            grow = (f", growing {format_bytes(c.per_token_bytes)} per generated token"
-                    if c.per_token_bytes else "")
-            at = f" at {c.tokens} tokens" if c.tokens else ""
-            out.append(f"The KV cache {c.name} held {format_bytes(c.nbytes)}{at}{grow}.")
+            if c.preallocated:
+                per = (f" ({format_bytes(c.per_token_bytes)} per token of that length)"
+                       if c.per_token_bytes else "")
+                length = f" for {c.tokens} tokens" if c.tokens else ""
+                out.append(f"The KV cache {c.name} held {format_bytes(c.nbytes)}, allocated "
+                           f"up front{length}{per}: generating does not grow it.")
+            else:
+                grow = (f", growing {format_bytes(c.per_token_bytes)} per generated token"
+                        if c.per_token_bytes else "")
+                at = f" at {c.tokens} tokens" if c.tokens else ""
+                out.append(f"The KV cache {c.name} held {format_bytes(c.nbytes)}{at}{grow}.")
         return out
 
 
@@ -210,8 +220,29 @@ def _cache_in(local: Mapping[str, Any], where: str, mods: Mapping[str, Any],
             continue
         tokens, per = _tokens(obj, scanner, mods)
         return CacheUse(name=f"{where} → {path} ({type_name(type(obj))})", nbytes=nbytes,
-                        tokens=tokens, per_token_bytes=per)
+                        tokens=tokens, per_token_bytes=per, preallocated=_preallocated(obj))
     return None
+
+
+# transformers' caches whose tensors are allocated for their whole length at the start:
+# StaticCache and its sliding-window and hybrid kin, or (transformers >= 4.56) a cache built
+# of such layers. DynamicSlidingWindowLayer grows up to its window, so it is not one.
+_STATIC_CACHE_WORDS = ("Static", "Hybrid", "SlidingWindowCache")
+_STATIC_LAYERS = ("StaticLayer", "SlidingWindowLayer", "ChunkedSlidingLayer",
+                  "StaticSlidingWindowLayer")
+
+
+def _preallocated(cache: Any) -> bool:
+    """Whether a cache is a static one, by its class's name or its layers' (read through the
+    instance's own dict: no user code runs)."""
+    name = type_name(type(cache)).rsplit(".", 1)[-1]
+    if any(w in name for w in _STATIC_CACHE_WORDS):
+        return True
+    layers = (_dict_of(cache) or {}).get("layers")
+    if type(layers) is not list or not layers:
+        return False
+    names = {type_name(type(layer)).rsplit(".", 1)[-1] for layer in layers[:512]}
+    return all(n in _STATIC_LAYERS or n.startswith("Static") for n in names)
 
 
 def _tokens(cache: Any, scanner: Scanner, mods: Mapping[str, Any]) -> tuple[int | None,
