@@ -39,6 +39,10 @@ class Ledger:
     pools: tuple[tuple[str, int], ...] = ()  # (label, allocated bytes in it)
     capped: bool = False  # a walk was cut: holder figures are lower bounds
     workspaces_bytes: int = 0  # cuBLAS / cuBLASLt workspaces (workspace_blocks_bytes)
+    # Holders' numpy/CuPy-like arrays on a GPU: real GPU memory, but not PyTorch's allocator's,
+    # so never a part of allocated_bytes (a 60 GiB CuPy array was said to be 60 GiB "of
+    # 65 MiB allocated"). Said beside the split.
+    arrays_bytes: int = 0
 
     @property
     def pools_bytes(self) -> int:
@@ -77,6 +81,9 @@ class Ledger:
                      + (", which the cut walk may not have reached" if self.capped else
                         ": `%gpumem who --gc` also searches every object the garbage "
                         "collector tracks"))
+        if self.arrays_bytes:
+            text += (f"; besides, {format_bytes(self.arrays_bytes)} in the holders' arrays on a "
+                     "GPU (CuPy-like), outside PyTorch's allocator")
         return text + "."
 
 
@@ -89,10 +96,13 @@ def ledger(device: str, allocated_bytes: int, holders: Iterable[Holder], *,
            workspaces_bytes: int = 0) -> Ledger:
     """The split of ``allocated_bytes`` on ``device`` among these holders (each storage is in
     one holder already: the scan attributes it once)."""
-    own = graphs = 0
+    own = graphs = arrays = 0
     capped = False
     for h in holders:
         if not on_device(h, device):
+            continue
+        if h.arrays:  # another library's memory: not in allocated_bytes
+            arrays += h.nbytes
             continue
         own += h.nbytes
         graphs += h.graph_bytes or 0
@@ -104,7 +114,7 @@ def ledger(device: str, allocated_bytes: int, holders: Iterable[Holder], *,
     return Ledger(device=device, allocated_bytes=allocated_bytes, holders_bytes=own,
                   graphs_bytes=graphs, computation_bytes=computation_bytes,
                   pools=tuple(pools), capped=capped,
-                  workspaces_bytes=max(min(workspaces_bytes, rest), 0))
+                  workspaces_bytes=max(min(workspaces_bytes, rest), 0), arrays_bytes=arrays)
 
 
 # Each GPU's memory pools other than the default, as the ledger's (label, bytes) parts.

@@ -41,9 +41,12 @@ def hints(sample: Sample, info: AllocatorInfo | None, device: int) -> list[str]:
         )
     if al.num_alloc_retries:
         out.append(
-            f"The allocator hit the device limit {al.num_alloc_retries} time(s), flushed its "
-            "cache and retried. Retries are slow and mean you are close to an OOM: use smaller "
-            "batches, free tensors you no longer need, or enable expandable segments."
+            f"{al.num_alloc_retries} time(s) the allocator could not get memory (from the "
+            "driver, or under a memory fraction's cap), freed its cached blocks and retried. "
+            "A retry that then succeeds is no OOM, but each is slow (it waits for the GPU and "
+            "empties the cache), and many mean the work runs at the edge of what it may use: "
+            "use smaller batches, free tensors you no longer need, or enable expandable "
+            "segments."
         )
     if al.num_ooms:
         out.append(f"{al.num_ooms} out-of-memory error(s) so far in this process.")
@@ -53,10 +56,13 @@ def hints(sample: Sample, info: AllocatorInfo | None, device: int) -> list[str]:
                 "asking the driver; other processes cannot use it until it is released "
                 "(%gpumem cleanup calls empty_cache)")
         returnable = from_stats(al)
-        if native and not expandable and returnable < cached:
-            # empty_cache frees only segments with nothing in them (emptycache.py).
+        kept = cached - returnable
+        # empty_cache frees only segments with nothing in them (emptycache.py). Said only
+        # when what it keeps shows: "only 1.50 GiB of 1.50 GiB" read as a contradiction.
+        if native and not expandable and kept > max(2 << 20, cached // 100):
             text += (f", and empty_cache can release only {format_bytes(returnable)} of it: "
-                     "the rest lies in segments that still hold tensors")
+                     f"the other {format_bytes(kept)} lies in segments that still hold "
+                     "tensors")
         out.append(text + ".")
     return out
 

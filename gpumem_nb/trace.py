@@ -18,7 +18,6 @@ protocol 4, the newest that PyTorch's memory_viz reader accepts.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import html
 import linecache
 import math
@@ -28,14 +27,13 @@ import re
 import sys
 import sysconfig
 import time
-import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import plotlyjson, safeio, svgchart
 from .report import html_table, text_table
-from .sources.torch import TorchDebug
+from .sources.torch import TorchDebug, inductor_lookup_skipped
 from .units import format_bytes
 from .whatif.snapshot import START_KEY
 
@@ -766,32 +764,6 @@ class CellTracer:
             result.notes += (result.save_failed,)
         result.added_s = self._spent_s + self.clock() - t0
         return result
-
-
-@contextlib.contextmanager
-def inductor_lookup_skipped(modules: Mapping[str, Any]) -> Any:
-    """Where a process's first traced snapshot spent its seconds: torch symbolizes the Python
-    frames in ``combined_traceback.cpp`` (``PythonTraceback::appendSymbolized``), which first
-    asks ``hasattr(torch, "_inductor")`` to add the frames of inductor-generated code. torch's
-    module ``__getattr__`` answers that by importing ``torch._inductor``: seconds, once per
-    process, whatever the history's length. When nobody has imported ``torch._inductor``,
-    no frame can be its generated code, so the answer is known: for the length of the call,
-    ``torch._inductor`` reads as a module without ``codecache``, and torch skips the lookup.
-    Left as it was afterwards; when inductor is already imported, nothing is touched."""
-    torch = modules.get("torch")
-    ns = getattr(torch, "__dict__", None)
-    if not isinstance(ns, dict) or "torch._inductor" in modules or "_inductor" in ns:
-        yield
-        return
-    stand_in = types.ModuleType("torch._inductor", "gpumem_nb: skip the lookup of inductor's "
-                                "generated code during one snapshot")
-    ns["_inductor"] = stand_in
-    try:
-        yield
-    finally:
-        # An import of the real module meanwhile replaced the stand-in: keep that one.
-        if ns.get("_inductor") is stand_in:
-            del ns["_inductor"]
 
 
 def save_snapshot(snapshot: Mapping[str, Any], path: str) -> str:

@@ -192,6 +192,28 @@ def test_the_summary_says_how_much_of_the_cache_empty_cache_can_release(loaded, 
     assert "empty_cache can release only 1.00 GiB of it" in out
 
 
+def test_the_summary_never_says_only_x_of_x_when_empty_cache_keeps_next_to_nothing(
+        loaded, fake_gpu, capsys):
+    # H200, tutorial 04: "1.50 GiB is cached but free ... empty_cache can release only
+    # 1.50 GiB of it: the rest lies in segments that still hold tensors" (896 KiB kept).
+    d = fake_gpu.cuda.devices[0]
+    d.reserved, d.allocated, d.inactive_split = 4 * GiB, GiB, 896 * 1024
+    loaded.run_line_magic("gpumem", "summary")
+    out = " ".join(capsys.readouterr().out.split())
+    assert "3.00 GiB is cached but free" in out and "can release only" not in out
+
+
+def test_the_summary_says_a_retry_is_no_oom_and_may_be_a_caps(loaded, fake_gpu, capsys):
+    # The hint said "the allocator hit the device limit ... Retries mean you are close to an
+    # OOM" where tutorial 04 had just shown retries against a memory fraction, with no OOM.
+    fake_gpu.cuda.devices[0].retries = 3
+    loaded.run_line_magic("gpumem", "summary")
+    out = " ".join(capsys.readouterr().out.split())
+    assert "3 time(s) the allocator could not get memory" in out
+    assert "memory fraction's cap" in out and "A retry that then succeeds is no OOM" in out
+    assert "device limit" not in out
+
+
 def test_the_oom_explainer_never_promises_split_holes_to_empty_cache(world):  # noqa: F811
     d = world.cuda.devices[0]
     world.shell.run_cell("keep = cuda.tensor(70 * GiB)", store_history=True)

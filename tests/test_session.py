@@ -166,6 +166,21 @@ def test_a_traced_cell_never_makes_torch_import_inductor():
     del x, y
 
 
+def test_the_oom_explainers_snapshot_reads_never_make_torch_import_inductor():
+    # H200, tutorial 07 at b27572d: an OOM in a traced cell took 5,229.6 ms to explain (4 ms
+    # elsewhere): the observer's and the explanation's segment reads, with history on,
+    # symbolized the live blocks' frames and so imported torch._inductor.
+    cuda = FakeCuda(initialized=True)
+    mod, imported = lazy_torch(cuda)
+    src = TorchDebug({"torch": mod})
+    x = cuda.tensor(GiB)
+    segs, why = src.segments_snapshot()
+    snap, why2 = src.memory_snapshot()
+    assert why == why2 == "" and segs is not None and snap is not None
+    assert imported == [] and "_inductor" not in mod.__dict__
+    del x
+
+
 def test_when_inductor_is_imported_the_snapshot_uses_it_untouched():
     cuda = FakeCuda(initialized=True)
     mod, imported = lazy_torch(cuda)

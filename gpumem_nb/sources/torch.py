@@ -11,8 +11,10 @@ thread and the sampler runs on its own thread.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -74,6 +76,32 @@ def alloc_conf(env: Mapping[str, str] | None = None) -> tuple[str, str]:
         if env.get(var):
             return env[var], var
     return "", ""
+
+
+@contextlib.contextmanager
+def inductor_lookup_skipped(modules: Mapping[str, Any]) -> Any:
+    """Where a process's first traced snapshot spent its seconds: torch symbolizes the Python
+    frames in ``combined_traceback.cpp`` (``PythonTraceback::appendSymbolized``), which first
+    asks ``hasattr(torch, "_inductor")`` to add the frames of inductor-generated code. torch's
+    module ``__getattr__`` answers that by importing ``torch._inductor``: seconds, once per
+    process, whatever the history's length. When nobody has imported ``torch._inductor``,
+    no frame can be its generated code, so the answer is known: for the length of the call,
+    ``torch._inductor`` reads as a module without ``codecache``, and torch skips the lookup.
+    Left as it was afterwards; when inductor is already imported, nothing is touched."""
+    torch = modules.get("torch")
+    ns = getattr(torch, "__dict__", None)
+    if not isinstance(ns, dict) or "torch._inductor" in modules or "_inductor" in ns:
+        yield
+        return
+    stand_in = types.ModuleType("torch._inductor", "gpumem_nb: skip the lookup of inductor's "
+                                "generated code during one snapshot")
+    ns["_inductor"] = stand_in
+    try:
+        yield
+    finally:
+        # An import of the real module meanwhile replaced the stand-in: keep that one.
+        if ns.get("_inductor") is stand_in:
+            del ns["_inductor"]
 
 
 class TorchSource:
@@ -429,7 +457,10 @@ class TorchDebug(TorchSource):
         if snap is None:
             return None, "this torch build has no memory snapshot"
         try:
-            result = snap()
+            # With history on, each block's frames are symbolized: a process's first such
+            # read imported torch._inductor (5.2 s in an OOM explanation of a traced cell).
+            with inductor_lookup_skipped(self._modules):
+                result = snap()
         except Exception as e:  # cudaMallocAsync: "Calling snapshot ... is not meaningful"
             return None, _first_line(e)
         return (dict(result) if isinstance(result, Mapping) else None), ""
@@ -445,7 +476,8 @@ class TorchDebug(TorchSource):
         fn = getattr(getattr(cuda, "memory", None), "memory_snapshot", None)
         if fn is not None:
             try:
-                return [dict(s) for s in fn(include_traces=False)], ""
+                with inductor_lookup_skipped(self._modules):
+                    return [dict(s) for s in fn(include_traces=False)], ""
             except TypeError:  # a torch without include_traces
                 pass
             except Exception as e:  # cudaMallocAsync: "not meaningful"
