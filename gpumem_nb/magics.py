@@ -655,12 +655,24 @@ class GpumemMagics(Magics):
                 parsed.append(s)
         if extra_notes:
             ti = replace(ti, notes=(*ti.notes, *extra_notes))
+        context = None
+        if args.fit is not None and (args.session or args.trace == "last"):
+            context = self._outside_pytorch_bytes(ti.device)
         result = wi.run(ti, parsed, capacity, fit=args.fit is not None, fit_gb=fit_gb,
-                        total_bytes=total)
+                        total_bytes=total, context_bytes=context)
         if args.o:
             return result
         display(*wi.views(result))
         return None
+
+    def _outside_pytorch_bytes(self, device: int) -> int | None:
+        """This process's memory on ``device`` outside PyTorch's cache (its CUDA context and
+        libraries), read now; None where NVML does not attribute memory to it."""
+        try:
+            d = self.monitor.read().device(device)
+        except Exception:
+            return None
+        return d.outside_pytorch_bytes if d is not None else None
 
     def _cmd_start(self, args: Any) -> None:
         self.monitor.sampler.start()

@@ -3,12 +3,16 @@ the GPU-size rows, and a memory fraction modelled once the GPU's size is given (
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 from IPython.core.error import UsageError
 
+from gpumem_nb.magics import current_monitor
+from gpumem_nb.units import format_bytes
 from gpumem_nb.whatif import api as w
 from gpumem_nb.whatif.allocator import Limits
-from gpumem_nb.whatif.fit import CONTEXT_BYTES, GiB, usable_bytes
+from gpumem_nb.whatif.fit import CONTEXT_BYTES, Fit, GiB, usable_bytes
 from gpumem_nb.whatif.replay import compile_trace, replay
 from tests.helpers import whatif
 from tests.whatif_history import History
@@ -155,3 +159,37 @@ def test_a_gpu_smaller_than_its_cuda_context_is_refused_not_given_negative_room(
     with pytest.raises(UsageError, match="--fit takes a GPU size in GB from 1 to 1048576"):
         whatif(loaded, f"--fit {gb}")
     del loaded.user_ns["x"]
+
+
+def test_fit_takes_this_processs_measured_context_not_a_fixed_512_mib(loaded, capsys):
+    # H200 tutorials 08 and 09: a fixed 512 MiB was taken off every GPU size where the
+    # process's context measured 610-742 MiB, so "a GPU of 6 GB or more" held 5.36 GiB.
+    loaded.run_cell("%%gpumem --trace -q\nx = cuda.tensor(3 * GiB)")
+    d = current_monitor(loaded).read().device(0)
+    context = d.outside_pytorch_bytes
+    assert context and context != CONTEXT_BYTES
+    r = whatif(loaded, "--fit 24 -o")
+    assert r.fit.context_bytes == context and r.fit.context_measured
+    assert r.fit.sentence().startswith(
+        f"On a 24 GB GPU ({format_bytes(24 * GiB - context)} for PyTorch)")
+    assert "measured now" in r.fit.lines()[0]
+    del loaded.user_ns["x"]
+
+
+def test_a_snapshot_from_a_file_says_its_context_is_assumed(loaded, tmp_path):
+    h = History()
+    h.alloc(3 * GiB)
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(h.snapshot()))
+    r = whatif(loaded, f"--trace {path} --fit 24 -o")
+    assert r.fit.context_bytes == CONTEXT_BYTES and not r.fit.context_measured
+    assert "assumed" in r.fit.lines()[0]
+
+
+def test_a_larger_context_moves_the_smallest_gpu_up():
+    h = History()
+    h.alloc(int(5.36 * GiB))
+    rows = w.whatif(h.snapshot(), [NATIVE], fit=True).fit.rows
+    measured = Fit(rows, context_bytes=742 * MiB, context_measured=True)
+    assert "(a GPU of 6 GB or more)" in Fit(rows).sentence()
+    assert "(a GPU of 7 GB or more)" in measured.sentence()

@@ -650,6 +650,36 @@ def test_any_start_state_keeps_the_allocator_invariants(start, history, setting,
     assert r.peak_reserved_bytes >= r.end_reserved_bytes >= 0
 
 
+def test_an_expandable_start_segment_never_grows_into_the_segment_listed_above_it():
+    # Found by the test above: a 2 GiB expandable range with a 512 B segment 1 GiB past its
+    # end; the replay grew the range over that segment's block (two live blocks overlapped).
+    base = 0x7F10_0000_0000
+    segments = [_segment(base, (20 * MiB, "active_allocated"), (2000 * MiB, "active_allocated"),
+                         expandable=True),
+                _segment(base + 2020 * MiB + GiB, (512, "active_allocated"))]
+    h = History(setting=EXPANDABLE)
+    h.alloc(2 * GiB)
+    ti = w.trace_input(h.snapshot(start={"segments": segments}))
+    r = replay(compile_trace(ti.entries), parse_settings(EXPANDABLE), limits=Limits(),
+               start_segments=ti.start.segments, device_total_bytes=8 * GiB,
+               on_event=check_invariants)
+    assert r.peak_reserved_bytes >= 2020 * MiB + 512 + 2 * GiB
+
+
+def test_a_snapshot_listing_a_segment_inside_an_expandable_range_is_loaded_as_ordinary():
+    base = 0x7F10_0000_0000
+    segments = [_segment(base, (20 * MiB, "active_allocated"), expandable=True),
+                _segment(base + 40 * MiB, (20 * MiB, "active_allocated"), expandable=True),
+                _segment(base + 20 * MiB, (512, "active_allocated"))]
+    h = History(setting=EXPANDABLE)
+    h.alloc(20 * MiB)  # what the unmapped gap would take, over the 512 B segment
+    ti = w.trace_input(h.snapshot(start={"segments": segments}))
+    r = replay(compile_trace(ti.entries), parse_settings(EXPANDABLE), limits=Limits(),
+               start_segments=ti.start.segments, device_total_bytes=8 * GiB,
+               on_event=check_invariants)
+    assert r.start_reserved_bytes == 40 * MiB + 512
+
+
 @st.composite
 def holey_histories(draw: st.DrawFn) -> History:
     """Tensors, some freed, the cache emptied (unmapped holes between live pages), then

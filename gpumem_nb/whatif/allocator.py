@@ -579,6 +579,7 @@ class DeviceCachingAllocator:
         blocks and those waiting on an event, by address, so that the history's frees and
         completions of earlier allocations find them. Expandable ranges of one stream and
         pool become one segment, the gaps between them unmapped."""
+        segments = list(segments)  # read more than once
         live: dict[int, Block] = {}
         waiting: dict[int, Block] = {}
         groups: dict[tuple[int, bool], list[Mapping[str, Any]]] = {}
@@ -599,6 +600,13 @@ class DeviceCachingAllocator:
             if any((int(s.get("address", 0)) - base) % page or int(s.get("total_size", 0)) % page
                    for s in segs):
                 ordinary += groups.pop((stream, small))
+                continue
+            # A real segment's address space is reserved whole: no other segment lies inside
+            # the ranges it maps. One that does (a snapshot of junk) makes the group ordinary.
+            end_used = max(int(s.get("address", 0)) + int(s.get("total_size", 0)) for s in segs)
+            if any(base < int(o.get("address", 0)) < end_used for o in segments
+                   if int(o.get("device", device)) == device and not any(o is g for g in segs)):
+                ordinary += groups.pop((stream, small))
         for seg in ordinary:
             small = seg.get("segment_type") == "small"
             chain = self._chain(seg, self._pool(small, int(seg.get("stream", 0) or 0)), None,
@@ -614,6 +622,12 @@ class DeviceCachingAllocator:
             space = self.device_total * EXPANDABLE_ADDRESS_SPACE_NUM // EXPANDABLE_ADDRESS_SPACE_DEN
             end_used = max(int(s.get("address", 0)) + int(s.get("total_size", 0)) for s in segs)
             space = max(-(-space // page) * page, -(-(end_used - base) // page) * page + page)
+            # Nor can it grow into the next segment the snapshot lists above it.
+            above = [int(o.get("address", 0)) for o in segments
+                     if int(o.get("device", device)) == device
+                     and int(o.get("address", 0)) >= end_used and not any(o is g for g in segs)]
+            if above:
+                space = max(min(space, (min(above) - base) // page * page), end_used - base)
             es = ExpandableSegment(base, page, space)
             layout: list[Block] = []
             at = base
@@ -625,7 +639,8 @@ class DeviceCachingAllocator:
                 self._reserve(sum(b.size for b in mapped))
                 layout += mapped
                 at = addr + int(seg.get("total_size", 0))
-            layout.append(Block(base + space - at, at, pool, es, mapped=False))
+            if base + space > at:
+                layout.append(Block(base + space - at, at, pool, es, mapped=False))
             self._link(layout)
         self.inactive_split_at_peak = self.inactive_split
         self._new_peak = False

@@ -81,12 +81,14 @@ def check_capacity(capacity_bytes: Any, name: str = "capacity_bytes") -> int:
 
 def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int | None = None,
         *, allowed_bytes: int | None = None, t_start: float | None = None, fit: bool = False,
-        fit_gb: float | None = None, total_bytes: int | None = None) -> WhatIf:
+        fit_gb: float | None = None, total_bytes: int | None = None,
+        context_bytes: int | None = None) -> WhatIf:
     """Replay ``ti`` under each setting. ``capacity_bytes`` is what the driver could hand out;
     ``allowed_bytes`` a memory fraction's cap (checked as the allocator checks it), which
     otherwise comes from the setting's or the recorded process's fraction of the GPU's
     memory (``total_bytes`` when the snapshot does not say it, as ``_dump_snapshot``'s does
-    not). ``fit``: also find each setting's smallest GPU (``fit.py``)."""
+    not). ``fit``: also find each setting's smallest GPU (``fit.py``), each GPU size less
+    ``context_bytes`` (the recorded process's memory outside PyTorch, when measured)."""
     t_start = time.perf_counter() if t_start is None else t_start
     notes = list(ti.notes)
     recorded = parse_settings_or_none(ti.recorded_setting)
@@ -196,7 +198,9 @@ def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int
         recorded_end_reserved_bytes=rec[-1][1],
         recorded_known=bool(trace.recorded) or bool(start_bytes),
         time_unit="ms" if t0 is not None else "event",
-        fit=Fit(tuple(fits), fit_gb) if fit else None,
+        fit=(Fit(tuple(fits), fit_gb, context_bytes=context_bytes, context_measured=True)
+             if context_bytes is not None and context_bytes > 0 else Fit(tuple(fits), fit_gb))
+        if fit else None,
         elapsed_s=time.perf_counter() - t_start)
 
 

@@ -10,7 +10,10 @@ unlimited replay's peak, and doubles past it when a run needs more room than its
 cap is checked against a whole request before the pages it needs are mapped).
 
 A GPU size's row ("fits on 40 GB") takes an N GB GPU as N GiB, less what the CUDA context
-and the libraries' workspaces hold before PyTorch can reserve any (``CONTEXT_BYTES``).
+and the libraries hold outside PyTorch's cache: this process's own, measured (NVML's line
+less what PyTorch reserved) when the replayed work is this process's, else ``CONTEXT_BYTES``,
+said to be assumed. A fixed 512 MiB was under every context the H200 tutorials measured
+(522-742 MiB), and so called a 6 GB GPU enough for 5.36 GiB.
 """
 
 from __future__ import annotations
@@ -39,15 +42,15 @@ class FitRow:
     replays: int = 0
     note: str = ""
 
-    def fits(self, gpu_gb: float) -> bool | None:
+    def fits(self, gpu_gb: float, context_bytes: int = CONTEXT_BYTES) -> bool | None:
         if self.min_bytes is None:
             return None
-        return self.min_bytes <= usable_bytes(gpu_gb)
+        return self.min_bytes <= usable_bytes(gpu_gb, context_bytes)
 
 
-def usable_bytes(gpu_gb: float) -> int:
+def usable_bytes(gpu_gb: float, context_bytes: int = CONTEXT_BYTES) -> int:
     """What PyTorch can reserve on an N GB GPU (N GiB less the context)."""
-    return int(gpu_gb * GiB) - CONTEXT_BYTES
+    return int(gpu_gb * GiB) - context_bytes
 
 
 def _room_limits(settings: AllocatorSettings, room: int) -> Limits:
@@ -103,6 +106,8 @@ def min_room(trace: CompiledTrace, settings: AllocatorSettings, *, start_segment
 class Fit:
     rows: tuple[FitRow, ...]
     target_gb: float | None = None
+    context_bytes: int = CONTEXT_BYTES  # kept from each GPU size for the context
+    context_measured: bool = False  # this process's, read now; else CONTEXT_BYTES, assumed
 
     def gpu_table(self) -> tuple[tuple[str, ...], list[list[str]]]:
         headers = ("setting", "needs", *(f"{g} GB" for g in GPU_SIZES_GB))
@@ -112,7 +117,8 @@ class Fit:
                 out.append([r.label, r.note or "cannot be modelled", *("" for _ in GPU_SIZES_GB)])
                 continue
             out.append([r.label, format_bytes(r.min_bytes),
-                        *("yes" if r.fits(g) else "no" for g in GPU_SIZES_GB)])
+                        *("yes" if r.fits(g, self.context_bytes) else "no"
+                          for g in GPU_SIZES_GB)])
         return headers, out
 
     def sentence(self, gpu_gb: float | None = None) -> str:
@@ -124,15 +130,16 @@ class Fit:
         best = min(known, key=lambda r: r.min_bytes or 0)
         if gb is None:
             return (f"The least memory: {best.label}, {format_bytes(best.min_bytes)} for "
-                    f"PyTorch (a GPU of {_gb_needed(best.min_bytes or 0)} GB or more).")
-        fitting = [r for r in known if r.fits(gb)]
-        room = format_bytes(usable_bytes(gb))
+                    f"PyTorch (a GPU of {_gb_needed(best.min_bytes or 0, self.context_bytes)} "
+                    "GB or more).")
+        fitting = [r for r in known if r.fits(gb, self.context_bytes)]
+        room = format_bytes(usable_bytes(gb, self.context_bytes))
         if not fitting:
             return (f"On a {gb:g} GB GPU ({room} for PyTorch) no setting tried fits: the "
                     f"least is {best.label} at {format_bytes(best.min_bytes)}.")
         cheapest = min(fitting, key=lambda r: r.min_bytes or 0)
         others = [r.label for r in fitting if r is not cheapest]
-        short = [r.label for r in known if not r.fits(gb)]
+        short = [r.label for r in known if not r.fits(gb, self.context_bytes)]
         rest = f"; {', '.join(others)} also fit{'s' if len(others) == 1 else ''}" \
             if others else ""
         rest += f"; {', '.join(short)} {'does' if len(short) == 1 else 'do'} not" \
@@ -144,10 +151,13 @@ class Fit:
         from ..report import text_table
 
         headers, rows = self.gpu_table()
+        whose = ("this process's CUDA context and libraries outside PyTorch, measured now"
+                 if self.context_measured else
+                 "for the CUDA context, assumed: the replayed process's was not measured")
         return ["Smallest memory each setting needs (replayed by bisection; an N GB GPU is "
-                f"taken as N GiB less {format_bytes(CONTEXT_BYTES)} for the CUDA context):",
+                f"taken as N GiB less {format_bytes(self.context_bytes)}, {whose}):",
                 text_table(headers, rows), self.sentence()]
 
 
-def _gb_needed(nbytes: int) -> int:
-    return -(-(nbytes + CONTEXT_BYTES) // GiB)
+def _gb_needed(nbytes: int, context_bytes: int = CONTEXT_BYTES) -> int:
+    return -(-(nbytes + context_bytes) // GiB)
