@@ -195,6 +195,18 @@ def test_a_cuda_graphs_private_pool_is_its_own_cause_not_fragmentation():
     assert "expandable_segments:True" not in advice
 
 
+def test_the_header_says_pytorchs_own_message_counts_a_pools_free_bytes_as_allocated():
+    # H200, tutorial 10: PyTorch's message said "83.62 GiB is allocated by PyTorch, with
+    # 83.43 GiB allocated in private pools" beside our "PyTorch had 192.00 MiB allocated".
+    from gpumem_nb.oom.advice import OomExplanation
+
+    f = graph_pool_facts()
+    header = OomExplanation(f, (), (), "", "", "").header()
+    assert "PyTorch had 2.00 GiB allocated" in header
+    assert "(80.00 GiB of it free to their own allocations only; PyTorch's own message " \
+           "counts all of it as allocated)" in header
+
+
 def test_graph_trees_and_mempools_get_the_advice_that_frees_them():
     trees = PoolUse((2, 0), POOL_GRAPH, 80 * GiB, 0, graph_trees=True)
     f = graph_pool_facts(owner="")

@@ -107,9 +107,14 @@ class OomExplanation:
             parts.append(f"PyTorch had {format_bytes(f.allocated_bytes)} allocated{cached}.")
         if f.pools:
             pooled = sum(p.reserved_bytes for p in f.pools)
+            # PyTorch's own message adds a pool's reserved bytes to "allocated by PyTorch"
+            # (H200: "83.62 GiB is allocated by PyTorch, with 83.43 GiB allocated in private
+            # pools" beside our 192 MiB): said, or the two messages read as contradicting.
+            counted = ("; PyTorch's own message counts all of it as allocated"
+                       if f.pools_free_bytes else "")
             parts.append(f"Private memory pools held {format_bytes(pooled)}"
                          f" ({format_bytes(f.pools_free_bytes)} of it free to their own "
-                         "allocations only).")
+                         f"allocations only{counted}).")
         return " ".join(parts)
 
     def lines(self) -> list[str]:
