@@ -47,7 +47,9 @@ def normal(value: Any, key: str = "") -> Any:
         return {k: normal(v, k) for k, v in value.items()
                 if k != "trusted" and not (k == "attachments" and v is None)}
     if isinstance(value, list):
-        if value and all(isinstance(v, str) for v in value) and (
+        # An empty list too: nbformat writes "" as [] and reads [] back as "" (the picture's
+        # placeholder output of a watch cell is an empty text/html; JupyterLab keeps "").
+        if all(isinstance(v, str) for v in value) and (
                 key in ("source", "text") or "/" in key):
             return "".join(value)
         return [normal(v) for v in value]
