@@ -32,8 +32,8 @@
 # %load_ext gpumem_nb
 import os
 import re
-import tempfile
 import sys
+import tempfile
 
 import torch
 from claims import claim
