@@ -285,11 +285,12 @@ claim(total == 64 * MiB // 4, "`result` itself is untouched: still bound, every 
 #
 # On a GPU the `empty_cache` row frees less than the output cache did. The allocator gets
 # memory from the driver in *segments* and cuts tensors out of them; `empty_cache()` can give
-# back only a segment with no live tensor in it. (With `expandable_segments:True` it can also
-# give back the free pages of a segment a live tensor still uses: notebook 3 shows both.) The three `Out` results were cut from the same
+# back only a segment with no live tensor in it. The three `Out` results were cut from the same
 # segment as `result`, which is alive, so their blocks stay cached: the allocator reuses them
 # for your next tensors, but the driver cannot have them. Notebook 1 shows segments and blocks
-# in detail.
+# in detail. (That is the default allocator's rule: with `expandable_segments:True`,
+# `empty_cache()` can also give back the free pages of a segment a live tensor still uses, as
+# notebook 3 shows.)
 #
 # ## Next
 #
