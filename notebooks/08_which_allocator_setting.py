@@ -69,13 +69,12 @@ torch.zeros(1, device="cuda");  # tracing needs CUDA started: gpumem_nb never st
 
 # %% id="08-03"
 WORKLOAD = r'''
-import gc, json, torch
+import gc, json, torch, transformers
 from transformers import GPT2Config, GPT2LMHeadModel
-from transformers.utils import logging as hf_logging
 
 # GPT2Config's default token ids lie outside this vocabulary and it names no loss type:
 # transformers warns about both, which changes nothing measured here.
-hf_logging.set_verbosity_error()
+transformers.logging.set_verbosity_error()
 
 
 def train():
