@@ -162,7 +162,7 @@ for line in text.splitlines():
         print(line.strip())
 # The failed request beside one layer's keys (or values) at the length the explanation gives.
 at_tokens = re.search(r"at (\d+) tokens", text)
-asked = re.search(r"Tried to allocate ([\d.]+ \w+)", str(sys.last_value))
+asked = re.search(r"Tried to allocate ([\d.]+ \w+)", str(getattr(sys, "last_value", "")))
 if at_tokens:
     one_layer = OOM_BATCH * int(at_tokens.group(1)) * config.n_embd * element
     print(f"one layer's keys (or values) at {at_tokens.group(1)} tokens: batch {OOM_BATCH} × "
