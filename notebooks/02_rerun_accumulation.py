@@ -273,7 +273,7 @@ def python_line(block):
         name = str(f.get("filename", "")).replace("\\", "/")
         if name.endswith(".py"):
             return f"{name.rsplit('/', 1)[-1]}:{f['line']}"
-    return "no Python line in its stack"
+    return "(no Python line in its stack)"
 
 
 for b in sorted(recreated, key=lambda b: -b["size"]):
