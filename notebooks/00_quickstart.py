@@ -124,14 +124,29 @@ claim(any(min(allocated[i] - allocated[i - 1], reserved[i] - reserved[i - 1],
       "weights load: allocated, reserved and NVML rise together")
 falls = [i for i in range(1, n)
          if allocated[i] < allocated[i - 1] - GiB and reserved[i] == reserved[i - 1]]
-claim(sum(allocated[i] > GiB for i in falls) >= 3,
-      "training steps: allocated spikes and falls back, reserved keeps the high-water mark")
-claim(any(allocated[i] <= 2 * MiB for i in falls),
-      "a del: allocated falls to nothing while reserved does not")
+steps = [i for i in falls if allocated[i] > GiB]
+
+
+def fell(i):
+    # One sample's fall, as "allocated before -> after, reserved before -> after".
+    return (f"allocated {fmt(allocated[i - 1])} -> {fmt(allocated[i])}, reserved "
+            f"{fmt(reserved[i - 1])} -> {fmt(reserved[i])}")
+
+
+claim(len(steps) >= 3,
+      "training steps: allocated spikes and falls back, reserved keeps the high-water mark",
+      falls=len(steps), first=fell(steps[0]) if steps else None)
+deleted = next((i for i in falls if allocated[i] <= 2 * MiB), None)
+claim(deleted is not None, "a del: allocated falls to nothing while reserved does not",
+      at_the_del=fell(deleted) if deleted is not None else None)
 top = max(range(n), key=reserved.__getitem__)
-claim(any(reserved[i] < reserved[top] // 2 and nvml[i] < nvml[top] - reserved[top] // 2
-          for i in range(top, n)),
-      "empty_cache: reserved and NVML fall after the high-water mark")
+emptied_at = next((i for i in range(top, n) if reserved[i] < reserved[top] // 2
+                   and nvml[i] < nvml[top] - reserved[top] // 2), None)
+claim(emptied_at is not None, "empty_cache: reserved and NVML fall after the high-water mark",
+      reserved=(f"{fmt(reserved[top])} -> {fmt(reserved[emptied_at])}"
+                if emptied_at is not None else None),
+      nvml=(f"{fmt(nvml[top])} -> {fmt(nvml[emptied_at])}" if emptied_at is not None
+            else None))
 emptied = next(i for i in range(top, n) if reserved[i] < reserved[top] // 2)
 highest = max(range(emptied, n), key=allocated.__getitem__)
 climbs = sum(allocated[i] >= allocated[i - 1] + GiB for i in range(emptied + 1, highest + 1))
@@ -238,7 +253,8 @@ else:
 # ## 6. Clean up safely
 #
 # `%gpumem cleanup` runs `gc.collect()`, drops a stored traceback and returns PyTorch's unused
-# cache to the driver: every cached *segment* that holds no live tensor. `--out` also clears the
+# cache to the driver (`torch.cuda.empty_cache()`): with the default allocator, every cached
+# *segment* that holds no live tensor. `--out` also clears the
 # output cache. It never deletes a variable you did not name (`--vars a,b` deletes those), and
 # it reports what each step freed, each step measured on its own.
 
@@ -272,7 +288,9 @@ claim(total == 64 * MiB // 4, "`result` itself is untouched: still bound, every 
 # back only a segment with no live tensor in it. The three `Out` results were cut from the same
 # segment as `result`, which is alive, so their blocks stay cached: the allocator reuses them
 # for your next tensors, but the driver cannot have them. Notebook 1 shows segments and blocks
-# in detail.
+# in detail. (That is the default allocator's rule: with `expandable_segments:True`,
+# `empty_cache()` can also give back the free pages of a segment a live tensor still uses, as
+# notebook 3 shows.)
 #
 # ## Next
 #
@@ -285,6 +303,11 @@ claim(total == 64 * MiB // 4, "`result` itself is untouched: still bound, every 
 # - `04_out_of_memory.ipynb`: the OOM message, the allocator's retry, the explainer;
 # - `05_allocator_settings.ipynb`: every allocator setting, measured side by side;
 # - `06_training_memory_budget.ipynb`: parameters, gradients, AdamW, activations;
-# - `07_traces_and_snapshots.ipynb`: which line allocated what, and memory_viz.
+# - `07_traces_and_snapshots.ipynb`: which line allocated what, and memory_viz;
+# - `08_which_allocator_setting.ipynb`: choosing an allocator setting for a workload;
+# - `09_will_it_fit.ipynb`: whether a run fits a smaller GPU, from one recording;
+# - `10_graphs_and_compile.ipynb`: CUDA graphs' and `torch.compile`'s private pools;
+# - `11_generation_kv_cache.ipynb`: a KV cache growing during generation, and its OOM;
+# - `12_more_than_one_process.ipynb`: memory held by other processes on the same GPU.
 #
 # `%gpumem?` lists every command.

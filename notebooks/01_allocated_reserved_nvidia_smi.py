@@ -107,11 +107,14 @@ claim(torch.cuda.is_initialized() and this_process() is None,
 # %% [markdown] id="01-08"
 # ## The CUDA context
 #
-# The first allocation creates the context: almost all of it is the driver's per-process
-# state. It is this process's memory, but PyTorch's allocator does not manage it, so it
-# appears as **outside PyTorch** and never as `reserved`.
+# The first allocation creates the context: most of it is the driver's per-process state. It
+# is this process's memory, but PyTorch's allocator does not manage it, so it appears as
+# **outside PyTorch** and never as `reserved`. The first allocation below is `torch.zeros`,
+# which also launches a kernel (the fill with zeros), so the code that first launch loads is
+# in the figure too: a process whose first allocation is `torch.empty`, which launches
+# nothing, starts smaller (notebook 12's processes start that way).
 #
-# GPU code is not loaded with it. CUDA loads a kernel's code the first time that kernel is
+# Most GPU code is not loaded with it. CUDA loads a kernel's code the first time that kernel is
 # launched (*lazy loading*), so a kernel launched for the first time, PyTorch's own as much as
 # a library's, can grow the context: six small kernels below grow it by nothing NVML shows,
 # the first matrix product further down by tens of MiB. Who asks for lazy loading depends on
@@ -380,9 +383,11 @@ claim(torch.cuda.memory_allocated() == 0 and torch.cuda.memory_reserved() > 0,
 # %% id="01-22"
 reserved_before, nvml_before = torch.cuda.memory_reserved(), nvml_used()
 y = torch.randn(20000, 20000, device="cuda")
-claim(torch.cuda.memory_reserved() == reserved_before
-      and near(nvml_used(), nvml_before, within=4 * MiB),
-      "the new tensor reuses the cached block: reserved and NVML do not move")
+reserved_after, nvml_after = torch.cuda.memory_reserved(), nvml_used()
+claim(reserved_after == reserved_before and near(nvml_after, nvml_before, within=4 * MiB),
+      "the new tensor reuses the cached block: reserved and NVML do not move",
+      reserved=f"{fmt(reserved_before)} -> {fmt(reserved_after)}",
+      nvml=f"{fmt(nvml_before)} -> {fmt(nvml_after)}")
 # %gpumem
 
 # %% id="01-23"

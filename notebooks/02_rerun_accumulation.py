@@ -242,8 +242,10 @@ claim(workspaces > 0 and 0 <= allocated - listed - workspaces < 512 and still ==
 # were dropped: a plain product of a square matrix (no bias: cuBLAS), then one forward pass of
 # the model (`nn.Linear`'s bias-fused products: cuBLASLt). Neither keeps its result. What is
 # still allocated at the end, and was allocated during the recording, is what the two calls
-# recreated and no tensor holds: one block per library, each with the Python line it was
-# allocated under. It drops them again after, so the cells below start as before.
+# recreated and no tensor holds: one block per library, each with the innermost Python line
+# in its stack, where the trace names one (the library allocates it from C++, whose frames the
+# trace may not name: it prints those as `??`). It drops them again after, so the cells below
+# start as before.
 
 # %% id="02-34"
 square = torch.randn(1024, 1024, device="cuda")  # made before the recording starts
@@ -265,8 +267,17 @@ def made_by_linear(block):
                for f in block["frames"])
 
 
+def python_line(block):
+    # The innermost frame in Python source: the C++ frames above it may have no name ("??").
+    for f in block["frames"]:
+        name = str(f.get("filename", "")).replace("\\", "/")
+        if name.endswith(".py"):
+            return f"{name.rsplit('/', 1)[-1]}:{f['line']}"
+    return "(no Python line in its stack)"
+
+
 for b in sorted(recreated, key=lambda b: -b["size"]):
-    where = next(f"{f['filename'].rsplit('/', 1)[-1]}:{f['line']}" for f in b["frames"])
+    where = python_line(b)
     who = "the model (nn.Linear: cuBLASLt)" if made_by_linear(b) else \
         "the plain product (cuBLAS)"
     print(f"{fmt(b['size']):>10}  allocated by {who}, at {where}")
@@ -299,7 +310,10 @@ claim(first.allocated_delta_bytes == workspaces,
       "the first run's allocated Δ is the cuBLAS workspaces coming back",
       first=fmt(int(first.allocated_delta_bytes), signed=True), workspaces=fmt(workspaces))
 claim(all(r.allocated_delta_bytes == 0 == r.reserved_delta_bytes for r in (second, third)),
-      "the second and third runs stay flat")
+      "the second and third runs stay flat",
+      **{name: f"allocated {fmt(int(r.allocated_delta_bytes), signed=True)}, reserved "
+         f"{fmt(int(r.reserved_delta_bytes), signed=True)}"
+         for name, r in (("second", second), ("third", third))})
 
 # %% [markdown] id="02-25"
 # The first run fills the cache with the forward pass's blocks and brings back cuBLAS's

@@ -118,8 +118,10 @@ claim(verdict() == "impossible", "gpumem_nb calls a request for twice the GPU im
 # - **allocated by PyTorch**: live tensors.
 # - **reserved by PyTorch but unallocated**: what the cache still held *after* the allocator
 #   had already returned every whole free segment it could (see the retry below). What is left
-#   sits inside partly used segments: that is fragmentation, and it is why the message then
-#   suggests `expandable_segments` (even when it is already on).
+#   sits inside partly used segments: when it is large, that is fragmentation. The message's
+#   next sentence suggests `expandable_segments` for that case, but it prints the sentence
+#   every time: above, with nothing reserved but unallocated, and even when the setting is
+#   already on (notebook 8).
 # - **allowed**: appears only under a cap set with `torch.cuda.set_per_process_memory_fraction`.
 #
 # `%gpumem oom` shows gpumem_nb's last explanation again (`-o` returns it as an object):
@@ -317,6 +319,12 @@ del mlp, losses, x  # x: the loop's last batch, which would pin a segment of the
 # %gpumem cleanup
 
 # %% [markdown] id="04-46"
+# The cleanup's `last exception` row frees more than the explanation's dry-run estimate of what
+# the traceback held. The estimate was made at the failure, when the traceback was the only
+# holder of the failed forward pass's input and its graph; `del mlp, losses, x` just before the
+# cleanup made it the last holder of `mlp`'s weights too (the failed frames' `self`), so
+# dropping it freed those as well.
+#
 # ### Fragmentation
 #
 # One 40 GiB cached segment is carved into 1 GiB pieces; every other piece is freed, leaving 20
@@ -519,11 +527,14 @@ after_first = torch.cuda.memory_allocated()
 
 # %% id="04-33" tags=["raises-exception"]
 torch.cuda.empty_cache()  # the article's advice
+after_empty_cache = torch.cuda.memory_allocated()
 serve(new_request(), results)  # request 2
 
 # %% id="04-47"
 claim(torch.cuda.memory_allocated() >= after_first,
-      "the first request's memory was allocated, not cached: empty_cache() freed none of it")
+      "the first request's memory was allocated, not cached: empty_cache() freed none of it",
+      after_request_1=fmt(after_first), after_empty_cache=fmt(after_empty_cache),
+      now=fmt(torch.cuda.memory_allocated()))
 claim(verdict() == "held by your session"
       and any(h.name.startswith("results") for h in explanation().holders),
       "the explanation names `results`", verdict=verdict())
@@ -568,7 +579,10 @@ torch.cuda.set_per_process_memory_fraction(1.0)
 # real OOM under that backend, which is why gpumem_nb counts OOMs itself. Its message names a
 # "PyTorch limit (set by user-supplied memory fraction)" even where no fraction was set: the
 # limit is then the largest 64-bit size, which it prints as an absurd number of GiB. Both
-# backends, in fresh processes:
+# backends, in fresh processes. The native message also lists other processes on the GPU
+# ("Process N has … in use"): here that is this notebook's kernel, which still holds what the
+# cells above reserved plus its CUDA context (the summary after the next cell prints both);
+# the two fresh processes run side by side, so one can also list the other.
 
 # %% id="04-37"
 from fresh_process import run_fresh_many

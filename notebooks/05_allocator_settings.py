@@ -199,6 +199,10 @@ claim(by_conf["expandable_segments:True"]["after_empty_cache"]
 # - **inact.split** and **retries** are the native allocator's fragmentation signals; compare
 #   the default row with the others. `expandable_segments` reports no inactive split at all,
 #   which is bookkeeping (notebook 3), and `cudaMallocAsync` reports neither.
+#   `garbage_collection_threshold:0.6` shows the most inactive split of the native rows, and
+#   keeps the most after `empty_cache()`: once `reserved` passes that share of the allowed
+#   memory, it releases cached blocks before a `cudaMalloc` fails, but only whole (unsplit)
+#   ones, so what stays cached is mostly the split pieces it cannot release.
 # - **after e_c**: what stays reserved after `empty_cache()`, with the last tensors still alive
 #   (what it gave back is the difference from the reserved column). The native
 #   allocator without expandable segments can only return segments that hold no live tensor.
@@ -249,7 +253,11 @@ print(summary)
 # The header counts OOMs and `cudaMalloc` retries (notebook 4). Each metric then has four columns:
 # *Cur Usage* (now), *Peak Usage* (since start or the last `reset_peak_memory_stats`),
 # *Tot Alloc* and *Tot Freed* (cumulative), and each is split into the large pool and the small
-# pool of small requests (notebook 1 measures where one ends). What each metric means:
+# pool of small requests (notebook 1 measures where one ends). Each column's unit is chosen by
+# the metric's first line (both pools together) and the pool lines are rounded down to it: the
+# small pool's *Peak Usage* reads as zero MiB because its peak is far below one MiB (the
+# total's peak is in MiB), not because it is below its *Cur Usage*, which happens to be shown
+# in KiB. What each metric means:
 
 # %% id="05-09"
 MEANING = {

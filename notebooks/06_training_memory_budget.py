@@ -139,7 +139,9 @@ print(f"the article: nearly 4 GB for 100M parameters with AdamW; "
 claim(all(p.nbytes % 512 == 0 for p in model.parameters()),
       "every parameter tensor is a multiple of 512 B, so the allocator's rounding adds nothing")
 claim(all(measured == predicted for _, predicted, measured in rows),
-      "parameters, gradients and AdamW state match the rule to the byte")
+      "parameters, gradients and AdamW state match the rule to the byte",
+      **{name: f"{measured} B measured, {predicted} B by the rule"
+         for name, predicted, measured in rows})
 print(f"AdamW's step counters live on: {where}")
 print(f"temporaries during opt.step(), on top: {fmt(step_temporaries)}; the parameters: "
       f"{fmt(4 * N)}")
@@ -185,7 +187,11 @@ def saved_bytes(fn, then=None, inputs=()):
         storage = t.untyped_storage()
         if t.is_cuda and storage.data_ptr() not in skip:  # once, where first saved
             seen.setdefault(storage.data_ptr(), (region["now"], storage.nbytes()))
-        return t
+        # Not `t` itself: a saved output would then hold its own grad_fn, which holds it,
+        # a cycle no garbage collection breaks, and a graph that never runs backward (the
+        # counts at batches 1 and 2) would stay allocated. A detached view shares the
+        # storage without the grad_fn.
+        return t.detach()
 
     region["now"] = "embed"
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -290,24 +296,54 @@ formula = 16 * N + sum(fp32.values())
 print(f"formula (params + grads + AdamW + activations): {fmt(formula)}")
 print(f"measured peak of the step (%%gpumem):           {fmt(step_peak)}")
 print(f"difference:                                     {fmt(step_peak - formula, signed=True)}")
+start = measured.devices[0].allocated_before_bytes
+print(f"allocated when the step began:                  {fmt(start)}")
+print(f"  parameters, gradients and AdamW state:        {fmt(16 * N)}")
+print(f"  the rest (workspaces, the batch):             {fmt(start - 16 * N)}")
+
+# The same step again, one phase at a time: each phase's peak above what the step began with.
+opt.zero_grad(set_to_none=True)
+start = allocated()
+phases = {}
+torch.cuda.reset_peak_memory_stats()
+loss = loss_fn(batch)
+phases["forward"] = torch.cuda.max_memory_allocated() - start
+torch.cuda.reset_peak_memory_stats()
+loss.backward()
+del loss
+phases["backward"] = torch.cuda.max_memory_allocated() - start
+torch.cuda.reset_peak_memory_stats()
+opt.step()
+phases["opt.step()"] = torch.cuda.max_memory_allocated() - start
+for phase, peak in phases.items():
+    print(f"peak during {phase + ',':<12} above what the step began with: {fmt(peak)}")
 
 # %% [markdown] id="06-11"
-# The two are not the same thing, for two reasons that pull in opposite directions:
+# The two are not the same thing. The measured peak counts everything allocated when the step
+# began (the lines above: the static parts, and the rest: the batch and the cuBLAS workspaces
+# the warm-up created, notebook 1); the formula has no term for that rest. Within the step, two
+# things pull in opposite directions:
 #
 # - gradients and activations are not alive at the same time: with `zero_grad(set_to_none=True)`
 #   there are no gradients during the forward pass, and the backward pass frees activations as
 #   it creates gradients, so simply adding them overestimates;
-# - temporaries are not in the formula: the gradient of the logits (as large as the logits), the
-#   step's intermediate results, the cuBLAS workspaces. These make the real peak higher.
+# - the step makes tensors the formula does not list: in the backward pass each gradient is
+#   made before the activations it consumes are freed (cross-entropy's backward makes the
+#   gradient of the logits, as large as the logits, while the saved log-softmax is still
+#   alive), and `opt.step()` needs its temporaries (06-05's last line). These make the real
+#   peak higher.
 #
-# Budget with the measured peak of one real step, as above, and keep the headroom for the
-# temporaries.
+# The last lines ran the same step again, one phase at a time: the phase with the highest peak
+# is the one that decides the budget. Budget with the measured peak of one real step, as above,
+# and keep the headroom for the temporaries.
 #
 # ## What changes the budget
 #
 # Each variant runs the same step (fresh gradients, same batch); the prediction uses the same
 # counting method, and for checkpointing the layers' part is replaced by what checkpointing
-# keeps: each layer's input. fp16 runs as fp16 training must, with a `GradScaler`. The last
+# keeps: each layer's input. fp16 runs as fp16 training must, with a `GradScaler`. The "step
+# peak above its start" column is the step's peak less what was allocated when it began (the
+# parameters, AdamW state and workspaces; the gradients are set to `None` first). The last
 # columns split the measured activations by region, as counted in the same run.
 
 # %% id="06-12"
@@ -342,7 +378,7 @@ def step_with(autocast_dtype=None, checkpointing=False, scaler=None):
 
 print(f"{'variant':<28}{'activations predicted':>22}{'measured':>12}{'step peak above':>18}"
       f"{'layers':>12}{'head, loss':>12}")
-print(f"{'':<28}{'':>22}{'':>12}{'params + state':>18}")
+print(f"{'':<28}{'':>22}{'':>12}{'its start':>18}")
 variants = {}
 for name, kwargs in [("float32", {}), ("bf16 autocast", {"autocast_dtype": torch.bfloat16}),
                      ("fp16 autocast + GradScaler",

@@ -37,7 +37,7 @@
 import gc
 
 import torch
-from claims import claim
+from claims import claim, near
 
 from gpumem_nb.units import format_bytes as fmt
 
@@ -67,6 +67,9 @@ def explanation():
 # The capture below computes `sin(2x) + 1` for a large `x` and keeps the result as the graph's
 # static output. As PyTorch's documentation asks, it warms up on a side stream first. The pool
 # then holds the intermediate results and the output, at the addresses every replay writes to.
+# Entering `torch.cuda.graph` calls `torch.cuda.empty_cache()` to free memory for the capture,
+# which gives back the warm-up's cached blocks; the cell empties the cache itself before it
+# reads `reserved` (the first line), so that the second shows only what the pool adds.
 # (Elementwise kernels only: a matrix product inside a capture would also put a cuBLAS
 # workspace for the capture's stream into the pool.)
 
@@ -79,23 +82,31 @@ with torch.cuda.stream(side):
         torch.sin(x * 2) + 1
 torch.cuda.current_stream().wait_stream(side)
 torch.cuda.synchronize()
+reserved_warm = torch.cuda.memory_reserved()
+torch.cuda.empty_cache()  # what entering torch.cuda.graph does first
 reserved_before = torch.cuda.memory_reserved()
+print(f"reserved after the warm-up {fmt(reserved_warm)}, after empty_cache() "
+      f"{fmt(reserved_before)}")
 
 g = torch.cuda.CUDAGraph()
 with torch.cuda.graph(g):
     static_out = torch.sin(x * 2) + 1
 torch.cuda.synchronize()
 in_pools = pools()
-print(f"reserved {fmt(reserved_before)} -> {fmt(torch.cuda.memory_reserved())}; "
+reserved_after = torch.cuda.memory_reserved()
+print(f"reserved {fmt(reserved_before)} -> {fmt(reserved_after)}; "
       f"private pools: " + ", ".join(f"{p}: {fmt(n)}" for p, n in in_pools.items()))
 allocated = torch.cuda.memory_allocated()
 for _ in range(3):
     g.replay()
 torch.cuda.synchronize()
 print(f"three replays: allocated {fmt(torch.cuda.memory_allocated() - allocated, signed=True)}")
-claim(len(in_pools) == 1 and sum(in_pools.values()) >= 2 * x.nbytes,
-      "the capture reserved a private pool that holds an intermediate result and the output",
-      pool=fmt(sum(in_pools.values())), two_tensors=fmt(2 * x.nbytes))
+claim(len(in_pools) == 1 and sum(in_pools.values()) >= 2 * x.nbytes
+      and near(reserved_after - reserved_before, sum(in_pools.values()), within=2 * MiB),
+      "the capture reserved a private pool that holds an intermediate result and the output, "
+      "and reserved grew by the pool", pool=fmt(sum(in_pools.values())),
+      two_tensors=fmt(2 * x.nbytes),
+      reserved_grew=fmt(reserved_after - reserved_before, signed=True))
 claim(torch.cuda.memory_allocated() == allocated,
       "replaying the graph allocates nothing: it writes where the capture allocated")
 
@@ -171,7 +182,7 @@ claim(left == {}, "with the graphs and their outputs gone, empty_cache() release
 #
 # The same mechanism, automated: after a warm-up call, `reduce-overhead` records the compiled
 # function into CUDA graphs ("CUDA graph trees") and replays them, all sharing one private pool
-# that the compiled function keeps. Its outputs live in that pool and are overwritten by the
+# that the graph trees keep. Its outputs live in that pool and are overwritten by the
 # next call, so keep a copy (`.clone()`) of what you want to hold on to.
 #
 # The first call compiles (seconds); the next ones record and replay.
@@ -189,21 +200,29 @@ torch.cuda.synchronize()
 compiled_pools = pools()
 print(f"after three calls: private pools "
       f"{', '.join(f'{p}: {fmt(n)}' for p, n in compiled_pools.items()) or 'none'}")
+in_use = sum(seg["allocated_size"] for seg in torch.cuda.memory_snapshot()
+             if tuple(seg.get("segment_pool_id") or (0, 0)) in compiled_pools)
+print(f"  of it allocated (tensors the graph trees keep): {fmt(in_use)}; free blocks kept for "
+      f"the pool's own allocations: {fmt(sum(compiled_pools.values()) - in_use)}; "
+      f"one output: {fmt(a.nbytes)}")
 torch.cuda.empty_cache()
 still = pools()
 print(f"after empty_cache(): {', '.join(f'{p}: {fmt(n)}' for p, n in still.items()) or 'none'}")
 claim(compiled_pools and sum(compiled_pools.values()) >= a.nbytes,
       "reduce-overhead keeps a private pool that holds at least the last call's output",
       pool=fmt(sum(compiled_pools.values())), output=fmt(a.nbytes))
-claim(still == compiled_pools, "empty_cache() gave back none of it")
+claim(still == compiled_pools, "empty_cache() gave back none of it",
+      before=fmt(sum(compiled_pools.values())), after=fmt(sum(still.values())))
 
 # %% [markdown] id="10-14"
 # ## What frees `torch.compile`'s pool
 #
-# The pool belongs to the compiled function's CUDA graph trees, not to a variable of yours:
-# the compiled code is cached on the function `spread` itself, so `del fast` need not free it
-# (the first line below shows what it left). Resetting the compiler and the graph trees lets
-# it go; the next `empty_cache()` then returns it.
+# The pool belongs to the CUDA graph trees that `torch.compile` keeps for the device, not to a
+# variable of yours: `del fast` leaves it (the first line below). It holds more than the last
+# call's output: the second line above splits it into what is still allocated in it and the
+# free blocks it keeps for its own allocations. Resetting the compiler and
+# the graph trees lets it go, and the next `empty_cache()` returns it. The cell resets both at
+# once, so it does not show which of the two alone would free it.
 
 # %% id="10-15"
 import torch._inductor.cudagraph_trees as trees

@@ -34,6 +34,9 @@
 
 # %% id="11-01"
 # %load_ext gpumem_nb
+import re
+import sys
+
 import torch
 import transformers
 from claims import claim, near, skipped
@@ -129,7 +132,9 @@ claim(near(grew_long - grew_short, bytes_long - bytes_short, within=MiB),
 # %% [markdown] id="11-06"
 # So a batch's cache is linear in its tokens: double the batch or the length, double the
 # cache. `DynamicCache` (the default) grows its tensors by concatenation, one token at a time,
-# so for a moment each layer holds the old tensor and the new one.
+# so for a moment each layer holds the old tensor and the new one. The out-of-memory error
+# below is such a moment: the line printed after its explanation sets the failed request
+# beside the size of one layer's keys (or values) at the length the cache had reached.
 #
 # ## Out of memory in the middle of a generation
 #
@@ -155,6 +160,14 @@ text = str(found)
 for line in text.splitlines():
     if "KV cache" in line or line.startswith("Cause:"):
         print(line.strip())
+# The failed request beside one layer's keys (or values) at the length the explanation gives.
+at_tokens = re.search(r"at (\d+) tokens", text)
+asked = re.search(r"Tried to allocate ([\d.]+ \w+)", str(getattr(sys, "last_value", "")))
+if at_tokens:
+    one_layer = OOM_BATCH * int(at_tokens.group(1)) * config.n_embd * element
+    print(f"one layer's keys (or values) at {at_tokens.group(1)} tokens: batch {OOM_BATCH} × "
+          f"{at_tokens.group(1)} × {config.n_embd} wide × {element} bytes = {fmt(one_layer)}; "
+          f"the failed request: {asked.group(1) if asked else '(not in the message)'}")
 claim(found is not None and "KV cache" in text,
       "the explanation names the KV cache generate() was filling, and what it held")
 if "per generated token" in text:
@@ -168,6 +181,10 @@ claim("max_new_tokens" in text,
       "its advice names what to lower: the batch size or max_new_tokens")
 
 # %% [markdown] id="11-10"
+# The request that failed is the size of one layer's keys (or values) at that length (the line
+# above): the concatenation that grows a layer's cache by a token asks for the whole new tensor
+# while the old one is still alive.
+#
 # The cache was still alive when the error was raised: `generate()`'s local variables hold it,
 # and the stored traceback keeps those frames. `%gpumem cleanup` drops the traceback, and with
 # it the cache; the cap is lifted again after.

@@ -178,7 +178,8 @@ claim(len(workers) == 2 and all((c.nbytes or 0) >= 256 * MiB for c in workers),
 # workers on the CPU and move each batch to the GPU in the main process (with
 # `pin_memory=True` for faster copies). On a machine with several GPUs the same slip, or a
 # `pin_memory` thread started before `torch.cuda.set_device`, puts the extra contexts on
-# `cuda:0` (pytorch/pytorch#58626). Ending the workers frees their contexts:
+# `cuda:0` (pytorch/pytorch#58626); that case is described, not run here, on a machine with one
+# GPU. Ending the workers frees their contexts:
 
 # %% id="12-09"
 del first  # a batch the workers shared with this process: let it go before they end
@@ -188,6 +189,13 @@ print(f"after the loader is gone: this kernel's children {fmt(gpu0().children_by
 claim(no_workers, "without the loader its workers ended, and their contexts with them")
 
 # %% [markdown] id="12-10"
+# The warnings above ("Producer process has been terminated before all shared CUDA tensors
+# released") come from the workers as they end. `del first` released the one batch this
+# process used, but a DataLoader also prefetches: the workers had already made and sent the
+# next batches, which this process never took, so their GPU memory was still shared when the
+# workers ended. Nothing uses those batches; the workers' contexts were freed all the same
+# (the line above).
+#
 # ## 3. A second kernel
 #
 # Two notebooks open in JupyterLab are two kernels: two processes, two contexts, two caches,
@@ -195,7 +203,7 @@ claim(no_workers, "without the loader its workers ended, and their contexts with
 # from this one (as a notebook tab would, but as this kernel's child), and has it allocate.
 
 # %% id="12-11"
-from jupyter_client.manager import start_new_kernel
+from jupyter_client.manager import KernelManager
 
 printed: list[str] = []
 
@@ -206,7 +214,13 @@ def collect(msg):
         printed.append(msg["content"]["text"])
 
 
-km, kc = start_new_kernel(kernel_name="python3")
+# Over IPC (Unix sockets in WORKDIR): over TCP the new kernel warns that its traffic is not
+# encrypted.
+km = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(WORKDIR, "kernel"))
+km.start_kernel()
+kc = km.client()
+kc.start_channels()
+kc.wait_for_ready(timeout=60)
 kc.execute_interactive(
     "import os, torch\nheld = torch.empty(3 * 2**30, dtype=torch.uint8, device='cuda')\n"
     "print(os.getpid(), torch.cuda.memory_allocated())", timeout=180, output_hook=collect)
@@ -220,10 +234,17 @@ claim(child is not None and (child.nbytes or 0) > second_allocated >= 3 * GiB,
       "the second kernel's tensor and context are its own: %gpumem lists it as this kernel's "
       "child, and this kernel's PyTorch does not count them",
       second_kernel=fmt(child.nbytes if child else 0))
+torch.cuda.empty_cache()  # this kernel's: it cannot reach another process's memory
+still = next((c for c in gpu0().children if c.pid == second_pid), None)
+print(f"after this kernel's empty_cache(): the second kernel's NVML share "
+      f"{fmt(child.nbytes if child else 0)} -> {fmt(still.nbytes if still else 0)}")
 
 # %% [markdown] id="12-12"
-# Opened from JupyterLab instead, the second kernel is no child of this one: `%gpumem` counts
-# it under other processes, like the stray process above. Shutting a kernel down (or closing
+# Opened from JupyterLab instead, the second kernel would be no child of this one: `%gpumem`
+# would count it under other processes, like the stray process above. (That case is described,
+# not run here: this notebook starts its second kernel itself.) The last line above compares
+# the second kernel's memory before and after this kernel's `empty_cache()`: another process's
+# memory is out of its reach. Shutting a kernel down (or closing
 # its notebook's kernel) is what frees its memory; restarting this one does nothing for it.
 
 # %% id="12-13"
@@ -278,7 +299,9 @@ claim(len(rows) == 2 and all((r.allocated_bytes or 0) >= 2**30 for r in rows),
 claim(all((r.process_bytes or 0) > (r.allocated_bytes or 0) for r in rows)
       and len({r.uuid for r in rows}) == 1,
       "each worker's NVML share is more than its tensor (its context), and the two share one "
-      "GPU, counted once")
+      "GPU, counted once",
+      **{f"PID {r.pid}": f"{fmt(r.process_bytes or 0)} for a {fmt(r.allocated_bytes or 0)} tensor"
+         for r in rows}, gpus=len({r.uuid for r in rows}))
 
 # %% id="12-18"
 client.close()
