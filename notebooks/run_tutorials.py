@@ -453,6 +453,23 @@ def outputs_digest(cell: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def merge_streams(nb: Any) -> None:
+    """Consecutive stream outputs of one name (stdout, stderr) as one, as JupyterLab's model
+    merges them on open: saved apart, 08 opened marked modified before any kernel answered."""
+    for cell in nb.cells:
+        merged: list[Any] = []
+        for out in cell.get("outputs", []):
+            prev = merged[-1] if merged else None
+            if (out.get("output_type") == "stream" and prev is not None
+                    and prev.get("output_type") == "stream"
+                    and prev.get("name") == out.get("name")):
+                prev["text"] = prev.get("text", "") + out.get("text", "")
+            else:
+                merged.append(out)
+        if "outputs" in cell:
+            cell["outputs"] = merged
+
+
 def record_checks(nb: Any, claims: dict[str, list[dict[str, Any]]]) -> None:
     """Save each cell's claims and the digest of every code cell's outputs in the metadata:
     a ✓ line is then tied to the claim that wrote it, its values and its cell's outputs."""
@@ -544,6 +561,7 @@ def run(path: Path, out_dir: Path, widget_state: bool = True,
                        if widget_state_limit_bytes is not None else [])
             if dropped:
                 timings["widget_state_left_out"] = dropped
+        merge_streams(nb)
         record_checks(nb, claims)  # last: the digests are of the outputs as saved
         nbformat.write(nb, out_dir / f"{path.stem}.ipynb")
     reported = failed_claims(nb)

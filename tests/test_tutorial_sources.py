@@ -130,3 +130,24 @@ def test_a_private_pool_is_told_from_the_default_pool_by_its_segments():
     fake_torch = SimpleNamespace(cuda=SimpleNamespace(memory_snapshot=lambda: segments))
     pools = cell_function("10_graphs_and_compile", "10-01", "pools", {"torch": fake_torch})
     assert pools() == {(1, 0): 128 << 20, (0, 2): 20 << 20}
+
+
+def test_consecutive_streams_are_saved_merged_as_jupyterlab_keeps_them():
+    """08 at b27572d opened marked modified: three stderr outputs in a row, which JupyterLab's
+    model merges into one; the runner saves them merged, before the outputs' digest."""
+    import nbformat
+
+    from .test_tutorial_prose import RUNNER
+
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("x")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text="a\n"),
+                    nbformat.v4.new_output("stream", name="stderr", text="b\n"),
+                    nbformat.v4.new_output("stream", name="stdout", text="c\n"),
+                    nbformat.v4.new_output("display_data", data={"text/plain": "d"}),
+                    nbformat.v4.new_output("stream", name="stdout", text="e\n")]
+    nb.cells = [cell]
+    RUNNER.merge_streams(nb)
+    assert [(o.output_type, o.get("name"), o.get("text")) for o in cell.outputs] == [
+        ("stream", "stderr", "a\nb\n"), ("stream", "stdout", "c\n"),
+        ("display_data", None, None), ("stream", "stdout", "e\n")]
