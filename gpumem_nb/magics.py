@@ -885,22 +885,13 @@ def _save_target(path: str) -> str:
     return path
 
 
-def _impossible(facts: Any) -> bool:
-    """A request larger than the whole GPU: no setting fits it, and the explanation already
-    says so; a replay under another setting would only add a larger impossible peak."""
-    try:
-        return bool(facts.total_bytes) and facts.requested_bytes > facts.total_bytes
-    except TypeError:
-        return False
-
-
 def _whatif_lines(snapshot: dict[str, Any]) -> Any:
     """The OOM explainer's what-if line for a traced cell: replayed with expandable segments,
     at the memory PyTorch could use when the request failed."""
     from .whatif.api import expandable_oom_line
 
     def lines(facts: Any) -> list[str]:
-        if facts.backend != "native" or facts.expandable_segments or _impossible(facts):
+        if facts.backend != "native" or facts.expandable_segments or facts.larger_than_gpu:
             return []
         cap = None
         if facts.free_bytes is not None and facts.reserved_bytes is not None:
@@ -917,7 +908,7 @@ def _session_whatif_lines(recorder: Any) -> Any:
     from .whatif.api import expandable_oom_line
 
     def lines(facts: Any) -> list[str]:
-        if facts.backend != "native" or facts.expandable_segments or _impossible(facts):
+        if facts.backend != "native" or facts.expandable_segments or facts.larger_than_gpu:
             return []
         got = recorder.snapshot()
         if got is None:

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from .sources.torch import TorchDebug
-from .trace import inductor_lookup_skipped
 from .whatif.snapshot import SESSION_KEY, START_KEY
 
 MAX_ENTRIES = 100_000
@@ -102,8 +101,7 @@ class SessionRecorder:
             return ("gpumem record: allocation history is already recording (your own "
                     "_record_memory_history); it is left as it is. Switch it off first to "
                     "record a session from now.")
-        with inductor_lookup_skipped(t._modules):
-            segments, why = t.segments_snapshot()
+        segments, why = t.segments_snapshot()
         devices: dict[str, dict[str, Any]] = {}
         for i in range(t.device_count()):
             info = t.mem_info(i)
@@ -145,8 +143,7 @@ class SessionRecorder:
         if not self.active:
             return self.kept
         t = self.torch
-        with inductor_lookup_skipped(t._modules):
-            snap, _why = t.memory_snapshot()
+        snap, _why = t.memory_snapshot()
         if snap is None:
             return None
         notes: list[str] = []

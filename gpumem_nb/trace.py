@@ -33,7 +33,7 @@ from typing import Any
 
 from . import plotlyjson, safeio, svgchart
 from .report import html_table, text_table
-from .sources.torch import TorchDebug, inductor_lookup_skipped
+from .sources.torch import TorchDebug
 from .units import format_bytes
 from .whatif.snapshot import START_KEY
 
@@ -656,8 +656,7 @@ class CellTracer:
         t0 = self.clock()
         # Blocks allocated while an earlier trace recorded carry frames: listing them
         # symbolizes those too (4.5 s on the H200 for one live tensor, inductor's import).
-        with inductor_lookup_skipped(t._modules):
-            segments, why = t.segments_snapshot()
+        segments, why = t.segments_snapshot()
         self._start_snapshot_s = self.clock() - t0
         devices: dict[str, dict[str, Any]] = {}
         for i in range(t.device_count()):
@@ -702,8 +701,7 @@ class CellTracer:
         """Snapshot, switch the recording back off (if it was ours), analyse, save."""
         t0 = self.clock()
         try:
-            with inductor_lookup_skipped(self.torch._modules):
-                snap, why = self.torch.memory_snapshot()
+            snap, why = self.torch.memory_snapshot()
         finally:  # whatever the snapshot does, the recording is not left on
             snapshot_s = self.clock() - t0 + self._start_snapshot_s  # both of torch's
             ours = self._ours or self._disarmed

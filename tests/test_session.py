@@ -11,8 +11,8 @@ import pytest
 from IPython.core.error import UsageError
 
 from gpumem_nb.magics import current_monitor
-from gpumem_nb.sources.torch import TorchDebug
-from gpumem_nb.trace import CellTracer, inductor_lookup_skipped
+from gpumem_nb.sources.torch import TorchDebug, inductor_lookup_skipped
+from gpumem_nb.trace import CellTracer
 from tests.fakes import FakeCuda, fake_torch
 from tests.helpers import whatif
 

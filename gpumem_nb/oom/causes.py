@@ -73,7 +73,7 @@ def classify(facts: OomFacts, holders: Sequence[Holder] = ()) -> tuple[Cause, ..
         return (Cause(CAUSE_UNKNOWN, None,
                       "The error does not say how much was asked, so only the readings "
                       "below can be shown."),)
-    if f.total_bytes is not None and req > f.total_bytes + slack:
+    if f.larger_than_gpu:
         return (Cause(CAUSE_IMPOSSIBLE, req,
                       f"Impossible on this GPU: {format_bytes(req)} is more than the GPU's "
                       f"whole memory ({format_bytes(f.total_bytes)}). No cleanup can make it "

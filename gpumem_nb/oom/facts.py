@@ -167,6 +167,12 @@ class OomFacts:
         return room
 
     @property
+    def larger_than_gpu(self) -> bool:
+        """The request is more than the GPU's whole memory: no cleanup or setting fits it."""
+        return (self.requested_bytes is not None and self.total_bytes is not None
+                and self.requested_bytes > self.total_bytes + self.precision_bytes)
+
+    @property
     def shortfall_bytes(self) -> int | None:
         """How much more free memory the request needed."""
         if self.requested_bytes is None or self.headroom_bytes is None:
