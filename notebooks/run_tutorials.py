@@ -433,13 +433,24 @@ def take_claim_records(client: NotebookClient) -> list[dict[str, Any]]:
     return records
 
 
+# plotly's JupyterLab renderer adds a picture of each plotly figure it draws to the output's
+# bundle, and the notebook then opens modified unless the file holds that picture already. The
+# run cannot make it (no JupyterLab on the GPU machine); notebooks/plotly_pictures.py adds it
+# here, afterwards, from JupyterLab's own model. The figure it pictures is in the digest.
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+PLOTLY_PICTURE_MIME = "image/png"
+
+
 def outputs_digest(cell: Any) -> str:
     """SHA-256 of a code cell's outputs as nbformat reads them back (multi-line strings
-    joined), so that the digest of a saved cell is the digest of the cell as written."""
+    joined), so that the digest of a saved cell is the digest of the cell as written; a
+    plotly figure's picture, which JupyterLab adds after the run, is left out."""
     import hashlib
 
     def normal(value: Any, key: str = "") -> Any:
         if isinstance(value, dict):
+            if key == "data" and PLOTLY_MIME in value:
+                value = {k: v for k, v in value.items() if k != PLOTLY_PICTURE_MIME}
             return {k: normal(v, k) for k, v in value.items()}
         if isinstance(value, list):
             if value and all(isinstance(v, str) for v in value) and (

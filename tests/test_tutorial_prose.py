@@ -738,6 +738,53 @@ def test_the_digest_of_a_saved_cell_is_the_digest_of_the_cell_read_back(syntheti
     assert forged_claims(again) == []
 
 
+def figure_cell(picture: str | None = None, title: str = "peak") -> Any:
+    data: dict[str, Any] = {RUNNER.PLOTLY_MIME: {"data": [], "layout": {"title": title}},
+                            "text/html": "<div></div>"}
+    if picture is not None:
+        data[RUNNER.PLOTLY_PICTURE_MIME] = picture
+    cell = nbformat.v4.new_code_cell("fig.show()")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="a\n"),
+                    nbformat.v4.new_output("display_data", data=data)]
+    return cell
+
+
+def test_jupyterlabs_picture_of_a_plotly_figure_does_not_break_the_runs_digest():
+    """plotly's renderer adds a PNG to each figure as the notebook opens; the run cannot (no
+    JupyterLab on the GPU machine), so it is added here afterwards and must keep the checks."""
+    assert (RUNNER.outputs_digest(figure_cell("iVBORw0KGgo="))
+            == RUNNER.outputs_digest(figure_cell()))
+    # The figure itself is still covered, and so is a PNG that pictures no plotly figure.
+    assert (RUNNER.outputs_digest(figure_cell(title="forged"))
+            != RUNNER.outputs_digest(figure_cell()))
+    picture = nbformat.v4.new_code_cell("show()")
+    picture.outputs = [nbformat.v4.new_output(
+        "display_data", data={RUNNER.PLOTLY_PICTURE_MIME: "iVBORw0KGgo="})]
+    bare = copy.deepcopy(picture)
+    bare.outputs[0]["data"][RUNNER.PLOTLY_PICTURE_MIME] = "AAAA"
+    assert RUNNER.outputs_digest(picture) != RUNNER.outputs_digest(bare)
+
+
+def test_pictures_go_to_their_own_figures_when_jupyterlab_merged_the_streams_before_them():
+    spec = importlib.util.spec_from_file_location("plotly_pictures",
+                                                  NOTEBOOKS / "plotly_pictures.py")
+    assert spec and spec.loader
+    pictures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pictures)
+    saved = nbformat.v4.new_notebook()
+    saved.cells = [nbformat.v4.new_markdown_cell("# A"), figure_cell(title="one")]
+    saved.cells[1].outputs.insert(0, nbformat.v4.new_output("stream", name="stdout", text="b"))
+    saved.cells[1].outputs.append(figure_cell(title="two").outputs[1])
+    model = copy.deepcopy(saved)
+    first, second = model.cells[1].outputs[2]["data"], model.cells[1].outputs[3]["data"]
+    del model.cells[1].outputs[0]  # merged into one stream output, as JupyterLab keeps them
+    first[RUNNER.PLOTLY_PICTURE_MIME], second[RUNNER.PLOTLY_PICTURE_MIME] = "ONE", "TWO"
+    assert pictures.add_pictures(saved, model) == 2
+    shown = [o["data"][RUNNER.PLOTLY_PICTURE_MIME] for o in saved.cells[1].outputs[2:]]
+    assert shown == ["ONE", "TWO"]
+    assert pictures.unpictured(saved) == []
+
+
 def test_a_notebook_without_the_record_is_accepted_only_from_a_runner_that_kept_none():
     """The notebooks executed at efadd2a predate the record; a commit whose runner writes it
     (this one) must leave it in every notebook it executed."""
