@@ -64,15 +64,20 @@ def add_pictures(saved: Any, model: Any) -> int:
     return added
 
 
-def picture(paths: list[Path]) -> dict[str, int]:
+def picture(paths: list[Path], browser: Any = None) -> dict[str, int]:
+    """Add the pictures, in a JupyterLab of its own and ``browser`` (a Playwright browser; a
+    chromium of its own when None); how many each notebook got."""
+    import contextlib
+
     from tests.browser_harness import chromium, open_notebook, running_lab
 
     todo = [p for p in paths if unpictured(nbformat.read(p, as_version=4))]
     added: dict[str, int] = {p.name: 0 for p in paths}
     if not todo:
         return added
+    given = contextlib.nullcontext(browser) if browser is not None else chromium()
     with tempfile.TemporaryDirectory() as tmp, running_lab(Path(tmp)) as lab, \
-            chromium() as browser:
+            given as browser:
         folder = lab.folder("pictures")
         for path in todo:
             shutil.copy(path, folder / path.name)

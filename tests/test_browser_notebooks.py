@@ -143,3 +143,78 @@ def test_an_untrusted_replay_picture_is_titled_with_the_recorded_gpu(lab, browse
     assert shown[0]["alt"].startswith("gpumem_nb chart: GPU 0 (NVIDIA H200)"), shown[0]["alt"]
     svg = base64.b64decode(shown[0]["src"].split(",", 1)[1]).decode()
     assert re.search(r"total 1\d\d\.\d GiB · headroom 1\d\d\.\d GiB", svg)
+
+
+# Decoded in the page: the PNGs are compared pixel by pixel (another chromium may encode the
+# same picture in other bytes), as the fraction of drawn channel values more than 32 apart.
+PIXELS_APART = """async ([a, b]) => {
+  const load = src => new Promise((ok, fail) => { const i = new Image(); i.onload = () => ok(i);
+    i.onerror = fail; i.src = 'data:image/png;base64,' + src; });
+  const [x, y] = await Promise.all([load(a), load(b)]);
+  if (x.width !== y.width || x.height !== y.height)
+    return {size: [x.width, x.height, y.width, y.height], apart: 1};
+  const pixels = img => { const c = document.createElement('canvas');
+    c.width = img.width; c.height = img.height; const g = c.getContext('2d');
+    g.drawImage(img, 0, 0); return g.getImageData(0, 0, img.width, img.height).data; };
+  const p = pixels(x), q = pixels(y);
+  let apart = 0, ink = 0;
+  for (let k = 0; k < p.length; k++) {
+    if ((k & 3) === 3) continue;  // alpha
+    if (p[k] < 224 || q[k] < 224) ink++;
+    if (Math.abs(p[k] - q[k]) > 32) apart++; }
+  return {size: [x.width, x.height], apart: ink ? apart / ink : 0}; }"""
+# Of the drawn channel values (not the white background): a chart is mostly background, so a
+# whole other chart of the same layout (F7) differs in under 1% of all pixels.
+APART_AT_MOST = 0.05
+
+
+def load_pictures() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("plotly_pictures",
+                                                  NOTEBOOKS / "plotly_pictures.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_plotly_figures_saved_picture_is_the_one_jupyterlab_draws_of_it(browser, tmp_path):
+    """The PNG beside a plotly figure is outside the run's outputs digest (JupyterLab adds it,
+    after the run), yet it is what JupyterLab shows until the pointer enters the chart: a
+    swapped or stale one (the review's F7: 09's session chart replaced by its trace chart)
+    would show a reader the wrong chart. Drawn again here from the figure, it must match."""
+    import nbformat
+
+    pictures = load_pictures()
+    saved = {n: nbformat.read(NOTEBOOKS / n, as_version=4) for n in TUTORIALS}
+    drawn_paths = []
+    for name, nb in saved.items():
+        if pictures.figures(nb):
+            bare = json.loads(json.dumps(nb))
+            for i, j in pictures.figures(bare):
+                bare["cells"][i]["outputs"][j]["data"].pop(pictures.RUNNER.PLOTLY_PICTURE_MIME,
+                                                           None)
+            nbformat.write(nbformat.from_dict(bare), tmp_path / name)
+            drawn_paths.append(tmp_path / name)
+    assert drawn_paths, "no tutorial has a plotly figure: this test has nothing to check"
+    pictures.picture(drawn_paths, browser)
+    page = browser.new_page()
+    problems = []
+    try:
+        for path in drawn_paths:
+            drawn = nbformat.read(path, as_version=4)
+            for i, j in pictures.figures(drawn):
+                mime = pictures.RUNNER.PLOTLY_PICTURE_MIME
+                kept = saved[path.name].cells[i].outputs[j]["data"].get(mime)
+                if kept is None:
+                    problems.append(f"{path.name} {drawn.cells[i].id}: no picture saved")
+                    continue
+                compared = page.evaluate(PIXELS_APART, [kept, drawn.cells[i].outputs[j]
+                                                        ["data"][mime]])
+                if compared["apart"] > APART_AT_MOST:
+                    problems.append(f"{path.name} {drawn.cells[i].id}: the saved picture is "
+                                    f"not its figure's ({compared})")
+    finally:
+        page.close()
+    assert not problems, "\n".join(problems)

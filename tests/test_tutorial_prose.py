@@ -209,6 +209,83 @@ def records_checks(nb: Any) -> bool:
     return "checks_version" in nb.metadata.get("gpumem_nb", {})
 
 
+@dataclass(frozen=True)
+class ClaimCall:
+    """A ``claim(...)``/``skipped(...)`` call in a cell's source: the sentence it can say (a
+    pattern: an f-string's fields match anything) and whether every run of the cell makes it
+    (a statement of the cell itself, not inside a branch, loop, ``try`` or function)."""
+
+    says: re.Pattern[str]
+    sentence: str  # as the source writes it, an f-string's fields as "{…}"
+    always: bool
+
+
+def _says_pattern(node: Any) -> tuple[re.Pattern[str], str]:
+    import ast
+
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return re.compile(re.escape(node.value)), node.value
+    if isinstance(node, ast.JoinedStr):
+        parts = [str(v.value) if isinstance(v, ast.Constant) else None for v in node.values]
+        return (re.compile("".join(".*?" if p is None else re.escape(p) for p in parts),
+                           re.DOTALL), "".join("{…}" if p is None else p for p in parts))
+    return re.compile(".*", re.DOTALL), "{…}"  # a sentence built at run time: anything
+
+
+def claim_calls(source: str) -> tuple[list[ClaimCall], list[ClaimCall]]:
+    """The cell's own claim calls, and those inside the functions it defines (a helper that
+    claims for the cells that call it)."""
+    import ast
+
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    body = (source.split("\n", 1)[1] if source.startswith("%%")
+            else TransformerManager().transform_cell(source))
+    tree = ast.parse(body)
+    own: list[ClaimCall] = []
+    defined: list[ClaimCall] = []
+    top = {id(stmt.value) for stmt in tree.body if isinstance(stmt, ast.Expr)}
+    functions = [n for n in ast.walk(tree)
+                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
+    in_function = {id(c) for f in functions for c in ast.walk(f)}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in ("claim", "skipped")):
+            continue
+        position = 1 if node.func.id == "claim" else 0
+        said = node.args[position] if len(node.args) > position else next(
+            (k.value for k in node.keywords if k.arg == "says"), None)
+        call = ClaimCall(*_says_pattern(said), always=id(node) in top)
+        (defined if id(node) in in_function else own).append(call)
+    return own, defined
+
+
+def unsourced_claims(nb: Any) -> list[str]:
+    """Records and claim lines that the cell's source could not have written: a recorded
+    sentence that no claim call of the cell (or a function the notebook defines) says, and a
+    claim every run of the cell makes that recorded nothing. The source is the commit's, so a
+    forger who rewrites a record, its line and the digest still cannot change the sentence
+    or drop a claim."""
+    cells = [c for c in nb.cells if c.cell_type == "code"]
+    calls = {c.id: claim_calls(c.source) for c in cells}
+    helpers = [call for _, defined in calls.values() for call in defined]
+    recorded: dict[str, list[dict[str, Any]]] = (
+        nb.metadata.get("gpumem_nb", {}).get("claims", {}))
+    problems = []
+    for cell in cells:
+        own, _ = calls[cell.id]
+        records = recorded.get(cell.id, [])
+        for r in records:
+            if not any(c.says.fullmatch(str(r["says"])) for c in own + helpers):
+                problems.append(f"{cell.id}: no claim in its source says {r['says']!r}")
+        if "raises-exception" in cell.metadata.get("tags", []):
+            continue  # the claims after its error never run
+        for c in own:
+            if c.always and not any(c.says.fullmatch(str(r["says"])) for r in records):
+                problems.append(f"{cell.id}: its claim {c.sentence!r} recorded nothing")
+    return problems
+
+
 def forged_claims(nb: Any) -> list[str]:
     """What does not match the claims the run recorded (notebooks that record them):
 
@@ -216,7 +293,9 @@ def forged_claims(nb: Any) -> list[str]:
       that is gone;
     - a ✓ (or ⊘, ✗) line that no claim wrote, or a recorded claim whose line is not shown;
     - a claim's line that no longer holds the values the claim compared;
-    - a cell that calls ``claim(``/``skipped(`` and recorded none, or a claim that failed.
+    - a cell that calls ``claim(``/``skipped(`` and recorded none, or a claim that failed;
+    - a recorded claim its cell's source does not make, or one it always makes that is gone
+      (``unsourced_claims``).
     """
     meta = nb.metadata.get("gpumem_nb", {})
     recorded: dict[str, list[dict[str, Any]]] = meta.get("claims", {})
@@ -230,8 +309,8 @@ def forged_claims(nb: Any) -> list[str]:
         if cell.cell_type != "code":
             continue
         records = recorded.get(cell.id, [])
-        if cell.get("execution_count") and cell.id not in digests:
-            problems.append(f"{cell.id}: executed, but the run recorded no digest of it")
+        if (cell.get("execution_count") or cell.get("outputs")) and cell.id not in digests:
+            problems.append(f"{cell.id}: shows outputs, but the run recorded no digest of them")
         elif cell.id in digests and RUNNER.outputs_digest(cell) != digests[cell.id]:
             problems.append(f"{cell.id}: its outputs are not those the run saved")
         if CLAIM_CALL.search(cell.source) and not records:
@@ -248,7 +327,72 @@ def forged_claims(nb: Any) -> list[str]:
             problems.append(f"{cell.id}: claim lines that no claim wrote {unwritten}, claims "
                             f"whose line is not shown {unshown}" if unwritten or unshown else
                             f"{cell.id}: the claim lines are not in the order written")
-    return problems
+    return problems + unsourced_claims(nb)
+
+
+def _imports(texts: list[str]) -> set[str]:
+    return {m for t in texts for m in re.findall(r"^\s*(?:from|import)\s+(\w+)", t, re.M)}
+
+
+def inputs_of(name: str, files: dict[str, bytes]) -> str:
+    """Digest of what a tutorial's outputs depend on, of ``files`` (path -> contents, what
+    the sources digest covers): the package, the runner, the modules the tutorials import
+    from beside them, and its own source. Another tutorial's source is not among them, nor a
+    tool that runs after the run (plotly_pictures.py): changing one tutorial leaves the
+    others' outputs current, and only it must run again."""
+    import hashlib
+
+    tutorial = re.compile(r"notebooks/\d\d_\w+\.py")
+    modules = {"run_tutorials"} | _imports(
+        [files[p].decode(errors="replace") for p in files if tutorial.fullmatch(p)])
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        stem = path.rsplit("/", 1)[-1].removesuffix(".py")
+        if path.startswith("gpumem_nb/") or path == f"notebooks/{name}.py" or (
+                not tutorial.fullmatch(path) and stem in modules):
+            digest.update(path.encode() + b"\0" + files[path].replace(b"\r\n", b"\n") + b"\0")
+    return digest.hexdigest()
+
+
+def checkout_files() -> dict[str, bytes]:
+    paths = {p for g in RUNNER.DIGEST_GLOBS for p in ROOT.glob(g)
+             if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo")}
+    return {p.relative_to(ROOT).as_posix(): p.read_bytes() for p in paths}
+
+
+_COMMIT_FILES: dict[str, dict[str, bytes] | None] = {}
+
+
+def commit_files(commit: str) -> dict[str, bytes] | None:
+    """The same files at a commit, from git's objects; None where git or the commit is not
+    there (a shallow clone)."""
+    import subprocess
+
+    if commit not in _COMMIT_FILES:
+        def git(*args: str) -> bytes:
+            return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True,
+                                  check=True, timeout=60).stdout
+        try:
+            names = [n for n in git("ls-tree", "-r", "-z", "--name-only", commit,
+                                    "--", "gpumem_nb", "notebooks").decode().split("\0")
+                     if n and "__pycache__" not in n.split("/")
+                     and not n.endswith((".pyc", ".pyo"))
+                     and (n.startswith("gpumem_nb/") or re.fullmatch(r"notebooks/[^/]+\.py", n))]
+            _COMMIT_FILES[commit] = {n: git("show", f"{commit}:{n}") for n in names}
+        except (OSError, subprocess.SubprocessError):
+            _COMMIT_FILES[commit] = None
+    return _COMMIT_FILES[commit]
+
+
+def ran_on_older_inputs(name: str, meta: dict[str, Any]) -> bool:
+    """The tutorial's inputs (``inputs_of``) have changed since the commit it ran at; without
+    git to tell, whenever anything the sources digest covers has."""
+    if meta.get("sources_sha256") == RUNNER.sources_digest():
+        return False
+    then = commit_files(str(meta.get("commit", "")))
+    if then is None:
+        return True
+    return inputs_of(name, then) != inputs_of(name, checkout_files())
 
 
 def source_as_executed(name: str, meta: dict[str, Any], tmp: Path) -> Any:
@@ -256,7 +400,7 @@ def source_as_executed(name: str, meta: dict[str, Any], tmp: Path) -> Any:
     on older code (its recorded digest is an earlier commit's) that commit's."""
     import subprocess
 
-    if meta.get("sources_sha256") == RUNNER.sources_digest():
+    if not ran_on_older_inputs(name, meta):
         return RUNNER.load_source(NOTEBOOKS / f"{name}.py")
     try:
         text = subprocess.run(["git", "-C", str(ROOT), "show",
@@ -356,15 +500,16 @@ def test_the_executed_tutorial_records_what_produced_it_and_it_is_that_commit(na
         f"{meta['commit']}'s")
 
 
-STALE_NOTICE = re.compile(r"executed at `([0-9a-f]{7,40})`; gpumem_nb has changed since")
+STALE_NOTICE = re.compile(
+    r"executed at `([0-9a-f]{7,40})`; (?:gpumem_nb|its source) has changed since")
 
 
 def test_the_readme_says_when_the_tutorials_ran_on_older_code():
-    """Outputs of an earlier gpumem_nb are still real GPU output, but a reader must be told
-    that they are not this checkout's: the README names the commit, and only while true."""
+    """Outputs of an earlier gpumem_nb (or tutorial source) are still real GPU output, but a
+    reader must be told that they are not this checkout's: the README names the commit, and
+    only while true."""
     stale = sorted({executed(n).metadata["gpumem_nb"]["commit"] for n in NAMES
-                    if executed(n).metadata["gpumem_nb"]["sources_sha256"]
-                    != RUNNER.sources_digest()})
+                    if ran_on_older_inputs(n, executed(n).metadata["gpumem_nb"])})
     said = STALE_NOTICE.findall((ROOT / "README.md").read_text())
     if stale:
         assert said, f"the tutorials ran at {stale}, older code, and the README does not say so"
@@ -383,6 +528,24 @@ def test_the_readme_lists_every_tutorial_and_says_which_are_not_yet_executed():
     said = set(re.findall(r"^- `(\d\d_\w+)\.ipynb` \(not yet executed\)", readme,
                           re.MULTILINE))
     assert said == set(NOT_YET_EXECUTED), (sorted(said), NOT_YET_EXECUTED)
+
+
+def test_one_tutorials_source_edited_leaves_the_others_outputs_current():
+    """A fix to one tutorial runs that tutorial again, not all thirteen; the package, the
+    runner and what the tutorials import still concern every one."""
+    files = {"gpumem_nb/__init__.py": b"v1", "notebooks/run_tutorials.py": b"runner",
+             "notebooks/claims.py": b"claims", "notebooks/plotly_pictures.py": b"pictures",
+             "notebooks/01_a.py": b"from claims import claim\n",
+             "notebooks/02_b.py": b"import claims\n"}
+
+    def changed(path: str) -> list[str]:
+        edited = dict(files, **{path: files[path] + b" edited"})
+        return [n for n in ("01_a", "02_b") if inputs_of(n, edited) != inputs_of(n, files)]
+
+    assert changed("notebooks/01_a.py") == ["01_a"]
+    for path in ("gpumem_nb/__init__.py", "notebooks/run_tutorials.py", "notebooks/claims.py"):
+        assert changed(path) == ["01_a", "02_b"], path
+    assert changed("notebooks/plotly_pictures.py") == []
 
 
 def test_a_commits_sources_digest_is_the_checkouts_when_nothing_changed():
@@ -728,6 +891,63 @@ def test_a_check_line_no_claim_wrote_a_missing_claim_cell_and_changed_values_fai
     out["text"] = out["text"].replace("⊘ skipped: NVML agrees (no GPU on this machine)\n", "")
     nb.metadata["gpumem_nb"]["outputs_sha256"]["99-02"] = RUNNER.outputs_digest(nb.cells[2])
     assert any("whose line is not shown ['⊘ skipped" in p for p in forged_claims(nb))
+
+
+def with_digests_rewritten(nb: Any) -> Any:
+    """What a careful forger does last: the digest of every cell recomputed."""
+    nb.metadata["gpumem_nb"]["outputs_sha256"] = {
+        c.id: RUNNER.outputs_digest(c) for c in nb.cells if c.cell_type == "code"
+        and (c.get("execution_count") or c.get("outputs"))}
+    return nb
+
+
+@pytest.mark.kernel
+def test_a_forger_who_rewrites_the_record_and_the_digests_still_cannot_change_a_claim(
+        synthetic_run):
+    """Review 2026-12-02 (F2b, F3, F6, F9): the record and the digests live in the notebook,
+    so a forger can rewrite both; the sentences and the claims every run makes come from the
+    source, which the commit pins."""
+    def record(nb: Any, cell_id: str) -> list[dict[str, Any]]:
+        return nb.metadata["gpumem_nb"]["claims"][cell_id]
+
+    # F2b: a claim's sentence turned around, in its line and its record.
+    nb = copy.deepcopy(synthetic_run)
+    out = nb.cells[1].outputs[-1]
+    out["text"] = out["text"].replace("add up to 8 MiB", "add up to 9 MiB")
+    r = record(nb, "99-01")[0]
+    r["says"] = r["says"].replace("8 MiB", "9 MiB")
+    r["line"] = r["line"].replace("add up to 8 MiB", "add up to 9 MiB")
+    problems = forged_claims(with_digests_rewritten(nb))
+    assert any("no claim in its source says 'the two blocks add up to 9 MiB'" in p
+               for p in problems), problems
+
+    # F3: a claim every run makes, removed with its line and its record.
+    nb = copy.deepcopy(synthetic_run)
+    out = nb.cells[2].outputs[-1]
+    out["text"] = "".join(ln for ln in out["text"].splitlines(keepends=True)
+                          if "nothing is left free" not in ln)
+    nb.metadata["gpumem_nb"]["claims"]["99-02"] = [
+        r for r in record(nb, "99-02") if r["says"] != "nothing is left free"]
+    problems = forged_claims(with_digests_rewritten(nb))
+    assert "99-02: its claim 'nothing is left free' recorded nothing" in problems, problems
+
+    # F6: a claim no source makes, added with a record that matches its line.
+    nb = copy.deepcopy(synthetic_run)
+    nb.cells[4].outputs.append(nbformat.v4.new_output(
+        "stream", name="stdout", text="✓ the table shows no leak\n"))
+    nb.metadata["gpumem_nb"]["claims"]["99-04"] = [
+        {"says": "the table shows no leak", "values": {}, "operands": {}, "status": "held",
+         "line": "✓ the table shows no leak"}]
+    problems = forged_claims(with_digests_rewritten(nb))
+    assert "99-04: no claim in its source says 'the table shows no leak'" in problems, problems
+
+    # F9: a cell the run never executed, showing an output, digests untouched.
+    nb = copy.deepcopy(synthetic_run)
+    added = nbformat.v4.new_code_cell("print('it needs 20 MiB')")
+    added.id = "99-05"
+    added.outputs = [nbformat.v4.new_output("stream", name="stdout", text="it needs 20 MiB\n")]
+    nb.cells.append(added)
+    assert "99-05: shows outputs, but the run recorded no digest of them" in forged_claims(nb)
 
 
 @pytest.mark.kernel
