@@ -291,7 +291,7 @@ claim(row.execution_count == measured.execution_count and row.peak_exact
       and measured.devices[0].peak_exact and row.peak_allocated_bytes == step_peak,
       "the measurement and the history give the cell one exact peak",
       measured=(measured.execution_count, fmt(step_peak)),
-      history=(row.execution_count, fmt(int(row.peak_allocated_bytes))))
+      history=(int(row.execution_count), fmt(int(row.peak_allocated_bytes))))
 formula = 16 * N + sum(fp32.values())
 print(f"formula (params + grads + AdamW + activations): {fmt(formula)}")
 print(f"measured peak of the step (%%gpumem):           {fmt(step_peak)}")
@@ -301,10 +301,13 @@ print(f"allocated when the step began:                  {fmt(start)}")
 print(f"  parameters, gradients and AdamW state:        {fmt(16 * N)}")
 print(f"  the rest (workspaces, the batch):             {fmt(start - 16 * N)}")
 
-# The same step again, one phase at a time: each phase's peak above what the step began with.
+# The same step again, one phase at a time, from gradients set to None: each phase's peak above
+# what was allocated then (less than when the measured step began, which had the last step's
+# gradients).
 opt.zero_grad(set_to_none=True)
 start = allocated()
 phases = {}
+print(f"allocated when the phases began (gradients None):  {fmt(start)}")
 torch.cuda.reset_peak_memory_stats()
 loss = loss_fn(batch)
 phases["forward"] = torch.cuda.max_memory_allocated() - start
@@ -316,7 +319,7 @@ torch.cuda.reset_peak_memory_stats()
 opt.step()
 phases["opt.step()"] = torch.cuda.max_memory_allocated() - start
 for phase, peak in phases.items():
-    print(f"peak during {phase + ',':<12} above what the step began with: {fmt(peak)}")
+    print(f"peak during {phase + ',':<12} above what the phases began with: {fmt(peak)}")
 
 # %% [markdown] id="06-11"
 # The two are not the same thing. The measured peak counts everything allocated when the step

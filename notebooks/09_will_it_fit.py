@@ -44,13 +44,11 @@ import torch
 from claims import claim, near
 from fresh_process import run_fresh_many
 
+import gpumem_nb
 from gpumem_nb.units import format_bytes as fmt
 
 GiB, MiB = 2**30, 2**20
 SMALLER_GB = 16  # the smaller GPU
-# What `--fit` takes an N GB GPU to leave PyTorch: N GiB less the CUDA context's share.
-CONTEXT = 512 * MiB
-ROOM = SMALLER_GB * GiB - CONTEXT
 SETTINGS = ["", "expandable_segments:True", "max_split_size_mb:256"]
 CONFS = " ".join(f"--conf {conf}" for conf in SETTINGS[1:])  # "" is the default
 
@@ -126,6 +124,10 @@ except torch.OutOfMemoryError:
     oom = True
 print(json.dumps({"oom": oom, "peak_reserved": torch.cuda.max_memory_reserved()}))
 '''
+# What an N GB GPU leaves PyTorch: N GiB less this process's memory outside PyTorch (its CUDA
+# context and libraries), read now, as `--fit` below takes it.
+CONTEXT = gpumem_nb.snapshot().sample.devices[0].outside_pytorch_bytes or 512 * MiB
+ROOM = SMALLER_GB * GiB - CONTEXT
 (real,) = run_fresh_many(CAPPED, [""], extra_envs=[{"TUTORIAL_CAP": str(ROOM)}])
 fits_for_real = not real["oom"]
 print(f"a {SMALLER_GB} GB GPU leaves PyTorch about {fmt(ROOM)} (context {fmt(CONTEXT)}); "
@@ -158,7 +160,7 @@ print(f"after gc.collect() and empty_cache() too: {fmt(torch.cuda.memory_allocat
 model, opt = build()
 train(model, opt)
 del model, opt
-gc.collect()
+collected = gc.collect()  # a count of objects, not the lesson
 
 # %% id="09-12"
 # %gpumem whatif --trace last --fit {SMALLER_GB} {CONFS}

@@ -209,8 +209,9 @@ torch.cuda.empty_cache()
 still = pools()
 print(f"after empty_cache(): {', '.join(f'{p}: {fmt(n)}' for p, n in still.items()) or 'none'}")
 claim(compiled_pools and sum(compiled_pools.values()) >= a.nbytes,
-      "reduce-overhead keeps a private pool that holds at least the last call's output",
-      pool=fmt(sum(compiled_pools.values())), output=fmt(a.nbytes))
+      "reduce-overhead keeps a private pool of at least one output's size, whatever of it is "
+      "still allocated", pool=fmt(sum(compiled_pools.values())), output=fmt(a.nbytes),
+      allocated_in_it=fmt(in_use))
 claim(still == compiled_pools, "empty_cache() gave back none of it",
       before=fmt(sum(compiled_pools.values())), after=fmt(sum(still.values())))
 
@@ -218,9 +219,10 @@ claim(still == compiled_pools, "empty_cache() gave back none of it",
 # ## What frees `torch.compile`'s pool
 #
 # The pool belongs to the CUDA graph trees that `torch.compile` keeps for the device, not to a
-# variable of yours: `del fast` leaves it (the first line below). It holds more than the last
-# call's output: the second line above splits it into what is still allocated in it and the
-# free blocks it keeps for its own allocations. Resetting the compiler and
+# variable of yours: `del fast` leaves it (the first line below). Its size is not what its
+# tensors hold: the second line above splits it into what is still allocated in it (each
+# call's output was dropped once `kept` had its copy, which lives outside the pool) and the
+# free blocks it keeps for the next replays. Resetting the compiler and
 # the graph trees lets it go, and the next `empty_cache()` returns it. The cell resets both at
 # once, so it does not show which of the two alone would free it.
 
