@@ -84,7 +84,6 @@ HTML_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 TAGS = re.compile(r"<[^>]+>")
 HELD, FAILED, SKIPPED = "✓", "✗ CLAIM FAILED", "⊘ skipped:"
-CLAIM_CALL = re.compile(r"^\s*(?:claim|skipped)\(", re.MULTILINE)
 MARKERS = re.compile(r"DEPENDS\(|TODO-GPU")
 
 
@@ -146,8 +145,9 @@ def unquoted_numbers(nb: Any) -> list[str]:
 def unchecked_claims(nb: Any) -> list[str]:
     """Cells that call claim() but show no ✓ line, or show a failed claim."""
     problems = []
+    claiming = claiming_cells(nb)
     for cell in nb.cells:
-        if cell.cell_type != "code" or not CLAIM_CALL.search(cell.source):
+        if cell.cell_type != "code" or cell.id not in claiming:
             continue
         lines = output_text(cell).splitlines()
         if any(line.startswith(FAILED) for line in lines):
@@ -167,16 +167,63 @@ def executed(name: str) -> Any:
 MARKED = (HELD, FAILED, SKIPPED)
 
 
+# What a reader sees as text, in each form a display output can take: JupyterLab shows the
+# richest (HTML before plain text), GitHub another; each must show the same claim lines.
+SHOWN_AS_TEXT = ("text/plain", "text/markdown", "text/html", "text/latex", "image/svg+xml")
+
+
+def _clean(line: str) -> str:
+    """A line as a reader reads it: no invisible format characters (a zero-width space before
+    a ✓ hid it from the check), no surrounding space."""
+    import unicodedata
+
+    return "".join(ch for ch in line if unicodedata.category(ch) != "Cf").strip()
+
+
+def _marked(text: str) -> list[str]:
+    # A mark anywhere in a line makes it a claim's line to a reader, not only at its start.
+    return [ln for ln in map(_clean, text.splitlines()) if any(m in ln for m in "✓⊘✗")]
+
+
+def output_forms(out: Any) -> dict[str, list[str]]:
+    """The claim lines each form of one output shows (a stream has one form)."""
+    if out.get("output_type") == "stream":
+        return {"stream": _marked(str(out.get("text", "")))}
+    if out.get("output_type") == "error":
+        return {"error": _marked(output_text({"outputs": [out]}))}
+    data = out.get("data", {})
+    forms = {}
+    for mime in SHOWN_AS_TEXT:
+        if mime in data:
+            text = str(data[mime])
+            if mime in ("text/html", "image/svg+xml"):
+                text = html.unescape(TAGS.sub("\n", text))
+            forms[mime] = _marked(ANSI.sub("", text))
+    return forms
+
+
 def marked_lines(cell: Any) -> list[str]:
-    """The claim lines a reader sees in a cell's outputs (✓, ⊘ skipped, ✗), in order; a
-    report-mode failure's copy on stderr is not a second line."""
+    """The claim lines a reader sees in a cell's outputs (✓, ⊘ skipped, ✗), in order, on
+    stdout and stderr alike; a report-mode failure's copy on stderr is not a second line."""
     lines: list[str] = []
     for out in cell.get("outputs", []):
+        forms = output_forms(out)
+        shown = next((v for v in forms.values() if v), [])
         if out.get("output_type") == "stream" and out.get("name") == "stderr":
-            continue
-        lines += [ln for ln in output_text({"outputs": [out]}).splitlines()
-                  if ln.startswith(MARKED)]
+            shown = [ln for ln in shown if not ln.startswith(FAILED)]
+        lines += shown
     return lines
+
+
+def forms_that_disagree(cell: Any) -> list[str]:
+    """Outputs whose forms show different claim lines (a ✓ in the plain text, something else
+    in the HTML that JupyterLab shows instead)."""
+    disagree = []
+    for i, out in enumerate(cell.get("outputs", [])):
+        forms = output_forms(out)
+        if len({tuple(v) for v in forms.values()}) > 1:
+            disagree.append(f"output {i}: {sorted(forms)}")
+    return disagree
 
 
 def claim_line(record: dict[str, Any]) -> str:
@@ -232,16 +279,69 @@ def _says_pattern(node: Any) -> tuple[re.Pattern[str], str]:
     return re.compile(".*", re.DOTALL), "{…}"  # a sentence built at run time: anything
 
 
-def claim_calls(source: str) -> tuple[list[ClaimCall], list[ClaimCall]]:
-    """The cell's own claim calls, and those inside the functions it defines (a helper that
-    claims for the cells that call it)."""
+# Cell magics whose body is Python that IPython runs as a cell: a claim there is a claim.
+PYTHON_CELL_MAGICS = ("%%gpumem", "%%time", "%%timeit", "%%capture")
+DEFAULT_CLAIM_NAMES = {"claim": "claim", "skipped": "skipped"}
+
+
+def python_of(source: str) -> Any:
+    """The syntax tree of what a code cell runs (line magics and shell escapes as IPython
+    transforms them; a Python cell magic's body likewise); None for a cell in another language
+    (``%%bash``) or one that does not parse."""
     import ast
 
     from IPython.core.inputtransformer2 import TransformerManager
 
-    body = (source.split("\n", 1)[1] if source.startswith("%%")
-            else TransformerManager().transform_cell(source))
-    tree = ast.parse(body)
+    if source.startswith("%%"):
+        first, _, source = source.partition("\n")
+        if first.split()[0] not in PYTHON_CELL_MAGICS:
+            return None
+    try:
+        return ast.parse(TransformerManager().transform_cell(source))
+    except SyntaxError:
+        return None
+
+
+def claim_names(cells: list[Any]) -> dict[str, str]:
+    """How the notebook spells ``claim`` and ``skipped``: their own names, ``claims.claim``,
+    and the names an import gives them (``from claims import claim as check``)."""
+    import ast
+
+    names = dict(DEFAULT_CLAIM_NAMES)
+    for cell in cells:
+        tree = python_of(cell.source)
+        for node in ast.walk(tree) if tree is not None else ():
+            if isinstance(node, ast.ImportFrom) and node.module == "claims":
+                names.update({a.asname or a.name: a.name for a in node.names
+                              if a.name in DEFAULT_CLAIM_NAMES})
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name == "claims":
+                        names.update({f"{a.asname or a.name}.{k}": k
+                                      for k in DEFAULT_CLAIM_NAMES})
+    return names
+
+
+def _called(node: Any) -> str:
+    import ast
+
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        return f"{node.value.id}.{node.attr}"
+    return ""
+
+
+def claim_calls(source: str, names: dict[str, str] | None = None
+                ) -> tuple[list[ClaimCall], list[ClaimCall]]:
+    """The cell's own claim calls, and those inside the functions it defines (a helper that
+    claims for the cells that call it). ``names``: how the notebook spells the two calls."""
+    import ast
+
+    names = names or DEFAULT_CLAIM_NAMES
+    tree = python_of(source)
+    if tree is None:
+        return [], []
     own: list[ClaimCall] = []
     defined: list[ClaimCall] = []
     top = {id(stmt.value) for stmt in tree.body if isinstance(stmt, ast.Expr)}
@@ -249,15 +349,23 @@ def claim_calls(source: str) -> tuple[list[ClaimCall], list[ClaimCall]]:
                  if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
     in_function = {id(c) for f in functions for c in ast.walk(f)}
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                and node.func.id in ("claim", "skipped")):
+        kind = names.get(_called(node.func)) if isinstance(node, ast.Call) else None
+        if kind is None:
             continue
-        position = 1 if node.func.id == "claim" else 0
+        position = 1 if kind == "claim" else 0
         said = node.args[position] if len(node.args) > position else next(
             (k.value for k in node.keywords if k.arg == "says"), None)
         call = ClaimCall(*_says_pattern(said), always=id(node) in top)
         (defined if id(node) in in_function else own).append(call)
     return own, defined
+
+
+def claiming_cells(nb: Any) -> set[str]:
+    """The ids of the code cells that make claims themselves (a call of their own, not one in
+    a function they define or in a string)."""
+    cells = [c for c in nb.cells if c.cell_type == "code"]
+    names = claim_names(cells)
+    return {c.id for c in cells if claim_calls(c.source, names)[0]}
 
 
 def unsourced_claims(nb: Any) -> list[str]:
@@ -267,7 +375,8 @@ def unsourced_claims(nb: Any) -> list[str]:
     forger who rewrites a record, its line and the digest still cannot change the sentence
     or drop a claim."""
     cells = [c for c in nb.cells if c.cell_type == "code"]
-    calls = {c.id: claim_calls(c.source) for c in cells}
+    names = claim_names(cells)
+    calls = {c.id: claim_calls(c.source, names) for c in cells}
     helpers = [call for _, defined in calls.values() for call in defined]
     recorded: dict[str, list[dict[str, Any]]] = (
         nb.metadata.get("gpumem_nb", {}).get("claims", {}))
@@ -301,6 +410,7 @@ def forged_claims(nb: Any) -> list[str]:
     recorded: dict[str, list[dict[str, Any]]] = meta.get("claims", {})
     digests: dict[str, str] = meta.get("outputs_sha256", {})
     cells = {c.id: c for c in nb.cells}
+    claiming = claiming_cells(nb)
     problems = [f"{i}: the cell of a recorded claim is missing" for i in recorded
                 if i not in cells]
     problems += [f"{i}: a measured cell is missing" for i in digests
@@ -313,13 +423,15 @@ def forged_claims(nb: Any) -> list[str]:
             problems.append(f"{cell.id}: shows outputs, but the run recorded no digest of them")
         elif cell.id in digests and RUNNER.outputs_digest(cell) != digests[cell.id]:
             problems.append(f"{cell.id}: its outputs are not those the run saved")
-        if CLAIM_CALL.search(cell.source) and not records:
+        if cell.id in claiming and not records:
             problems.append(f"{cell.id}: claims, but the run recorded no claim")
         for r in records:
             if r["status"] == "failed":
                 problems.append(f"{cell.id}: a claim failed: {r['says']}")
             if r.get("line") != claim_line(r):
                 problems.append(f"{cell.id}: the recorded line is not its claim's: {r}")
+        problems += [f"{cell.id}: {d} show different claim lines"
+                     for d in forms_that_disagree(cell)]
         shown, written = marked_lines(cell), [claim_line(r) for r in records]
         if shown != written:
             unwritten = [ln for ln in shown if ln not in written]
@@ -330,34 +442,38 @@ def forged_claims(nb: Any) -> list[str]:
     return problems + unsourced_claims(nb)
 
 
-def _imports(texts: list[str]) -> set[str]:
-    return {m for t in texts for m in re.findall(r"^\s*(?:from|import)\s+(\w+)", t, re.M)}
+# What runs beside the tutorials but not in their run: editing it leaves every notebook current.
+AFTER_THE_RUN = ("notebooks/plotly_pictures.py",)
+# The script that executes them on the GPU machine sets their environment (the settings file,
+# the claims' mode, the path): it is an input too, though not in the recorded digest.
+RUN_SCRIPT = "notebooks/run_on_gpu.sh"
+TUTORIAL_SOURCE = re.compile(r"notebooks/\d\d_\w+\.py")
 
 
 def inputs_of(name: str, files: dict[str, bytes]) -> str:
-    """Digest of what a tutorial's outputs depend on, of ``files`` (path -> contents, what
-    the sources digest covers): the package, the runner, the modules the tutorials import
-    from beside them, and its own source. Another tutorial's source is not among them, nor a
-    tool that runs after the run (plotly_pictures.py): changing one tutorial leaves the
-    others' outputs current, and only it must run again."""
+    """Digest of what a tutorial's outputs depend on, of ``files`` (path -> contents): the
+    package, every module beside the tutorials (the runner, what they import, what those
+    import), the script that runs them, and its own source. Another tutorial's source is not
+    among them, nor a tool that runs after the run: changing one tutorial leaves the others'
+    outputs current, and only it must run again."""
     import hashlib
 
-    tutorial = re.compile(r"notebooks/\d\d_\w+\.py")
-    modules = {"run_tutorials"} | _imports(
-        [files[p].decode(errors="replace") for p in files if tutorial.fullmatch(p)])
     digest = hashlib.sha256()
     for path in sorted(files):
-        stem = path.rsplit("/", 1)[-1].removesuffix(".py")
-        if path.startswith("gpumem_nb/") or path == f"notebooks/{name}.py" or (
-                not tutorial.fullmatch(path) and stem in modules):
-            digest.update(path.encode() + b"\0" + files[path].replace(b"\r\n", b"\n") + b"\0")
+        if path in AFTER_THE_RUN or (TUTORIAL_SOURCE.fullmatch(path)
+                                     and path != f"notebooks/{name}.py"):
+            continue
+        digest.update(path.encode() + b"\0" + files[path].replace(b"\r\n", b"\n") + b"\0")
     return digest.hexdigest()
 
 
 def checkout_files() -> dict[str, bytes]:
     paths = {p for g in RUNNER.DIGEST_GLOBS for p in ROOT.glob(g)
              if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo")}
-    return {p.relative_to(ROOT).as_posix(): p.read_bytes() for p in paths}
+    files = {p.relative_to(ROOT).as_posix(): p.read_bytes() for p in paths}
+    if (ROOT / RUN_SCRIPT).exists():
+        files[RUN_SCRIPT] = (ROOT / RUN_SCRIPT).read_bytes()
+    return files
 
 
 _COMMIT_FILES: dict[str, dict[str, bytes] | None] = {}
@@ -377,7 +493,8 @@ def commit_files(commit: str) -> dict[str, bytes] | None:
                                     "--", "gpumem_nb", "notebooks").decode().split("\0")
                      if n and "__pycache__" not in n.split("/")
                      and not n.endswith((".pyc", ".pyo"))
-                     and (n.startswith("gpumem_nb/") or re.fullmatch(r"notebooks/[^/]+\.py", n))]
+                     and (n.startswith("gpumem_nb/") or n == RUN_SCRIPT
+                          or re.fullmatch(r"notebooks/[^/]+\.py", n))]
             _COMMIT_FILES[commit] = {n: git("show", f"{commit}:{n}") for n in names}
         except (OSError, subprocess.SubprocessError):
             _COMMIT_FILES[commit] = None
@@ -436,7 +553,7 @@ def test_every_number_in_the_prose_is_printed_by_the_cell_beside_it(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_every_claim_of_the_prose_was_checked_by_the_cell_that_measured_it(name):
     nb = executed(name)
-    assert any(CLAIM_CALL.search(c.source) for c in nb.cells if c.cell_type == "code"), (
+    assert claiming_cells(nb), (
         f"{name} checks no claim")
     problems = unchecked_claims(nb)
     assert not problems, f"{name}: {problems}"
@@ -480,6 +597,9 @@ PROVENANCE = ("gpu", "gpu_count", "mig", "driver", "cuda_driver_api", "cuda_runt
               "sources_sha256")
 
 
+_DIGEST_AT: dict[str, str | None] = {}
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_the_executed_tutorial_records_what_produced_it_and_it_is_that_commit(name):
     """GPU, driver, CUDA, torch, IPython, gpumem_nb, commit, a clean tree and the date; and the
@@ -490,9 +610,11 @@ def test_the_executed_tutorial_records_what_produced_it_and_it_is_that_commit(na
     assert not missing, f"{name}: metadata lacks {missing}: {meta}"
     assert "H200" in meta["gpu"], meta
     assert meta.get("tree_clean") is True, f"{name}: executed from a tree with changes: {meta}"
-    if meta["sources_sha256"] == RUNNER.sources_digest():
-        return
-    at_commit = RUNNER.sources_digest_at(meta["commit"])
+    # Also when it is this checkout's digest: copied into an older notebook, it would make
+    # the notebook look current without being its commit's.
+    if meta["commit"] not in _DIGEST_AT:
+        _DIGEST_AT[meta["commit"]] = RUNNER.sources_digest_at(meta["commit"])
+    at_commit = _DIGEST_AT[meta["commit"]]
     if at_commit is None:
         pytest.skip(f"this clone cannot read commit {meta['commit']} (shallow?)")
     assert meta["sources_sha256"] == at_commit, (
@@ -532,18 +654,22 @@ def test_the_readme_lists_every_tutorial_and_says_which_are_not_yet_executed():
 
 def test_one_tutorials_source_edited_leaves_the_others_outputs_current():
     """A fix to one tutorial runs that tutorial again, not all thirteen; the package, the
-    runner and what the tutorials import still concern every one."""
+    runner, the modules beside the tutorials and the script that runs them still concern
+    every one."""
     files = {"gpumem_nb/__init__.py": b"v1", "notebooks/run_tutorials.py": b"runner",
              "notebooks/claims.py": b"claims", "notebooks/plotly_pictures.py": b"pictures",
+             "notebooks/conf_util.py": b"imported by a helper only",
+             "notebooks/run_on_gpu.sh": b"export GPUMEM_NB_CONFIG=...",
              "notebooks/01_a.py": b"from claims import claim\n",
-             "notebooks/02_b.py": b"import claims\n"}
+             "notebooks/02_b.py": b"import os, claims\n"}
 
     def changed(path: str) -> list[str]:
         edited = dict(files, **{path: files[path] + b" edited"})
         return [n for n in ("01_a", "02_b") if inputs_of(n, edited) != inputs_of(n, files)]
 
     assert changed("notebooks/01_a.py") == ["01_a"]
-    for path in ("gpumem_nb/__init__.py", "notebooks/run_tutorials.py", "notebooks/claims.py"):
+    for path in ("gpumem_nb/__init__.py", "notebooks/run_tutorials.py", "notebooks/claims.py",
+                 "notebooks/conf_util.py", "notebooks/run_on_gpu.sh"):
         assert changed(path) == ["01_a", "02_b"], path
     assert changed("notebooks/plotly_pictures.py") == []
 
@@ -775,8 +901,9 @@ def cut_down_to_claim_lines(nb: Any) -> Any:
 def forge_anything(nb: Any) -> Any:
     """Review E5 (07's outputs): each claim cell shows one hand-written "✓ anything"."""
     nb = copy.deepcopy(nb)
+    claiming = claiming_cells(nb)
     for cell in nb.cells:
-        if cell.cell_type == "code" and CLAIM_CALL.search(cell.source):
+        if cell.cell_type == "code" and cell.id in claiming:
             cell.outputs = [nbformat.v4.new_output("stream", name="stdout",
                                                    text="✓ anything\n")]
     return nb
@@ -940,6 +1067,26 @@ def test_a_forger_who_rewrites_the_record_and_the_digests_still_cannot_change_a_
          "line": "✓ the table shows no leak"}]
     problems = forged_claims(with_digests_rewritten(nb))
     assert "99-04: no claim in its source says 'the table shows no leak'" in problems, problems
+
+    # A ✓ line a reader sees where the check did not look: on stderr, behind a zero-width
+    # space, in bold HTML; and HTML (what JupyterLab shows) that says other than the plain text.
+    hidden = {"stderr": nbformat.v4.new_output("stream", name="stderr", text="✓ it fits\n"),
+              "zero-width": nbformat.v4.new_output("stream", name="stdout",
+                                                   text="\u200b✓ it fits\n"),
+              "bold HTML": nbformat.v4.new_output("display_data", data={
+                  "text/plain": "<IPython.core.display.HTML object>",
+                  "text/html": "<p><b>✓ it fits</b></p>"})}
+    for where, out in hidden.items():
+        nb = copy.deepcopy(synthetic_run)
+        nb.cells[4].outputs.append(out)
+        problems = forged_claims(with_digests_rewritten(nb))
+        assert any("no claim wrote ['✓ it fits']" in p for p in problems), (where, problems)
+    nb = copy.deepcopy(synthetic_run)
+    line = record(nb, "99-01")[0]["line"]
+    nb.cells[1].outputs.append(nbformat.v4.new_output("display_data", data={
+        "text/plain": line, "text/html": "<p>✗ the two blocks do not add up</p>"}))
+    problems = forged_claims(with_digests_rewritten(nb))
+    assert any("show different claim lines" in p for p in problems), problems
 
     # F9: a cell the run never executed, showing an output, digests untouched.
     nb = copy.deepcopy(synthetic_run)
