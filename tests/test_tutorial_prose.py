@@ -1020,6 +1020,32 @@ def test_a_check_line_no_claim_wrote_a_missing_claim_cell_and_changed_values_fai
     assert any("whose line is not shown ['⊘ skipped" in p for p in forged_claims(nb))
 
 
+def test_legitimate_ways_of_claiming_are_found_and_a_claim_in_a_string_is_none():
+    """Found by attacking the check (2026-12-02): a helper that claims for the cells calling it,
+    ``claims.claim``, an alias, and a ``%%gpumem`` body with magics in it are claims; a
+    fresh-process snippet whose text has a line starting ``claim(`` is not, nor a ``%%bash``."""
+    nb = nbformat.v4.new_notebook()
+    sources = {
+        "helper": "from claims import claim, skipped\ndef check(x):\n    claim(x, 'x holds')",
+        "alias": "import claims\nfrom claims import claim as verify\n"
+                 "claims.claim(True, 'by module')\nverify(True, f'by alias {1}')",
+        "magic": "%%gpumem\n%time y = 1\n!true\nclaim(True, 'inside the magic')",
+        "snippet": "CODE = '''\nclaim(True, 'in another process')\n'''",
+        "bash": "%%bash\nclaim(True, 'not python')",
+        "empty": "%%gpumem",
+    }
+    for cell_id, text in sources.items():
+        cell = nbformat.v4.new_code_cell(text)
+        cell.id = cell_id
+        nb.cells.append(cell)
+    assert claiming_cells(nb) == {"alias", "magic"}
+    names = claim_names(nb.cells)
+    own, _ = claim_calls(sources["alias"], names)
+    assert [c.sentence for c in own] == ["by module", "by alias {…}"]
+    assert [c.sentence for c in claim_calls(sources["helper"], names)[1]] == ["x holds"]
+    assert claim_calls(sources["empty"], names) == ([], [])
+
+
 def with_digests_rewritten(nb: Any) -> Any:
     """What a careful forger does last: the digest of every cell recomputed."""
     nb.metadata["gpumem_nb"]["outputs_sha256"] = {
