@@ -13,6 +13,7 @@ JupyterLab's own model into the file. Nothing else in the file changes, and the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sys
@@ -67,8 +68,6 @@ def add_pictures(saved: Any, model: Any) -> int:
 def picture(paths: list[Path], browser: Any = None) -> dict[str, int]:
     """Add the pictures, in a JupyterLab of its own and ``browser`` (a Playwright browser; a
     chromium of its own when None); how many each notebook got."""
-    import contextlib
-
     from tests.browser_harness import chromium, open_notebook, running_lab
 
     todo = [p for p in paths if unpictured(nbformat.read(p, as_version=4))]

@@ -20,3 +20,17 @@ def spaced(ip: Any) -> None:
 def whatif(ip: Any, line: str) -> Any:
     """``%gpumem whatif LINE``."""
     return ip.run_line_magic("gpumem", "whatif " + line)
+
+
+def notebook_module(stem: str) -> Any:
+    """A module of ``notebooks/`` (the runner, claims.py, plotly_pictures.py), loaded from its
+    file: the folder is no package, and its tools run as scripts."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "notebooks" / f"{stem}.py"
+    spec = importlib.util.spec_from_file_location(stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

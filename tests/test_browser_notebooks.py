@@ -9,6 +9,7 @@ marked modified before any kernel started. They are committed in the form Jupyte
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import time
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from .browser_harness import chromium, open_notebook, running_lab, wait_kernel_idle
+from .helpers import notebook_module
 
 pytestmark = pytest.mark.browser
 
@@ -168,17 +170,6 @@ PIXELS_APART = """async ([a, b]) => {
 APART_AT_MOST = 0.05
 
 
-def load_pictures() -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("plotly_pictures",
-                                                  NOTEBOOKS / "plotly_pictures.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_each_plotly_figures_saved_picture_is_the_one_jupyterlab_draws_of_it(browser, tmp_path):
     """The PNG beside a plotly figure is outside the run's outputs digest (JupyterLab adds it,
     after the run), yet it is what JupyterLab shows until the pointer enters the chart: a
@@ -186,16 +177,16 @@ def test_each_plotly_figures_saved_picture_is_the_one_jupyterlab_draws_of_it(bro
     would show a reader the wrong chart. Drawn again here from the figure, it must match."""
     import nbformat
 
-    pictures = load_pictures()
+    pictures = notebook_module("plotly_pictures")
+    mime = pictures.RUNNER.PLOTLY_PICTURE_MIME
     saved = {n: nbformat.read(NOTEBOOKS / n, as_version=4) for n in TUTORIALS}
     drawn_paths = []
     for name, nb in saved.items():
         if pictures.figures(nb):
-            bare = json.loads(json.dumps(nb))
+            bare = copy.deepcopy(nb)
             for i, j in pictures.figures(bare):
-                bare["cells"][i]["outputs"][j]["data"].pop(pictures.RUNNER.PLOTLY_PICTURE_MIME,
-                                                           None)
-            nbformat.write(nbformat.from_dict(bare), tmp_path / name)
+                bare.cells[i].outputs[j]["data"].pop(mime, None)
+            nbformat.write(bare, tmp_path / name)
             drawn_paths.append(tmp_path / name)
     assert drawn_paths, "no tutorial has a plotly figure: this test has nothing to check"
     pictures.picture(drawn_paths, browser)
@@ -205,7 +196,6 @@ def test_each_plotly_figures_saved_picture_is_the_one_jupyterlab_draws_of_it(bro
         for path in drawn_paths:
             drawn = nbformat.read(path, as_version=4)
             for i, j in pictures.figures(drawn):
-                mime = pictures.RUNNER.PLOTLY_PICTURE_MIME
                 kept = saved[path.name].cells[i].outputs[j]["data"].get(mime)
                 if kept is None:
                     problems.append(f"{path.name} {drawn.cells[i].id}: no picture saved")

@@ -11,7 +11,6 @@ Two kinds of test:
 from __future__ import annotations
 
 import base64
-import importlib.util
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -23,6 +22,8 @@ import pytest
 from gpumem_nb.model import CellDevice, CellRecord
 from gpumem_nb.records import DISPLAY_HEADERS, HistoryTable
 
+from .helpers import notebook_module
+
 ROOT = Path(__file__).resolve().parent.parent
 TUTORIALS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -30,16 +31,7 @@ WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 IMG_SVG = re.compile(r'<img src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)"')
 
 
-def load_runner() -> Any:
-    spec = importlib.util.spec_from_file_location("run_tutorials",
-                                                  ROOT / "notebooks" / "run_tutorials.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-RUNNER = load_runner()
+RUNNER = notebook_module("run_tutorials")
 
 
 def assert_complete_metadata(nb: Any, name: str) -> None:

@@ -10,6 +10,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+from .helpers import notebook_module
+
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "gpumem_nb"
 
@@ -83,14 +85,7 @@ def test_binder_installs_every_runtime_dependency():
 
 
 def tutorial_runner():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("run_tutorials",
-                                                  ROOT / "notebooks" / "run_tutorials.py")
-    assert spec is not None and spec.loader is not None
-    runner = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(runner)
-    return runner
+    return notebook_module("run_tutorials")
 
 
 def test_the_tutorials_carry_outputs_from_a_gpu_run():

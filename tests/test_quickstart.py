@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import importlib.util
 import os
 import re
 import subprocess
@@ -20,6 +19,8 @@ from typing import Any
 import nbformat
 import pytest
 
+from .helpers import notebook_module
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 BINDER = ROOT / "binder"
@@ -29,15 +30,7 @@ QUICKSTART = "00_quickstart.ipynb"
 DISTRIBUTIONS = {"pynvml": "nvidia-ml-py", "IPython": "ipython", "PIL": "pillow"}
 
 
-def load(name: str, path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-RUNNER = load("run_tutorials", NOTEBOOKS / "run_tutorials.py")
+RUNNER = notebook_module("run_tutorials")
 # Modules that only the GPU machine has: the notebooks that import them (04, 08, 11, 12) need a GPU,
 # which Binder does not have.
 GPU_ONLY = {"cupy", "transformers", "jax", "distributed"}

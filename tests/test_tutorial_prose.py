@@ -32,8 +32,8 @@ there. The tests of the checkers run anywhere, and show that each rule can fail.
 from __future__ import annotations
 
 import copy
+import functools
 import html
-import importlib.util
 import json
 import re
 from dataclasses import dataclass
@@ -44,20 +44,13 @@ from typing import Any
 import nbformat
 import pytest
 
+from .helpers import notebook_module
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 
 
-def load_runner() -> Any:
-    spec = importlib.util.spec_from_file_location("run_tutorials",
-                                                  NOTEBOOKS / "run_tutorials.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-RUNNER = load_runner()
+RUNNER = notebook_module("run_tutorials")
 SOURCES = RUNNER.tutorial_sources()
 ALL_NAMES = [p.stem for p in SOURCES]
 # A source whose notebook the GPU machine has not produced yet is "not yet executed", which the
@@ -284,6 +277,7 @@ PYTHON_CELL_MAGICS = ("%%gpumem", "%%time", "%%timeit", "%%capture")
 DEFAULT_CLAIM_NAMES = {"claim": "claim", "skipped": "skipped"}
 
 
+@functools.cache  # each check reads every cell; parse each once
 def python_of(source: str) -> Any:
     """The syntax tree of what a code cell runs (line magics and shell escapes as IPython
     transforms them; a Python cell magic's body likewise); None for a cell in another language
@@ -805,10 +799,7 @@ def test_a_failed_or_missing_check_is_caught():
 
 
 def test_claims_py_raises_with_the_sentence_and_the_values(capsys, monkeypatch):
-    spec = importlib.util.spec_from_file_location("claims", NOTEBOOKS / "claims.py")
-    assert spec is not None and spec.loader is not None
-    claims = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(claims)
+    claims = notebook_module("claims")
     claims.claim(True, "reserved fell to 0 B")
     assert capsys.readouterr().out == "✓ reserved fell to 0 B\n"
     with pytest.raises(claims.ClaimFailed) as err:
@@ -1159,11 +1150,7 @@ def test_jupyterlabs_picture_of_a_plotly_figure_does_not_break_the_runs_digest()
 
 
 def test_pictures_go_to_their_own_figures_when_jupyterlab_merged_the_streams_before_them():
-    spec = importlib.util.spec_from_file_location("plotly_pictures",
-                                                  NOTEBOOKS / "plotly_pictures.py")
-    assert spec and spec.loader
-    pictures = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pictures)
+    pictures = notebook_module("plotly_pictures")
     saved = nbformat.v4.new_notebook()
     saved.cells = [nbformat.v4.new_markdown_cell("# A"), figure_cell(title="one")]
     saved.cells[1].outputs.insert(0, nbformat.v4.new_output("stream", name="stdout", text="b"))
