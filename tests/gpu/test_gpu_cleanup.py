@@ -54,9 +54,6 @@ def real_shell(shell: Any, capsys: Any, monkeypatch: Any) -> Any:
         real()
 
     monkeypatch.setattr(torch.cuda, "empty_cache", counted)
-    # Garbage an earlier test left (1 MiB on the H200 at 5e207ca) is cleanup's gc step's to
-    # free: it must not be in the baseline a test holds cleanup's figures to.
-    gc.collect()
     capsys.readouterr()
     yield shell
     shell.run_cell("%reset -f", store_history=False)
@@ -93,6 +90,9 @@ RAISE_IN_F = ("def f():\n    big = torch.empty(2**30, dtype=torch.uint8, device=
 
 def test_default_cleanup_frees_a_cells_traceback_but_not_one_the_user_saved(real_shell):
     ip = real_shell
+    # Garbage an earlier test left (1 MiB on the H200 at 5e207ca) is cleanup's gc step's to
+    # free, not the traceback's: it must not be in the baseline the traceback is held to.
+    gc.collect()
     base = allocated()
     ip.run_cell(RAISE_IN_F + "f()", store_history=True)
     assert allocated() == base + GiB
