@@ -34,9 +34,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import userexc
-from .graph import GraphWalker
-from .model import Holder
+from .. import userexc
+from ..graph import GraphWalker
+from ..model import Holder
 
 # Names the shell itself keeps and reads; what each is, for messages.
 SHELL_NAMES = {
