@@ -43,6 +43,11 @@ from .facts import POOL_USER, OomFacts, PoolUse
 class Action:
     text: str
     nbytes: int | None = None  # what it would free, when known
+    # The code a user would type to take this step, exactly as the text shows it between
+    # backticks (Python, or a `%gpumem` line), where the step is one; "" for advice that is
+    # a change to the user's own program. What ``nbytes`` says it frees is what running it
+    # frees, and a harness checks that by running it.
+    code: str = ""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,698 @@
+"""The retention graph: from live tensors up to the references a user can act on.
+
+The fast scan (``scan.py``) walks down from the names a user sees and finds what its reaches
+enumerate. This search starts from the truth instead: the tensors themselves, found among the
+objects the garbage collector tracks, and walks *up* their referrers, level by level, until
+every path ends at a root:
+
+- the notebook's variables, the output cache, a stored exception (the shell's own records);
+- a module's globals, a class's attributes (a class is reached through its module);
+- a live thread's frame locals (``threads.py``: frames the collector cannot see into);
+- none at all: the tensor is in reference cycles that nothing reaches (garbage the collector
+  has not collected yet), or something Python cannot see keeps a reference to it (a running
+  frame, a C extension), said as such.
+
+Edges come from the collector's own traversal (``gc.get_referrers``/``get_referents``: C code,
+no user code runs). Where that traversal is blind, explicit edges are added: numpy object
+arrays (a data frame's object column) and live threads' frames. The referrers of a frontier
+are found with one heap pass per level: ``gc.get_referrers`` for a few objects, one Python
+pass over a snapshot of the heap with a set of ids for many (the C call compares each
+reference with every argument).
+
+The search is bounded in levels, objects and time. Whatever it had not resolved when a bound
+cut it is "not searched", with the reason: never "found".
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+import sys
+import time
+import types
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .scan import running_frame_ids, static_attribute, type_name
+
+# What a root is: how the user reaches the reference, and so what removes it.
+ROOT_VARIABLE = "variable"
+ROOT_OUTPUT = "output cache"
+ROOT_EXCEPTION = "stored exception"
+ROOT_MODULE = "module global"
+ROOT_CLASS = "class attribute"
+ROOT_THREAD = "thread"
+ROOT_SHELL = "the shell"
+# Outcomes for a tensor no root reaches.
+STATE_ROOTED = "rooted"
+STATE_GARBAGE = "garbage"  # only reference cycles keep it: the next gc.collect() frees it
+STATE_UNSEEN = "unseen"  # a reference from where Python cannot see (C code, a running frame)
+STATE_NOT_SEARCHED = "not searched"
+
+# A few frontier objects are looked up by the C call; more by one pass over the heap.
+_SMALL_FRONTIER = 8
+MAX_LEVELS = 40
+OBJECT_CAP = 500_000
+BUDGET_S = 1.0
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MODULES_ITEM = re.compile(r"\._modules\['([^']*)'\]")
+_PARAMS_ITEM = re.compile(r"\._(?:parameters|buffers)\['([A-Za-z_][A-Za-z0-9_]*)'\]")
+_DICT_DESC = type.__dict__["__dict__"]
+_MODULE_DICT: Any = vars(types.ModuleType)["__dict__"]
+
+
+@dataclass(frozen=True, order=True)
+class Root:
+    """One reference a user can remove, and how."""
+
+    kind: str
+    name: str  # as typed: "featcache.store", "dl", "Out[3]", "Trainer.cache"
+    code: str = ""  # what removes it ("del dl"); "" where no line of code does
+    # The object the reference points at is a builtin container: emptying it is a fix that
+    # keeps the name (``featcache.store.clear()``).
+    container: bool = False
+
+
+@dataclass
+class Retained:
+    """What the search found for one storage (the tensors that share it)."""
+
+    key: tuple[str, int]
+    device: str
+    nbytes: int
+    state: str = STATE_NOT_SEARCHED
+    roots: frozenset[Root] = frozenset()
+    path: str = ""  # the shortest path from a root, in the words a user types
+    root_kind: str = ""  # the kind of the root that path starts at
+    classes: tuple[str, ...] = ()  # for garbage: the classes in its cycles
+    why: str = ""  # for "not searched": the bound that cut it
+
+
+@dataclass
+class RootContext:
+    """Where the roots are, for one search. Built by the caller (the monitor knows the shell);
+    everything is optional, so the search also runs on a bare interpreter."""
+
+    user_ns: Mapping[Any, Any] | None = None
+    out: Mapping[Any, Any] | None = None  # the output cache's dict (``Out``)
+    output_names: frozenset[str] = frozenset()  # ``_``, ``_3``: the cache's own names
+    shell: Any = None
+    stored_exceptions: Sequence[BaseException] = ()
+    modules: Mapping[str, Any] | None = None  # sys.modules
+    # Live threads' frame locals: id(value) -> the root that names it (threads.py).
+    thread_locals: Mapping[int, Root] = field(default_factory=dict)
+
+
+@dataclass
+class Outcome:
+    retained: list[Retained]
+    elapsed_s: float = 0.0
+    levels: int = 0
+    objects: int = 0  # objects the search entered
+    cut: str = ""  # the bound that cut it, if one did
+
+
+class _Step:
+    """An edge's label, rendered once the whole path is known."""
+
+    __slots__ = ("kind", "text")
+
+    def __init__(self, kind: str, text: str) -> None:
+        self.kind = kind  # "key", "index", "attr", "dict", "text"
+        self.text = text
+
+
+def _key_text(key: Any) -> str:
+    if type(key) in (str, int, float, bool, bytes) or key is None:
+        text = repr(key)
+        return text if len(text) <= 40 else text[:37] + "…"
+    return "…"
+
+
+def _render(root: Root, steps: Sequence[_Step]) -> str:
+    """``root.name`` and the steps below it: an object's ``__dict__`` makes its keys
+    attributes; torch's module dicts are said as attributes and indexes."""
+    out = [root.name]
+    attr_next = False
+    for s in steps:
+        if s.kind == "dict":
+            attr_next = True
+            continue
+        if s.kind == "key":
+            if attr_next and _IDENT.match(s.text.strip("'")) and s.text.startswith("'"):
+                out.append("." + s.text.strip("'"))
+            else:
+                out.append(f"[{s.text}]")
+        elif s.kind == "attr":
+            out.append("." + s.text)
+        elif s.kind == "index":
+            out.append(f"[{s.text}]")
+        else:
+            out.append(s.text)
+        attr_next = False
+    text = "".join(out)
+    text = _MODULES_ITEM.sub(lambda m: f"[{m[1]}]" if m[1].isdigit() else f".{m[1]}", text)
+    return _PARAMS_ITEM.sub(lambda m: f".{m[1]}", text)
+
+
+def _class_dict(klass: Any) -> Any:
+    """The dict behind a class's ``__dict__`` proxy: what the collector sees refer to a
+    class attribute's value."""
+    try:
+        proxy = _DICT_DESC.__get__(klass)
+        for d in gc.get_referents(proxy):
+            if type(d) is dict:
+                return d
+    except Exception:
+        pass
+    return None
+
+
+def _instance_dict(obj: Any) -> Any:
+    """An object's own ``__dict__``, through the C descriptor its class has (no
+    ``__getattr__`` or property runs); None where it has none."""
+    desc = static_attribute(type(obj), "__dict__")
+    if type(desc) is not types.GetSetDescriptorType:
+        return None
+    try:
+        d = desc.__get__(obj)
+    except Exception:
+        return None
+    return d if type(d) is dict else None
+
+
+class Search:
+    """One search over the heap as it is now. Not thread-safe; call on the main thread."""
+
+    def __init__(self, storage_of: Callable[[Any], tuple[str, int, tuple[str, int]] | None],
+                 context: RootContext, *, budget_s: float = BUDGET_S,
+                 object_cap: int = OBJECT_CAP, max_levels: int = MAX_LEVELS,
+                 clock: Callable[[], float] = time.perf_counter,
+                 numpy: Any = None) -> None:
+        self.storage_of = storage_of
+        self.ctx = context
+        self.budget_s = budget_s
+        self.object_cap = object_cap
+        self.max_levels = max_levels
+        self.clock = clock
+        self.numpy = numpy if numpy is not None else sys.modules.get("numpy")
+        self._scaffold: set[int] = set()
+        self._named: dict[int, tuple[str, str, Any]] = {}  # id(dict) -> (kind, prefix, owner)
+        self._root_objects: dict[int, Root] = {}
+        self._skip: set[int] = set()
+        self._arrays_looked = False
+        self._running: set[int] = set()
+        self._module_alias: dict[int, str] = {}
+
+    # -- roots -------------------------------------------------------------------------------
+    def _index_roots(self) -> None:
+        ctx = self.ctx
+        mods = ctx.modules if ctx.modules is not None else sys.modules
+        ns = ctx.user_ns
+        user_names: dict[int, str] = {}
+        if isinstance(ns, dict):
+            self._named[id(ns)] = (ROOT_VARIABLE, "", ns)
+            for name, value in list(dict.items(ns)):
+                if type(name) is str and type(value) is types.ModuleType:
+                    user_names.setdefault(id(value), name)
+        self._module_alias = user_names
+        if isinstance(ctx.out, dict):
+            self._named[id(ctx.out)] = (ROOT_OUTPUT, "Out", ctx.out)
+        for name, module in list(mods.items()):
+            if type(module) is not types.ModuleType or type(name) is not str:
+                continue
+            try:
+                d = _MODULE_DICT.__get__(module)
+            except Exception:
+                continue
+            if type(d) is not dict or id(d) in self._named:
+                continue
+            self._named[id(d)] = (ROOT_MODULE, name, module)
+            self._index_classes(name, module, d)
+        if ctx.shell is not None:
+            self._root_objects[id(ctx.shell)] = Root(ROOT_SHELL, "get_ipython()")
+        for exc in ctx.stored_exceptions:
+            self._root_objects[id(exc)] = Root(ROOT_EXCEPTION, "the stored exception",
+                                               "%gpumem cleanup")
+
+    def _index_classes(self, name: str, module: Any, d: dict[Any, Any]) -> None:
+        """Each class a module defines at its top level: its own dict is a root, so that a
+        class attribute is named ``module.Class.attr`` and fixed there."""
+        for cname, klass in list(d.items()):
+            if type(cname) is not str or not isinstance(klass, type):
+                continue
+            if static_attribute(klass, "__module__") != name:
+                continue  # imported from elsewhere: indexed under its own module
+            cd = _class_dict(klass)
+            if cd is not None and id(cd) not in self._named:
+                self._named[id(cd)] = (ROOT_CLASS, f"{name}\0{cname}", module)
+
+    def _class_root(self, prefix: str, module: Any, key: Any, value: Any) -> Root:
+        modname, _, cname = prefix.partition("\0")
+        if modname == "__main__":
+            base = cname
+        else:
+            alias = self._module_alias.get(id(module))
+            base = f"{alias or modname}.{cname}"
+        label = f"{base}.{key}" if type(key) is str else f"{base}[{_key_text(key)}]"
+        container = type(value) in (list, dict, set, deque)
+        code = "" if type(key) is not str or not _IDENT.match(key) else (
+            f"{label}.clear()" if container else f"{label} = None")
+        if code and modname != "__main__" and not self._module_alias.get(id(module)):
+            code = f"import {modname}; {code}"
+        return Root(ROOT_CLASS, label, code, container)
+
+    def _module_root(self, name: str, module: Any, key: Any, value: Any) -> Root:
+        if name == "sys" and key in ("last_value", "last_exc", "last_traceback", "last_type"):
+            return Root(ROOT_EXCEPTION, f"the stored exception (sys.{key})", "%gpumem cleanup")
+        if name == "builtins" and key in ("_", "__", "___"):
+            return Root(ROOT_OUTPUT, str(key), "%gpumem cleanup --out")
+        if name == "__main__":
+            prefix = ""
+        else:
+            alias = self._module_alias.get(id(module))
+            prefix = f"{alias}." if alias else f"{name}."
+        label = f"{prefix}{key}" if type(key) is str else f"{prefix.rstrip('.')}[{_key_text(key)}]"
+        container = type(value) in (list, dict, set, deque)
+        if type(key) is not str or not _IDENT.match(key):
+            code = ""
+        elif container:
+            code = f"{label}.clear()"
+        else:
+            code = f"{label} = None"
+        if code and prefix and not self._module_alias.get(id(module)):
+            code = f"import {name}; {code}"
+        return Root(ROOT_MODULE, label, code, container)
+
+    def _named_root(self, kind: str, prefix: str, owner: Any, key: Any, value: Any) -> Root:
+        if kind == ROOT_MODULE:
+            return self._module_root(prefix, owner, key, value)
+        if kind == ROOT_CLASS:
+            return self._class_root(prefix, owner, key, value)
+        if kind == ROOT_OUTPUT:
+            return Root(ROOT_OUTPUT, f"Out[{_key_text(key)}]", "%gpumem cleanup --out")
+        # The notebook's namespace.
+        if type(key) is not str:
+            return Root(ROOT_VARIABLE, f"globals()[{_key_text(key)}]")
+        if key in self.ctx.output_names:
+            return Root(ROOT_OUTPUT, key, "%gpumem cleanup --out")
+        if key in ("_", "__", "___", "Out", "_oh"):
+            return Root(ROOT_OUTPUT, key, "%gpumem cleanup --out")
+        return Root(ROOT_VARIABLE, key, f"del {key}" if _IDENT.match(key) else "",
+                    type(value) in (list, dict, set, deque))
+
+    # -- one level: who refers to the frontier -----------------------------------------------
+    def _referrers(self, frontier: list[Any], heap: list[Any] | None) -> list[Any]:
+        if len(frontier) <= _SMALL_FRONTIER or heap is None:
+            found = gc.get_referrers(*frontier)
+        else:
+            ids = {id(o) for o in frontier}
+            self._scaffold.add(id(ids))
+            found = []
+            referents = gc.get_referents
+            for x in heap:
+                if not ids.isdisjoint(map(id, referents(x))):
+                    found.append(x)
+        self._scaffold.add(id(found))
+        return found
+
+    def _edges(self, parent: Any, wanted: set[int]) -> list[tuple[Any, _Step]]:
+        """(child, step) for each frontier object ``parent`` refers to, named by where it is
+        inside ``parent``; read through base types only."""
+        out: list[tuple[Any, _Step]] = []
+        t = type(parent)
+        try:
+            if issubclass(t, dict):
+                for k, v in dict.items(parent):
+                    if id(v) in wanted:
+                        out.append((v, _Step("key", _key_text(k))))
+                    if id(k) in wanted:
+                        out.append((k, _Step("text", " (a key)")))
+                return out
+            if issubclass(t, (list, tuple)):
+                base = list if issubclass(t, list) else tuple
+                for i, v in enumerate(base.__iter__(parent)):
+                    if id(v) in wanted:
+                        out.append((v, _Step("index", str(i))))
+                return out
+            if t is deque:
+                for i, v in enumerate(deque.__iter__(parent)):
+                    if id(v) in wanted:
+                        out.append((v, _Step("index", str(i))))
+                return out
+            if issubclass(t, (set, frozenset)):
+                base = set if issubclass(t, set) else frozenset
+                for v in base.__iter__(parent):
+                    if id(v) in wanted:
+                        out.append((v, _Step("text", "{…}")))
+                return out
+            if t is types.CellType:
+                v = parent.cell_contents
+                return [(v, _Step("text", ""))] if id(v) in wanted else []
+            if t is types.FunctionType:
+                return self._function_edges(parent, wanted)
+            if t is types.MethodType:
+                return [(v, _Step("attr", "__self__")) for v in (parent.__self__,)
+                        if id(v) in wanted]
+            if t is types.FrameType:
+                return self._frame_edges(parent, wanted)
+            if t is types.TracebackType:
+                return [(v, _Step("text", "")) for v in (parent.tb_frame, parent.tb_next)
+                        if id(v) in wanted]
+            if t in (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType):
+                code = getattr(parent, "gi_code", None) or getattr(parent, "cr_code", None) \
+                    or getattr(parent, "ag_code", None)
+                label = f" (suspended {getattr(code, 'co_name', '?')}() locals)"
+                return [(v, _Step("text", label)) for v in gc.get_referents(parent)
+                        if id(v) in wanted]
+            if issubclass(t, type):
+                d = _class_dict(parent)
+                return [(v, _Step("dict", "")) for v in gc.get_referents(parent)
+                        if id(v) in wanted and v is not d] + (
+                    [(d, _Step("dict", ""))] if id(d) in wanted else [])
+        except Exception:
+            pass
+        return self._object_edges(parent, wanted)
+
+    def _function_edges(self, fn: Any, wanted: set[int]) -> list[tuple[Any, _Step]]:
+        out: list[tuple[Any, _Step]] = []
+        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False):
+            if id(cell) in wanted:
+                out.append((cell, _Step("text", f" closure '{name}'")))
+        for v in gc.get_referents(fn):
+            if id(v) in wanted and not any(v is c for c, _ in out):
+                label = (" defaults" if v is fn.__defaults__ else
+                         " keyword defaults" if v is fn.__kwdefaults__ else
+                         ".__dict__" if v is getattr(fn, "__dict__", None) else " (a reference)")
+                out.append((v, _Step("text", label)))
+        return out
+
+    def _frame_edges(self, frame: Any, wanted: set[int]) -> list[tuple[Any, _Step]]:
+        """A finished frame (a traceback's, a generator's): its locals by name. Reading
+        ``f_locals`` of a finished frame keeps nothing its frame does not keep already."""
+        out: list[tuple[Any, _Step]] = []
+        name = frame.f_code.co_name
+        if id(frame) not in self._running:
+            try:
+                for k, v in dict(frame.f_locals).items():
+                    if id(v) in wanted:
+                        out.append((v, _Step("text", f" ({name}() local {k})")))
+            except Exception:
+                pass
+        seen = {id(v) for v, _ in out}
+        for v in gc.get_referents(frame):
+            if id(v) in wanted and id(v) not in seen:
+                out.append((v, _Step("text", f" ({name}() frame)")))
+        return out
+
+    def _object_edges(self, obj: Any, wanted: set[int]) -> list[tuple[Any, _Step]]:
+        out: list[tuple[Any, _Step]] = []
+        d = _instance_dict(obj)
+        if d is not None:
+            if id(d) in wanted:
+                out.append((d, _Step("dict", "")))
+            for k, v in dict.items(d):
+                if id(v) in wanted:
+                    out.append((v, _Step("attr", k) if type(k) is str else
+                                _Step("key", _key_text(k))))
+        try:
+            for klass in type.__dict__["__mro__"].__get__(type(obj)):
+                for name, desc in list(_DICT_DESC.__get__(klass).items()):
+                    if type(desc) is types.MemberDescriptorType and type(name) is str:
+                        try:
+                            v = desc.__get__(obj)
+                        except Exception:
+                            continue
+                        if id(v) in wanted:
+                            out.append((v, _Step("attr", name)))
+        except Exception:
+            pass
+        seen = {id(v) for v, _ in out}
+        label = f" (in a {type_name(type(obj))})"
+        for v in gc.get_referents(obj):
+            if id(v) in wanted and id(v) not in seen:
+                out.append((v, _Step("text", label)))
+                seen.add(id(v))
+        return out
+
+    # -- the search ----------------------------------------------------------------------------
+    def run(self, targets: Iterable[Any]) -> Outcome:
+        t0 = self.clock()
+        deadline = t0 + self.budget_s
+        self._running = running_frame_ids()
+        self._index_roots()
+        retained: dict[tuple[str, int], Retained] = {}
+        members: dict[tuple[str, int], list[int]] = {}
+        alive: dict[int, Any] = {}
+        parents: dict[int, list[tuple[int, _Step]]] = {}
+        roots_of: dict[int, list[tuple[Root, _Step | None]]] = {}
+        self._scaffold = {id(retained), id(members), id(alive), id(parents), id(roots_of),
+                          id(self), id(self.__dict__)}
+        frontier: list[Any] = []
+        self._scaffold.add(id(frontier))
+        if type(targets) in (list, tuple, set):
+            self._scaffold.add(id(targets))  # the caller's own list of them
+        for t in targets:
+            info = self.storage_of(t)
+            if info is None or id(t) in alive:
+                continue
+            device, nbytes, key = info
+            r = retained.get(key)
+            if r is None:
+                r = retained[key] = Retained(key=key, device=device, nbytes=nbytes)
+            members.setdefault(key, []).append(id(t))
+            alive[id(t)] = t
+            frontier.append(t)
+        levels = 0
+        cut = ""
+        heap: list[Any] | None = None
+        arrays_done = False
+        try:
+            while frontier:
+                if levels >= self.max_levels:
+                    cut = f"deeper than {self.max_levels} references"
+                    break
+                if len(alive) > self.object_cap:
+                    cut = f"more than {self.object_cap:,} objects on the way up"
+                    break
+                if self.clock() > deadline:
+                    cut = f"the search's {self.budget_s:g} s budget ran out"
+                    break
+                levels += 1
+                if heap is None and len(frontier) > _SMALL_FRONTIER:
+                    heap = gc.get_objects()
+                    self._scaffold.add(id(heap))
+                nxt = self._level(frontier, heap, alive, parents, roots_of,
+                                  arrays=not arrays_done)
+                arrays_done = arrays_done or self._arrays_looked
+                frontier.clear()
+                frontier.extend(nxt)
+                nxt.clear()
+                del nxt
+            if heap is not None:
+                heap.clear()
+            unresolved = {id(o) for o in frontier}
+            frontier.clear()
+            self._resolve(retained, members, alive, parents, roots_of, unresolved, cut)
+        finally:
+            frontier.clear()
+            alive.clear()
+        return Outcome(list(retained.values()), elapsed_s=self.clock() - t0, levels=levels,
+                       objects=len(parents), cut=cut)
+
+    def _level(self, frontier: list[Any], heap: list[Any] | None, alive: dict[int, Any],
+               parents: dict[int, list[tuple[int, _Step]]],
+               roots_of: dict[int, list[tuple[Root, _Step | None]]], *,
+               arrays: bool) -> list[Any]:
+        """One level up: the frontier's referrers, as edges, roots or the next frontier. Its
+        locals (which refer to the objects it met) end with it, before any reference count
+        is read."""
+        self._arrays_looked = False
+        self._thread_roots(frontier, roots_of)
+        refs = self._referrers(frontier, heap)
+        wanted = {id(o) for o in frontier}
+        nxt: list[Any] = []
+        self._scaffold.update((id(wanted), id(nxt)))
+        got: set[int] = set()
+        for r in refs:
+            rid = id(r)
+            if rid in self._scaffold or rid in self._running or rid == id(refs):
+                continue
+            named = self._named.get(rid)
+            if named is not None:
+                kind, prefix, owner = named
+                for child, step in self._edges(r, wanted):
+                    if step.kind != "key":
+                        continue
+                    key = _unquote(step.text, r, child)
+                    roots_of.setdefault(id(child), []).append(
+                        (self._named_root(kind, prefix, owner, key, child), None))
+                    got.add(id(child))
+                continue
+            root = self._root_objects.get(rid)
+            edges = self._edges(r, wanted)
+            for child, step in edges:
+                got.add(id(child))
+                if root is not None:
+                    roots_of.setdefault(id(child), []).append((root, step))
+                else:
+                    parents.setdefault(id(child), []).append((rid, step))
+            if root is None and edges and rid not in alive:
+                alive[rid] = r
+                nxt.append(r)
+        refs.clear()
+        if arrays and self.numpy is not None:
+            # Untracked containers: an object array's items are invisible to the
+            # collector's traversal (numpy does not traverse them).
+            orphans = [o for o in frontier if id(o) not in got and id(o) not in roots_of]
+            if orphans:
+                self._arrays_looked = True
+                for arr, step, child in self._array_edges(orphans, heap):
+                    parents.setdefault(id(child), []).append((id(arr), step))
+                    if id(arr) not in alive:
+                        alive[id(arr)] = arr
+                        nxt.append(arr)
+            orphans.clear()
+        self._scaffold.discard(id(nxt))
+        return nxt
+
+    def _thread_roots(self, frontier: list[Any],
+                      roots_of: dict[int, list[tuple[Root, _Step | None]]]) -> None:
+        locals_ = self.ctx.thread_locals
+        if not locals_:
+            return
+        for o in frontier:
+            root = locals_.get(id(o))
+            if root is not None:
+                roots_of.setdefault(id(o), []).append((root, None))
+
+    def _array_edges(self, orphans: list[Any],
+                     heap: list[Any] | None) -> list[tuple[Any, _Step, Any]]:
+        """Object arrays that hold these objects: found among what tracked objects refer to
+        (arrays are untracked), their items compared by identity."""
+        np = self.numpy
+        ndarray = getattr(np, "ndarray", None)
+        if ndarray is None:
+            return []
+        wanted = {id(o) for o in orphans}
+        objs = heap if heap is not None else gc.get_objects()
+        arrays: dict[int, Any] = {}
+        for x in objs:
+            for c in gc.get_referents(x):
+                if type(c) is ndarray and id(c) not in arrays:
+                    try:
+                        if c.dtype.hasobject:
+                            arrays[id(c)] = c
+                    except Exception:
+                        continue
+        if heap is None:
+            objs.clear()
+        out: list[tuple[Any, _Step, Any]] = []
+        for arr in arrays.values():
+            try:
+                shape = tuple(arr.shape)
+                flat = arr.ravel(order="C")
+                for i, v in enumerate(flat.tolist() if flat.size < 10_000_000 else ()):
+                    if id(v) in wanted:
+                        idx = _unravel(i, shape)
+                        out.append((arr, _Step("index", idx), v))
+            except Exception:
+                continue
+        arrays.clear()
+        return out
+
+    # -- paths, root sets and what nothing reaches ---------------------------------------------
+    def _resolve(self, retained: dict[tuple[str, int], Retained],
+                 members: dict[tuple[str, int], list[int]], alive: dict[int, Any],
+                 parents: dict[int, list[tuple[int, _Step]]],
+                 roots_of: dict[int, list[tuple[Root, _Step | None]]],
+                 unresolved: set[int], cut: str) -> None:
+        for key, r in retained.items():
+            roots: set[Root] = set()
+            best: tuple[int, str, str] | None = None
+            reached_cut = False
+            ancestors: set[int] = set()
+            tops = False
+            for tid in members[key]:
+                # Breadth first up the parents: the first root met is the nearest.
+                q: deque[tuple[int, list[_Step]]] = deque([(tid, [])])
+                seen = {tid}
+                while q:
+                    oid, steps = q.popleft()
+                    ancestors.add(oid)
+                    for root, step in roots_of.get(oid, ()):
+                        roots.add(root)
+                        path = [step, *steps] if step is not None else steps
+                        text = _render(root, path)
+                        if best is None or (len(path), text) < best[:2]:
+                            best = (len(path), text, root.kind)
+                    ps = parents.get(oid)
+                    if not ps and oid not in roots_of:
+                        if oid in unresolved:
+                            reached_cut = True
+                        else:
+                            tops = True
+                    for pid, step in ps or ():
+                        if pid not in seen:
+                            seen.add(pid)
+                            q.append((pid, [step, *steps]))
+            if roots:
+                r.state, r.roots = STATE_ROOTED, frozenset(roots)
+                assert best is not None
+                r.path, r.root_kind = best[1], best[2]
+            elif reached_cut:
+                r.state, r.why = STATE_NOT_SEARCHED, cut
+            elif tops:
+                r.state = STATE_UNSEEN
+            else:
+                r.state = STATE_GARBAGE
+                r.classes = self._cycle_classes(ancestors, alive, set(members[key]))
+                if r.classes is None:  # a reference from outside the cycle, unseen
+                    r.state, r.classes = STATE_UNSEEN, ()
+
+    def _cycle_classes(self, ids: set[int], alive: dict[int, Any],
+                       targets: set[int]) -> Any:
+        """The classes of the objects in a closed set of referrers, if nothing outside it
+        refers to them (each one's reference count is what the set's own edges explain);
+        None where something unseen does."""
+        inside: dict[int, int] = dict.fromkeys(ids, 0)
+        for oid in ids:
+            obj = alive.get(oid)
+            if obj is None:
+                continue
+            for c in gc.get_referents(obj):
+                if id(c) in inside:
+                    inside[id(c)] += 1
+        obj = c = None  # a local left bound would count as one more reference
+        classes: set[str] = set()
+        for oid in ids:
+            if oid in targets or oid not in alive:
+                continue
+            # Held here by ``alive`` and by getrefcount's own argument.
+            if sys.getrefcount(alive[oid]) - 2 > inside[oid]:
+                return None
+            t = type(alive[oid])
+            if t not in (dict, list, tuple, set, types.CellType, types.FunctionType):
+                classes.add(type_name(t))
+        return tuple(sorted(classes))
+
+
+def _unquote(text: str, d: Any, child: Any) -> Any:
+    """The dict key whose value is ``child`` (the rendered text is for display only)."""
+    for k, v in dict.items(d):
+        if v is child:
+            return k
+    return text
+
+
+def _unravel(i: int, shape: tuple[int, ...]) -> str:
+    if len(shape) <= 1:
+        return str(i)
+    idx = []
+    for n in reversed(shape):
+        idx.append(i % n if n else 0)
+        i = i // n if n else 0
+    return ", ".join(str(x) for x in reversed(idx))
