@@ -300,59 +300,157 @@ def _cache_clear(name: str, path: str) -> str:
     return f"`.cache_clear()` on the cache at {name} → {where}"
 
 
+@dataclass(frozen=True)
+class Advice:
+    """What to do about one holder: the sentence, the one line of code in it that a user
+    would run (between backticks in the sentence; "" where the step is no single line), and
+    the bytes that line frees."""
+
+    text: str
+    code: str = ""
+    nbytes: int | None = None
+
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _del_line(h: Holder) -> str:
+    """``del ds, dl``: the holder's name and every other reference that keeps the same bytes
+    (all must go); "" where one of them is no plain variable."""
+    names = [h.name, *h.also_held_by]
+    if not all(_IDENTIFIER.match(n) for n in names):
+        return ""
+    return "del " + ", ".join(dict.fromkeys(names))
+
+
+def _also(h: Holder) -> str:
+    if not h.also_held_by:
+        return ""
+    return (f" ({', '.join(h.also_held_by)} also keep{'s' if len(h.also_held_by) == 1 else ''}"
+            " them: every reference must go)")
+
+
 def holder_action(h: Holder) -> str:
     """What to do about one holder, by what it is."""
+    return holder_advice(h).text
+
+
+def holder_advice(h: Holder) -> Advice:
+    """What to do about one holder, by what it is, with the line that does it."""
     what = held_text(h)
+    freed = h.held_bytes
     graph = bool(h.graph_bytes) or (h.holds_graph and h.graph_bytes is None)
     if h.kind == "output cache":
-        return (f"%gpumem cleanup --out clears {h.name} ({what}); end a line with `;` or "
-                "assign its result, and Out will not keep it.")
+        return Advice(f"%gpumem cleanup --out clears {h.name} ({what}); end a line with `;` or "
+                      "assign its result, and Out will not keep it.", "%gpumem cleanup --out",
+                      freed)
     if h.kind == "traceback":
-        return f"%gpumem cleanup drops the stored traceback: {h.label} ({what})."
-    if h.kind == "gc":
-        # No variable to `del`: the name says where the reverse search found its owner.
-        owner = h.name.partition(": ")[2]
-        return (f"{owner} keeps {what}: drop that reference (clear the list, `del` the "
-                "variable, or let go of the exception)." if owner else
-                f"{what} is reachable, but neither the scan nor the reverse search found "
-                "its owner.")
+        return Advice(f"%gpumem cleanup drops the stored traceback: {h.label} ({what}).",
+                      "%gpumem cleanup", freed)
+    if h.kind == "garbage":
+        classes = ", ".join(h.classes) or "plain containers"
+        return Advice(
+            f"{what} is garbage: reference cycles ({classes}) that nothing reaches, which "
+            "Python's garbage collector had not collected yet (PyTorch does not run it before "
+            f"raising). `{h.code or 'import gc; gc.collect()'}` frees it now; where a loop makes "
+            "such cycles (an object that refers to itself, a parent and child that refer to "
+            "each other), break them (a weakref, or `del` the back-reference) or collect in "
+            "the loop.", h.code or "import gc; gc.collect()", freed)
+    if h.kind == "unseen":
+        return Advice(
+            f"{what} is alive, but only something Python cannot see into refers to it (a C "
+            "extension's object, a running frame's locals): no name reaches it.")
+    if h.kind == "not searched":
+        return Advice(f"{what} not searched: {h.why}.")
+    if h.kind == "thread":
+        return Advice(
+            f"{h.label} keeps {what}: a live thread holds it while that function runs. Stop the "
+            "thread (let its function return), or have it drop the reference once used.")
+    if h.kind in ("module global", "class attribute", "the shell") or (
+            h.code and h.kind == "variable" and not _IDENTIFIER.match(h.name)):
+        queue = _queue_fix(h)
+        if queue is not None:
+            return queue
+        if h.code:
+            return Advice(f"{h.label} ({h.kind}) keeps {what}{_also(h)}: `{h.code}` lets it go.",
+                          h.code, freed)
+        return Advice(f"{h.label} ({h.kind}) keeps {what}{_also(h)}: drop that reference.")
     if graph and h.kind == "container":
-        return (f"{h.name} ({what}) keeps its tensors' autograd graphs: store `loss.item()` "
-                "(a float) or `t.detach()` instead of the tensors.")
+        return Advice(f"{h.name} ({what}) keeps its tensors' autograd graphs: store "
+                      "`loss.item()` (a float) or `t.detach()` instead of the tensors.")
     if graph:
-        return (f"{h.name} ({what}) keeps its autograd graph: keep `{h.name}.detach()` (or "
-                f"`.item()` for a number), or `del {h.name}`.")
+        return Advice(f"{h.name} ({what}) keeps its autograd graph: keep `{h.name}.detach()` "
+                      f"(or `.item()` for a number), or `del {h.name}`.",
+                      _del_line(h), freed if _del_line(h) else None)
     path = h.path.lstrip()
     if "lru_cache results" in path:
-        return (f"{h.label} keeps {what}: {_cache_clear(h.name, path)} lets the results go "
-                "(or give the cache a `maxsize`).")
+        clear = _cache_clear(h.name, path)
+        code = clear.strip("`") if clear.startswith("`") and clear.endswith("`") else ""
+        return Advice(f"{h.label} keeps {what}: {clear} lets the results go (or give the "
+                      "cache a `maxsize`).", code, freed if code else None)
     if " suspended " in f" {path}":
         # `del`, not `.close()`: on the H200's Python 3.12.3 a closed generator kept its
         # frame's locals (60 GiB) until the generator itself went
         # (benchmarks/probe_generator_close.py).
-        return (f"{h.label} keeps {what} in a suspended generator's frame: `del {h.name}` "
-                "(or running it to its end) lets them go; `.close()` alone may not.")
+        return Advice(f"{h.label} keeps {what} in a suspended generator's frame: `del {h.name}` "
+                      "(or running it to its end) lets them go; `.close()` alone may not.",
+                      _del_line(h), freed if _del_line(h) else None)
+    queue = _queue_fix(h)
+    if queue is not None:
+        return queue
     if h.kind == "module" and path:
         fix = ("remove the hook (`.remove()` on the handle its register call returned) or "
                "stop it keeping outputs" if "_hooks" in path else
                "set that attribute to None once it is used")
-        return (f"{h.label} keeps {what} in the module beyond its parameters: {fix}; "
-                f"`del {h.name}` only if you are done with the model.")
+        return Advice(f"{h.label} keeps {what} in the module beyond its parameters: {fix}; "
+                      f"`del {h.name}` only if you are done with the model.")
     if h.kind == "module" and h.contents_bytes:
         # Hooks and attributes in several places, none with nearly all: saying the
         # parameters hold it all sent the user to the wrong fix.
-        return (f"{h.name} ({what}) keeps {format_bytes(h.contents_bytes)} of it beyond its "
-                "parameters, in more than one of its hooks or attributes: remove the hooks "
-                "that keep outputs and set such attributes to None once used; "
-                f"`del {h.name}` only if you are done with the model.")
+        return Advice(
+            f"{h.name} ({what}) keeps {format_bytes(h.contents_bytes)} of it beyond its "
+            "parameters, in more than one of its hooks or attributes: remove the hooks "
+            "that keep outputs and set such attributes to None once used; "
+            f"`del {h.name}` only if you are done with the model.")
+    if h.kind == "module" and h.grad_bytes:
+        zero = f"{h.name}.zero_grad(set_to_none=True)"
+        return Advice(
+            f"{h.name} is a torch.nn.Module: its parameters, gradients and buffers hold "
+            f"{what}, {format_bytes(h.grad_bytes)} of it gradients: `{zero}` frees those and "
+            f"keeps the model; `del {h.name}` only if you are done with it{_also(h)}.",
+            zero, h.grad_bytes)
     if h.kind == "module":
-        return (f"{h.name} is a torch.nn.Module: its parameters, gradients and buffers hold "
-                f"{what}; `del {h.name}` only if you are done with it.")
+        return Advice(f"{h.name} is a torch.nn.Module: its parameters, gradients and buffers "
+                      f"hold {what}; `del {h.name}` only if you are done with it{_also(h)}.")
     if h.kind == "optimizer state":
-        return (f"{h.name} is an optimizer: its state holds {what} (Adam keeps two values "
-                f"per parameter); `del {h.name}` only once training is done.")
+        return Advice(f"{h.name} is an optimizer: its state holds {what} (Adam keeps two values "
+                      f"per parameter); `del {h.name}` only once training is done{_also(h)}.")
+    if h.view_bytes is not None and h.nbytes >= 2 * h.view_bytes and _IDENTIFIER.match(h.name):
+        clone = f"{h.name} = {h.name}.clone()"
+        return Advice(
+            f"{h.name} is a view of {format_bytes(h.view_bytes)} that keeps its whole base "
+            f"storage ({what}) alive: `{clone}` keeps only its own bytes and frees "
+            f"{format_bytes(h.nbytes - h.view_bytes)}.", clone, h.nbytes - h.view_bytes)
     where = f": {h.path}" if h.path else ""
-    return f"del {h.name} ({h.kind}{where}, {what}) if you no longer need it."
+    line = _del_line(h)
+    if line:
+        return Advice(f"{line} ({h.kind}{where}, {what}){_also(h)} if you no longer need it.",
+                      line, freed)
+    return Advice(f"del {h.name} ({h.kind}{where}, {what}){_also(h)} if you no longer need "
+                  "it.")
+
+
+def _queue_fix(h: Holder) -> Advice | None:
+    """A standard-library queue that keeps its items: draining it frees them and keeps the
+    queue (``q.queue.clear()`` under its mutex, as ``Queue`` itself does)."""
+    where = f"{h.name} → {h.path.lstrip()}" if h.path else h.name
+    m = re.match(r"^([A-Za-z_][\w.]*)\.queue\[", where.replace(" → ", "."))
+    if m is None:
+        return None
+    q = m[1]
+    code = f"with {q}.mutex: {q}.queue.clear()"
+    return Advice(f"{h.label} keeps {held_text(h)} in a queue's items: `{code}` drains it and "
+                  f"keeps the queue{_also(h)}.", code, h.held_bytes)
 
 
 _RAISED_ADVICE = "the stored exception keeps the failed cell's local tensors alive"

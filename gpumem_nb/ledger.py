@@ -43,6 +43,9 @@ class Ledger:
     # so never a part of allocated_bytes (a 60 GiB CuPy array was said to be 60 GiB "of
     # 65 MiB allocated"). Said beside the split.
     arrays_bytes: int = 0
+    # Live tensors only something Python cannot see refers to (a C extension's object, a
+    # running frame): found, but with no name a user can act on.
+    invisible_bytes: int = 0
 
     @property
     def pools_bytes(self) -> int:
@@ -51,7 +54,14 @@ class Ledger:
     @property
     def attributed_bytes(self) -> int:
         return min(self.holders_bytes + self.graphs_bytes + self.computation_bytes
-                   + self.pools_bytes + self.workspaces_bytes, self.allocated_bytes)
+                   + self.pools_bytes + self.workspaces_bytes + self.invisible_bytes,
+                   self.allocated_bytes)
+
+    @property
+    def named_bytes(self) -> int:
+        """What has a name: a path from a root, a graph's holder, the computation, a pool's
+        owner, cuBLAS's workspaces; not what only something unseen keeps."""
+        return max(self.attributed_bytes - self.invisible_bytes, 0)
 
     @property
     def not_found_bytes(self) -> int:
@@ -69,6 +79,9 @@ class Ledger:
         if self.computation_bytes:
             parts.append(f"{format_bytes(self.computation_bytes)} the failing computation")
         parts += [f"{format_bytes(n)} in {label}" for label, n in self.pools if n]
+        if self.invisible_bytes:
+            parts.append(f"{format_bytes(self.invisible_bytes)} referenced only from where "
+                         "Python cannot see (a C extension, a running frame)")
         if self.workspaces_bytes:
             parts.append(f"{format_bytes(self.workspaces_bytes)} cuBLAS workspaces "
                          "(torch._C._cuda_clearCublasWorkspaces() frees them until the next "
@@ -96,7 +109,7 @@ def ledger(device: str, allocated_bytes: int, holders: Iterable[Holder], *,
            workspaces_bytes: int = 0) -> Ledger:
     """The split of ``allocated_bytes`` on ``device`` among these holders (each storage is in
     one holder already: the scan attributes it once)."""
-    own = graphs = arrays = 0
+    own = graphs = arrays = invisible = 0
     capped = False
     for h in holders:
         if not on_device(h, device):
@@ -104,17 +117,25 @@ def ledger(device: str, allocated_bytes: int, holders: Iterable[Holder], *,
         if h.arrays:  # another library's memory: not in allocated_bytes
             arrays += h.nbytes
             continue
+        if h.kind == "unseen":
+            invisible += h.nbytes
+            continue
+        if h.kind == "not searched":  # left in "not found", which then says it was cut
+            capped = True
+            continue
         own += h.nbytes
         graphs += h.graph_bytes or 0
         capped = capped or h.walk_capped or h.graph_bytes_capped or bool(h.graph_unsized) \
             or (h.holds_graph and h.graph_bytes is None)
     # Workspaces claim only what nothing else accounts for: a block of a workspace's size
     # that a holder's tensor owns is counted once, as the holder's.
-    rest = allocated_bytes - own - graphs - computation_bytes - sum(n for _, n in pools)
+    rest = allocated_bytes - own - graphs - computation_bytes - sum(n for _, n in pools) \
+        - invisible
     return Ledger(device=device, allocated_bytes=allocated_bytes, holders_bytes=own,
                   graphs_bytes=graphs, computation_bytes=computation_bytes,
                   pools=tuple(pools), capped=capped,
-                  workspaces_bytes=max(min(workspaces_bytes, rest), 0), arrays_bytes=arrays)
+                  workspaces_bytes=max(min(workspaces_bytes, rest), 0), arrays_bytes=arrays,
+                  invisible_bytes=invisible)
 
 
 # Each GPU's memory pools other than the default, as the ledger's (label, bytes) parts.

@@ -284,6 +284,21 @@ class Holder:
     # (address, bytes) of each of its own tensors' storages on a GPU: which memory pool they
     # are in (a CUDA graph's outputs are in its private pool) is read from these.
     storages: tuple[tuple[int, int], ...] = field(default=(), compare=False, repr=False)
+    # Every other reference that keeps the same bytes alive: all of them must go for the bytes
+    # to be freed (`del ds` alone frees nothing while `dl.dataset` is `ds`).
+    also_held_by: tuple[str, ...] = ()
+    # What frees it, as a user types it, where one line does ("del ds, dl",
+    # "featcache.store.clear()", "import gc; gc.collect()"); "" where none does.
+    code: str = ""
+    # Of its bytes, its modules' gradients: `zero_grad(set_to_none=True)` frees them and keeps
+    # the model.
+    grad_bytes: int = 0
+    # A single tensor that views a small part of a large storage: its own bytes, where
+    # `.clone()` would keep only those.
+    view_bytes: int | None = None
+    # Garbage: the classes in the reference cycles that keep it. Not searched: why.
+    classes: tuple[str, ...] = ()
+    why: str = ""
 
     @property
     def label(self) -> str:

@@ -337,17 +337,14 @@ class Registry(metaclass=Noisy):
 def test_who_gc_names_a_class_attribute_without_running_its_metaclass():
     from .fakes import fake_torch
 
-    # The largest tensor the walk did not find, so that the reverse search (bounded: the 20
-    # largest, within 0.5 s) reaches it first however many tensors earlier tests left alive;
-    # past its bounds, the rest share one "found only through the garbage collector" row.
     size = 64 * 1024 * GiB
     Registry.kept.append(FakeTensor(size))
     calls.clear()
     try:
         found = Scanner({"torch": fake_torch()}).scan({"r": Registry()}, include_gc=True)
-        names = [h.name for h in found if h.nbytes == size]
-        assert names == ["found through the garbage collector: "
-                         "Registry.kept[0] (class attribute)"]
+        (held,) = [h for h in found if h.nbytes == size]
+        assert (held.name, held.kind) == (f"{__name__}.Registry.kept[0]", "class attribute")
+        assert held.code == f"import {__name__}; {__name__}.Registry.kept.clear()"
         assert calls == []
     finally:
         type.__getattribute__(Registry, "kept").clear()

@@ -141,11 +141,11 @@ def test_the_cut_walks_remainder_is_never_the_verdict():
 def test_numpy_arrays_are_called_arrays_and_gc_finds_are_not_called_unreachable():
     holders = Scanner({}).scan({"a": [np.zeros(10), np.ones(10)]})
     assert holders[0].detail == "2 arrays" and holders[0].arrays
-    orphan = [FakeTensor(GiB)]  # reachable from this frame only: the gc search finds it
+    orphan = [FakeTensor(GiB)]  # this running frame's local: no referrer Python can see
     found = Scanner({"torch": fake_torch()}).scan({}, include_gc=True)
-    names = {h.name for h in found}
-    assert "found only through the garbage collector" in names
-    assert not any("unreachable" in n for n in names)
+    kinds = {h.kind for h in found if h.nbytes >= GiB}
+    assert "unseen" in kinds
+    assert not any("unreachable" in h.name for h in found)
     del orphan
 
 
@@ -421,9 +421,9 @@ def test_who_gc_names_a_class_attribute_that_the_forward_walk_cannot_reach():
         forward = Scanner({"torch": fake_torch()}).scan(ns)
         assert forward == []
         found = Scanner({"torch": fake_torch()}).scan(ns, include_gc=True)
-        names = [h.name for h in found if h.nbytes == 10 * GiB]
-        assert names == ["found through the garbage collector: "
-                         "Bottleneck.out_saved[0] (class attribute)"]
+        (held,) = [h for h in found if h.nbytes == 10 * GiB]
+        assert (held.name, held.kind) == (f"{__name__}.Bottleneck.out_saved[0]",
+                                          "class attribute")
     finally:
         Bottleneck.out_saved.clear()
 
@@ -444,12 +444,14 @@ def test_who_gc_follows_an_exception_kept_in_a_variable_to_its_frames_locals():
     ns.clear()
 
 
-def test_a_holder_found_through_the_gc_is_never_advised_as_del_of_its_label():
-    from gpumem_nb.analysis import holder_action
+def test_a_holder_found_by_the_retention_search_is_advised_by_its_reference_not_del_of_its_path():
+    from gpumem_nb.analysis import holder_advice
 
-    named = Holder(name="found through the garbage collector: Bottleneck.out_saved[0] "
-                   "(class attribute)", kind="gc", device="cuda:0", nbytes=GiB)
-    assert holder_action(named).startswith("Bottleneck.out_saved[0] (class attribute) keeps")
-    anon = Holder(name="found only through the garbage collector", kind="gc",
-                  device="cuda:0", nbytes=GiB)
-    assert "del found" not in holder_action(anon)
+    named = Holder(name="Bottleneck.out_saved[0]", kind="class attribute", device="cuda:0",
+                   nbytes=GiB, code="Bottleneck.out_saved.clear()")
+    advice = holder_advice(named)
+    assert advice.code == "Bottleneck.out_saved.clear()" and f"`{advice.code}`" in advice.text
+    assert "del Bottleneck" not in advice.text
+    unseen = Holder(name="referenced from where Python cannot see", kind="unseen",
+                    device="cuda:0", nbytes=GiB)
+    assert holder_advice(unseen).code == "" and "del " not in holder_advice(unseen).text

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .scan import running_frame_ids, static_attribute, type_name
+from .reading import running_frame_ids, static_attribute, type_name
 
 # What a root is: how the user reaches the reference, and so what removes it.
 ROOT_VARIABLE = "variable"

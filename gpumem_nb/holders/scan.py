@@ -31,12 +31,18 @@ import time
 import types
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import userexc
 from ..graph import GraphWalker
 from ..model import Holder
+from . import retention
+from .named import holder_groups
+from .reading import MISSING as _MISSING
+from .reading import running_frame_ids, static_attribute, type_name
+from .retention import RootContext, Search
+from .threads import thread_locals
 
 # Names the shell itself keeps and reads; what each is, for messages.
 SHELL_NAMES = {
@@ -122,33 +128,10 @@ _CHAIN_CAP = 100  # chained exceptions followed
 _LINK_CAP = 10_000  # traceback links followed per exception
 _GENERATOR_FLAGS = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
                     | inspect.CO_ITERABLE_COROUTINE)
-_MISSING = object()
-
-
-def type_name(t: Any) -> str:
-    """A class's ``__name__`` without its metaclass's code; "?" where it has none."""
-    try:
-        name = _TYPE_NAME.__get__(t)
-    except Exception:
-        return "?"
-    return name if type(name) is str else "?"
 
 
 # A million-entry bounded cache's entries, each entered, took the whole scan's object budget.
 _LRU_LINK: type | None = _lru_link_type()
-
-
-def static_attribute(t: Any, name: str) -> Any:
-    """What ``name`` is in the class's own dictionaries, along its MRO, found without running
-    any code of the class or its metaclass; ``_MISSING`` where none defines it."""
-    try:
-        for klass in _TYPE_MRO.__get__(t):
-            ns = _TYPE_DICT.__get__(klass)
-            if name in ns:
-                return ns[name]
-    except Exception:
-        pass
-    return _MISSING
 
 
 @dataclass
@@ -315,6 +298,9 @@ class Scanner:
         self._stopped = False
         self.walk_capped = False  # some holder's object walk was cut this scan
         self.skipped = 0  # objects that raised while being looked at
+        self._extras: dict[str, dict[str, Any]] = {}  # the retention search's holders' fields
+        self.unreached_bytes = 0  # GPU bytes the walk did not reach, in the last scan
+        self.search: retention.Outcome | None = None  # the last retention search, if one ran
         self.graph_s = 0.0  # the last scan's time in graph walks
         self.graph_nodes = 0  # and the nodes they walked
 
@@ -799,6 +785,69 @@ class Scanner:
             text += f", grad_fn={type(grad_fn).__name__}"
         return text
 
+    def _unreached(self) -> list[Any]:
+        """Every GPU tensor the garbage collector tracks that the walk did not reach: one
+        pass over the heap, a type looked at once (not each object: 2.2 µs an object made
+        5,000,000 objects take seconds)."""
+        objs = gc.get_objects()
+        kinds: dict[int, bool] = {}
+        out: list[Any] = []
+        tensor_type, plan = self._tensor_type, self._array_plan
+        try:
+            for obj in objs:
+                t = type(obj)
+                k = kinds.get(id(t))
+                if k is None:
+                    try:
+                        k = bool(tensor_type is not None and issubclass(t, tensor_type)) or \
+                            plan(t) is not None
+                    except Exception:
+                        k = False
+                    kinds[id(t)] = k
+                if k:
+                    info = self._tensor_info(obj)
+                    if info is not None and info[2] not in self._seen and \
+                            info[0].startswith("cuda"):
+                        out.append(obj)
+        finally:
+            objs.clear()
+        return out
+
+    def _search_rest(self, found: dict[str, _Found], ctx: RootContext, min_bytes: int,
+                     budget_s: float) -> None:
+        """The retention search for what the walk did not reach, each group of storages
+        attributed under its path from a root (or as garbage, unseen, not searched)."""
+        tensors = self._unreached()
+        try:
+            sizes: dict[tuple[str, int], int] = {}
+            for t in tensors:
+                info = self._tensor_info(t)
+                if info is not None:
+                    sizes[info[2]] = info[1]
+            self.unreached_bytes = sum(sizes.values())
+            if not tensors or self.unreached_bytes < min_bytes:
+                return
+            if not ctx.thread_locals:
+                ctx.thread_locals = thread_locals()
+            outcome = Search(self._tensor_info, ctx, budget_s=budget_s).run(tensors)
+            self.search = outcome
+            by_key: dict[tuple[str, int], list[Any]] = {}
+            for t in tensors:
+                info = self._tensor_info(t)
+                if info is not None:
+                    by_key.setdefault(info[2], []).append(t)
+            for template, keys in holder_groups(outcome.retained):
+                group = [t for k in keys for t in by_key.get(k, ())]
+                extras = {f: getattr(template, f) for f in
+                          ("also_held_by", "code", "classes", "why") if getattr(template, f)}
+                if extras:
+                    self._extras[template.name] = extras
+                self._attribute(template.name, template.kind, group, found)
+                group.clear()
+            by_key.clear()
+        finally:
+            tensors.clear()
+
     def _size_graphs(self, found: dict[str, _Found]) -> None:
         """Every holder's graphs, in attribution order, once all holders have taken their own
         tensors: a saved tensor a variable or a module also holds is theirs, not the graph's."""
@@ -864,6 +913,8 @@ class Scanner:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             holders = [_holder(f) for f in found.values()]
+            holders = [replace(h, **self._extras[h.name]) if h.name in self._extras else h
+                       for h in holders]
             return sorted(holders, key=lambda h: (-h.held_bytes, h.name))
 
     def _scan(
@@ -875,7 +926,14 @@ class Scanner:
         last_exception: Iterable[BaseException | types.TracebackType | None] = (),
         include_gc: bool = False,
         hidden: Mapping[str, Any] | None = None,
+        rest_min_bytes: int | None = None,
+        roots: RootContext | None = None,
+        search_budget_s: float = retention.BUDGET_S,
     ) -> None:
+        """The fast walk from the names down; then, with ``include_gc``, the retention search
+        (``retention.py``) for every GPU tensor the walk did not reach, and with
+        ``rest_min_bytes`` the same search only when those tensors come to that much."""
+        self._extras = {}
         self._seen.clear()
         self._entered.clear()
         self._entered_n = 0
@@ -906,29 +964,12 @@ class Scanner:
                             found)
         for tb_name, frame_locals in _frames(last_exception):
             self._attribute(tb_name, "traceback", frame_locals, found)
-        if include_gc:
-            objs = gc.get_objects()
-            unfound: list[Any] = []
-            for obj in objs:
-                if id(type(obj)) in _ATOM_IDS:
-                    continue
-                info = self._tensor_info(obj)
-                if info is not None and info[2] not in self._seen:
-                    unfound.append(obj)
-            # The reverse search: each unfound tensor's owner, from the garbage collector's
-            # referrers (a heap pass each, so only for the largest few, within a budget).
-            unfound.sort(key=lambda t: -(self._tensor_info(t) or ("", 0, ("", 0)))[1])
-            deadline = time.perf_counter() + REVERSE_BUDGET_S
-            skip = {id(objs), id(unfound), id(found)} | running_frame_ids()
-            for i, obj in enumerate(unfound):
-                name = None
-                if i < REVERSE_CAP and time.perf_counter() < deadline:
-                    name = owner_of(obj, skip | {id(unfound)}, user_ns)
-                label = (f"found through the garbage collector: {name}" if name else
-                         "found only through the garbage collector")
-                self._attribute(label, "gc", obj, found)
-            objs.clear()
-            unfound.clear()
+        if include_gc or rest_min_bytes is not None:
+            ctx = roots if roots is not None else RootContext(
+                user_ns=user_ns, out=output_cache,
+                stored_exceptions=[e for e in last_exception if userexc.is_exception(e)])
+            self._search_rest(found, ctx, 0 if include_gc else rest_min_bytes or 0,
+                              search_budget_s)
         self._size_graphs(found)
 
 
@@ -1087,28 +1128,6 @@ def traceback_links(excs: Iterable[BaseException | types.TracebackType | None],
             tb = tb.tb_next
             n += 1
     return out
-
-
-def running_frame_ids() -> set[int]:
-    """Frames executing now, on every thread."""
-    ids: set[int] = set()
-    tops: list[types.FrameType | None] = [sys._getframe(), *sys._current_frames().values()]
-    f: types.FrameType | None = None
-    try:
-        for top in tops:
-            f = top
-            while f is not None and id(f) not in ids:
-                ids.add(id(f))
-                f = f.f_back
-    finally:
-        # This frame is among ``tops``: left in its locals it would refer to itself, a cycle
-        # that outlives the call, and a finished frame keeps its caller's frame (``f_back``),
-        # which keeps the next, up the whole stack. Called from the OOM observer, that stack
-        # runs through the user's failing function: its tensors then survived the user's own
-        # ``del`` until the garbage collector ran (issue 15, tutorial 04 on Python 3.12).
-        tops.clear()
-        f = top = None
-    return ids
 
 
 def frame_is_live(frame: types.FrameType, running: set[int],

@@ -24,6 +24,7 @@ from .advice import (
 )
 from .causes import (
     CAUSE_FRAGMENTATION,
+    CAUSE_GARBAGE,
     CAUSE_HELD,
     CAUSE_IMPOSSIBLE,
     CAUSE_OTHER_PROCESSES,
@@ -88,6 +89,7 @@ from .watch import (
 
 __all__ = [
     "CAUSE_FRAGMENTATION",
+    "CAUSE_GARBAGE",
     "CAUSE_HELD",
     "CAUSE_IMPOSSIBLE",
     "CAUSE_OTHER_PROCESSES",

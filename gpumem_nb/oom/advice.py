@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..analysis import holder_action
+from ..analysis import holder_advice
 from ..cleanup import CleanupReport
 from ..ledger import Ledger
 from ..model import (
@@ -22,6 +22,7 @@ from .causes import (
     _NOTABLE_BYTES,
     _WORTH_A_LINE,
     CAUSE_FRAGMENTATION,
+    CAUSE_GARBAGE,
     CAUSE_HELD,
     CAUSE_IMPOSSIBLE,
     CAUSE_OTHER_PROCESSES,
@@ -33,6 +34,7 @@ from .causes import (
     UNREACHABLE,
     UNREACHABLE_AT_START,
     Cause,
+    garbage_holders,
     garbage_plausible,
     held_holders,
 )
@@ -228,6 +230,11 @@ def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holde
             out.append(Action(what, c.nbytes))
         elif c.kind == CAUSE_HELD:
             out.extend(_held_actions(holders, f.device))
+        elif c.kind == CAUSE_GARBAGE:
+            for h in garbage_holders(holders, f.device)[:1]:
+                advice = holder_advice(replace(h, nbytes=c.nbytes or h.nbytes,
+                                               graph_bytes=None, holds_graph=False))
+                out.append(Action(advice.text, c.nbytes, code=advice.code))
         elif c.kind == CAUSE_WORKING_SET and not dominant and not any(
                 x.covers for x in causes[1:]):
             out.append(_workload_action(f))
@@ -348,9 +355,16 @@ def _held_actions(holders: Sequence[Holder], device: int) -> list[Action]:
         names = ", ".join(h.name for h in outs[:4]) + (" and more" if len(outs) > 4 else "")
         out.append(Action(f"%gpumem cleanup --out clears {names} ({format_bytes(total)}"
                           f"{graphs}); end a line with `;` or assign its result, and Out will "
-                          "not keep it.", total))
+                          "not keep it.", total, code="%gpumem cleanup --out"))
         held = [h for h in held if h.kind != "output cache"]
-    return out + [Action(holder_action(h), h.held_bytes) for h in held[:5]]
+    for h in held[:5]:
+        advice = holder_advice(h)
+        # What a step says it frees is what its line frees: a fix that keeps the holder (a
+        # module's gradients) frees less than the holder, and a sentence with no line to run
+        # says how much the holder keeps.
+        out.append(Action(advice.text, advice.nbytes if advice.code else h.held_bytes,
+                          code=advice.code))
+    return out
 
 
 def _fragmentation_action(f: OomFacts) -> Action:

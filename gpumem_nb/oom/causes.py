@@ -23,6 +23,7 @@ CAUSE_POOL = "cached by the cudaMallocAsync pool"
 CAUSE_OTHER_PROCESSES = "other processes"
 CAUSE_OUTSIDE = "outside PyTorch"
 CAUSE_HELD = "held by your session"
+CAUSE_GARBAGE = "garbage in reference cycles"
 CAUSE_WORKING_SET = "working set"
 CAUSE_UNKNOWN = "unknown"
 
@@ -39,6 +40,10 @@ _HELD_KINDS_FIRST = ("output cache", "traceback")
 KIND_FAILED_CALL = "failed call"
 # The running backward's own root and saved inputs (site.py): the computation, too.
 KIND_RUNNING = "running backward"
+# Found by the retention search but no holder a user lets go of by name: garbage is its own
+# cause, and what Python cannot see or the search did not reach is never one.
+KIND_GARBAGE = "garbage"
+_NOT_HELD = (KIND_FAILED_CALL, KIND_RUNNING, KIND_GARBAGE, "unseen", "not searched")
 # The cell's working set is the verdict when it is this many times every other cause: then
 # freeing anything else would let this one request through, not the computation.
 _DWARFS = 4
@@ -55,11 +60,17 @@ class Cause:
     details: tuple[str, ...] = ()
 
 
+def garbage_holders(holders: Iterable[Holder], device: int) -> list[Holder]:
+    """Reference cycles nothing reaches, on ``device``, that hold tensors."""
+    return [h for h in holders if h.device in (f"cuda:{device}", "cuda")
+            and h.kind == KIND_GARBAGE and h.held_bytes > 0]
+
+
 def held_holders(holders: Iterable[Holder], device: int) -> list[Holder]:
     """What the session holds on ``device`` (with their graphs), the accidental holders (Out,
     a traceback) first; the failing call's own locals are the computation's, not listed."""
     on = [h for h in holders if h.device in (f"cuda:{device}", "cuda") and h.held_bytes > 0
-          and h.kind not in (KIND_FAILED_CALL, KIND_RUNNING)]
+          and h.kind not in _NOT_HELD]
     return sorted(on, key=lambda h: (h.kind not in _HELD_KINDS_FIRST, -h.held_bytes, h.name))
 
 
@@ -176,7 +187,8 @@ def cell_working_set_bytes(f: OomFacts, holders: Sequence[Holder] = ()) -> int |
     if own is None:
         return f.computation_bytes
     if f.allocated_bytes is not None:
-        session = sum(h.held_bytes for h in held_holders(holders, f.device))
+        session = sum(h.held_bytes for h in held_holders(holders, f.device)) + \
+            sum(h.held_bytes for h in garbage_holders(holders, f.device))
         own = min(own, max(f.allocated_bytes - session, 0))
     return max(own, f.computation_bytes or 0)
 
@@ -353,6 +365,22 @@ def _held(f: OomFacts, holders: Sequence[Holder],
             # An uncounted remainder is never the verdict (issue 24, point 4).
             covers=covers(unreachable) and not f.walk_capped,
             details=(UNREACHABLE_AT_START if at_start else UNREACHABLE,)))
+    garbage = garbage_holders(holders, f.device)
+    waste = sum(h.held_bytes for h in garbage)
+    if garbage and (covers(waste) or waste >= _NOTABLE_BYTES):
+        classes = sorted({c for h in garbage for c in h.classes})
+        kinds = ", ".join(classes) if classes else "plain containers"
+        out.append(Cause(
+            CAUSE_GARBAGE, waste,
+            f"{format_bytes(waste)} is garbage: tensors kept only by reference cycles "
+            f"({kinds}) that nothing reaches, which Python's garbage collector had not "
+            "collected yet. PyTorch does not run the collector before it raises, so the "
+            "cycles' tensors count against this request.",
+            covers=covers(waste),
+            details=("found at the failure by walking every tensor's referrers up: no path "
+                     "reaches a variable, module, class, thread or the output cache, and "
+                     "each object's reference count is what the cycle's own references "
+                     "explain",)))
     held = held_holders(holders, f.device)
     total = sum(h.held_bytes for h in held)
     if held and (covers(total) or total >= _NOTABLE_BYTES):

@@ -1,0 +1,107 @@
+"""The retention search's findings as holders: grouped by the references that keep them, named
+by the shortest path, with the one line that frees them and what it frees.
+
+The advice for a group is its cut set at the roots: every reference that reaches its bytes
+must go (``del ds, dl``, not ``del ds``). What that frees is the bytes whose every root is in
+the set: a storage also reached from a root outside it stays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from ..model import Holder
+from .retention import (
+    ROOT_CLASS,
+    ROOT_EXCEPTION,
+    ROOT_MODULE,
+    ROOT_OUTPUT,
+    ROOT_SHELL,
+    ROOT_THREAD,
+    ROOT_VARIABLE,
+    STATE_GARBAGE,
+    STATE_NOT_SEARCHED,
+    STATE_ROOTED,
+    STATE_UNSEEN,
+    Retained,
+    Root,
+)
+
+# Holder kinds for what the search found, beside the scan's ("variable", "output cache",
+# "traceback", "module", "optimizer state", "container").
+KIND_MODULE_GLOBAL = "module global"
+KIND_CLASS_ATTRIBUTE = "class attribute"
+KIND_THREAD = "thread"
+KIND_SHELL = "the shell"
+KIND_GARBAGE = "garbage"
+KIND_UNSEEN = "unseen"
+KIND_NOT_SEARCHED = "not searched"
+# What the search found that no one can act on by a name: never a holder to `del`.
+UNNAMED_KINDS = frozenset((KIND_UNSEEN, KIND_NOT_SEARCHED))
+
+_KIND_OF_ROOT = {
+    ROOT_VARIABLE: "variable",
+    ROOT_OUTPUT: "output cache",
+    ROOT_EXCEPTION: "traceback",
+    ROOT_MODULE: KIND_MODULE_GLOBAL,
+    ROOT_CLASS: KIND_CLASS_ATTRIBUTE,
+    ROOT_THREAD: KIND_THREAD,
+    ROOT_SHELL: KIND_SHELL,
+}
+GC_COLLECT = "import gc; gc.collect()"
+
+
+def cut_code(roots: Iterable[Root]) -> str:
+    """One line that removes every one of these references, or "" where one of them has no
+    such line (a thread's local: only the thread can let go of it)."""
+    names: list[str] = []
+    rest: list[str] = []
+    for r in sorted(set(roots)):
+        if not r.code:
+            return ""
+        if r.code.startswith("del ") and r.kind == ROOT_VARIABLE:
+            names.append(r.code[4:])
+        elif r.code not in rest:
+            rest.append(r.code)
+    parts = ([f"del {', '.join(names)}"] if names else []) + rest
+    return "; ".join(parts)
+
+
+def holder_groups(found: Sequence[Retained],
+                  ) -> list[tuple[Holder, list[tuple[str, int]]]]:
+    """One holder per (outcome, set of roots, device), with the storages it stands for,
+    largest first. The holder's bytes are filled in by whoever attributes the storages (the
+    scan, which also sizes their autograd graphs)."""
+    groups: dict[tuple[str, frozenset[Root], str, tuple[str, ...], str], list[Retained]] = {}
+    for r in found:
+        groups.setdefault((r.state, r.roots, r.device, r.classes, r.why), []).append(r)
+    out: list[tuple[Holder, list[tuple[str, int]]]] = []
+    for (state, roots, device, classes, why), members in groups.items():
+        nbytes = sum(r.nbytes for r in members)
+        n = len(members)
+        keys = [r.key for r in members]
+        if state == STATE_ROOTED:
+            best = min(members, key=lambda r: (r.path.count("[") + r.path.count("."), r.path))
+            kind = _KIND_OF_ROOT.get(best.root_kind, best.root_kind)
+            name = best.path + (f" and {n - 1} more" if n > 1 else "")
+            names = sorted({x.name for x in roots})
+            also = tuple(x for x in names if not best.path.startswith(x))
+            h = Holder(name=name, kind=kind, device=device, nbytes=nbytes,
+                       also_held_by=also, code=cut_code(roots))
+        elif state == STATE_GARBAGE:
+            what = ", ".join(classes) if classes else "plain containers"
+            h = Holder(name=f"reference cycles ({what})", kind=KIND_GARBAGE, device=device,
+                       nbytes=nbytes, code=GC_COLLECT, classes=classes)
+        elif state == STATE_UNSEEN:
+            h = Holder(name="referenced from where Python cannot see", kind=KIND_UNSEEN,
+                       device=device, nbytes=nbytes)
+        else:
+            h = Holder(name="not searched", kind=KIND_NOT_SEARCHED, device=device,
+                       nbytes=nbytes, why=why or STATE_NOT_SEARCHED, walk_capped=True)
+        out.append((h, keys))
+    return sorted(out, key=lambda hk: (-hk[0].nbytes, hk[0].name))
+
+
+def holders_from(found: Sequence[Retained]) -> list[Holder]:
+    """The groups' holders alone (tests, and callers that need no graph sizes)."""
+    return [h for h, _ in holder_groups(found)]
