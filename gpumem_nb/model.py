@@ -299,6 +299,8 @@ class Holder:
     # Garbage: the classes in the reference cycles that keep it. Not searched: why.
     classes: tuple[str, ...] = ()
     why: str = ""
+    # Found by the retention search, up from the tensor, not by the walk down from the names.
+    searched: bool = False
 
     @property
     def label(self) -> str:

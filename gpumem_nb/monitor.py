@@ -36,7 +36,8 @@ from .analysis import (
 )
 from .cudastart import CudaStartWatch, launcher_refusal, refusal_advice
 from .errtext import error_str, one_read_per_error
-from .holders import CellException, Scanner, last_exception_objects
+from .holders import CellException, Scanner, last_exception_objects, output_cache_names
+from .holders.retention import Outcome, RootContext
 from .model import (
     CAUSE_LIVE_TENSORS,
     CellMark,
@@ -237,6 +238,7 @@ class Monitor:
         self.read_problem = ""  # why the last on-demand reading is partial, for the magics
         self.started_t_s = time.monotonic()
         self.last_scan_graph = (0.0, 0)  # the last scan's time in autograd graphs, nodes walked
+        self.last_search: Outcome | None = None  # the last retention search, if one ran
         self.oom = OomWatch(self)  # explains a CUDA OOM in the cell that hit it
         self.last_trace: Any = None  # the latest %%gpumem --trace result, for %gpumem whatif
         self.cuda_start = CudaStartWatch(self.torch, shell)  # the cell that started CUDA
@@ -1042,14 +1044,28 @@ class Monitor:
         return dict(oh) if isinstance(oh, dict) else {}
 
     def scan(self, include_gc: bool = False,
-             graph_budget_s: float | None = None) -> list[Holder]:
+             graph_budget_s: float | None = None,
+             rest_min_bytes: int | None = None) -> list[Holder]:
+        """The session's holders: the fast walk from the names; with ``include_gc`` the
+        retention search for every GPU tensor it did not reach, with ``rest_min_bytes`` only
+        when those come to that much (the OOM explainer's 2%)."""
         scanner = Scanner() if graph_budget_s is None else Scanner(graph_budget_s=graph_budget_s)
-        holders = scanner.scan(self.shell.user_ns, output_cache=self.out_entries(),
-                               last_exception=last_exception_objects(
-                                   self.shell, self.last_cell_exception),
-                               include_gc=include_gc,
-                               hidden=getattr(self.shell, "user_ns_hidden", None))
+        ns = self.shell.user_ns
+        stored = last_exception_objects(self.shell, self.last_cell_exception)
+        hidden = getattr(self.shell, "user_ns_hidden", None)
+        roots = None
+        if include_gc or rest_min_bytes is not None:
+            oh = ns.get("_oh")
+            out = oh if isinstance(oh, dict) else {}
+            roots = RootContext(
+                user_ns=ns, out=out, shell=self.shell,
+                output_names=frozenset(output_cache_names(ns, dict(out), hidden)),
+                stored_exceptions=[e for e in stored if isinstance(e, BaseException)])
+        holders = scanner.scan(ns, output_cache=self.out_entries(), last_exception=stored,
+                               include_gc=include_gc, hidden=hidden,
+                               rest_min_bytes=rest_min_bytes, roots=roots)
         self.last_scan_graph = (scanner.graph_s, scanner.graph_nodes)
+        self.last_search = scanner.search
         return holders
 
     def cell_start(self, device: int) -> CellStart | None:

@@ -51,6 +51,9 @@ STATE_GARBAGE = "garbage"  # only reference cycles keep it: the next gc.collect(
 STATE_UNSEEN = "unseen"  # a reference from where Python cannot see (C code, a running frame)
 STATE_NOT_SEARCHED = "not searched"
 
+# Levels at which objects with no tracked referrer are looked for in untracked containers
+# (an object array inside an untracked dict inside a namespace is three).
+_UNTRACKED_LEVELS = 4
 # A few frontier objects are looked up by the C call; more by one pass over the heap.
 _SMALL_FRONTIER = 8
 MAX_LEVELS = 40
@@ -204,6 +207,7 @@ class Search:
         self._root_objects: dict[int, Root] = {}
         self._skip: set[int] = set()
         self._arrays_looked = False
+        self._untracked_cache: list[Any] | None = None
         self._running: set[int] = set()
         self._module_alias: dict[int, str] = {}
 
@@ -344,8 +348,9 @@ class Search:
                         out.append((v, _Step("index", str(i))))
                 return out
             if issubclass(t, (set, frozenset)):
-                base = set if issubclass(t, set) else frozenset
-                for v in base.__iter__(parent):
+                members = set.__iter__(parent) if issubclass(t, set) else \
+                    frozenset.__iter__(parent)
+                for v in members:
                     if id(v) in wanted:
                         out.append((v, _Step("text", "{…}")))
                 return out
@@ -449,6 +454,7 @@ class Search:
         alive: dict[int, Any] = {}
         parents: dict[int, list[tuple[int, _Step]]] = {}
         roots_of: dict[int, list[tuple[Root, _Step | None]]] = {}
+        self._untracked_cache = None
         self._scaffold = {id(retained), id(members), id(alive), id(parents), id(roots_of),
                           id(self), id(self.__dict__)}
         frontier: list[Any] = []
@@ -469,7 +475,7 @@ class Search:
         levels = 0
         cut = ""
         heap: list[Any] | None = None
-        arrays_done = False
+        arrays_done = 0  # levels that looked into untracked containers
         try:
             while frontier:
                 if levels >= self.max_levels:
@@ -486,8 +492,8 @@ class Search:
                     heap = gc.get_objects()
                     self._scaffold.add(id(heap))
                 nxt = self._level(frontier, heap, alive, parents, roots_of,
-                                  arrays=not arrays_done)
-                arrays_done = arrays_done or self._arrays_looked
+                                  arrays=arrays_done < _UNTRACKED_LEVELS)
+                arrays_done += self._arrays_looked
                 frontier.clear()
                 frontier.extend(nxt)
                 nxt.clear()
@@ -544,7 +550,7 @@ class Search:
                 alive[rid] = r
                 nxt.append(r)
         refs.clear()
-        if arrays and self.numpy is not None:
+        if arrays:
             # Untracked containers: an object array's items are invisible to the
             # collector's traversal (numpy does not traverse them).
             orphans = [o for o in frontier if id(o) not in got and id(o) not in roots_of]
@@ -569,39 +575,65 @@ class Search:
             if root is not None:
                 roots_of.setdefault(id(o), []).append((root, None))
 
-    def _array_edges(self, orphans: list[Any],
-                     heap: list[Any] | None) -> list[tuple[Any, _Step, Any]]:
-        """Object arrays that hold these objects: found among what tracked objects refer to
-        (arrays are untracked), their items compared by identity."""
-        np = self.numpy
-        ndarray = getattr(np, "ndarray", None)
-        if ndarray is None:
-            return []
-        wanted = {id(o) for o in orphans}
+    def _untracked(self, heap: list[Any] | None) -> list[Any]:
+        """Containers the collector does not track but that can hold tensors: numpy object
+        arrays (numpy does not traverse their items) and the dicts, lists and tuples that
+        hold them (a dict whose values are all untracked objects is itself untracked). Found
+        among what tracked objects refer to, three levels of such nesting down; once per
+        search."""
+        if self._untracked_cache is not None:
+            return self._untracked_cache
+        ndarray = getattr(self.numpy, "ndarray", None)
         objs = heap if heap is not None else gc.get_objects()
-        arrays: dict[int, Any] = {}
-        for x in objs:
-            for c in gc.get_referents(x):
-                if type(c) is ndarray and id(c) not in arrays:
-                    try:
-                        if c.dtype.hasobject:
-                            arrays[id(c)] = c
-                    except Exception:
-                        continue
+        out: list[Any] = []
+        self._scaffold.add(id(out))
+        tracked = gc.is_tracked
+        level = gc.get_referents(*objs)
         if heap is None:
             objs.clear()
+        for _ in range(3):
+            nxt: list[Any] = []
+            for c in level:
+                t = type(c)
+                if t is ndarray:
+                    try:
+                        if c.dtype.hasobject:
+                            out.append(c)
+                    except Exception:
+                        continue
+                elif (t is dict or t is list or t is tuple) and not tracked(c):
+                    out.append(c)
+                    nxt.append(c)
+            level.clear()
+            if not nxt:
+                break
+            level = gc.get_referents(*nxt)
+            nxt.clear()
+        level.clear()
+        self._untracked_cache = out
+        return out
+
+    def _array_edges(self, orphans: list[Any],
+                     heap: list[Any] | None) -> list[tuple[Any, _Step, Any]]:
+        """(container, step, orphan) for each untracked container that holds one of these
+        objects, its items compared by identity."""
+        wanted = {id(o) for o in orphans}
+        ndarray = getattr(self.numpy, "ndarray", None)
         out: list[tuple[Any, _Step, Any]] = []
-        for arr in arrays.values():
+        referents = gc.get_referents
+        for c in self._untracked(heap):
             try:
-                shape = tuple(arr.shape)
-                flat = arr.ravel(order="C")
-                for i, v in enumerate(flat.tolist() if flat.size < 10_000_000 else ()):
-                    if id(v) in wanted:
-                        idx = _unravel(i, shape)
-                        out.append((arr, _Step("index", idx), v))
+                if type(c) is ndarray:
+                    if c.size >= 10_000_000:
+                        continue
+                    shape = tuple(c.shape)
+                    for i, v in enumerate(c.ravel(order="C").tolist()):
+                        if id(v) in wanted:
+                            out.append((c, _Step("index", _unravel(i, shape)), v))
+                elif not wanted.isdisjoint(map(id, referents(c))):
+                    out.extend((c, step, v) for v, step in self._edges(c, wanted))
             except Exception:
                 continue
-        arrays.clear()
         return out
 
     # -- paths, root sets and what nothing reaches ---------------------------------------------

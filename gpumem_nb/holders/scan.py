@@ -840,8 +840,7 @@ class Scanner:
                 group = [t for k in keys for t in by_key.get(k, ())]
                 extras = {f: getattr(template, f) for f in
                           ("also_held_by", "code", "classes", "why") if getattr(template, f)}
-                if extras:
-                    self._extras[template.name] = extras
+                self._extras[template.name] = {**extras, "searched": True}
                 self._attribute(template.name, template.kind, group, found)
                 group.clear()
             by_key.clear()

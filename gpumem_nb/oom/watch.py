@@ -59,7 +59,8 @@ class OomHost(Protocol):
     source: Any
 
     def scan(self, include_gc: bool = False,
-             graph_budget_s: float | None = None) -> list[Holder]: ...
+             graph_budget_s: float | None = None,
+             rest_min_bytes: int | None = None) -> list[Holder]: ...
 
     def read(self) -> Sample: ...
 
@@ -403,6 +404,9 @@ class OomWatch:
             pieces.facts = replace(pieces.facts, earlier_errors=earlier_errors)
         stages = pieces.stage_s
         t = self.clock()
+        self._add_searched(pieces)
+        stages["search"] = self.clock() - t
+        t = self.clock()
         ns = getattr(getattr(self.host, "shell", None), "user_ns", None)
         site = failure_site(exc, ns if isinstance(ns, Mapping) else {}, holders=pieces.judged)
         pieces.judged = mark_running(pieces.judged, site)
@@ -437,6 +441,34 @@ class OomWatch:
             form=msg.form, source=pieces.source, holders=pieces.holders,
             sites_at_failure=tuple(sites), observer_s=pieces.observer_s,
             notes=tuple(pieces.notes) + extra, stage_s=stages)
+
+    def _add_searched(self, pieces: _Pieces) -> None:
+        """What the walk from the names cannot reach, found up from the tensors themselves
+        (``holders/retention.py``): a module's global, a class attribute, a queue or a data
+        frame's object column, a live thread's locals, garbage in reference cycles. Searched
+        after the failure, when only the computation's temporaries are gone: whatever it
+        finds lived through the failure. Run when the GPU tensors the walk did not reach come
+        to more than ``REST_SHARE`` of what was allocated."""
+        f = pieces.facts
+        if f.allocated_bytes is None:
+            return
+        try:
+            found = self.host.scan(graph_budget_s=EXPLAIN_GRAPH_BUDGET_S,
+                                   rest_min_bytes=int(REST_SHARE * f.allocated_bytes))
+        except Exception:
+            return
+        device = f"cuda:{f.device}"
+        known = {h.name for h in pieces.judged}
+        extra = tuple(h for h in found if h.searched and h.name not in known
+                      and h.kind not in ("unseen", "not searched")
+                      and h.device in (device, "cuda"))
+        if not extra:
+            return
+        pieces.holders = (*pieces.holders, *extra)
+        pieces.judged = (*pieces.judged, *extra)
+        if f.unreachable_bytes is not None:
+            pieces.facts = replace(f, unreachable_bytes=max(
+                f.unreachable_bytes - sum(h.held_bytes for h in extra), 0))
 
     def _extra_lines(self, facts: OomFacts, stages: dict[str, float]) -> tuple[str, ...]:
         hook = self.extra_lines
@@ -716,6 +748,9 @@ def _segment_facts(snapshot: Mapping[str, Any], device: int) -> tuple[int | None
 # The explainer's two scans (in the observer, then the dry run after the failure) each get this
 # long for autograd graphs, so that the whole explanation stays within its 50 ms.
 EXPLAIN_GRAPH_BUDGET_S = 0.015
+# The retention search runs at an OOM when the GPU tensors the walk did not reach come to more
+# than this share of what was allocated (the explanation's "not found" bound).
+REST_SHARE = 0.02
 
 
 def _cell_facts(cell: CellStart | None, allocated: int | None) -> dict[str, Any]:

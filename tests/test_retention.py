@@ -1,0 +1,299 @@
+"""The retention search: every GPU tensor the walk from the names misses is named by its
+shortest path from a root a user can act on, with the line that frees it (issue: holders by
+construction). Kinds here are each a place the walk down cannot enumerate."""
+
+from __future__ import annotations
+
+import gc
+import queue
+import sys
+import threading
+import types
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gpumem_nb.analysis import holder_advice
+from gpumem_nb.holders import Scanner
+from gpumem_nb.holders.named import cut_code, holders_from
+from gpumem_nb.holders.retention import (
+    ROOT_VARIABLE,
+    STATE_GARBAGE,
+    STATE_ROOTED,
+    STATE_UNSEEN,
+    Root,
+    RootContext,
+    Search,
+)
+from gpumem_nb.holders.threads import thread_locals
+from gpumem_nb.oom import CAUSE_GARBAGE, CAUSE_HELD, CAUSE_WORKING_SET
+
+from .fakes import FakeTensor, GiB, fake_torch
+from .test_oom import last, make_world, run  # noqa: F401 (the OOM fixtures' helpers)
+
+TORCH = {"torch": fake_torch()}
+
+
+def who_gc(ns: dict[str, Any], **ctx: Any) -> list[Any]:
+    return Scanner(TORCH).scan(ns, include_gc=True, roots=RootContext(user_ns=ns, **ctx))
+
+
+def one(holders: list[Any], nbytes: int) -> Any:
+    (h,) = [h for h in holders if h.nbytes == nbytes]
+    return h
+
+
+def test_a_module_global_list_is_named_by_its_module_and_index_not_not_found():
+    featcache = types.ModuleType("featcache")
+    featcache.store = [None, None, FakeTensor(3 * GiB)]  # type: ignore[attr-defined]
+    sys.modules["featcache"] = featcache
+    try:
+        h = one(who_gc({"featcache": featcache}), 3 * GiB)
+        assert (h.name, h.kind) == ("featcache.store[2]", "module global")
+        assert h.code == "featcache.store.clear()"
+        assert holder_advice(h).code == "featcache.store.clear()"
+    finally:
+        del sys.modules["featcache"]
+
+
+def test_a_module_imported_under_another_name_is_fixed_through_that_name():
+    mod = types.ModuleType("helpers_x")
+    mod.cache = {"k": FakeTensor(5 * GiB)}  # type: ignore[attr-defined]
+    sys.modules["helpers_x"] = mod
+    try:
+        h = one(who_gc({"hx": mod}), 5 * GiB)
+        assert h.name == "hx.cache['k']" and h.code == "hx.cache.clear()"
+    finally:
+        del sys.modules["helpers_x"]
+
+
+def test_a_stdlib_queue_is_named_by_its_items_and_drained_not_deleted():
+    q: queue.Queue[Any] = queue.Queue()
+    q.put(FakeTensor(7 * GiB))
+    h = one(who_gc({"q": q}), 7 * GiB)
+    assert h.name == "q.queue[0]"
+    advice = holder_advice(h)
+    assert advice.code == "with q.mutex: q.queue.clear()"
+    exec(advice.code, {"q": q})  # the line as printed frees it
+    assert q.empty()
+
+
+def test_an_object_column_of_arrays_is_found_through_the_explicit_array_edge():
+    col = np.empty(3, dtype=object)
+    col[1] = FakeTensor(9 * GiB)
+    frame = {"emb": col}
+    h = one(who_gc({"frame": frame}), 9 * GiB)
+    assert h.name == "frame['emb'][1]" and h.kind == "variable"
+
+
+def test_a_live_threads_local_list_is_named_by_the_thread_function_and_local():
+    stop = threading.Event()
+    ready = threading.Event()
+
+    def prefetch() -> None:
+        batches = [FakeTensor(11 * GiB)]  # noqa: F841 (what the thread keeps)
+        ready.set()
+        stop.wait(30)
+
+    th = threading.Thread(target=prefetch, name="Thread-3 (prefetch)", daemon=True)
+    th.start()
+    assert ready.wait(10)
+    try:
+        h = one(who_gc({}), 11 * GiB)
+        assert h.kind == "thread"
+        assert h.name == "thread 'Thread-3 (prefetch)': prefetch() local batches[0]"
+        assert holder_advice(h).code == ""  # only the thread can let go of it
+    finally:
+        stop.set()
+        th.join(10)
+
+
+def test_reading_a_threads_locals_leaves_no_snapshot_that_keeps_them_alive():
+    import weakref
+
+    stop = threading.Event()
+    ready = threading.Event()
+    dropped = threading.Event()
+    box: list[Any] = []
+
+    def work() -> None:
+        t = FakeTensor(GiB)
+        box.append(weakref.ref(t))
+        ready.set()
+        dropped.wait(30)
+        t = None  # noqa: F841 (the thread lets go of it)
+        stop.wait(30)
+
+    th = threading.Thread(target=work, daemon=True)
+    th.start()
+    assert ready.wait(10)
+    try:
+        thread_locals()  # reads the running frame's locals
+        dropped.set()
+        for _ in range(200):
+            if box[0]() is None:
+                break
+            threading.Event().wait(0.01)
+        assert box[0]() is None  # no snapshot kept the tensor after the thread dropped it
+    finally:
+        dropped.set()
+        stop.set()
+        th.join(10)
+
+
+def test_a_suspended_generators_local_is_found_through_the_collectors_traversal():
+    def batches() -> Any:
+        batch = FakeTensor(13 * GiB)  # noqa: F841 (kept while suspended)
+        yield 1
+
+    gen = batches()
+    next(gen)
+    found = who_gc({"gen": gen})
+    # The walk reaches it already (it reads a suspended generator as the collector does).
+    assert one(found, 13 * GiB).name.startswith("gen")
+
+
+def test_two_references_to_one_holder_are_both_in_the_advice():
+    class Dataset:
+        def __init__(self) -> None:
+            self.data = [FakeTensor(GiB)]
+
+    class Loader:
+        def __init__(self, ds: Any) -> None:
+            self.dataset = ds
+
+    ds = Dataset()
+    ns = {"ds": ds, "dl": Loader(ds)}
+    targets = [ds.data[0]]
+    out = Search(FakeTensor_info, RootContext(user_ns=ns)).run(targets)
+    (r,) = out.retained
+    assert r.state == STATE_ROOTED
+    assert {x.name for x in r.roots} == {"ds", "dl"}
+    assert cut_code(r.roots) == "del dl, ds"
+
+
+def test_a_cycle_that_nothing_reaches_is_garbage_with_its_classes():
+    class Node:
+        pass
+
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        n = Node()
+        n.me = n  # type: ignore[attr-defined]
+        n.t = FakeTensor(17 * GiB)  # type: ignore[attr-defined]
+        targets = [n.t]  # type: ignore[attr-defined]
+        del n
+        out = Search(FakeTensor_info, RootContext(user_ns={})).run(targets)
+        (r,) = out.retained
+        assert (r.state, r.classes) == (STATE_GARBAGE, ("Node",))
+        (h,) = holders_from(out.retained)
+        assert holder_advice(h).code == "import gc; gc.collect()"
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def test_a_cycle_that_something_unseen_also_refers_to_is_not_called_garbage():
+    class Node:
+        pass
+
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        n = Node()
+        n.me = n  # type: ignore[attr-defined]
+        n.t = FakeTensor(19 * GiB)  # type: ignore[attr-defined]
+        targets = [n.t]  # type: ignore[attr-defined]
+        # `n` stays this running frame's local: invisible to the collector's traversal.
+        out = Search(FakeTensor_info, RootContext(user_ns={})).run(targets)
+        (r,) = out.retained
+        assert r.state == STATE_UNSEEN
+        del n
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def test_a_search_cut_by_its_budget_says_not_searched_and_why():
+    chain: list[Any] = [FakeTensor(GiB)]
+    for _ in range(60):
+        chain = [chain]
+    ns = {"deep": chain}
+    t = chain
+    while isinstance(t, list):
+        t = t[0]
+    out = Search(FakeTensor_info, RootContext(user_ns=ns), max_levels=10).run([t])
+    (r,) = out.retained
+    assert r.state == "not searched" and "deeper than 10" in r.why
+    (h,) = holders_from(out.retained)
+    assert h.kind == "not searched" and h.walk_capped
+
+
+def FakeTensor_info(t: Any) -> Any:  # noqa: N802 (named after what it reads)
+    if type(t) is not FakeTensor:
+        return None
+    return ("cuda:0", t._nbytes, ("cuda:0", id(t)))
+
+
+def test_the_cut_set_joins_variables_into_one_del_and_refuses_a_thread():
+    roots = [Root(ROOT_VARIABLE, "b", "del b"), Root(ROOT_VARIABLE, "a", "del a"),
+             Root("module global", "m.x", "m.x.clear()", True)]
+    assert cut_code(roots) == "del a, b; m.x.clear()"
+    assert cut_code([*roots, Root("thread", "thread 't': f() local x")]) == ""
+
+
+# -- at the failure ------------------------------------------------------------------------------
+@pytest.fixture(params=["native"])
+def oomworld(request: Any, shell: Any, monkeypatch: Any, capsys: Any) -> Any:
+    w = make_world(monkeypatch, backend=request.param)
+    run(shell, "%load_ext gpumem_nb")
+    shell.user_ns["cuda"] = w.cuda
+    shell.user_ns["GiB"] = GiB
+    run(shell, "warm = 1")
+    capsys.readouterr()
+    w.shell = shell
+    return w
+
+
+def test_an_oom_names_a_module_global_filled_in_the_failing_cell_not_the_computation(oomworld):
+    featcache = types.ModuleType("featcache")
+    featcache.store = []  # type: ignore[attr-defined]
+    sys.modules["featcache"] = featcache
+    oomworld.shell.user_ns["featcache"] = featcache
+    try:
+        run(oomworld.shell, "for _i in range(4): featcache.store.append(cuda.tensor(30 * GiB))\n"
+                            "y = cuda.tensor(30 * GiB)")
+        e = last(oomworld.shell)
+        assert e.cause == CAUSE_HELD, str(e)
+        text = str(e)
+        assert "featcache.store[0] and 3 more" in text
+        assert "featcache.store.clear()" in [a.code for a in e.actions]
+        assert e.ledger is not None and e.ledger.not_found_bytes == 0
+        assert e.ledger.computation_bytes == 0
+    finally:
+        del sys.modules["featcache"]
+        featcache.store.clear()  # type: ignore[attr-defined]
+
+
+def test_an_oom_with_tensors_in_uncollected_cycles_says_garbage_and_collecting_frees_it(oomworld):
+    shell = oomworld.shell
+    run(shell, "class Node:\n    pass\n")
+    run(shell, "import gc\ngc.disable()\n"
+               "for _i in range(4):\n"
+               "    n = Node(); n.me = n; n.t = cuda.tensor(30 * GiB)\n"
+               "n = None\n"
+               "y = cuda.tensor(30 * GiB)")
+    try:
+        e = last(shell)
+        assert e.cause == CAUSE_GARBAGE, str(e)
+        assert "Node" in e.causes[0].summary
+        (step,) = [a for a in e.actions if a.code == "import gc; gc.collect()"]
+        before = oomworld.cuda.devices[0].allocated
+        run(shell, step.code)
+        freed = before - oomworld.cuda.devices[0].allocated
+        assert step.nbytes is not None and freed >= 0.95 * step.nbytes > 0
+    finally:
+        gc.enable()
+    assert CAUSE_WORKING_SET not in [c.kind for c in e.causes[:1]]
