@@ -1,0 +1,768 @@
+"""The OOM explainer's advice, run as printed: does each step free what it says it frees?
+
+    python3 benchmarks/gpu_diagnosis3.py --out $OUT [--set rerun2|new] [--budget-s 500]
+        [--allocators native,expandable,cudaMallocAsync] [--only KIND,...] [--skip KIND,...]
+        [--merge EARLIER.json] [--run LABEL] [--commit SHA]
+    python3 benchmarks/gpu_diagnosis3.py --dry-run [--set ...] [--allocators ...] [--only ...]
+
+Each kind (``gpu_diagnosis2.Kind``: setup cells, a failing cell, steps that free its holders)
+runs under one allocator (native, ``expandable_segments:True``, ``backend:cudaMallocAsync``;
+a fresh process each, as the backend is read when torch starts) in a real IPython shell with
+``%load_ext gpumem_nb``, as ``gpu_diagnosis2.py`` runs it. After the failing cell:
+
+1. the explanation (the monitor's ``oom.last``) is recorded as diagnosis2 records it;
+2. the advice is run: every action with a ``code`` (the exact line a user would type, as its
+   text shows it between backticks) and a non-None ``nbytes`` (what it says it frees), in the
+   explanation's order, each in its own ``shell.run_cell(code)`` (a ``%gpumem`` line runs as a
+   line-magic cell), straight after the failure: nothing of the harness's own runs before or
+   between them (no ``gc.collect()``, no ``empty_cache()``, no ``%gpumem who`` or dry run,
+   whose exception search collects garbage). Before and after each one the harness reads
+   ``memory_allocated``, ``memory_reserved`` and the device's used bytes (``mem_get_info``),
+   after ``torch.cuda.synchronize()``, and counts the one the action speaks of: reserved for
+   an action about a memory pool (diagnosis2's ``Step.reserved``), the device for one about
+   other libraries or processes, else allocated;
+3. then diagnosis2's own steps free the holders and are measured (``holders``), on what the
+   advice left: a holder the advice freed shows ~0 there (``holders_after_advice: true``).
+
+``--set rerun2`` runs diagnosis2's ``KINDS`` with their expected verdicts; ``--set new`` runs
+``KINDS3`` below (empty until the new kinds are written). Sizes follow the card: the child's
+namespace has ``G`` (the GPU's total bytes, ``torch.cuda.mem_get_info()[1]``), ``frac(x)`` →
+``int(x * G)``, and ``GiB``, which is 2**30 on an H200 (139.8 GiB) and shrinks in proportion
+on a smaller card (2 MiB-aligned), so diagnosis2's kinds, written in ``GiB`` for the H200,
+keep their share of an H100. Kinds sized by shapes do not scale (``--dry-run`` says which).
+
+Writes ``diagnosis3_<card>.json`` (``h200``, ``h100``, from ``torch.cuda.get_device_name``)
+and ``diagnosis3_log.txt`` under ``--out`` after every row and every allocator, so a timeout
+keeps the rows so far. ``--budget-s`` bounds the whole run (default 500 s, under a device
+call's 9 minutes); split a longer run with ``--allocators`` and ``--only`` and join the calls'
+files with ``--merge`` (each new row replaces the earlier one of its kind and allocator, which
+it names under ``replaces``). Rows: every field of diagnosis2's rows (``D2_FIELDS``) plus
+``NEW_FIELDS``; ``checks`` holds ``not_found_le_2pct``, ``named_ge_98pct``,
+``advice_freed_ge_95pct`` and ``verdict_ok``, each null where it cannot be judged, with the
+reason in ``note`` (which also says where a step raised, or where its code is not shown in
+its text, or not between backticks).
+
+Time: ``--dry-run`` prints an estimate per allocator (diagnosis2's H200 row times + 1.5 s of
+advice a row + 15 s to start a child). ``--set rerun2`` comes to about 515 s: two device
+calls, e.g. ``--allocators native,expandable --budget-s 420``, then ``--allocators
+cudaMallocAsync --budget-s 300 --merge <the first call's diagnosis3_<card>.json>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # run as a script: benchmarks/ is sys.path[0], the project is not
+    sys.path.insert(0, ROOT)
+
+from benchmarks import gpu_diagnosis2 as d2  # noqa: E402
+from benchmarks.gpu_diagnosis2 import FILL, Kind, Step  # noqa: E402, F401  (for KINDS3)
+
+ALLOCATORS = d2.ALLOCATORS
+ROW = "DIAGNOSIS3-ROW "
+META = "DIAGNOSIS3-META "
+SETS = ("rerun2", "new")
+
+# ============================================================================================
+# The new kinds. EMPTY on purpose: they are written later, by someone who has not seen the
+# explainer's code since it was frozen, each from a user's report, with `expected` written
+# before any run. How one is written:
+#
+#   WRITTEN3 = "YYYY-MM-DD, after the product code was frozen at <commit>; measured once"
+#   KINDS3 = [
+#       Kind("dataset_cache_in_two_names",                 # a unique snake_case name
+#            "https://github.com/<owner>/<repo>/issues/<n>",  # the user report (source)
+#            "held by your session",                       # expected: a cause's kind
+#            # setup cells, run in order (each its own cell). Size tensors by the card:
+#            # frac(0.4) is 40% of the GPU's total bytes; G is the total; GiB is 2**30 on an
+#            # H200 and proportionally less on a smaller card. Cells may use %magics.
+#            ("class DS:\n    def __init__(self):\n"
+#             "        self.store = torch.empty(frac(0.4), dtype=torch.uint8, device='cuda')\n"
+#             "ds = DS()\ndl = [ds]",),
+#            # the failing cell: FILL is what CUDA has free now, so this always fails
+#            f"y = torch.empty({FILL} + frac(0.1), dtype=torch.uint8, device='cuda')",
+#            # optional: diagnosis2's steps, run after the advice (what it left, per holder)
+#            (Step("ds", "who:ds", "del ds, dl"),),
+#            allocators=("native", "expandable", "cudaMallocAsync"),  # where it can run
+#            needs="",              # a module it imports (transformers, cupy), if any
+#            written=WRITTEN3),     # required for a new kind: --dry-run refuses one without
+#   ]
+#
+# Every new kind is out of sample (set here). The harness runs the explanation's advice on
+# its own: a kind never says what the advice should be.
+# ============================================================================================
+KINDS3: list[Kind] = []
+
+# ---- sizes relative to the card ------------------------------------------------------------
+H200_TOTAL_BYTES = 139.8 * 2**30  # what torch.cuda.mem_get_info()[1] gives on the H200
+FRAC_SRC = "def frac(x):\n    return int(x * G)\n"
+
+
+def scaled_gib(total_bytes: int) -> int:
+    """diagnosis2's ``GiB`` on a card of ``total_bytes``: 2**30 on the H200 its kinds were
+    written for (within 0.5%: its rows stay comparable), else in proportion, a multiple of
+    2 MiB (the native allocator's segment granule, so that ``40 * GiB`` still holds exactly 40
+    blocks of ``GiB``, as ``fragmentation_interleaved`` needs)."""
+    scale = total_bytes / H200_TOTAL_BYTES
+    if abs(scale - 1) < 0.005:
+        return 2**30
+    return max(1, round(2**30 * scale / 2**21)) * 2**21
+
+
+def card_slug(name: str) -> str:
+    """"NVIDIA H200" → "h200", "NVIDIA H100 80GB HBM3" → "h100"."""
+    m = re.search(r"\b([A-Z]{1,3}\d{2,4}[A-Za-z]?)\b", name)
+    if m:
+        return m.group(1).lower()
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "unknown"
+
+
+# ---- the row --------------------------------------------------------------------------------
+# Every field of diagnosis2's rows (benchmarks/results/diagnosis2_h200.json), present in every
+# row here (None where it does not apply), and the new ones.
+D2_FIELDS = ("kind", "source", "out_of_sample", "allocator", "expected", "verdict",
+             "allocated_at_failure_bytes", "attributed_bytes", "not_found_bytes", "holders",
+             "gpu", "torch", "backend", "explain_ms", "stages", "text", "causes", "walk_capped",
+             "first_action", "who_ms", "who_text", "dry_run_ms", "dry_run_text", "wall_s",
+             "run", "commit", "replaces", "tuned_after_seeing", "written")
+NEW_FIELDS = ("set", "reached_failure", "advice", "advice_code", "advice_said_bytes",
+              "advice_freed_bytes", "advice_steps", "advice_unrun", "advice_ms", "named_bytes",
+              "holders_after_advice", "gpu_total_bytes", "gib_bytes", "checks", "note")
+CHECKS = ("not_found_le_2pct", "named_ge_98pct", "advice_freed_ge_95pct", "verdict_ok")
+_LISTS = {"holders", "advice", "advice_code", "advice_steps", "advice_unrun"}
+
+# An action about a memory pool frees reserved memory (the pool's segments), not allocated; one
+# about other libraries or processes frees device memory PyTorch never counted. The dry run's
+# summary line speaks of the cache in passing but says the traceback's and Out's allocated
+# bytes.
+POOL_WORDS = re.compile(r"memory pool|private pool|MemPool|use_mem_pool|CUDAGraph|graph trees"
+                        r"|\bpool\b", re.IGNORECASE)
+OUTSIDE_WORDS = re.compile(r"other libraries|CuPy|cupy\.|\bJAX\b")
+PROCESS_WORDS = re.compile(r"\bPID \d+")  # another process (its own "pool" is no memory pool)
+DRY_RUN_LINE = "%gpumem cleanup --dry-run"
+
+
+def measured_for(text: str) -> str:
+    """Which memory an action's text says it frees: "reserved", "device" or "allocated"."""
+    if PROCESS_WORDS.search(text):
+        return "device"
+    if POOL_WORDS.search(text) and not text.startswith(DRY_RUN_LINE):
+        return "reserved"
+    if OUTSIDE_WORDS.search(text):
+        return "device"
+    return "allocated"
+
+
+def base_row(k: Kind, allocator: str, which: str) -> dict[str, Any]:
+    """A row with every field, before anything ran."""
+    row: dict[str, Any] = {f: ([] if f in _LISTS else None) for f in D2_FIELDS + NEW_FIELDS}
+    row.update(d2.base_row(k, allocator))
+    row.update(set=which, written=k.written or None, reached_failure=False,
+               checks=dict.fromkeys(CHECKS), note="")
+    if k.out_of_sample:
+        # diagnosis2's out-of-sample kinds a rule was changed on seeing; a new kind, never.
+        row["tuned_after_seeing"] = which == "rerun2" and k.kind in d2.TUNED_ON
+    return row
+
+
+def ledger_fields(row: dict[str, Any], expl: Any) -> None:
+    """named and not-found bytes from the explanation's ledger; None before they exist."""
+    led = getattr(expl, "ledger", None)
+    row["named_bytes"] = getattr(led, "named_bytes", None) if led is not None else None
+    row["not_found_bytes"] = getattr(led, "not_found_bytes", None) if led is not None else None
+
+
+def run_advice(row: dict[str, Any], actions: Sequence[Any], run_cell: Callable[[str], Any],
+               measures: Mapping[str, Callable[[], int]]) -> None:
+    """Run every action with code and bytes, in order, each as its own cell, exactly as
+    printed; measure each by ``measures`` ("allocated", "reserved", "device": bytes in use
+    now). Nothing else runs in between: no collection, no cache release."""
+    row["advice"] = [a.text for a in actions]
+    chosen = [a for a in actions if getattr(a, "code", "") and a.nbytes is not None]
+    row["advice_unrun"] = [
+        {"text": a.text[:200], "said_bytes": a.nbytes, "code": getattr(a, "code", "") or "",
+         "why": "no code" if a.nbytes is not None else "no bytes"}
+        for a in actions if (a.nbytes is not None) != bool(getattr(a, "code", ""))]
+    row["advice_code"] = [a.code for a in chosen]
+    row["advice_said_bytes"] = sum(a.nbytes for a in chosen)
+    steps: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    for a in chosen:
+        which = measured_for(a.text)
+        before = {name: fn() for name, fn in measures.items()}
+        t = time.perf_counter()
+        result = run_cell(a.code)
+        ms = round((time.perf_counter() - t) * 1e3, 2)
+        err = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec",
+                                                                  None)
+        error = f"{type(err).__name__}: {err}"[:300] if err is not None else None
+        del result, err  # never keep a cell's result: its exception keeps frames alive
+        freed = {name: before[name] - fn() for name, fn in measures.items()}
+        steps.append({"code": a.code, "said_bytes": a.nbytes, "freed_bytes": freed.get(which),
+                      "measured": which,
+                      "freed_allocated_bytes": freed.get("allocated"),
+                      "freed_reserved_bytes": freed.get("reserved"),
+                      "freed_device_bytes": freed.get("device"),
+                      "in_text": a.code in a.text, "in_backticks": f"`{a.code}`" in a.text,
+                      "error": error, "ms": ms})
+    row["advice_steps"] = steps
+    row["advice_ms"] = round((time.perf_counter() - t0) * 1e3, 2) if steps else None
+    row["advice_freed_bytes"] = (sum(s["freed_bytes"] or 0 for s in steps) if steps else None)
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.1f}%"
+
+
+def checks(row: Mapping[str, Any]) -> tuple[dict[str, bool | None], list[str]]:
+    """The row's four checks (None: cannot be judged) and a note for each miss or None."""
+    out: dict[str, bool | None] = dict.fromkeys(CHECKS)
+    notes: list[str] = []
+    if not row.get("reached_failure"):
+        notes.append("the failing cell was never reached: nothing could be checked")
+        return out, notes
+    out["verdict_ok"] = row.get("verdict") == row["expected"]
+    if not out["verdict_ok"]:
+        notes.append(f"verdict {row.get('verdict')!r}, expected {row['expected']!r}")
+    alloc = row.get("allocated_at_failure_bytes")
+    if alloc is None:
+        notes.append("no OOM explanation (a post-cell line): no ledger and no advice to check")
+        return out, notes
+    if alloc <= 0:
+        notes.append("nothing was allocated at the failure: not found and named are vacuous")
+    else:
+        nf, named = row.get("not_found_bytes"), row.get("named_bytes")
+        if nf is None:
+            notes.append("the ledger gave no not_found_bytes")
+        else:
+            out["not_found_le_2pct"] = 100 * nf <= 2 * alloc
+            if not out["not_found_le_2pct"]:
+                notes.append(f"not found {nf} B is {_pct(nf, alloc)} of {alloc} B allocated")
+        if named is None:
+            notes.append("the ledger has no named_bytes")
+        else:
+            out["named_ge_98pct"] = 100 * named >= 98 * alloc
+            if not out["named_ge_98pct"]:
+                notes.append(f"named {named} B is {_pct(named, alloc)} of {alloc} B allocated")
+    steps = row.get("advice_steps") or []
+    said, freed = row.get("advice_said_bytes") or 0, row.get("advice_freed_bytes")
+    if not steps:
+        unrun = row.get("advice_unrun") or []
+        notes.append("no advice was run: no action has both code and bytes"
+                     + (f" ({len(unrun)} with one and not the other)" if unrun else ""))
+    elif said <= 0:
+        notes.append(f"the advice run said it frees {said} B: nothing to hold it to")
+    elif freed is None:
+        notes.append("the advice ran but nothing was measured")
+    else:
+        out["advice_freed_ge_95pct"] = 100 * freed >= 95 * said
+        if not out["advice_freed_ge_95pct"]:
+            notes.append(f"the advice said {said} B and freed {freed} B ({_pct(freed, said)})")
+    for s in steps:
+        if s.get("error"):
+            notes.append(f"`{s['code']}` raised {s['error']}")
+        if not s.get("in_text", True):
+            notes.append(f"`{s['code']}` is not in its text: the user cannot see what runs")
+        elif not s.get("in_backticks", True):
+            notes.append(f"`{s['code']}` is in its text but not between backticks")
+    return out, notes
+
+
+def finish_row(row: dict[str, Any], meta: Mapping[str, Any], commit: str,
+               run: str) -> dict[str, Any]:
+    """The row as written: every field, the run's provenance, the checks and their notes."""
+    out: dict[str, Any] = {f: ([] if f in _LISTS else None) for f in D2_FIELDS + NEW_FIELDS}
+    out.update({k: v for k, v in meta.items() if row.get(k) is None})
+    out.update({k: v for k, v in row.items() if not (k in meta and v is None)})
+    out.update(commit=commit, run=run)
+    got, notes = checks(out)
+    out["checks"] = got
+    out["note"] = "; ".join(n for n in [out.get("note") or "", *notes] if n)
+    return out
+
+
+def merge(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """``old`` with each of ``new``'s rows in place of its (kind, allocator), in ``old``'s
+    order, saying what it replaced; a new pair goes at the end."""
+    by_key = {(r["kind"], r["allocator"]): dict(r) for r in new}
+    out: list[Any] = []
+    for r in old:
+        fresh = by_key.pop((r["kind"], r["allocator"]), None)
+        if fresh is None:
+            out.append(dict(r))
+            continue
+        fresh["replaces"] = {k: r.get(k) for k in ("run", "commit", "verdict", "checks",
+                                                   "note") if r.get(k) not in (None, "")}
+        out.append(fresh)
+    return out + list(by_key.values())
+
+
+# ---- which kinds, and checking them without a GPU ------------------------------------------
+def kinds_of(which: str) -> list[Kind]:
+    if which == "rerun2":
+        return list(d2.KINDS)
+    return [dataclasses.replace(k, out_of_sample=True) for k in KINDS3]
+
+
+def selected(which: str, only: Iterable[str] = (), skip: Iterable[str] = ()) -> list[Kind]:
+    """The set's kinds in diagnosis2's order: out of sample first, torch.compile's last."""
+    only, skip = set(only), set(skip)
+    kinds = [k for k in kinds_of(which) if (not only or k.kind in only) and k.kind not in skip]
+    return sorted(kinds, key=lambda k: (not k.out_of_sample, k.kind.startswith("compile")))
+
+
+def planned(kinds: Sequence[Kind], allocators: Sequence[str]) -> list[tuple[str, str]]:
+    """(allocator, kind) of every row a run makes, in the order it makes them."""
+    return [(a, k.kind) for a in allocators for k in kinds if a in k.allocators]
+
+
+def cells_of(k: Kind) -> list[tuple[str, str]]:
+    return ([(f"setup[{i}]", c) for i, c in enumerate(k.setup)] + [("fail", k.fail)]
+            + [(f"step {s.name}", s.free) for s in k.steps])
+
+
+def compile_errors(kinds: Iterable[Kind]) -> list[str]:
+    """Every cell of every kind that does not compile, after IPython's transforms (magics)."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    tm = TransformerManager()
+    errors = []
+    for k in kinds:
+        for label, src in cells_of(k):
+            try:
+                compile(tm.transform_cell(src), f"<{k.kind} {label}>", "exec")
+            except SyntaxError as ex:
+                errors.append(f"{k.kind} {label}: {type(ex).__name__}: {ex}")
+    return errors
+
+
+def known_verdicts() -> set[str]:
+    verdicts = {"own traceback", "earlier runs"}  # the post-cell lines' (special="postcell")
+    try:
+        from gpumem_nb.oom import causes
+    except Exception:  # the product does not import: its verdicts cannot be checked here
+        return set()
+    return verdicts | {getattr(causes, n) for n in dir(causes) if n.startswith("CAUSE_")}
+
+
+def kind_problems(kinds: Sequence[Kind], new: bool) -> list[str]:
+    """What makes a kind unfit to run: code that does not compile, an unknown allocator or
+    verdict, no source, a name used twice, and for a new kind, no date it was written."""
+    problems = compile_errors(kinds)
+    verdicts = known_verdicts()
+    seen: set[str] = set()
+    for k in kinds:
+        if k.kind in seen:
+            problems.append(f"{k.kind}: the name is used twice")
+        seen.add(k.kind)
+        if not k.source.startswith(("http://", "https://")):
+            problems.append(f"{k.kind}: source is no URL of a user report")
+        if verdicts and k.expected not in verdicts:
+            problems.append(f"{k.kind}: expected {k.expected!r} is no verdict the explainer "
+                            "gives")
+        odd = sorted(set(k.allocators) - set(ALLOCATORS))
+        if odd:
+            problems.append(f"{k.kind}: unknown allocators {odd}")
+        if new and not k.written:
+            problems.append(f"{k.kind}: a new kind says when it was written (written=...)")
+    return problems
+
+
+def sizing(src: str) -> str:
+    """How a cell sizes its memory: by the card (GiB, frac/G, a memory fraction), by what is
+    free, or by its tensors' shapes (which do not scale with the card)."""
+    tags = [t for t, hit in (("GiB", "GiB" in src),
+                             ("frac", "frac(" in src or re.search(r"\bG\b", src) is not None),
+                             ("free", "mem_get_info" in src),
+                             ("fraction", "memory_fraction(" in src)) if hit]
+    return "+".join(tags) or "shape"
+
+
+# Seconds per row on the H200 (diagnosis2's rows), and what this harness adds.
+EST_FROM = os.path.join(ROOT, "benchmarks", "results", "diagnosis2_h200.json")
+STARTUP_S = 15.0  # a child: torch, CUDA, IPython and the extension
+ADVICE_S = 1.5  # the advice's cells (a %gpumem cleanup scans the session)
+NEW_KIND_S = 10.0  # a kind never run
+
+
+def estimates() -> dict[tuple[str, str], float]:
+    try:
+        with open(EST_FROM) as f:
+            return {(r["kind"], r["allocator"]): float(r.get("wall_s") or 0) for r in json.load(f)}
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def dry_run(which: str, kinds: Sequence[Kind], allocators: Sequence[str]) -> int:
+    rows = planned(kinds, allocators)
+    est = estimates()
+    by = {k.kind: k for k in kinds}
+    print(f"--set {which}: {len(rows)} rows ({len(kinds)} kinds)"
+          + ("" if kinds else ": KINDS3 is empty until the new kinds are written"))
+    print(f"{'allocator':<16} {'kind':<34} {'expected':<22} {'est_s':>6}  sizes (setup / fail)")
+    per: dict[str, float] = {}
+    for a, name in rows:
+        k = by[name]
+        s = est.get((name, a), NEW_KIND_S) + ADVICE_S
+        per[a] = per.get(a, STARTUP_S) + s
+        setup = ",".join(sorted({sizing(c) for c in k.setup})) or "-"
+        print(f"{a:<16} {name:<34} {k.expected:<22} {s:>6.1f}  {setup} / {sizing(k.fail)}")
+    for a, s in per.items():
+        print(f"estimated {a}: {s:.0f} s (H200 times of diagnosis2 + {ADVICE_S} s advice a row "
+              f"+ {STARTUP_S:.0f} s start)")
+    print(f"estimated in all: {sum(per.values()):.0f} s")
+    problems = kind_problems(kinds, new=which == "new")
+    for p in problems:
+        print(f"PROBLEM {p}")
+    print("every kind's code compiles" if not problems else f"{len(problems)} problems")
+    return 1 if problems else 0
+
+
+# ============================================================================================
+# The parent: one subprocess per allocator
+# ============================================================================================
+def git_commit() -> str:
+    return os.environ.get("GPUMEM_COMMIT") or d2.git_commit()
+
+
+def run_allocator(allocator: str, which: str, names: Sequence[str], limit_s: float,
+                  log: list[str], meta: dict[str, Any],
+                  on_row: Callable[[dict[str, Any]], None]) -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTORCH_CUDA_ALLOC_CONF"] = ALLOCATORS[allocator]
+    env["PYTORCH_ALLOC_CONF"] = ""
+    env.setdefault("GPUMEM_NB_CONFIG", os.path.join("/tmp", "gpumem_nb_diagnosis3.json"))
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", allocator,
+                             "--set", which, "--kinds", ",".join(names)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, cwd=ROOT, start_new_session=True)
+    done: set[str] = set()
+    deadline = time.monotonic() + limit_s
+    sel = selectors.DefaultSelector()
+    assert proc.stdout is not None
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    timed_out = False
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            timed_out = True
+            break
+        if not sel.select(timeout=min(left, 1.0)):
+            if proc.poll() is not None:
+                break
+            continue
+        line = proc.stdout.readline()
+        if not line:
+            break
+        try:
+            if line.startswith(META):
+                meta.update(json.loads(line[len(META):]))
+                continue
+            if line.startswith(ROW):
+                row = json.loads(line[len(ROW):])
+                done.add(row["kind"])
+                on_row(row)
+                continue
+        except ValueError as ex:
+            log.append(f"[{allocator}] unreadable line ({ex}): {line[:200]}")
+            continue
+        log.append(f"[{allocator}] {line.rstrip()}")
+    if timed_out:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log.append(f"[{allocator}] killed after {limit_s:.0f} s")
+    proc.wait()
+    last = next((line for line in reversed(log) if line.startswith(f"[{allocator}] ")
+                 and line.strip() != f"[{allocator}]"), "")
+    why = ("timed out" if timed_out else
+           f"the allocator's process ended (rc {proc.returncode}) before it"
+           + (f": {last[len(allocator) + 3:][:300]}" if last else ""))
+    kinds = {k.kind: k for k in kinds_of(which)}
+    for name in names:
+        if name not in done:
+            on_row(base_row(kinds[name], allocator, which) | {"note": why})
+
+
+def summary(rows: Sequence[Mapping[str, Any]]) -> str:
+    out = [f"{'kind':<34} {'allocator':<16} {'verdict ok':<10} {'nf%':>6} {'named%':>7} "
+           f"{'advice said/freed GiB':>22} {'s':>6}"]
+    for r in rows:
+        alloc = r.get("allocated_at_failure_bytes") or 0
+        nf = f"{100 * r['not_found_bytes'] / alloc:.2f}" if alloc and \
+            r.get("not_found_bytes") is not None else ""
+        named = f"{100 * r['named_bytes'] / alloc:.1f}" if alloc and \
+            r.get("named_bytes") is not None else ""
+        adv = (f"{(r.get('advice_said_bytes') or 0) / 2**30:.2f}/"
+               f"{(r.get('advice_freed_bytes') or 0) / 2**30:.2f}"
+               if r.get("advice_steps") else "-")
+        out.append(f"{r['kind']:<34} {r['allocator']:<16} "
+                   f"{r['checks'].get('verdict_ok')!s:<10} {nf:>6} {named:>7} {adv:>22} "
+                   f"{r.get('wall_s') or 0:>6.1f}")
+    for c in CHECKS:
+        vals = [r["checks"].get(c) for r in rows]
+        out.append(f"{c}: {vals.count(True)} pass, {vals.count(False)} fail, "
+                   f"{vals.count(None)} not judged (of {len(rows)} rows)")
+    return "\n".join(out)
+
+
+def progress(row: Mapping[str, Any], i: int, n: int) -> str:
+    c = row["checks"]
+    adv = (f"advice said {(row.get('advice_said_bytes') or 0) / 2**30:.2f} GiB, freed "
+           f"{(row.get('advice_freed_bytes') or 0) / 2**30:.2f} GiB "
+           f"({c['advice_freed_ge_95pct']})" if row.get("advice_steps") else "no advice run")
+    return (f"[{row['allocator']}] {i}/{n} {row['kind']} {row.get('wall_s') or 0:.1f} s: "
+            f"verdict {row.get('verdict')!r} ({c['verdict_ok']}), not found ≤2% "
+            f"{c['not_found_le_2pct']}, named ≥98% {c['named_ge_98pct']}, {adv}"
+            + (f"  NOTE {row['note'][:160]}" if row.get("note") else ""))
+
+
+def main_parent(args: argparse.Namespace, kinds: Sequence[Kind],
+                allocators: Sequence[str]) -> None:
+    os.makedirs(args.out, exist_ok=True)
+    commit = args.commit or git_commit()
+    run = args.run or f"diagnosis3 --set {args.set} at {commit or 'an unknown commit'}"
+    earlier: list[Any] = []
+    if args.merge:
+        with open(args.merge) as f:
+            earlier = json.load(f)
+    rows: list[dict[str, Any]] = []
+    log: list[str] = []
+    meta: dict[str, Any] = {}
+    written: list[str] = []
+    total = len(planned(kinds, allocators))
+    start = time.monotonic()
+
+    def write() -> None:
+        card = card_slug(meta.get("gpu", "")) if meta.get("gpu") else "unknown"
+        path = os.path.join(args.out, f"diagnosis3_{card}.json")
+        for old in written:
+            if old != path and os.path.exists(old):
+                os.remove(old)  # written before the card was known
+        written[:] = [path]
+        with open(path, "w") as f:
+            json.dump(merge(earlier, rows) if args.merge else rows, f, indent=1, default=str)
+        with open(os.path.join(args.out, "diagnosis3_log.txt"), "w") as f:
+            f.write("\n".join(log[-5000:]) + "\n")
+
+    def on_row(row: dict[str, Any]) -> None:
+        row = finish_row(row, meta, commit, run)
+        rows.append(row)
+        print(progress(row, len(rows), total), flush=True)
+        write()
+
+    counts = [sum(1 for k in kinds if a in k.allocators) for a in allocators]
+    for i, allocator in enumerate(allocators):
+        names = [k.kind for k in kinds if allocator in k.allocators]
+        left = args.budget_s - (time.monotonic() - start)
+        if left < STARTUP_S:
+            for k in kinds:
+                if allocator in k.allocators:
+                    on_row(base_row(k, allocator, args.set)
+                           | {"note": "not started: the budget was spent"})
+            continue
+        share = left * counts[i] / max(sum(counts[i:]), 1)
+        print(f"[{allocator}] {len(names)} kinds, {share:.0f} s of {left:.0f} s left",
+              flush=True)
+        run_allocator(allocator, args.set, names, share, log, meta, on_row)
+        write()
+    write()
+    print(summary(rows))
+    missing: dict[str, list[str]] = {}
+    for r in rows:
+        if not r.get("reached_failure") and r.get("note", "").startswith(
+                ("timed out", "not started", "the allocator's process ended")):
+            missing.setdefault(r["allocator"], []).append(r["kind"])
+    for a, names in missing.items():
+        print(f"not run under {a}: --allocators {a} --only {','.join(names)} --merge "
+              f"{written[0] if written else 'THIS.json'}")
+    print(f"wrote {written[0] if written else '-'} ({time.monotonic() - start:.0f} s)")
+
+
+# ============================================================================================
+# The child: a real IPython shell, the extension loaded, the kinds in turn
+# ============================================================================================
+def child(allocator: str, which: str, names: Sequence[str]) -> None:
+    import torch
+    from IPython.testing.globalipapp import start_ipython
+
+    from benchmarks.gpu_diagnosis import START_ALLOCATED_LIMIT_BYTES, release_everything
+
+    ip = start_ipython()
+    ip.displayhook.cache_size = 1000
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    total = int(torch.cuda.mem_get_info(0)[1])
+    gib = scaled_gib(total)
+    meta = {"gpu": torch.cuda.get_device_name(0), "gpu_total_bytes": total, "gib_bytes": gib,
+            "torch": torch.__version__, "backend": torch.cuda.get_allocator_backend()}
+    print(META + json.dumps(meta), flush=True)
+
+    def allocated() -> int:
+        torch.cuda.synchronize()
+        return int(torch.cuda.memory_allocated(0))
+
+    def reserved() -> int:
+        torch.cuda.synchronize()
+        return int(torch.cuda.memory_reserved(0))
+
+    def device_used() -> int:
+        torch.cuda.synchronize()
+        free, whole = torch.cuda.mem_get_info(0)
+        return int(whole - free)
+
+    measures = {"allocated": allocated, "reserved": reserved, "device": device_used}
+
+    def fresh() -> None:
+        release_everything(ip)
+        cupy = sys.modules.get("cupy")
+        if cupy is not None:  # an earlier kind's CuPy pool keeps what %reset let go of
+            cupy.get_default_memory_pool().free_all_blocks()
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()
+        left = allocated()
+        if left > START_ALLOCATED_LIMIT_BYTES:
+            raise RuntimeError(f"not run: {left} bytes left allocated by the previous kind")
+        ip.user_ns.update(torch=torch, G=total, GiB=gib)
+        exec(FRAC_SRC, ip.user_ns)  # frac's globals are the user's namespace, as if typed
+        ip.run_cell("%load_ext gpumem_nb", store_history=True)
+        ip.run_cell("warm = 1", store_history=True)
+
+    by_name = {k.kind: k for k in kinds_of(which)}
+    for name in names:
+        k = by_name[name]
+        row = run_kind(ip, k, base_row(k, allocator, which) | meta, fresh=fresh,
+                       measures=measures, gib=gib)
+        print(ROW + json.dumps(row, default=str), flush=True)
+        gc.collect()
+
+
+def run_kind(ip: Any, k: Kind, row: dict[str, Any], *, fresh: Callable[[], None],
+             measures: Mapping[str, Callable[[], int]], gib: int) -> dict[str, Any]:
+    """One kind in ``ip``: ``fresh()`` clears the session and loads the extension, the setup
+    cells run, the failing cell fails, the explanation is read, its advice runs, then the
+    kind's own steps. ``measures`` reads "allocated", "reserved" and "device" bytes in use.
+    Any error ends the kind with a note; the row is returned either way."""
+    import importlib.util
+    import traceback
+
+    from gpumem_nb.magics import current_monitor
+
+    def run(src: str) -> Any:
+        return ip.run_cell(src, store_history=True)
+
+    t0 = time.perf_counter()
+    foreign = failed = before = e = None
+    try:
+        if k.needs and importlib.util.find_spec(k.needs) is None:
+            raise RuntimeError(f"not run: {k.needs} is not installed here")
+        fresh()
+        for cell in k.setup:
+            failed = run(cell).error_in_exec  # never keep the ExecutionResult
+            if failed is not None:
+                raise RuntimeError(f"setup failed: {failed!r}"[:300])
+        if k.special == "foreign":
+            from benchmarks.foreign import ForeignHolder
+
+            foreign = ForeignHolder(60 * gib)
+            foreign.__enter__()
+        mon = current_monitor(ip)
+        if mon is None:
+            raise RuntimeError("not run: %load_ext gpumem_nb left no monitor")
+        if k.special == "postcell":
+            run(k.fail)
+            row["reached_failure"] = True
+            mon.sampler.tick()
+            msgs = [v.message for v in mon.verdicts]
+            row["text"] = " | ".join(msgs)[:2000]
+            row["verdict"] = ("own traceback" if any("stored exception" in m for m in msgs)
+                              else "earlier runs" if any("earlier runs" in m for m in msgs)
+                              else None)
+            if row["verdict"] is None:
+                row["note"] = "no post-cell line was shown for this cell"
+        else:
+            before = mon.oom.last
+            failed = run(k.fail).error_in_exec
+            if failed is None:
+                raise RuntimeError("the failing cell did not fail")
+            e = mon.oom.last
+            if e is None or e is before:
+                raise RuntimeError(f"no explanation: {failed!r}"[:300])
+            failed = before = None
+            row["reached_failure"] = True
+            d2.explained(row, e)
+            ledger_fields(row, e)
+            # Straight after the failure, before anything of the harness's own.
+            run_advice(row, e.actions, run, measures)
+            if k.steps:
+                row["holders_after_advice"] = True
+                d2.truth(row, k, e, measures["allocated"], measures["reserved"], ip)
+    except Exception as ex:
+        row["note"] = f"{type(ex).__name__}: {ex}"[:500]
+        row["traceback"] = traceback.format_exc()[-2000:]
+    finally:
+        # Nothing of this kind outlives it here: a failed cell's exception keeps its frames.
+        failed = before = e = None
+        if foreign is not None:
+            foreign.__exit__(None, None, None)
+    row["wall_s"] = round(time.perf_counter() - t0, 2)
+    return row
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--out", default=os.environ.get("OUT", "out"))
+    p.add_argument("--set", default="rerun2", choices=SETS)
+    p.add_argument("--budget-s", type=float, default=500.0)
+    p.add_argument("--allocators", default=",".join(ALLOCATORS))
+    p.add_argument("--only", default="", help="only these kinds (comma-separated)")
+    p.add_argument("--skip", default="", help="kinds not to run")
+    p.add_argument("--merge", default="", help="an earlier run's JSON to put these rows into")
+    p.add_argument("--run", default="", help="this run's label in its rows")
+    p.add_argument("--commit", default="", help="the commit measured (else $GPUMEM_COMMIT, "
+                                                "else git's HEAD)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="list the rows a run would make and check every kind compiles; no torch")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--kinds", default="", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        child(args.child, args.set, [n for n in args.kinds.split(",") if n])
+        return
+    allocators = [a for a in args.allocators.split(",") if a]
+    unknown = set(allocators) - set(ALLOCATORS)
+    if unknown:
+        p.error(f"no such allocator: {', '.join(sorted(unknown))} (of {', '.join(ALLOCATORS)})")
+    only = {n for n in args.only.split(",") if n}
+    skip = {n for n in args.skip.split(",") if n}
+    names = {k.kind for k in kinds_of(args.set)}
+    if only - names or skip - names:
+        p.error(f"no such kind in --set {args.set}: {', '.join(sorted((only | skip) - names))}")
+    if args.budget_s > 530:
+        print(f"warning: --budget-s {args.budget_s:.0f} leaves no margin under a device "
+              "call's 9 minutes", file=sys.stderr)
+    kinds = selected(args.set, only, skip)
+    allocators = [a for a in allocators if any(a in k.allocators for k in kinds)]
+    if args.dry_run:
+        sys.exit(dry_run(args.set, kinds, allocators))
+    if args.merge and not os.path.exists(args.merge):
+        p.error(f"--merge: no such file {args.merge}")
+    main_parent(args, kinds, allocators)
+
+
+if __name__ == "__main__":
+    main()
