@@ -261,6 +261,10 @@ class Monitor:
             self.cuda_start.arm()
         except Exception as e:
             self._contain("CUDA start watch", e)
+        try:  # torch imported already: the OOM observer waits on CUDA's start-up
+            self.oom.arm()
+        except Exception as e:
+            self._contain("OOM explainer", e)
         if not start_note:
             self._check_starting_device()  # the GPU count is not known before NVML answers
         self.sampler.add_listener(self._on_sample)
@@ -766,6 +770,10 @@ class Monitor:
         if self._depth != 1:
             return  # nested (%%capture, run_cell from a cell): part of the outer cell
         self._advised_id = None
+        try:  # before a cell that may start CUDA: the OOM observer queued on its start-up
+            self.oom.arm()  # one attribute check once tried
+        except BaseException as e:
+            self._contain("OOM explainer", e)
         try:
             t_s = time.monotonic()
             with self._baseline_lock:
@@ -1045,7 +1053,8 @@ class Monitor:
 
     def scan(self, include_gc: bool = False,
              graph_budget_s: float | None = None,
-             rest_min_bytes: int | None = None) -> list[Holder]:
+             rest_min_bytes: int | None = None,
+             allocated_bytes: int | None = None) -> list[Holder]:
         """The session's holders: the fast walk from the names; with ``include_gc`` the
         retention search for every GPU tensor it did not reach, with ``rest_min_bytes`` only
         when those come to that much (the OOM explainer's 2%)."""
@@ -1063,7 +1072,8 @@ class Monitor:
                 stored_exceptions=[e for e in stored if isinstance(e, BaseException)])
         holders = scanner.scan(ns, output_cache=self.out_entries(), last_exception=stored,
                                include_gc=include_gc, hidden=hidden,
-                               rest_min_bytes=rest_min_bytes, roots=roots)
+                               rest_min_bytes=rest_min_bytes, roots=roots,
+                               allocated_bytes=allocated_bytes)
         self.last_scan_graph = (scanner.graph_s, scanner.graph_nodes)
         self.last_search = scanner.search
         return holders

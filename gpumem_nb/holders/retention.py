@@ -212,6 +212,7 @@ class Search:
         self._skip: set[int] = set()
         self._arrays_looked = False
         self._untracked_cache: list[Any] | None = None
+        self._own_types: dict[int, tuple[type, bool]] = {}
         self._running: set[int] = set()
         self._module_alias: dict[int, str] = {}
 
@@ -419,7 +420,7 @@ class Search:
 
     def _object_edges(self, obj: Any, wanted: set[int]) -> list[tuple[Any, _Step]]:
         out: list[tuple[Any, _Step]] = []
-        d = _instance_dict(obj)
+        d = _MODULE_DICT.__get__(obj) if type(obj) is types.ModuleType else _instance_dict(obj)
         if d is not None:
             if id(d) in wanted:
                 out.append((d, _Step("dict", "")))
@@ -529,7 +530,8 @@ class Search:
         got: set[int] = set()
         for r in refs:
             rid = id(r)
-            if rid in self._scaffold or rid in self._running or rid == id(refs):
+            if rid in self._scaffold or rid in self._running or rid == id(refs) or \
+                    self._ours(r):
                 continue
             named = self._named.get(rid)
             if named is not None:
@@ -568,6 +570,17 @@ class Search:
             orphans.clear()
         self._scaffold.discard(id(nxt))
         return nxt
+
+    def _ours(self, obj: Any) -> bool:
+        """An object of gpumem_nb's own classes (the monitor's note of the last exception,
+        the chart): never a holder the user can act on. Its class is judged once."""
+        t = type(obj)
+        known = self._own_types.get(id(t))
+        if known is None or known[0] is not t:
+            module = static_attribute(t, "__module__")
+            known = self._own_types[id(t)] = (
+                t, type(module) is str and module.split(".", 1)[0] == "gpumem_nb")
+        return known[1]
 
     def _thread_roots(self, frontier: list[Any],
                       roots_of: dict[int, list[tuple[Root, _Step | None]]]) -> None:

@@ -126,6 +126,7 @@ WALK_STOP_FACTOR = 2
 # A holder's path goes down to the object inside it that keeps this share of its bytes.
 _PATH_SHARE = 0.9
 _CHAIN_CAP = 100  # chained exceptions followed
+_SHARED_CAP = 64  # pairs of holders checked for a second reference, per scan
 _LINK_CAP = 10_000  # traceback links followed per exception
 _GENERATOR_FLAGS = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
                     | inspect.CO_ITERABLE_COROUTINE)
@@ -286,6 +287,14 @@ class Scanner:
         self.walk_budget_s = walk_budget_s
         self.object_cap = object_cap
         self._entered: set[int] = set()
+        # Who entered each object and who first counted each storage, so that another holder
+        # reaching the same object is known as a second reference to it: `del ds` alone frees
+        # nothing while `dl.dataset` is `ds`.
+        self._entered_by: dict[int, str] = {}
+        self._seen_by: dict[tuple[str, int], str] = {}
+        self._also: dict[str, dict[str, None]] = {}
+        self._shared: dict[tuple[str, str], Any] = {}
+        self._walking = ""
         self._entered_n = 0
         self._walk_deadline = 0.0
         self._cut = False  # the current holder's walk was cut by a bound
@@ -487,15 +496,48 @@ class Scanner:
             self._stopped = self._cut = True
         return self._stopped
 
+    def _note_also(self, owner: str | None) -> None:
+        """The holder being walked also reaches what ``owner`` holds."""
+        if owner is not None and owner != self._walking:
+            self._also.setdefault(owner, {})[self._walking] = None
+
+    def _note_shared(self, obj: Any) -> None:
+        """The holder being walked reaches an object another holder entered first: a second
+        reference to that holder's bytes if the object leads to them, which is checked once
+        the scan is done (a shared configuration object holds none)."""
+        owner = self._entered_by.get(id(obj))
+        if owner is not None and owner != self._walking and \
+                (owner, self._walking) not in self._shared and len(self._shared) < _SHARED_CAP:
+            self._shared[(owner, self._walking)] = obj
+
+    def _check_shared(self) -> None:
+        """Each shared object that leads to its first holder's storages makes the second
+        holder one more reference that must go (bounded: a fresh walk of each, within the
+        scan's bounds)."""
+        shared, self._shared = self._shared, {}
+        try:
+            for (owner, walker), obj in shared.items():
+                if walker in self._also.get(owner, {}):
+                    continue
+                for t, _ in self.tensors_of(obj):
+                    info = self._tensor_info(t)
+                    if info is not None and self._seen_by.get(info[2]) == owner:
+                        self._also.setdefault(owner, {})[walker] = None
+                        break
+        finally:
+            shared.clear()
+
     def _enter(self, obj: Any) -> bool:
         """Whether to walk into this object: once per scan, within the scan's bounds."""
         if id(obj) in self._entered:
+            self._note_shared(obj)
             return False
         if self._entered_n >= self.object_cap or (
                 self._entered_n % 64 == 0 and time.perf_counter() > self._walk_deadline):
             self._cut = True
             return False
         self._entered.add(id(obj))
+        self._entered_by[id(obj)] = self._walking
         self._entered_n += 1
         return True
 
@@ -726,6 +768,7 @@ class Scanner:
         self._namespace_root = kind == "traceback"
         self._path_classes = {}
         self._modules_walked = set()
+        self._walking = name
         try:
             self._attribute_walk(name, kind, obj, out)
         finally:
@@ -744,8 +787,10 @@ class Scanner:
                 continue
             device, nbytes, key = info
             if key in self._seen:
+                self._note_also(self._seen_by.get(key))
                 continue
             self._seen.add(key)
+            self._seen_by[key] = name
             slot = f"{name}\0{device}"
             f = out.get(slot)
             if f is None:
@@ -919,6 +964,9 @@ class Scanner:
             holders = [_holder(f) for f in found.values()]
             holders = [replace(h, **self._extras[h.name]) if h.name in self._extras else h
                        for h in holders]
+            holders = [replace(h, also_held_by=tuple(self._also[h.name]))
+                       if self._also.get(h.name) and not h.also_held_by else h
+                       for h in holders]
             return sorted(holders, key=lambda h: (-h.held_bytes, h.name))
 
     def _scan(
@@ -933,12 +981,19 @@ class Scanner:
         rest_min_bytes: int | None = None,
         roots: RootContext | None = None,
         search_budget_s: float = retention.BUDGET_S,
+        allocated_bytes: int | None = None,
     ) -> None:
         """The fast walk from the names down; then, with ``include_gc``, the retention search
         (``retention.py``) for every GPU tensor the walk did not reach, and with
-        ``rest_min_bytes`` the same search only when those tensors come to that much."""
+        ``rest_min_bytes`` the same search only when those tensors come to that much. Given
+        what PyTorch has allocated on the GPUs now, the heap is not even looked at when the
+        walk's own finds leave less than that unexplained."""
         self._extras = {}
         self._seen.clear()
+        self._seen_by.clear()
+        self._also.clear()
+        self._shared.clear()
+        self._entered_by.clear()
         self._entered.clear()
         self._entered_n = 0
         self.walk_capped = False
@@ -968,13 +1023,23 @@ class Scanner:
                             found)
         for tb_name, frame_locals in _frames(last_exception):
             self._attribute(tb_name, "traceback", frame_locals, found)
-        if include_gc or rest_min_bytes is not None:
+        self._size_graphs(found)
+        if include_gc or (rest_min_bytes is not None and (
+                allocated_bytes is None
+                or allocated_bytes - _gpu_bytes(found.values()) >= rest_min_bytes)):
             ctx = roots if roots is not None else RootContext(
                 user_ns=user_ns, out=output_cache,
                 stored_exceptions=[e for e in last_exception if userexc.is_exception(e)])
             self._search_rest(found, ctx, 0 if include_gc else rest_min_bytes or 0,
                               search_budget_s)
-        self._size_graphs(found)
+            self._size_graphs(found)  # the graphs of what the search found
+        self._check_shared()
+
+
+def _gpu_bytes(found: Iterable[_Found]) -> int:
+    """What the walk found on GPUs in PyTorch's allocator: tensors and their graphs."""
+    return sum(f.nbytes + (f.graph_bytes or 0) for f in found
+               if f.device.startswith("cuda") and not f.arrays)
 
 
 REVERSE_CAP = 20  # unfound tensors whose owner is searched for
