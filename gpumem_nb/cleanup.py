@@ -24,7 +24,6 @@ import gc
 import html
 import os
 import sys
-import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +48,15 @@ from .holders import (
     stored_cell_exception,
     traceback_links,
 )
+from .holders.retention import (
+    ROOT_SHELL,
+    ROOT_THREAD,
+    ROOT_VARIABLE,
+    STATE_NOT_SEARCHED,
+    Root,
+    RootContext,
+    Search,
+)
 from .ledger import Ledger, PoolParts, ledgers_of
 from .model import Holder, Sample
 from .report import html_table, text_table
@@ -59,8 +67,8 @@ from .whatif.config import BACKEND_ASYNC, SettingError, parse_settings
 _UNDERS = ("_", "__", "___")
 _LAST = ("last_exc", "last_type", "last_value", "last_traceback")
 # Climbing referrers to find who holds a stored exception: rounds, and objects per round.
-_CLIMB_ROUNDS = 8
-_CLIMB_WIDTH = 64
+# The search for who else keeps a stored exception, at most this long.
+_HELD_BUDGET_S = 0.5
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -317,89 +325,59 @@ def _plan_exception(shell: Any, noted: CellException | None, *, find_holders: bo
 def _held_elsewhere(stored: StoredException, shell: Any, noted: CellException | None,
                     ) -> list[str]:
     """Who, besides the interpreter's and the shell's records, keeps ``exc``, its tracebacks
-    or their finished frames alive. Read-only: it only asks the garbage collector.
-
-    It climbs referrers from those objects, a round at a time, until it meets a root the user
-    would recognise (a variable, a live generator, a running function, a module) or runs out
-    of referrers; objects met on the way that only the exception's own graph reaches (IPython's
-    ``run_code`` frame keeps that cell's ExecutionResult, which keeps the exception) are part
-    of the graph, not holders. Unreachable cycles are collected first: IPython's traceback
-    formatter leaves frames in cyclic garbage (stack_data's FrameInfo), which would otherwise
-    pass for holders. Collecting frees only what nothing can reach.
+    or their finished frames alive: the retention search (``holders/retention.py``) from
+    those objects up to the roots a user would recognise (a variable, a module's global, a
+    class attribute, a live thread, the output cache), the records cleanup drops passed over.
+    Read-only: it only asks the garbage collector. Objects only the exception's own graph
+    reaches (IPython's ``run_code`` frame keeps that cell's ExecutionResult, which keeps the
+    exception) reach no root, and hold nothing. Unreachable cycles are collected first:
+    IPython's traceback formatter leaves frames in cyclic garbage (stack_data's FrameInfo),
+    which would otherwise be searched through; collecting frees only what nothing can reach.
     """
     gc.collect()
     running = running_frame_ids()
-    own: set[int] = set()
-
-    def mine(x: Any) -> Any:
-        own.add(id(x))
-        return x
-
-    excs = mine(exception_chain(stored.error))
-    tbs = mine(traceback_links(excs))
-    frames = mine(list({id(tb.tb_frame): tb.tb_frame for tb in tbs}.values()))
-    finished = mine([f for f in frames if not frame_is_live(f, running)])
-    group = mine([*excs, *tbs, *finished])
-    seen = {id(o) for o in group}
+    excs = exception_chain(stored.error)
+    tbs = traceback_links(excs)
+    frames = list({id(tb.tb_frame): tb.tb_frame for tb in tbs}.values())
+    finished = [f for f in frames if not frame_is_live(f, running)]
+    group: list[Any] = [*excs, *tbs, *finished]
+    ignore: set[int] = {id(vars(sys))}
     for e in excs:  # what each exception owns
-        seen |= {id(part) for part in userexc.parts(e)}
+        ignore |= {id(part) for part in userexc.parts(e)}
     # Python <= 3.12 keeps a snapshot dict of a read frame's locals on the frame itself.
-    snapshots = mine([f.f_locals for f in finished if is_function_frame(f)])
-    seen |= {id(d) for d in snapshots if type(d) is dict}
-    store: set[int] = {id(vars(sys))}
+    ignore |= {id(f.f_locals) for f in finished if is_function_frame(f)}
     for keeper in (getattr(shell, "last_execution_result", None),
                    getattr(shell, "InteractiveTB", None), noted, stored):
         if keeper is not None:
-            store |= {id(keeper), id(getattr(keeper, "__dict__", None))}
+            ignore |= {id(keeper), id(getattr(keeper, "__dict__", None))}
+    ns = getattr(shell, "user_ns", None)
+    search = Search(lambda o: ("", 0, ("object", id(o))),
+                    RootContext(user_ns=ns if isinstance(ns, dict) else None, shell=shell),
+                    budget_s=_HELD_BUDGET_S)
+    outcome = search.run(group, ignore=ignore)
     held: list[str] = []
-    for _ in range(_CLIMB_ROUNDS):
-        refs = mine(gc.get_referrers(*group))
-        group = mine([])
-        for r in refs:
-            if id(r) in seen or id(r) in store or id(r) in own:
-                continue
-            seen.add(id(r))
-            who = _root_name(r, shell, seen, running)
-            if who is None:
-                group.append(r)
-            elif who and who not in held:
-                held.append(who)
-        if len(group) > _CLIMB_WIDTH:
-            held.append("other objects (the search stopped there)")
-            break
-        if not group:
-            break
-    else:
-        held.append("other objects (the search stopped there)")
+    for r in outcome.retained:
+        if r.state == STATE_NOT_SEARCHED:
+            name = f"other objects (the search stopped there: {r.why})"
+            if name not in held:
+                held.append(name)
+        for root in sorted(r.roots):
+            name = _holder_words(root)
+            if name not in held:
+                held.append(name)
+    outcome.retained.clear()
     return held
 
 
-def _root_name(r: Any, shell: Any, seen: set[int], running: set[int]) -> str | None:
-    """A referrer the user would recognise, named; "" for one of ours to pass over; None for
-    an intermediate object whose own holders decide."""
-    user_ns = shell.user_ns
-    if r is user_ns:
-        names = [k for k, v in list(user_ns.items()) if id(v) in seen]
-        return "your variable " + ", ".join(map(str, names)) if names else "your namespace"
-    if r is shell or r is getattr(shell, "__dict__", None):
+def _holder_words(root: Root) -> str:
+    """A root as the cleanup report says who keeps an exception."""
+    if root.kind == ROOT_VARIABLE:
+        return f"your variable {root.name}"
+    if root.kind == ROOT_SHELL:
         return "IPython's shell"
-    if isinstance(r, types.FrameType):
-        code = r.f_code
-        if id(r) in running:
-            # Our own frames, where the collector sees a running frame, hold what we look at.
-            return "" if code.co_filename.startswith(_PACKAGE_DIR) else \
-                f"the running {code.co_name}()"
-        if frame_is_live(r, running):
-            return f"the live generator {code.co_name}()"
-        return None
-    if isinstance(r, (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)):
-        return f"the live generator {r.__name__}()"
-    modname = dict.get(r, "__name__") if isinstance(r, dict) else None
-    if isinstance(modname, str):
-        mod = sys.modules.get(modname)
-        if mod is not None and getattr(mod, "__dict__", None) is r:
-            return f"module {modname}"
-    return None
+    if root.kind == ROOT_THREAD:
+        return root.name
+    return f"{root.name} ({root.kind})"
 
 
 def _drop_exception(exc: BaseException, shell: Any, noted: CellException | None) -> None:

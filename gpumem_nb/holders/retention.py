@@ -449,7 +449,10 @@ class Search:
         return out
 
     # -- the search ----------------------------------------------------------------------------
-    def run(self, targets: Iterable[Any]) -> Outcome:
+    def run(self, targets: Iterable[Any], *, ignore: Iterable[int] = ()) -> Outcome:
+        """The search from these objects (tensors, or whatever ``storage_of`` keys) up to
+        their roots. ``ignore``: ids of referrers that are the caller's own records, never
+        a holder (the stores a cleanup is about to drop)."""
         t0 = self.clock()
         deadline = t0 + self.budget_s
         self._running = running_frame_ids()
@@ -466,6 +469,7 @@ class Search:
         self._scaffold.add(id(frontier))
         if type(targets) in (list, tuple, set):
             self._scaffold.add(id(targets))  # the caller's own list of them
+        self._scaffold.update(ignore)
         for t in targets:
             info = self.storage_of(t)
             if info is None or id(t) in alive:
