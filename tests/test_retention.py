@@ -30,7 +30,7 @@ from gpumem_nb.holders.threads import thread_locals
 from gpumem_nb.oom import CAUSE_GARBAGE, CAUSE_HELD, CAUSE_WORKING_SET
 
 from .fakes import FakeTensor, GiB, fake_torch
-from .test_oom import last, make_world, run  # noqa: F401 (the OOM fixtures' helpers)
+from .test_oom import last, make_world, run
 
 TORCH = {"torch": fake_torch()}
 
@@ -122,7 +122,7 @@ def test_reading_a_threads_locals_leaves_no_snapshot_that_keeps_them_alive():
         box.append(weakref.ref(t))
         ready.set()
         dropped.wait(30)
-        t = None  # noqa: F841 (the thread lets go of it)
+        t = None
         stop.wait(30)
 
     th = threading.Thread(target=work, daemon=True)
@@ -166,7 +166,7 @@ def test_two_references_to_one_holder_are_both_in_the_advice():
     ds = Dataset()
     ns = {"ds": ds, "dl": Loader(ds)}
     targets = [ds.data[0]]
-    out = Search(FakeTensor_info, RootContext(user_ns=ns)).run(targets)
+    out = Search(fake_storage, RootContext(user_ns=ns)).run(targets)
     (r,) = out.retained
     assert r.state == STATE_ROOTED
     assert {x.name for x in r.roots} == {"ds", "dl"}
@@ -185,7 +185,7 @@ def test_a_cycle_that_nothing_reaches_is_garbage_with_its_classes():
         n.t = FakeTensor(17 * GiB)  # type: ignore[attr-defined]
         targets = [n.t]  # type: ignore[attr-defined]
         del n
-        out = Search(FakeTensor_info, RootContext(user_ns={})).run(targets)
+        out = Search(fake_storage, RootContext(user_ns={})).run(targets)
         (r,) = out.retained
         assert (r.state, r.classes) == (STATE_GARBAGE, ("Node",))
         (h,) = holders_from(out.retained)
@@ -207,7 +207,7 @@ def test_a_cycle_that_something_unseen_also_refers_to_is_not_called_garbage():
         n.t = FakeTensor(19 * GiB)  # type: ignore[attr-defined]
         targets = [n.t]  # type: ignore[attr-defined]
         # `n` stays this running frame's local: invisible to the collector's traversal.
-        out = Search(FakeTensor_info, RootContext(user_ns={})).run(targets)
+        out = Search(fake_storage, RootContext(user_ns={})).run(targets)
         (r,) = out.retained
         assert r.state == STATE_UNSEEN
         del n
@@ -224,17 +224,26 @@ def test_a_search_cut_by_its_budget_says_not_searched_and_why():
     t = chain
     while isinstance(t, list):
         t = t[0]
-    out = Search(FakeTensor_info, RootContext(user_ns=ns), max_levels=10).run([t])
+    out = Search(fake_storage, RootContext(user_ns=ns), max_levels=10).run([t])
     (r,) = out.retained
     assert r.state == "not searched" and "deeper than 10" in r.why
     (h,) = holders_from(out.retained)
     assert h.kind == "not searched" and h.walk_capped
 
 
-def FakeTensor_info(t: Any) -> Any:  # noqa: N802 (named after what it reads)
+def fake_storage(t: Any) -> Any:
     if type(t) is not FakeTensor:
         return None
     return ("cuda:0", t._nbytes, ("cuda:0", id(t)))
+
+
+def test_a_data_frames_object_column_is_named_as_its_user_indexes_it():
+    import pandas as pd
+
+    df = pd.DataFrame({"id": [1, 2, 3], "emb": [None, None, None]})
+    df.at[1, "emb"] = FakeTensor(21 * GiB)
+    h = one(who_gc({"df": df}), 21 * GiB)
+    assert (h.name, h.kind, h.code) == ("df['emb'][1]", "variable", "del df")
 
 
 def test_the_cut_set_joins_variables_into_one_del_and_refuses_a_thread():

@@ -8,7 +8,9 @@ the set: a storage also reached from a root outside it stays.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from ..model import Holder
 from .retention import (
@@ -100,6 +102,37 @@ def holder_groups(found: Sequence[Retained],
                        nbytes=nbytes, why=why or STATE_NOT_SEARCHED, walk_capped=True)
         out.append((h, keys))
     return sorted(out, key=lambda hk: (-hk[0].nbytes, hk[0].name))
+
+
+_PANDAS_CELL = re.compile(
+    r"^(?P<root>[A-Za-z_][\w.]*)\._mgr(?: \(in a \w+\))?(?:\.blocks)?\[(?P<block>\d+)\]"
+    r" \(in a \w*Block\)\[(?P<at>\d+(?:, \d+)?)\](?P<rest>.*)$")
+
+
+def pandas_name(path: str, ns: Mapping[Any, Any] | None) -> str:
+    """``df['emb'][1]`` for ``df._mgr[1] (in a NumpyBlock)[0, 1]``: a data frame's (or a
+    series') object column said as its user indexes it, from the frame's own block
+    placement and labels (pandas' own attributes, read guarded); the path as it was where
+    anything does not fit."""
+    m = _PANDAS_CELL.match(path)
+    if m is None or ns is None:
+        return path
+    try:
+        obj = ns.get(m["root"]) if type(ns) is dict else None
+        module = type(obj).__module__
+        if not isinstance(module, str) or not module.startswith("pandas"):
+            return path
+        block = obj._mgr.blocks[int(m["block"])]
+        at = [int(x) for x in m["at"].split(", ")]
+        if type(obj).__name__ == "DataFrame" and len(at) == 2:
+            column = obj.columns[int(block.mgr_locs.as_array[at[0]])]
+            label = obj.index[at[1]]
+            return f"{m['root']}[{column!r}][{label!r}]{m['rest']}"
+        if type(obj).__name__ == "Series" and len(at) == 1:
+            return f"{m['root']}[{obj.index[at[0]]!r}]{m['rest']}"
+    except Exception:
+        return path
+    return path
 
 
 def holders_from(found: Sequence[Retained]) -> list[Holder]:
