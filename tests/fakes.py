@@ -535,6 +535,11 @@ class FakeTorchC:
                                " If you need it, please file an issue describing your use case.")
         self._cuda.observers.append(fn)
 
+    def _cuda_getAllocatorBackend(self) -> str:
+        """What ``torch.cuda.get_allocator_backend()`` returns: the allocator c10 chose as
+        torch's libraries loaded. Reading it starts nothing, as in torch (a pointer load)."""
+        return self._cuda.backend
+
     def _cuda_isHistoryEnabled(self) -> bool:
         return self._cuda.history is not None
 
@@ -653,3 +658,37 @@ def node(kind: str, *inputs: Any, **saved: Any) -> Any:
     """``node("MulBackward0", prev, self=a, other=b)``: a node saving ``a`` and ``b``."""
     variable = saved.pop("variable", None) if kind == "AccumulateGrad" else None
     return node_type(kind, *saved)(*inputs, variable=variable, **saved)
+
+
+class DeferredCudaCallError(Exception):
+    """``torch.cuda.DeferredCudaCallError``: a call queued on CUDA's start-up raised."""
+
+
+class TorchLikeCuda(FakeCuda):
+    """``FakeCuda`` whose start runs the queue as ``torch.cuda._lazy_init`` does: a queued
+    call that raises fails the start with ``DeferredCudaCallError`` and leaves CUDA "not
+    initialized"; the queue is never emptied, so the next start runs every call again. (The
+    C side is up while the queue runs, so the calls may use it: ``initialized`` is set first.)
+    ``starts`` counts the attempts."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.starts = 0
+        self._initializing = False
+
+    def _lazy_init(self) -> None:
+        if self.initialized or self._initializing:
+            return
+        self.starts += 1
+        self.initialized = True
+        self._initializing = True
+        try:
+            for fn in list(self.queued_calls):
+                try:
+                    fn()
+                except Exception as e:
+                    self.initialized = False
+                    raise DeferredCudaCallError(
+                        f"CUDA call failed lazily at initialization with error: {e}") from e
+        finally:
+            self._initializing = False

@@ -1,7 +1,8 @@
 """The runtime: PyTorch's OOM observer (registered once per process, never creating a CUDA
-context, kept across ``%reload_ext``), the allocator's state at the failure, when every tensor
-is still alive, and turning a failing cell into an ``OomExplanation``. Ordinary cells cost one
-attribute check."""
+context, kept across ``%reload_ext``; queued on torch's CUDA start-up as soon as torch is
+imported, so that it sees an OOM in the very cell that starts CUDA), the allocator's state at
+the failure, when every tensor is still alive, and turning a failing cell into an
+``OomExplanation``. Ordinary cells cost one attribute check."""
 
 from __future__ import annotations
 
@@ -28,7 +29,12 @@ from ..model import (
     Sample,
 )
 from ..sources.processes import roles_to_learn
-from ..sources.torch import TorchDebug, alloc_conf
+from ..sources.torch import (
+    TORCH_INITIALIZED,
+    TORCH_NOT_IMPORTED,
+    TorchDebug,
+    alloc_conf,
+)
 from ..units import printable
 from .advice import OomExplanation, SiteAtFailure, next_steps
 from .causes import (
@@ -177,6 +183,8 @@ class OomWatch:
         self.observer_status = "not attached: CUDA is not initialized yet"
         self._observer: Any = None
         self._attach_tried = False
+        self._armed = False  # queueing on CUDA's start-up was tried (or is moot)
+        self._modules = self.torch.modules  # sys.modules, unless a test gave another
         self._closed = False
         self._generation = 0
         self._scanned_generation = -1
@@ -188,13 +196,51 @@ class OomWatch:
         self.extra_lines: Callable[[OomFacts], Sequence[str]] | None = None
 
     # -- the observer ------------------------------------------------------------------------
+    def arm(self) -> None:
+        """At load and at each cell's start: once torch is imported, queue the observer on
+        torch's CUDA start-up (``TorchDebug.queue_oom_observer``), so that it is attached
+        before the call that starts CUDA allocates, and an OOM in that very cell is seen.
+        A dict lookup while torch is not imported, one attribute check once tried. Starts
+        nothing and imports nothing."""
+        if self._armed or self._closed or "torch" not in self._modules:
+            return
+        self._arm()
+
+    def _arm(self) -> None:
+        self._armed = True  # once: a queue that failed is not tried again every cell
+        observer, why = self.torch.queue_oom_observer(_Trampoline)
+        if observer is not None:
+            # The process's trampoline, queued or attached: it calls this load from now on,
+            # and stops at ``close``.
+            observer.handler = self._on_oom
+            self._observer = observer
+            self.observer_status = "attached" if self.torch.oom_observer_attached() else \
+                "queued: attaches when CUDA starts"
+        elif why == TORCH_NOT_IMPORTED:
+            self._armed = False
+        elif why == TORCH_INITIALIZED:
+            self._attach_now()  # CUDA was up already: attached as before
+        else:
+            # cudaMallocAsync (its attachment would make CUDA's start fail), or no queue in
+            # this build: tried again, directly, once CUDA is up.
+            self.observer_status = f"not queued: {why}"
+
     def ensure_attached(self) -> None:
-        """Register the observer once CUDA is up; a no-op afterwards (one attribute check).
+        """At each cell's end: queue the observer if torch was imported meanwhile (``arm``),
+        and once CUDA is up, see that it is attached (by the queue, as CUDA started, or now);
+        a no-op afterwards (one attribute check).
         Never after ``close``: the process-wide observer would keep an unloaded monitor
         alive (a ``%%gpumem`` cell that ran ``%unload_ext`` explains its own result after)."""
-        if self._attach_tried or self._closed or not self.torch.initialized:
+        if self._attach_tried or self._closed or "torch" not in self._modules:
             return
+        if not self._armed:
+            self._arm()
+        elif self.torch.initialized:
+            self._attach_now()
+
+    def _attach_now(self) -> None:
         self._attach_tried = True
+        self._armed = True
         observer, why = self.torch.oom_observer(_Trampoline)
         if observer is None:
             # torch's reason, up to its first sentence ("cudaMallocAsync does not yet
@@ -389,6 +435,7 @@ class OomWatch:
                 previous_error: str = "", sites: Sequence[SiteAtFailure] = (),
                 cell_error: BaseException | None = None,
                 earlier_errors: int = 0) -> OomExplanation:
+        self.ensure_attached()  # the observer's status, as the explanation may quote it
         text = error_str(exc)
         msg = parse_oom_message(text) or OomMessage(FORM_UNKNOWN)
         event = self._event_for(msg, generation)
@@ -678,6 +725,7 @@ class OomWatch:
                 "outside PyTorch are not shown."]
 
     def no_oom_line(self) -> str:
+        self.ensure_attached()  # the status as of now: CUDA may have started in this cell
         seen = sum(self.counts.values())
         caught = f" ({seen} caught by your own code, none reached a cell)" if seen else ""
         return (f"gpumem: no CUDA out-of-memory error has reached a cell yet{caught}. "

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
+import threading
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -132,6 +134,11 @@ class TorchSource:
     @property
     def initialized(self) -> bool:
         return self._cuda() is not None
+
+    @property
+    def modules(self) -> Mapping[str, Any]:
+        """Where torch is looked up: ``sys.modules`` itself, unless a test gave another."""
+        return self._modules
 
     def state(self) -> str:
         torch = self._modules.get("torch")
@@ -328,11 +335,72 @@ def _unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
 # each can initialise CUDA when called too early, so each sits behind ``_cuda()``'s guard.
 # ------------------------------------------------------------------------------------------
 OOM_OBSERVER_ATTR = "_gpumem_nb_oom_observer"
+# The attachment queued on torch's CUDA start-up, kept on ``torch._C`` beside the attached
+# observer: a reload finds it there and queues no second one (torch's queue cannot be emptied).
+OOM_QUEUED_ATTR = "_gpumem_nb_oom_observer_queued"
+# Both ways of attaching (queued, run as CUDA starts; direct, once it is up) check, attach and
+# record under this lock: one registration per process, whichever thread gets there first.
+_ATTACH_LOCK = threading.Lock()
 
 
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def backend_from_env(env: Mapping[str, str] | None = None) -> str:
+    """The allocator backend torch picks from the environment as it is imported: c10's
+    ``CUDAAllocatorConfig::instance()`` reads ``PYTORCH_CUDA_ALLOC_CONF`` when it is set (even
+    empty) and only otherwise ``PYTORCH_ALLOC_CONF``, so the older name wins when both are
+    set. Only a stand-in for ``torch._C._cuda_getAllocatorBackend``, for builds without it:
+    the environment can have changed since the import, the allocator chosen then cannot."""
+    env = os.environ if env is None else env
+    conf = env.get("PYTORCH_CUDA_ALLOC_CONF")
+    if conf is None:
+        conf = env.get("PYTORCH_ALLOC_CONF", "")
+    for option in re.split(r"[\s,]+", conf):
+        key, _, value = option.partition(":")
+        if key.strip() == "backend" and value.strip():
+            return value.strip()
+    return "native"
+
+
+def _attach_once(c: Any, observer: Any) -> bool:
+    """Register ``observer`` with the allocator unless one of ours already is; True when one
+    is registered afterwards. Never raises. Run as CUDA starts (queued) or once it is up."""
+    with _ATTACH_LOCK:
+        if getattr(c, OOM_OBSERVER_ATTR, None) is not None:
+            return True
+        try:
+            # Re-read at the start: ``change_current_allocator`` may have swapped the
+            # allocator since the attachment was queued (a pluggable one refuses it too).
+            backend = getattr(c, "_cuda_getAllocatorBackend", None)
+            if backend is not None and str(backend()) != "native":
+                return False
+            c._cuda_attach_out_of_memory_observer(observer)
+        except Exception:
+            return False
+        setattr(c, OOM_OBSERVER_ATTR, observer)
+        return True
+
+
+class _AttachAtStart:
+    """What torch's CUDA start-up queue holds: attaches ``observer`` (the process's one
+    trampoline) while ``torch.cuda._lazy_init`` runs, before the call that started CUDA
+    allocates anything, so an OOM in the cell that first uses the GPU is seen.
+
+    Kept trivial (torch keeps it for the life of the process, whatever copy of gpumem_nb made
+    it) and never raising: an exception here becomes torch's ``DeferredCudaCallError`` and
+    the user's CUDA start fails. torch runs its queue again after a failed start, and may run
+    this at once if CUDA came up meanwhile: attaching is idempotent (``_attach_once``)."""
+
+    def __init__(self, c: Any, observer: Any) -> None:
+        self.c = c
+        self.observer = observer
+
+    def __call__(self) -> None:
+        with contextlib.suppress(BaseException):
+            _attach_once(self.c, self.observer)
 
 
 class TorchDebug(TorchSource):
@@ -360,13 +428,89 @@ class TorchDebug(TorchSource):
         attach = getattr(c, "_cuda_attach_out_of_memory_observer", None)
         if attach is None:
             return None, "this torch build has no OOM observer"
-        observer = factory()
-        try:
-            attach(observer)
-        except Exception as e:  # cudaMallocAsync: "does not yet support ...Observer"
-            return None, _first_line(e)
-        setattr(c, OOM_OBSERVER_ATTR, observer)
+        # The trampoline queued on CUDA's start, if that attachment did not happen: the same
+        # object, so that the process never holds two.
+        queued = getattr(c, OOM_QUEUED_ATTR, None)
+        observer = getattr(queued, "observer", None) or factory()
+        with _ATTACH_LOCK:
+            existing = getattr(c, OOM_OBSERVER_ATTR, None)
+            if existing is not None:
+                return existing, ""
+            try:
+                attach(observer)
+            except Exception as e:  # cudaMallocAsync: "does not yet support ...Observer"
+                return None, _first_line(e)
+            setattr(c, OOM_OBSERVER_ATTR, observer)
         return observer, ""
+
+    def import_backend(self) -> str | None:
+        """The allocator backend torch chose when it was imported, read without starting
+        CUDA; None without torch or when this build cannot say.
+
+        ``torch._C._cuda_getAllocatorBackend`` (what ``torch.cuda.get_allocator_backend``
+        returns) is ``CUDACachingAllocator::name()``, that is ``get()->name()``: a load of the
+        allocator pointer c10's ``BackendStaticInitializer`` stored while torch's libraries
+        loaded, from the environment of that moment. It calls no ``lazyInitCUDA``. Without
+        it (a build older than the backend switch), the environment is read as torch reads it.
+        """
+        torch = self._modules.get("torch")
+        if torch is None:
+            return None
+        fn = getattr(getattr(torch, "_C", None), "_cuda_getAllocatorBackend", None)
+        if fn is None:
+            return backend_from_env()
+        try:
+            return str(fn())
+        except Exception:
+            return None
+
+    def queue_oom_observer(self, factory: Any) -> tuple[Any | None, str]:
+        """The process's one OOM observer, queued to attach while CUDA starts: the one queued
+        or attached before (by any load or reload of gpumem_nb), or ``factory()``'s, queued
+        now through ``torch.cuda._lazy_call``; ``(None, why not)`` otherwise.
+
+        torch runs its queue inside ``_lazy_init``, after ``_cuda_init`` and before the call
+        that caused the start goes on to allocate. Queueing starts nothing and imports
+        nothing. Only under the native allocator: under cudaMallocAsync the attachment raises,
+        and a queued call that raises makes CUDA's start fail (``DeferredCudaCallError``).
+        ``(None, TORCH_INITIALIZED)`` when CUDA is up already: attach with ``oom_observer``.
+        """
+        torch = self._modules.get("torch")
+        if torch is None:
+            return None, TORCH_NOT_IMPORTED
+        c = getattr(torch, "_C", None)
+        existing = getattr(c, OOM_OBSERVER_ATTR, None)
+        if existing is not None:
+            return existing, ""
+        queued = getattr(c, OOM_QUEUED_ATTR, None)
+        if queued is not None:
+            return queued.observer, ""
+        cuda = getattr(torch, "cuda", None)
+        try:
+            if cuda is not None and cuda.is_initialized():
+                return None, TORCH_INITIALIZED
+        except Exception as e:
+            return None, _first_line(e)
+        if getattr(c, "_cuda_attach_out_of_memory_observer", None) is None:
+            return None, "this torch build has no OOM observer"
+        lazy = getattr(cuda, "_lazy_call", None)
+        if lazy is None:
+            return None, "this torch build has no lazy-init queue"
+        backend = self.import_backend()
+        if backend != "native":
+            return None, (f"the {backend} allocator has no OOM observer" if backend
+                          else "the allocator backend is unknown before CUDA starts")
+        hook = _AttachAtStart(c, factory())
+        try:
+            lazy(hook)  # run at once instead if CUDA came up meanwhile: attached then
+        except Exception as e:
+            return None, _first_line(e)
+        setattr(c, OOM_QUEUED_ATTR, hook)
+        return hook.observer, ""
+
+    def oom_observer_attached(self) -> bool:
+        """Whether the process's OOM observer is registered with the allocator now."""
+        return getattr(self._torch_c(), OOM_OBSERVER_ATTR, None) is not None
 
     def allocator_backend(self) -> str | None:
         """"native" or "cudaMallocAsync"; None before CUDA is up or when torch cannot say."""
