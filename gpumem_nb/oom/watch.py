@@ -231,10 +231,11 @@ class OomWatch:
         a no-op afterwards (one attribute check).
         Never after ``close``: the process-wide observer would keep an unloaded monitor
         alive (a ``%%gpumem`` cell that ran ``%unload_ext`` explains its own result after)."""
-        if self._attach_tried or self._closed or "torch" not in self._modules:
+        if self._attach_tried or self._closed:
             return
         if not self._armed:
-            self._arm()
+            if "torch" in self._modules:
+                self._arm()
         elif self.torch.initialized:
             self._attach_now()
 
