@@ -184,7 +184,8 @@ class OomWatch:
         self._observer: Any = None
         self._attach_tried = False
         self._armed = False  # queueing on CUDA's start-up was tried (or is moot)
-        self._modules = self.torch.modules  # sys.modules, unless a test gave another
+        # sys.modules, unless a test gave another (a stand-in for TorchDebug may have none)
+        self._modules: Mapping[str, Any] = getattr(self.torch, "modules", sys.modules)
         self._closed = False
         self._generation = 0
         self._scanned_generation = -1
@@ -208,7 +209,10 @@ class OomWatch:
 
     def _arm(self) -> None:
         self._armed = True  # once: a queue that failed is not tried again every cell
-        observer, why = self.torch.queue_oom_observer(_Trampoline)
+        queue = getattr(self.torch, "queue_oom_observer", None)
+        if queue is None:  # a stand-in for TorchDebug: attached once CUDA is up, as before
+            return
+        observer, why = queue(_Trampoline)
         if observer is not None:
             # The process's trampoline, queued or attached: it calls this load from now on,
             # and stops at ``close``.
@@ -234,9 +238,10 @@ class OomWatch:
         if self._attach_tried or self._closed:
             return
         if not self._armed:
-            if "torch" in self._modules:
-                self._arm()
-        elif self.torch.initialized:
+            if "torch" not in self._modules:
+                return
+            self._arm()  # attached already if CUDA was up
+        if not self._attach_tried and self.torch.initialized:
             self._attach_now()
 
     def _attach_now(self) -> None:
