@@ -476,18 +476,18 @@ class TorchDebug(TorchSource):
         ``(None, TORCH_INITIALIZED)`` when CUDA is up already: attach with ``oom_observer``.
         """
         torch = self._modules.get("torch")
-        if torch is None:
-            return None, TORCH_NOT_IMPORTED
         c = getattr(torch, "_C", None)
+        cuda = getattr(torch, "cuda", None)
+        if c is None or cuda is None:  # not imported, or still being imported: next cell
+            return None, TORCH_NOT_IMPORTED
         existing = getattr(c, OOM_OBSERVER_ATTR, None)
         if existing is not None:
             return existing, ""
         queued = getattr(c, OOM_QUEUED_ATTR, None)
         if queued is not None:
             return queued.observer, ""
-        cuda = getattr(torch, "cuda", None)
         try:
-            if cuda is not None and cuda.is_initialized():
+            if cuda.is_initialized():
                 return None, TORCH_INITIALIZED
         except Exception as e:
             return None, _first_line(e)
