@@ -118,7 +118,7 @@ def pandas_name(path: str, ns: Mapping[Any, Any] | None) -> str:
     if m is None or ns is None:
         return path
     try:
-        obj = ns.get(m["root"]) if type(ns) is dict else None
+        obj: Any = ns.get(m["root"]) if type(ns) is dict else None
         module = type(obj).__module__
         if not isinstance(module, str) or not module.startswith("pandas"):
             return path
