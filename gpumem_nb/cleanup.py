@@ -243,7 +243,8 @@ def _plan_output(shell: Any) -> _OutputPlan | None:
         return None
     ns = shell.user_ns
     owned = output_cache_names(ns, _out(shell), _hidden(shell), hook)
-    aliases = [k for k in ns if isinstance(k, str) and OUTPUT_ALIAS.match(k)]
+    # Exact strs: a str subclass's `__hash__`/`__eq__` would run below (A4).
+    aliases = [k for k in ns if type(k) is str and OUTPUT_ALIAS.match(k)]
     # A blank under is IPython's placeholder, whoever wrote it (``type is str``: a user's
     # object's own ``__eq__`` is never called).
     kept = [k for k in aliases if k not in owned
@@ -263,7 +264,7 @@ def _clear_output(shell: Any, plan: _OutputPlan) -> None:
         else:
             ns.pop(name, None)
     # The shell's own records of what it wrote: they would keep the old outputs alive.
-    for key in [k for k in hidden if isinstance(k, str) and OUTPUT_ALIAS.match(k)]:
+    for key in [k for k in hidden if type(k) is str and OUTPUT_ALIAS.match(k)]:
         if key in _UNDERS:
             hidden[key] = ""
         else:

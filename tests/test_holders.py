@@ -13,14 +13,20 @@ from .fakes import FakeCuda, FakeTensor, GiB, MiB, fake_torch
 
 
 class Module:
+    """``torch.nn.Module`` as torch keeps one: parameters in its own ``_parameters``, buffers
+    in ``_buffers``, children in ``_modules``, where the walk reads them (it never calls
+    ``parameters()``: that is the user's code in a subclass)."""
+
     def __init__(self, *tensors: FakeTensor) -> None:
-        self._t = tensors
+        self._parameters: dict = {str(i): t for i, t in enumerate(tensors)}
+        self._buffers: dict = {}
+        self._modules: dict = {}
 
     def parameters(self):
-        return iter(self._t)
+        return iter(self._parameters.values())
 
     def buffers(self):
-        return iter(())
+        return iter(self._buffers.values())
 
 
 class Optimizer:
@@ -212,8 +218,6 @@ class HookedModule(Module):
 
     def __init__(self, *tensors: FakeTensor, **children: Module) -> None:
         super().__init__(*tensors)
-        self._parameters: dict = {}
-        self._buffers: dict = {}
         self._modules = dict(children)
         self._forward_hooks: dict = {}
 
@@ -335,6 +339,15 @@ def test_a_model_its_own_hooks_refer_back_to_is_enumerated_once_per_holder():
     for child in children.values():
         child._forward_hooks[0] = lambda m, i, o, model=model: model
         child.back = model
-    (h,) = scan({"model": model})
+    walks = []
+
+    class Counting(Scanner):
+        def _module_tensors(self, obj, path):
+            walks.append(obj)
+            return super()._module_tensors(obj, path)
+
+    (h,) = Counting({"torch": torch_with_nn()}).scan({"model": model})
     assert h.nbytes == GiB
-    assert calls.count(model) == 1
+    # Its parameters enumerated once, read from each module's own dict: `parameters()` is
+    # the user's code and never runs (A1).
+    assert walks.count(model) == 1 and calls == []

@@ -30,7 +30,7 @@ import sys
 import time
 import types
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from itertools import compress
 from typing import Any
@@ -43,6 +43,7 @@ from .named import holder_groups
 from .reading import MISSING as _MISSING
 from .reading import running_frame_ids, static_attribute, type_name
 from .retention import RootContext, Search
+from .tensors import TensorReader, own_item, sizes
 from .threads import thread_locals
 
 # Names the shell itself keeps and reads; what each is, for messages.
@@ -102,6 +103,9 @@ _MODULE_DICT: Any = vars(types.ModuleType)["__dict__"]
 # Attributes read on an array-like only through these descriptor types, written in C (numpy's,
 # CuPy's): a Python property there is the class's own code.
 _C_DESCRIPTORS = (types.GetSetDescriptorType, types.MemberDescriptorType)
+# A class attribute that is C code when called (a slot wrapper, a C method).
+_C_CALLABLES = (types.WrapperDescriptorType, types.MethodDescriptorType,
+                types.BuiltinFunctionType)
 _CONTAINER_DEPTH = 2
 _PEEK_ITEMS = 8  # items looked at in a container past those levels, to say ≥ or not
 # A container longer than this is read up to here: a tensor past a million items is missed
@@ -198,14 +202,6 @@ def _is_a(obj: Any, cls: Any) -> bool:
         return False
 
 
-def _bounded(make: Callable[[], Iterable[Any]]) -> Iterator[Any]:
-    """Items of a user-supplied iterable, at most ``_MAX_ITEMS``, ending quietly on error."""
-    try:
-        yield from itertools.islice(make(), _MAX_ITEMS)
-    except Exception:
-        return
-
-
 def _container_len(obj: Any) -> int:
     """A builtin container's length by its base type's own ``__len__``."""
     t = type(obj)
@@ -240,7 +236,9 @@ def output_cache_names(
     names: set[str] = set()
     unders_pushed = "_" not in builtins.__dict__  # else IPython never writes the unders
     for name, value in list(user_ns.items()):
-        if not isinstance(name, str) or not OUTPUT_ALIAS.match(name):
+        # Exact strs only: IPython writes its names as such, and a str subclass's own
+        # `__hash__`/`__eq__`/`__getitem__` would run in the tests below (A4).
+        if type(name) is not str or not OUTPUT_ALIAS.match(name):
             continue
         recorded = hidden.get(name, _MISSING) if hidden is not None else _MISSING
         if name in _UNDERS:
@@ -260,6 +258,18 @@ def output_cache_names(
     return names
 
 
+def _name_of(key: Any) -> str | None:
+    """A namespace key as the name it is: an exact ``str`` as it is, a ``str`` subclass's text
+    by ``str``'s own ``__str__`` (an exact copy: its class's ``__hash__``, ``__eq__``,
+    ``startswith`` or ``__format__`` never runs, A4), anything else None."""
+    if type(key) is str:
+        return key
+    try:
+        return str.__str__(key) if issubclass(type(key), str) else None
+    except Exception:
+        return None
+
+
 def alias_order(name: str) -> tuple[int, int]:
     """``_``, ``__``, ``___``, then ``_N`` by N."""
     return (0, len(name)) if name in _UNDERS else (1, int(name[1:]))
@@ -271,7 +281,9 @@ class Scanner:
                  object_cap: int = OBJECT_CAP) -> None:
         mods = sys.modules if modules is None else modules
         torch = mods.get("torch")
-        self._tensor_type: Any = getattr(torch, "Tensor", None) if torch else None
+        # A tensor's facts through torch.Tensor's own descriptors, never a subclass's code.
+        self.reader = TensorReader.of(mods)
+        self._tensor_type: Any = self.reader.base if self.reader is not None else None
         nn = getattr(torch, "nn", None) if torch else None
         optim = getattr(torch, "optim", None) if torch else None
         self._module_type: Any = getattr(nn, "Module", None) if nn else None
@@ -282,7 +294,8 @@ class Scanner:
         # back to its model (transformers' output recorders do) would enumerate every
         # parameter again per reference (the H200's GPT-2 scan went from 5 to 20-46 ms).
         self._modules_walked: set[int] = set()
-        self._device_names: dict[Any, str] = {}
+        # The tensor the walk last handed on, with its (device, bytes, key).
+        self._last_info: tuple[Any, Any] = (_MISSING, None)
         self.graph_budget_s = graph_budget_s
         self.walk_budget_s = walk_budget_s
         self.object_cap = object_cap
@@ -323,20 +336,10 @@ class Scanner:
             return None
 
     def _tensor_info_of(self, t: Any) -> tuple[str, int, tuple[str, int]] | None:
-        if _is_a(t, self._tensor_type):
-            dev = t.device
-            try:  # named once per device: graph walks ask for every saved tensor
-                device = self._device_names[dev]
-            except (KeyError, TypeError):  # TypeError: a device object that cannot be hashed
-                device = f"{dev.type}:{dev.index}" if dev.index is not None else str(dev.type)
-                with contextlib.suppress(TypeError):
-                    self._device_names[dev] = device
-            try:
-                storage = t.untyped_storage()
-                return device, int(storage.nbytes()), (device, int(storage.data_ptr()))
-            except Exception:
-                n = int(t.element_size() * t.nelement())
-                return device, n, (device, id(t))
+        if self.reader is not None and _is_a(t, self._tensor_type):
+            # torch.Tensor's own descriptors, with __torch_function__ off: a subclass's
+            # override of `device` or `untyped_storage` never runs (tensors.py).
+            return self.reader.info(t)
         plan = self._array_plan(type(t))
         if plan is None:
             return None
@@ -366,10 +369,32 @@ class Scanner:
         return plan
 
     def _grad_fn(self, t: Any) -> Any:
-        if not _is_a(t, self._tensor_type):
+        if self.reader is None or not _is_a(t, self._tensor_type):
             return None
         try:
-            return getattr(t, "grad_fn", None)
+            return self.reader.grad_fn(t)
+        except Exception:
+            return None
+
+    def shape_of(self, t: Any) -> tuple[Any, ...] | None:
+        """A tensor's or array's sizes, read as ``_tensor_info`` reads it (no user code)."""
+        try:
+            if self.reader is not None and _is_a(t, self._tensor_type):
+                return self.reader.shape(t)
+            plan = self._array_plan(type(t))
+            if plan is None:
+                return None
+            return sizes(static_attribute(type(t), "shape").__get__(t, type(t)))
+        except Exception:
+            return None
+
+    def own_bytes(self, t: Any) -> int | None:
+        """The bytes of a tensor's or array's own elements (not a larger storage it views)."""
+        try:
+            if self.reader is not None and _is_a(t, self._tensor_type):
+                return self.reader.elements_bytes(t)
+            plan = self._array_plan(type(t))
+            return int(plan[0].__get__(t, type(t))) if plan is not None else None
         except Exception:
             return None
 
@@ -387,7 +412,10 @@ class Scanner:
             return
         if _is_atom(obj):
             return
-        if self._tensor_info(obj) is not None:
+        info = self._tensor_info(obj)
+        if info is not None:
+            # Handed to the walk's consumer with the tensor: read once, not twice.
+            self._last_info = (obj, info)
             yield obj, path
             # Only leaves have a .grad; asking a non-leaf makes torch warn.
             if _is_a(obj, self._tensor_type):
@@ -399,21 +427,12 @@ class Scanner:
             if id(obj) in self._modules_walked:
                 return
             self._modules_walked.add(id(obj))
-            for p in _bounded(lambda: obj.parameters()):
-                yield p, path
-                grad = self._grad_of(p)
-                if grad is not None:
-                    yield grad, path
-            for b in _bounded(lambda: obj.buffers()):
-                yield b, path
+            yield from self._module_tensors(obj, path)
             if objdepth > 0:
                 yield from self._module_contents(obj, path, objdepth)
             return
         if _is_a(obj, self._optimizer_type):
-            for state in _bounded(lambda: obj.state.values()):
-                for v in _bounded(lambda s=state: s.values()):  # type: ignore[misc]
-                    if self._tensor_info(v) is not None:
-                        yield v, path
+            yield from self._optimizer_tensors(obj, path)
             return
         if _container_items(obj) is not None:  # a subclass of a builtin container
             if depth > 0:
@@ -645,12 +664,105 @@ class Scanner:
             except Exception:
                 ns = {}
             for name, value in list(ns.items()):
-                if not isinstance(name, str) or name.startswith("__") or \
+                if type(name) is not str or name.startswith("__") or \
                         type(value) in _ATOM_TYPES or isinstance(value, _CLASS_MEMBERS):
                     continue
                 yield from self._tensors_in(value, _CONTAINER_DEPTH,
                                             (*path, f" class {type_name(klass)}.{name}"),
                                             objdepth - 1)
+
+    def _own_dict(self, obj: Any) -> dict[Any, Any] | None:
+        """An object's own ``__dict__``, by its class's C descriptor (``_plan_of``)."""
+        dict_desc, _ = self._plan_of(type(obj))
+        if dict_desc is None:
+            return None
+        try:
+            attrs = dict_desc.__get__(obj)
+        except Exception:
+            return None
+        return attrs if type(attrs) is dict else None
+
+    def _module_tensors(self, obj: Any,
+                        path: tuple[str, ...]) -> Iterator[tuple[Any, tuple[str, ...]]]:
+        """A module's and its children's parameters (each with its gradient), then their
+        buffers, as ``parameters()`` and ``buffers()`` yield them, read where torch keeps
+        them: each module's own ``__dict__['_parameters']``, ``['_buffers']`` and
+        ``['_modules']``, through the C ``__dict__`` descriptor, keys compared only as exact
+        strs. Calling ``parameters()`` ran a subclass's override or property: a counting one
+        ran 6 times over the looks of one session, an endless one made the OOM cell take
+        21.5 s. Each module once (a cycle of children too); at most ``_MAX_ITEMS`` modules
+        and items per dict, and past the scan's stop only up to the 1,024th module."""
+        owned: list[tuple[Any, Any]] = []
+        stack: list[Any] = [obj]
+        seen: set[int] = set()
+        module_type = self._module_type
+        while stack:
+            m = stack.pop()
+            if id(m) in seen:
+                continue
+            if len(seen) >= _MAX_ITEMS or (len(seen) & 1023 == 1023 and self._past_stop()):
+                self._cut = True
+                break
+            seen.add(id(m))
+            attrs = self._own_dict(m)
+            if attrs is None:
+                continue
+            params = buffers = children = None
+            for key, value in list(attrs.items()):
+                if type(key) is not str or key not in _MODULE_OWN or \
+                        not issubclass(type(value), dict):
+                    continue
+                if key == "_parameters":
+                    params = value
+                elif key == "_buffers":
+                    buffers = value
+                else:
+                    children = value
+            owned.append((params, buffers))
+            if children is not None:
+                if dict.__len__(children) > _MAX_ITEMS:
+                    self._cut = True
+                stack.extend(reversed([c for c in itertools.islice(dict.values(children),
+                                                                   _MAX_ITEMS)
+                                       if _is_a(c, module_type)]))
+        self._modules_walked.update(seen)
+        for params, _ in owned:
+            for p in self._dict_values(params):
+                yield p, path
+                grad = self._grad_of(p)
+                if grad is not None:
+                    yield grad, path
+        for _, buffers in owned:
+            for b in self._dict_values(buffers):
+                yield b, path
+
+    def _dict_values(self, d: Any) -> list[Any]:
+        """A dict's values that are not None, by ``dict``'s own iterator, at most
+        ``_MAX_ITEMS`` (past which the holder's walk is cut); a copy, so that another thread
+        that changes the dict while the walk yields cannot end it."""
+        if d is None:
+            return []
+        if dict.__len__(d) > _MAX_ITEMS:
+            self._cut = True
+        return [v for v in itertools.islice(dict.values(d), _MAX_ITEMS) if v is not None]
+
+    def _optimizer_tensors(self, obj: Any,
+                           path: tuple[str, ...]) -> Iterator[tuple[Any, tuple[str, ...]]]:
+        """An optimizer's state tensors, from its own ``__dict__['state']`` (torch's
+        ``defaultdict`` of one dict per parameter) through the C descriptor: ``obj.state``
+        ran a subclass's property, and ``.values()`` a state dict subclass's override."""
+        attrs = self._own_dict(obj)
+        state = own_item(attrs, "state") if attrs is not None else _MISSING
+        if not issubclass(type(state), dict):
+            return
+        for i, per_param in enumerate(self._dict_values(state)):
+            if i & 1023 == 1023 and self._past_stop():
+                return
+            if not issubclass(type(per_param), dict):
+                continue
+            for v in self._dict_values(per_param):
+                if self._tensor_info(v) is not None:
+                    yield v, path
 
     def _module_contents(self, obj: Any, path: tuple[str, ...],
                          objdepth: int) -> Iterator[tuple[Any, tuple[str, ...]]]:
@@ -740,10 +852,12 @@ class Scanner:
             yield from self._tensors_in(value, _CONTAINER_DEPTH, path, objdepth - 1)
 
     def _grad_of(self, t: Any) -> Any:
+        """A leaf tensor's gradient (only leaves have one; asking a non-leaf makes torch
+        warn), read by torch.Tensor's own descriptors."""
+        if self.reader is None or not _is_a(t, self._tensor_type):
+            return None
         try:
-            if not getattr(t, "is_leaf", False):
-                return None
-            grad = getattr(t, "grad", None)
+            grad = self.reader.leaf_grad(t)
         except Exception:
             return None
         return grad if grad is not None and self._tensor_info(grad) is not None else None
@@ -772,6 +886,7 @@ class Scanner:
         try:
             self._attribute_walk(name, kind, obj, out)
         finally:
+            self._forget()  # no tensor outlives the walk here
             for f in out.values():
                 if f.name == name:
                     f.classes.update(self._path_classes)
@@ -782,7 +897,8 @@ class Scanner:
 
     def _attribute_walk(self, name: str, kind: str, obj: Any, out: dict[str, _Found]) -> None:
         for t, path in self._tensors_in(obj, _CONTAINER_DEPTH):
-            info = self._tensor_info(t)
+            last = self._last_info
+            info = last[1] if last[0] is t else self._tensor_info(t)
             if info is None:
                 continue
             device, nbytes, key = info
@@ -806,30 +922,33 @@ class Scanner:
             for k in range(1, len(path) + 1):
                 prefix = path[:k]
                 f.paths[prefix] = f.paths.get(prefix, 0) + nbytes
-            if f.tensors == 1:
-                f.first = self._describe(t)
             grad_fn = self._grad_fn(t)
+            if f.tensors == 1:
+                f.first = self._describe(t, grad_fn)
             if grad_fn is not None:
                 if not f.graph:
-                    f.graph = self._describe(t)
+                    f.graph = f.first if f.tensors == 1 else self._describe(t, grad_fn)
                 if id(grad_fn) not in f.root_ids:
                     f.root_ids.add(id(grad_fn))
                     f.roots.append(grad_fn)
 
-    def _describe(self, t: Any) -> str:
-        try:
-            shape = list(tuple(getattr(t, "shape", ())))
+    def _describe(self, t: Any, grad_fn: Any = _MISSING) -> str:
+        """"float32[1024, 1024], grad_fn=MulBackward0", read as ``_tensor_info`` reads (no
+        subclass's property, override or ``__torch_function__`` runs); ``grad_fn`` where the
+        caller has read it already."""
+        if self.reader is not None and _is_a(t, self._tensor_type):
+            return self.reader.describe(t, grad_fn)
+        shape = self.shape_of(t)
+        dims = list(shape) if shape is not None else ["?"]
+        try:  # an array's dtype by the class's C descriptor (``_array_plan`` checked it)
+            dtype = static_attribute(type(t), "dtype").__get__(t, type(t))
+            # Said only where the dtype's own str and repr are C code (numpy's, CuPy's).
+            text = str(dtype) if all(
+                type(static_attribute(type(dtype), n)) in _C_CALLABLES
+                for n in ("__str__", "__repr__")) else "?"
         except Exception:
-            shape = ["?"]
-        try:
-            dtype = str(getattr(t, "dtype", "")).replace("torch.", "")
-        except Exception:
-            dtype = "?"
-        text = f"{dtype}{shape}"
-        grad_fn = self._grad_fn(t)
-        if grad_fn is not None:
-            text += f", grad_fn={type(grad_fn).__name__}"
-        return text
+            text = "?"
+        return f"{text}{dims}"
 
     def _unreached(self) -> list[Any]:
         """Every GPU tensor the garbage collector tracks that the walk did not reach. The
@@ -939,6 +1058,12 @@ class Scanner:
             return list(self._tensors_in(obj, _CONTAINER_DEPTH))
         except Exception:
             return []
+        finally:
+            self._forget()
+
+    def _forget(self) -> None:
+        """Drop the walk's memo of the last tensor handed on: a look keeps nothing alive."""
+        self._last_info = (_MISSING, None)
 
     # -- whole scans -------------------------------------------------------------------------
     def scan(self, *args: Any, **kwargs: Any) -> list[Holder]:
@@ -951,12 +1076,14 @@ class Scanner:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), \
+                    self.reader.held() if self.reader is not None else contextlib.nullcontext():
                 warnings.simplefilter("ignore")
                 self._scan(found, *args, **kwargs)
         except Exception:
             self.skipped += 1
         finally:
+            self._forget()
             if collecting:
                 gc.enable()
         with warnings.catch_warnings():
@@ -1002,8 +1129,9 @@ class Scanner:
         out = dict(output_cache or {})
         cached = output_cache_names(user_ns, out, hidden)
         aliases: dict[int, list[str]] = {}
-        for name, obj in list(user_ns.items()):
-            if not isinstance(name, str):
+        for key, obj in list(user_ns.items()):
+            name = _name_of(key)
+            if name is None:
                 continue  # globals()[7] = ...: not a variable anyone can name
             if name in cached:
                 aliases.setdefault(id(obj), []).append(name)

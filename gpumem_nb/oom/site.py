@@ -28,6 +28,7 @@ from ..holders import (
     traceback_links,
     type_name,
 )
+from ..holders.tensors import instance_dict, own_item
 from ..model import Holder
 from ..units import format_bytes
 from .causes import KIND_RUNNING
@@ -97,12 +98,9 @@ def _code_is(code: types.CodeType, tail: str, names: Sequence[str]) -> bool:
 
 
 def _dict_of(obj: Any) -> dict[str, Any] | None:
-    """An instance's ``__dict__`` through object's own descriptor: no user code runs."""
-    try:
-        d = object.__getattribute__(obj, "__dict__")
-    except Exception:
-        return None
-    return d if type(d) is dict else None
+    """An instance's ``__dict__`` through its class's C descriptor: no user code runs
+    (``object.__getattribute__`` ran a subclass's ``__dict__`` property)."""
+    return instance_dict(obj)
 
 
 def module_paths(user_ns: Mapping[Any, Any], module_type: Any,
@@ -113,7 +111,8 @@ def module_paths(user_ns: Mapping[Any, Any], module_type: Any,
         return paths
     stack: list[tuple[str, Any]] = []
     for name, obj in list(user_ns.items()):
-        if isinstance(name, str) and not name.startswith("_"):
+        # Exact strs: a str subclass's `startswith` or `__format__` is its own code (A4).
+        if type(name) is str and not name.startswith("_"):
             try:
                 if issubclass(type(obj), module_type):
                     stack.append((name, obj))
@@ -125,10 +124,10 @@ def module_paths(user_ns: Mapping[Any, Any], module_type: Any,
             continue
         paths[id(mod)] = path
         d = _dict_of(mod)
-        children = d.get("_modules") if d is not None else None
+        children = own_item(d, "_modules") if d is not None else None
         if type(children) is dict:
             for key, child in reversed(list(children.items())):
-                if child is not None:
+                if child is not None and type(key) is str:
                     stack.append((f"{path}.{key}", child))
     return paths
 
@@ -209,7 +208,7 @@ def _cache_in(local: Mapping[str, Any], where: str, mods: Mapping[str, Any],
             candidates.append((name, value))
         elif type(value) is dict:
             candidates += [(f"{name}[{k!r}]", v) for k, v in list(value.items())
-                           if isinstance(k, str) and type_name(type(v)).endswith("Cache")]
+                           if type(k) is str and type_name(type(v)).endswith("Cache")]
     for path, obj in candidates:
         if time.perf_counter() > deadline:
             return None
@@ -238,7 +237,7 @@ def _preallocated(cache: Any) -> bool:
     name = type_name(type(cache)).rsplit(".", 1)[-1]
     if any(w in name for w in _STATIC_CACHE_WORDS):
         return True
-    layers = (_dict_of(cache) or {}).get("layers")
+    layers = own_item(_dict_of(cache) or {}, "layers")
     if type(layers) is not list or not layers:
         return False
     names = {type_name(type(layer)).rsplit(".", 1)[-1] for layer in layers[:512]}
@@ -257,18 +256,18 @@ def _tokens(cache: Any, scanner: Scanner, mods: Mapping[str, Any]) -> tuple[int 
     seen: set[Any] = set()
     for t, _ in scanner.tensors_of(cache):
         try:
-            shape = tuple(getattr(t, "shape", ()))
-            if len(shape) != 4 or int(shape[-2]) <= 0:
+            # Read as the walk reads a tensor: no subclass's property or __torch_function__.
+            shape = scanner.shape_of(t) or ()
+            if len(shape) != 4 or type(shape[-2]) is not int or shape[-2] <= 0:
                 continue
-            length = int(shape[-2])
+            length = shape[-2]
             info = scanner._tensor_info(t)
             if info is None or not info[0].startswith("cuda") or info[2] in seen:
                 continue
             seen.add(info[2])
-            try:  # the tensor's own elements, not a larger storage it may view
-                nbytes = int(t.element_size() * t.nelement())
-            except Exception:
-                nbytes = info[1]
+            # the tensor's own elements, not a larger storage it may view
+            own = scanner.own_bytes(t)
+            nbytes = own if own is not None else info[1]
             best = max(best or 0, length)
             per += nbytes // length
         except Exception:
@@ -286,7 +285,7 @@ def _backward_inputs(site: FailureSite, root: Any, user_ns: Mapping[Any, Any],
     keys: set[tuple[str, int]] = set()
     if info is not None:
         keys.add(info[2])
-    grad_fn = getattr(root, "grad_fn", None) if issubclass(type(root), tensor_type) else None
+    grad_fn = scanner._grad_fn(root)  # torch.Tensor's own getter: no subclass code runs
     checkpoint_nodes = 0
     walked: set[int] = set()
     if grad_fn is not None:
@@ -303,8 +302,7 @@ def _backward_inputs(site: FailureSite, root: Any, user_ns: Mapping[Any, Any],
         vi = scanner._tensor_info(value) if value is not None else None
         # The root, a tensor the graph saved or holds as a leaf, or an output whose own
         # node is in the graph being run (``y`` of ``y.sum().backward()``).
-        node = getattr(value, "grad_fn", None) if vi is not None and issubclass(
-            type(value), tensor_type) else None
+        node = scanner._grad_fn(value) if vi is not None else None
         if value is root or (vi is not None and vi[2] in keys) or (
                 node is not None and id(node) in walked):
             running.append(name)

@@ -355,7 +355,7 @@ class OomWatch:
                 # Read through type's own descriptors: a user's metaclass runs no code here,
                 # and a user's class of the same name is not torch's (its pool() is theirs).
                 cls = type_name(type(obj))
-                if cls not in ("CUDAGraph", "MemPool") or not isinstance(name, str):
+                if cls not in ("CUDAGraph", "MemPool") or type(name) is not str:
                     continue
                 module = static_attribute(type(obj), "__module__")
                 if type(module) is not str or not module.startswith("torch."):
