@@ -889,7 +889,7 @@ class Scanner:
         finally:
             self._forget()  # no tensor outlives the walk here
             # This name's holders only: a pass over every holder per holder made a
-            # namespace of 1,000 tensors spend half its scan here.
+            # namespace of 1,000 tensors spend a third of its scan here.
             for f in self._by_name.get(name, ()):
                 if f.name == name:
                     f.classes.update(self._path_classes)
