@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import emit  # noqa: E402
+from benchmarks.common import emit
 
 GiB = 1 << 30
 

@@ -38,6 +38,17 @@ def private_settings(tmp_path: Any, monkeypatch: Any) -> Any:
     return path
 
 
+@pytest.fixture(autouse=True)
+def unhurried_retention_search(monkeypatch: Any) -> None:
+    """Tests check what the retention search names, not how fast: on a loaded two-core CI
+    machine, a heap that a whole suite has grown took over its 1 s budget and every tensor
+    came back "not searched". Its cost is measured in ``benchmarks/bench_retention.py``; a
+    test of the cut passes its own bound."""
+    from gpumem_nb.holders import retention
+
+    monkeypatch.setattr(retention, "BUDGET_S", 60.0)
+
+
 @pytest.fixture(scope="session")
 def ip() -> Any:
     from IPython.testing.globalipapp import start_ipython

@@ -195,13 +195,15 @@ class Search:
     """One search over the heap as it is now. Not thread-safe; call on the main thread."""
 
     def __init__(self, storage_of: Callable[[Any], tuple[str, int, tuple[str, int]] | None],
-                 context: RootContext, *, budget_s: float = BUDGET_S,
+                 context: RootContext, *, budget_s: float | None = None,
                  object_cap: int = OBJECT_CAP, max_levels: int = MAX_LEVELS,
                  clock: Callable[[], float] = time.perf_counter,
                  numpy: Any = None) -> None:
         self.storage_of = storage_of
         self.ctx = context
-        self.budget_s = budget_s
+        # Read at each search, not bound at import: a caller (or a test on a loaded machine)
+        # may give the whole graph more time through the module's value.
+        self.budget_s = BUDGET_S if budget_s is None else budget_s
         self.object_cap = object_cap
         self.max_levels = max_levels
         self.clock = clock

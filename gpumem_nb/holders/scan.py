@@ -39,7 +39,7 @@ from .. import userexc
 from ..graph import GraphWalker
 from ..model import Holder
 from . import retention
-from .named import holder_groups
+from .named import holder_groups, pandas_name
 from .reading import MISSING as _MISSING
 from .reading import running_frame_ids, static_attribute, type_name
 from .retention import RootContext, Search
@@ -99,7 +99,6 @@ _KEY_IDS = frozenset(map(id, (str, int, float, bool, bytes)))
 _TYPE_MRO = type.__dict__["__mro__"]
 _TYPE_DICT = type.__dict__["__dict__"]
 _TYPE_NAME = type.__dict__["__name__"]
-_MODULE_DICT: Any = vars(types.ModuleType)["__dict__"]
 # Attributes read on an array-like only through these descriptor types, written in C (numpy's,
 # CuPy's): a Python property there is the class's own code.
 _C_DESCRIPTORS = (types.GetSetDescriptorType, types.MemberDescriptorType)
@@ -987,7 +986,7 @@ class Scanner:
         return out
 
     def _search_rest(self, found: dict[str, _Found], ctx: RootContext, min_bytes: int,
-                     budget_s: float) -> None:
+                     budget_s: float | None) -> None:
         """The retention search for what the walk did not reach, each group of storages
         attributed under its path from a root (or as garbage, unseen, not searched)."""
         tensors = self._unreached()
@@ -1009,8 +1008,10 @@ class Scanner:
                 info = self._tensor_info(t)
                 if info is not None:
                     by_key.setdefault(info[2], []).append(t)
+            ns = ctx.user_ns
             for template, keys in holder_groups(outcome.retained):
                 group = [t for k in keys for t in by_key.get(k, ())]
+                template = replace(template, name=pandas_name(template.name, ns))
                 extras = {f: getattr(template, f) for f in
                           ("also_held_by", "code", "classes", "why") if getattr(template, f)}
                 self._extras[template.name] = {**extras, "searched": True}
@@ -1111,7 +1112,7 @@ class Scanner:
         hidden: Mapping[str, Any] | None = None,
         rest_min_bytes: int | None = None,
         roots: RootContext | None = None,
-        search_budget_s: float = retention.BUDGET_S,
+        search_budget_s: float | None = None,
         allocated_bytes: int | None = None,
     ) -> None:
         """The fast walk from the names down; then, with ``include_gc``, the retention search
@@ -1173,80 +1174,6 @@ def _gpu_bytes(found: Iterable[_Found]) -> int:
     """What the walk found on GPUs in PyTorch's allocator: tensors and their graphs."""
     return sum(f.nbytes + (f.graph_bytes or 0) for f in found
                if f.device.startswith("cuda") and not f.arrays)
-
-
-REVERSE_CAP = 20  # unfound tensors whose owner is searched for
-REVERSE_BUDGET_S = 0.5
-_REVERSE_LEVELS = 8
-_OWNER_ORDER: tuple[type, ...] = (dict, list, type, types.ModuleType, types.FrameType,
-                                  types.TracebackType, BaseException, tuple)
-
-
-def owner_of(obj: Any, skip: set[int], user_ns: Mapping[Any, Any]) -> str | None:
-    """Who keeps ``obj``, up the garbage collector's referrers: a variable (through an
-    exception's traceback, a frame's locals), a class attribute, a module's global. Reads
-    referrers only through C-level structures (dict items, sequences, frames' code names)."""
-    steps: list[str] = []
-    seen = set(skip) | running_frame_ids()  # this search's own frames refer to obj too
-    for _ in range(_REVERSE_LEVELS):
-        seen.add(id(obj))
-        refs = gc.get_referrers(obj)
-        r: Any = None
-        rank = len(_OWNER_ORDER) + 1
-        for cand in refs:
-            if id(cand) in seen or type(cand) is types.CellType:
-                continue
-            # Lasting owners before passing ones: a tuple or an iterator that refers to it
-            # may be some library's temporary.
-            k = next((i for i, kind in enumerate(_OWNER_ORDER) if issubclass(type(cand), kind)),
-                     len(_OWNER_ORDER))
-            if k < rank:
-                r, rank = cand, k
-        refs.clear()
-        if r is None:
-            return None
-        t = type(r)
-        if t is dict:
-            d: dict[Any, Any] = r
-            key = next((k for k, v in dict.items(d) if v is obj), None)
-            if d is user_ns:
-                return f"{key}{''.join(reversed(steps))}" if isinstance(key, str) else None
-            steps.append(f".{key}" if isinstance(key, str) and key.isidentifier()
-                         else _key_step(key))
-        elif t in (list, tuple):
-            idx = next((i for i, v in enumerate(t.__iter__(r)) if v is obj), None)
-            steps.append(f"[{idx}]" if idx is not None else "[…]")
-        elif t is types.FrameType:
-            steps.append(f" ({r.f_code.co_name}() locals)")
-        elif t is types.TracebackType or t is types.CellType:
-            pass
-        elif issubclass(t, BaseException):
-            steps.append(f" ({type_name(t)}'s traceback)")
-        elif issubclass(t, type):
-            # The class's own __dict__ is the referrer one level down: its key is the name.
-            return f"{_qualname(r)}{''.join(reversed(steps))} (class attribute)"
-        elif t is types.ModuleType:
-            return f"{_module_name(r)}{''.join(reversed(steps))} (module global)"
-        else:
-            steps.append(f" (in a {type_name(t)})")
-        obj = r
-    return None
-
-
-def _qualname(t: Any) -> str:
-    try:
-        name = type.__dict__["__qualname__"].__get__(t)
-    except Exception:
-        return "?"
-    return name if type(name) is str else "?"
-
-
-def _module_name(m: Any) -> str:
-    try:
-        name = _MODULE_DICT.__get__(m).get("__name__")
-    except Exception:
-        return "?"
-    return name if type(name) is str else "?"
 
 
 def _attr_step(name: Any) -> str:

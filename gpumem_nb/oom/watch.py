@@ -66,7 +66,8 @@ class OomHost(Protocol):
 
     def scan(self, include_gc: bool = False,
              graph_budget_s: float | None = None,
-             rest_min_bytes: int | None = None) -> list[Holder]: ...
+             rest_min_bytes: int | None = None,
+             allocated_bytes: int | None = None) -> list[Holder]: ...
 
     def read(self) -> Sample: ...
 
@@ -456,9 +457,10 @@ class OomWatch:
         if earlier_errors:
             pieces.facts = replace(pieces.facts, earlier_errors=earlier_errors)
         stages = pieces.stage_s
-        t = self.clock()
-        self._add_searched(pieces)
-        stages["search"] = self.clock() - t
+        if event is not None:
+            t = self.clock()
+            self._add_searched(pieces)
+            stages["search"] = self.clock() - t
         t = self.clock()
         ns = getattr(getattr(self.host, "shell", None), "user_ns", None)
         site = failure_site(exc, ns if isinstance(ns, Mapping) else {}, holders=pieces.judged)
@@ -496,25 +498,22 @@ class OomWatch:
             notes=tuple(pieces.notes) + extra, stage_s=stages)
 
     def _add_searched(self, pieces: _Pieces) -> None:
-        """What the walk from the names cannot reach, found up from the tensors themselves
+        """With the observer (whose walk ran before the exception unwound): what the walk
+        from the names cannot reach, found up from the tensors themselves
         (``holders/retention.py``): a module's global, a class attribute, a queue or a data
         frame's object column, a live thread's locals, garbage in reference cycles. Searched
         after the failure, when only the computation's temporaries are gone: whatever it
-        finds lived through the failure. Run when the GPU tensors the walk did not reach come
-        to more than ``REST_SHARE`` of what was allocated."""
+        finds lived through the failure. Run when what PyTorch has allocated now is more
+        than the walk accounts for by ``REST_SHARE`` of what was allocated at the failure."""
         f = pieces.facts
         if f.allocated_bytes is None:
             return
-        try:
-            found = self.host.scan(graph_budget_s=EXPLAIN_GRAPH_BUDGET_S,
-                                   rest_min_bytes=int(REST_SHARE * f.allocated_bytes))
-        except Exception:
-            return
-        device = f"cuda:{f.device}"
+        now = self.torch.read(f.device)
+        found = _scan_rest(self.host, int(REST_SHARE * f.allocated_bytes),
+                           now.allocated_bytes if now is not None else None)
         known = {h.name for h in pieces.judged}
-        extra = tuple(h for h in found if h.searched and h.name not in known
-                      and h.kind not in ("unseen", "not searched")
-                      and h.device in (device, "cuda"))
+        extra = tuple(h for h in searched_holders(found, f.device, bool(f.previous_error))
+                      if h.name not in known)
         if not extra:
             return
         pieces.holders = (*pieces.holders, *extra)
@@ -685,7 +684,16 @@ class OomWatch:
             reserved = max(al.reserved_bytes, allocated or 0)
         released = unreachable = None
         t = self.clock()
-        holders = tuple(self.host.scan(graph_budget_s=EXPLAIN_GRAPH_BUDGET_S))
+        # After the failure already: the walk and, where it leaves much unreached, the
+        # retention search in one scan (the dry run reuses it).
+        base = msg.allocated_bytes if msg.allocated_bytes is not None else (
+            al.allocated_bytes if al else None)
+        scanned = _scan_rest(self.host, int(REST_SHARE * base) if base is not None else None,
+                             al.allocated_bytes if al is not None else None)
+        # What the search found that the explanation does not name (unseen, not searched;
+        # garbage that a replaced traceback's story names) stays out of every figure.
+        holders = tuple(h for h in scanned if not h.searched) + searched_holders(
+            scanned, device, bool(previous_error))
         stages["scan"] = self.clock() - t
         judged = _failed_call_apart(holders, error)
         failed = [h for h in judged if h.kind == KIND_FAILED_CALL
@@ -736,6 +744,28 @@ class OomWatch:
         caught = f" ({seen} caught by your own code, none reached a cell)" if seen else ""
         return (f"gpumem: no CUDA out-of-memory error has reached a cell yet{caught}. "
                 f"OOM observer: {self.observer_status}.")
+
+
+def _scan_rest(host: OomHost, rest_min_bytes: int | None,
+               allocated_bytes: int | None) -> list[Holder]:
+    """The host's scan with the retention search for what the walk leaves unexplained; a
+    stand-in host that takes no such arguments scans as before."""
+    try:
+        return host.scan(graph_budget_s=EXPLAIN_GRAPH_BUDGET_S, rest_min_bytes=rest_min_bytes,
+                         allocated_bytes=allocated_bytes)
+    except TypeError:
+        return host.scan(graph_budget_s=EXPLAIN_GRAPH_BUDGET_S)
+
+
+def searched_holders(found: Iterable[Holder], device: int,
+                     previous_error: bool) -> tuple[Holder, ...]:
+    """The search's finds that the explanation names as holders on the failing GPU. Not what
+    only something unseen keeps, nor what it could not search (neither is a cause); not
+    garbage where the previous error's replaced traceback explains it (IPython's frames keep
+    that in a reference cycle: ``causes._held`` tells its story)."""
+    skip = ("unseen", "not searched") + (("garbage",) if previous_error else ())
+    return tuple(h for h in found if h.searched and h.kind not in skip
+                 and h.device in (f"cuda:{device}", "cuda"))
 
 
 def pool_id_of(seg: Mapping[str, Any]) -> tuple[int, int]:
