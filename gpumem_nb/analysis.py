@@ -425,7 +425,8 @@ def holder_advice(h: Holder) -> Advice:
     if h.kind == "optimizer state":
         return Advice(f"{h.name} is an optimizer: its state holds {what} (Adam keeps two values "
                       f"per parameter); `del {h.name}` only once training is done{_also(h)}.")
-    if h.view_bytes is not None and h.nbytes >= 2 * h.view_bytes and _IDENTIFIER.match(h.name):
+    if h.view_bytes is not None and h.nbytes >= 2 * h.view_bytes and not h.also_held_by \
+            and _IDENTIFIER.match(h.name):
         clone = f"{h.name} = {h.name}.clone()"
         return Advice(
             f"{h.name} is a view of {format_bytes(h.view_bytes)} that keeps its whole base "

@@ -351,3 +351,43 @@ def test_a_model_its_own_hooks_refer_back_to_is_enumerated_once_per_holder():
     # Its parameters enumerated once, read from each module's own dict: `parameters()` is
     # the user's code and never runs (A1).
     assert walks.count(model) == 1 and calls == []
+
+
+def test_a_models_gradients_are_counted_so_the_advice_offers_zero_grad_with_their_bytes():
+    from gpumem_nb.analysis import holder_advice
+
+    w, b = FakeTensor(4 * GiB), FakeTensor(GiB)
+    w.grad, b.grad = FakeTensor(4 * GiB), FakeTensor(GiB)
+    (h,) = scan({"model": Module(w, b)})
+    assert (h.nbytes, h.grad_bytes) == (10 * GiB, 5 * GiB)
+    advice = holder_advice(h)
+    assert advice.code == "model.zero_grad(set_to_none=True)" and advice.nbytes == 5 * GiB
+
+
+def test_a_model_without_gradients_is_not_told_to_zero_them():
+    from gpumem_nb.analysis import holder_advice
+
+    (h,) = scan({"model": Module(FakeTensor(4 * GiB))})
+    assert h.grad_bytes == 0 and "zero_grad" not in holder_advice(h).text
+
+
+def test_a_small_view_of_a_large_storage_is_told_to_clone_and_what_that_frees():
+    from gpumem_nb.analysis import holder_advice
+
+    base = FakeTensor(16 * GiB)
+    row = FakeTensor(GiB, base=base)
+    del base
+    (h,) = scan({"row": row})
+    assert (h.nbytes, h.view_bytes) == (16 * GiB, GiB)
+    advice = holder_advice(h)
+    assert advice.code == "row = row.clone()" and advice.nbytes == 15 * GiB
+
+
+def test_a_view_whose_base_another_name_also_holds_is_not_told_that_clone_frees_it():
+    from gpumem_nb.analysis import holder_advice
+
+    base = FakeTensor(16 * GiB)
+    ns = {"row": FakeTensor(GiB, base=base), "base": base}
+    (row,) = scan(ns)
+    assert (row.name, row.view_bytes, row.also_held_by) == ("row", GiB, ("base",))
+    assert "clone" not in holder_advice(row).text

@@ -162,6 +162,8 @@ class _Found:
     arrays: bool = False
     torch_tensors: bool = False
     storages: list[tuple[int, int]] = field(default_factory=list)  # (address, bytes) on GPUs
+    grad_bytes: int = 0  # of nbytes, parameters' gradients (zero_grad frees them)
+    view_bytes: int | None = None  # a lone tensor's own elements, where it views a larger storage
 
 
 def _is_atom(obj: Any) -> bool:
@@ -293,6 +295,7 @@ class Scanner:
         # back to its model (transformers' output recorders do) would enumerate every
         # parameter again per reference (the H200's GPT-2 scan went from 5 to 20-46 ms).
         self._modules_walked: set[int] = set()
+        self._grad_ids: set[int] = set()  # this walk's gradients, to count them apart
         self._by_name: dict[str, list[_Found]] = {}  # this scan's holders, by name
         # The tensor the walk last handed on, with its (device, bytes, key).
         self._last_info: tuple[Any, Any] = (_MISSING, None)
@@ -421,6 +424,7 @@ class Scanner:
             if _is_a(obj, self._tensor_type):
                 grad = self._grad_of(obj)
                 if grad is not None:
+                    self._grad_ids.add(id(grad))
                     yield grad, (*path, ".grad")
             return
         if _is_a(obj, self._module_type):
@@ -731,6 +735,7 @@ class Scanner:
                 yield p, path
                 grad = self._grad_of(p)
                 if grad is not None:
+                    self._grad_ids.add(id(grad))
                     yield grad, path
         for _, buffers in owned:
             for b in self._dict_values(buffers):
@@ -882,6 +887,7 @@ class Scanner:
         self._namespace_root = kind == "traceback"
         self._path_classes = {}
         self._modules_walked = set()
+        self._grad_ids = set()
         self._walking = name
         try:
             self._attribute_walk(name, kind, obj, out)
@@ -916,6 +922,13 @@ class Scanner:
                 self._by_name.setdefault(name, []).append(f)
             f.nbytes += nbytes
             f.tensors += 1
+            if id(t) in self._grad_ids:
+                f.grad_bytes += nbytes
+            if f.tensors == 1 and not path:
+                own = self.own_bytes(t)
+                f.view_bytes = own if own is not None and own < nbytes else None
+            else:
+                f.view_bytes = None
             if _is_a(t, self._tensor_type):
                 f.torch_tensors = True
                 if device.startswith("cuda"):
@@ -1232,6 +1245,7 @@ def _holder(f: _Found) -> Holder:
                   graph_bytes=f.graph_bytes, graph_bytes_capped=f.graph_capped,
                   graph_unsized=f.graph_unsized, path=path_of(f), walk_capped=f.walk_capped,
                   arrays=f.arrays and not f.torch_tensors, storages=tuple(f.storages),
+                  grad_bytes=f.grad_bytes, view_bytes=f.view_bytes,
                   contents_bytes=(sum(n for p, n in f.paths.items() if len(p) == 1)
                                   if f.kind == "module" else 0))
 
