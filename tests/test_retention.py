@@ -306,3 +306,75 @@ def test_an_oom_with_tensors_in_uncollected_cycles_says_garbage_and_collecting_f
     finally:
         gc.enable()
     assert CAUSE_WORKING_SET not in [c.kind for c in e.causes[:1]]
+
+
+def _gpumem_callbacks() -> list[Any]:
+    from gpumem_nb.oom.gcwindow import Collections
+
+    return [c for c in gc.callbacks if isinstance(c, Collections)]
+
+
+def test_garbage_a_collection_freed_after_the_failure_is_measured_and_called_garbage(
+        oomworld, capsys):
+    shell = oomworld.shell
+    run(shell, "class Node:\n    pass\n")
+    # The collection runs after the failure and before the explanation: the cycles are gone
+    # by the time anything looks, and only the collection's own measure can tell.
+    run(shell, "import gc\ngc.disable()\n"
+               "for _i in range(4):\n"
+               "    n = Node(); n.me = n; n.t = cuda.tensor(30 * GiB)\n"
+               "n = None\n"
+               "try:\n    y = cuda.tensor(30 * GiB)\nfinally:\n    gc.collect()")
+    try:
+        e = last(shell)
+        assert e.facts.collected_bytes == 120 * GiB and e.facts.collections == 1, e.facts
+        assert e.cause == CAUSE_GARBAGE, str(e)
+        assert "measured: Python's garbage collector freed it" in " ".join(e.causes[0].details)
+        assert not [a for a in e.actions if "gc.collect()" == a.code.split("; ")[-1]]
+        assert any("free again" in a.text for a in e.actions)
+    finally:
+        gc.enable()
+
+
+def test_garbage_collected_in_the_next_cell_is_reported_once_and_the_callback_removed(
+        oomworld, capsys):
+    shell = oomworld.shell
+    run(shell, "class Node:\n    pass\n")
+    run(shell, "import gc\ngc.disable()\n"
+               "for _i in range(4):\n"
+               "    n = Node(); n.me = n; n.t = cuda.tensor(30 * GiB)\n"
+               "n = None\n"
+               "y = cuda.tensor(30 * GiB)")
+    try:
+        assert len(_gpumem_callbacks()) == 1  # the failure's window, open until the next cell
+        capsys.readouterr()
+        run(shell, "gc.collect()")
+        out = capsys.readouterr().out
+        assert out.count("Python's garbage collector freed 120.00 GiB") == 1, out
+        assert "Since the out-of-memory error was explained" in out
+        assert any("freed 120.00 GiB" in n for n in last(shell).notes)
+        assert _gpumem_callbacks() == []
+        run(shell, "gc.collect()")
+        assert "garbage collector freed" not in capsys.readouterr().out
+    finally:
+        gc.enable()
+
+
+def test_unloading_after_a_failure_leaves_no_gc_callback(oomworld):
+    shell = oomworld.shell
+    run(shell, "y = cuda.tensor(400 * GiB)")
+    assert len(_gpumem_callbacks()) == 1
+    run(shell, "%unload_ext gpumem_nb")
+    assert _gpumem_callbacks() == []
+
+
+def test_a_gc_window_whose_read_fails_closes_instead_of_raising_in_every_collection():
+    from gpumem_nb.oom.gcwindow import Collections
+
+    def broken() -> int:
+        raise RuntimeError("CUDA error: device lost")
+
+    w = Collections(broken, generation=0)
+    w.start()
+    gc.collect()
+    assert not w.open and w not in gc.callbacks

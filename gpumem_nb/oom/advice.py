@@ -231,10 +231,20 @@ def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holde
         elif c.kind == CAUSE_HELD:
             out.extend(_held_actions(holders, f.device))
         elif c.kind == CAUSE_GARBAGE:
-            for h in garbage_holders(holders, f.device)[:1]:
-                advice = holder_advice(replace(h, nbytes=c.nbytes or h.nbytes,
+            garbage = garbage_holders(holders, f.device)[:1]
+            for h in garbage:
+                waiting = c.nbytes - (f.collected_bytes or 0) if c.nbytes else h.nbytes
+                advice = holder_advice(replace(h, nbytes=waiting,
                                                graph_bytes=None, holds_graph=False))
-                out.append(Action(advice.text, c.nbytes, code=advice.code))
+                out.append(Action(advice.text, waiting, code=advice.code))
+            if f.collected_bytes:
+                # Already free: nothing to run now; the fix is in the loop that makes them.
+                out.append(Action(
+                    f"{format_bytes(f.collected_bytes)} of it is free again (a collection "
+                    "ran after the failure): run the cell again. To keep it from "
+                    "recurring, break the cycles where they are made (set the "
+                    "back-reference to None, or hold it through weakref), or call "
+                    "gc.collect() in that loop."))
         elif c.kind == CAUSE_WORKING_SET and not dominant and not any(
                 x.covers for x in causes[1:]):
             out.append(_workload_action(f))

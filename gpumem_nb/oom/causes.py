@@ -188,7 +188,8 @@ def cell_working_set_bytes(f: OomFacts, holders: Sequence[Holder] = ()) -> int |
         return f.computation_bytes
     if f.allocated_bytes is not None:
         session = sum(h.held_bytes for h in held_holders(holders, f.device)) + \
-            sum(h.held_bytes for h in garbage_holders(holders, f.device))
+            sum(h.held_bytes for h in garbage_holders(holders, f.device)) + \
+            (f.collected_bytes or 0)
         own = min(own, max(f.allocated_bytes - session, 0))
     return max(own, f.computation_bytes or 0)
 
@@ -366,21 +367,29 @@ def _held(f: OomFacts, holders: Sequence[Holder],
             covers=covers(unreachable) and not f.walk_capped,
             details=(UNREACHABLE_AT_START if at_start else UNREACHABLE,)))
     garbage = garbage_holders(holders, f.device)
-    waste = sum(h.held_bytes for h in garbage)
-    if garbage and (covers(waste) or waste >= _NOTABLE_BYTES):
+    collected = f.collected_bytes or 0
+    waste = sum(h.held_bytes for h in garbage) + collected
+    if (garbage or collected) and (covers(waste) or waste >= _NOTABLE_BYTES):
         classes = sorted({c for h in garbage for c in h.classes})
-        kinds = ", ".join(classes) if classes else "plain containers"
+        kinds = f" ({', '.join(classes)})" if classes else ""
+        how: list[str] = []
+        if garbage:
+            how.append("found at the failure by walking every tensor's referrers up: no path "
+                       "reaches a variable, module, class, thread or the output cache, and "
+                       "each object's reference count is what the cycle's own references "
+                       "explain")
+        if collected:
+            how.append(f"{format_bytes(collected)} of it measured: Python's garbage "
+                       f"collector freed it between the failure and this explanation "
+                       f"({f.collections} collection{'s' if f.collections != 1 else ''}, "
+                       "PyTorch's allocated bytes before and after each)")
         out.append(Cause(
             CAUSE_GARBAGE, waste,
-            f"{format_bytes(waste)} is garbage: tensors kept only by reference cycles "
-            f"({kinds}) that nothing reaches, which Python's garbage collector had not "
-            "collected yet. PyTorch does not run the collector before it raises, so the "
-            "cycles' tensors count against this request.",
-            covers=covers(waste),
-            details=("found at the failure by walking every tensor's referrers up: no path "
-                     "reaches a variable, module, class, thread or the output cache, and "
-                     "each object's reference count is what the cycle's own references "
-                     "explain",)))
+            f"{format_bytes(waste)} was garbage: tensors kept only by reference cycles{kinds} "
+            "that nothing reaches, which Python's garbage collector had not collected yet. "
+            "PyTorch does not run the collector before it raises, so the cycles' tensors "
+            "count against this request.",
+            covers=covers(waste), details=tuple(how)))
     held = held_holders(holders, f.device)
     total = sum(h.held_bytes for h in held)
     if held and (covers(total) or total >= _NOTABLE_BYTES):

@@ -85,6 +85,11 @@ class OomFacts:
     # overstated), and only when every holder's graph was sized in full.
     unreachable_bytes: int | None = None
     previous_error: str = ""  # the cell before this one raised this (its traceback replaced)
+    # What Python's garbage collections freed between the failure and the explanation
+    # (``gc.callbacks``, PyTorch's allocated bytes before and after each): tensors that only a
+    # collection could free were garbage in reference cycles at the failure.
+    collected_bytes: int | None = None
+    collections: int = 0
     # Cells that raised before this one, since the extension was loaded: a traceback a later
     # error replaced waits for the garbage collector, so only then is garbage plausible.
     earlier_errors: int = 0

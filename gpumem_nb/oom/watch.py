@@ -35,7 +35,7 @@ from ..sources.torch import (
     TorchDebug,
     alloc_conf,
 )
-from ..units import printable
+from ..units import format_bytes, printable
 from .advice import OomExplanation, SiteAtFailure, next_steps
 from .causes import (
     CAUSE_WORKING_SET,
@@ -46,6 +46,7 @@ from .causes import (
     pool_owner_text,
 )
 from .facts import POOL_GRAPH, POOL_USER, OomFacts, PoolUse, ProcessUse
+from .gcwindow import Collections
 from .message import (
     FORM_ASYNC,
     FORM_DRIVER,
@@ -192,6 +193,8 @@ class OomWatch:
         self._scanned_generation = -1
         self._previous_error = ""
         self._errors = 0  # cells that raised, since this load
+        # Python's collections from the last failure to the end of the next cell, measured.
+        self._window: Collections | None = None
         self._lock = threading.Lock()
         # More lines for the explanation, from features the caller sets per cell (the
         # allocator what-if of a traced cell). Given the facts; a hook that fails adds none.
@@ -261,6 +264,7 @@ class OomWatch:
     def close(self) -> None:
         """Unload: the process keeps the registered observer; it stops calling us."""
         self._closed = True
+        self._close_window(report=False)
         obs = self._observer
         if obs is not None and getattr(obs, "handler", None) == self._on_oom:
             obs.handler = None
@@ -279,6 +283,8 @@ class OomWatch:
         event = OomEvent(device=device, requested_bytes=int(alloc), limit_bytes=int(limit),
                          free_bytes=int(free), wall_s=time.time(), generation=generation)
         event.reading = self.torch.read(device)
+        if self._window is None or self._window.generation != generation:
+            self._open_window(device, generation)
         event.grad_enabled = self.torch.grad_enabled()
         event.cell = self._cell_start(device)
         t = self.clock()
@@ -420,6 +426,8 @@ class OomWatch:
         generation = self._generation
         with self._lock:
             self._generation += 1
+        if self._window is not None and self._window.generation < generation:
+            self._close_window()  # the cell after the failure has ended
         err = getattr(result, "error_in_exec", None)
         if not userexc.is_exception(err):
             self._previous_error = ""
@@ -456,6 +464,12 @@ class OomWatch:
             pieces = self._from_event(event, msg)
         if earlier_errors:
             pieces.facts = replace(pieces.facts, earlier_errors=earlier_errors)
+        window = self._window
+        if event is not None and window is not None and window.generation == event.generation:
+            pieces.facts = _with_collections(pieces.facts, window)
+        elif event is None and generation is not None and not self._closed:
+            # Seen only now (no observer): collections from here on are still reported.
+            self._open_window(pieces.facts.device, generation)
         stages = pieces.stage_s
         if event is not None:
             t = self.clock()
@@ -496,6 +510,34 @@ class OomWatch:
             form=msg.form, source=pieces.source, holders=pieces.holders,
             sites_at_failure=tuple(sites), observer_s=pieces.observer_s,
             notes=tuple(pieces.notes) + extra, stage_s=stages)
+
+    # -- collections after a failure -----------------------------------------------------------
+    def _open_window(self, device: int, generation: int) -> None:
+        self._close_window()
+
+        def allocated() -> int | None:
+            r = self.torch.read(device)
+            return r.allocated_bytes if r is not None else None
+
+        self._window = Collections(allocated, generation)
+        self._window.start()
+
+    def _close_window(self, report: bool = True) -> None:
+        """End the window; where its collections freed CUDA memory after the explanation
+        was shown, say so once and add it to ``%gpumem oom``'s explanation."""
+        w, self._window = self._window, None
+        if w is None:
+            return
+        w.stop()
+        last = self.last
+        said = last.facts.collected_bytes or 0 if last is not None else 0
+        late = w.freed_bytes - said
+        if not report or late < GC_NOTE_BYTES or last is None:
+            return
+        line = collected_line(late, w.freeing, after_explanation=True)
+        self.last = replace(last, notes=(*last.notes, line))
+        with contextlib.suppress(Exception):
+            self.show(f"gpumem: {line}")
 
     def _add_searched(self, pieces: _Pieces) -> None:
         """With the observer (whose walk ran before the exception unwound): what the walk
@@ -744,6 +786,33 @@ class OomWatch:
         caught = f" ({seen} caught by your own code, none reached a cell)" if seen else ""
         return (f"gpumem: no CUDA out-of-memory error has reached a cell yet{caught}. "
                 f"OOM observer: {self.observer_status}.")
+
+
+GC_NOTE_BYTES = 256 << 20  # a collection's freed bytes worth a line after the explanation
+
+
+def collected_line(nbytes: int, collections: int, *, after_explanation: bool) -> str:
+    when = ("Since the out-of-memory error was explained" if after_explanation
+            else "Between the failure and this explanation")
+    many = "collection" if collections == 1 else "collections"
+    return (f"{when}, Python's garbage collector freed {format_bytes(nbytes)} of CUDA memory "
+            f"({collections} {many}): tensors kept only by reference cycles (objects that refer to "
+            "each other and that nothing else reaches). That was garbage at the failure, "
+            "counted against the request: PyTorch does not run the collector before it "
+            "raises. Break the cycle (set the back-reference to None, or hold it through "
+            "weakref) or call gc.collect() in the loop that makes them.")
+
+
+def _with_collections(f: OomFacts, w: Collections) -> OomFacts:
+    """The facts, with what collections freed since the failure: it was garbage then, not
+    part of what the holders or the session's remainder hold."""
+    if not w.freed_bytes:
+        return replace(f, collected_bytes=0, collections=w.collections)
+    unreachable = f.unreachable_bytes
+    if unreachable is not None:
+        unreachable = max(unreachable - w.freed_bytes, 0)
+    return replace(f, collected_bytes=w.freed_bytes, collections=w.freeing,
+                   unreachable_bytes=unreachable)
 
 
 def _scan_rest(host: OomHost, rest_min_bytes: int | None,
