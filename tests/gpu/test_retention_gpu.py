@@ -82,6 +82,25 @@ def test_tensors_in_uncollected_cycles_are_garbage_and_gc_collect_frees_them():
     assert step[2] >= 0.95 * step[1] > 0
 
 
+def test_garbage_a_collection_frees_between_the_failure_and_the_explanation_is_measured():
+    r = fresh(PRELUDE + """
+        run("class Node:\\n    pass")
+        run("gc.disable()\\nfor _ in range(3):\\n    n = Node(); n.me = n; "
+            "n.t = torch.empty(CHUNK, dtype=torch.uint8, device='cuda')\\nn = None")
+        run("try:\\n    y = torch.empty(TOTAL, dtype=torch.uint8, device='cuda')\\n"
+            "finally:\\n    gc.collect()")
+        gc.enable()
+        e = mon.oom.last
+        print(json.dumps({"cause": e.cause, "collected": e.facts.collected_bytes,
+                          "chunk": CHUNK, "text": str(e)}))
+    """)
+    print("\n" + r["text"])
+    assert r["cause"] == "garbage in reference cycles", r["text"]
+    # The three cycles' tensors, each rounded up as the allocator rounds (512 bytes).
+    assert 3 * r["chunk"] <= r["collected"] <= 3 * (r["chunk"] + 512), r
+    assert "measured: Python's garbage collector freed it" in r["text"]
+
+
 def test_a_queue_a_thread_and_a_shared_dataset_are_each_named_by_who_gc():
     r = fresh(PRELUDE + """
         q = queue.Queue(); q.put(torch.empty(CHUNK, dtype=torch.uint8, device="cuda"))
