@@ -432,13 +432,60 @@ def holder_advice(h: Holder) -> Advice:
             f"{h.name} is a view of {format_bytes(h.view_bytes)} that keeps its whole base "
             f"storage ({what}) alive: `{clone}` keeps only its own bytes and frees "
             f"{format_bytes(h.nbytes - h.view_bytes)}.", clone, h.nbytes - h.view_bytes)
+    shared = _class_attribute_fix(h, path, what)
+    if shared is not None:
+        return shared
+    if h.arrays and h.device.startswith("cuda") and h.array_module:
+        return _array_fix(h, what)
     where = f": {h.path}" if h.path else ""
     line = _del_line(h)
     if line:
-        return Advice(f"{line} ({h.kind}{where}, {what}){_also(h)} if you no longer need it.",
+        return Advice(f"`{line}` ({h.kind}{where}, {what}){_also(h)} if you no longer need it.",
                       line, freed)
     return Advice(f"del {h.name} ({h.kind}{where}, {what}){_also(h)} if you no longer need "
                   "it.")
+
+
+_CLASS_ATTRIBUTE = re.compile(r"class ([A-Za-z_][\w.]*)\.([A-Za-z_]\w*)(?: \(([\w.]+)\))?")
+_CLEARABLE = {"list", "dict", "set", "deque", "OrderedDict", "defaultdict", "Counter"}
+
+
+def _class_attribute_fix(h: Holder, path: str, what: str) -> Advice | None:
+    """Bytes under a class-level attribute reached through an instance (`block` →
+    `class Bottleneck.out_saved`): every instance shares it, so deleting the instance frees
+    nothing while the class lives; clearing the attribute does."""
+    m = _CLASS_ATTRIBUTE.match(path)
+    if m is None:
+        return None
+    # The attribute's own class only when the path ends there (deeper, it is what is inside).
+    owner, attr, cls = m[1], m[2], (m[3] or "") if m.end() == len(path) else ""
+    target = f"{owner}.{attr}"
+    code = f"{target}.clear()" if cls in _CLEARABLE else f"{target} = None"
+    if "." in owner and not owner.startswith(f"{h.name}."):
+        module = owner.rsplit(".", 1)[0]
+        while module.count(".") and module.rsplit(".", 1)[1][:1].isupper():
+            module = module.rsplit(".", 1)[0]  # a nested class: its module, not its outer class
+        code = f"import {module}; {code}"
+    return Advice(
+        f"{h.label} keeps {what} in a class attribute, {target}: every instance of "
+        f"{owner.rsplit('.', 1)[-1]} shares it, so `del {h.name}` frees nothing while the "
+        f"class lives. `{code}` lets them go.", code, h.held_bytes)
+
+
+def _array_fix(h: Holder, what: str) -> Advice:
+    """A GPU array of another library: `del` returns its memory to that library's own pool,
+    not to the GPU; CuPy's pool gives it back with ``free_all_blocks()``."""
+    line = _del_line(h) or f"del {h.name}"
+    if h.array_module == "cupy" and _del_line(h):
+        code = f"{line}; import cupy; cupy.get_default_memory_pool().free_all_blocks()"
+        return Advice(
+            f"{h.label} is a CuPy array ({what}): `{code}` frees it and returns CuPy's pooled "
+            f"memory to the GPU (`{line}` alone keeps it in CuPy's pool){_also(h)}.",
+            code, h.held_bytes)
+    return Advice(
+        f"{h.label} is a {h.array_module} array ({what}): `{line}` returns it to "
+        f"{h.array_module}'s own memory pool, which keeps it from PyTorch until that library "
+        f"releases its pool{_also(h)}.")
 
 
 def _queue_fix(h: Holder) -> Advice | None:

@@ -48,6 +48,9 @@ class GraphSize:
     hooked: int = 0  # saved behind hooks that packed them into something not a tensor
     released: int = 0  # already freed by a backward pass (retain_graph=False)
     unknown: int = 0  # this torch does not say whether hooks are set: left alone
+    # Storages this graph saves that an earlier holder counted as its own (a variable that
+    # is also a saved input): freeing that holder alone leaves them alive.
+    shared: frozenset[tuple[str, int]] = frozenset()
 
     @property
     def nbytes(self) -> int:
@@ -128,15 +131,19 @@ class GraphWalker:
                 stack.append(nxt)
         by_device: dict[str, int] = {}
         tensors = 0
+        shared: set[tuple[str, int]] = set()
         for device, nbytes, key in found:
-            if key in self.seen or key in self._leaves:
+            if key in self._leaves:
+                continue
+            if key in self.seen:
+                shared.add(key)
                 continue
             self.seen.add(key)
             by_device[device] = by_device.get(device, 0) + nbytes
             tensors += 1
         self.elapsed_s += self.clock() - t0
         return GraphSize(nodes=walked, bytes_by_device=by_device, tensors=tensors,
-                         capped=capped, **counts)
+                         capped=capped, shared=frozenset(shared), **counts)
 
     # -- one node ----------------------------------------------------------------------------
     def _plan(self, node: Any) -> _Plan:

@@ -278,6 +278,7 @@ class Holder:
     # The object walk stopped at its time or object budget inside it: nbytes is a lower bound.
     walk_capped: bool = False
     arrays: bool = False  # numpy/cupy-like arrays, not torch tensors
+    array_module: str = ""  # the arrays' library ("cupy"): whose pool a `del` returns them to
     # A module's bytes beyond its parameters, gradients and buffers (hooks' closures, plain
     # attributes), wherever they are: split among several, no one path names them.
     contents_bytes: int = 0

@@ -225,7 +225,7 @@ def test_next_steps_freeing_under_one_percent_of_the_shortfall_are_dropped():
     f = replace(STEP_NATIVE, cell_bytes=None, reserved_bytes=STEP_NATIVE.allocated_bytes)
     _, steps, _ = explain(f, [*tiny, Holder("big", "variable", "cuda:0", 60 * GiB)])
     assert steps and not any("del a" in s or "del x" in s for s in steps)
-    assert any(s.startswith("del big (variable, 60.00 GiB)") for s in steps)
+    assert any(s.startswith("`del big` (variable, 60.00 GiB)") for s in steps)
 
 
 # -- end to end, in IPython, with the fake allocator -------------------------------------------

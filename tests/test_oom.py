@@ -371,7 +371,7 @@ def test_a_cause_that_alone_covers_the_shortfall_comes_before_one_that_does_not(
     assert not causes[1].covers
     # What to do follows the same order: the step that would be enough comes first.
     steps = [a.text for a in next_steps(f, causes, held, None)]
-    assert steps[0].startswith("del x") and steps[1].startswith("PID 5")
+    assert steps[0].startswith("`del x`") and steps[1].startswith("PID 5")
 
 
 def test_when_nothing_can_be_freed_the_working_set_is_the_verdict():
@@ -489,7 +489,7 @@ def test_held_by_a_variable_is_found_with_its_bytes(world):
     assert e.cause == CAUSE_HELD
     assert [(h.name, h.nbytes) for h in e.holders if h.device == "cuda:0"] == [
         ("big", 60 * GiB)]
-    assert "del big (variable, 60.00 GiB)" in str(e)
+    assert "`del big` (variable, 60.00 GiB)" in str(e)
 
 
 def test_held_by_the_previous_cells_traceback_is_found_with_its_bytes(world):

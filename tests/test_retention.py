@@ -331,7 +331,7 @@ def test_garbage_a_collection_freed_after_the_failure_is_measured_and_called_gar
         assert e.cause == CAUSE_GARBAGE, str(e)
         assert "measured: Python's garbage collector freed it" in " ".join(e.causes[0].details)
         assert "measured: Python's garbage collector freed it" in str(e)
-        assert not [a for a in e.actions if "gc.collect()" == a.code.split("; ")[-1]]
+        assert not [a for a in e.actions if a.code.split("; ")[-1] == "gc.collect()"]
         assert any("free again" in a.text for a in e.actions)
     finally:
         gc.enable()

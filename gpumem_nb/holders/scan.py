@@ -164,6 +164,7 @@ class _Found:
     storages: list[tuple[int, int]] = field(default_factory=list)  # (address, bytes) on GPUs
     grad_bytes: int = 0  # of nbytes, parameters' gradients (zero_grad frees them)
     view_bytes: int | None = None  # a lone tensor's own elements, where it views a larger storage
+    array_module: str = ""  # the top-level module of its arrays' class
 
 
 def _is_atom(obj: Any) -> bool:
@@ -667,13 +668,15 @@ class Scanner:
                 ns = type.__dict__["__dict__"].__get__(klass)
             except Exception:
                 ns = {}
+            owner = _class_reference(klass)
             for name, value in list(ns.items()):
                 if type(name) is not str or name.startswith("__") or \
                         type(value) in _ATOM_TYPES or isinstance(value, _CLASS_MEMBERS):
                     continue
-                yield from self._tensors_in(value, _CONTAINER_DEPTH,
-                                            (*path, f" class {type_name(klass)}.{name}"),
-                                            objdepth - 1)
+                step = (*path, f" class {owner}.{name}")
+                # Said with the path: `.clear()` fits a list, `= None` anything else.
+                self._path_classes.setdefault(step, type_name(type(value)))
+                yield from self._tensors_in(value, _CONTAINER_DEPTH, step, objdepth - 1)
 
     def _own_dict(self, obj: Any) -> dict[Any, Any] | None:
         """An object's own ``__dict__``, by its class's C descriptor (``_plan_of``)."""
@@ -935,6 +938,8 @@ class Scanner:
                     f.storages.append((key[1], nbytes))
             else:
                 f.arrays = True
+                if not f.array_module:
+                    f.array_module = _top_module(type(t))
             for k in range(1, len(path) + 1):
                 prefix = path[:k]
                 f.paths[prefix] = f.paths.get(prefix, 0) + nbytes
@@ -1051,6 +1056,12 @@ class Scanner:
                 f.graph_capped = size.capped
                 f.graph_unsized = size.hooked + size.unknown
                 f.graph_bytes = size.bytes_by_device.get(f.device, 0)
+                for key in size.shared:
+                    # `del x` frees nothing while this graph saves x: f is one more
+                    # reference to x's bytes.
+                    owner = self._seen_by.get(key)
+                    if owner is not None and owner != f.name:
+                        self._also.setdefault(owner, {})[f.name] = None
                 for device, nbytes in size.bytes_by_device.items():
                     if device == f.device:
                         continue
@@ -1228,6 +1239,29 @@ def path_of(f: _Found) -> str:
     return text
 
 
+def _class_reference(klass: type) -> str:
+    """How a notebook reaches this class: ``Bottleneck`` for one it defined, ``mylib.models
+    .Block`` for a library's (its module must be imported to use it). Read by type's own
+    descriptors, no metaclass code."""
+    try:
+        mod = type.__dict__["__module__"].__get__(klass)
+        qual = type.__dict__["__qualname__"].__get__(klass)
+    except Exception:
+        return type_name(klass)
+    if type(qual) is not str or "<" in qual:
+        return type_name(klass)
+    return qual if mod in ("__main__", "builtins") or type(mod) is not str else f"{mod}.{qual}"
+
+
+def _top_module(klass: type) -> str:
+    """``cupy`` for ``cupy.ndarray``: read by type's own descriptor, no metaclass code."""
+    try:
+        mod = type.__dict__["__module__"].__get__(klass)
+    except Exception:
+        return ""
+    return mod.split(".", 1)[0] if type(mod) is str else ""
+
+
 def _holder(f: _Found) -> Holder:
     """The scan's record of one holder. What its graph keeps is in the ``graph_*`` fields
     (``analysis.held_text`` says it), not in ``detail``."""
@@ -1246,6 +1280,7 @@ def _holder(f: _Found) -> Holder:
                   graph_unsized=f.graph_unsized, path=path_of(f), walk_capped=f.walk_capped,
                   arrays=f.arrays and not f.torch_tensors, storages=tuple(f.storages),
                   grad_bytes=f.grad_bytes, view_bytes=f.view_bytes,
+                  array_module=f.array_module,
                   contents_bytes=(sum(n for p, n in f.paths.items() if len(p) == 1)
                                   if f.kind == "module" else 0))
 
