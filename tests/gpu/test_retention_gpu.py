@@ -51,7 +51,9 @@ PRELUDE = """
 
 def oom(body: str) -> dict[str, Any]:
     return fresh(PRELUDE + body + """
-        run("y = torch.empty(TOTAL, dtype=torch.uint8, device='cuda')")
+        # What CUDA has free and half a chunk more: fails, yet possible on the card.
+        run("y = torch.empty(torch.cuda.mem_get_info()[0] + CHUNK // 2, dtype=torch.uint8, "
+            "device='cuda')")
         print(json.dumps(explain(), default=str))
     """)
 
@@ -60,7 +62,7 @@ def test_a_module_global_filled_in_the_failing_cell_is_named_and_its_advice_free
     r = oom("""
         featcache = types.ModuleType("featcache"); featcache.store = []
         sys.modules["featcache"] = featcache; ip.user_ns["featcache"] = featcache
-        run("for _ in range(4):\n"
+        run("for _ in range(4):\\n"
             "    featcache.store.append(torch.empty(CHUNK, dtype=torch.uint8, device='cuda'))")
     """)
     print("\n" + r["text"])
@@ -87,7 +89,8 @@ def test_garbage_a_collection_frees_between_the_failure_and_the_explanation_is_m
         run("class Node:\\n    pass")
         run("gc.disable()\\nfor _ in range(3):\\n    n = Node(); n.me = n; "
             "n.t = torch.empty(CHUNK, dtype=torch.uint8, device='cuda')\\nn = None")
-        run("try:\\n    y = torch.empty(TOTAL, dtype=torch.uint8, device='cuda')\\n"
+        run("try:\\n    y = torch.empty(torch.cuda.mem_get_info()[0] + CHUNK // 2, "
+            "dtype=torch.uint8, device='cuda')\\n"
             "finally:\\n    gc.collect()")
         gc.enable()
         e = mon.oom.last
