@@ -25,7 +25,7 @@ a fresh process each, as the backend is read when torch starts) in a real IPytho
    advice left: a holder the advice freed shows ~0 there (``holders_after_advice: true``).
 
 ``--set rerun2`` runs diagnosis2's ``KINDS`` with their expected verdicts; ``--set new`` runs
-``KINDS3`` below (empty until the new kinds are written). Sizes follow the card: the child's
+``KINDS3`` below (written after the code froze at ade3ffb). Sizes follow the card: the child's
 namespace has ``G`` (the GPU's total bytes, ``torch.cuda.mem_get_info()[1]``), ``frac(x)`` →
 ``int(x * G)``, and ``GiB``, which is 2**30 on an H200 (139.8 GiB) and shrinks in proportion
 on a smaller card (2 MiB-aligned), so diagnosis2's kinds, written in ``GiB`` for the H200,
@@ -69,7 +69,7 @@ if ROOT not in sys.path:  # run as a script: benchmarks/ is sys.path[0], the pro
     sys.path.insert(0, ROOT)
 
 from benchmarks import gpu_diagnosis2 as d2  # noqa: E402
-from benchmarks.gpu_diagnosis2 import FILL, Kind, Step  # noqa: E402, F401  (for KINDS3)
+from benchmarks.gpu_diagnosis2 import FILL, Kind, Step  # noqa: E402
 
 ALLOCATORS = d2.ALLOCATORS
 ROW = "DIAGNOSIS3-ROW "
@@ -77,9 +77,9 @@ META = "DIAGNOSIS3-META "
 SETS = ("rerun2", "new")
 
 # ============================================================================================
-# The new kinds. EMPTY on purpose: they are written later, by someone who has not seen the
-# explainer's code since it was frozen, each from a user's report, with `expected` written
-# before any run. How one is written:
+# The new kinds, written after the code was frozen by someone who had not seen the explainer's
+# code since, each from a user's report, with `expected` written before any run. How one is
+# written:
 #
 #   WRITTEN3 = "YYYY-MM-DD, after the product code was frozen at <commit>; measured once"
 #   KINDS3 = [
@@ -104,7 +104,549 @@ SETS = ("rerun2", "new")
 # Every new kind is out of sample (set here). The harness runs the explanation's advice on
 # its own: a kind never says what the advice should be.
 # ============================================================================================
-KINDS3: list[Kind] = []
+WRITTEN3 = "2026-12-05, after the product code was frozen at ade3ffb; measured once"
+
+# Written on 2026-12-05 without reading the explainer's code, each from the user report its
+# `source` names; `expected` is the cause by the mechanism, written before any run. Every
+# failing cell asks for more than CUDA has free (FILL) unless it is a computation of its own;
+# no setup leaves a large freed block in the allocator's cache (one that leaves its step's
+# temporaries there empties the cache), so that FILL is all the memory the request can get.
+#
+# Order matters for one process per allocator: the kinds whose holders outlive `%reset` (a
+# running thread, a module in sys.modules, `gc.disable()`) come last, so that a row that ends
+# before its steps leaves nothing behind for the kinds before them. A thread waits at most 90 s
+# and then ends by itself; a step reaches a module through sys.modules, whatever the advice
+# deleted; the last kind turns the collector back on.
+FAIL3 = f"y = torch.empty({FILL} + frac(0.1), dtype=torch.uint8, device='cuda')"
+GC3 = Step("garbage", "none", "import gc\ngc.collect()")
+TB3 = d2.TB
+
+KINDS3: list[Kind] = [
+    # ---- library objects in the namespace ---------------------------------------------------
+    Kind("queue_of_prefetched_batches",
+         "https://github.com/OpenNMT/OpenNMT-py/pull/1716",
+         "held by your session",
+         # A batch producer's queue.Queue still full of batches (two tensors each) that the
+         # training loop never took: the queue alone holds them.
+         ("import queue\n"
+          "batches = queue.Queue(maxsize=400)\n"
+          "def produce(n):\n"
+          "    for i in range(n):\n"
+          "        batches.put({'src': torch.empty(frac(0.04), dtype=torch.uint8, "
+          "device='cuda'),\n"
+          "                     'tgt': torch.empty(frac(0.03), dtype=torch.uint8, "
+          "device='cuda'),\n"
+          "                     'step': i})\n"
+          "produce(8)",),
+         FAIL3,
+         (Step("batches", "who:batches", "del batches"),),
+         written=WRITTEN3),
+    Kind("deque_replay_buffer_transitions",
+         "https://github.com/pytorch/pytorch/issues/148077",
+         "held by your session",
+         # An RL replay buffer kept as collections.deque(maxlen=...) of CUDA transitions.
+         ("import collections\n"
+          "replay = collections.deque(maxlen=100_000)\n"
+          "for step in range(10):\n"
+          "    obs = torch.empty(frac(0.025), dtype=torch.uint8, device='cuda')\n"
+          "    nxt = torch.empty(frac(0.025), dtype=torch.uint8, device='cuda')\n"
+          "    replay.append((obs, step % 4, 0.0, nxt, False))\n"
+          "del obs, nxt",),
+         FAIL3,
+         (Step("replay", "who:replay", "replay.clear()"),),
+         written=WRITTEN3),
+    Kind("dataframe_object_column_embeddings",
+         "https://github.com/huggingface/sentence-transformers/issues/487",
+         "held by your session",
+         # Per-document embeddings left on the GPU, kept in a pandas DataFrame's object column
+         # (built as an object array: pandas never tries to convert a CUDA tensor).
+         ("import numpy as np\nimport pandas as pd\n"
+          "docs = pd.DataFrame({'doc_id': range(6), 'text': [f'document {i}' for i in "
+          "range(6)]})\n"
+          "def encode(text):\n"
+          "    return torch.empty(frac(0.07), dtype=torch.uint8, device='cuda')\n"
+          "def embed_column(texts):\n"
+          "    out = np.empty(len(texts), dtype=object)\n"
+          "    for i, text in enumerate(texts):\n"
+          "        out[i] = encode(text)\n"
+          "    return out\n"
+          "docs['emb'] = embed_column(docs['text'])",),
+         FAIL3,
+         (Step("docs", "who:docs", "del docs"),),
+         needs="pandas", written=WRITTEN3),
+    Kind("lru_cache_method_keeps_instance",
+         "https://github.com/huggingface/transformers/pull/45780",
+         "held by your session",
+         # functools.lru_cache on a method: the class-level cache keys on `self`, so the
+         # instance (and its tables) outlive `del enc`. No name in the namespace holds it but
+         # the class.
+         ("import functools\n"
+          "class Encoder:\n"
+          "    def __init__(self, n):\n"
+          "        self.tables = [torch.empty(frac(0.11), dtype=torch.uint8, device='cuda')\n"
+          "                       for _ in range(n)]\n"
+          "    @functools.lru_cache(maxsize=32)\n"
+          "    def anchors(self, size):\n"
+          "        return size * 2\n"
+          "enc = Encoder(4)\n"
+          "enc.anchors(64)\nenc.anchors(128)\n"
+          "del enc",),
+         FAIL3,
+         (Step("Encoder.anchors", "who:Encoder", "Encoder.anchors.cache_clear()"),),
+         written=WRITTEN3),
+    Kind("dict_subclass_model_output",
+         "https://github.com/huggingface/transformers/issues/24315",
+         "held by your session",
+         # A ModelOutput-like OrderedDict subclass with every layer's hidden state (the last
+         # one under two keys).
+         ("import collections\n"
+          "class ModelOutput(collections.OrderedDict):\n"
+          "    def __getattr__(self, name):\n"
+          "        try:\n"
+          "            return self[name]\n"
+          "        except KeyError:\n"
+          "            raise AttributeError(name) from None\n"
+          "def forward(n_layers):\n"
+          "    hs = tuple(torch.empty(frac(0.04), dtype=torch.uint8, device='cuda')\n"
+          "               for _ in range(n_layers + 1))\n"
+          "    return ModelOutput(last_hidden_state=hs[-1], hidden_states=hs)\n"
+          "out = forward(12)",),
+         FAIL3,
+         (Step("out", "who:out", "del out"),),
+         written=WRITTEN3),
+    Kind("simplenamespace_structure_params",
+         "https://github.com/IMSY-DKFZ/simpa/pull/175",
+         "held by your session",
+         # A types.SimpleNamespace of settings that also kept the structure's tensors (one of
+         # them inside a dict attribute).
+         ("import types\n"
+          "params = types.SimpleNamespace(name='vessel', radius=3.0, device='cuda')\n"
+          "params.volume = torch.empty(frac(0.22), dtype=torch.uint8, device='cuda')\n"
+          "params.mask = torch.empty(frac(0.1), dtype=torch.uint8, device='cuda')\n"
+          "params.extras = {'distance': torch.empty(frac(0.08), dtype=torch.uint8, "
+          "device='cuda')}",),
+         FAIL3,
+         (Step("params", "who:params", "del params"),),
+         written=WRITTEN3),
+    Kind("weak_value_cache_also_in_history",
+         "https://github.com/pytorch/pytorch/pull/80544",
+         "held by your session",
+         # A weakref.WeakValueDictionary cache that would let go of its tensors, were they not
+         # also appended to a plain list: the list holds them, the weak cache holds nothing.
+         ("import weakref\n"
+          "cache = weakref.WeakValueDictionary()\n"
+          "history = []\n"
+          "def lookup(key):\n"
+          "    t = cache.get(key)\n"
+          "    if t is None:\n"
+          "        t = torch.empty(frac(0.09), dtype=torch.uint8, device='cuda')\n"
+          "        cache[key] = t\n"
+          "        history.append(t)\n"
+          "    return t\n"
+          "for key in range(6):\n"
+          "    lookup(key)",),
+         FAIL3,
+         (Step("cache", "who:cache", "cache.clear()"),
+          Step("history", "who:history", "history.clear()")),
+         written=WRITTEN3),
+    Kind("itertools_cycle_saves_batches",
+         "https://github.com/bytedance/UNO/issues/64",
+         "held by your session",
+         # itertools.cycle(loader) keeps every batch of the first pass to replay it.
+         ("import itertools\n"
+          "def loader():\n"
+          "    for i in range(6):\n"
+          "        yield torch.empty(frac(0.09), dtype=torch.uint8, device='cuda')\n"
+          "batches = itertools.cycle(loader())\n"
+          "for step in range(6):\n"
+          "    batch = next(batches)\n"
+          "del batch",),
+         FAIL3,
+         (Step("batches", "who:batches", "del batches"),),
+         written=WRITTEN3),
+    Kind("itertools_tee_unconsumed_branch",
+         "https://github.com/python/cpython/issues/138765",
+         "held by your session",
+         # itertools.tee: one branch trained on, the other (for logging) never read, so the
+         # tee's buffer keeps every batch (two tensors each). Both branches share the buffer.
+         ("import itertools\n"
+          "def stream():\n"
+          "    for i in range(12):\n"
+          "        yield {'x': torch.empty(frac(0.04), dtype=torch.uint8, device='cuda'),\n"
+          "               'y': torch.empty(frac(0.02), dtype=torch.uint8, device='cuda')}\n"
+          "train_it, log_it = itertools.tee(stream())\n"
+          "for step, batch in zip(range(8), train_it):\n"
+          "    pass\n"
+          "del batch",),
+         FAIL3,
+         (Step("train_it", "who:train_it", "del train_it"),
+          Step("log_it", "who:log_it", "del log_it")),
+         written=WRITTEN3),
+    # ---- more than one reference to one holder ---------------------------------------------
+    Kind("dataset_also_held_by_dataloader",
+         "https://github.com/pytorch/pytorch/issues/5398",
+         "held by your session",
+         # A Dataset that keeps its data on the GPU, wrapped in a DataLoader: `del train_ds`
+         # frees nothing while `train_dl.dataset` holds it.
+         ("from torch.utils.data import DataLoader, Dataset\n"
+          "class GPUData(Dataset):\n"
+          "    def __init__(self, n, row_bytes):\n"
+          "        self.x = torch.empty(n, row_bytes, dtype=torch.uint8, device='cuda')\n"
+          "        self.y = torch.zeros(n, dtype=torch.long, device='cuda')\n"
+          "    def __len__(self):\n"
+          "        return self.x.size(0)\n"
+          "    def __getitem__(self, idx):\n"
+          "        return self.x[idx], self.y[idx]\n"
+          "train_ds = GPUData(4096, frac(0.5) // 4096)\n"
+          "train_dl = DataLoader(train_ds, batch_size=16, shuffle=True)\n"
+          "xb, yb = next(iter(train_dl))",),
+         FAIL3,
+         (Step("train_ds", "who:train_ds", "del train_ds"),
+          Step("train_dl", "who:train_dl", "del train_dl"),
+          Step("xb", "who:xb", "del xb, yb")),
+         written=WRITTEN3),
+    Kind("optimizer_and_model_share_params",
+         "https://github.com/deepspeedai/DeepSpeed/issues/6729",
+         "held by your session",
+         # Adam's state and the model's parameters after one step: `del model` frees nothing
+         # (the optimizer's param_groups hold the parameters); `del opt` frees both. The
+         # step's temporaries are released from the cache.
+         ("width = int((frac(0.03) / 4) ** 0.5)\n"
+          "model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False, "
+          "device='cuda')\n"
+          "                              for _ in range(4)])\n"
+          "opt = torch.optim.Adam(model.parameters(), lr=1e-4)\n"
+          "x = torch.randn(8, width, device='cuda')\n"
+          "model(x).square().mean().backward()\n"
+          "opt.step()\n"
+          "opt.zero_grad(set_to_none=True)\n"
+          "del x\n"
+          "torch.cuda.empty_cache()",),
+         FAIL3,
+         (Step("model", "who:model", "del model"),
+          Step("opt", "who:opt", "del opt")),
+         written=WRITTEN3),
+    Kind("same_embeddings_in_list_and_dict",
+         "https://github.com/BM-K/Sentence-Embedding-Is-All-You-Need/issues/8",
+         "held by your session",
+         # Each embedding kept twice, in a list and in a dict by document id.
+         ("embeddings = []\n"
+          "by_doc = {}\n"
+          "for doc_id in range(6):\n"
+          "    emb = torch.empty(frac(0.08), dtype=torch.uint8, device='cuda')\n"
+          "    embeddings.append(emb)\n"
+          "    by_doc[f'doc{doc_id}'] = emb\n"
+          "del emb",),
+         FAIL3,
+         (Step("embeddings", "who:embeddings", "del embeddings"),
+          Step("by_doc", "who:by_doc", "del by_doc")),
+         written=WRITTEN3),
+    Kind("closure_and_global_share_table",
+         "https://github.com/keras-team/keras/pull/23206",
+         "held by your session",
+         # One table named by a global and captured by a closure.
+         ("table = torch.empty(frac(0.45), dtype=torch.uint8, device='cuda')\n"
+          "def make_lookup(t):\n"
+          "    def lookup(i):\n"
+          "        return t[i]\n"
+          "    return lookup\n"
+          "lookup = make_lookup(table)",),
+         FAIL3,
+         (Step("table", "who:table", "del table"),
+          Step("lookup", "who:lookup", "del lookup")),
+         written=WRITTEN3),
+    Kind("output_graph_holds_deleted_model",
+         "https://github.com/pytorch/pytorch/issues/70431",
+         "held by your session",
+         # A forward pass outside no_grad, then `del model`: the two outputs share one autograd
+         # graph, which holds the weights (8 layers of 5% of the card, each under 2**31
+         # elements on an H200), so the parameters stay until both outputs go.
+         ("class PolicyValue(torch.nn.Module):\n"
+          "    def __init__(self, width):\n"
+          "        super().__init__()\n"
+          "        self.body = torch.nn.Sequential(*[\n"
+          "            m for _ in range(8)\n"
+          "            for m in (torch.nn.Linear(width, width, device='cuda'), torch.nn.ReLU())])\n"
+          "        self.policy = torch.nn.Linear(width, 9, device='cuda')\n"
+          "        self.value = torch.nn.Linear(width, 1, device='cuda')\n"
+          "    def forward(self, x):\n"
+          "        h = self.body(x)\n"
+          "        return self.policy(h), self.value(h)\n"
+          "width = int((frac(0.05) / 4) ** 0.5)\n"
+          "model = PolicyValue(width)\n"
+          "policy, value = model(torch.randn(64, width, device='cuda'))\n"
+          "del model",),
+         FAIL3,
+         (Step("policy", "who:policy", "del policy"),
+          Step("value", "who:value", "del value")),
+         written=WRITTEN3),
+    # ---- controls ---------------------------------------------------------------------------
+    Kind("attention_scores_working_set",
+         "https://github.com/pytorch/pytorch/issues/133206",
+         "working set",
+         # Plain attention at a long sequence: the scores take 55% of the card and softmax's
+         # output another 55% (32 heads keep each head's matrix under 2**31 elements). q and k
+         # are small; nothing stale is held.
+         ("heads, head_dim = 32, 64\n"
+          "seq = int((frac(0.55) / (4 * heads)) ** 0.5)\n"
+          "q = torch.randn(heads, seq, head_dim, device='cuda')\n"
+          "k = torch.randn(heads, seq, head_dim, device='cuda')",),
+         "attn = torch.softmax(q @ k.transpose(-2, -1), dim=-1)",
+         (TB3,),
+         written=WRITTEN3),
+    Kind("slice_keeps_whole_tensor",
+         "https://github.com/pytorch/pytorch/issues/50432",
+         "held by your session",
+         # `x = x[:1024]`: a 4 KiB view whose base (half the card) has no other name.
+         ("x = torch.zeros(frac(0.5) // 4, device='cuda')\n"
+          "x = x[:1024]",),
+         FAIL3,
+         (Step("x", "who:x", "del x"),),
+         written=WRITTEN3),
+    Kind("gradients_left_after_training_step",
+         "https://github.com/NVIDIA/Megatron-LM/issues/662",
+         "held by your session",
+         # One SGD step and no zero_grad: the model's .grad tensors (as large as its weights)
+         # stay with the parameters.
+         ("width = int((frac(0.04) / 4) ** 0.5)\n"
+          "model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False, "
+          "device='cuda')\n"
+          "                              for _ in range(6)])\n"
+          "opt = torch.optim.SGD(model.parameters(), lr=1e-3)\n"
+          "x = torch.randn(8, width, device='cuda')\n"
+          "loss = model(x).square().mean()\n"
+          "loss.backward()\n"
+          "opt.step()",),
+         FAIL3,
+         (Step("model.grad", "who:model", "model.zero_grad(set_to_none=True)"),
+          Step("model", "who:model", "del model, opt, loss, x")),
+         written=WRITTEN3),
+    # ---- reference cycles -----------------------------------------------------------------
+    Kind("reachable_parent_child_tree",
+         "https://pytorch.org/blog/understanding-gpu-memory-2/",
+         "held by your session",
+         # The blog's cycles (parent <-> child), but the tree is still reachable from `root`
+         # (and a subtree from `mid`): held, not garbage. Once deleted it is garbage, which
+         # only a collection frees.
+         ("class TreeNode:\n"
+          "    def __init__(self, name, data, parent=None):\n"
+          "        self.name, self.data, self.parent = name, data, parent\n"
+          "        self.children = []\n"
+          "        if parent is not None:\n"
+          "            parent.children.append(self)\n"
+          "root = TreeNode('root', torch.empty(frac(0.1), dtype=torch.uint8, "
+          "device='cuda'))\n"
+          "for i in range(2):\n"
+          "    mid = TreeNode(f'mid{i}', torch.empty(frac(0.08), dtype=torch.uint8, "
+          "device='cuda'), root)\n"
+          "    for j in range(2):\n"
+          "        TreeNode(f'leaf{i}{j}', torch.empty(frac(0.05), dtype=torch.uint8, "
+          "device='cuda'), mid)",),
+         FAIL3,
+         (Step("root", "who:root", "del root, mid"),),
+         written=WRITTEN3),
+    Kind("module_bound_method_cycle_in_loop",
+         "https://github.com/pytorch/pytorch/issues/128211",
+         "garbage in reference cycles",
+         # A module that stores one of its own bound methods (`self.which_foo = self.foo`) is a
+         # cycle; re-creating it in a loop leaves each old one, buffer and all, to the
+         # collector, which runs every ~700 container allocations (a module makes ~20): the
+         # card fills first. Only the last module is still named (`head`).
+         ("class Head(torch.nn.Module):\n"
+          "    def __init__(self, nbytes):\n"
+          "        super().__init__()\n"
+          "        self.register_buffer('table', torch.empty(nbytes, dtype=torch.uint8, "
+          "device='cuda'))\n"
+          "        self.which_foo = self.foo\n"
+          "    def foo(self, x):\n"
+          "        return x",),
+         "for trial in range(1000):\n    head = Head(frac(0.15))",
+         (GC3, Step("head", "who:head", "del head")),
+         written=WRITTEN3),
+    Kind("cross_linked_nodes_in_loop",
+         "https://github.com/pytorch/pytorch/pull/105032",
+         "garbage in reference cycles",
+         # Two nodes that point at each other, each with a tensor, made in a loop: every
+         # pair is garbage the moment the next replaces it; the frame's `a`, `b` (the last
+         # pair) stay with the traceback.
+         ("class Node:\n"
+          "    def __init__(self, t):\n"
+          "        self.tensor = t\n"
+          "        self.next = None\n"
+          "def leak(nbytes, num_iter=1000):\n"
+          "    for _ in range(num_iter):\n"
+          "        a = Node(torch.zeros(nbytes, dtype=torch.uint8, device='cuda'))\n"
+          "        b = Node(torch.zeros(nbytes, dtype=torch.uint8, device='cuda'))\n"
+          "        a.next, b.next = b, a",),
+         "leak(frac(0.04))",
+         (GC3, TB3),
+         written=WRITTEN3),
+    # ---- live threads (each ends by itself after 90 s if its step never runs) -------------
+    Kind("worker_thread_blocked_keeps_last_job",
+         "https://github.com/huggingface/transformers/pull/48618",
+         "held by your session",
+         # An inference worker thread blocked in `jobs.get()` still has the last job's
+         # `fn, args` bound in its loop: the job's two tensors live in the thread's frame.
+         ("import queue\nimport threading\n"
+          "jobs = queue.Queue()\n"
+          "done = threading.Event()\n"
+          "def worker():\n"
+          "    while True:\n"
+          "        try:\n"
+          "            fn, args = jobs.get(timeout=90)\n"
+          "        except queue.Empty:\n"
+          "            return\n"
+          "        if fn is None:\n"
+          "            return\n"
+          "        fn(*args)\n"
+          "        done.set()\n"
+          "t = threading.Thread(target=worker, daemon=True, name='inference-worker')\n"
+          "t.start()\n"
+          "def score(batch, mask):\n"
+          "    return float(batch[:8].float().sum()) + float(mask[:8].float().sum())\n"
+          "jobs.put((score, (torch.empty(frac(0.34), dtype=torch.uint8, device='cuda'),\n"
+          "                  torch.empty(frac(0.2), dtype=torch.uint8, device='cuda'))))\n"
+          "assert done.wait(30)",),
+         FAIL3,
+         (Step("t", "who:t", "jobs.put((None, None))\nt.join(30)"),),
+         written=WRITTEN3),
+    Kind("prefetch_thread_holds_batches",
+         "https://github.com/ray-project/ray/pull/63660",
+         "held by your session",
+         # A daemon prefetch thread that moved five batches (two tensors each) to the GPU into
+         # a local list and waits for the training loop to ask for them.
+         ("import threading\n"
+          "stop = threading.Event()\n"
+          "ready = threading.Event()\n"
+          "def prefetch(n, nbytes):\n"
+          "    buffered = []\n"
+          "    for i in range(n):\n"
+          "        buffered.append((torch.empty(nbytes, dtype=torch.uint8, device='cuda'),\n"
+          "                         torch.empty(nbytes // 4, dtype=torch.uint8, "
+          "device='cuda')))\n"
+          "    ready.set()\n"
+          "    stop.wait(90)\n"
+          "prefetcher = threading.Thread(target=prefetch, args=(5, frac(0.08)), daemon=True,\n"
+          "                              name='prefetcher')\n"
+          "prefetcher.start()\n"
+          "assert ready.wait(30)",),
+         FAIL3,
+         (Step("prefetcher", "who:prefetcher", "stop.set()\nprefetcher.join(30)"),),
+         written=WRITTEN3),
+    Kind("viewer_thread_closure_holds_scene",
+         "https://github.com/hwanhuh/2D-GS-Viser-Viewer/issues/19",
+         "held by your session",
+         # A viewer thread left running after training: its target is a closure over the
+         # scene's dict of tensors, which no name in the namespace holds any more.
+         ("import threading\nimport time\n"
+          "def start_viewer(scene):\n"
+          "    stop = threading.Event()\n"
+          "    deadline = time.monotonic() + 90\n"
+          "    def serve():\n"
+          "        while not stop.wait(0.05) and time.monotonic() < deadline:\n"
+          "            _ = scene['means'].shape\n"
+          "    th = threading.Thread(target=serve, daemon=True, name='viewer')\n"
+          "    th.start()\n"
+          "    return th, stop\n"
+          "scene = {'means': torch.empty(frac(0.2), dtype=torch.uint8, device='cuda'),\n"
+          "         'colors': torch.empty(frac(0.15), dtype=torch.uint8, device='cuda'),\n"
+          "         'opacity': torch.empty(frac(0.1), dtype=torch.uint8, device='cuda')}\n"
+          "viewer, viewer_stop = start_viewer(scene)\n"
+          "del scene",),
+         FAIL3,
+         (Step("viewer", "who:viewer", "viewer_stop.set()\nviewer.join(30)"),),
+         written=WRITTEN3),
+    # ---- module globals (modules stay in sys.modules through %reset) ----------------------
+    Kind("helper_module_alias_prepared_weights",
+         "https://github.com/local-inference-lab/vllm/pull/228",
+         "held by your session",
+         # A helper module written next to the notebook, imported under an alias: its
+         # process-global dict of prepared weights is never evicted.
+         ("import importlib\nimport pathlib\nimport sys\nimport tempfile\n"
+          "helper_dir = tempfile.mkdtemp(prefix='gm_helpers_')\n"
+          "pathlib.Path(helper_dir, 'gm_prepared_weights.py').write_text(\n"
+          "    'import torch\\n'\n"
+          "    '_PREPARED = {}\\n'\n"
+          "    'def prepare(key, nbytes):\\n'\n"
+          "    '    w = _PREPARED.get(key)\\n'\n"
+          "    '    if w is None:\\n'\n"
+          "    '        w = torch.empty(nbytes, dtype=torch.uint8, device=\"cuda\")\\n'\n"
+          "    '        _PREPARED[key] = w\\n'\n"
+          "    '    return w\\n')\n"
+          "sys.path.insert(0, helper_dir)\n"
+          "importlib.invalidate_caches()",
+          "import gm_prepared_weights as pw\n"
+          "for layer in range(6):\n"
+          "    pw.prepare(('layer', layer), frac(0.08))"),
+         FAIL3,
+         (Step("pw._PREPARED", "who:pw",
+               "import sys\nsys.modules['gm_prepared_weights']._PREPARED.clear()"),),
+         written=WRITTEN3),
+    Kind("helper_module_from_import_cache",
+         "https://github.com/Stonesjtu/pytorch_memlab/issues/17",
+         "held by your session",
+         # `from helper import cache, remember`: the notebook's `cache` and the module's are
+         # one list; the module also keeps a dict keyed by id (no tensors).
+         ("import importlib\nimport pathlib\nimport sys\nimport tempfile\n"
+          "helper_dir = tempfile.mkdtemp(prefix='gm_helpers_')\n"
+          "pathlib.Path(helper_dir, 'gm_tensor_registry.py').write_text(\n"
+          "    'cache = []\\n'\n"
+          "    'names = {}\\n'\n"
+          "    'def remember(name, t):\\n'\n"
+          "    '    cache.append(t)\\n'\n"
+          "    '    names[id(t)] = name\\n'\n"
+          "    '    return t\\n')\n"
+          "sys.path.insert(0, helper_dir)\n"
+          "importlib.invalidate_caches()",
+          "from gm_tensor_registry import cache, remember\n"
+          "for i in range(5):\n"
+          "    remember(f'act{i}', torch.empty(frac(0.1), dtype=torch.uint8, "
+          "device='cuda'))"),
+         FAIL3,
+         (Step("cache", "who:cache",
+               "import sys\nsys.modules['gm_tensor_registry'].cache.clear()"),),
+         written=WRITTEN3),
+    Kind("namespace_module_in_sys_modules",
+         "https://github.com/pfnet/pytorch-pfn-extras/pull/49",
+         "held by your session",
+         # A reporting module made with types.ModuleType and registered in sys.modules; its
+         # module-level list keeps every reported observation. The notebook names only the
+         # imported function `report` (whose globals are the module's).
+         ("import sys\nimport types\n"
+          "reporting = types.ModuleType('gm_reporting')\n"
+          "exec('_OBSERVATIONS = []\\n'\n"
+          "     'def report(values):\\n'\n"
+          "     '    _OBSERVATIONS.append(dict(values))\\n', reporting.__dict__)\n"
+          "sys.modules['gm_reporting'] = reporting\n"
+          "del reporting",
+          "from gm_reporting import report\n"
+          "for it in range(6):\n"
+          "    act = torch.empty(frac(0.07), dtype=torch.uint8, device='cuda')\n"
+          "    report({'act': act, 'iteration': it})\n"
+          "del act"),
+         FAIL3,
+         (Step("gm_reporting._OBSERVATIONS", "who:report",
+               "import sys\nsys.modules['gm_reporting']._OBSERVATIONS.clear()"),),
+         written=WRITTEN3),
+    # ---- last: turns the cyclic collector off until its step turns it back on -------------
+    Kind("self_cycle_garbage_gc_disabled",
+         "https://github.com/pytorch/pytorch/issues/50185",
+         "garbage in reference cycles",
+         # The report's `self.cycle = self` objects, each holding a tensor and dropped at
+         # once, with the collector off (as a training loop tuned for speed does): all of it
+         # is unreachable and uncollected at the OOM.
+         ("import gc\n"
+          "gc.disable()\n"
+          "class Garbage:\n"
+          "    def __init__(self, obj):\n"
+          "        self.obj = obj\n"
+          "        self.cycle = self\n"
+          "for i in range(6):\n"
+          "    Garbage(torch.empty(frac(0.09), dtype=torch.uint8, device='cuda'))",),
+         FAIL3,
+         (Step("garbage", "none", "import gc\ngc.enable()\ngc.collect()"),),
+         written=WRITTEN3),
+]
 
 # ---- sizes relative to the card ------------------------------------------------------------
 H200_TOTAL_BYTES = 139.8 * 2**30  # what torch.cuda.mem_get_info()[1] gives on the H200
