@@ -104,7 +104,8 @@ SETS = ("rerun2", "new")
 # Every new kind is out of sample (set here). The harness runs the explanation's advice on
 # its own: a kind never says what the advice should be.
 # ============================================================================================
-WRITTEN3 = "2026-12-05, after the product code was frozen at ade3ffb; measured once"
+WRITTEN3 = ("2026-12-05, by a helper blind to gpumem_nb's code (which changed from ade3ffb to "
+            "005ff5c meanwhile, not from these kinds); measured once")
 
 # Written on 2026-12-05 without reading the explainer's code, each from the user report its
 # `source` names; `expected` is the cause by the mechanism, written before any run. Every

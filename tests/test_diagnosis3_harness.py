@@ -454,11 +454,13 @@ def test_the_dry_run_obeys_allocators_and_only(tmp_path: Any):
     assert _rows(done.stdout) == [("cudaMallocAsync", "closure_keeps_tensors")]
 
 
-def test_the_dry_run_of_the_empty_new_set_says_so(tmp_path: Any):
+def test_the_dry_run_of_the_new_set_lists_every_written_kind_under_each_allocator(
+        tmp_path: Any):
     done = _dry(tmp_path, "--set", "new")
     assert done.returncode == 0, done.stderr
-    assert "KINDS3 is empty until the new kinds are written" in done.stdout
-    assert _rows(done.stdout) == []
+    assert d3.KINDS3 and all(k.written for k in d3.KINDS3)
+    assert sorted(_rows(done.stdout)) == sorted(
+        (a, k.kind) for k in d3.KINDS3 for a in k.allocators)
 
 
 @pytest.mark.parametrize("args,says", [(("--only", "no_such_kind"), "no such kind"),
