@@ -438,6 +438,14 @@ def holder_advice(h: Holder) -> Advice:
     if h.arrays and h.device.startswith("cuda") and h.array_module:
         return _array_fix(h, what)
     where = f": {h.path}" if h.path else ""
+    if h.cut_checked is not None:
+        # Checked against the retention graph (holders/verify.py).
+        note = f"; {h.cut_note}" if h.cut_note else ""
+        if h.cut_checked and h.code:
+            return Advice(f"`{h.code}` ({h.kind}{where}, {what}{note}) if you no longer need "
+                          "it.", h.code, freed)
+        return Advice(f"{h.name} ({h.kind}{where}, {what}): `del {h.name}` alone does not free "
+                      f"it{note}.")
     line = _del_line(h)
     if line:
         return Advice(f"`{line}` ({h.kind}{where}, {what}){_also(h)} if you no longer need it.",

@@ -279,6 +279,11 @@ class Holder:
     walk_capped: bool = False
     arrays: bool = False  # numpy/cupy-like arrays, not torch tensors
     array_module: str = ""  # the arrays' library ("cupy"): whose pool a `del` returns them to
+    # Its cut checked against the retention graph (holders/verify.py): True, ``code`` frees
+    # it (extended where the walk's names missed a reference); False, no one line does;
+    # None, not checked. ``cut_note`` says what else keeps it, or why it was not checked.
+    cut_checked: bool | None = None
+    cut_note: str = ""
     # A module's bytes beyond its parameters, gradients and buffers (hooks' closures, plain
     # attributes), wherever they are: split among several, no one path names them.
     contents_bytes: int = 0

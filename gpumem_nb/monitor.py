@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from types import FrameType
 from typing import Any
@@ -1077,6 +1077,21 @@ class Monitor:
         self.last_scan_graph = (scanner.graph_s, scanner.graph_nodes)
         self.last_search = scanner.search
         return holders
+
+    def check_cuts(self, holders: Sequence[Holder], lines: Mapping[str, str],
+                   budget_s: float | None = None) -> list[Holder]:
+        """The holders, each advised ``del`` line in ``lines`` checked against the retention
+        graph (``holders/verify.py``): what else keeps the bytes joins the line."""
+        ns = self.shell.user_ns
+        stored = last_exception_objects(self.shell, self.last_cell_exception)
+        hidden = getattr(self.shell, "user_ns_hidden", None)
+        oh = ns.get("_oh")
+        out = oh if isinstance(oh, dict) else {}
+        roots = RootContext(
+            user_ns=ns, out=out, shell=self.shell,
+            output_names=frozenset(output_cache_names(ns, dict(out), hidden)),
+            stored_exceptions=[e for e in stored if isinstance(e, BaseException)])
+        return Scanner().check_cuts(holders, lines, roots, budget_s)
 
     def cell_start(self, device: int) -> CellStart | None:
         """The running cell's allocated bytes on ``device`` at its start, and the same cell's

@@ -209,6 +209,7 @@ class Search:
         self.clock = clock
         self.numpy = numpy if numpy is not None else sys.modules.get("numpy")
         self._scaffold: set[int] = set()
+        self._explained: list[Any] = []  # referrers taken as gone (run's ``explained``)
         self._named: dict[int, tuple[str, str, Any]] = {}  # id(dict) -> (kind, prefix, owner)
         self._root_objects: dict[int, Root] = {}
         self._skip: set[int] = set()
@@ -451,10 +452,14 @@ class Search:
         return out
 
     # -- the search ----------------------------------------------------------------------------
-    def run(self, targets: Iterable[Any], *, ignore: Iterable[int] = ()) -> Outcome:
+    def run(self, targets: Iterable[Any], *, ignore: Iterable[int] = (),
+            explained: Sequence[Any] = ()) -> Outcome:
         """The search from these objects (tensors, or whatever ``storage_of`` keys) up to
         their roots. ``ignore``: ids of referrers that are the caller's own records, never
-        a holder (the stores a cleanup is about to drop)."""
+        a holder (the stores a cleanup is about to drop). ``explained``: ignored referrers
+        whose references are taken as gone (the namespace a proposed ``del`` edits), so that
+        what only they and cycles keep counts as garbage, not as held by something unseen."""
+        self._explained = list(explained)
         t0 = self.clock()
         deadline = t0 + self.budget_s
         self._running = running_frame_ids()
@@ -729,6 +734,10 @@ class Search:
             obj = alive.get(oid)
             if obj is None:
                 continue
+            for c in gc.get_referents(obj):
+                if id(c) in inside:
+                    inside[id(c)] += 1
+        for obj in self._explained:
             for c in gc.get_referents(obj):
                 if id(c) in inside:
                     inside[id(c)] += 1

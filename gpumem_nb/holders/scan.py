@@ -45,6 +45,7 @@ from .reading import running_frame_ids, static_attribute, type_name
 from .retention import RootContext, Search
 from .tensors import TensorReader, own_item, sizes
 from .threads import thread_locals
+from .verify import check_cuts, checked
 
 # Names the shell itself keeps and reads; what each is, for messages.
 SHELL_NAMES = {
@@ -1089,6 +1090,42 @@ class Scanner:
             return []
         finally:
             self._forget()
+
+    def check_cuts(self, holders: Iterable[Holder], lines: Mapping[str, str],
+                   context: RootContext, budget_s: float | None = None) -> list[Holder]:
+        """Each holder named in ``lines`` (its name: the ``del a, b`` line its advice gives)
+        with that line checked against the retention graph (``verify.py``): extended by the
+        references it misses, or replaced by none where no one line frees it."""
+        ns = context.user_ns
+        held = list(holders)
+        if not isinstance(ns, dict) or not lines:
+            return held
+        tensors: dict[str, list[Any]] = {}
+        cuts: dict[str, list[str]] = {}
+        # Looked up among exact-str keys only: a str subclass key's __eq__ is user code.
+        named = {k: v for k, v in dict.items(ns) if type(k) is str}
+        for name, line in lines.items():
+            if name not in named or not line.startswith("del "):
+                continue
+            found = [t for t, _ in self.tensors_of(named[name])]
+            tensors[name] = [t for t in found
+                             if (self._tensor_info(t) or ("",))[0].startswith("cuda")]
+            found.clear()  # a list of them left here would be one more referrer
+            cuts[name] = [n.strip() for n in line[4:].split(",")]
+        named.clear()  # it refers to every variable: cleared before the search looks
+        if not context.thread_locals:
+            context.thread_locals = thread_locals()
+        try:
+            checks = check_cuts(tensors, cuts, context, self._tensor_info,
+                                **({} if budget_s is None else {"budget_s": budget_s}))
+        except Exception as e:  # a hostile referrer: the advice stays, said unchecked
+            checks = {}
+            note = f"not checked: {type(e).__name__}"
+            return [replace(h, cut_note=note) if h.name in lines else h for h in held]
+        finally:
+            tensors.clear()
+        return [checked(h, checks[h.name], lines[h.name]) if h.name in checks else h
+                for h in held]
 
     def _forget(self) -> None:
         """Drop the walk's memo of the last tensor handed on: a look keeps nothing alive."""

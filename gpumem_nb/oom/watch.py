@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from .. import userexc
+from ..analysis import holder_advice
 from ..cleanup import CleanupReport, CleanupRequest
 from ..errtext import error_str
 from ..holders import exception_chain, last_value, static_attribute, type_name
@@ -476,6 +477,9 @@ class OomWatch:
             self._add_searched(pieces)
             stages["search"] = self.clock() - t
         t = self.clock()
+        self._check_cuts(pieces, pieces.facts.device)
+        stages["cuts"] = self.clock() - t
+        t = self.clock()
         ns = getattr(getattr(self.host, "shell", None), "user_ns", None)
         site = failure_site(exc, ns if isinstance(ns, Mapping) else {}, holders=pieces.judged)
         pieces.judged = mark_running(pieces.judged, site)
@@ -538,6 +542,31 @@ class OomWatch:
         self.last = replace(last, notes=(*last.notes, line))
         with contextlib.suppress(Exception):
             self.show(f"gpumem: {line}")
+
+    def _check_cuts(self, pieces: _Pieces, device: int) -> None:
+        """Each large held holder whose advice is a ``del`` line, that line checked against
+        the retention graph (``holders/verify.py``): a module's global, a running thread or
+        cycles that also keep the bytes join the line or say why no line frees them. After
+        the failure: the holders lived through it."""
+        check = getattr(self.host, "check_cuts", None)
+        if check is None:
+            return
+        lines: dict[str, str] = {}
+        for h in held_holders(pieces.judged, device)[:5]:
+            if h.kind not in ("variable", "container") or h.held_bytes < CUT_CHECK_MIN_BYTES:
+                continue
+            code = holder_advice(h).code
+            if code.startswith("del "):
+                lines[h.name] = code
+        if not lines:
+            return
+        try:
+            done = {h.name: h for h in check(pieces.judged, lines) if h.name in lines}
+        except Exception:
+            return  # the advice stays as the walk gave it
+        pieces.judged = tuple(done.get(h.name, h) for h in pieces.judged)
+        pieces.holders = tuple(done.get(h.name, h) if h.name in lines else h
+                               for h in pieces.holders)
 
     def _add_searched(self, pieces: _Pieces) -> None:
         """With the observer (whose walk ran before the exception unwound): what the walk
@@ -791,6 +820,7 @@ class OomWatch:
                 f"OOM observer: {self.observer_status}.")
 
 
+CUT_CHECK_MIN_BYTES = 256 << 20  # a holder smaller than this is not worth the search
 GC_NOTE_BYTES = 256 << 20  # a collection's freed bytes worth a line after the explanation
 
 
@@ -954,8 +984,13 @@ def explanation_ledger(f: OomFacts, judged: Sequence[Holder]) -> Ledger | None:
         # The failed call's locals are among the holders already (kind "failed call").
         computation = f.released_since_bytes or 0
     on_gpu = [h for h in judged if h.device.startswith("cuda")]
+    parts = pool_parts(f.pools, on_gpu)
+    if f.collected_bytes and f.measured_at == "failure":
+        # Allocated at the failure, gone before anything looked: what a collection freed.
+        parts = (*parts, ("reference cycles that a collection freed after the failure "
+                          "(garbage)", f.collected_bytes))
     return ledger(device, f.allocated_bytes, on_gpu, computation_bytes=computation,
-                  pools=pool_parts(f.pools, on_gpu), workspaces_bytes=f.workspaces_bytes)
+                  pools=parts, workspaces_bytes=f.workspaces_bytes)
 
 
 def pool_parts(pools: Iterable[PoolUse], holders: Sequence[Holder]) -> tuple[tuple[str, int], ...]:
