@@ -75,7 +75,7 @@ def test_a_module_global_filled_in_the_failing_cell_is_named_and_its_advice_free
 def test_tensors_in_uncollected_cycles_are_garbage_and_gc_collect_frees_them():
     r = oom("""
         run("class Node:\\n    pass")
-        run("gc.disable()\\nfor _ in range(3):\\n    n = Node(); n.me = n; "
+        run("import gc\\ngc.disable()\\nfor _ in range(3):\\n    n = Node(); n.me = n; "
             "n.t = torch.empty(CHUNK, dtype=torch.uint8, device='cuda')\\nn = None")
     """)
     print("\n" + r["text"])
@@ -87,7 +87,7 @@ def test_tensors_in_uncollected_cycles_are_garbage_and_gc_collect_frees_them():
 def test_garbage_a_collection_frees_between_the_failure_and_the_explanation_is_measured():
     r = fresh(PRELUDE + """
         run("class Node:\\n    pass")
-        run("gc.disable()\\nfor _ in range(3):\\n    n = Node(); n.me = n; "
+        run("import gc\\ngc.disable()\\nfor _ in range(3):\\n    n = Node(); n.me = n; "
             "n.t = torch.empty(CHUNK, dtype=torch.uint8, device='cuda')\\nn = None")
         run("try:\\n    y = torch.empty(torch.cuda.mem_get_info()[0] + CHUNK // 2, "
             "dtype=torch.uint8, device='cuda')\\n"
@@ -129,3 +129,16 @@ def test_a_queue_a_thread_and_a_shared_dataset_are_each_named_by_who_gc():
     assert "q.queue[0]" in names
     assert "thread 'prefetch': prefetch() local batches[0]" in names
     assert names["ds"][1] == ["dl"]
+
+
+def test_a_list_a_helper_module_also_holds_is_advised_with_both_references_and_freed():
+    r = oom("""
+        helper = types.ModuleType("helper"); helper.cache = []
+        sys.modules["helper"] = helper; ip.user_ns["helper"] = helper
+        run("from helper import cache\\nfor _ in range(4):\\n"
+            "    cache.append(torch.empty(CHUNK, dtype=torch.uint8, device='cuda'))")
+    """)
+    print("\n" + r["text"])
+    (step,) = [s for s in r["steps"] if s[0].startswith("del cache")]
+    assert step[0] == "del cache; helper.cache.clear()", r["text"]
+    assert step[2] >= 0.95 * step[1] > 0
