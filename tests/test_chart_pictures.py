@@ -18,12 +18,12 @@ import pytest
 
 from gpumem_nb import svgchart
 from gpumem_nb.magics import current_monitor
-from gpumem_nb.sources.replay import load_trace, write_trace
 from gpumem_nb.trace import TraceTimeline, analyze
 from gpumem_nb.whatif import api
 from gpumem_nb.whatif.report import WhatIfChart
 
 from .fakes import GiB, MiB
+from .helpers import replay_gpus_named
 from .test_svgchart import gpu_data
 from .test_trace import SKIP, alloc, free
 from .whatif_history import History
@@ -325,18 +325,8 @@ def test_a_traced_line_holding_a_raw_escape_leaves_the_timeline_a_picture_that_s
 
 def test_a_replayed_gpu_with_a_hostile_name_keeps_the_charts_picture_xml(shell, no_gpu,
                                                                         tmp_path):
-    samples, note = load_trace(None)
-    hostile = "NVIDIA\x00\x1b[31m\ufffe\uffff H200"
-    renamed = [dataclasses.replace(s, devices=tuple(
-        dataclasses.replace(d, nvml=dataclasses.replace(d.nvml, name=hostile))
-        if d.nvml is not None else d for d in s.devices)) for s in samples[:50]]
-    path = tmp_path / "hostile.json"
-    write_trace(path, renamed, note=note)
-    shell.run_cell("%load_ext gpumem_nb", store_history=True)
-    shell.run_cell(f"%gpumem watch --replay {path}", store_history=True)
-    mon = current_monitor(shell)
-    mon.replay.sampler.stop()
-    mon.replay.sampler.tick()
+    mon = replay_gpus_named(shell, tmp_path / "hostile.json",
+                            ["NVIDIA\x00\x1b[31m\ufffe\uffff H200"], samples=50)
     bundle = mon.widget.plain_bundle()
     root = ET.fromstring(bundle["image/svg+xml"])
     assert "\\x1b[31m" in (root.findtext(NS + "title") or "")

@@ -32,6 +32,7 @@ from ..model import (
     Sample,
     SourceStatus,
 )
+from ..units import cut, printable, shown_name
 
 TRACE_FORMAT = "gpumem_nb-trace"
 BUNDLED_TRACE = "h200_session.json"
@@ -40,6 +41,7 @@ BUNDLED_TRACE = "h200_session.json"
 # A long recorded session is a few MB; the cap keeps a wrong file from filling memory.
 MAX_TRACE_BYTES = 64 << 20
 _STATUSES = (STATUS_OK, STATUS_LOST, STATUS_ERROR)
+MAX_NOTE_CHARS = 300  # of the recording's note, shown under the chart's table
 
 
 class TraceError(ValueError):
@@ -326,8 +328,9 @@ class ReplaySource:
         if n and self._samples[0].devices[0].nvml:
             name = self._samples[0].devices[0].nvml.name
         return SourceStatus(
-            nvml=f"replay of a recorded session ({name or 'no GPU'})",
+            nvml=f"replay of a recorded session ({shown_name(name) if name else 'no GPU'})",
             torch="replay",
             gpu_count=n,
-            notes=(self._note,) if self._note else (),
+            # The recording's own words, bounded as a cluster's notes are.
+            notes=(printable(cut(self._note, MAX_NOTE_CHARS)),) if self._note else (),
         )
