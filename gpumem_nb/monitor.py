@@ -416,10 +416,11 @@ class Monitor:
         return self.replay.sampler if self.replay is not None else self.sampler
 
     def start_replay(self, name: str) -> Replay:
-        """Drive the chart from a recording ("bundled" or a file); the hooks stay live."""
+        """Drive the chart from a recording ("bundled" or a file, ``~`` its owner's home, from
+        the magic or GPUMEM_NB_REPLAY); the hooks stay live."""
         from .sources.replay import ReplaySource
 
-        source = ReplaySource.from_file(None if name == "bundled" else name)
+        source = ReplaySource.from_file(None if name == "bundled" else os.path.expanduser(name))
         source.start()
         self.stop_replay()
         sampler = Sampler(source, interval_s=self.config.interval_s)

@@ -197,6 +197,22 @@ def test_a_bad_replay_file_in_watch_is_a_usage_error_and_changes_nothing(shell, 
     assert mon.sampler.running
 
 
+@pytest.mark.parametrize("how", ["magic", "variable"])
+def test_a_replay_file_under_a_tilde_is_read_from_the_home_directory(shell, no_gpu, tmp_path,
+                                                                     monkeypatch, how):
+    from gpumem_nb.magics import current_monitor
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    write_trace(tmp_path / "session.json", [sample(0.0, GiB), sample(1.0, 2 * GiB)])
+    if how == "variable":
+        monkeypatch.setenv("GPUMEM_NB_REPLAY", "~/session.json")
+    shell.run_cell("%load_ext gpumem_nb")
+    if how == "magic":
+        shell.run_line_magic("gpumem", "watch --replay ~/session.json")
+    replay = current_monitor(shell).replay
+    assert replay is not None and len(replay.source.recording) == 2
+
+
 # -- GPUMEM_NB_REPLAY that cannot be replayed --------------------------------------------------
 @pytest.mark.parametrize("value", ["/no/such/trace.json", "bundeld", "fifo", "bad"])
 def test_a_replay_variable_typo_loads_live_with_one_line(shell, no_gpu, monkeypatch, tmp_path,
