@@ -423,12 +423,13 @@ class GpumemMagics(Magics):
             raise UsageError("-n must be a positive number of cells")
         h = self.monitor.history
         if args.csv is not None:
+            path = os.path.expanduser(args.csv)  # as --trace's and --save's files are
             try:
-                h.to_csv(args.csv)
+                h.to_csv(path)
             except OSError as e:
                 raise UsageError(f"could not write {_quoted(args.csv)}: {safeio.reason(e)}"
                                  ) from None
-            print(f"wrote {len(h)} cells to {safeio.shown(args.csv)}")
+            print(f"wrote {len(h)} cells to {safeio.shown(path)}")
         if args.o:
             if importlib.util.find_spec("pandas") is None:
                 raise UsageError("history -o needs pandas; use --csv FILE without it")

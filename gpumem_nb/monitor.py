@@ -69,7 +69,7 @@ from .settings import (
 from .sources import Source, gate
 from .sources.processes import roles_to_learn
 from .sources.torch import TorchSource
-from .units import format_bytes
+from .units import format_bytes, shown_name
 
 log = logging.getLogger("gpumem_nb")
 
@@ -381,7 +381,7 @@ class Monitor:
             return f"{head}: no GPU visible ({st.nvml}); tracking host RAM. %gpumem? for help."
         latest = self.sampler.latest() or self.read()
         names = ", ".join(
-            f"{d.index}: {d.nvml.name or 'GPU'} {format_bytes(d.nvml.total_bytes)}"
+            f"{d.index}: {shown_name(d.nvml.name or 'GPU')} {format_bytes(d.nvml.total_bytes)}"
             for d in latest.devices if d.nvml is not None
         )
         if not names:  # NVML hangs or failed: say so rather than name no GPU
@@ -416,10 +416,11 @@ class Monitor:
         return self.replay.sampler if self.replay is not None else self.sampler
 
     def start_replay(self, name: str) -> Replay:
-        """Drive the chart from a recording ("bundled" or a file); the hooks stay live."""
+        """Drive the chart from a recording ("bundled" or a file, ``~`` its owner's home, from
+        the magic or GPUMEM_NB_REPLAY); the hooks stay live."""
         from .sources.replay import ReplaySource
 
-        source = ReplaySource.from_file(None if name == "bundled" else name)
+        source = ReplaySource.from_file(None if name == "bundled" else os.path.expanduser(name))
         source.start()
         self.stop_replay()
         sampler = Sampler(source, interval_s=self.config.interval_s)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .model import CellMark
-from .units import format_bytes
+from .units import format_bytes, printable
 
 if TYPE_CHECKING:  # a type only: importing timeline at run time would import numpy
     from .timeline import Timeline
@@ -228,8 +228,18 @@ def describe(data: ChartData) -> str:
     return f"{head}: {', '.join(latest)}{at}{cells}"
 
 
-def _attr(value: str) -> str:
-    return html.escape(value, quote=True)
+# XML allows no C0 control but tab, newline and return, no lone surrogate, and neither U+FFFE
+# nor U+FFFF; html.escape leaves them all, and one of them (a raw ESC in a traced line, a
+# replayed GPU's name) made the whole picture no XML: a broken image wherever it is shown.
+# Every text is written as the text outputs write it (``units.printable``: each control
+# character as its escape, ``\x1b``), and the two noncharacters likewise.
+_NONCHARACTERS = re.compile("[\ufffe\uffff]")
+
+
+def _xml(value: str) -> str:
+    """``value`` as an SVG text or attribute value: well-formed XML whatever it holds."""
+    text = _NONCHARACTERS.sub(lambda m: repr(m.group())[1:-1], printable(value))
+    return html.escape(text, quote=True)
 
 
 # -- any chart: lines, areas, marks and one level ----------------------------------------------
@@ -350,7 +360,7 @@ def _legend(lines: Sequence[Line], top: int, width_px: int) -> tuple[list[str], 
     room = width_px - RIGHT_PX - LEFT_PX - 28
     for line in lines:
         st = line.style
-        name = _clip_to(st.name, room, FONT_PX)
+        name = _clip_to(printable(st.name), room, FONT_PX)  # clipped as it is shown
         w = 28 + text_width_px(name) + 14
         if x + w > width_px - RIGHT_PX and x > LEFT_PX:
             x, y = LEFT_PX, y + 18
@@ -360,8 +370,8 @@ def _legend(lines: Sequence[Line], top: int, width_px: int) -> tuple[list[str], 
             dash = f' stroke-dasharray="{st.dash}"' if st.dash else ""
             swatch = (f'<path d="M{x} {y}h24" stroke="{st.color}" '
                       f'stroke-width="{st.width_px:g}"{dash}/>')
-        out.append(f'<g class="legend" data-series="{_attr(line.key)}">{swatch}'
-                   f'<text x="{x + 28}" y="{y + 4}">{html.escape(name)}</text></g>')
+        out.append(f'<g class="legend" data-series="{_xml(line.key)}">{swatch}'
+                   f'<text x="{x + 28}" y="{y + 4}">{_xml(name)}</text></g>')
         x += round(w)
     return out, y - top + 10
 
@@ -387,15 +397,15 @@ def render_plot(plot: Plot) -> str:
     body: list[str] = []
 
     # Title line: what this is, and loudly when it is somebody else's recording.
-    title = html.escape(plot.title or "gpumem_nb")
+    title = _xml(plot.title or "gpumem_nb")
     if plot.badge:
         title += (f' <tspan class="replay" fill="{TOTAL_COLOR}" font-weight="bold">'
-                  f"{html.escape(plot.badge)}</tspan>")
+                  f"{_xml(plot.badge)}</tspan>")
     body.append(f'<text class="title" x="{LEFT_PX}" y="16" font-weight="bold">{title}</text>')
     if plot.note:
         body.append(f'<text class="total-note" x="{width - RIGHT_PX}" '
                     f'y="{32 if two_lines else 16}" text-anchor="end" fill="{TOTAL_COLOR}">'
-                    f"{html.escape(plot.note)}</text>")
+                    f"{_xml(plot.note)}</text>")
 
     if not known:
         height = plot_bottom + 20
@@ -423,7 +433,7 @@ def render_plot(plot: Plot) -> str:
     if plot.watermark:  # so that a cropped screenshot still says it
         body.append(f'<text x="{LEFT_PX + plot_w // 2}" y="{plot_top + PLOT_HEIGHT_PX // 2 + 20}"'
                     f' text-anchor="middle" font-size="64" font-weight="bold" fill="{TOTAL_COLOR}"'
-                    f' fill-opacity="0.07">{html.escape(plot.watermark)}</text>')
+                    f' fill-opacity="0.07">{_xml(plot.watermark)}</text>')
 
     # Axes and grid.
     grid, labels = [], []
@@ -446,9 +456,9 @@ def render_plot(plot: Plot) -> str:
     mid = plot_top + PLOT_HEIGHT_PX // 2
     body.append(f'<text class="y-title" x="14" y="{mid}" text-anchor="middle" '
                 f'transform="rotate(-90 14 {mid})">'
-                f"{html.escape(_clip_to(plot.y_title, PLOT_HEIGHT_PX, FONT_PX))}</text>")
+                f"{_xml(_clip_to(printable(plot.y_title), PLOT_HEIGHT_PX, FONT_PX))}</text>")
     body.append(f'<text class="x-title" x="{LEFT_PX + plot_w // 2}" y="{plot_bottom + 30}" '
-                f'text-anchor="middle">{html.escape(_clip_to(plot.x_title, plot_w, FONT_PX))}'
+                f'text-anchor="middle">{_xml(_clip_to(printable(plot.x_title), plot_w, FONT_PX))}'
                 "</text>")
 
     if drawn and level is not None:
@@ -459,7 +469,7 @@ def render_plot(plot: Plot) -> str:
             below = y + 13 if y + 13 < plot_bottom - 2 else y - 3
             body.append(f'<text class="level-label" x="{width - RIGHT_PX - 4}" y="{below}" '
                         f'text-anchor="end" fill="{TOTAL_COLOR}">'
-                        f"{html.escape(plot.level_label)}</text>")
+                        f"{_xml(plot.level_label)}</text>")
 
     # Marks: every one as a dotted line, labels thinned so none overlap.
     # Lines on one pixel column are drawn once, so even 10 000 marks stay a small path.
@@ -477,7 +487,7 @@ def render_plot(plot: Plot) -> str:
         cxs = [_within(x, gap - 4, width) for x in xs]
         texts = "".join(
             f'<text class="mark-label" x="{cxs[i]}" y="{plot_top - 4}" '
-            f'fill="{marks[i].color}">{html.escape(marks[i].label)}</text>'
+            f'fill="{marks[i].color}">{_xml(marks[i].label)}</text>'
             for i in thin_labels(cxs, gap))
         body.append(f'<g text-anchor="middle" font-size="{LABEL_FONT_PX}">{texts}</g>')
 
@@ -485,11 +495,11 @@ def render_plot(plot: Plot) -> str:
         st = ln.style
         pts = downsample(ln.points)
         if ln.area:
-            body.append(f'<path class="series" data-series="{_attr(ln.key)}" '
+            body.append(f'<path class="series" data-series="{_xml(ln.key)}" '
                         f'd="{_area_path(pts, frame)}" fill="{st.color}" stroke="none"/>')
             continue
         dash = f' stroke-dasharray="{st.dash}"' if st.dash else ""
-        body.append(f'<path class="series" data-series="{_attr(ln.key)}" '
+        body.append(f'<path class="series" data-series="{_xml(ln.key)}" '
                     f'd="{_step_path(pts, frame)}" fill="none" stroke="{st.color}" '
                     f'stroke-width="{st.width_px:g}"{dash} stroke-linejoin="round"/>')
 
@@ -511,9 +521,9 @@ DARK_CSS = ("@media (prefers-color-scheme: dark){.background{fill:#111}"
 def _document(summary: str, width: int, height: int, body: list[str]) -> str:
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" role="img" aria-label="{_attr(summary)}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{_xml(summary)}" '
         f'font-family="sans-serif" font-size="{FONT_PX}">'
-        f"<title>{html.escape(summary)}</title><style>{DARK_CSS}</style>"
+        f"<title>{_xml(summary)}</title><style>{DARK_CSS}</style>"
         f'<rect class="background" width="{width}" height="{height}" fill="#fff"/>'
         + "".join(body) + "</svg>")
 
@@ -568,7 +578,7 @@ def svg_data_uri(svg: str) -> str:
 def html_img(svg: str, alt: str) -> str:
     """An ``<img>`` that survives JupyterLab's sanitizer in untrusted notebooks and nbviewer."""
     # Scaled down in an output narrower than the picture, never sideways scrolling.
-    return (f'<img src="{svg_data_uri(svg)}" alt="{_attr(alt)}" '
+    return (f'<img src="{svg_data_uri(svg)}" alt="{_xml(alt)}" '
             'style="max-width:100%;height:auto">')
 
 

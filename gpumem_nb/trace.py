@@ -66,7 +66,10 @@ class Site:
 
     @property
     def code(self) -> str:
-        return linecache.getline(self.filename, self.line).strip() if self.line else ""
+        try:
+            return linecache.getline(self.filename, self.line).strip() if self.line else ""
+        except (ValueError, UnicodeError):  # a recorded name no file can have (a NUL in it)
+            return ""
 
     @property
     def label(self) -> str:

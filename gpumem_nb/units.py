@@ -76,6 +76,22 @@ _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e"
                           "\u2066-\u2069\ud800-\udfff]")
 
 
+def cut(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters, a cut one ending in "…"."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+# A GPU's name as shown: NVML's are shorter ("NVIDIA A100-SXM4-80GB MIG 3g.40gb" is 33), but a
+# recording's can hold anything, and two names of 1 MiB made a 23 MB picture bundle, sent
+# again at each change. 40 is what the cluster table keeps of a name.
+MAX_NAME_CHARS = 40
+
+
+def shown_name(name: str) -> str:
+    """A GPU's name cut to ``MAX_NAME_CHARS`` and made printable, as every view shows it."""
+    return printable(cut(name, MAX_NAME_CHARS))
+
+
 def printable(text: str) -> str:
     """Text from outside (a process's command line, a worker's name or error) made safe to
     print: each control character written as its Python escape (``\\x1b``, ``\\n``,

@@ -18,7 +18,7 @@ from .model import STATUS_OK, CellRecord, DeviceSample, Holder, Sample, SourceSt
 from .records import DISPLAY_HEADERS, display_rows, format_nvml_peak
 from .report import html_lines, html_table, text_table
 from .settings import Config
-from .units import format_bytes
+from .units import format_bytes, shown_name
 
 
 # ------------------------------------------------------------------------------------------
@@ -134,7 +134,7 @@ def device_row(d: DeviceSample) -> list[str]:
     al = d.allocator
     label = f"{d.index}"
     if nv is not None:
-        label = f"{d.index}: {nv.name}" if nv.name else label
+        label = f"{d.index}: {shown_name(nv.name)}" if nv.name else label
         if nv.status != STATUS_OK:
             return [label, f"{nv.status}: {nv.detail}"[:60], *["—"] * (len(DEVICE_HEADERS) - 2)]
     used = "—" if nv is None else f"{format_bytes(nv.used_bytes)} / {format_bytes(nv.total_bytes)}"

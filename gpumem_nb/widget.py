@@ -41,7 +41,7 @@ from .settings import Config
 from .svgchart import LEGEND_ORDER, STYLES, SeriesStyle, chart_data, mark_label
 from .svgchart import static_bundle as svg_static_bundle
 from .timeline import ALL_DEVICES, GIB, SERIES, Timeline, values_of
-from .units import format_bytes
+from .units import format_bytes, shown_name
 from .views import Snapshot, children_html, device_row
 
 
@@ -105,6 +105,7 @@ BANNER_STYLE = ("background:var(--jp-layout-color2,#fff3cd);"
                 "color:var(--jp-ui-font-color1,#111);"
                 "border-left:4px solid var(--jp-warn-color1,#d39e00);padding:6px 10px")
 REPLAY_X_TITLE = "seconds into the recording"
+MAX_TITLE_NAMES = 4  # the GPU names the picture's title lists, each cut (units.shown_name)
 # At most one redraw of the picture per this many seconds on a cell's end (the main thread).
 PICTURE_EVERY_S = 1.0
 _log = logging.getLogger(__name__)
@@ -696,9 +697,10 @@ class MemoryWidget:
             shown = self._devices_shown(sample)
             where = (f"GPU {shown[0].index}" if len(shown) == 1
                      else "all GPUs" if shown else "host RAM")
-            names = {d.nvml.name for d in shown if d.nvml and d.nvml.name}
-            title = f"gpumem_nb chart: {where}" + (f" ({', '.join(sorted(names))})"
-                                                   if names else "")
+            names = sorted({shown_name(d.nvml.name) for d in shown if d.nvml and d.nvml.name})
+            if len(names) > MAX_TITLE_NAMES:  # a recording of 3,000 GPUs, each named apart
+                names[MAX_TITLE_NAMES:] = [f"{len(names) - MAX_TITLE_NAMES} more"]
+            title = f"gpumem_nb chart: {where}" + (f" ({', '.join(names)})" if names else "")
             data = chart_data(tl, t0, marks,
                               total_bytes=int(total * GIB) if total else None, title=title,
                               replay=self.replay.label if self.replay is not None else None,

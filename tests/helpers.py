@@ -34,3 +34,27 @@ def notebook_module(stem: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def replay_gpus_named(shell: Any, path: Any, names: list[str], *, samples: int = 10,
+                      note: str = "") -> Any:
+    """``%gpumem watch --replay`` of the bundled recording's first ``samples`` readings, its
+    GPU copied once per name in ``names`` and named so; the monitor, one reading played."""
+    import dataclasses
+
+    from gpumem_nb.magics import current_monitor
+    from gpumem_nb.sources.replay import load_trace, write_trace
+
+    def renamed(s: Any) -> Any:
+        d = s.devices[0]
+        return dataclasses.replace(s, devices=tuple(
+            dataclasses.replace(d, index=i, nvml=dataclasses.replace(d.nvml, name=name))
+            for i, name in enumerate(names)))
+
+    write_trace(path, [renamed(s) for s in load_trace(None)[0][:samples]], note=note)
+    shell.run_cell("%load_ext gpumem_nb", store_history=True)
+    shell.run_cell(f"%gpumem watch --replay {path}", store_history=True)
+    mon = current_monitor(shell)
+    mon.replay.sampler.stop()
+    mon.replay.sampler.tick()
+    return mon

@@ -17,11 +17,13 @@ from typing import Any
 import pytest
 
 from gpumem_nb import svgchart
+from gpumem_nb.magics import current_monitor
 from gpumem_nb.trace import TraceTimeline, analyze
 from gpumem_nb.whatif import api
 from gpumem_nb.whatif.report import WhatIfChart
 
 from .fakes import GiB, MiB
+from .helpers import replay_gpus_named
 from .test_svgchart import gpu_data
 from .test_trace import SKIP, alloc, free
 from .whatif_history import History
@@ -265,3 +267,69 @@ def test_nbconvert_html_shows_both_pictures():
              for m in re.findall(r'<img [^>]*src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)"',
                                  page)]
     assert shown == [c.svg() for c in charts]
+
+
+# -- hostile text: every picture stays XML ---------------------------------------------------
+# What html.escape leaves and XML forbids: C0 controls (NUL, ESC, form feed...), U+FFFE and
+# U+FFFF, a lone surrogate; and what it must still escape (markup, quotes, a CDATA end).
+HOSTILE = ["GPU\x00\x01\x08\x0b\x0c\x1f\x7f", "GPU\ufffe\uffff", "\x1b[1mbold\x1b[0m",
+           "lone \ud800 surrogate", "]]></text><!-- & \"'<script>", "\u202eevil\t\n\r"]
+HOSTILE_IDS = ["c0-controls", "noncharacters", "ansi-escape", "lone-surrogate", "markup",
+               "bidi-and-whitespace"]
+
+
+def hostile_whatif(text: str) -> WhatIfChart:
+    result = whatif_result(80 * MiB)
+    rows = [dataclasses.replace(row, label=f"{text} {i}") for i, row in enumerate(result.rows)]
+    return WhatIfChart(dataclasses.replace(result, rows=rows))
+
+
+def hostile_trace(text: str) -> TraceTimeline:
+    """A history whose stacks name a file and a function that hold ``text``."""
+    entries = [alloc(1, 64 * MiB, 1000.0, 1, (f"/home/{text}/model.py", 7, text)),
+               alloc(2, 32 * MiB, 2000.0, 2)]
+    return TraceTimeline(analyze(entries, skip=SKIP))
+
+
+def hostile_live(text: str) -> dict[str, str]:
+    data = gpu_data(title=f"gpumem_nb chart: GPU 0 ({text})", replay=f"replay ({text})",
+                    marks=[(0.5, text), (1.0, "[2]")])
+    return svgchart.static_bundle(data)
+
+
+@pytest.mark.parametrize("text", HOSTILE, ids=HOSTILE_IDS)
+@pytest.mark.parametrize("bundle_of", [
+    lambda text: hostile_trace(text)._repr_mimebundle_(),
+    lambda text: hostile_whatif(text)._repr_mimebundle_(),
+    hostile_live,
+], ids=["trace-timeline", "whatif", "live-chart"])
+def test_every_picture_is_well_formed_xml_whatever_its_texts_hold(bundle_of, text):
+    root = picture(bundle_of(text))  # parsed as XML, as a browser would before drawing it
+    shown = " ".join(text_of(e) for e in root.iter())
+    assert "<script>" in shown or "script" not in text  # markup shown as text, not run
+    assert not any(0xD800 <= ord(c) <= 0xDFFF or c in "\x00\x1b\ufffe\uffff" for c in shown)
+
+
+def test_a_traced_line_holding_a_raw_escape_leaves_the_timeline_a_picture_that_says_so(loaded):
+    # The review's case: a saved notebook showed a broken image for this cell's timeline.
+    loaded.run_cell("%%gpumem --trace -q\n"
+                    "z = cuda.tensor(MiB); _s = '\x1b[1mbold\x1b[0m'  # \x01\x0b \ufffe\uffff\n",
+                    store_history=True)
+    traced = current_monitor(loaded).last_trace
+    roots = [picture(TraceTimeline(d)._repr_mimebundle_()) for d in traced.devices if d.series]
+    assert roots
+    names = " ".join(name for root in roots for name in legend_names(root))
+    assert "\\x1b[1mbold" in names, names
+    del loaded.user_ns["z"]
+
+
+def test_a_replayed_gpu_with_a_hostile_name_keeps_the_charts_picture_xml(shell, no_gpu,
+                                                                        tmp_path):
+    mon = replay_gpus_named(shell, tmp_path / "hostile.json",
+                            ["NVIDIA\x00\x1b[31m\ufffe\uffff H200"], samples=50)
+    bundle = mon.widget.plain_bundle()
+    root = ET.fromstring(bundle["image/svg+xml"])
+    assert "\\x1b[31m" in (root.findtext(NS + "title") or "")
+    img = re.search(r'src="data:image/svg\+xml;base64,([^"]+)"', bundle["text/html"])
+    assert img is not None and base64.b64decode(img.group(1)).decode() == \
+        bundle["image/svg+xml"]

@@ -530,6 +530,15 @@ def test_history_csv_to_a_fifo_is_refused_without_blocking(loaded, tmp_path):
         finishes(lambda: magic(loaded, f"history --csv {fifo}"), fifo)
 
 
+def test_history_csv_writes_under_the_home_directory_a_tilde_names(loaded, tmp_path,
+                                                                    monkeypatch, capsys):
+    # "~/x.csv" answered "No such file or directory", though --trace and --save expand it.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    magic(loaded, "history --csv ~/cells.csv")
+    assert (tmp_path / "cells.csv").read_text().startswith("execution_count")
+    assert f"to {tmp_path / 'cells.csv'}" in capsys.readouterr().out
+
+
 # -- loading and reloading ---------------------------------------------------------------------
 def sampler_threads() -> int:
     return sum(t.name == "gpumem_nb-sampler" and t.is_alive() for t in threading.enumerate())

@@ -197,6 +197,22 @@ def test_a_bad_replay_file_in_watch_is_a_usage_error_and_changes_nothing(shell, 
     assert mon.sampler.running
 
 
+@pytest.mark.parametrize("how", ["magic", "variable"])
+def test_a_replay_file_under_a_tilde_is_read_from_the_home_directory(shell, no_gpu, tmp_path,
+                                                                     monkeypatch, how):
+    from gpumem_nb.magics import current_monitor
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    write_trace(tmp_path / "session.json", [sample(0.0, GiB), sample(1.0, 2 * GiB)])
+    if how == "variable":
+        monkeypatch.setenv("GPUMEM_NB_REPLAY", "~/session.json")
+    shell.run_cell("%load_ext gpumem_nb")
+    if how == "magic":
+        shell.run_line_magic("gpumem", "watch --replay ~/session.json")
+    replay = current_monitor(shell).replay
+    assert replay is not None and len(replay.source.recording) == 2
+
+
 # -- GPUMEM_NB_REPLAY that cannot be replayed --------------------------------------------------
 @pytest.mark.parametrize("value", ["/no/such/trace.json", "bundeld", "fifo", "bad"])
 def test_a_replay_variable_typo_loads_live_with_one_line(shell, no_gpu, monkeypatch, tmp_path,
@@ -323,3 +339,69 @@ def test_a_looping_replay_plays_each_pass_later_by_a_whole_recording():
     later = src.played(first[-1].t_s)  # the rest of the third pass, the fourth's start
     assert [(round(p.t_s, 6), p.devices[0].nvml.used_bytes) for p in later] == [  # type: ignore[union-attr]
         (5.0, 2 * GiB), (6.0, 3 * GiB), (6.0, GiB)]
+
+
+# -- a long recording is checked as it plays (issue 36, D3) -----------------------------------
+def long_trace(path: Any, n: int, *, gpus: int = 4, bad_at: int | None = None) -> None:
+    """``n`` samples of ``gpus`` GPUs each; sample ``bad_at``'s first GPU reads "x" bytes."""
+    one = sample(0.0, GiB).devices[0]
+    write_trace(path, [Sample(t_s=i * 0.1, wall_s=1e9 + i, rss_bytes=GiB, devices=tuple(
+        DeviceSample(j, one.nvml, one.allocator) for j in range(gpus))) for i in range(n)])
+    if bad_at is not None:
+        body = json.loads(path.read_text())
+        body["samples"][bad_at]["devices"][0]["nvml"]["used_bytes"] = "x"
+        path.write_text(json.dumps(body))
+
+
+def test_a_long_replay_starts_once_its_first_samples_are_checked_and_checks_the_rest_as_it_plays(
+        shell, no_gpu, tmp_path):
+    # Checking every field of a 46 MB trace first held the kernel 5-18 s.
+    from gpumem_nb.magics import current_monitor
+
+    path = tmp_path / "long.json"
+    long_trace(path, 3000)
+    shell.run_cell("%load_ext gpumem_nb")
+    shell.run_line_magic("gpumem", f"watch --replay {path}")
+    source = current_monitor(shell).replay.source
+    current_monitor(shell).replay.sampler.stop()
+    assert 0 < len(source.recording) < 3000
+    assert any("checked as they play" in n for n in source.status().notes)
+    for _ in range(3):  # each reading the sampler plays checks the samples ahead of it
+        source.read()
+    assert len(source.recording) == 3000
+    assert not any("checked" in n for n in source.status().notes)
+
+
+def test_a_malformed_sample_late_in_a_long_replay_ends_it_there_in_a_sentence(
+        shell, no_gpu, tmp_path):
+    from gpumem_nb.magics import current_monitor
+
+    path = tmp_path / "late.json"
+    long_trace(path, 3000, bad_at=2500)
+    shell.run_cell("%load_ext gpumem_nb")
+    shell.run_line_magic("gpumem", f"watch --replay {path}")  # no UsageError: it plays
+    replay = current_monitor(shell).replay
+    replay.sampler.stop()
+    for _ in range(3):
+        replay.source.read()
+    assert len(replay.source.recording) == 2500
+    assert replay.source.status().notes[-1] == (
+        'The recording stops before sample 2,500 of 3,000, which cannot be played (sample '
+        '2500, device 0, nvml: "used_bytes" is "x", not a whole number of bytes (0 or more) '
+        'or null).')
+    replay.sampler.tick()  # the chart keeps playing what there is
+    assert replay.sampler.latest() is not None
+
+
+def test_a_recording_checked_as_it_plays_plays_to_its_last_sample(tmp_path):
+    path = tmp_path / "long.json"
+    long_trace(path, 6000)
+    rec, _ = replay_mod.open_trace(path)
+    now = [0.0]
+    src = ReplaySource(rec, clock=lambda: now[0])
+    src.read()
+    assert len(src.recording) < 6000  # checked ahead of the playback, not to its end
+    now[0] = 1000.0  # long after the last sample, at 599.9 s
+    assert round(src.read().wall_s) > 0 and src.ended
+    assert len(src.recording) == 6000
+    assert [round(s.t_s, 6) for s in src.played(599.85)] == [599.9]

@@ -50,3 +50,22 @@ def test_the_replays_table_is_where_its_picture_ends(shell: Any, no_gpu: Any, ca
     assert end.used_bytes > 0
     assert f"{format_bytes(end.used_bytes)} / {format_bytes(end.total_bytes)}" in \
         bundle["text/plain"], bundle["text/plain"]
+
+
+def test_gpu_names_of_a_megabyte_in_a_recording_leave_the_picture_bundle_small(
+        shell: Any, no_gpu: Any, capsys: Any, tmp_path: Any) -> None:
+    """Two GPUs named with 1 MiB each made a 23 MB picture bundle, sent again at each
+    change: every view cuts a GPU's name as the cluster table does (issue 36, D2)."""
+    from .helpers import replay_gpus_named
+
+    mon = replay_gpus_named(shell, tmp_path / "huge_names.json",
+                            ["A" * (1 << 20), "B" * (1 << 20)], note="N" * (1 << 20))
+    bundle = mon.widget.picture_bundle()
+    sizes = {mime: len(text) for mime, text in bundle.items()}
+    assert sum(sizes.values()) < 100_000, sizes
+    from gpumem_nb.units import MAX_NAME_CHARS
+
+    cut_name = "A" * (MAX_NAME_CHARS - 1) + "…"
+    assert cut_name in bundle["text/plain"] and cut_name in picture_of(bundle)
+    assert len(mon.widget.header.value) < 20_000
+    assert len(capsys.readouterr().out) < 20_000  # what the magic printed

@@ -17,7 +17,7 @@ from IPython.core.error import UsageError
 
 import gpumem_nb
 from gpumem_nb.whatif import api as w
-from gpumem_nb.whatif import snapshot as snapshot_mod
+from gpumem_nb.whatif import unpack
 from gpumem_nb.whatif.config import SettingError, parse_settings
 
 from .fakes import GiB, MiB
@@ -127,12 +127,12 @@ def test_a_compact_trace_whose_columns_are_junk_is_refused_in_a_sentence():
 
 def test_a_gzip_file_that_unpacks_past_the_cap_is_refused_before_it_is_all_in_memory(
         tmp_path, monkeypatch):
-    monkeypatch.setattr(snapshot_mod, "MAX_SNAPSHOT_BYTES", 4 * MiB)
+    monkeypatch.setattr(unpack, "MAX_UNPACKED_BYTES", 4 * MiB)
     bomb = tmp_path / "bomb.json.gz"
     with gzip.open(bomb, "wb") as f:
         f.write(b"[" + b" " * (64 * MiB) + b"]")  # 64 MiB that pack into about 64 kB
     assert bomb.stat().st_size < MiB
-    with pytest.raises(w.SnapshotError, match="unpacks to more than 4194304 bytes"):
+    with pytest.raises(w.SnapshotError, match=r"unpacks to more than 4\.00 MiB"):
         w.load(str(bomb))
     h = History()
     h.alloc(16 * MiB)
@@ -383,14 +383,15 @@ def test_a_pickle_of_empty_objects_is_refused_before_it_fills_the_memory(tmp_pat
 
 
 def test_a_json_file_of_empty_objects_is_refused_before_it_is_parsed(tmp_path):
-    # 3 bytes of file, 72 of memory each: 60 MB of "{}," made 1.5 GB (1 GiB: 26 GB).
+    # 3 bytes of file, 72 of memory each: 60 MB of "{}," made 1.5 GB.
     import time
 
     path = tmp_path / "dicts.json.gz"
     path.write_bytes(gzip.compress(b'{"segments": [], "device_traces": [['
                                    + b"{}," * 20_000_000 + b"{}]]}"))
     t0 = time.process_time()
-    with pytest.raises(w.SnapshotError, match="is refused: it holds 20000005 JSON objects"):
+    with pytest.raises(w.SnapshotError, match=r"is refused: parsing its 57\.22 MiB of JSON "
+                                              r"would take about 3\.\d\d GiB of memory"):
         gpumem_nb.whatif(str(path), [""])
     assert time.process_time() - t0 < 2
 

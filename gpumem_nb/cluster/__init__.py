@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..report import html_lines, html_table, text_table
-from ..units import format_bytes, printable
+from ..units import MAX_NAME_CHARS, cut, format_bytes, printable
 
 ROW_OK = "ok"
 ROW_UNKNOWN = "unknown"  # no answer in time: figures unknown, not zero
@@ -116,18 +116,14 @@ def natural_key(text: str) -> tuple[tuple[int, int, str], ...]:
 # The rest are counted in the sums and said to be left out; ``-o`` gives every row.
 MAX_ROWS = 100
 MAX_SHARED_LINES = 20
-MAX_CELL = 40  # characters kept of a name or host in a cell
+MAX_CELL = MAX_NAME_CHARS  # characters kept of a name or host in a cell
 
 HEADERS = ("worker", "host", "GPU", "UUID", "NVML used / total", "this worker",
            "allocated", "reserved", "peak allocated", "status")
 
 
 def _short_uuid(uuid: str) -> str:
-    return _cut(uuid, 16)
-
-
-def _cut(text: str, limit: int = MAX_CELL) -> str:
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return cut(uuid, 16)
 
 
 def _row(r: WorkerGpu) -> list[str]:
@@ -136,8 +132,8 @@ def _row(r: WorkerGpu) -> list[str]:
         f"{format_bytes(r.used_bytes)} / {format_bytes(r.total_bytes)}"
     status = r.status + (f": {r.detail}" if r.detail else "")
     # Names, hosts and error text come from the workers: printed escaped, never raw.
-    return [printable(_cut(r.name or r.worker)), printable(_cut(r.host)) or "—",
-            printable(_cut(gpu)),
+    return [printable(cut(r.name or r.worker, MAX_CELL)),
+            printable(cut(r.host, MAX_CELL)) or "—", printable(cut(gpu, MAX_CELL)),
             printable(_short_uuid(r.uuid)) or "—", used,
             format_bytes(r.process_bytes), format_bytes(r.allocated_bytes),
             format_bytes(r.reserved_bytes), format_bytes(r.peak_allocated_bytes),
@@ -174,9 +170,9 @@ class ClusterView:
                        f"once by UUID: {format_bytes(sum(used) if used else None)} used of "
                        f"{format_bytes(sum(total) if total else None)}.")
             shared = [d for d in devices if len(d.workers) > 1]
-            out.extend(printable(_cut(
-                f"  {_short_uuid(d.uuid)} ({_cut(d.gpu_name or 'GPU')} on "
-                f"{_cut(d.host or '?')}): {format_bytes(d.used_bytes)} used, shared by "
+            out.extend(printable(cut(
+                f"  {_short_uuid(d.uuid)} ({cut(d.gpu_name or 'GPU', MAX_CELL)} on "
+                f"{cut(d.host or '?', MAX_CELL)}): {format_bytes(d.used_bytes)} used, shared by "
                 f"workers {', '.join(d.workers)}", 200))
                 for d in shared[:MAX_SHARED_LINES])
             if len(shared) > MAX_SHARED_LINES:
@@ -188,7 +184,7 @@ class ClusterView:
             out.append(f"The table shows {MAX_ROWS} of {len(rd.rows)} rows; the other "
                        f"{len(rd.rows) - MAX_ROWS} ({unreadable} of them not ok) are counted "
                        "above but left out. %gpumem cluster -o returns every row.")
-        out.extend(printable(_cut(n, 300)) for n in rd.notes)
+        out.extend(printable(cut(n, 300)) for n in rd.notes)
         return out
 
     def __str__(self) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import __version__
+from ..units import cut
 from . import ROW_ERROR, ROW_NO_NVML, ROW_OK, WorkerGpu
 
 ROW_UNREADABLE = "unreadable"
@@ -27,10 +28,6 @@ SIZE_FIELDS = ("used_bytes", "total_bytes", "process_bytes", "allocated_bytes",
 
 class Unreadable(ValueError):
     """A field of the answer is not what gpumem_nb sends; the text says which and why."""
-
-
-def cut(text: str, limit: int = MAX_TEXT) -> str:
-    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def _text(value: Any, name: str, limit: int = MAX_TEXT) -> str:
@@ -76,7 +73,7 @@ def other_version(answer: Any) -> str | None:
 def rows(address: str, answer: Any, known_name: str = "") -> tuple[list[WorkerGpu], int]:
     """The rows of one worker's answer (a dict of ``worker.report``'s shape), and how many
     of its devices were left out (beyond ``MAX_DEVICES``). Never raises."""
-    address = cut(address)
+    address = cut(address, MAX_TEXT)
     if not isinstance(answer, dict):
         return [WorkerGpu(worker=address, name=known_name, status=ROW_UNREADABLE,
                           detail=f"the answer is {_kind(answer)}, not a dict")], 0

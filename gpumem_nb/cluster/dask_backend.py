@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import __version__, userexc
+from ..units import cut
 from . import (
     READING_CLOSED,
     ROW_ERROR,
@@ -195,8 +196,9 @@ class DaskCollector:
                     versions.setdefault(other, []).append(got[0].name or got[0].worker)
             self._known = {f"{r.worker}/{r.device}": r for r in rows}
         rows.sort(key=_order)
+        listed = answer_mod.MAX_TEXT
         notes = [f"{len(names)} worker(s) run another gpumem_nb ({v}) than this kernel's "
-                 f"{__version__}: {answer_mod.cut(', '.join(sorted(names, key=natural_key)))}"
+                 f"{__version__}: {cut(', '.join(sorted(names, key=natural_key)), listed)}"
                  ". Their rows may read as unreadable: install the same version there."
                  for v, names in sorted(versions.items())[:MAX_VERSION_NOTES]]
         if len(versions) > MAX_VERSION_NOTES:
@@ -259,7 +261,7 @@ class DaskCollector:
             row = WorkerGpu(worker=address, name=self._name(address),
                             status=ROW_NO_GPUMEM if missing else ROW_ERROR,
                             detail=("install gpumem-nb in the workers' environment"
-                                    if missing else answer_mod.cut(text, 120)))
+                                    if missing else cut(text, 120)))
             return [row], 0
         return answer_mod.rows(address, answer, self._name(address))
 

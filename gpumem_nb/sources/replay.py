@@ -10,28 +10,31 @@ again and again, each pass later on the clock.
 from __future__ import annotations
 
 import bisect
+import gc
 import json
-import math
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import MISSING, asdict, fields
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from .. import safeio
-from ..model import (
-    STATUS_ERROR,
-    STATUS_LOST,
-    STATUS_OK,
-    AllocatorReading,
-    ChildProcess,
-    DeviceSample,
-    NvmlReading,
-    Sample,
-    SourceStatus,
+from ..model import Sample, SourceStatus
+from ..units import cut, printable, shown_name
+from .tracecheck import (
+    AHEAD_DEVICES,
+    EAGER_DEVICES,
+    Recording,
+    TraceError,
+    _show,
+    sample_from_json,
+    times_of,
 )
+
+__all__ = ["ReplaySource", "TraceError", "load_trace", "open_trace", "parse_trace",
+           "sample_from_json", "sample_to_json", "write_trace"]
 
 TRACE_FORMAT = "gpumem_nb-trace"
 BUNDLED_TRACE = "h200_session.json"
@@ -39,125 +42,11 @@ BUNDLED_TRACE = "h200_session.json"
 
 # A long recorded session is a few MB; the cap keeps a wrong file from filling memory.
 MAX_TRACE_BYTES = 64 << 20
-_STATUSES = (STATUS_OK, STATUS_LOST, STATUS_ERROR)
-
-
-class TraceError(ValueError):
-    """A trace that cannot be replayed, with the problem in plain words."""
+MAX_NOTE_CHARS = 300  # of the recording's note, shown under the chart's table
 
 
 def sample_to_json(sample: Sample) -> dict[str, Any]:
     return asdict(sample)
-
-
-# -- validation: every field of every sample, before anything is built ----------------------
-def _show(value: Any) -> str:
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):
-        return f"a {type(value).__name__}"
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _maybe_whole(where: str, key: str, value: Any, *, optional: bool = True) -> int | None:
-    if value is None and optional:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << 63:
-        raise TraceError(f"{where}: \"{key}\" is {_show(value)}, not a whole number "
-                         f"{'of bytes ' if key.endswith('_bytes') else ''}"
-                         f"(0 or more){' or null' if optional else ''}")
-    return value
-
-
-def _whole(where: str, key: str, value: Any) -> int:
-    n = _maybe_whole(where, key, value, optional=False)
-    assert n is not None
-    return n
-
-
-def _seconds(where: str, key: str, value: Any) -> float:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
-        raise TraceError(f"{where}: \"{key}\" is {_show(value)}, not a finite number of seconds")
-    return float(value)
-
-
-def _maybe_seconds(where: str, key: str, value: Any) -> float | None:
-    return None if value is None else _seconds(where, key, value)
-
-
-def _text(where: str, key: str, value: Any) -> str:
-    if not isinstance(value, str):
-        raise TraceError(f"{where}: \"{key}\" is {_show(value)}, not a string")
-    return value
-
-
-# Each scalar field type of the records, by its annotation, and its check. A new field of a
-# type not listed here fails the round-trip test rather than loading unchecked.
-_SCALARS: dict[str, Callable[[str, str, Any], Any]] = {
-    "int": _whole, "int | None": _maybe_whole, "str": _text, "float": _seconds,
-    "float | None": _maybe_seconds,
-}
-
-
-def _record(where: str, data: Any, cls: type, *, nested: dict[str, Callable[[Any], Any]]
-            | None = None, lenient: dict[str, Any] | None = None) -> Any:
-    """A ``cls`` from ``data``, every field checked by its type: an object with every field
-    that has no default (``lenient`` ones too, with the given stand-in) and no unknown one."""
-    if not isinstance(data, dict):
-        raise TraceError(f"{where} is {_show(data)}, not an object")
-    nested, lenient = nested or {}, lenient or {}
-    known = fields(cls)
-    if unknown := sorted(set(data) - {f.name for f in known}, key=str):
-        raise TraceError(f"{where} has an unknown field {_show(unknown[0])}")
-    kw: dict[str, Any] = {}
-    for f in known:
-        if f.name not in data:
-            if f.name in lenient:
-                kw[f.name] = lenient[f.name]
-            elif f.default is MISSING and f.default_factory is MISSING:
-                raise TraceError(f"{where} lacks the field {_show(f.name)}")
-            continue
-        value = data[f.name]
-        kw[f.name] = (nested[f.name](value) if f.name in nested
-                      else _SCALARS[str(f.type)](where, f.name, value))
-    return cls(**kw)
-
-
-def _children_from_json(where: str, raw: Any) -> tuple[ChildProcess, ...]:
-    if not isinstance(raw, list):
-        raise TraceError(f"{where}: \"children\" is {_show(raw)}, not a list")
-    return tuple(_record(f"{where}, child {i}", c, ChildProcess) for i, c in enumerate(raw))
-
-
-def _nvml_from_json(where: str, nv: Any) -> NvmlReading:
-    reading: NvmlReading = _record(where, nv, NvmlReading, nested={
-        "children": lambda raw: _children_from_json(where, raw)})
-    if reading.status not in _STATUSES:
-        raise TraceError(f"{where}: \"status\" is {_show(reading.status)}, not one of "
-                         f"{', '.join(_STATUSES)}")
-    return reading
-
-
-def _device_from_json(where: str, d: Any) -> DeviceSample:
-    return _record(where, d, DeviceSample, nested={
-        "nvml": lambda nv: None if nv is None else _nvml_from_json(f"{where}, nvml", nv),
-        "allocator": lambda al: None if al is None else _record(
-            f"{where}, allocator", al, AllocatorReading),
-    })
-
-
-def _devices_from_json(where: str, raw: Any) -> tuple[DeviceSample, ...]:
-    if not isinstance(raw, list):
-        raise TraceError(f"{where}: \"devices\" is {_show(raw)}, not a list")
-    return tuple(_device_from_json(f"{where}, device {j}", d) for j, d in enumerate(raw))
-
-
-def sample_from_json(data: Any, where: str = "sample") -> Sample:
-    """A ``Sample`` from its JSON form; ``TraceError`` names the first field that is wrong."""
-    return _record(where, data, Sample,
-                   nested={"devices": lambda raw: _devices_from_json(where, raw)},
-                   # Early traces had neither; they replay with no wall clock and no RSS.
-                   lenient={"wall_s": 0.0, "rss_bytes": None})
 
 
 def write_trace(path: str | Path, samples: Iterable[Sample], *, note: str = "") -> None:
@@ -172,13 +61,21 @@ def write_trace(path: str | Path, samples: Iterable[Sample], *, note: str = "") 
     Path(path).write_text(json.dumps(body, separators=(",", ":")))
 
 
-def parse_trace(text: str) -> tuple[list[Sample], str]:
-    """Samples and note of a trace's text, every field checked; ``TraceError`` otherwise."""
+def recording_of(text: str) -> tuple[Recording, str]:
+    """A trace's recording and note, with the samples' times checked (and ``EAGER_DEVICES``
+    device readings' worth of samples, the first at least); ``TraceError`` otherwise."""
+    # A long trace's hundreds of thousands of dicts set off collections that find nothing
+    # to free: a third of the parse of a 46 MB trace.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         body = json.loads(text)
     except (ValueError, RecursionError) as e:
         where = f" ({e.msg}, line {e.lineno})" if isinstance(e, json.JSONDecodeError) else ""
         raise TraceError(f"it is not valid JSON{where}") from None
+    finally:
+        if collecting:
+            gc.enable()
     if not isinstance(body, dict) or body.get("format") != TRACE_FORMAT:
         raise TraceError(f"it is not a gpumem_nb trace (no \"format\": \"{TRACE_FORMAT}\")")
     if body.get("version", 1) != 1 or isinstance(body.get("version"), bool):
@@ -189,31 +86,42 @@ def parse_trace(text: str) -> tuple[list[Sample], str]:
         raise TraceError(f"\"samples\" is {_show(raw)}, not a list")
     if not raw:
         raise TraceError("it holds no samples")
-    samples = [sample_from_json(s, f"sample {i}") for i, s in enumerate(raw)]
-    for i in range(1, len(samples)):
-        if samples[i].t_s < samples[i - 1].t_s:  # playback looks samples up by time
-            raise TraceError(f"sample {i}: \"t_s\" goes back in time "
-                             f"({samples[i].t_s:g} after {samples[i - 1].t_s:g})")
     note = body.get("note", "")
     if not isinstance(note, str):
         raise TraceError(f"\"note\" is {_show(note)}, not a string")
-    return samples, note
+    rec = Recording(raw, times_of(raw))
+    rec.check(0, more_devices=EAGER_DEVICES, strict=True)
+    return rec, note
+
+
+def parse_trace(text: str) -> tuple[list[Sample], str]:
+    """Samples and note of a trace's text, every field checked; ``TraceError`` otherwise."""
+    rec, note = recording_of(text)
+    rec.check(len(rec.times_s) - 1, strict=True)
+    return rec.checked, note
+
+
+def _trace_text(path: str | Path | None) -> str:
+    """A trace file's text; ``None``: the bundled H200 recording's. Reads only a regular file
+    of at most ``MAX_TRACE_BYTES`` (never a FIFO or a device, see ``safeio``)."""
+    if path is None:
+        return resources.files("gpumem_nb.data").joinpath(BUNDLED_TRACE).read_text()
+    try:
+        return safeio.read_text(path, max_bytes=MAX_TRACE_BYTES)
+    except OSError as e:
+        raise TraceError(safeio.reason(e)) from None
 
 
 def load_trace(path: str | Path | None = None) -> tuple[list[Sample], str]:
-    """Samples and note of a trace file; ``None`` loads the bundled H200 recording.
+    """Samples and note of a trace file, every field checked; ``None`` loads the bundled H200
+    recording. Every failure is a ``TraceError`` whose text says what is wrong."""
+    return parse_trace(_trace_text(path))
 
-    Reads only a regular file of at most ``MAX_TRACE_BYTES`` (never a FIFO or a device, see
-    ``safeio``). Every failure is a ``TraceError`` whose text says what is wrong.
-    """
-    if path is None:
-        text = resources.files("gpumem_nb.data").joinpath(BUNDLED_TRACE).read_text()
-    else:
-        try:
-            text = safeio.read_text(path, max_bytes=MAX_TRACE_BYTES)
-        except OSError as e:
-            raise TraceError(safeio.reason(e)) from None
-    return parse_trace(text)
+
+def open_trace(path: str | Path | None = None) -> tuple[Recording, str]:
+    """``load_trace``, its samples past the first ``EAGER_DEVICES`` device readings checked
+    as they are played (``Recording``)."""
+    return recording_of(_trace_text(path))
 
 
 def _shift(s: Sample, dt: float, wall: float | None = None) -> Sample:
@@ -222,36 +130,53 @@ def _shift(s: Sample, dt: float, wall: float | None = None) -> Sample:
 
 
 class ReplaySource:
-    """Plays a trace at its recorded pace (times ``speed``), once (or looping)."""
+    """Plays a trace at its recorded pace (times ``speed``), once (or looping). A
+    ``Recording`` from ``open_trace`` is checked as it plays: each ``read`` (the sampler's)
+    checks ``AHEAD_DEVICES`` device readings ahead; a sample that fails ends it there."""
 
     def __init__(
         self,
-        samples: list[Sample],
+        samples: Sequence[Sample] | Recording,
         *,
         note: str = "",
         speed: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         loop: bool = False,
     ) -> None:
-        if not samples:
+        rec = samples if isinstance(samples, Recording) else Recording.of(samples)
+        if not rec.times_s:
             raise ValueError("a replay needs at least one sample")
-        self._samples = samples
+        rec.check(0, strict=True)  # the first sample names the GPUs (status)
+        self._rec = rec
         self._note = note
         self._speed = speed
         self._clock = clock
         self._loop = loop
         self._t0: float | None = None
-        self._offsets_s = [x.t_s - samples[0].t_s for x in samples]
-        self._span_s = max(samples[-1].t_s - samples[0].t_s, 1e-9)
+        self._offsets_s = [t - rec.times_s[0] for t in rec.times_s]
+        self._span_s = max(self._offsets_s[-1], 1e-9)
         self._lock = threading.Lock()
 
     @classmethod
     def from_file(cls, path: str | Path | None = None, **kw: Any) -> ReplaySource:
         """A source playing ``path`` (None: the bundled trace). Raises ``TraceError`` (a
         ``ValueError``) with a plain message for a file that is missing, special, too large
-        or malformed in any field; nothing else has happened then."""
-        samples, note = load_trace(path)
-        return cls(samples, note=note, **kw)
+        or malformed in its times or its first samples' fields; nothing else has happened
+        then. A later sample that is malformed ends the recording before it, said in the
+        source's status."""
+        rec, note = open_trace(path)
+        return cls(rec, note=note, **kw)
+
+    def _through(self, index: int, *, ahead: int = 0) -> int:
+        """Check the samples through ``index``, and ``ahead`` device readings past it; the
+        index of the sample to play for it: ``index``, or the last before one that failed."""
+        n = self._rec.check(index, more_devices=ahead)
+        end = len(self._rec.times_s)
+        if end < len(self._offsets_s):  # the recording now ends before a malformed sample
+            with self._lock:
+                self._offsets_s = self._offsets_s[:end]
+                self._span_s = max(self._offsets_s[-1], 1e-9)
+        return min(index, n - 1)
 
     def start(self) -> bool:
         with self._lock:
@@ -269,12 +194,15 @@ class ReplaySource:
         played = (now - self._t0) * self._speed
         if not self._loop and played >= self._span_s:
             # Ended: the last reading, stamped when it was played, so nothing new is drawn.
-            last = self._samples[-1]
+            last = self._rec.sample(self._through(len(self._offsets_s) - 1))
             return _shift(last, self._t0 + self._span_s / self._speed - last.t_s,
                           wall=time.time())
         pos = played % (self._span_s + 1e-9)
         # The last recorded sample at or before the playback position.
-        chosen = self._samples[max(bisect.bisect_right(self._offsets_s, pos) - 1, 0)]
+        # The sampler's thread reads: it checks the samples to come, off the cell's path.
+        index = self._through(max(bisect.bisect_right(self._offsets_s, pos) - 1, 0),
+                              ahead=AHEAD_DEVICES)
+        chosen = self._rec.sample(index)
         return _shift(chosen, now - chosen.t_s, wall=time.time())
 
     def played(self, after_s: float | None = None) -> list[Sample]:
@@ -301,8 +229,10 @@ class ReplaySource:
             base = n * period
             lo = 0 if after_s is None else bisect.bisect_right(self._offsets_s, after_s - base)
             hi = bisect.bisect_right(self._offsets_s, pos - base)
+            if hi > lo:
+                hi = min(hi, self._through(hi - 1) + 1)
             for i in range(lo, hi):
-                s = self._samples[i]
+                s = self._rec.sample(i)
                 out.append(_shift(s, base + self._offsets_s[i] - s.t_s))
             if not self._loop:
                 break
@@ -317,17 +247,25 @@ class ReplaySource:
 
     @property
     def recording(self) -> list[Sample]:
-        """Every recorded sample, at its recorded time: the whole story, for a picture."""
-        return list(self._samples)
+        """Every recorded sample checked so far (all of them once checked), at its recorded
+        time: the whole story, for a picture."""
+        return self._rec.checked
 
     def status(self) -> SourceStatus:
-        n = len(self._samples[0].devices)
-        name = ""
-        if n and self._samples[0].devices[0].nvml:
-            name = self._samples[0].devices[0].nvml.name
+        first = self._rec.sample(0)
+        n = len(first.devices)
+        name = first.devices[0].nvml.name if n and first.devices[0].nvml else ""
+        # The recording's own words, bounded as a cluster's notes are.
+        notes = [printable(cut(self._note, MAX_NOTE_CHARS))] if self._note else []
+        if self._rec.problem:
+            notes.append(self._rec.problem)
+        elif not self._rec.complete:
+            notes.append(f"The recording's samples are checked as they play: "
+                         f"{self._rec.checked_count:,} of {len(self._offsets_s):,} so far, "
+                         "and the picture draws those.")
         return SourceStatus(
-            nvml=f"replay of a recorded session ({name or 'no GPU'})",
+            nvml=f"replay of a recorded session ({shown_name(name) if name else 'no GPU'})",
             torch="replay",
             gpu_count=n,
-            notes=(self._note,) if self._note else (),
+            notes=tuple(notes),
         )

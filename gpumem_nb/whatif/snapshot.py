@@ -4,8 +4,8 @@ history, the segments at the history's start, and the device's capacity.
 Pickles are read by an unpickler that builds only plain data (dicts, lists, strings, numbers)
 and looks up no name at all: a snapshot file from somewhere else can neither run code here
 nor make a builtin build something large from a few bytes. Our own compact JSON traces
-(``.json`` or ``.json.gz``, see ``compact``) load too; a gzip'd file is unpacked up to the
-same size cap as any other.
+(``.json`` or ``.json.gz``, see ``compact``) load too. What a file may unpack to, and what
+its JSON may take once parsed, are bounded in bytes before they are held (``unpack``).
 
 Whatever the file holds, the model gets a state it can replay: numbers that fit a
 ``size_t`` (or a finite double), segments whose blocks tile them with free neighbours
@@ -14,19 +14,17 @@ merged, no two segments overlapping. A field that does not fit is dropped, never
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
 import os
 import pickle
 import re
-import zlib
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .. import safeio
+from . import unpack
 from .config import settings_of_snapshot
 from .fields import SIZE_T_END, finite, plain, uint
 
@@ -42,7 +40,6 @@ SESSION_KEY = "gpumem_session"  # what %gpumem record adds: the session's start 
 COMPACT_FORMAT = "gpumem-whatif-trace/1"
 _KEEP = ("action", "addr", "size", "stream", "time_us")
 _MIN_BLOCK = 512  # kMinBlockSize
-_GZIP_CHUNK = 1 << 20
 # The unpickler builds the whole object before anything can be counted, and a byte of the
 # file can make an object: 50 MB of EMPTY_DICT opcodes (50 KB gzip'd) made 4.3 GB. So the
 # unpickler reads through ``_Watched``, which refuses once this process has grown past what
@@ -52,10 +49,7 @@ MAX_GROWTH_BYTES = 2 << 30  # 1,000,000 such entries: 178 MB of file, 0.7 GB
 MAX_GROWTH_RATIO = 16  # a real snapshot: about 4 bytes of memory per byte of file
 _GROWTH_FLOOR_BYTES = 512 << 20  # below it, the ratio is not judged (the start's noise)
 _MAX_READ_BYTES = 8 << 20  # pickle writes 64 KB frames: one read past this is no snapshot
-# JSON shares nothing, but "{}," is 3 bytes of file and 72 of memory: its objects and lists
-# are counted (an upper bound: brackets inside strings count too) before it is parsed.
-MAX_JSON_CONTAINERS = 8_000_000  # 100,000 entries with 29 frames each, as JSON: 3.1M
-_LEADING_SPACE = re.compile(rb"\s*")
+_NOT_SPACE = re.compile(rb"\S")
 
 
 class _Expands(Exception):
@@ -66,7 +60,7 @@ class _Watched:
     """The file as the C unpickler reads it: through ``peek`` it asks for 128 KB at a time
     and for a frame at once, so each call is where the memory built so far is checked."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes | bytearray) -> None:
         from ..sources.host import HostSource
 
         self._view = memoryview(data)
@@ -136,54 +130,19 @@ def _shown(source: Any) -> str:
     return plain(safeio.shown(source))
 
 
-def _gunzip(data: bytes, name: str) -> bytes:
-    """The file unpacked in chunks, refused as soon as it passes the size cap: a 1.5 MB gzip
-    file can unpack to 1.5 GiB."""
-    out: list[bytes] = []
-    total = 0
-    try:
-        with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
-            while chunk := f.read(_GZIP_CHUNK):
-                total += len(chunk)
-                if total > MAX_SNAPSHOT_BYTES:
-                    break
-                out.append(chunk)
-    except (OSError, EOFError, zlib.error) as e:
-        raise SnapshotError(f"{name} is a damaged gzip file: {plain(str(e))}") from None
-    if total > MAX_SNAPSHOT_BYTES:
-        raise SnapshotError(f"{name} unpacks to more than {MAX_SNAPSHOT_BYTES} bytes: too "
-                            "large for a snapshot")
-    return b"".join(out)
-
-
 def load(source: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
-    """A snapshot dict from a dict or a file (pickle, JSON, gzip'd JSON)."""
+    """A snapshot dict from a dict or a file (pickle, JSON, either gzip'd)."""
     if isinstance(source, Mapping):
         return expand(dict(source))
     if not isinstance(source, (str, os.PathLike)):
         raise SnapshotError("a snapshot is the dict torch.cuda.memory._snapshot() returns or "
                             f"a path to its pickle, not {type(source).__name__}")
     try:
-        data = safeio.read_bytes(source, max_bytes=MAX_SNAPSHOT_BYTES)
+        obj = _parsed(source)
     except OSError as e:
         raise SnapshotError(f"cannot read {_shown(source)}: {plain(safeio.reason(e))}") from None
-    if data[:2] == b"\x1f\x8b":
-        data = _gunzip(data, _shown(source))
-    try:
-        text = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 BOM, as some editors save JSON
-        lead = _LEADING_SPACE.match(text)
-        if text[lead.end() if lead else 0:][:1] in (b"{", b"["):
-            containers = text.count(b"{") + text.count(b"[")
-            if containers > MAX_JSON_CONTAINERS:
-                raise _Expands(f"it holds {containers} JSON objects and lists, more than the "
-                               f"{MAX_JSON_CONTAINERS} of any snapshot a what-if replays")
-            obj = json.loads(text)
-        else:
-            watched = _Watched(data)
-            try:
-                obj = _DataOnlyUnpickler(watched).load()
-            finally:
-                watched.close()
+    except unpack.Refused as e:
+        raise SnapshotError(str(e)) from None
     except _Expands as e:
         raise SnapshotError(f"{_shown(source)} is refused: {e}") from None
     except Exception as e:  # junk makes the unpickler raise nearly anything
@@ -195,6 +154,31 @@ def load(source: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
                             f"a {type(obj).__name__}, not a dict)")
     _check_bounds(obj, _shown(source))
     return expand(obj)
+
+
+def _first_byte(data: bytes | bytearray) -> bytes:
+    """The first byte after a UTF-8 BOM (as some editors save JSON) and white space. Its own
+    function: the match holds the whole buffer, and must not outlive this look."""
+    m = _NOT_SPACE.search(data, 3 if data[:3] == b"\xef\xbb\xbf" else 0)
+    return m.group() if m else b""
+
+
+def _parsed(source: str | os.PathLike[str]) -> Any:
+    """The file's object. Each step rebinds ``data``, so the bytes before it can go: the
+    file's once it is unpacked, the unpacked bytes before the JSON text is parsed."""
+    data: bytes | bytearray = safeio.read_bytes(source, max_bytes=MAX_SNAPSHOT_BYTES)
+    if data[:2] == b"\x1f\x8b":
+        data = unpack.gunzip(data, _shown(source))
+    if _first_byte(data) in (b"{", b"["):
+        text = unpack.json_text(data, _shown(source))
+        del data
+        return json.loads(text)
+    watched = _Watched(data)
+    del data
+    try:
+        return _DataOnlyUnpickler(watched).load()
+    finally:
+        watched.close()
 
 
 def _check_bounds(obj: Mapping[str, Any], name: str) -> None:
