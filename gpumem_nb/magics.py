@@ -36,7 +36,7 @@ from .oom import SiteAtFailure, with_counted_ooms
 from .records import HistoryTable
 from .settings import PEAK_PRESERVE, PEAK_RESET, SettingsError, config_path, load_config
 from .summary import Summary
-from .units import format_bytes, parse_size, printable
+from .units import ECHO_CHARS, cut, format_bytes, parse_size, printable, quoted
 from .views import CellReport, ConfigView, Snapshot, WhoReport
 
 _SHELL_ATTR = "_gpumem_nb_monitor"
@@ -75,7 +75,7 @@ class _Parser(MagicArgumentParser):
         if found:
             typed = found.group(1)
             hint = _did_you_mean(typed.strip("'\""), _subparsers(self))
-            raise UsageError(f"%gpumem has no subcommand {_cut(typed)}; "
+            raise UsageError(f"%gpumem has no subcommand {cut(typed)}; "
                              f"{hint or 'try %gpumem? for the list'}")
         # Most of argparse's messages quote the user's word (repr); "ambiguous option: --x
         # could match" echoes it as typed.
@@ -355,7 +355,7 @@ def _device_arg(text: str) -> int | None:
     except ValueError:  # also a number too long to read (over 4300 digits)
         index = -1
     if index < 0:
-        raise UsageError(f"--device takes a GPU number or 'all', not {_quoted(text)}")
+        raise UsageError(f"--device takes a GPU number or 'all', not {quoted(text)}")
     return index
 
 
@@ -366,19 +366,7 @@ HISTORY_ROWS = 20
 MIN_TIMEOUT_S = 0.1
 MAX_TIMEOUT_S = 60.0
 
-# A refused value is echoed this far, then "…": a 100,000-character argument must not come
-# back whole in the error.
-ECHO_CHARS = 80
 MAX_MESSAGE_CHARS = 400
-
-
-def _cut(text: str, limit: int = ECHO_CHARS) -> str:
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
-def _quoted(text: str) -> str:
-    """User text in a message: quoted, control characters (a NUL) escaped, long text cut."""
-    return _cut(repr(text[: ECHO_CHARS + 1]) if len(text) > ECHO_CHARS else repr(text))
 
 
 def short_message(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
@@ -386,7 +374,7 @@ def short_message(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     than ``ECHO_CHARS`` cut, and the whole at most ``limit`` characters, its "…" included."""
     if len(message) <= min(ECHO_CHARS, limit):
         return message
-    words = re.sub(rf"\S{{{ECHO_CHARS + 1},}}", lambda m: _cut(m.group(0)), message)
+    words = re.sub(rf"\S{{{ECHO_CHARS + 1},}}", lambda m: cut(m.group(0)), message)
     return words if len(words) <= limit else words[: limit - 1] + "…"
 
 
@@ -446,7 +434,7 @@ class GpumemMagics(Magics):
             try:
                 h.to_csv(args.csv)
             except OSError as e:
-                raise UsageError(f"could not write {_quoted(args.csv)}: {safeio.reason(e)}"
+                raise UsageError(f"could not write {quoted(args.csv)}: {safeio.reason(e)}"
                                  ) from None
             print(f"wrote {len(h)} cells to {safeio.shown(args.csv)}")
         if args.o:
@@ -477,7 +465,7 @@ class GpumemMagics(Magics):
         bad = [n for n in names if not n.isidentifier()]
         if bad:
             raise UsageError("--vars takes variable names separated by commas, not "
-                             f"{_quoted(bad[0])}")
+                             f"{quoted(bad[0])}")
         request = cleanup.CleanupRequest(
             clear_traceback=not args.keep_traceback, clear_output=args.out,
             delete_vars=names, dry_run=args.dry_run, find_holders=True,
@@ -532,7 +520,7 @@ class GpumemMagics(Magics):
         m = self.monitor
         status = m.status()
         if status.gpu_count and not 0 <= args.device < status.gpu_count:
-            raise UsageError(f"there is no GPU {_quoted(str(args.device))}")
+            raise UsageError(f"there is no GPU {quoted(str(args.device))}")
         full = m.torch.memory_summary(args.device) if args.full else ""
         sample = with_counted_ooms(m.read(), m.oom.counts)  # cudaMallocAsync counts none
         summary = Summary.of(sample, status, device=args.device, full_text=full)
@@ -623,7 +611,7 @@ class GpumemMagics(Magics):
             if not 0 < capacity <= wi.MAX_CAPACITY_BYTES:
                 raise UsageError(f"--capacity must be a size above zero and at most "
                                  f"{format_bytes(wi.MAX_CAPACITY_BYTES)}, not "
-                                 f"{_quoted(args.capacity)}")
+                                 f"{quoted(args.capacity)}")
         total = None
         if args.gpu is not None:
             try:
@@ -633,11 +621,11 @@ class GpumemMagics(Magics):
             if not 0 < total <= wi.MAX_CAPACITY_BYTES:
                 raise UsageError(f"--gpu must be a size above zero and at most "
                                  f"{format_bytes(wi.MAX_CAPACITY_BYTES)}, not "
-                                 f"{_quoted(args.gpu)}")
+                                 f"{quoted(args.gpu)}")
             if total < MIN_GPU_BYTES:
                 # "--gpu 80", written as --fit 80 is, is 80 bytes: every row would run out.
                 raise UsageError(f"--gpu is the GPU's memory with its unit, such as 80GiB; "
-                                 f"{_quoted(args.gpu)} is {format_bytes(total)}")
+                                 f"{quoted(args.gpu)} is {format_bytes(total)}")
         fit_gb = None
         if args.fit:
             try:
@@ -645,7 +633,7 @@ class GpumemMagics(Magics):
                 wi.check_fit(fit_gb)
             except (ValueError, wi.SettingError):
                 raise UsageError(f"--fit takes a GPU size in GB from 1 to {1 << 20}, such as "
-                                 f"40, not {_quoted(args.fit)}") from None
+                                 f"40, not {quoted(args.fit)}") from None
         if args.device is not None and args.device < 0:
             raise UsageError("--device takes a GPU number")
         try:
@@ -669,7 +657,7 @@ class GpumemMagics(Magics):
                 s = wi.parse_settings(conf)
             except wi.SettingError as e:
                 # The reason names the part it refuses, quoted: a long value once, not twice.
-                where = f"--conf {_quoted(conf)}" if len(conf) <= 60 else "--conf"
+                where = f"--conf {quoted(conf)}" if len(conf) <= 60 else "--conf"
                 raise UsageError(f"{where}: {e}") from None
             if not any(wi.same_rules(s, p) for p in parsed):
                 parsed.append(s)
@@ -713,10 +701,10 @@ class GpumemMagics(Magics):
             raise UsageError(f"the cluster view could not load: {e}") from None
         if name:
             if not name.isidentifier():
-                raise UsageError(f"CLIENT is a variable name, not {_quoted(name)}")
+                raise UsageError(f"CLIENT is a variable name, not {quoted(name)}")
             user_ns: dict[str, Any] = getattr(self.shell, "user_ns", {})
             if name not in user_ns:
-                raise UsageError(f"there is no variable {_quoted(name)} in this notebook")
+                raise UsageError(f"there is no variable {quoted(name)} in this notebook")
             client = user_ns[name]
             if not dask_backend.is_client(client):
                 if importlib.util.find_spec("distributed") is None:
@@ -772,7 +760,7 @@ class GpumemMagics(Magics):
             try:
                 m.start_replay(args.replay)
             except (ValueError, OSError) as e:
-                raise UsageError(short_message(f"cannot replay {_quoted(args.replay)}: {e}")
+                raise UsageError(short_message(f"cannot replay {quoted(args.replay)}: {e}")
                                  ) from None
         elif args.live:
             m.stop_replay()
@@ -901,7 +889,7 @@ def _save_target(path: str) -> str:
     try:
         safeio.check_writable(os.path.expanduser(path))
     except OSError as e:
-        raise UsageError(f"--save: cannot write {_quoted(path)}: {safeio.reason(e)}") from None
+        raise UsageError(f"--save: cannot write {quoted(path)}: {safeio.reason(e)}") from None
     return path
 
 

@@ -135,6 +135,36 @@ def test_a_bad_ipython_config_value_is_one_line_and_the_extension_loads(
     assert mon.config.interval_s == 1.5 and mon.config.peak == "preserve"
 
 
+# A refused value from ipython_config.py or %config came back whole: 100,149 characters.
+LONG = "\x1b[2J" + "x" * 100_000
+
+
+def test_a_long_refused_ipython_config_value_is_echoed_cut_and_escaped(
+        shell, no_gpu, capsys, caplog, ipython_config):
+    ipython_config.threshold = LONG
+    with caplog.at_level(logging.WARNING, logger="gpumem_nb"):
+        mon = load(shell, capsys)
+    lines = [r.getMessage() for r in caplog.records if r.name == "gpumem_nb"]
+    assert len(lines) == 1 and len(lines[0]) <= 250, len(lines[0])
+    assert "'\\x1b[2J" + "x" * 72 + "…" in lines[0] and "\x1b" not in lines[0]
+    assert mon.config.threshold_bytes == DEFAULT_THRESHOLD_BYTES
+
+
+@pytest.mark.parametrize("value", [LONG, [0] * 100_000], ids=["text", "list"])
+@pytest.mark.parametrize("trait", ["threshold", "interval", "device", "peak", "auto_show"])
+def test_a_long_refused_config_gpumemnb_value_is_echoed_cut_and_escaped(shell, no_gpu, capsys,
+                                                                        caplog, trait, value):
+    mon = load(shell, capsys)
+    before = mon.config
+    shell.user_ns["LONG"] = value
+    with caplog.at_level(logging.ERROR):
+        shell.run_line_magic("config", f"GpumemNb.{trait} = LONG")
+    said = caplog.text + capsys.readouterr().err
+    assert f"GpumemNb.{trait}: " in said and "\x1b" not in said
+    assert max(len(line) for line in said.splitlines()) <= 250
+    assert mon.config == before
+
+
 # -- GPUMEM_NB_CONFIG that names no file ---------------------------------------------------------
 @pytest.mark.parametrize(("value", "what"), [
     ("/", "names a directory"), (" ", "is blank"), ("~", "names a directory"),
