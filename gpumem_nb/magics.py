@@ -34,7 +34,14 @@ from .ledger import ledgers_of
 from .monitor import UNCHANGED, Monitor, error_text
 from .oom import SiteAtFailure, with_counted_ooms
 from .records import HistoryTable
-from .settings import PEAK_PRESERVE, PEAK_RESET, SettingsError, config_path, load_config
+from .settings import (
+    PEAK_PRESERVE,
+    PEAK_RESET,
+    DeviceChoice,
+    SettingsError,
+    config_path,
+    load_settings,
+)
 from .summary import Summary
 from .units import ECHO_CHARS, cut, format_bytes, parse_size, printable, quoted
 from .views import CellReport, ConfigView, Snapshot, WhoReport
@@ -969,10 +976,15 @@ def load(shell: Any) -> None:
     # History and settings survive %reload_ext; a first load reads the settings file (which
     # never raises: bad values are reported and replaced by defaults).
     history = getattr(shell, _HISTORY_ATTR, None)
-    config = getattr(shell, _CONFIG_ATTR, None) or load_config(getattr(shell, "config", None))
+    config = getattr(shell, _CONFIG_ATTR, None)
+    devices: tuple[DeviceChoice, ...] = ()
+    if config is None:
+        loaded = load_settings(getattr(shell, "config", None))
+        config, devices = loaded.config, loaded.devices
     keys = getattr(shell, _SESSION_KEYS_ATTR, None)
     monitor = Monitor(shell, history=history, config=config,
-                      session_keys=keys if isinstance(keys, set) else None)
+                      session_keys=keys if isinstance(keys, set) else None,
+                      starting_devices=devices)
     monitor.oom.show = display  # rich output in notebooks, text in terminals
     kept = getattr(shell, _RECORDED_ATTR, None)
     if kept is not None:

@@ -135,6 +135,75 @@ def test_a_bad_ipython_config_value_is_one_line_and_the_extension_loads(
     assert mon.config.interval_s == 1.5 and mon.config.peak == "preserve"
 
 
+# -- a refused value names its own source, and the value used instead -----------------------
+def gpumem_lines(caplog: Any) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "gpumem_nb"]
+
+
+def test_a_device_from_ipython_config_that_names_no_gpu_is_blamed_on_ipython_config(
+        shell, no_gpu, capsys, caplog, ipython_config, private_settings):
+    # It was blamed on the settings file, which did not even exist.
+    ipython_config.device = 3
+    with caplog.at_level(logging.WARNING, logger="gpumem_nb"):
+        mon = load(shell, capsys)
+    assert gpumem_lines(caplog) == [
+        'gpumem_nb: IPython configuration (c.GpumemNb): "device" there is no GPU 3: this '
+        'process sees no GPU; using the default (every GPU).']
+    assert mon.config.device is None and not private_settings.exists()
+
+
+def test_a_bad_file_value_names_the_ipython_config_value_in_force_not_the_default(
+        shell, no_gpu, capsys, caplog, ipython_config, private_settings):
+    ipython_config.interval = 1.5
+    ipython_config.threshold = "1GiB"
+    private_settings.write_text(json.dumps({"interval_s": "fast", "threshold_bytes": -1}))
+    with caplog.at_level(logging.WARNING, logger="gpumem_nb"):
+        mon = load(shell, capsys)
+    file = str(private_settings)
+    assert gpumem_lines(caplog) == [
+        f'gpumem_nb: {file}: "interval_s" must be a number of seconds, not "fast"; using '
+        '1.5 s from IPython configuration (c.GpumemNb).',
+        f'gpumem_nb: {file}: "threshold_bytes" must be between 0 B and 1024.00 TiB, not -1; '
+        'using 1.00 GiB from IPython configuration (c.GpumemNb).']
+    assert mon.config.interval_s == 1.5 and mon.config.threshold_bytes == 2**30
+
+
+def test_a_file_device_that_names_no_gpu_gives_way_to_ipython_configs_device(
+        shell, two_fake_gpus, capsys, caplog, ipython_config, private_settings):
+    ipython_config.device = 1
+    private_settings.write_text(json.dumps({"device": 5}))
+    with caplog.at_level(logging.WARNING, logger="gpumem_nb"):
+        mon = load(shell, capsys)
+    assert gpumem_lines(caplog) == [
+        f'gpumem_nb: {private_settings}: "device" there is no GPU 5: this process sees GPUs '
+        '0-1; using GPU 1 from IPython configuration (c.GpumemNb).']
+    assert mon.config.device == 1 and list(mon.source.selected) == [1]
+
+
+def test_a_bad_file_value_names_the_environment_value_in_force(
+        shell, no_gpu, capsys, caplog, private_settings, monkeypatch):
+    monkeypatch.setenv("GPUMEM_NB_AUTO_SHOW", "1")
+    private_settings.write_text(json.dumps({"auto_show": "off"}))
+    with caplog.at_level(logging.WARNING, logger="gpumem_nb"):
+        mon = load(shell, capsys)
+    assert gpumem_lines(caplog) == [
+        f'gpumem_nb: {private_settings}: "auto_show" must be true or false, not "off"; using '
+        'true from GPUMEM_NB_AUTO_SHOW.']
+    assert mon.config.auto_show is True
+
+
+def test_an_unreadable_file_says_ipython_configs_settings_are_still_used(
+        shell, no_gpu, capsys, caplog, ipython_config, private_settings):
+    ipython_config.interval = 1.5
+    private_settings.write_text("[1, 2]")
+    with caplog.at_level(logging.WARNING, logger="gpumem_nb"):
+        mon = load(shell, capsys)
+    assert gpumem_lines(caplog) == [
+        f"gpumem_nb: {private_settings}: ignored: it holds a list, not an object of settings; "
+        "using the settings from IPython configuration (c.GpumemNb), and the defaults."]
+    assert mon.config.interval_s == 1.5
+
+
 # A refused value from ipython_config.py or %config came back whole: 100,149 characters.
 LONG = "\x1b[2J" + "x" * 100_000
 
