@@ -30,20 +30,21 @@ sources' choices (``Loaded.devices``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from . import safeio
+from . import safeio, userexc
 from .analysis import DEFAULT_THRESHOLD_BYTES
 from .sampler import DEFAULT_INTERVAL_S, MAX_INTERVAL_S, MIN_INTERVAL_S
-from .units import format_bytes, parse_size
+from .units import cut, format_bytes, parse_size, printable
 
 log = logging.getLogger("gpumem_nb")
 
@@ -78,18 +79,57 @@ class SettingsError(ValueError):
 
 def show_value(value: Any) -> str:
     """A value as JSON would spell it, short; never raises (a 5000-digit int cannot be
-    turned into text at all under Python's default limits)."""
+    turned into text at all under Python's default limits, and a dict subclass's ``items``
+    may raise anything)."""
     try:
         text = json.dumps(value)
-    except (TypeError, ValueError):
-        return f"a {type(value).__name__}"
+    except Exception:
+        return f"a {cut(printable(userexc.class_name(type(value))), 40)}"
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def plain(value: Any) -> Any:
+    """A number's or a text's own value as its base type (``int.__int__`` copies a subclass
+    without calling any of its methods); anything else as it is. The checks then compare
+    exact values: a subclass's own comparison could raise (``float`` with an ``__le__`` that
+    divides by zero stopped the extension from loading) or lie, and the settings keep nothing
+    whose methods a later cell would run."""
+    kind = type(value)
+    # ``is``, not ``in``: a metaclass's own ``__eq__`` would run. ``issubclass`` against a
+    # builtin reads the real MRO, never ``__class__`` or ``__subclasscheck__`` of the value's.
+    if kind is int or kind is float or kind is str or kind is bool or value is None:
+        return value
+    if issubclass(kind, int):
+        return int.__int__(value)
+    if issubclass(kind, float):
+        return float.__float__(value)
+    if issubclass(kind, str):
+        return str.__str__(value)
+    return value
+
+
+_Checked = TypeVar("_Checked")
+
+
+def _of_plain(check: Callable[[Any], _Checked]) -> Callable[[Any], _Checked]:
+    """``check`` run on ``plain(value)``: no code of the value's own runs while it is
+    checked, so nothing a check does can raise but ``SettingsError``."""
+
+    @functools.wraps(check)
+    def checked(value: Any) -> _Checked:
+        return check(plain(value))
+
+    return checked
+
+
+# Each check receives a plain value (``_of_plain``): exact types are tested with ``type``, so
+# that an object's ``__class__`` can neither pass for a number nor raise (``isinstance``
+# reads it).
 def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return type(value) is int or type(value) is float
 
 
+@_of_plain
 def check_interval_s(value: Any) -> float:
     if not _is_number(value):
         raise SettingsError("interval_s", f"must be a number of seconds, not {show_value(value)}")
@@ -100,10 +140,11 @@ def check_interval_s(value: Any) -> float:
     return float(value)
 
 
+@_of_plain
 def check_threshold_bytes(value: Any) -> int:
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+    if type(value) is float and math.isfinite(value) and value.is_integer():
         value = int(value)  # 1e9 in JSON is a float
-    if not isinstance(value, int) or isinstance(value, bool):
+    if type(value) is not int:
         raise SettingsError("threshold_bytes",
                             f"must be a whole number of bytes, not {show_value(value)}")
     if not 0 <= value <= MAX_THRESHOLD_BYTES:
@@ -112,25 +153,28 @@ def check_threshold_bytes(value: Any) -> int:
     return value
 
 
+@_of_plain
 def check_device(value: Any) -> int | None:
     """A device index (or None for every GPU), by type only; the monitor checks the range."""
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    if type(value) is not int or value < 0:
         raise SettingsError("device", "must be a GPU number (0, 1, ...) or null for every "
                                       f"GPU, not {show_value(value)}")
     return value
 
 
+@_of_plain
 def check_peak(value: Any) -> str:
-    if not isinstance(value, str) or value not in (PEAK_PRESERVE, PEAK_RESET):
+    if type(value) is not str or value not in (PEAK_PRESERVE, PEAK_RESET):
         raise SettingsError("peak", f"must be \"{PEAK_PRESERVE}\" or \"{PEAK_RESET}\", "
                                     f"not {show_value(value)}")
     return value
 
 
+@_of_plain
 def check_auto_show(value: Any) -> bool:
-    if not isinstance(value, bool):
+    if type(value) is not bool:
         raise SettingsError("auto_show", f"must be true or false, not {show_value(value)}")
     return value
 
@@ -365,7 +409,8 @@ IPYTHON_ORIGIN = "IPython configuration (c.GpumemNb)"
 def check_trait(trait: str, value: Any) -> Any:
     """A trait's value checked as the file's and the magic's are (``SettingsError`` naming
     the trait); a threshold may be a size in words ("64MiB") as the magic's flag takes."""
-    if trait == "threshold" and isinstance(value, str):
+    value = plain(value)
+    if trait == "threshold" and type(value) is str:
         try:
             value = parse_size(value)
         except ValueError as e:

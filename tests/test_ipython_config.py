@@ -204,6 +204,95 @@ def test_an_unreadable_file_says_ipython_configs_settings_are_still_used(
     assert mon.config.interval_s == 1.5
 
 
+# -- numbers and text whose own methods raise or lie -------------------------------------------
+def _raises(self: Any, other: Any) -> Any:
+    return 1 / 0
+
+
+class RaisingFloat(float):
+    __le__ = __ge__ = __lt__ = __gt__ = __eq__ = __ne__ = _raises
+    __hash__ = float.__hash__
+
+
+class RaisingInt(int):
+    __le__ = __ge__ = __lt__ = __gt__ = __eq__ = __ne__ = _raises
+    __hash__ = int.__hash__
+
+
+class RaisingStr(str):
+    __eq__ = __ne__ = __lt__ = _raises
+    __hash__ = str.__hash__
+
+
+class LyingFloat(float):
+    """Says it is in every range."""
+
+    def __le__(self, other: Any) -> bool:
+        return True
+
+    __ge__ = __le__
+
+
+class RaisingClass:
+    """``isinstance`` reads ``__class__``."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> Any:
+        return 1 / 0
+
+
+@pytest.mark.parametrize(("trait", "value", "field", "used"), [
+    ("interval", RaisingFloat(1.5), "interval_s", 1.5),
+    ("interval", RaisingInt(2), "interval_s", 2.0),
+    ("device", RaisingInt(0), "device", 0),
+    ("threshold", RaisingInt(2**20), "threshold_bytes", 2**20),
+    ("threshold", RaisingStr("1GiB"), "threshold_bytes", 2**30),
+    ("peak", RaisingStr("reset"), "peak", "reset"),
+])
+def test_a_number_or_text_whose_comparison_raises_loads_as_its_plain_value(
+        shell, fake_gpu, capsys, caplog, ipython_config, trait, value, field, used):
+    # It stopped the extension from loading with a ZeroDivisionError traceback.
+    setattr(ipython_config, trait, value)
+    with caplog.at_level(logging.WARNING, logger="gpumem_nb"):
+        mon = load(shell, capsys)
+    assert mon is not None and gpumem_lines(caplog) == []
+    kept = getattr(mon.config, field)
+    assert type(kept) is type(used) and kept == used  # the plain value: its methods never run
+    assert shell.run_cell("x = 1", store_history=True).success
+
+
+def test_a_number_whose_comparison_raises_set_by_config_gpumemnb_is_used_plainly(
+        shell, no_gpu, capsys):
+    mon = load(shell, capsys)
+    shell.user_ns["value"] = RaisingFloat(1.5)
+    shell.run_line_magic("config", "GpumemNb.interval = value")
+    assert type(mon.config.interval_s) is float and mon.config.interval_s == 1.5
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_number_whose_comparison_lies_is_checked_by_its_plain_value(
+        shell, no_gpu, capsys, caplog, ipython_config):
+    ipython_config.interval = LyingFloat(1e9)
+    with caplog.at_level(logging.WARNING, logger="gpumem_nb"):
+        mon = load(shell, capsys)
+    assert gpumem_lines(caplog) == [
+        'gpumem_nb: IPython configuration (c.GpumemNb): "interval" must be between 0.05 and 60 '
+        'seconds, not 1000000000.0; using the default (0.5 s).']
+    assert mon.config.interval_s == 0.5
+
+
+def test_a_value_whose_class_raises_is_refused_in_a_sentence_and_the_next_source_used(
+        shell, no_gpu, capsys, caplog, ipython_config, private_settings):
+    ipython_config.interval = RaisingClass()
+    private_settings.write_text(json.dumps({"interval_s": 2.0}))
+    with caplog.at_level(logging.WARNING, logger="gpumem_nb"):
+        mon = load(shell, capsys)
+    assert gpumem_lines(caplog) == [
+        'gpumem_nb: IPython configuration (c.GpumemNb): "interval" must be a number of seconds, '
+        f'not a RaisingClass; using 2 s from {private_settings}.']
+    assert mon.config.interval_s == 2.0
+
+
 # A refused value from ipython_config.py or %config came back whole: 100,149 characters.
 LONG = "\x1b[2J" + "x" * 100_000
 
