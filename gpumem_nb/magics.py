@@ -479,7 +479,8 @@ class GpumemMagics(Magics):
             pools=self.monitor.oom.ledger_pools,
         )
         try:
-            report = self.monitor.cleanup(request)
+            # A Ctrl-C is re-raised after the report of what was done until then is shown.
+            report = self.monitor.cleanup(request, on_interrupt=display)
         except (ValueError, RuntimeError) as e:
             raise UsageError(short_message(str(e))) from None
         if args.o:

@@ -1123,15 +1123,20 @@ class Monitor:
                              dev.peak_exact)
         return CellStart(start)
 
-    def cleanup(self, request: cleanup.CleanupRequest) -> cleanup.CleanupReport:
+    def cleanup(self, request: cleanup.CleanupRequest, on_interrupt: Callable[
+            [cleanup.CleanupReport], None] | None = None) -> cleanup.CleanupReport:
+        """``cleanup.run``; a Ctrl-C that stops it hands ``on_interrupt`` the report of
+        what was done until then, and goes on."""
         if self.busy_elsewhere():
             raise RuntimeError("a cell is running; cleanup waits until it finishes")
-        report = cleanup.run(request, shell=self.shell,
-                             measure=lambda: self.read(contain=False),
-                             cell_exception=self.last_cell_exception)
-        with self._baseline_lock:
-            self._baseline = None  # cleanup changed the allocator: read afresh
-        return report
+        try:
+            return cleanup.run(request, shell=self.shell,
+                               measure=lambda: self.read(contain=False),
+                               cell_exception=self.last_cell_exception,
+                               on_interrupt=on_interrupt)
+        finally:
+            with self._baseline_lock:
+                self._baseline = None  # cleanup changed the allocator: read afresh
 
 
 def _covered(sample: Sample, before: int | None, after: int | None) -> Sample:
