@@ -13,6 +13,9 @@ frame, cuts a traceback or resets an exception's ``__traceback__``. Whatever the
 holds (a saved exception, a generator a traceback ran through, a frame) stays whole, and the
 report says who holds it. ``_`` and ``_N`` the user assigned are theirs, by IPython's own rule.
 
+A Ctrl-C part-way is not swallowed: the caller gets the report of what was done until then
+(``run``'s ``on_interrupt``), then the ``KeyboardInterrupt`` goes on.
+
 Nothing here imports torch or IPython: the shell is used through the attributes every IPython
 shell has, so a stand-in works too.
 """
@@ -122,6 +125,9 @@ class CleanupReport:
     dry_run: bool = False
     # The dry run's split of each GPU's allocated bytes, from the same scan (ledger.py).
     ledgers: tuple[Ledger, ...] = ()
+    # Where a Ctrl-C stopped the run ("in its empty_cache step"; "" when it ran to its end):
+    # the rows are what was done until then, and the total runs to the last measurement.
+    interrupted: str = ""
 
     HEADERS = ("step", "what it did", "allocated freed", "reserved freed", "NVML freed",
                "host RAM freed")
@@ -135,7 +141,8 @@ class CleanupReport:
         ]
         if not self.dry_run:
             b, a = self.before, self.after
-            rows.append(["total", "", format_bytes(_freed(b.allocated_bytes, a.allocated_bytes)),
+            rows.append(["total so far" if self.interrupted else "total", "",
+                         format_bytes(_freed(b.allocated_bytes, a.allocated_bytes)),
                          format_bytes(_freed(b.reserved_bytes, a.reserved_bytes)),
                          format_bytes(_freed(b.nvml_used_bytes, a.nvml_used_bytes)),
                          format_bytes(_freed(b.rss_bytes, a.rss_bytes))])
@@ -145,6 +152,9 @@ class CleanupReport:
     def title(self) -> str:
         if self.dry_run:
             return "gpumem cleanup --dry-run: nothing was changed; estimates of what would go"
+        if self.interrupted:
+            return (f"gpumem cleanup: interrupted (Ctrl-C) {self.interrupted}; what each step "
+                    "did and freed until then")
         return "gpumem cleanup: what each step freed"
 
     def __str__(self) -> str:
@@ -429,8 +439,11 @@ def run(
     measure: Callable[[], Sample],
     cell_exception: CellException | None = None,
     modules: Mapping[str, Any] | None = None,
+    on_interrupt: Callable[[CleanupReport], None] | None = None,
 ) -> CleanupReport:
-    """Run (or estimate, with ``dry_run``) the requested steps, measuring after each."""
+    """Run (or estimate, with ``dry_run``) the requested steps, measuring after each. A
+    Ctrl-C that stops a run once it changed anything is re-raised after ``on_interrupt`` got
+    the report of what was done until then (``_run``)."""
     names = check_vars(request.delete_vars, shell)
     mods = sys.modules if modules is None else modules
     failures: list[str] = []
@@ -466,7 +479,8 @@ def run(
         report = _estimate(request, names, shell, cell_exception, measured(sample), mods,
                            sample)
     else:
-        report = _run(request, names, shell, cell_exception, read(), mods, read)
+        report = _run(request, names, shell, cell_exception, read(), mods, read,
+                      on_interrupt)
     if failures:
         row = StepResult("measure", f"figures unknown: reading memory failed ({failures[0]})")
         report = CleanupReport(steps=(*report.steps, row), before=report.before,
@@ -474,11 +488,54 @@ def run(
     return report
 
 
+@dataclass
+class _Progress:
+    """The step under way, for the report of a run a Ctrl-C stops: what it was changing,
+    what it had changed (``done``, asked at the interrupt), and whether its row is in."""
+
+    step: str = ""
+    doing: str = ""
+    done: Callable[[], str] = lambda: ""
+    finished: bool = False
+
+    def begin(self, step: str, doing: str = "", done: Callable[[], str] = lambda: "") -> None:
+        self.step, self.doing, self.done, self.finished = step, doing, done, False
+
+    def finish(self) -> None:
+        self.finished = True
+
+    def where(self) -> str:
+        if not self.step:
+            return "before its first step"
+        return f"{'after' if self.finished else 'in'} its {self.step} step"
+
+    def row(self) -> StepResult:
+        done = self.done()
+        if done:
+            return StepResult(self.step, f"{done}; interrupted (Ctrl-C) before it was measured")
+        if self.doing:
+            return StepResult(self.step, f"interrupted (Ctrl-C) while {self.doing}")
+        return StepResult(self.step, "interrupted (Ctrl-C) before it changed anything")
+
+
+def _deleted_words(names: Sequence[str], shell: Any) -> str:
+    """Which of ``names`` are deleted, read from the namespace itself: a Ctrl-C delivered
+    right after a ``pop`` must not lose the record of a variable it deleted."""
+    ns = shell.user_ns
+    gone = [n for n in names if n not in ns]
+    kept = [n for n in names if n in ns]
+    if not gone:
+        return ""
+    return "deleted " + ", ".join(gone) + (f"; kept {', '.join(kept)}" if kept else "")
+
+
 def _run(request: CleanupRequest, names: list[str], shell: Any,
          noted: CellException | None, first: Measure, mods: Mapping[str, Any],
-         read: Callable[[], Measure]) -> CleanupReport:
+         read: Callable[[], Measure],
+         on_interrupt: Callable[[CleanupReport], None] | None = None) -> CleanupReport:
     steps: list[StepResult] = []
     prev = first
+    now = _Progress()
 
     def record(step: str, did: str, *, collect: bool = True) -> None:
         """Measure after a step. Released objects often sit in reference cycles (frames and
@@ -486,54 +543,90 @@ def _run(request: CleanupRequest, names: list[str], shell: Any,
         the garbage that was there before went in the first step, so the report credits the
         step that actually let go."""
         nonlocal prev
+        now.done = lambda: did  # done, if not yet measured
         if collect:
             gc.collect()
-        now = read()
+        after = read()
         steps.append(StepResult(
             step, did,
-            _freed(prev.allocated_bytes, now.allocated_bytes),
-            _freed(prev.reserved_bytes, now.reserved_bytes),
-            _freed(prev.nvml_used_bytes, now.nvml_used_bytes),
-            _freed(prev.rss_bytes, now.rss_bytes),
+            _freed(prev.allocated_bytes, after.allocated_bytes),
+            _freed(prev.reserved_bytes, after.reserved_bytes),
+            _freed(prev.nvml_used_bytes, after.nvml_used_bytes),
+            _freed(prev.rss_bytes, after.rss_bytes),
         ))
-        prev = now
+        prev = after
+        now.finish()
 
+    try:
+        _steps(request, names, shell, noted, mods, steps, now, record)
+    except KeyboardInterrupt:
+        # A Ctrl-C lands in a C call (empty_cache) or at the gc.collect after a step, where a
+        # pending one is delivered: what was done until then is reported, then the interrupt
+        # goes on. Before, the cell showed only the traceback, after two variables were
+        # deleted, Out cleared and 12 MiB freed.
+        if now.step and not now.finished:
+            steps.append(now.row())
+        report = CleanupReport(steps=tuple(steps), before=first, after=prev,
+                               interrupted=now.where())
+        if on_interrupt is not None:
+            with contextlib.suppress(Exception):  # a failed display must not replace it
+                on_interrupt(report)
+        raise
+    return CleanupReport(steps=tuple(steps), before=first, after=prev)
+
+
+def _steps(request: CleanupRequest, names: list[str], shell: Any,
+           noted: CellException | None, mods: Mapping[str, Any], steps: list[StepResult],
+           now: _Progress, record: Callable[..., None]) -> None:
+    """The steps in order, each begun on ``now`` before it changes anything."""
     # First, on its own: what was garbage already (a frame cycle a caught exception left, a
     # replaced traceback). Collected inside the next step, it was credited to that step: 17 GiB
     # to an exception that held nothing, in tutorial 04 on the H200.
+    now.begin("gc.collect", "collecting what was garbage already")
     collected = gc.collect()
     record("gc.collect", f"collected {collected} unreachable objects that were garbage "
                          "already", collect=False)
     if request.clear_traceback:
+        now.begin("last exception")
         plan = _plan_exception(shell, noted)
+        text = _exception_text(plan, dry_run=False)
         if plan.stored is not None:
+            now.doing = "dropping the stored exception"
             _drop_exception(plan.stored.error, shell, noted)
+            now.done = lambda: text
         elif noted is not None:
             noted.release()  # only the monitor's own note was left: let go of it
-        text = _exception_text(plan, dry_run=False)
         del plan  # the plan holds the exception: let the step's collect free it
         record("last exception", text)
     if request.clear_output:
+        now.begin("output cache")
         out = _plan_output(shell)
         if out is None:
             steps.append(StepResult("output cache", "the output cache is off; nothing to clear"))
+            now.finish()
         else:
+            now.doing = "clearing Out"
             _clear_output(shell, out)
-            record("output cache", _output_text(out, dry_run=False))
+            cleared = _output_text(out, dry_run=False)
+            now.done = lambda: cleared
+            record("output cache", cleared)
     if names:
+        now.begin("variables", done=lambda: _deleted_words(names, shell))
         for name in names:
             shell.user_ns.pop(name, None)
         record("variables", "deleted " + ", ".join(names))
+    now.begin("empty_cache", "returning unused cached blocks to the driver")
     try:
         emptied = TorchSource(mods).empty_cache()
     except Exception as e:
         steps.append(StepResult("empty_cache", f"failed: {type(e).__name__}: {e}"))
+        now.finish()
     else:
         if emptied:
             record("empty_cache", "returned unused cached blocks to the driver", collect=False)
         else:
             steps.append(StepResult("empty_cache", "skipped: CUDA is not initialised"))
-    return CleanupReport(steps=tuple(steps), before=first, after=prev)
+            now.finish()
 
 
 def _estimate(request: CleanupRequest, names: list[str], shell: Any,

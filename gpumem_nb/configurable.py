@@ -8,14 +8,65 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
-from traitlets import Bool, Float, Int, TraitError, Unicode, Union, observe, validate
+import traitlets
+from traitlets import HasTraits, TraitError, TraitType, observe, validate
 from traitlets.config import Configurable
 
 from .analysis import DEFAULT_THRESHOLD_BYTES
 from .sampler import DEFAULT_INTERVAL_S, MAX_INTERVAL_S, MIN_INTERVAL_S
-from .settings import PEAK_PRESERVE, PEAK_RESET, TRAIT_FIELDS, Config, SettingsError, check_trait
+from .settings import (
+    PEAK_PRESERVE,
+    PEAK_RESET,
+    TRAIT_FIELDS,
+    Config,
+    SettingsError,
+    check_trait,
+    plain,
+)
+
+
+class _Refusal(TraitType[Any, Any]):
+    """A trait that refuses a value of the wrong type in the settings' own words, cut
+    (traitlets' message echoes the whole value: 100,000 characters for a long string)."""
+
+    def validate(self, obj: Any, value: Any) -> Any:
+        # The plain value (settings.plain): traitlets' own bounds compare it, and a float
+        # subclass whose comparison raises was refused with "ERROR division by zero". The
+        # validate called is the traitlets type's, next in the MRO (TraitType has none).
+        return super().validate(obj, plain(value))  # type: ignore[misc]
+
+    def error(self, obj: HasTraits | None, value: Any, error: Exception | None = None,
+              info: str | None = None) -> NoReturn:
+        name = self.name
+        if name in TRAIT_FIELDS:
+            try:
+                check_trait(name, value)
+            except SettingsError as e:
+                raise TraitError(f"GpumemNb.{name}: {e.why}") from None
+        super().error(obj, value, error, info)
+
+
+# Named as traitlets' own: %config GpumemNb shows each trait's class name.
+class Float(_Refusal, traitlets.Float):
+    pass
+
+
+class Int(_Refusal, traitlets.Int):
+    pass
+
+
+class Bool(_Refusal, traitlets.Bool):
+    pass
+
+
+class Unicode(_Refusal, traitlets.Unicode):
+    pass
+
+
+class Union(_Refusal, traitlets.Union):
+    pass
 
 
 class GpumemNb(Configurable):

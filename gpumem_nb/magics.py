@@ -34,9 +34,16 @@ from .ledger import ledgers_of
 from .monitor import UNCHANGED, Monitor, error_text
 from .oom import SiteAtFailure, with_counted_ooms
 from .records import HistoryTable
-from .settings import PEAK_PRESERVE, PEAK_RESET, SettingsError, config_path, load_config
+from .settings import (
+    PEAK_PRESERVE,
+    PEAK_RESET,
+    DeviceChoice,
+    SettingsError,
+    config_path,
+    load_settings,
+)
 from .summary import Summary
-from .units import format_bytes, parse_size
+from .units import ECHO_CHARS, echo_cut, format_bytes, parse_size, printable, quoted
 from .views import CellReport, ConfigView, Snapshot, WhoReport
 
 _SHELL_ATTR = "_gpumem_nb_monitor"
@@ -75,9 +82,11 @@ class _Parser(MagicArgumentParser):
         if found:
             typed = found.group(1)
             hint = _did_you_mean(typed.strip("'\""), _subparsers(self))
-            raise UsageError(f"%gpumem has no subcommand {_cut(typed)}; "
+            raise UsageError(f"%gpumem has no subcommand {echo_cut(typed)}; "
                              f"{hint or 'try %gpumem? for the list'}")
-        raise UsageError(short_message(f"{self.prog}: {message}"))
+        # Most of argparse's messages quote the user's word (repr); "ambiguous option: --x
+        # could match" echoes it as typed.
+        raise UsageError(short_message(f"{self.prog}: {printable(message)}"))
 
 
 def _did_you_mean(typed: str, known: Any) -> str:
@@ -89,15 +98,22 @@ def _did_you_mean(typed: str, known: Any) -> str:
 
 def _unknown_flags_error(prog: str, parser: argparse.ArgumentParser, extras: list[str]) -> str:
     """argparse's "unrecognized arguments" sentence, with the closest flag of ``parser``
-    suggested for the first unknown one that looks like a flag."""
-    text = short_message(f"{prog}: unrecognized arguments: {' '.join(extras)}")
+    suggested for the first unknown one shown that looks like a flag; at most
+    ``MAX_MESSAGE_CHARS`` with the suggestion. The words are made printable: an escape typed
+    in a flag (``--\x1b[31mred``) must not reach the terminal live."""
+    head = f"{prog}: unrecognized arguments: "
+    shown: list[str] = []
+    size = len(head)
+    for word in extras:  # only the words the message can show: 5,000 extras cost no more
+        if size > MAX_MESSAGE_CHARS:
+            break
+        shown.append(printable(word))
+        size += len(shown[-1]) + 1
     flags = [f for a in parser._actions for f in a.option_strings]
-    for word in extras:
-        if word.startswith("--"):
-            hint = _did_you_mean(word.split("=", 1)[0], flags)
-            if hint:
-                return f"{text}; {hint}"
-    return text
+    hint = next((h for w in shown if w.startswith("--")
+                 and (h := _did_you_mean(w.split("=", 1)[0], flags))), "")
+    tail = f"; {hint}" if hint else ""
+    return short_message(head + " ".join(shown), MAX_MESSAGE_CHARS - len(tail)) + tail
 
 
 def _build_parser() -> _Parser:
@@ -200,14 +216,25 @@ def _build_parser() -> _Parser:
     return p
 
 
+# No command takes more than a few dozen words, and argparse's own loop costs the square of
+# the flags it is given (5,000 unknown flags: 0.35 s of a 0.46 s refusal): it reads at most
+# this many, and a longer line is refused for what those words already hold.
+MAX_PARSED_WORDS = 200
+
+
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> Any:
     """``parser.parse_args``, but an unknown flag gets the closest known one suggested (the
     subcommand's own flags: argparse reports extras from the top parser, which knows none)."""
-    args, extras = parser.parse_known_args(argv)
+    read = MAX_PARSED_WORDS
+    if len(argv) > read and argv[read - 1].startswith("-"):
+        read += 1  # the last flag read keeps the value that follows it
+    args, extras = parser.parse_known_args(argv[:read])
+    chosen = _subparsers(parser).get(getattr(args, "cmd", None) or "", parser)
     if extras:
-        chosen = _subparsers(parser).get(getattr(args, "cmd", None) or "", parser)
-        prog = chosen.prog
-        raise UsageError(_unknown_flags_error(prog, chosen, extras))
+        raise UsageError(_unknown_flags_error(chosen.prog, chosen, extras))
+    if len(argv) > read:
+        raise UsageError(f"{chosen.prog}: {len(argv):,} words is more than any command "
+                         f"takes (at most {MAX_PARSED_WORDS})")
     return args
 
 
@@ -335,7 +362,7 @@ def _device_arg(text: str) -> int | None:
     except ValueError:  # also a number too long to read (over 4300 digits)
         index = -1
     if index < 0:
-        raise UsageError(f"--device takes a GPU number or 'all', not {_quoted(text)}")
+        raise UsageError(f"--device takes a GPU number or 'all', not {quoted(text)}")
     return index
 
 
@@ -346,28 +373,16 @@ HISTORY_ROWS = 20
 MIN_TIMEOUT_S = 0.1
 MAX_TIMEOUT_S = 60.0
 
-# A refused value is echoed this far, then "…": a 100,000-character argument must not come
-# back whole in the error.
-ECHO_CHARS = 80
 MAX_MESSAGE_CHARS = 400
 
 
-def _cut(text: str, limit: int = ECHO_CHARS) -> str:
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
-def _quoted(text: str) -> str:
-    """User text in a message: quoted, control characters (a NUL) escaped, long text cut."""
-    return _cut(repr(text[: ECHO_CHARS + 1]) if len(text) > ECHO_CHARS else repr(text))
-
-
-def short_message(message: str) -> str:
+def short_message(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     """A message holding the user's words (argparse quotes them whole): every word longer
-    than ``ECHO_CHARS`` cut, and the whole at most ``MAX_MESSAGE_CHARS``."""
-    if len(message) <= ECHO_CHARS:
+    than ``ECHO_CHARS`` cut, and the whole at most ``limit`` characters, its "…" included."""
+    if len(message) <= min(ECHO_CHARS, limit):
         return message
-    words = re.sub(rf"\S{{{ECHO_CHARS + 1},}}", lambda m: _cut(m.group(0)), message)
-    return _cut(words, MAX_MESSAGE_CHARS)
+    words = re.sub(rf"\S{{{ECHO_CHARS + 1},}}", lambda m: echo_cut(m.group(0)), message)
+    return words if len(words) <= limit else words[: limit - 1] + "…"
 
 
 @magics_class
@@ -427,7 +442,7 @@ class GpumemMagics(Magics):
             try:
                 h.to_csv(path)
             except OSError as e:
-                raise UsageError(f"could not write {_quoted(args.csv)}: {safeio.reason(e)}"
+                raise UsageError(f"could not write {quoted(args.csv)}: {safeio.reason(e)}"
                                  ) from None
             print(f"wrote {len(h)} cells to {safeio.shown(path)}")
         if args.o:
@@ -458,14 +473,15 @@ class GpumemMagics(Magics):
         bad = [n for n in names if not n.isidentifier()]
         if bad:
             raise UsageError("--vars takes variable names separated by commas, not "
-                             f"{_quoted(bad[0])}")
+                             f"{quoted(bad[0])}")
         request = cleanup.CleanupRequest(
             clear_traceback=not args.keep_traceback, clear_output=args.out,
             delete_vars=names, dry_run=args.dry_run, find_holders=True,
             pools=self.monitor.oom.ledger_pools,
         )
         try:
-            report = self.monitor.cleanup(request)
+            # A Ctrl-C is re-raised after the report of what was done until then is shown.
+            report = self.monitor.cleanup(request, on_interrupt=display)
         except (ValueError, RuntimeError) as e:
             raise UsageError(short_message(str(e))) from None
         if args.o:
@@ -513,7 +529,7 @@ class GpumemMagics(Magics):
         m = self.monitor
         status = m.status()
         if status.gpu_count and not 0 <= args.device < status.gpu_count:
-            raise UsageError(f"there is no GPU {_quoted(str(args.device))}")
+            raise UsageError(f"there is no GPU {quoted(str(args.device))}")
         full = m.torch.memory_summary(args.device) if args.full else ""
         sample = with_counted_ooms(m.read(), m.oom.counts)  # cudaMallocAsync counts none
         summary = Summary.of(sample, status, device=args.device, full_text=full)
@@ -604,7 +620,7 @@ class GpumemMagics(Magics):
             if not 0 < capacity <= wi.MAX_CAPACITY_BYTES:
                 raise UsageError(f"--capacity must be a size above zero and at most "
                                  f"{format_bytes(wi.MAX_CAPACITY_BYTES)}, not "
-                                 f"{_quoted(args.capacity)}")
+                                 f"{quoted(args.capacity)}")
         total = None
         if args.gpu is not None:
             try:
@@ -614,11 +630,11 @@ class GpumemMagics(Magics):
             if not 0 < total <= wi.MAX_CAPACITY_BYTES:
                 raise UsageError(f"--gpu must be a size above zero and at most "
                                  f"{format_bytes(wi.MAX_CAPACITY_BYTES)}, not "
-                                 f"{_quoted(args.gpu)}")
+                                 f"{quoted(args.gpu)}")
             if total < MIN_GPU_BYTES:
                 # "--gpu 80", written as --fit 80 is, is 80 bytes: every row would run out.
                 raise UsageError(f"--gpu is the GPU's memory with its unit, such as 80GiB; "
-                                 f"{_quoted(args.gpu)} is {format_bytes(total)}")
+                                 f"{quoted(args.gpu)} is {format_bytes(total)}")
         fit_gb = None
         if args.fit:
             try:
@@ -626,7 +642,7 @@ class GpumemMagics(Magics):
                 wi.check_fit(fit_gb)
             except (ValueError, wi.SettingError):
                 raise UsageError(f"--fit takes a GPU size in GB from 1 to {1 << 20}, such as "
-                                 f"40, not {_quoted(args.fit)}") from None
+                                 f"40, not {quoted(args.fit)}") from None
         if args.device is not None and args.device < 0:
             raise UsageError("--device takes a GPU number")
         try:
@@ -650,7 +666,7 @@ class GpumemMagics(Magics):
                 s = wi.parse_settings(conf)
             except wi.SettingError as e:
                 # The reason names the part it refuses, quoted: a long value once, not twice.
-                where = f"--conf {_quoted(conf)}" if len(conf) <= 60 else "--conf"
+                where = f"--conf {quoted(conf)}" if len(conf) <= 60 else "--conf"
                 raise UsageError(f"{where}: {e}") from None
             if not any(wi.same_rules(s, p) for p in parsed):
                 parsed.append(s)
@@ -694,10 +710,10 @@ class GpumemMagics(Magics):
             raise UsageError(f"the cluster view could not load: {e}") from None
         if name:
             if not name.isidentifier():
-                raise UsageError(f"CLIENT is a variable name, not {_quoted(name)}")
+                raise UsageError(f"CLIENT is a variable name, not {quoted(name)}")
             user_ns: dict[str, Any] = getattr(self.shell, "user_ns", {})
             if name not in user_ns:
-                raise UsageError(f"there is no variable {_quoted(name)} in this notebook")
+                raise UsageError(f"there is no variable {quoted(name)} in this notebook")
             client = user_ns[name]
             if not dask_backend.is_client(client):
                 if importlib.util.find_spec("distributed") is None:
@@ -753,7 +769,7 @@ class GpumemMagics(Magics):
             try:
                 m.start_replay(args.replay)
             except (ValueError, OSError) as e:
-                raise UsageError(short_message(f"cannot replay {_quoted(args.replay)}: {e}")
+                raise UsageError(short_message(f"cannot replay {quoted(args.replay)}: {e}")
                                  ) from None
         elif args.live:
             m.stop_replay()
@@ -882,7 +898,7 @@ def _save_target(path: str) -> str:
     try:
         safeio.check_writable(os.path.expanduser(path))
     except OSError as e:
-        raise UsageError(f"--save: cannot write {_quoted(path)}: {safeio.reason(e)}") from None
+        raise UsageError(f"--save: cannot write {quoted(path)}: {safeio.reason(e)}") from None
     return path
 
 
@@ -962,10 +978,15 @@ def load(shell: Any) -> None:
     # History and settings survive %reload_ext; a first load reads the settings file (which
     # never raises: bad values are reported and replaced by defaults).
     history = getattr(shell, _HISTORY_ATTR, None)
-    config = getattr(shell, _CONFIG_ATTR, None) or load_config(getattr(shell, "config", None))
+    config = getattr(shell, _CONFIG_ATTR, None)
+    devices: tuple[DeviceChoice, ...] = ()
+    if config is None:
+        loaded = load_settings(getattr(shell, "config", None))
+        config, devices = loaded.config, loaded.devices
     keys = getattr(shell, _SESSION_KEYS_ATTR, None)
     monitor = Monitor(shell, history=history, config=config,
-                      session_keys=keys if isinstance(keys, set) else None)
+                      session_keys=keys if isinstance(keys, set) else None,
+                      starting_devices=devices)
     monitor.oom.show = display  # rich output in notebooks, text in terminals
     kept = getattr(shell, _RECORDED_ATTR, None)
     if kept is not None:

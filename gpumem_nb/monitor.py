@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields, replace
 from types import FrameType
 from typing import Any
 
-from . import __version__, cleanup, safeio, userexc
+from . import __version__, cleanup, userexc
 from .analysis import (
     AccumulationTracker,
     Watermark,
@@ -55,6 +55,7 @@ from .settings import (
     CHECKS,
     PEAK_RESET,
     Config,
+    DeviceChoice,
     SettingsError,
     bad_setting_line,
     check_auto_show,
@@ -62,7 +63,7 @@ from .settings import (
     check_interval_s,
     check_peak,
     check_threshold_bytes,
-    config_path,
+    instead_words,
     save_config,
     show_value,
 )
@@ -176,10 +177,14 @@ class Monitor:
 
     def __init__(self, shell: Any, source: Source | None = None,
                  history: History | None = None, config: Config | None = None,
-                 session_keys: set[str] | None = None) -> None:
+                 session_keys: set[str] | None = None,
+                 starting_devices: Sequence[DeviceChoice] = ()) -> None:
         self.shell = shell
         self.config = config if config is not None else Config()
         _repair(self.config)
+        # Where the starting device was set, and the sources' next choices (settings.merge):
+        # checked once NVML answers.
+        self._starting_devices = tuple(starting_devices)
         self.source: Source = source if source is not None else make_source()
         # The one allocator handle: cleanup, peak resets and summaries all go through it.
         self.torch: TorchSource = getattr(self.source, "torch", None) or TorchSource()
@@ -720,16 +725,31 @@ class Monitor:
                 self._contain(f"settings listener {name}", e)
 
     def _check_starting_device(self) -> None:
-        """A starting device (from the settings file) this process does not see falls back
-        to every GPU, reported once: only once the sources are up is the GPU count known."""
+        """A starting device this process does not see is reported once, naming the source
+        that set it, and gives way to the next source's, then to every GPU: only once the
+        sources are up is the GPU count known."""
         if self.config.device is None:
             return
-        try:
-            self.check_device(self.config.device)
-        except SettingsError as e:
-            log.warning("%s", bad_setting_line(safeio.shown(config_path()), e))
-            self.config.device = None
-            self._apply_device(None)
+        choices = self._starting_devices
+        if not choices or choices[0].index != self.config.device:  # a reload: this session's
+            choices = (DeviceChoice(self.config.device, "settings"),)
+        refused: list[tuple[DeviceChoice, SettingsError]] = []
+        chosen: DeviceChoice | None = None
+        for choice in choices:
+            try:
+                self.check_device(choice.index)
+            except SettingsError as e:
+                refused.append((choice, e))
+            else:
+                chosen = choice
+                break
+        index = None if chosen is None else chosen.index
+        instead = instead_words("device", index, None if chosen is None else chosen.origin)
+        for choice, why in refused:
+            log.warning("%s", bad_setting_line(choice.origin, why, instead))
+        if refused:
+            self.config.device = index
+            self._apply_device(index)
 
     def _reset_peaks(self) -> bool:
         """Reset the allocator's peak counters: only on request, only once CUDA is up."""
@@ -1119,15 +1139,20 @@ class Monitor:
                              dev.peak_exact)
         return CellStart(start)
 
-    def cleanup(self, request: cleanup.CleanupRequest) -> cleanup.CleanupReport:
+    def cleanup(self, request: cleanup.CleanupRequest, on_interrupt: Callable[
+            [cleanup.CleanupReport], None] | None = None) -> cleanup.CleanupReport:
+        """``cleanup.run``; a Ctrl-C that stops it hands ``on_interrupt`` the report of
+        what was done until then, and goes on."""
         if self.busy_elsewhere():
             raise RuntimeError("a cell is running; cleanup waits until it finishes")
-        report = cleanup.run(request, shell=self.shell,
-                             measure=lambda: self.read(contain=False),
-                             cell_exception=self.last_cell_exception)
-        with self._baseline_lock:
-            self._baseline = None  # cleanup changed the allocator: read afresh
-        return report
+        try:
+            return cleanup.run(request, shell=self.shell,
+                               measure=lambda: self.read(contain=False),
+                               cell_exception=self.last_cell_exception,
+                               on_interrupt=on_interrupt)
+        finally:
+            with self._baseline_lock:
+                self._baseline = None  # cleanup changed the allocator: read afresh
 
 
 def _covered(sample: Sample, before: int | None, after: int | None) -> Sample:

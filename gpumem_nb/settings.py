@@ -15,32 +15,36 @@ configurable's traits (configurable.py) mirror it (a trait set by ``%config`` go
 ``configure``).
 
 Settings must never stop the extension from loading, and a wrong value must never be used
-quietly: the file is checked key by key. Each bad value is reported once, in one line naming
-the file and the key, and that key falls back to its default while the good keys are kept. A
-file that cannot be read or is not a JSON object is reported in one line and ignored whole.
+quietly: each source is checked key by key (``Layer``), then merged by precedence. Each bad
+value is reported once, in one line naming its source and the key, and the value in force
+instead with the source that set it (another source's, or the default); the good keys are
+kept. A file that cannot be read or is not a JSON object is reported in one line and ignored
+whole.
 
 The same ``check_*`` functions guard ``Monitor.configure``, so a value the magic or the widget
 refuses is exactly a value the file may not hold. Whether a device index names a GPU this
-process sees is known only once the sources are up: the monitor checks that.
+process sees is known only once the sources are up: the monitor checks that, going down the
+sources' choices (``Loaded.devices``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
 import math
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from . import safeio
+from . import safeio, userexc
 from .analysis import DEFAULT_THRESHOLD_BYTES
 from .sampler import DEFAULT_INTERVAL_S, MAX_INTERVAL_S, MIN_INTERVAL_S
-from .units import format_bytes, parse_size
+from .units import echo_cut, format_bytes, parse_size, printable
 
 log = logging.getLogger("gpumem_nb")
 
@@ -75,18 +79,57 @@ class SettingsError(ValueError):
 
 def show_value(value: Any) -> str:
     """A value as JSON would spell it, short; never raises (a 5000-digit int cannot be
-    turned into text at all under Python's default limits)."""
+    turned into text at all under Python's default limits, and a dict subclass's ``items``
+    may raise anything)."""
     try:
         text = json.dumps(value)
-    except (TypeError, ValueError):
-        return f"a {type(value).__name__}"
+    except Exception:
+        return f"a {echo_cut(printable(userexc.class_name(type(value))), 40)}"
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def plain(value: Any) -> Any:
+    """A number's or a text's own value as its base type (``int.__int__`` copies a subclass
+    without calling any of its methods); anything else as it is. The checks then compare
+    exact values: a subclass's own comparison could raise (``float`` with an ``__le__`` that
+    divides by zero stopped the extension from loading) or lie, and the settings keep nothing
+    whose methods a later cell would run."""
+    kind = type(value)
+    # ``is``, not ``in``: a metaclass's own ``__eq__`` would run. ``issubclass`` against a
+    # builtin reads the real MRO, never ``__class__`` or ``__subclasscheck__`` of the value's.
+    if kind is int or kind is float or kind is str or kind is bool or value is None:
+        return value
+    if issubclass(kind, int):
+        return int.__int__(value)
+    if issubclass(kind, float):
+        return float.__float__(value)
+    if issubclass(kind, str):
+        return str.__str__(value)
+    return value
+
+
+_Checked = TypeVar("_Checked")
+
+
+def _of_plain(check: Callable[[Any], _Checked]) -> Callable[[Any], _Checked]:
+    """``check`` run on ``plain(value)``: no code of the value's own runs while it is
+    checked, so nothing a check does can raise but ``SettingsError``."""
+
+    @functools.wraps(check)
+    def checked(value: Any) -> _Checked:
+        return check(plain(value))
+
+    return checked
+
+
+# Each check receives a plain value (``_of_plain``): exact types are tested with ``type``, so
+# that an object's ``__class__`` can neither pass for a number nor raise (``isinstance``
+# reads it).
 def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return type(value) is int or type(value) is float
 
 
+@_of_plain
 def check_interval_s(value: Any) -> float:
     if not _is_number(value):
         raise SettingsError("interval_s", f"must be a number of seconds, not {show_value(value)}")
@@ -97,10 +140,11 @@ def check_interval_s(value: Any) -> float:
     return float(value)
 
 
+@_of_plain
 def check_threshold_bytes(value: Any) -> int:
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+    if type(value) is float and math.isfinite(value) and value.is_integer():
         value = int(value)  # 1e9 in JSON is a float
-    if not isinstance(value, int) or isinstance(value, bool):
+    if type(value) is not int:
         raise SettingsError("threshold_bytes",
                             f"must be a whole number of bytes, not {show_value(value)}")
     if not 0 <= value <= MAX_THRESHOLD_BYTES:
@@ -109,25 +153,28 @@ def check_threshold_bytes(value: Any) -> int:
     return value
 
 
+@_of_plain
 def check_device(value: Any) -> int | None:
     """A device index (or None for every GPU), by type only; the monitor checks the range."""
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    if type(value) is not int or value < 0:
         raise SettingsError("device", "must be a GPU number (0, 1, ...) or null for every "
                                       f"GPU, not {show_value(value)}")
     return value
 
 
+@_of_plain
 def check_peak(value: Any) -> str:
-    if not isinstance(value, str) or value not in (PEAK_PRESERVE, PEAK_RESET):
+    if type(value) is not str or value not in (PEAK_PRESERVE, PEAK_RESET):
         raise SettingsError("peak", f"must be \"{PEAK_PRESERVE}\" or \"{PEAK_RESET}\", "
                                     f"not {show_value(value)}")
     return value
 
 
+@_of_plain
 def check_auto_show(value: Any) -> bool:
-    if not isinstance(value, bool):
+    if type(value) is not bool:
         raise SettingsError("auto_show", f"must be true or false, not {show_value(value)}")
     return value
 
@@ -142,46 +189,126 @@ CHECKS = {
 assert set(CHECKS) == {f.name for f in fields(Config)}
 
 
-def describe_default(key: str) -> str:
-    value = getattr(Config(), key)
+def describe_value(key: str, value: Any) -> str:
     if key == "threshold_bytes":
         return format_bytes(value)
     if key == "interval_s":
         return f"{value:g} s"
     if key == "device":
-        return "every GPU"
+        return "every GPU" if value is None else f"GPU {value}"
     return show_value(value)
 
 
-def bad_setting_line(origin: str, e: SettingsError) -> str:
-    """The one line that reports a refused value from ``origin`` (a file name)."""
-    return (f"gpumem_nb: {origin}: \"{e.key}\" {e.why}; "
-            f"using the default ({describe_default(e.key)}).")
+def describe_default(key: str) -> str:
+    return describe_value(key, getattr(Config(), key))
 
 
-def parse_config(data: Any, origin: str, base: Config | None = None
-                 ) -> tuple[Config, list[str]]:
-    """A valid ``Config`` from parsed JSON, whatever it holds, and one line per problem. The
-    keys it holds override ``base`` (the defaults, or what IPython's configuration set)."""
-    base = Config() if base is None else base
+def instead_words(key: str, value: Any, origin: str | None) -> str:
+    """What a refused value gives way to: the value in force, and the source that set it."""
+    if origin is None:
+        return f"using the default ({describe_default(key)})"
+    return f"using {describe_value(key, value)} from {origin}"
+
+
+def bad_setting_line(origin: str, e: SettingsError, instead: str = "") -> str:
+    """The one line that reports a refused value from ``origin`` (a file name), and what is
+    used instead (by default, the default)."""
+    instead = instead or instead_words(e.key, None, None)
+    return f"gpumem_nb: {origin}: \"{e.key}\" {e.why}; {instead}."
+
+
+# ------------------------------------------------------------------------------------------
+# The sources, each read on its own, then merged by precedence
+# ------------------------------------------------------------------------------------------
+@dataclass
+class Layer:
+    """What one source (ipython_config.py, the settings file, the environment) sets, checked
+    key by key. Its refusals are worded only once every source is read: a refused value gives
+    way to whatever is in force then, which another source may have set."""
+
+    origin: str
+    values: dict[str, Any] = field(default_factory=dict)  # field name: a checked value
+    refused: list[tuple[str, SettingsError]] = field(default_factory=list)  # field name, why
+    notes: list[str] = field(default_factory=list)  # whole lines (an unknown key)
+    ignored: str = ""  # why the whole source was not read, if it was not
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    """A GPU a source asked to watch. Whether it exists is known only once NVML answers: the
+    monitor checks, and a refused one gives way to the next source's, then to every GPU."""
+
+    index: int
+    origin: str
+
+
+@dataclass
+class Loaded:
+    """The settings a load starts from, and what reading them found."""
+
+    config: Config
+    origins: dict[str, str] = field(default_factory=dict)  # field name: the source that set it
+    devices: tuple[DeviceChoice, ...] = ()  # every device asked for, the one in force first
+    problems: list[str] = field(default_factory=list)  # one line each
+
+
+def merge(layers: list[Layer]) -> Loaded:
+    """The sources by precedence, lowest first, over the defaults; each refusal in words that
+    name the value in force instead and where it came from (a bad value in the file gives way
+    to ipython_config.py's, not to the default)."""
+    loaded = Loaded(Config())
+    for layer in layers:
+        for key, value in layer.values.items():
+            setattr(loaded.config, key, value)
+            loaded.origins[key] = layer.origin
+    devices: list[DeviceChoice] = []
+    for layer in reversed(layers):
+        if "device" in layer.values:
+            if layer.values["device"] is None:  # every GPU: nothing below it applies
+                break
+            devices.append(DeviceChoice(layer.values["device"], layer.origin))
+    loaded.devices = tuple(devices)
+    for layer in layers:
+        if layer.ignored:
+            others = sorted({o for o in loaded.origins.values() if o != layer.origin})
+            rest = (f"using the settings from {' and '.join(others)}, and the defaults"
+                    if others else "using the default settings")
+            loaded.problems.append(f"gpumem_nb: {layer.origin}: ignored: {layer.ignored}; "
+                                   f"{rest}.")
+        loaded.problems += layer.notes
+        for key, e in layer.refused:
+            instead = instead_words(key, getattr(loaded.config, key), loaded.origins.get(key))
+            loaded.problems.append(bad_setting_line(layer.origin, e, instead))
+    return loaded
+
+
+def parse_config(data: Any, origin: str) -> tuple[Config, list[str]]:
+    """A valid ``Config`` from parsed JSON over the defaults, whatever it holds, and one line
+    per problem."""
+    loaded = merge([parse_layer(data, origin)])
+    return loaded.config, loaded.problems
+
+
+def parse_layer(data: Any, origin: str) -> Layer:
+    """What parsed JSON sets, whatever it holds: a valid value per key, one refusal per bad
+    key, one note per unknown key."""
+    layer = Layer(origin)
     if not isinstance(data, dict):
         kind = {list: "a list", str: "a string", type(None): "null", bool: "true or false"}.get(
             type(data), "a number")
-        return replace_config(base), [
-            f"gpumem_nb: {origin}: ignored: it holds {kind}, not an object of settings; "
-            "using the default settings."]
-    cfg = replace_config(base)
-    problems = []
+        layer.ignored = f"it holds {kind}, not an object of settings"
+        return layer
     for key, value in data.items():
         check = CHECKS.get(key)
         if check is None:
-            problems.append(f"gpumem_nb: {origin}: unknown setting {show_value(key)} ignored.")
+            layer.notes.append(f"gpumem_nb: {origin}: unknown setting {show_value(key)} "
+                               "ignored.")
             continue
         try:
-            setattr(cfg, key, check(value))
+            layer.values[key] = check(value)
         except SettingsError as e:
-            problems.append(bad_setting_line(origin, e))
-    return cfg, problems
+            layer.refused.append((key, e))
+    return layer
 
 
 def replace_config(cfg: Config) -> Config:
@@ -220,49 +347,53 @@ def checked_config_path() -> Path:
     return path
 
 
-def read_config(base: Config | None = None) -> tuple[Config, list[str]]:
-    """The settings file's ``Config`` over ``base`` (the defaults) and its problems; no file at
-    all is no problem."""
-    base = Config() if base is None else base
+def read_layers() -> list[Layer]:
+    """The settings file's layer, then the environment's; no file at all sets nothing."""
     try:
         path = checked_config_path()
     except BadConfigPath as e:
-        cfg, problems = replace_config(base), [
-            f"gpumem_nb: {e.key} {e.why}; using none."]
+        layers = [Layer(CONFIG_ENV, notes=[f"gpumem_nb: {e.key} {e.why}; using none."])]
     else:
-        cfg, problems = _read_file(path, base)
+        layers = [_read_file(path)]
     if os.environ.get(AUTO_SHOW_ENV) == "1":
-        cfg.auto_show = True
-    return cfg, problems
+        layers.append(Layer(AUTO_SHOW_ENV, values={"auto_show": True}))
+    return layers
 
 
-def _read_file(path: Path, base: Config) -> tuple[Config, list[str]]:
+def read_config() -> tuple[Config, list[str]]:
+    """The settings file's ``Config`` over the defaults, and its problems."""
+    loaded = merge(read_layers())
+    return loaded.config, loaded.problems
+
+
+def _read_file(path: Path) -> Layer:
     origin = safeio.shown(path)
     try:
         text = safeio.read_text(path, max_bytes=MAX_SETTINGS_BYTES, follow_symlinks=False)
     except FileNotFoundError:
-        return replace_config(base), []
+        return Layer(origin)
     except OSError as e:
-        return replace_config(base), [f"gpumem_nb: {origin}: ignored: {safeio.reason(e)}; "
-                                      "using the default settings."]
+        return Layer(origin, ignored=safeio.reason(e))
     try:
         data = json.loads(text)
     except (ValueError, RecursionError) as e:  # RecursionError: "[[[[..." nested deep
         where = f" ({e.msg}, line {e.lineno})" if isinstance(e, json.JSONDecodeError) else ""
-        return replace_config(base), [f"gpumem_nb: {origin}: ignored: it is not valid JSON"
-                                      f"{where}; using the default settings."]
-    return parse_config(data, origin, base)
+        return Layer(origin, ignored=f"it is not valid JSON{where}")
+    return parse_layer(data, origin)
 
 
-def load_config(ipython_config: Any = None) -> Config:
+def load_settings(ipython_config: Any = None) -> Loaded:
     """The settings a load starts from, by precedence: the defaults, then the ``GpumemNb``
     section of IPython's configuration (``ipython_config``, the shell's ``config``), then the
     settings file, then the environment. Each problem is logged once (a load calls this once)."""
-    base, problems = from_ipython_config(ipython_config)
-    cfg, more = read_config(base)
-    for line in (*problems, *more):
+    loaded = merge([from_ipython_config(ipython_config), *read_layers()])
+    for line in loaded.problems:
         log.warning("%s", line)
-    return cfg
+    return loaded
+
+
+def load_config(ipython_config: Any = None) -> Config:
+    return load_settings(ipython_config).config
 
 
 # ------------------------------------------------------------------------------------------
@@ -278,7 +409,8 @@ IPYTHON_ORIGIN = "IPython configuration (c.GpumemNb)"
 def check_trait(trait: str, value: Any) -> Any:
     """A trait's value checked as the file's and the magic's are (``SettingsError`` naming
     the trait); a threshold may be a size in words ("64MiB") as the magic's flag takes."""
-    if trait == "threshold" and isinstance(value, str):
+    value = plain(value)
+    if trait == "threshold" and type(value) is str:
         try:
             value = parse_size(value)
         except ValueError as e:
@@ -289,26 +421,24 @@ def check_trait(trait: str, value: Any) -> Any:
         raise SettingsError(trait, e.why) from None
 
 
-def from_ipython_config(ipython_config: Any) -> tuple[Config, list[str]]:
-    """The defaults with what ``c.GpumemNb`` sets (checked key by key, as the file is: a bad
-    value is one line and the default), and one line per problem. Read here, not by traitlets
-    at construction: a bad value there would raise and stop the extension from loading."""
-    cfg = Config()
+def from_ipython_config(ipython_config: Any) -> Layer:
+    """What ``c.GpumemNb`` sets, checked key by key as the file is (a bad value is one line,
+    and gives way). Read here, not by traitlets at construction: a bad value there would
+    raise and stop the extension from loading."""
+    layer = Layer(IPYTHON_ORIGIN)
     # No shell, or one without a configuration, sets nothing.
     section = ipython_config.get("GpumemNb") if isinstance(ipython_config, Mapping) else None
-    problems = []
     for trait, value in (dict(section) if isinstance(section, Mapping) else {}).items():
         if trait not in TRAIT_FIELDS:
-            problems.append(f"gpumem_nb: {IPYTHON_ORIGIN}: unknown setting "
-                            f"{show_value(trait)} ignored; GpumemNb has "
-                            f"{', '.join(TRAIT_FIELDS)}.")
+            layer.notes.append(f"gpumem_nb: {IPYTHON_ORIGIN}: unknown setting "
+                               f"{show_value(trait)} ignored; GpumemNb has "
+                               f"{', '.join(TRAIT_FIELDS)}.")
             continue
         try:
-            setattr(cfg, TRAIT_FIELDS[trait], check_trait(trait, value))
+            layer.values[TRAIT_FIELDS[trait]] = check_trait(trait, value)
         except SettingsError as e:
-            problems.append(f"gpumem_nb: {IPYTHON_ORIGIN}: \"{trait}\" {e.why}; using the "
-                            f"default ({describe_default(TRAIT_FIELDS[trait])}).")
-    return cfg, problems
+            layer.refused.append((TRAIT_FIELDS[trait], e))
+    return layer
 
 
 def lock_path(path: Path) -> Path:

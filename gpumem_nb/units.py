@@ -52,6 +52,21 @@ def format_bytes(n: int | float | None, *, signed: bool = False) -> str:
     return f"{sign}{n:g} B" if isinstance(n, float) else f"{sign}{n} B"
 
 
+# A refused value is echoed this far, then "…": a 100,000-character argument must not come
+# back whole in the error (the magic's, the settings' and ipython_config.py's alike).
+ECHO_CHARS = 80
+
+
+def echo_cut(text: str, limit: int = ECHO_CHARS) -> str:
+    """An echoed value: ``limit`` characters, then "…"."""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def quoted(text: str) -> str:
+    """User text in a message: quoted, control characters (a NUL) escaped, long text cut."""
+    return echo_cut(repr(text[: ECHO_CHARS + 1]) if len(text) > ECHO_CHARS else repr(text))
+
+
 def parse_size(text: str) -> int:
     """Parse ``512MB``, ``2GiB``, ``1e9``, ``64 MiB`` into bytes.
 
@@ -61,11 +76,11 @@ def parse_size(text: str) -> int:
     m = _SIZE_RE.match(text)
     if not m or m.group(2).lower() not in _UNITS:
         raise ValueError(
-            f"{text!r} is not a size; write it like 512MB, 2GiB or 1e9 (bytes)"
+            f"{quoted(text)} is not a size; write it like 512MB, 2GiB or 1e9 (bytes)"
         )
     value = float(m.group(1)) * _UNITS[m.group(2).lower()]
     if not math.isfinite(value):  # 1e400 reads as inf, and int(inf) raises OverflowError
-        raise ValueError(f"{text!r} is too large a size")
+        raise ValueError(f"{quoted(text)} is too large a size")
     return int(value)
 
 

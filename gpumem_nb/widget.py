@@ -73,7 +73,9 @@ class ChartHost(Protocol):
     def gpu_count(self) -> int: ...
     def read(self) -> Sample: ...
     def marks_for_picture(self, last: int) -> list[CellMark]: ...
-    def cleanup(self, request: CleanupRequest) -> CleanupReport: ...
+    def cleanup(self, request: CleanupRequest,
+                on_interrupt: Callable[[CleanupReport], None] | None = None,
+                ) -> CleanupReport: ...
     def configure(self, *, device: Any = ...) -> Config: ...
 
 
@@ -536,15 +538,21 @@ class MemoryWidget:
 
     def _cleanup_now(self, rid: str | None) -> None:
         try:
-            report = self.monitor.cleanup(CleanupRequest())
+            # A Ctrl-C shows what was done until then, and goes on: the page's button still
+            # stops waiting.
+            report = self.monitor.cleanup(CleanupRequest(), on_interrupt=self._show_report)
         except (RuntimeError, ValueError) as e:
             text = f"<i>{html.escape(str(e))}</i>"
             self._post(lambda: setattr(self.report, "value", text))
         else:
-            page = report._repr_html_()
-            self._report_text = str(report)
-            self._post(lambda: setattr(self.report, "value", page))
-        self._ack(rid)
+            self._show_report(report)
+        finally:
+            self._ack(rid)
+
+    def _show_report(self, report: CleanupReport) -> None:
+        page = report._repr_html_()
+        self._report_text = str(report)
+        self._post(lambda: setattr(self.report, "value", page))
 
     def _on_pause(self, change: dict[str, Any]) -> None:
         """The page froze its view already; the kernel stops sending the lines, and the

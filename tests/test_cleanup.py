@@ -330,3 +330,87 @@ def test_each_step_is_credited_with_what_it_alone_freed_and_the_rows_add_up(load
     rows = [s.freed_allocated_bytes or 0 for s in report.steps]
     assert sum(rows) == report.before.allocated_bytes - report.after.allocated_bytes == 7 * GiB
     assert report.steps[0].step == "gc.collect"
+
+
+# -- a Ctrl-C part-way (reliability re-test 2026-12-05, G1) -------------------------------------
+def _interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+def test_a_ctrl_c_in_cleanups_last_step_reports_what_was_done_then_goes_on(
+        loaded, fake_gpu, monkeypatch, capsys):
+    # The cell showed only a KeyboardInterrupt traceback, after cleanup had deleted a1 and
+    # a2, cleared Out, dropped the stored ValueError and freed their memory.
+    run(loaded, "a1 = cuda.tensor(4 * 2**20); a2 = cuda.tensor(4 * 2**20)")
+    output_cell(loaded, "cuda.tensor(4 * 2**20)")
+    run(loaded, RAISE_IN_F + "f()")
+    capsys.readouterr()
+    monkeypatch.setattr(fake_gpu.cuda, "empty_cache", _interrupt)  # lands in the C call
+    with pytest.raises(KeyboardInterrupt):
+        magic(loaded, "cleanup --out --vars a1,a2")
+    shown = capsys.readouterr().out
+    assert "gpumem cleanup: interrupted (Ctrl-C) in its empty_cache step" in shown
+    rows = {line.split()[0]: line for line in shown.splitlines()[3:]}
+    assert "dropped the stored ValueError" in rows["last"] and "1.00 GiB" in rows["last"]
+    assert "cleared 1 Out entries" in rows["output"] and "4.00 MiB" in rows["output"]
+    assert "deleted a1, a2" in rows["variables"] and "8.00 MiB" in rows["variables"]
+    assert "interrupted (Ctrl-C) while returning unused cached blocks" in rows["empty_cache"]
+    assert "1.01 GiB" in rows["total"]  # so far: 1 GiB + 4 MiB + 8 MiB
+    assert "a1" not in loaded.user_ns and loaded.user_ns["Out"] == {}
+
+
+def test_a_ctrl_c_before_a_step_was_measured_still_reports_what_it_did(loaded, fake_gpu,
+                                                                       monkeypatch, capsys):
+    run(loaded, "a1 = cuda.tensor(4 * 2**20)")
+    output_cell(loaded, "cuda.tensor(4 * 2**20)")
+    mon = current_monitor(loaded)
+    reads = []
+    real = mon.read
+
+    def read(**kw: Any) -> Any:  # before, after gc.collect, after the exception, after Out
+        reads.append(1)
+        if len(reads) == 4:
+            raise KeyboardInterrupt  # a Ctrl-C pending at the reading after clearing Out
+        return real(**kw)
+
+    monkeypatch.setattr(mon, "read", read)
+    with pytest.raises(KeyboardInterrupt):
+        magic(loaded, "cleanup --out --vars a1")
+    shown = capsys.readouterr().out
+    assert "interrupted (Ctrl-C) in its output cache step" in shown
+    assert "cleared 1 Out entries" in shown and "before it was measured" in shown
+    assert "variables" not in shown and "a1" in loaded.user_ns  # never reached: kept
+
+
+class _InterruptedAfterPop(dict):
+    """A namespace where a Ctrl-C is delivered as ``pop`` returns, before cleanup could note
+    the name it deleted."""
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        super().pop(key, *default)
+        raise KeyboardInterrupt
+
+
+def test_a_ctrl_c_between_deleting_two_variables_never_loses_the_one_deleted():
+    from types import SimpleNamespace
+
+    from gpumem_nb import cleanup
+
+    ns = _InterruptedAfterPop(a1=FakeTensor(MiB, "cuda:0"), a2=FakeTensor(MiB, "cuda:0"))
+    shell = SimpleNamespace(user_ns=ns, user_ns_hidden={})
+    got: list[Any] = []
+    request = cleanup.CleanupRequest(clear_traceback=False, delete_vars=["a1", "a2"])
+    with pytest.raises(KeyboardInterrupt):
+        cleanup.run(request, shell=shell, measure=_no_gpu_reading, modules={},
+                    on_interrupt=got.append)
+    [report] = got
+    assert report.interrupted == "in its variables step"
+    assert report.steps[-1].did == ("deleted a1; kept a2; interrupted (Ctrl-C) before it "
+                                    "was measured")
+    assert "a1" not in ns and "a2" in ns
+
+
+def _no_gpu_reading() -> Any:
+    from gpumem_nb.model import Sample
+
+    return Sample(t_s=0.0, wall_s=0.0, rss_bytes=None)

@@ -645,6 +645,71 @@ def test_a_long_refused_value_through_the_shell_is_cut(shell, no_gpu, capsys):
     assert len(str(info.value)) <= MAX_MESSAGE_CHARS
 
 
+@pytest.mark.parametrize(("line", "escaped"), [
+    ("who '--\x1b[31mred'", "--\\x1b[31mred"),  # a terminal turned red
+    ("who '--\u202eevil'", "--\\u202eevil"),  # the line read backwards
+    ("who --gc '--\x1b[2J' -n 3", "--\\x1b[2J"),
+    ("whatif '--c=\x1b[2J'", "--c=\\x1b[2J could match"),  # argparse's "ambiguous option"
+])
+def test_an_escape_typed_in_an_unknown_flag_is_echoed_escaped_not_live(shell, no_gpu, line,
+                                                                      escaped):
+    run(shell, "%load_ext gpumem_nb")
+    with pytest.raises(UsageError) as info:
+        shell.run_line_magic("gpumem", line)
+    text = str(info.value)
+    assert escaped in text and not any(c in text for c in "\x1b\u202e"), ascii(text)
+
+
+def test_twenty_thousand_unknown_flags_are_refused_at_once(shell, no_gpu):
+    # argparse's loop costs the square of the flags it reads, and each unknown flag had its
+    # own did-you-mean search: 5,000 flags took 0.46 s, these 20,000 about 8 s.
+    run(shell, "%load_ext gpumem_nb")
+    magic = shell.magics_manager.magics["line"]["gpumem"]  # skips IPython's $var expansion
+    line = "who " + " ".join(f"--f{i}" for i in range(20_000))
+    start = time.perf_counter()
+    with pytest.raises(UsageError) as info:
+        magic(line)
+    took_s = time.perf_counter() - start
+    assert str(info.value).startswith("%gpumem who: unrecognized arguments: --f0 --f1 ")
+    assert took_s < 1.0, took_s
+
+
+def test_a_line_of_more_words_than_any_command_takes_is_refused_in_a_sentence(shell, no_gpu):
+    run(shell, "%load_ext gpumem_nb")
+    with pytest.raises(UsageError) as info:
+        shell.run_line_magic("gpumem", "who" + " --gc" * 300)
+    assert str(info.value) == ("%gpumem who: 301 words is more than any command takes "
+                               "(at most 200)")
+
+
+def _unknown_flags_line(total: int, flag: str) -> str:
+    """``who`` and unknown flags whose message, uncut, is ``total`` characters long."""
+    words = [flag]
+    room = total - len(f"%gpumem who: unrecognized arguments: {flag}")
+    while room > 0:  # a space and a word of 3 to 60 characters, to the character
+        size = min(room - 1, 60) if room - 1 - min(room - 1, 60) not in (1, 2, 3) else 50
+        words.append("--" + "q" * (size - 2))
+        room -= size + 1
+    assert room == 0
+    return "who " + " ".join(words)
+
+
+@pytest.mark.parametrize("total", [398, 399, 400, 401, 402, 800])
+@pytest.mark.parametrize("flag", ["--zz", "--gcc"])  # --gcc: "did you mean '--gc'?" follows
+def test_an_unknown_flags_message_is_at_most_400_characters_hint_included(shell, no_gpu,
+                                                                          total, flag):
+    run(shell, "%load_ext gpumem_nb")
+    with pytest.raises(UsageError) as info:
+        shell.run_line_magic("gpumem", _unknown_flags_line(total, flag))
+    text = str(info.value)
+    assert len(text) <= MAX_MESSAGE_CHARS, len(text)
+    if flag == "--gcc":
+        assert text.endswith("; did you mean '--gc'?")
+    else:  # cut only past the limit, and then to the limit exactly
+        assert len(text) == min(total, MAX_MESSAGE_CHARS)
+        assert text.endswith("…") == (total > MAX_MESSAGE_CHARS)
+
+
 def test_whatif_on_a_trace_with_malformed_entries_answers_or_refuses_in_a_sentence(loaded,
                                                                                   capsys):
     loaded.user_ns["junk"] = MALFORMED

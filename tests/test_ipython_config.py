@@ -135,6 +135,194 @@ def test_a_bad_ipython_config_value_is_one_line_and_the_extension_loads(
     assert mon.config.interval_s == 1.5 and mon.config.peak == "preserve"
 
 
+# -- a refused value names its own source, and the value used instead -----------------------
+def gpumem_lines(caplog: Any) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "gpumem_nb"]
+
+
+def test_a_device_from_ipython_config_that_names_no_gpu_is_blamed_on_ipython_config(
+        shell, no_gpu, capsys, caplog, ipython_config, private_settings):
+    # It was blamed on the settings file, which did not even exist.
+    ipython_config.device = 3
+    with caplog.at_level(logging.WARNING, logger="gpumem_nb"):
+        mon = load(shell, capsys)
+    assert gpumem_lines(caplog) == [
+        'gpumem_nb: IPython configuration (c.GpumemNb): "device" there is no GPU 3: this '
+        'process sees no GPU; using the default (every GPU).']
+    assert mon.config.device is None and not private_settings.exists()
+
+
+def test_a_bad_file_value_names_the_ipython_config_value_in_force_not_the_default(
+        shell, no_gpu, capsys, caplog, ipython_config, private_settings):
+    ipython_config.interval = 1.5
+    ipython_config.threshold = "1GiB"
+    private_settings.write_text(json.dumps({"interval_s": "fast", "threshold_bytes": -1}))
+    with caplog.at_level(logging.WARNING, logger="gpumem_nb"):
+        mon = load(shell, capsys)
+    file = str(private_settings)
+    assert gpumem_lines(caplog) == [
+        f'gpumem_nb: {file}: "interval_s" must be a number of seconds, not "fast"; using '
+        '1.5 s from IPython configuration (c.GpumemNb).',
+        f'gpumem_nb: {file}: "threshold_bytes" must be between 0 B and 1024.00 TiB, not -1; '
+        'using 1.00 GiB from IPython configuration (c.GpumemNb).']
+    assert mon.config.interval_s == 1.5 and mon.config.threshold_bytes == 2**30
+
+
+def test_a_file_device_that_names_no_gpu_gives_way_to_ipython_configs_device(
+        shell, two_fake_gpus, capsys, caplog, ipython_config, private_settings):
+    ipython_config.device = 1
+    private_settings.write_text(json.dumps({"device": 5}))
+    with caplog.at_level(logging.WARNING, logger="gpumem_nb"):
+        mon = load(shell, capsys)
+    assert gpumem_lines(caplog) == [
+        f'gpumem_nb: {private_settings}: "device" there is no GPU 5: this process sees GPUs '
+        '0-1; using GPU 1 from IPython configuration (c.GpumemNb).']
+    assert mon.config.device == 1 and list(mon.source.selected) == [1]
+
+
+def test_a_bad_file_value_names_the_environment_value_in_force(
+        shell, no_gpu, capsys, caplog, private_settings, monkeypatch):
+    monkeypatch.setenv("GPUMEM_NB_AUTO_SHOW", "1")
+    private_settings.write_text(json.dumps({"auto_show": "off"}))
+    with caplog.at_level(logging.WARNING, logger="gpumem_nb"):
+        mon = load(shell, capsys)
+    assert gpumem_lines(caplog) == [
+        f'gpumem_nb: {private_settings}: "auto_show" must be true or false, not "off"; using '
+        'true from GPUMEM_NB_AUTO_SHOW.']
+    assert mon.config.auto_show is True
+
+
+def test_an_unreadable_file_says_ipython_configs_settings_are_still_used(
+        shell, no_gpu, capsys, caplog, ipython_config, private_settings):
+    ipython_config.interval = 1.5
+    private_settings.write_text("[1, 2]")
+    with caplog.at_level(logging.WARNING, logger="gpumem_nb"):
+        mon = load(shell, capsys)
+    assert gpumem_lines(caplog) == [
+        f"gpumem_nb: {private_settings}: ignored: it holds a list, not an object of settings; "
+        "using the settings from IPython configuration (c.GpumemNb), and the defaults."]
+    assert mon.config.interval_s == 1.5
+
+
+# -- numbers and text whose own methods raise or lie -------------------------------------------
+def _raises(self: Any, other: Any) -> Any:
+    return 1 / 0
+
+
+class RaisingFloat(float):
+    __le__ = __ge__ = __lt__ = __gt__ = __eq__ = __ne__ = _raises
+    __hash__ = float.__hash__
+
+
+class RaisingInt(int):
+    __le__ = __ge__ = __lt__ = __gt__ = __eq__ = __ne__ = _raises
+    __hash__ = int.__hash__
+
+
+class RaisingStr(str):
+    __eq__ = __ne__ = __lt__ = _raises
+    __hash__ = str.__hash__
+
+
+class LyingFloat(float):
+    """Says it is in every range."""
+
+    def __le__(self, other: Any) -> bool:
+        return True
+
+    __ge__ = __le__
+
+
+class RaisingClass:
+    """``isinstance`` reads ``__class__``."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> Any:
+        return 1 / 0
+
+
+@pytest.mark.parametrize(("trait", "value", "field", "used"), [
+    ("interval", RaisingFloat(1.5), "interval_s", 1.5),
+    ("interval", RaisingInt(2), "interval_s", 2.0),
+    ("device", RaisingInt(0), "device", 0),
+    ("threshold", RaisingInt(2**20), "threshold_bytes", 2**20),
+    ("threshold", RaisingStr("1GiB"), "threshold_bytes", 2**30),
+    ("peak", RaisingStr("reset"), "peak", "reset"),
+])
+def test_a_number_or_text_whose_comparison_raises_loads_as_its_plain_value(
+        shell, fake_gpu, capsys, caplog, ipython_config, trait, value, field, used):
+    # It stopped the extension from loading with a ZeroDivisionError traceback.
+    setattr(ipython_config, trait, value)
+    with caplog.at_level(logging.WARNING, logger="gpumem_nb"):
+        mon = load(shell, capsys)
+    assert mon is not None and gpumem_lines(caplog) == []
+    kept = getattr(mon.config, field)
+    assert type(kept) is type(used) and kept == used  # the plain value: its methods never run
+    assert shell.run_cell("x = 1", store_history=True).success
+
+
+def test_a_number_whose_comparison_raises_set_by_config_gpumemnb_is_used_plainly(
+        shell, no_gpu, capsys):
+    mon = load(shell, capsys)
+    shell.user_ns["value"] = RaisingFloat(1.5)
+    shell.run_line_magic("config", "GpumemNb.interval = value")
+    assert type(mon.config.interval_s) is float and mon.config.interval_s == 1.5
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_number_whose_comparison_lies_is_checked_by_its_plain_value(
+        shell, no_gpu, capsys, caplog, ipython_config):
+    ipython_config.interval = LyingFloat(1e9)
+    with caplog.at_level(logging.WARNING, logger="gpumem_nb"):
+        mon = load(shell, capsys)
+    assert gpumem_lines(caplog) == [
+        'gpumem_nb: IPython configuration (c.GpumemNb): "interval" must be between 0.05 and 60 '
+        'seconds, not 1000000000.0; using the default (0.5 s).']
+    assert mon.config.interval_s == 0.5
+
+
+def test_a_value_whose_class_raises_is_refused_in_a_sentence_and_the_next_source_used(
+        shell, no_gpu, capsys, caplog, ipython_config, private_settings):
+    ipython_config.interval = RaisingClass()
+    private_settings.write_text(json.dumps({"interval_s": 2.0}))
+    with caplog.at_level(logging.WARNING, logger="gpumem_nb"):
+        mon = load(shell, capsys)
+    assert gpumem_lines(caplog) == [
+        'gpumem_nb: IPython configuration (c.GpumemNb): "interval" must be a number of seconds, '
+        f'not a RaisingClass; using 2 s from {private_settings}.']
+    assert mon.config.interval_s == 2.0
+
+
+# A refused value from ipython_config.py or %config came back whole: 100,149 characters.
+LONG = "\x1b[2J" + "x" * 100_000
+
+
+def test_a_long_refused_ipython_config_value_is_echoed_cut_and_escaped(
+        shell, no_gpu, capsys, caplog, ipython_config):
+    ipython_config.threshold = LONG
+    with caplog.at_level(logging.WARNING, logger="gpumem_nb"):
+        mon = load(shell, capsys)
+    lines = [r.getMessage() for r in caplog.records if r.name == "gpumem_nb"]
+    assert len(lines) == 1 and len(lines[0]) <= 250, len(lines[0])
+    assert "'\\x1b[2J" + "x" * 72 + "…" in lines[0] and "\x1b" not in lines[0]
+    assert mon.config.threshold_bytes == DEFAULT_THRESHOLD_BYTES
+
+
+@pytest.mark.parametrize("value", [LONG, [0] * 100_000], ids=["text", "list"])
+@pytest.mark.parametrize("trait", ["threshold", "interval", "device", "peak", "auto_show"])
+def test_a_long_refused_config_gpumemnb_value_is_echoed_cut_and_escaped(shell, no_gpu, capsys,
+                                                                        caplog, trait, value):
+    mon = load(shell, capsys)
+    before = mon.config
+    shell.user_ns["LONG"] = value
+    with caplog.at_level(logging.ERROR):
+        shell.run_line_magic("config", f"GpumemNb.{trait} = LONG")
+    said = caplog.text + capsys.readouterr().err
+    assert f"GpumemNb.{trait}: " in said and "\x1b" not in said
+    assert max(len(line) for line in said.splitlines()) <= 250
+    assert mon.config == before
+
+
 # -- GPUMEM_NB_CONFIG that names no file ---------------------------------------------------------
 @pytest.mark.parametrize(("value", "what"), [
     ("/", "names a directory"), (" ", "is blank"), ("~", "names a directory"),

@@ -181,6 +181,24 @@ def test_cleanup_button_runs_the_safe_cleanup_and_shows_the_report(chart, shell,
     assert answers == [{"kind": "done", "id": "c1"}]  # the page's button stops waiting
 
 
+def test_a_cleanup_button_run_stopped_by_ctrl_c_shows_what_it_did_and_stops_waiting(
+        chart, shell, fake_gpu, monkeypatch):
+    run(shell, "def f():\n    big = cuda.tensor(2**30)\n    raise ValueError\nf()")
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fake_gpu.cuda, "empty_cache", interrupted)
+    sent: list[Any] = []
+    monkeypatch.setattr(chart.chart, "send", lambda msg, buffers=None: sent.append(msg))
+    with pytest.raises(KeyboardInterrupt):
+        chart.chart._handle_custom_msg({"kind": "cleanup", "id": "c3"}, [])
+    chart.monitor.sampler.tick()
+    assert "interrupted (Ctrl-C) in its empty_cache step" in chart.report.value
+    assert "dropped the stored ValueError" in chart.report.value
+    assert sent == [{"kind": "done", "id": "c3"}]  # the page's button stops waiting
+
+
 def test_cleanup_asked_for_while_a_cell_runs_runs_when_that_cell_ends_as_the_page_says(
         chart, fake_gpu):
     """The page shows "queued until the cell ends" at the click; a request that reaches the
