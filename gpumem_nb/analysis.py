@@ -469,11 +469,6 @@ def _class_attribute_fix(h: Holder, path: str, what: str) -> Advice | None:
     owner, attr, cls = m[1], m[2], (m[3] or "") if m.end() == len(path) else ""
     target = f"{owner}.{attr}"
     code = f"{target}.clear()" if cls in _CLEARABLE else f"{target} = None"
-    if "." in owner and not owner.startswith(f"{h.name}."):
-        module = owner.rsplit(".", 1)[0]
-        while module.count(".") and module.rsplit(".", 1)[1][:1].isupper():
-            module = module.rsplit(".", 1)[0]  # a nested class: its module, not its outer class
-        code = f"import {module}; {code}"
     return Advice(
         f"{h.label} keeps {what} in a class attribute, {target}: every instance of "
         f"{owner.rsplit('.', 1)[-1]} shares it, so `del {h.name}` frees nothing while the "

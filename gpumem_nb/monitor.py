@@ -1083,14 +1083,8 @@ class Monitor:
         ns = self.shell.user_ns
         stored = last_exception_objects(self.shell, self.last_cell_exception)
         hidden = getattr(self.shell, "user_ns_hidden", None)
-        roots = None
-        if include_gc or rest_min_bytes is not None:
-            oh = ns.get("_oh")
-            out = oh if isinstance(oh, dict) else {}
-            roots = RootContext(
-                user_ns=ns, out=out, shell=self.shell,
-                output_names=frozenset(output_cache_names(ns, dict(out), hidden)),
-                stored_exceptions=[e for e in stored if isinstance(e, BaseException)])
+        roots = self._root_context(stored) if include_gc or rest_min_bytes is not None \
+            else None
         holders = scanner.scan(ns, output_cache=self.out_entries(), last_exception=stored,
                                include_gc=include_gc, hidden=hidden,
                                rest_min_bytes=rest_min_bytes, roots=roots,
@@ -1103,16 +1097,20 @@ class Monitor:
                    budget_s: float | None = None) -> list[Holder]:
         """The holders, each advised ``del`` line in ``lines`` checked against the retention
         graph (``holders/verify.py``): what else keeps the bytes joins the line."""
-        ns = self.shell.user_ns
         stored = last_exception_objects(self.shell, self.last_cell_exception)
+        return Scanner().check_cuts(holders, lines, self._root_context(stored), budget_s)
+
+    def _root_context(self, stored: Sequence[Any]) -> RootContext:
+        """Where the retention search's roots are in this shell: the namespace, ``Out`` and
+        its names, the shell, the stored exceptions."""
+        ns = self.shell.user_ns
         hidden = getattr(self.shell, "user_ns_hidden", None)
         oh = ns.get("_oh")
         out = oh if isinstance(oh, dict) else {}
-        roots = RootContext(
+        return RootContext(
             user_ns=ns, out=out, shell=self.shell,
             output_names=frozenset(output_cache_names(ns, dict(out), hidden)),
             stored_exceptions=[e for e in stored if isinstance(e, BaseException)])
-        return Scanner().check_cuts(holders, lines, roots, budget_s)
 
     def cell_start(self, device: int) -> CellStart | None:
         """The running cell's allocated bytes on ``device`` at its start, and the same cell's

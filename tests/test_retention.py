@@ -286,14 +286,17 @@ def test_an_oom_names_a_module_global_filled_in_the_failing_cell_not_the_computa
         featcache.store.clear()  # type: ignore[attr-defined]
 
 
+# Four self-referencing objects of 30 GiB each, with the collector off: 120 GiB of garbage.
+CYCLES = ("import gc\ngc.disable()\n"
+          "for _i in range(4):\n"
+          "    n = Node(); n.me = n; n.t = cuda.tensor(30 * GiB)\n"
+          "n = None\n")
+
+
 def test_an_oom_with_tensors_in_uncollected_cycles_says_garbage_and_collecting_frees_it(oomworld):
     shell = oomworld.shell
     run(shell, "class Node:\n    pass\n")
-    run(shell, "import gc\ngc.disable()\n"
-               "for _i in range(4):\n"
-               "    n = Node(); n.me = n; n.t = cuda.tensor(30 * GiB)\n"
-               "n = None\n"
-               "y = cuda.tensor(30 * GiB)")
+    run(shell, CYCLES + "y = cuda.tensor(30 * GiB)")
     try:
         e = last(shell)
         assert e.cause == CAUSE_GARBAGE, str(e)
@@ -320,11 +323,7 @@ def test_garbage_a_collection_freed_after_the_failure_is_measured_and_called_gar
     run(shell, "class Node:\n    pass\n")
     # The collection runs after the failure and before the explanation: the cycles are gone
     # by the time anything looks, and only the collection's own measure can tell.
-    run(shell, "import gc\ngc.disable()\n"
-               "for _i in range(4):\n"
-               "    n = Node(); n.me = n; n.t = cuda.tensor(30 * GiB)\n"
-               "n = None\n"
-               "try:\n    y = cuda.tensor(30 * GiB)\nfinally:\n    gc.collect()")
+    run(shell, CYCLES + "try:\n    y = cuda.tensor(30 * GiB)\nfinally:\n    gc.collect()")
     try:
         e = last(shell)
         assert e.facts.collected_bytes == 120 * GiB and e.facts.collections == 1, e.facts
@@ -343,11 +342,7 @@ def test_garbage_collected_in_the_next_cell_is_reported_once_and_the_callback_re
         oomworld, capsys):
     shell = oomworld.shell
     run(shell, "class Node:\n    pass\n")
-    run(shell, "import gc\ngc.disable()\n"
-               "for _i in range(4):\n"
-               "    n = Node(); n.me = n; n.t = cuda.tensor(30 * GiB)\n"
-               "n = None\n"
-               "y = cuda.tensor(30 * GiB)")
+    run(shell, CYCLES + "y = cuda.tensor(30 * GiB)")
     try:
         assert len(_gpumem_callbacks()) == 1  # the failure's window, open until the next cell
         capsys.readouterr()

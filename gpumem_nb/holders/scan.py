@@ -1277,17 +1277,14 @@ def path_of(f: _Found) -> str:
 
 
 def _class_reference(klass: type) -> str:
-    """How a notebook reaches this class: ``Bottleneck`` for one it defined, ``mylib.models
-    .Block`` for a library's (its module must be imported to use it). Read by type's own
-    descriptors, no metaclass code."""
+    """How the notebook reaches a class it defined (the walk enters only those): its
+    qualified name, ``Outer.Inner`` for a nested one; read by type's own descriptor, no
+    metaclass code. A class made inside a function has no such name: its ``__name__``."""
     try:
-        mod = type.__dict__["__module__"].__get__(klass)
         qual = type.__dict__["__qualname__"].__get__(klass)
     except Exception:
         return type_name(klass)
-    if type(qual) is not str or "<" in qual:
-        return type_name(klass)
-    return qual if mod in ("__main__", "builtins") or type(mod) is not str else f"{mod}.{qual}"
+    return qual if type(qual) is str and "<" not in qual else type_name(klass)
 
 
 def _top_module(klass: type) -> str:

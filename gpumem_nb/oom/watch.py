@@ -565,8 +565,7 @@ class OomWatch:
         except Exception:
             return  # the advice stays as the walk gave it
         pieces.judged = tuple(done.get(h.name, h) for h in pieces.judged)
-        pieces.holders = tuple(done.get(h.name, h) if h.name in lines else h
-                               for h in pieces.holders)
+        pieces.holders = tuple(done.get(h.name, h) for h in pieces.holders)
 
     def _add_searched(self, pieces: _Pieces) -> None:
         """With the observer (whose walk ran before the exception unwound): what the walk
