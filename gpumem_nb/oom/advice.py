@@ -80,6 +80,11 @@ class OomExplanation:
     # Conservation: the allocated bytes split into holders, graphs, the computation, pools
     # and "not found" (ledger.py), from the same scan as the causes.
     ledger: Ledger | None = None
+    # An out-of-memory error other than PyTorch's allocator's own (``forms.py``): which
+    # library's, what failed, and whether the kernel can go on; shown under the header.
+    kind: str = ""
+    kind_lines: tuple[str, ...] = ()
+    restart: bool = False
 
     def stages_text(self) -> str:
         return " ".join(f"{k} {v * 1e3:.1f}" for k, v in self.stage_s.items()) + " (ms)"
@@ -94,11 +99,13 @@ class OomExplanation:
 
     def header(self) -> str:
         f = self.facts
-        parts = [f"gpumem: CUDA out of memory on GPU {f.device}."]
+        parts = [f"gpumem: CUDA out of memory on GPU {f.device}." if not self.kind else
+                 f"gpumem: out of GPU memory on GPU {f.device} ({self.kind})."]
         if f.requested_bytes is not None:
             parts.append(f"Asked {format_bytes(f.requested_bytes)};")
         if f.total_bytes is not None:
-            parts.append(f"the GPU has {format_bytes(f.total_bytes)} in total, "
+            the = "the" if f.requested_bytes is not None else "The"
+            parts.append(f"{the} GPU has {format_bytes(f.total_bytes)} in total, "
                          f"{format_bytes(f.free_bytes)} free"
                          + (f", {format_bytes(f.allowed_bytes)} allowed to this process"
                             if f.allowed_bytes is not None else "") + ".")
@@ -125,7 +132,7 @@ class OomExplanation:
         return " ".join(parts)
 
     def lines(self) -> list[str]:
-        out = [self.header()]
+        out = [self.header(), *self.kind_lines]
         if self.ledger is not None:
             out.append(self.ledger.line())
         for i, c in enumerate(self.causes):
@@ -151,6 +158,7 @@ class OomExplanation:
     def _repr_html_(self) -> str:
         esc = html.escape
         body = [f"<div><b>{esc(self.header())}</b></div>"]
+        body += [f"<div>{esc(line)}</div>" for line in self.kind_lines]
         if self.ledger is not None:
             body.append(f"<div>{esc(self.ledger.line())}</div>")
         for i, c in enumerate(self.causes):

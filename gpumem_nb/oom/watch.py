@@ -37,8 +37,9 @@ from ..sources.torch import (
     alloc_conf,
 )
 from ..units import format_bytes, printable
-from .advice import OomExplanation, SiteAtFailure, next_steps
+from .advice import Action, OomExplanation, SiteAtFailure, next_steps
 from .causes import (
+    CAUSE_UNKNOWN,
     CAUSE_WORKING_SET,
     KIND_FAILED_CALL,
     cell_working_set_bytes,
@@ -47,13 +48,12 @@ from .causes import (
     pool_owner_text,
 )
 from .facts import POOL_GRAPH, POOL_USER, OomFacts, PoolUse, ProcessUse
+from .forms import OomForm, find_oom, oom_form
 from .gcwindow import Collections
 from .message import (
     FORM_ASYNC,
-    FORM_DRIVER,
     FORM_UNKNOWN,
     OomMessage,
-    find_cuda_oom,
     first_line,
     parse_oom_message,
 )
@@ -436,9 +436,10 @@ class OomWatch:
         earlier, self._errors = self._errors, self._errors + 1
         previous, self._previous_error = self._previous_error, \
             f"{userexc.type_name(err)}: {first_line(error_str(err), 120)}"[:120]
-        oom = find_cuda_oom(err)
-        if oom is None:
+        found = find_oom(err)  # PyTorch's allocator's, or any other form (forms.py)
+        if found is None:
             return None
+        oom = found[0]
         t0 = self.clock()
         explanation = self.explain(oom, generation=generation, previous_error=previous,
                                    sites=sites, cell_error=err, earlier_errors=earlier)
@@ -454,6 +455,9 @@ class OomWatch:
         self.ensure_attached()  # the observer's status, as the explanation may quote it
         text = error_str(exc)
         msg = parse_oom_message(text) or OomMessage(FORM_UNKNOWN)
+        form = oom_form(exc)
+        if form is not None and msg.requested_bytes is None and form.requested_bytes:
+            msg = replace(msg, requested_bytes=form.requested_bytes)
         event = self._event_for(msg, generation)
         if event is None:
             # The observer did not see it (cudaMallocAsync, or before it was attached).
@@ -492,6 +496,10 @@ class OomWatch:
                       *causes[1:])
         elif site.lines():
             pieces.notes.extend(site.lines())
+        if form is not None:
+            # PyTorch's working set and "how much was asked" speak of its allocator's request;
+            # what holds memory (variables, other processes) blocks any allocator.
+            causes = tuple(c for c in causes if c.kind not in (CAUSE_WORKING_SET, CAUSE_UNKNOWN))
         stages["classify"] = self.clock() - t
         t = self.clock()
         try:
@@ -500,20 +508,17 @@ class OomWatch:
             dry = None
         stages["dry_run"] = self.clock() - t
         extra = self._extra_lines(pieces.facts, stages)
-        if msg.form == FORM_DRIVER:
-            pieces.notes.append(
-                "This error comes from CUDA or a CUDA library, not from PyTorch's allocator: "
-                "memory ran out outside the caching allocator (creating the CUDA context, a "
-                "library's own allocation such as cuBLAS or cuDNN creating its handle, CuPy, "
-                "JAX, NCCL or a custom cudaMalloc).")
         return OomExplanation(
             ledger=explanation_ledger(pieces.facts, pieces.judged), facts=pieces.facts,
             causes=causes,
-            actions=next_steps(pieces.facts, causes, pieces.judged, dry),
+            actions=_form_actions(form, next_steps(pieces.facts, causes, pieces.judged, dry)),
             error=first_line(text, 300) or userexc.type_name(exc),
             form=msg.form, source=pieces.source, holders=pieces.holders,
             sites_at_failure=tuple(sites), observer_s=pieces.observer_s,
-            notes=tuple(pieces.notes) + extra, stage_s=stages)
+            notes=tuple(pieces.notes) + extra, stage_s=stages,
+            kind=form.key if form is not None else "",
+            kind_lines=tuple(form.lines()) if form is not None else (),
+            restart=form is not None and form.restart)
 
     # -- collections after a failure -----------------------------------------------------------
     def _open_window(self, device: int, generation: int) -> None:
@@ -821,6 +826,17 @@ class OomWatch:
 
 CUT_CHECK_MIN_BYTES = 256 << 20  # a holder smaller than this is not worth the search
 GC_NOTE_BYTES = 256 << 20  # a collection's freed bytes worth a line after the explanation
+
+
+def _form_actions(form: OomForm | None, steps: tuple[Action, ...]) -> tuple[Action, ...]:
+    """A form's one recovering action first; where the kernel must restart it is the only
+    one (nothing run in this process frees what the failure broke)."""
+    if form is None:
+        return steps
+    first = Action(form.action, code=form.code)
+    if form.restart:
+        return (first,)
+    return (first, *(a for a in steps if a.code != form.code or a.nbytes is not None))
 
 
 def collected_line(nbytes: int, collections: int, *, after_explanation: bool) -> str:
