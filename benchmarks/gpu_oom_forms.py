@@ -31,6 +31,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -106,8 +107,9 @@ FORMS: tuple[Form, ...] = (
          source="c10/cuda/CUDACachingAllocator.cpp ExpandableSegment::map; pytorch#188008"),
     Form("nccl", "NCCL error ... ncclUnhandledCudaError ... Cuda failure 'out of memory'",
          ("import torch.distributed as dist",
-          "dist.init_process_group('nccl', store=dist.HashStore(), rank=0, world_size=1, "
-          "device_id=torch.device('cuda:0'))",
+          # No device_id: the communicator is made at the first collective, after the fill.
+          "dist.init_process_group('nccl', store=dist.HashStore(), rank=0, world_size=1)",
+          "torch.cuda.set_device(0)",
           "t = torch.ones(1024, device='cuda')", "keep = fill(2 * MiB, keep=True)"),
          "dist.all_reduce(t); torch.cuda.synchronize()",
          source="torch/csrc/distributed/c10d/NCCLUtils.hpp; NCCL src/include/alloc.h"),
@@ -200,6 +202,14 @@ def child(name: str) -> None:
                        first_action=e.actions[0].text if e.actions else "",
                        first_code=e.actions[0].code if e.actions else "",
                        causes=[c.kind for c in e.causes], added_s=round(e.added_s, 3))
+    release = os.environ.get("OOMFORMS_RELEASE")
+    if release:  # the hog lets go, so that the probe says whether CUDA itself can go on
+        open(release, "w").close()
+        deadline = time.monotonic() + 20
+        while not os.path.exists(release + ".done") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # its context goes as it exits
+        row["hog_released"] = os.path.exists(release + ".done")
     probe = ip.run_cell("_p = torch.zeros(1, device='cuda'); torch.cuda.synchronize()",
                         store_history=False).error_in_exec
     row["cuda_after"] = "works" if probe is None else _cut(f"{type(probe).__name__}: {probe}",
@@ -214,7 +224,8 @@ def child(name: str) -> None:
 
 
 def hog(free_bytes: int) -> None:
-    """Take all the GPU's memory but ``free_bytes``, say so, and wait to be killed."""
+    """Take all the GPU's memory but ``free_bytes``, say so, and hold it until the child asks
+    for it back (the file ``$OOMFORMS_RELEASE`` appears) or two minutes pass; then exit."""
     import torch
 
     torch.zeros(1, device="cuda")
@@ -223,8 +234,15 @@ def hog(free_bytes: int) -> None:
     torch.cuda.synchronize()
     print("HOG " + json.dumps({"gpu": torch.cuda.get_device_name(0), "total": int(total),
                                "free": int(torch.cuda.mem_get_info()[0])}), flush=True)
-    time.sleep(600)
-    del keep
+    release = os.environ.get("OOMFORMS_RELEASE", "")
+    deadline = time.monotonic() + 120
+    while not (release and os.path.exists(release)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    keep.clear()
+    torch.cuda.empty_cache()
+    torch.cuda.synchronize()
+    if release:
+        open(release + ".done", "w").close()
 
 
 # ---- the parent ----------------------------------------------------------------------------
@@ -235,6 +253,8 @@ def run_form(form: Form, timeout_s: float) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         if form.hog_free_bytes is not None:
+            env["OOMFORMS_RELEASE"] = os.path.join(
+                tempfile.gettempdir(), f"oomforms_release_{os.getpid()}_{time.time_ns()}")
             hog_proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--hog",
                                          str(form.hog_free_bytes)], stdout=subprocess.PIPE,
                                         text=True, env=env)

@@ -102,6 +102,9 @@ JAX_HOST = ("RESOURCE_EXHAUSTED: Out of host memory while trying to allocate 171
 FORMS = [
     (AcceleratorError(CUDA_OOM), KEY_CUDA, False),
     (RuntimeError(CUDA_OOM), KEY_CUDA, False),
+    # torch/cuda/__init__.py _lazy_init (DeferredCudaCallError, an Exception of torch's).
+    (library_error("torch.cuda", "DeferredCudaCallError", Exception)(
+        "CUDA call failed lazily at initialization with error: " + CUDA_OOM), KEY_CUDA, False),
     (RuntimeError(EXPANDABLE), KEY_EXPANDABLE, True),
     (RuntimeError(CUBLAS), KEY_CUBLAS, False),
     (RuntimeError(CUDNN_NOT_SUPPORTED), KEY_CUDNN, False),

@@ -60,7 +60,10 @@ class OomForm:
 # cudaErrorMemoryAllocation "out of memory"; the driver API's "CUDA driver error: out of memory"
 # (c10/cuda/driver_api.h C10_CUDA_DRIVER_CHECK). Raised as torch.AcceleratorError (torch >= 2.8,
 # a RuntimeError) or RuntimeError.
-_CUDA = re.compile(r"\s{0,16}(?:CUDA error: out of memory|CUDA driver error: out of memory"
+# torch/cuda/__init__.py _lazy_init: a queued call's failure at start-up is re-raised as
+# DeferredCudaCallError("CUDA call failed lazily at initialization with error: " + str(e)).
+_CUDA = re.compile(r"\s{0,16}(?:CUDA call failed lazily at initialization with error: )?"
+                   r"(?:CUDA error: out of memory|CUDA driver error: out of memory"
                    r"|cudaErrorMemoryAllocation)")
 # c10/util/Exception.h TORCH_INTERNAL_ASSERT: "<cond> INTERNAL ASSERT FAILED at \"<file>\":<line>,
 # please report a bug to PyTorch. "; the condition is ``!handles_.at(i)`` in
@@ -141,8 +144,10 @@ def _cuda_form(torch_raised: bool) -> OomForm:
         "missing.",
         restart=False,
         why="an allocation failure is not one of CUDA's sticky errors, so the CUDA context stays "
-            "usable. Only if CUDA's start-up itself failed (the first CUDA call of the session) "
-            "does every later call fail, and then a restart is the way out."
+            "usable. Where it was CUDA's start-up that failed (the session's first CUDA call), "
+            "PyTorch tries the start again at the next call; only if a small allocation "
+            "(torch.zeros(1, device='cuda')) still fails once memory is free is a restart "
+            "needed."
         if torch_raised else
         "an allocation failure is not one of CUDA's sticky errors, so the CUDA context stays "
         "usable.",
