@@ -85,9 +85,11 @@ FORMS: tuple[Form, ...] = (
          "y = torch.cat(parts * 2)"),
     Form("cublas", "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
          ("a = torch.randn(64, 64, device='cuda')", "fill(2 * MiB)"),
-         "import threading\nbox = []\nt = threading.Thread(target=lambda: box.append(a @ a))\n"
-         "t.start(); t.join()\nif not box:\n    raise RuntimeError('the matmul thread raised')\n"
-         "del box",
+         # A new thread gets its own cuBLAS handle: its error is raised again in the cell.
+         "import threading\nbox = []\ndef work():\n    try:\n        box.append(a @ a)\n"
+         "    except BaseException as e:\n        box.append(e)\n"
+         "t = threading.Thread(target=work); t.start(); t.join()\n"
+         "got = box.pop()\nif isinstance(got, BaseException):\n    raise got",
          source="aten/src/ATen/cuda/Exceptions.h"),
     Form("cublas: main thread", "CUBLAS_STATUS_ALLOC_FAILED at the first matmul",
          ("a = torch.randn(64, 64, device='cuda')", "fill(2 * MiB)"), "b = a @ a",
