@@ -700,12 +700,12 @@ DRY_RUN_LINE = "%gpumem cleanup --dry-run"
 
 def measured_for(text: str) -> str:
     """Which memory an action's text says it frees: "reserved", "device" or "allocated"."""
-    if PROCESS_WORDS.search(text):
+    # Another library's pool (CuPy's "memory pool") is device memory PyTorch never counted:
+    # its words win over the pool words, or a freed CuPy pool reads as 0 reserved.
+    if PROCESS_WORDS.search(text) or OUTSIDE_WORDS.search(text):
         return "device"
     if POOL_WORDS.search(text) and not text.startswith(DRY_RUN_LINE):
         return "reserved"
-    if OUTSIDE_WORDS.search(text):
-        return "device"
     return "allocated"
 
 
