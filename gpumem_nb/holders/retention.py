@@ -25,6 +25,7 @@ cut it is "not searched", with the reason: never "found".
 
 from __future__ import annotations
 
+import functools
 import gc
 import operator
 import re
@@ -38,6 +39,11 @@ from itertools import compress, repeat
 from typing import Any
 
 from .reading import running_frame_ids, static_attribute, type_name
+
+# An lru_cache's results (and the arguments it keys them on, `self` for a method) are freed by
+# `cache_clear()`, never by deleting the function that owns the cache: the step says so, and the
+# advice rests on it.
+_LRU_WRAPPER: type = type(functools.lru_cache(maxsize=None)(lambda: None))
 
 # What a root is: how the user reaches the reference, and so what removes it.
 ROOT_VARIABLE = "variable"
@@ -380,6 +386,9 @@ class Search:
                     or getattr(parent, "ag_code", None)
                 label = f" (suspended {getattr(code, 'co_name', '?')}() locals)"
                 return [(v, _Step("text", label)) for v in gc.get_referents(parent)
+                        if id(v) in wanted]
+            if t is _LRU_WRAPPER:
+                return [(v, _Step("text", " lru_cache results")) for v in gc.get_referents(parent)
                         if id(v) in wanted]
             if issubclass(t, type):
                 d = _class_dict(parent)
