@@ -57,6 +57,40 @@ def test_a_module_global_list_is_named_by_its_module_and_index_not_not_found():
         del sys.modules["featcache"]
 
 
+def test_a_library_modules_private_global_is_named_but_never_given_a_line_to_edit_it():
+    """`threading._active.clear()` was advised on the H200 (a Timer's partial held 63 GiB):
+    editing a library's private state breaks the library."""
+    import logging
+
+    logging._gm_probe = [FakeTensor(3 * GiB + 7 * 2**20)]  # type: ignore[attr-defined]
+    try:
+        h = one(who_gc({}), 3 * GiB + 7 * 2**20)
+        assert h.name == "logging._gm_probe[0]" and h.code == "", (h.name, h.code)
+        assert not holder_advice(h).code
+    finally:
+        del logging._gm_probe  # type: ignore[attr-defined]
+
+
+def test_what_only_a_live_thread_object_keeps_is_the_threads_not_threadings_registry():
+    stop = threading.Event()
+
+    class Keeper(threading.Thread):
+        def __init__(self) -> None:
+            super().__init__(daemon=True)
+            self.kept = FakeTensor(3 * GiB + 11 * 2**20)
+
+        def run(self) -> None:
+            stop.wait(30)
+
+    Keeper().start()
+    try:
+        h = one(who_gc({}), 3 * GiB + 11 * 2**20)
+        assert h.kind == "thread" and not h.code and "threading._active" not in h.name, \
+            (h.name, h.kind, h.code)
+    finally:
+        stop.set()
+
+
 def test_a_module_imported_under_another_name_is_fixed_through_that_name():
     mod = types.ModuleType("helpers_x")
     mod.cache = {"k": FakeTensor(5 * GiB)}  # type: ignore[attr-defined]
@@ -538,6 +572,64 @@ def test_a_methods_lru_cache_is_cleared_not_its_class_deleted(oomworld):
     before = oomworld.cuda.devices[0].allocated
     run(shell, step.code)
     assert before - oomworld.cuda.devices[0].allocated >= 0.95 * step.nbytes > 0
+
+
+def test_a_metaclass_registry_is_cut_with_a_collection_and_no_name_is_deleted_twice(oomworld):
+    """H200, metaclass_instance_registry: `del AttnProcessor, InstanceTracker, proc` freed 0
+    (classes live in cycles of their own), and the next line deleted `proc` again: NameError."""
+    shell = oomworld.shell
+    run(shell, "class InstanceTracker(type):\n"
+               "    _instances = {}\n"
+               "    def __call__(cls, *a, **k):\n"
+               "        obj = super().__call__(*a, **k)\n"
+               "        InstanceTracker._instances.setdefault(cls.__name__, []).append(obj)\n"
+               "        return obj\n"
+               "class AttnProcessor(metaclass=InstanceTracker):\n"
+               "    def __init__(self):\n"
+               "        self.ip_hidden = cuda.tensor(15 * GiB)\n"
+               "for _ in range(3):\n    AttnProcessor()\n"
+               "proc = AttnProcessor()")
+    run(shell, "y = cuda.tensor(110 * GiB)")
+    e = last(shell)
+    steps = [a for a in e.actions if a.code and a.nbytes]
+    assert steps, str(e)
+    deleted: list[str] = []
+    for a in steps:
+        for stmt in a.code.split("; "):
+            if stmt.startswith("del "):
+                names = [n.strip() for n in stmt[4:].split(",")]
+                assert not set(names) & set(deleted), str(e)
+                deleted += names
+        assert f"`{a.code}`" in a.text
+    assert any(a.code.endswith("import gc; gc.collect()") for a in steps if "del " in a.code), \
+        str(e)
+    before = oomworld.cuda.devices[0].allocated
+    said = sum(a.nbytes or 0 for a in steps)
+    for a in steps:
+        run(shell, a.code)
+    assert before - oomworld.cuda.devices[0].allocated >= 0.95 * said > 0
+
+
+def test_a_library_modules_private_registry_is_never_advised_to_be_edited(oomworld):
+    """H200, timer_thread_partial_autosave: the advice was `threading._active.clear()`."""
+    shell = oomworld.shell
+    stop = threading.Event()
+    shell.user_ns["stop"] = stop
+    try:
+        run(shell, "import functools, threading\n"
+                   "state = {'w': cuda.tensor(40 * GiB)}\n"
+                   "def save(state):\n    pass\n"
+                   "autosave = threading.Timer(30, functools.partial(save, state=state))\n"
+                   "autosave.daemon = True\n"
+                   "autosave.start()\n"
+                   "del state")
+        run(shell, "y = cuda.tensor(110 * GiB)")
+        e = last(shell)
+        codes = [a.code for a in e.actions]
+        assert not any("threading." in c or "._" in c for c in codes), str(e)
+        assert e.ledger is not None and e.ledger.not_found_bytes == 0, str(e)
+    finally:
+        shell.user_ns["autosave"].cancel()
 
 
 def test_a_running_threads_closure_is_not_advised_away_with_a_del(oomworld):

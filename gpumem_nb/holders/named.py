@@ -66,6 +66,8 @@ def cut_code(roots: Iterable[Root]) -> str:
         elif r.code not in rest:
             rest.append(r.code)
     parts = ([f"del {', '.join(names)}"] if names else []) + rest
+    if any(r.cyclic for r in roots) and GC_COLLECT not in parts:
+        parts.append(GC_COLLECT)
     return "; ".join(parts)
 
 

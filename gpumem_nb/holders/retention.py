@@ -87,6 +87,9 @@ class Root:
     # The object the reference points at is a builtin container: emptying it is a fix that
     # keeps the name (``featcache.store.clear()``).
     container: bool = False
+    # It points at a class: a class lives in reference cycles of its own (its ``__mro__``
+    # holds it), so removing the name frees nothing until a collection.
+    cyclic: bool = False
 
 
 @dataclass
@@ -169,6 +172,17 @@ def _render(root: Root, steps: Sequence[_Step]) -> str:
     text = "".join(out)
     text = _MODULES_ITEM.sub(lambda m: f"[{m[1]}]" if m[1].isdigit() else f".{m[1]}", text)
     return _PARAMS_ITEM.sub(lambda m: f".{m[1]}", text)
+
+
+def _library_module(name: str, module: Any) -> bool:
+    """The standard library's or an installed package's module, not one the user wrote."""
+    if name.partition(".")[0] in sys.stdlib_module_names:
+        return True
+    try:
+        path = _MODULE_DICT.__get__(module).get("__file__")
+    except Exception:
+        return False
+    return type(path) is str and ("site-packages" in path or "dist-packages" in path)
 
 
 def _class_dict(klass: Any) -> Any:
@@ -284,6 +298,10 @@ class Search:
         return Root(ROOT_CLASS, label, code, container)
 
     def _module_root(self, name: str, module: Any, key: Any, value: Any) -> Root:
+        if name == "threading" and key in ("_active", "_limbo"):
+            # threading's registry of running threads: what a live thread object keeps goes
+            # when the thread ends, never by editing the registry.
+            return Root(ROOT_THREAD, "a live thread (threading's registry of running threads)")
         if name == "sys" and key in ("last_value", "last_exc", "last_traceback", "last_type"):
             return Root(ROOT_EXCEPTION, f"the stored exception (sys.{key})", "%gpumem cleanup")
         if name == "builtins" and key in ("_", "__", "___"):
@@ -303,6 +321,10 @@ class Search:
             code = f"{label} = None"
         if code and prefix and not self._module_alias.get(id(module)):
             code = f"import {name}; {code}"
+        if code and type(key) is str and key.startswith("_") and _library_module(name, module):
+            # A library's private state (logging's handlers, weakref.finalize's registry):
+            # editing it breaks the library; the advice names it and leaves the line out.
+            code = ""
         return Root(ROOT_MODULE, label, code, container)
 
     def _named_root(self, kind: str, prefix: str, owner: Any, key: Any, value: Any) -> Root:
@@ -320,7 +342,7 @@ class Search:
         if key in ("_", "__", "___", "Out", "_oh"):
             return Root(ROOT_OUTPUT, key, "%gpumem cleanup --out")
         return Root(ROOT_VARIABLE, key, f"del {key}" if _IDENT.match(key) else "",
-                    type(value) in (list, dict, set, deque))
+                    type(value) in (list, dict, set, deque), issubclass(type(value), type))
 
     # -- one level: who refers to the frontier -----------------------------------------------
     def _referrers(self, frontier: list[Any], heap: list[Any] | None) -> list[Any]:

@@ -1078,11 +1078,19 @@ class Scanner:
         walker = GraphWalker(self._tensor_info, self._seen,
                              exclude=lambda t: _is_a(t, self._param_type),
                              budget_s=self.graph_budget_s)
+        walked_by: dict[int, str] = {}  # a walk's number -> the holder it sized
         try:
             for f in list(found.values()):
                 if not f.roots:
                     continue
                 size = walker.size(f.roots)
+                walked_by[size.walk] = f.name
+                for w in size.shared_walks:
+                    # This graph reaches nodes an earlier holder's graph counted (two outputs
+                    # of one forward): that holder's `del` alone frees none of them.
+                    owner = walked_by.get(w)
+                    if owner is not None and owner != f.name:
+                        self._also.setdefault(owner, {})[f.name] = None
                 if size.capped and not size.nodes:
                     continue  # the time for graphs ran out before this one: not walked
                 f.graph_nodes = size.nodes

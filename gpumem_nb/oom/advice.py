@@ -375,14 +375,37 @@ def _held_actions(holders: Sequence[Holder], device: int) -> list[Action]:
                           f"{graphs}); end a line with `;` or assign its result, and Out will "
                           "not keep it.", total, code="%gpumem cleanup --out"))
         held = [h for h in held if h.kind != "output cache"]
+    gone: set[str] = set()  # names an earlier step's line deletes
     for h in held[:5]:
         advice = holder_advice(h)
+        text, code = advice.text, _without_deleted(advice.code, gone)
+        if code != advice.code:
+            # Run in order, a line that deletes a name again raises NameError.
+            text = text.replace(f"`{advice.code}`", f"`{code}`" if code else
+                                "(the line above removes these references already)")
         # What a step says it frees is what its line frees: a fix that keeps the holder (a
         # module's gradients) frees less than the holder, and a sentence with no line to run
         # says how much the holder keeps.
-        out.append(Action(advice.text, advice.nbytes if advice.code else h.held_bytes,
-                          code=advice.code))
+        out.append(Action(text, advice.nbytes if code else h.held_bytes, code=code))
     return out
+
+
+def _without_deleted(code: str, gone: set[str]) -> str:
+    """``code`` without the names an earlier line deleted (``gone``, updated with this
+    line's): "" where nothing but a collection would be left."""
+    kept: list[str] = []
+    for stmt in code.split("; ") if code else ():
+        if stmt.startswith("del "):
+            names = [n.strip() for n in stmt[4:].split(",")]
+            fresh = [n for n in names if n not in gone]
+            gone.update(names)
+            if fresh:
+                kept.append("del " + ", ".join(fresh))
+        else:
+            kept.append(stmt)
+    if set(kept) <= {"import gc", "gc.collect()"} and "del " in code:
+        return ""  # its deletes were all done above; a bare collection is no step of its own
+    return "; ".join(kept)
 
 
 def _fragmentation_action(f: OomFacts) -> Action:
