@@ -1,6 +1,6 @@
 """The OOM explainer's advice, run as printed: does each step free what it says it frees?
 
-    python3 benchmarks/gpu_diagnosis3.py --out $OUT [--set rerun2|new|new4] [--budget-s 500]
+    python3 benchmarks/gpu_diagnosis3.py --out $OUT [--set rerun2|new|new4|new5] [--budget-s 500]
         [--allocators native,expandable,cudaMallocAsync] [--only KIND,...] [--skip KIND,...]
         [--merge EARLIER.json] [--run LABEL] [--commit SHA]
     python3 benchmarks/gpu_diagnosis3.py --dry-run [--set ...] [--allocators ...] [--only ...]
@@ -28,7 +28,9 @@ a fresh process each, as the backend is read when torch starts) in a real IPytho
 ``KINDS3`` below (written after the code froze at ade3ffb), ``--set new4`` runs ``KINDS4``
 (written after it froze at 7d21349; 18 kinds, about 670 s: two device calls, e.g.
 ``--allocators native,expandable --budget-s 480``, then ``--allocators cudaMallocAsync
---merge <the first call's diagnosis3_<card>.json>``). Sizes follow the card: the child's
+--merge <the first call's diagnosis3_<card>.json>``), and ``--set new5`` runs ``KINDS5``
+(written on 2026-12-06 by a helper blind to the code; 15 kinds, about 560 s: split it the same
+way). Sizes follow the card: the child's
 namespace has ``G`` (the GPU's total bytes, ``torch.cuda.mem_get_info()[1]``), ``frac(x)`` →
 ``int(x * G)``, and ``GiB``, which is 2**30 on an H200 (139.8 GiB) and shrinks in proportion
 on a smaller card (2 MiB-aligned), so diagnosis2's kinds, written in ``GiB`` for the H200,
@@ -77,7 +79,7 @@ from benchmarks.gpu_diagnosis2 import FILL, Kind, Step  # noqa: E402
 ALLOCATORS = d2.ALLOCATORS
 ROW = "DIAGNOSIS3-ROW "
 META = "DIAGNOSIS3-META "
-SETS = ("rerun2", "new", "new4")
+SETS = ("rerun2", "new", "new4", "new5")
 
 # ============================================================================================
 # The new kinds, written after the code was frozen by someone who had not seen the explainer's
@@ -1149,6 +1151,368 @@ KINDS4: list[Kind] = [
          written=WRITTEN4),
 ]
 
+# ============================================================================================
+# The fifth batch (``--set new5``), written as KINDS4 was: by a helper that had not seen the
+# explainer's code, each kind from the user report its `source` names (the comment above it says
+# what the user hit), `expected` written by the mechanism before any run, every failing cell
+# asking for more than CUDA has free (FILL) unless it is a computation of its own, and no setup
+# leaving a large freed block in the cache. Each mechanism differs from every kind of KINDS4,
+# KINDS3 and diagnosis2. Order: the kinds whose holders outlive `%reset` (a context variable of
+# the main thread's context, the logging and atexit modules' state, the collector's debug flags)
+# come last, and each one's step undoes it completely.
+# ============================================================================================
+WRITTEN5 = "2026-12-06, by a helper blind to gpumem_nb's code; measured once"
+
+KINDS5: list[Kind] = [
+    # ---- containers and library objects in the namespace -------------------------------------
+    # pytorch_memlab's reporter kept a dict mapping tensors to their names: the tensors, as keys,
+    # could never be collected.
+    Kind("tensors_as_dict_keys",
+         "https://github.com/Stonesjtu/pytorch_memlab/pull/18",
+         "held by your session",
+         # A reverse lookup from embedding to document id: the tensors are the dict's keys (hashed
+         # by identity), its values are short strings. No name holds a tensor.
+         ("def embed(doc_id, nbytes):\n"
+          "    return torch.empty(nbytes, dtype=torch.uint8, device='cuda')\n"
+          "doc_of = {}\n"
+          "for doc_id in range(5):\n"
+          "    doc_of[embed(doc_id, frac(0.1))] = f'doc{doc_id}'",),
+         FAIL3,
+         (del_step("doc_of"),),
+         written=WRITTEN5),
+    # A lambda that captured a tensor-holding object kept it (and its GPU memory) alive as long as
+    # the lambda lived.
+    Kind("defaultdict_factory_captures_template",
+         "https://github.com/pytorch/pytorch/issues/51883",
+         "held by your session",
+         # Gradient accumulators in a collections.defaultdict whose default_factory is a lambda
+         # over a zero template: the template lives in the lambda's closure (named by nothing
+         # else), the two accumulators made from it in the dict's values.
+         ("import collections\n"
+          "def make_accumulators(nbytes):\n"
+          "    template = torch.zeros(nbytes, dtype=torch.uint8, device='cuda')\n"
+          "    return collections.defaultdict(lambda: template.clone())\n"
+          "grad_accum = make_accumulators(frac(0.12))\n"
+          "for name in ('encoder', 'decoder'):\n"
+          "    grad_accum[name] += 1",),
+         FAIL3,
+         (del_step("grad_accum"),),
+         written=WRITTEN5),
+    # Ray Data's chained generators pinned every stage's intermediate batch at each yield point
+    # ("ALL PINNED"), until the whole chain moved on.
+    Kind("yield_from_chain_pins_each_stage",
+         "https://github.com/ray-project/ray/pull/60598",
+         "held by your session",
+         # Three generators delegating with `yield from`, suspended after the first item: each
+         # stage's frame keeps its own buffer; only the outermost generator is named.
+         ("def read_shards(nbytes):\n"
+          "    for shard in range(3):\n"
+          "        raw = torch.empty(nbytes, dtype=torch.uint8, device='cuda')\n"
+          "        yield shard\n"
+          "def decode(nbytes):\n"
+          "    staging = torch.empty(nbytes, dtype=torch.uint8, device='cuda')\n"
+          "    yield from read_shards(nbytes)\n"
+          "def pipeline(nbytes):\n"
+          "    prefetched = torch.empty(nbytes, dtype=torch.uint8, device='cuda')\n"
+          "    yield from decode(nbytes)\n"
+          "stream = pipeline(frac(0.12))\n"
+          "first = next(stream)",),
+         FAIL3,
+         (del_step("stream"),),
+         written=WRITTEN5),
+    # A beam search kept its hypotheses in a heapq priority queue (the hypotheses carry their
+    # decoder states).
+    Kind("heapq_namedtuple_beam_and_best",
+         "https://github.com/CUNY-CL/yoyodyne/issues/17",
+         "held by your session",
+         # Beam hypotheses as typing.NamedTuple records (score, tie-breaker, tokens, hidden state)
+         # in a heapq list; the best one is also named `best`: freeing the beam leaves its hidden
+         # state.
+         ("import heapq\nimport itertools\nfrom typing import NamedTuple\n"
+          "class Hypothesis(NamedTuple):\n"
+          "    score: float\n"
+          "    order: int\n"
+          "    tokens: object\n"
+          "    hidden: object\n"
+          "counter = itertools.count()\n"
+          "beam = []\n"
+          "for step in range(5):\n"
+          "    heapq.heappush(beam, Hypothesis(-float(step), next(counter),\n"
+          "                                    torch.zeros(8, dtype=torch.long, device='cuda'),\n"
+          "                                    torch.empty(frac(0.09), dtype=torch.uint8, "
+          "device='cuda')))\n"
+          "best = beam[0]",),
+         FAIL3,
+         (del_step("beam"),
+          del_step("best")),
+         written=WRITTEN5),
+    # tgm cached tensor-valued properties on its graph objects, which "could eat up GPU".
+    Kind("cached_property_on_listed_instances",
+         "https://github.com/tgm-team/tgm/issues/51",
+         "held by your session",
+         # functools.cached_property: each graph snapshot computed its adjacency once and stored it
+         # in its own `__dict__`; the snapshots are kept in a list.
+         ("import functools\n"
+          "class GraphSnapshot:\n"
+          "    def __init__(self, num_nodes, nbytes):\n"
+          "        self.num_nodes, self.nbytes = num_nodes, nbytes\n"
+          "    @functools.cached_property\n"
+          "    def adjacency(self):\n"
+          "        return torch.empty(self.nbytes, dtype=torch.uint8, device='cuda')\n"
+          "snapshots = [GraphSnapshot(1000 * t, frac(0.1)) for t in range(5)]\n"
+          "n_edges = [int(g.adjacency[:4].sum()) for g in snapshots]",),
+         FAIL3,
+         (del_step("snapshots"),),
+         written=WRITTEN5),
+    # volatility3 layered its type dictionaries in ChainMaps, which keep every layer (shadowed
+    # entries included) in memory.
+    Kind("chainmap_shadowed_defaults",
+         "https://github.com/volatilityfoundation/volatility3/pull/1753",
+         "held by your session",
+         # A collections.ChainMap of overrides over defaults: the default positional table is
+         # shadowed (config['pos_table'] is the override) yet still held in config.maps[1]; the
+         # two dicts have no names of their own.
+         ("import collections\n"
+          "def load_config(nbytes):\n"
+          "    defaults = {'pos_table': torch.empty(nbytes, dtype=torch.uint8, device='cuda'),\n"
+          "                'vocab_mask': torch.empty(nbytes // 2, dtype=torch.uint8, "
+          "device='cuda')}\n"
+          "    overrides = {'pos_table': torch.empty(nbytes, dtype=torch.uint8, "
+          "device='cuda')}\n"
+          "    return collections.ChainMap(overrides, defaults)\n"
+          "config = load_config(frac(0.16))",),
+         FAIL3,
+         (del_step("config"),),
+         written=WRITTEN5),
+    # A dataclass field with a shared default object (`field(default=TensorProperties())` rather
+    # than a default_factory): every instance made without it shares the one object.
+    Kind("dataclass_field_default_tensor",
+         "https://github.com/pytorch/pytorch/pull/91795",
+         "held by your session",
+         # A tensor as a dataclass field's default (allowed: tensors hash by identity): the class
+         # attribute, the field's `default` and the generated `__init__`'s defaults all hold it,
+         # and so does every instance made without the argument; one instance has its own.
+         # Instances and class must all go (the class is a cycle: its step collects).
+         ("import dataclasses\n"
+          "@dataclasses.dataclass\n"
+          "class SamplerConfig:\n"
+          "    temperature: float = 1.0\n"
+          "    logit_bias: object = torch.zeros(frac(0.2), dtype=torch.uint8, device='cuda')\n"
+          "configs = [SamplerConfig(temperature=t / 10) for t in range(1, 4)]\n"
+          "custom = SamplerConfig(logit_bias=torch.zeros(frac(0.15), dtype=torch.uint8, "
+          "device='cuda'))",),
+         FAIL3,
+         (del_step("configs"),
+          del_step("custom"),
+          Step("SamplerConfig", "who:SamplerConfig",
+               "try:\n"
+               "    del SamplerConfig\n"
+               "except NameError:\n"
+               "    pass\n"
+               "import gc\n"
+               "gc.collect()")),
+         written=WRITTEN5),
+    # ---- control -----------------------------------------------------------------------------
+    # Segmentation labels turned into one-hot targets take num_classes times the memory of the
+    # class indices.
+    Kind("one_hot_targets_working_set",
+         "https://github.com/microsoft/InnerEye-DeepLearning/issues/338",
+         "working set",
+         # F.one_hot of (4, H, W) class indices with 150 classes: the int64 one-hot takes 70% of
+         # the card and its `.float()` another 35%. The labels are small; nothing stale is held.
+         ("import torch.nn.functional as F\n"
+          "num_classes = 150\n"
+          "side = int((frac(0.7) / (8 * num_classes * 4)) ** 0.5)\n"
+          "labels = torch.randint(0, num_classes, (4, side, side), device='cuda')",),
+         "target = F.one_hot(labels, num_classes).permute(0, 3, 1, 2).float()",
+         (TB3,),
+         written=WRITTEN5),
+    # ---- reference cycles left to the collector ----------------------------------------------
+    # A submodule that keeps a link to its parent module (`self.supmodel = model`) makes the two a
+    # cycle.
+    Kind("submodule_parent_link_cycle_in_loop",
+         "https://github.com/pytorch/pytorch/issues/76920",
+         "garbage in reference cycles",
+         # A head that keeps a plain link to its parent detector (set through `__dict__`, so it is
+         # no registered submodule): parent -> _modules -> head -> parent. Re-creating the detector
+         # in a loop leaves each old pair, buffer and all, to the collector; only the last
+         # detector is named.
+         ("class Head(torch.nn.Module):\n"
+          "    def __init__(self, parent, nbytes):\n"
+          "        super().__init__()\n"
+          "        self.__dict__['owner'] = parent\n"
+          "        self.register_buffer('anchors', torch.empty(nbytes, dtype=torch.uint8, "
+          "device='cuda'))\n"
+          "class Detector(torch.nn.Module):\n"
+          "    def __init__(self, nbytes):\n"
+          "        super().__init__()\n"
+          "        self.head = Head(self, nbytes)",),
+         "for trial in range(1000):\n"
+         "    detector = Detector(frac(0.15))",
+         # The last detector is a cycle too: its step collects after deleting the name.
+         (GC3, Step("detector", "who:detector",
+                    "try:\n"
+                    "    del detector\n"
+                    "except NameError:\n"
+                    "    pass\n"
+                    "import gc\n"
+                    "gc.collect()")),
+         written=WRITTEN5),
+    # A CUDA OOM traced to reference cycles that include CUDA tensors (found with
+    # warn_tensor_cycles).
+    Kind("tensor_attribute_self_cycle_in_loop",
+         "https://github.com/pytorch/tensordict/issues/1187",
+         "garbage in reference cycles",
+         # The tensor itself is in the cycle: a metadata dict set as its Python attribute refers
+         # back to it. Each call returns a small clone and leaves the large tensor to the
+         # collector.
+         ("def crop_with_meta(nbytes):\n"
+          "    x = torch.empty(nbytes, dtype=torch.uint8, device='cuda')\n"
+          "    x.meta = {'source': x, 'valid': True}\n"
+          "    return x[:16].clone()",),
+         "for step in range(1000):\n"
+         "    crop = crop_with_meta(frac(0.08))",
+         (GC3,),
+         written=WRITTEN5),
+    # A logger's caller lookup held `inspect.currentframe()` in a local: a self-referencing frame
+    # on every call, which pins its locals until the collector runs.
+    Kind("currentframe_local_cycle_in_loop",
+         "https://github.com/antonioterpin/goggles/pull/220",
+         "garbage in reference cycles",
+         # `frame = inspect.currentframe()` in a step that logs its caller: once it returns, the
+         # frame object holds its locals, `frame` among them (a cycle), and the step's
+         # activations with them.
+         ("import inspect\n"
+          "def train_step(step, nbytes):\n"
+          "    activations = torch.empty(nbytes, dtype=torch.uint8, device='cuda')\n"
+          "    frame = inspect.currentframe()\n"
+          "    return f'{frame.f_code.co_name}:{step}:{activations.numel()}'",),
+         "for step in range(1000):\n"
+         "    line = train_step(step, frac(0.08))",
+         (GC3,),
+         written=WRITTEN5),
+    # ---- outlive `%reset`: the main thread's context, the logging and atexit modules' state,
+    # the collector's debug flags ---------------------------------------------------------------
+    # A ContextVar set and never reset leaked the scoped configuration into the surrounding
+    # context.
+    Kind("context_variable_keeps_batch",
+         "https://github.com/topoteretes/cognee/issues/3948",
+         "held by your session",
+         # A request-scoped contextvars.ContextVar set to the current batch (a dict of two
+         # tensors) and never reset: the value lives in the main thread's context, which `%reset`
+         # does not touch. Its step sets every variable of that name back to None.
+         ("import contextvars\n"
+          "current_batch = contextvars.ContextVar('gm_current_batch', default=None)\n"
+          "def start_request(nbytes):\n"
+          "    batch = {'input_ids': torch.empty(nbytes, dtype=torch.uint8, device='cuda'),\n"
+          "             'pixel_values': torch.empty(2 * nbytes, dtype=torch.uint8, "
+          "device='cuda')}\n"
+          "    current_batch.set(batch)\n"
+          "    return len(batch)\n"
+          "n_fields = start_request(frac(0.14))",),
+         FAIL3,
+         (Step("current_batch", "who:current_batch",
+               "import contextvars\n"
+               "def _reset_context_var(name):\n"
+               "    for var in list(contextvars.copy_context()):\n"
+               "        if var.name == name:\n"
+               "            var.set(None)\n"
+               "_reset_context_var('gm_current_batch')"),),
+         written=WRITTEN5),
+    # pytest's LogCaptureHandler kept each logged exception's traceback (LogRecord.exc_info),
+    # whose frames kept objects that should have been released.
+    Kind("log_records_exc_info_frames",
+         "https://github.com/dask/distributed/issues/6352",
+         "held by your session",
+         # A caplog-like handler that keeps LogRecords: `log.exception(...)` stores exc_info, whose
+         # traceback holds the failed evaluation's frame and its logits. The logger lives in
+         # logging's registry; `log` is only another name for it.
+         ("import logging\n"
+          "class RecordCollector(logging.Handler):\n"
+          "    def __init__(self):\n"
+          "        super().__init__(logging.WARNING)\n"
+          "        self.records = []\n"
+          "    def emit(self, record):\n"
+          "        self.records.append(record)\n"
+          "log = logging.getLogger('gm_eval')\n"
+          "log.propagate = False\n"
+          "log.addHandler(RecordCollector())\n"
+          "def evaluate(batch_id, nbytes):\n"
+          "    logits = torch.empty(nbytes, dtype=torch.uint8, device='cuda')\n"
+          "    try:\n"
+          "        raise ValueError(f'NaN in batch {batch_id}')\n"
+          "    except ValueError:\n"
+          "        log.exception('evaluation failed for batch %d', batch_id)\n"
+          "for batch_id in range(5):\n"
+          "    evaluate(batch_id, frac(0.1))",),
+         FAIL3,
+         (Step("log", "who:log",
+               "import logging\n"
+               "def _drop_collectors(name):\n"
+               "    lg = logging.getLogger(name)\n"
+               "    for h in list(lg.handlers):\n"
+               "        lg.removeHandler(h)\n"
+               "        h.records.clear()\n"
+               "        h.close()\n"
+               "_drop_collectors('gm_eval')"),),
+         written=WRITTEN5),
+    # `atexit.register(self.logout)`-style hooks: the bound method in atexit's registry keeps the
+    # object from ever being garbage collected in a long-running process.
+    Kind("atexit_bound_method_keeps_cache",
+         "https://github.com/tenable/nessrest/issues/81",
+         "held by your session",
+         # Each cache registers `self.flush` with atexit when it is made: re-creating it keeps
+         # every old cache (and its table) alive from atexit's registry; no name holds one.
+         ("import atexit\n"
+          "class EmbeddingCache:\n"
+          "    def __init__(self, nbytes):\n"
+          "        self.table = torch.empty(nbytes, dtype=torch.uint8, device='cuda')\n"
+          "        atexit.register(self.flush)\n"
+          "    def flush(self):\n"
+          "        self.table = None\n"
+          "for reload in range(4):\n"
+          "    cache = EmbeddingCache(frac(0.12))\n"
+          "del cache",),
+         FAIL3,
+         (Step("atexit", "who:EmbeddingCache",
+               "import atexit\n"
+               "import gc\n"
+               "def _unregister_caches(cls_name):\n"
+               "    for obj in gc.get_objects():\n"
+               "        if type(obj).__name__ == cls_name:\n"
+               "            atexit.unregister(obj.flush)\n"
+               "_unregister_caches('EmbeddingCache')"),),
+         written=WRITTEN5),
+    # Hunting a GPU memory leak with `gc.set_debug(gc.DEBUG_SAVEALL)`: every collection then
+    # moves the unreachable batches into gc.garbage instead of freeing them.
+    Kind("debug_saveall_keeps_collected_cycles",
+         "https://github.com/sgl-project/sglang/pull/9673",
+         "held by your session",
+         # Schedule batches and their requests point at each other (a cycle); with DEBUG_SAVEALL
+         # on, the user's gc.collect() puts all of them in gc.garbage, a list the gc module
+         # holds: reachable, and no further collection frees them. Its step turns the flag off,
+         # empties gc.garbage and collects.
+         ("import gc\n"
+          "gc.set_debug(gc.DEBUG_SAVEALL)\n"
+          "class Req:\n"
+          "    def __init__(self, batch, nbytes):\n"
+          "        self.batch = batch\n"
+          "        self.kv_cache = torch.empty(nbytes, dtype=torch.uint8, device='cuda')\n"
+          "class ScheduleBatch:\n"
+          "    def __init__(self, n, nbytes):\n"
+          "        self.reqs = [Req(self, nbytes) for _ in range(n)]\n"
+          "for step in range(3):\n"
+          "    ScheduleBatch(2, frac(0.08))\n"
+          "n_unreachable = gc.collect()",),
+         FAIL3,
+         (Step("gc.garbage", "none",
+               "import gc\n"
+               "gc.set_debug(0)\n"
+               "gc.garbage.clear()\n"
+               "gc.collect()"),),
+         written=WRITTEN5),
+]
+
 # ---- sizes relative to the card ------------------------------------------------------------
 H200_TOTAL_BYTES = 139.8 * 2**30  # what torch.cuda.mem_get_info()[1] gives on the H200
 FRAC_SRC = "def frac(x):\n    return int(x * G)\n"
@@ -1357,7 +1721,7 @@ def merge(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]) ->
 def kinds_of(which: str) -> list[Kind]:
     if which == "rerun2":
         return list(d2.KINDS)
-    new = KINDS4 if which == "new4" else KINDS3
+    new = {"new4": KINDS4, "new5": KINDS5}.get(which, KINDS3)
     return [dataclasses.replace(k, out_of_sample=True) for k in new]
 
 
@@ -1468,7 +1832,7 @@ def dry_run(which: str, kinds: Sequence[Kind], allocators: Sequence[str]) -> int
         print(f"estimated {a}: {s:.0f} s (H200 times of diagnosis2 + {ADVICE_S} s advice a row "
               f"+ {STARTUP_S:.0f} s start)")
     print(f"estimated in all: {sum(per.values()):.0f} s")
-    problems = kind_problems(kinds, new=which in ("new", "new4"))
+    problems = kind_problems(kinds, new=which in ("new", "new4", "new5"))
     for p in problems:
         print(f"PROBLEM {p}")
     print("every kind's code compiles" if not problems else f"{len(problems)} problems")
