@@ -46,15 +46,24 @@ MiB = 1 << 20
 # Cells run in the child's shell. Names every cell may use: torch, G (the GPU's total bytes),
 # MiB, and fill(margin): allocates what is free less ``margin`` bytes then frees it, so that
 # PyTorch's cache holds it (reserved, unallocated) and CUDA has ``margin`` left.
+# In halving chunks, not one block: one block of "free less margin" fails on the H200, as the
+# allocator rounds it up past what is free (139.19 GiB asked, 139.19 GiB free).
 FILL_SRC = """
 def fill(margin, keep=False):
     torch.cuda.synchronize()
-    free = torch.cuda.mem_get_info()[0]
-    n = max(free - margin, 0)
-    x = torch.empty(n, dtype=torch.uint8, device="cuda")
+    xs = []
+    chunk = 1 << 30
+    while chunk >= 2 * MiB:
+        if torch.cuda.mem_get_info()[0] - chunk < margin:
+            chunk //= 2
+            continue
+        try:
+            xs.append(torch.empty(chunk, dtype=torch.uint8, device="cuda"))
+        except torch.OutOfMemoryError:
+            chunk //= 2
     if keep:
-        return x
-    del x
+        return xs
+    del xs
     return None
 """
 
