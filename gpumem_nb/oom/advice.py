@@ -31,6 +31,7 @@ from .causes import (
     CAUSE_PRIVATE_POOL,
     CAUSE_UNKNOWN,
     CAUSE_WORKING_SET,
+    OTHER_POOL_CACHE,
     UNREACHABLE,
     UNREACHABLE_AT_START,
     Cause,
@@ -202,6 +203,12 @@ def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holde
             continue  # it would not let the computation through
         if c.kind in (CAUSE_FRAGMENTATION, CAUSE_POOL) and not c.covers:
             continue  # its cure reclaims too little to matter here
+        if c.kind == CAUSE_PRIVATE_POOL and c.details[:1] == (OTHER_POOL_CACHE,):
+            out.append(Action(
+                f"`torch.cuda.empty_cache()` returns the {format_bytes(c.nbytes)} another "
+                "pool caches to CUDA, where this pool can get it; then run the cell again.",
+                c.nbytes, code="torch.cuda.empty_cache()"))
+            continue
         if c.kind == CAUSE_PRIVATE_POOL:
             out.extend(_pool_actions(f))
             continue
