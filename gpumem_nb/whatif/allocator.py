@@ -31,6 +31,7 @@ from .rules import (
     EXPANDABLE_ADDRESS_SPACE_NUM,
     SIZE_MAX,
     get_allocation_size,
+    kMinBlockSize,
     kSmallBuffer,
     kSmallSize,
     round_size,
@@ -140,7 +141,12 @@ class DeviceCachingAllocator:
         self._va_up = _VA_BASE  # the end of the highest (only if there is no room below)
         self._force = False  # after a predicted OOM: carry on past the limits
         self._new_peak = False
-        self._rounded: dict[int, int] = {}  # round_size, for the sizes seen so far
+        # A request's (round_size, small pool?, get_allocation_size), for the sizes seen so far.
+        self._sizing: dict[int, tuple[int, bool, int]] = {}
+        self._pools_by_stream: tuple[dict[int, BlockPool], dict[int, BlockPool]] = ({}, {})
+        # No expandable segment, no GC: malloc and free take their inline paths (the same
+        # steps as the general ones below, for the blocks and pools such a replay holds).
+        self._plain = not settings.expandable_segments and not self.gc_active
         # DeviceStats, the ones the report uses.
         self.reserved = 0  # total_allocated_memory / reserved_bytes
         self.allocated = 0
@@ -152,6 +158,10 @@ class DeviceCachingAllocator:
         self.num_device_free = 0
         self.num_alloc_retries = 0
         self.num_ooms = 0
+        # The most any limit check asked for (reserved plus the request or the pages to
+        # map): with limits at least this high, and no GC, every check passes and a capped
+        # replay is this one.
+        self.max_demand = 0
         self.now = 0  # the replay's event index, stamped on each change of reserved
         self.changes: list[tuple[int, int]] = []
 
@@ -160,6 +170,7 @@ class DeviceCachingAllocator:
         p = self.pools.get((small, stream))
         if p is None:
             p = self.pools[(small, stream)] = BlockPool(small, stream)
+            self._pools_by_stream[small][stream] = p
         return p
 
     def _reserve(self, delta: int) -> None:
@@ -223,14 +234,72 @@ class DeviceCachingAllocator:
         """(the block handed out, whether the real allocator would have raised an OOM here).
         After a predicted OOM the block is still handed out, past the limits, so the replay
         goes on and the later figures say what the cell would have needed."""
-        s = self.s
-        size = self._rounded.get(orig_size)
-        if size is None:
-            size = self._rounded[orig_size] = round_size(orig_size, s.roundup_power2_divisions)
-        small = size <= kSmallSize
-        pool = self._pool(small, stream)
-        alloc_size = get_allocation_size(size, s.large_segment_size)
-        xa = s.expandable_segments
+        sizing = self._sizing.get(orig_size)
+        if sizing is None:
+            s = self.s
+            rounded = round_size(orig_size, s.roundup_power2_divisions)
+            sizing = self._sizing[orig_size] = (
+                rounded, rounded <= kSmallSize,
+                get_allocation_size(rounded, s.large_segment_size))
+        size, small, alloc_size = sizing
+        pool = self._pools_by_stream[small].get(stream)
+        if pool is None:
+            pool = self._pool(small, stream)
+        if self._plain:
+            # get_free_block, should_split and alloc_found_block inline, for ordinary
+            # segments without GC (the general path below does the same steps).
+            keys = pool.keys
+            i = bisect_left(keys, size << _KEY_SHIFT)
+            if i < len(keys):
+                key = keys[i]
+                blocks = pool.blocks
+                b = blocks[key]
+                bsize = b.size
+                mss = self.max_split
+                if (bsize < mss) if size < mss else \
+                        (bsize < size + self.s.max_non_split_rounding_size):
+                    remaining = bsize - size
+                    if (remaining >= kMinBlockSize) if small else \
+                            (size < mss and remaining > kSmallSize):
+                        # The found block stays free as the remainder, at its new address
+                        # and key; a new block is handed out below it.
+                        ptr = b.ptr
+                        block = Block(size, ptr, pool)
+                        prev = b.prev
+                        block.prev = prev
+                        if prev is not None:
+                            prev.next = block
+                        block.next = b
+                        b.prev = block
+                        b.ptr = ptr + size
+                        b.size = remaining
+                        new_key = (remaining << _KEY_SHIFT) | (ptr + size)
+                        j = bisect_left(keys, new_key, 0, i)
+                        if j == i:
+                            keys[i] = new_key
+                        else:
+                            del keys[i]
+                            keys.insert(j, new_key)
+                        del blocks[key]
+                        blocks[new_key] = b
+                        b.key = new_key
+                        self.inactive_split += remaining - b.nonrel
+                        b.nonrel = remaining
+                    else:
+                        del keys[i]
+                        del blocks[key]
+                        self.inactive_split -= b.nonrel
+                        block = b
+                    block.allocated = True
+                    self.allocated += block.size
+                    if self.allocated > self.peak_allocated:
+                        self.peak_allocated = self.allocated
+                    return block, False
+        return self._malloc(size, small, alloc_size, pool)
+
+    def _malloc(self, size: int, small: bool, alloc_size: int,
+                pool: BlockPool) -> tuple[Block, bool]:
+        xa = self.s.expandable_segments
         block = self.get_free_block(pool, size, xa)
         oom = False
         if block is None:
@@ -268,8 +337,50 @@ class DeviceCachingAllocator:
         if deferred:
             block.pending = True
             self.pending[id(block)] = block
+        elif self._plain:
+            self._free_plain(block)
         else:
             self.free_block(block)
+
+    def free_now(self, block: Block) -> None:
+        """``free(block, deferred=False)``."""
+        block.allocated = False
+        self.allocated -= block.size
+        if self._plain:
+            self._free_plain(block)
+        else:
+            self.free_block(block)
+
+    def _free_plain(self, block: Block) -> None:
+        """``free_block`` inline for an ordinary segment's block without GC: merged with its
+        free neighbours, then back in its pool."""
+        pool = block.pool
+        keys, blocks = pool.keys, pool.blocks
+        prev, nxt = block.prev, block.next
+        if prev is not None and not prev.allocated and not prev.pending:  # [prev block]
+            del keys[bisect_left(keys, prev.key)]
+            del blocks[prev.key]
+            self.inactive_split -= prev.nonrel
+            block.ptr = prev.ptr
+            block.prev = pp = prev.prev
+            if pp is not None:
+                pp.next = block
+            block.size += prev.size
+        if nxt is not None and not nxt.allocated and not nxt.pending:  # [block next]
+            del keys[bisect_left(keys, nxt.key)]
+            del blocks[nxt.key]
+            self.inactive_split -= nxt.nonrel
+            block.next = nn = nxt.next
+            if nn is not None:
+                nn.prev = block
+            block.size += nxt.size
+        block.key = key = (block.size << _KEY_SHIFT) | block.ptr
+        insort(keys, key)
+        blocks[key] = block
+        block.gc_base = self.gc_calls[pool.small]
+        nonrel = block.size if (block.prev is not None or block.next is not None) else 0
+        block.nonrel = nonrel
+        self.inactive_split += nonrel
 
     def complete(self, block: Block) -> None:
         """The event a deferred free waited on has completed (``process_events``)."""
@@ -369,8 +480,10 @@ class DeviceCachingAllocator:
                     xa: bool) -> Block | None:
         if is_retry:
             self.num_alloc_retries += 1
-        if not self._force and self.allowed is not None and \
-                self.reserved + alloc_size > self.allowed:
+        demand = self.reserved + alloc_size
+        if demand > self.max_demand:
+            self.max_demand = demand
+        if not self._force and self.allowed is not None and demand > self.allowed:
             return None
         if xa:
             return self.try_allocate_expandable_block(pool, size)
@@ -510,6 +623,8 @@ class DeviceCachingAllocator:
         assert es is not None and not to_map.mapped
         off = to_map.ptr - es.base
         mapped = (-(-(off + size) // es.page) - off // es.page) * es.page
+        if self.reserved + mapped > self.max_demand:
+            self.max_demand = self.reserved + mapped
         if not self._force and self.capacity is not None and \
                 self.reserved + mapped > self.capacity:
             return False  # cuMemCreate: out of memory
@@ -614,6 +729,8 @@ class DeviceCachingAllocator:
             if chain:
                 self._reserve(sum(b.size for b in chain))
                 self._link(chain)
+        if groups:
+            self._plain = False  # expandable blocks take the general paths
         for (stream, small), segs in groups.items():
             pool = self._pool(small, stream)
             page = kSmallBuffer if small else page_bytes

@@ -164,7 +164,8 @@ def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int
                                start_page_bytes=start_page or s.large_segment_size,
                                unlimited_peak_bytes=unlimited.peak_reserved_bytes,
                                peak_allocated_bytes=unlimited.peak_allocated_bytes,
-                               device_total_bytes=total)
+                               device_total_bytes=total,
+                               unlimited_max_demand_bytes=unlimited.max_demand_bytes)
             fits.append(FitRow(s.label, s.text, need, n))
         pts = series(r.changes, len(trace.events), r.start_reserved_bytes)
         rows.append(WhatIfRow(
