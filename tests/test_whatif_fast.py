@@ -7,10 +7,16 @@ stored in ``tests/data/whatif_expected_replays.json`` by the old code."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
+from gpumem_nb.whatif import api
+
 from .whatif_expected import DATA, histories, replay_case
+from .whatif_history import History
+
+MiB = 1 << 20
 
 _STORED = json.loads(DATA.read_text())["cases"]
 _HISTORIES = histories()
@@ -34,3 +40,32 @@ def test_the_fast_replay_gives_what_the_old_model_gave(case):
     got = replay_case(_HISTORIES[case["history"]], case["setting"], case["cap_of_peak"],
                       _PEAKS[(case["history"], case["setting"])])
     assert got == case["expected"]
+
+
+def _session_snapshot(n_allocs: int) -> dict:
+    from gpumem_nb.whatif.snapshot import SESSION_KEY
+
+    h = History()
+    for _ in range(n_allocs):
+        h.free(h.alloc(5 * MiB))
+    snap = h.snapshot()
+    snap[SESSION_KEY] = {"since_us": 0.0, "dropped": 0, "max_entries": 1_000_000}
+    return snap
+
+
+def test_the_oom_line_of_a_long_session_is_left_out_in_a_sentence_that_says_how_to_get_it():
+    # A session of 1,000,000 entries held each OOM cell 3.3 s for this line.
+    big = _session_snapshot(api.OOM_LINE_MAX_ENTRIES // 3 + 1)
+    t0 = time.perf_counter()
+    line = api.expandable_oom_line(big, device=0, capacity_bytes=60 * MiB + 1)
+    assert time.perf_counter() - t0 < 0.05
+    assert line.startswith("The expandable_segments:True line is left out: the session "
+                           "recording holds 20,001 allocator events")
+    assert "%gpumem whatif --session --conf expandable_segments:True --capacity 61MiB " \
+        "replays them" in line
+    # Within the bound it is replayed; under expandable segments already, nothing is said.
+    small = _session_snapshot(api.OOM_LINE_MAX_ENTRIES // 3 - 1)
+    assert "from the start of the session recording" in api.expandable_oom_line(
+        small, device=0, capacity_bytes=60 * MiB)
+    big["allocator_settings"] = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert api.expandable_oom_line(big, device=0, capacity_bytes=60 * MiB) == ""

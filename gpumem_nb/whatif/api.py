@@ -11,7 +11,7 @@ from typing import Any
 
 from ..units import format_bytes
 from .allocator import Limits
-from .config import AllocatorSettings, SettingError, parse_settings
+from .config import AllocatorSettings, SettingError, parse_settings, settings_of_snapshot
 from .fields import quoted
 from .fit import Fit, FitRow, min_room
 from .replay import compile_trace, replay, series
@@ -28,6 +28,12 @@ ASYNC_NOTE = ("cudaMallocAsync lives inside the CUDA driver, which decides where
 DEFAULT_ALTERNATIVES = ("expandable_segments:True", "max_split_size_mb:64",
                         "max_split_size_mb:512", "roundup_power2_divisions:4")
 MAX_CAPACITY_BYTES = 1 << 50  # 1024 TiB, as the threshold setting: more is a typo
+MiB = 1 << 20
+# The OOM explainer's line replays at most this many history entries: 10,000 took 20-35 ms
+# to read and replay under expandable segments on the 2-core development machine (load 3.4),
+# so this many stay under the explainer's 100 ms (issue 37). Past it the line says how to
+# get the replay.
+OOM_LINE_MAX_ENTRIES = 20_000
 
 
 def same_rules(a: AllocatorSettings, b: AllocatorSettings) -> bool:
@@ -224,6 +230,13 @@ def _recorded_limits(ti: TraceInput, recorded: AllocatorSettings | None,
     return {"start_reserved_bytes": held, "recorded_limit_bytes": min(limits)}
 
 
+def _expandable_line_applies(snapshot: Mapping[str, Any]) -> bool:
+    """Whether the snapshot's own setting is one the expandable line is about: modelled,
+    without expandable segments."""
+    recorded = parse_settings_or_none(settings_of_snapshot(snapshot)[0])
+    return recorded is not None and recorded.modelled and not recorded.expandable_segments
+
+
 def parse_settings_or_none(text: str) -> AllocatorSettings | None:
     try:
         return parse_settings(text)
@@ -258,6 +271,22 @@ def expandable_oom_line(snapshot: Mapping[str, Any], *, device: int,
     the line says so, and states no OOM outcome when those segments decide it."""
     if capacity_bytes is None and allowed_bytes is None:
         return ""
+    room = min(x for x in (capacity_bytes, allowed_bytes) if x is not None)
+    traces = snapshot.get("device_traces")
+    history = traces[device] if isinstance(traces, list) and 0 <= device < len(traces) \
+        else None
+    n = len(history) if isinstance(history, list) else 0
+    if n > OOM_LINE_MAX_ENTRIES and _expandable_line_applies(snapshot):
+        # Replaying them would hold the OOM cell for seconds (3.3 s at 1,000,000 entries):
+        # said, with the command that gives the line.
+        session = isinstance(snapshot.get(SESSION_KEY), Mapping)
+        what = "session recording" if session else "traced cell"
+        cmd = ("%gpumem whatif --session" if session else "%gpumem whatif") + \
+            f" --conf expandable_segments:True --capacity {-(-room // MiB)}MiB"
+        return (f"The expandable_segments:True line is left out: the {what} holds {n:,} "
+                f"allocator events, more than the {OOM_LINE_MAX_ENTRIES:,} the OOM explainer "
+                f"replays in its time; {cmd} replays them (seconds), at the "
+                f"{format_bytes(room)} PyTorch could use.")
     try:
         ti = trace_input(snapshot, device)
         setting = with_setting(ti.recorded_setting, "expandable_segments", "True")
@@ -270,7 +299,6 @@ def expandable_oom_line(snapshot: Mapping[str, Any], *, device: int,
     row = run(ti, [parsed], capacity_bytes, allowed_bytes=allowed_bytes)[0]
     if row.peak_reserved_bytes is None:
         return ""
-    room = min(x for x in (capacity_bytes, allowed_bytes) if x is not None)
     verdict = (f" ({'fits' if not row.oom else 'still out of memory'} in the "
                f"{format_bytes(room)} PyTorch could use)")
     held = row.start_reserved_bytes or 0
