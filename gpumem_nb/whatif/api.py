@@ -279,9 +279,9 @@ def expandable_oom_line(snapshot: Mapping[str, Any], *, device: int,
     if n > OOM_LINE_MAX_ENTRIES and _expandable_line_applies(snapshot):
         # Replaying them would hold the OOM cell for seconds (3.3 s at 1,000,000 entries):
         # said, with the command that gives the line.
-        session = isinstance(snapshot.get(SESSION_KEY), Mapping)
-        what = "session recording" if session else "traced cell"
-        cmd = ("%gpumem whatif --session" if session else "%gpumem whatif") + \
+        of_session = isinstance(snapshot.get(SESSION_KEY), Mapping)
+        what = "session recording" if of_session else "traced cell"
+        cmd = ("%gpumem whatif --session" if of_session else "%gpumem whatif") + \
             f" --conf expandable_segments:True --capacity {-(-room // MiB)}MiB"
         return (f"The expandable_segments:True line is left out: the {what} holds {n:,} "
                 f"allocator events, more than the {OOM_LINE_MAX_ENTRIES:,} the OOM explainer "
