@@ -14,11 +14,12 @@ from .allocator import Limits
 from .config import AllocatorSettings, SettingError, parse_settings, settings_of_snapshot
 from .fields import quoted
 from .fit import Fit, FitRow, min_room
+from .progress import Progress
 from .replay import compile_trace, replay, series
 from .report import WhatIf, WhatIfChart, WhatIfRow, views
 from .snapshot import SESSION_KEY, NoHistory, SnapshotError, TraceInput, load, trace_input
 
-__all__ = ["DEFAULT_ALTERNATIVES", "MAX_CAPACITY_BYTES", "NoHistory", "SettingError",
+__all__ = ["DEFAULT_ALTERNATIVES", "MAX_CAPACITY_BYTES", "NoHistory", "Progress", "SettingError",
            "SnapshotError", "WhatIf", "WhatIfChart", "WhatIfRow", "check_capacity",
            "expandable_oom_line", "load", "parse_settings", "parse_settings_or_none", "run",
            "same_rules", "trace_input", "views", "whatif", "with_setting"]
@@ -88,7 +89,30 @@ def check_capacity(capacity_bytes: Any, name: str = "capacity_bytes") -> int:
 def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int | None = None,
         *, allowed_bytes: int | None = None, t_start: float | None = None, fit: bool = False,
         fit_gb: float | None = None, total_bytes: int | None = None,
-        context_bytes: int | None = None) -> WhatIf:
+        context_bytes: int | None = None, progress: Progress | None = None) -> WhatIf:
+    """``_run``, with ``progress`` (the notebook's line for a long what-if, ``Progress``)
+    told what is under way, emptied at the end, and told of a Ctrl-C."""
+    try:
+        out = _run(ti, parsed, capacity_bytes, progress, allowed_bytes=allowed_bytes,
+                   t_start=t_start, fit=fit, fit_gb=fit_gb, total_bytes=total_bytes,
+                   context_bytes=context_bytes)
+    except KeyboardInterrupt:
+        if progress is not None:
+            progress.interrupted()
+        raise
+    except BaseException:
+        if progress is not None:
+            progress.done()
+        raise
+    if progress is not None:
+        progress.done()
+    return out
+
+
+def _run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int | None,
+         progress: Progress | None, *, allowed_bytes: int | None = None,
+         t_start: float | None = None, fit: bool = False, fit_gb: float | None = None,
+         total_bytes: int | None = None, context_bytes: int | None = None) -> WhatIf:
     """Replay ``ti`` under each setting. ``capacity_bytes`` is what the driver could hand out;
     ``allowed_bytes`` a memory fraction's cap (checked as the allocator checks it), which
     otherwise comes from the setting's or the recorded process's fraction of the GPU's
@@ -98,7 +122,9 @@ def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int
     t_start = time.perf_counter() if t_start is None else t_start
     notes = list(ti.notes)
     recorded = parse_settings_or_none(ti.recorded_setting)
-    trace = compile_trace(ti.entries, **_recorded_limits(ti, recorded, total_bytes))
+    events = progress.events if progress is not None else None
+    trace = compile_trace(ti.entries, **_recorded_limits(ti, recorded, total_bytes),
+                          progress=events)
     if recorded is None:
         notes.append(f"The recorded setting {ti.recorded_setting!r} could not be read; no row "
                      "is marked as the current one.")
@@ -130,7 +156,10 @@ def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int
     rows: list[WhatIfRow] = []
     fits: list[FitRow] = []
     unmatched = 0
-    for s in parsed:
+    for k, s in enumerate(parsed):
+        of = f"({k + 1} of {len(parsed)} settings)"
+        if progress is not None:
+            progress.begin(f"replaying under {s.label} {of}")
         current = recorded is not None and same_rules(s, recorded)
         if not s.modelled:
             rows.append(WhatIfRow(setting=s.text, label=s.label, current=current,
@@ -155,7 +184,7 @@ def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int
                              "(set_per_process_memory_fraction); with none it changes nothing.")
         r = replay(trace, s, limits=Limits(allowed_bytes=allowed, capacity_bytes=cap),
                    start_segments=st.segments, device=ti.device, device_total_bytes=total,
-                   start_page_bytes=start_page or s.large_segment_size)
+                   start_page_bytes=start_page or s.large_segment_size, progress=events)
         unmatched = max(unmatched, r.unmatched_frees)
         if r.oom:
             row_notes.append(f"Ran out of memory at {ms(r.oom_event or 0):.1f} "
@@ -163,15 +192,19 @@ def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int
                              "rest of the history asked for after the failed request, as if "
                              "it had been given.")
         if fit:
+            if progress is not None:
+                progress.begin(f"finding the least memory under {s.label} {of}")
             unlimited = r if cap is None and allowed is None else replay(
                 trace, s, start_segments=st.segments, device=ti.device,
-                device_total_bytes=total, start_page_bytes=start_page or s.large_segment_size)
+                device_total_bytes=total, start_page_bytes=start_page or s.large_segment_size,
+                progress=events)
             need, n = min_room(trace, s, start_segments=st.segments or (), device=ti.device,
                                start_page_bytes=start_page or s.large_segment_size,
                                unlimited_peak_bytes=unlimited.peak_reserved_bytes,
                                peak_allocated_bytes=unlimited.peak_allocated_bytes,
                                device_total_bytes=total,
-                               unlimited_max_demand_bytes=unlimited.max_demand_bytes)
+                               unlimited_max_demand_bytes=unlimited.max_demand_bytes,
+                               progress=events)
             fits.append(FitRow(s.label, s.text, need, n))
         pts = series(r.changes, len(trace.events), r.start_reserved_bytes)
         rows.append(WhatIfRow(

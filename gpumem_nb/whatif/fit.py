@@ -65,7 +65,7 @@ def min_room(trace: CompiledTrace, settings: AllocatorSettings, *, start_segment
              device: int, start_page_bytes: int, unlimited_peak_bytes: int,
              peak_allocated_bytes: int, device_total_bytes: int | None = None,
              unlimited_max_demand_bytes: int | None = None,
-             on_replay: Callable[[], None] | None = None) -> tuple[int | None, int]:
+             progress: Callable[[int, int], None] | None = None) -> tuple[int | None, int]:
     """(the smallest room in which the replay has no OOM, replays made). The GPU's own size
     stays what it is (an expandable segment's address space is sized from it): only what
     PyTorch may reserve shrinks, as a memory fraction shrinks it.
@@ -83,9 +83,7 @@ def min_room(trace: CompiledTrace, settings: AllocatorSettings, *, start_segment
         r = replay(trace, settings, limits=_room_limits(settings, room),
                    start_segments=start_segments, device=device,
                    device_total_bytes=device_total_bytes,
-                   start_page_bytes=start_page_bytes, stop_at_oom=True)
-        if on_replay is not None:
-            on_replay()
+                   start_page_bytes=start_page_bytes, stop_at_oom=True, progress=progress)
         return not r.oom
 
     def step(hi: int) -> int:

@@ -26,6 +26,7 @@ from typing import Any
 from .allocator import Block, DeviceCachingAllocator, Limits
 from .config import AllocatorSettings
 from .fields import SIZE_T_END, finite, plain, uint
+from .progress import TICK
 from .rules import kLargeBuffer
 
 ALLOC, FREE_REQUESTED, FREE_COMPLETED, OOM, EMPTY_CACHE, FREE = range(6)
@@ -63,7 +64,8 @@ class CompiledTrace:
 
 
 def compile_trace(entries: Sequence[Any], *, start_reserved_bytes: int | None = None,
-                  recorded_limit_bytes: int | None = None) -> CompiledTrace:
+                  recorded_limit_bytes: int | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> CompiledTrace:
     """``recorded_limit_bytes``: what the recorded process could reserve (its memory
     fraction's cap, or what the GPU had), with ``start_reserved_bytes`` what it held when
     the history began. A run of segment frees right before a ``cudaMalloc`` is the
@@ -99,7 +101,12 @@ def compile_trace(entries: Sequence[Any], *, start_reserved_bytes: int | None = 
     model_code = _MODEL.get
     end_t = MAX_TIME_US
     i = 0
+    look = TICK if progress is not None else n + 1
     while i < n:
+        if i >= look:
+            assert progress is not None
+            progress(i, n)
+            look = i + TICK
         e = entries[i]
         if type(e) is not dict and not isinstance(e, Mapping):
             skip("not a history entry")
@@ -239,10 +246,11 @@ def replay(trace: CompiledTrace, settings: AllocatorSettings, *, limits: Limits 
            device_total_bytes: int | None = None, start_page_bytes: int = kLargeBuffer,
            stop_at_oom: bool = False,
            on_event: Callable[[int, DeviceCachingAllocator, Mapping[int, Block]], None]
-           | None = None) -> Replayed:
+           | None = None, progress: Callable[[int, int], None] | None = None) -> Replayed:
     """Run the model over ``trace``. ``on_event(i, model, live)`` is called after each event
     (the property tests check the model's invariants there). ``stop_at_oom``: stop at the
-    first request that fails (the fit search needs only whether one does)."""
+    first request that fails (the fit search needs only whether one does). ``progress(i,
+    n)`` is called every ``progress.TICK`` events."""
     limits = limits or Limits()
     model = DeviceCachingAllocator(settings, limits, device_total_bytes=device_total_bytes)
     start_live, start_waiting = model.load_segments(start_segments or (), device,
@@ -269,7 +277,8 @@ def replay(trace: CompiledTrace, settings: AllocatorSettings, *, limits: Limits 
     oom_event: int | None = None
     oom_size: int | None = None
     unmatched = 0
-    watch = on_event is not None or stop_at_oom
+    watch = on_event is not None or stop_at_oom or progress is not None
+    n_events = len(trace.events)
     view = _LiveView(live, trace.addresses, unnamed)
     with _no_cycle_collection():
         for i, (code, slot, size, stream) in enumerate(trace.events):
@@ -312,6 +321,8 @@ def replay(trace: CompiledTrace, settings: AllocatorSettings, *, limits: Limits 
             else:
                 model.empty_cache()
             if watch:
+                if progress is not None and not i % TICK:
+                    progress(i, n_events)
                 if on_event is not None:
                     on_event(i, model, view)
                 if stop_at_oom and oom_event is not None:
