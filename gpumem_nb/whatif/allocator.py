@@ -20,7 +20,7 @@ PyTorch), and IPC.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
@@ -92,21 +92,114 @@ def _splice(b: Block, before: Block | None, after: Block | None) -> None:
     b.next = after
 
 
+_LOAD = 512  # SortedKeys' chunks hold LOAD to 2 * LOAD keys (the last one fewer)
+
+
+class SortedKeys:
+    """A sorted set of ints (free blocks' keys) held in sorted chunks of at most
+    ``2 * LOAD``, so that adding or removing one moves at most one chunk's slots: one sorted
+    list moved half of its 47,000 keys at each change (a million-entry history spent 40% of
+    its replay there). ``_maxes[c]`` is chunk ``c``'s largest key."""
+
+    __slots__ = ("_lists", "_maxes")
+    LOAD = _LOAD
+
+    def __init__(self) -> None:
+        self._lists: list[list[int]] = []
+        self._maxes: list[int] = []
+
+    def __len__(self) -> int:
+        return sum(map(len, self._lists))
+
+    def __iter__(self) -> Iterator[int]:
+        for lst in self._lists:
+            yield from lst
+
+    def add(self, key: int) -> None:
+        maxes, lists = self._maxes, self._lists
+        if not maxes:
+            lists.append([key])
+            maxes.append(key)
+            return
+        c = bisect_left(maxes, key)
+        if c == len(maxes):
+            c -= 1
+            lst = lists[c]
+            lst.append(key)
+            maxes[c] = key
+        else:
+            lst = lists[c]
+            insort(lst, key)
+        if len(lst) > 2 * _LOAD:
+            half = lst[_LOAD:]
+            del lst[_LOAD:]
+            lists.insert(c + 1, half)
+            maxes[c] = lst[-1]
+            maxes.insert(c + 1, half[-1])
+
+    def remove(self, key: int) -> None:
+        c = bisect_left(self._maxes, key)
+        lst = self._lists[c]
+        i = bisect_left(lst, key)
+        self.remove_at(c, i)
+
+    def remove_at(self, c: int, i: int) -> None:
+        lst = self._lists[c]
+        del lst[i]
+        if not lst:
+            del self._lists[c]
+            del self._maxes[c]
+        elif i == len(lst):
+            self._maxes[c] = lst[-1]
+
+    def first_at_least(self, key: int) -> tuple[int, int] | None:
+        """(chunk, index) of the smallest key >= ``key``, or None."""
+        c = bisect_left(self._maxes, key)
+        if c == len(self._maxes):
+            return None
+        return c, bisect_left(self._lists[c], key)
+
+    def from_(self, c: int, i: int) -> Iterator[int]:
+        """The keys from (chunk, index) on, in order (nothing may change meanwhile)."""
+        lists = self._lists
+        yield from lists[c][i:]
+        for lst in lists[c + 1:]:
+            yield from lst
+
+    def between_descending(self, low: int, high: int) -> list[int]:
+        """The keys in [low, high), largest first."""
+        out: list[int] = []
+        c = bisect_left(self._maxes, low)
+        for lst in self._lists[c:]:
+            if lst[0] >= high:
+                break
+            out += lst[bisect_left(lst, low):bisect_left(lst, high)]
+        out.reverse()
+        return out
+
+
 class BlockPool:
     """One stream's free blocks of the small or the large pool."""
 
-    __slots__ = ("blocks", "keys", "room_hint", "small", "stream", "unmapped", "unmapped_ptrs")
+    __slots__ = ("blocks", "room_hint", "small", "sorted", "stream", "unmapped",
+                 "unmapped_ptrs")
 
     def __init__(self, small: bool, stream: int) -> None:
         self.small = small
         self.stream = stream
-        self.keys: list[int] = []  # sorted (size << 64) | ptr of the free mapped blocks
+        # (size << 64) | ptr of the free mapped blocks, sorted (BlockComparatorSize).
+        self.sorted = SortedKeys()
         self.blocks: dict[int, Block] = {}
         self.unmapped_ptrs: list[int] = []  # expandable segments' unmapped ranges, by address
         self.unmapped: dict[int, Block] = {}
         # (size, ptr): below ptr no unmapped range has room for size bytes (see
         # find_expandable_block); None when unknown.
         self.room_hint: tuple[int, int] | None = None
+
+    @property
+    def keys(self) -> list[int]:
+        """The free blocks' keys in order, as one list (for the tests' invariants)."""
+        return list(self.sorted)
 
 
 @dataclass(frozen=True)
@@ -199,7 +292,7 @@ class DeviceCachingAllocator:
     def insert_into_blocks(self, b: Block) -> None:
         pool = b.pool
         b.key = key = (b.size << _KEY_SHIFT) | b.ptr
-        insort(pool.keys, key)
+        pool.sorted.add(key)
         pool.blocks[key] = b
         b.gc_base = self.gc_calls[pool.small]
         es = b.es
@@ -213,8 +306,7 @@ class DeviceCachingAllocator:
 
     def erase_from_blocks(self, b: Block) -> None:
         pool = b.pool
-        keys = pool.keys
-        del keys[bisect_left(keys, b.key)]
+        pool.sorted.remove(b.key)
         del pool.blocks[b.key]
         self.inactive_split -= b.nonrel
 
@@ -248,9 +340,13 @@ class DeviceCachingAllocator:
         if self._plain:
             # get_free_block, should_split and alloc_found_block inline, for ordinary
             # segments without GC (the general path below does the same steps).
-            keys = pool.keys
-            i = bisect_left(keys, size << _KEY_SHIFT)
-            if i < len(keys):
+            srt = pool.sorted
+            maxes = srt._maxes
+            search = size << _KEY_SHIFT
+            c = bisect_left(maxes, search)
+            if c < len(maxes):
+                keys = srt._lists[c]
+                i = bisect_left(keys, search)
                 key = keys[i]
                 blocks = pool.blocks
                 b = blocks[key]
@@ -274,19 +370,22 @@ class DeviceCachingAllocator:
                         b.ptr = ptr + size
                         b.size = remaining
                         new_key = (remaining << _KEY_SHIFT) | (ptr + size)
-                        j = bisect_left(keys, new_key, 0, i)
-                        if j == i:
+                        # The smaller key takes the old one's place when it sorts there.
+                        if (i > 0 and keys[i - 1] < new_key) or \
+                                (i == 0 and (c == 0 or maxes[c - 1] < new_key)):
                             keys[i] = new_key
+                            if i == len(keys) - 1:
+                                maxes[c] = new_key
                         else:
-                            del keys[i]
-                            keys.insert(j, new_key)
+                            srt.remove_at(c, i)
+                            srt.add(new_key)
                         del blocks[key]
                         blocks[new_key] = b
                         b.key = new_key
                         self.inactive_split += remaining - b.nonrel
                         b.nonrel = remaining
                     else:
-                        del keys[i]
+                        srt.remove_at(c, i)
                         del blocks[key]
                         self.inactive_split -= b.nonrel
                         block = b
@@ -355,10 +454,20 @@ class DeviceCachingAllocator:
         """``free_block`` inline for an ordinary segment's block without GC: merged with its
         free neighbours, then back in its pool."""
         pool = block.pool
-        keys, blocks = pool.keys, pool.blocks
+        srt, blocks = pool.sorted, pool.blocks
+        maxes, lists = srt._maxes, srt._lists
         prev, nxt = block.prev, block.next
         if prev is not None and not prev.allocated and not prev.pending:  # [prev block]
-            del keys[bisect_left(keys, prev.key)]
+            key = prev.key  # SortedKeys.remove, inline
+            c = bisect_left(maxes, key)
+            lst = lists[c]
+            i = bisect_left(lst, key)
+            del lst[i]
+            if not lst:
+                del lists[c]
+                del maxes[c]
+            elif i == len(lst):
+                maxes[c] = lst[-1]
             del blocks[prev.key]
             self.inactive_split -= prev.nonrel
             block.ptr = prev.ptr
@@ -367,7 +476,16 @@ class DeviceCachingAllocator:
                 pp.next = block
             block.size += prev.size
         if nxt is not None and not nxt.allocated and not nxt.pending:  # [block next]
-            del keys[bisect_left(keys, nxt.key)]
+            key = nxt.key
+            c = bisect_left(maxes, key)
+            lst = lists[c]
+            i = bisect_left(lst, key)
+            del lst[i]
+            if not lst:
+                del lists[c]
+                del maxes[c]
+            elif i == len(lst):
+                maxes[c] = lst[-1]
             del blocks[nxt.key]
             self.inactive_split -= nxt.nonrel
             block.next = nn = nxt.next
@@ -375,7 +493,11 @@ class DeviceCachingAllocator:
                 nn.prev = block
             block.size += nxt.size
         block.key = key = (block.size << _KEY_SHIFT) | block.ptr
-        insort(keys, key)
+        c = bisect_left(maxes, key)  # SortedKeys.add, inline for the usual cases
+        if c < len(maxes) and len(lists[c]) < 2 * _LOAD:
+            insort(lists[c], key)
+        else:
+            srt.add(key)
         blocks[key] = block
         block.gc_base = self.gc_calls[pool.small]
         nonrel = block.size if (block.prev is not None or block.next is not None) else 0
@@ -395,14 +517,18 @@ class DeviceCachingAllocator:
     def get_free_block(self, pool: BlockPool, size: int, xa: bool) -> Block | None:
         if self.gc_active:
             self.gc_calls[pool.small] += 1
-        keys = pool.keys
-        i = bisect_left(keys, size << _KEY_SHIFT)
-        n = len(keys)
-        if i == n:
+        srt = pool.sorted
+        maxes = srt._maxes
+        search = size << _KEY_SHIFT
+        c = bisect_left(maxes, search)
+        if c == len(maxes):
             return None
-        blocks = pool.blocks
-        b = blocks[keys[i]]
+        lists, blocks = srt._lists, pool.blocks
+        i = bisect_left(lists[c], search)
+        b = blocks[lists[c][i]]
         if b.es is not None:
+            # The keys after (c, i), in order: (k, j) walks them chunk by chunk.
+            k, j = c, i
             if xa:
                 # Best fit by the size a block can grow to: an expandable block followed by
                 # unmapped pages counts those pages too.
@@ -410,24 +536,32 @@ class DeviceCachingAllocator:
                     nx = x.next
                     return x.size + (nx.size if nx is not None and not nx.mapped else 0)
 
-                j = i + 1
-                while b.es is not None and j < n and \
-                        expandable_size(blocks[keys[j]]) < expandable_size(b):
-                    i, b = j, blocks[keys[j]]
+                while b.es is not None:
                     j += 1
+                    if j == len(lists[k]):
+                        k, j = k + 1, 0
+                        if k == len(lists):
+                            break
+                    nb = blocks[lists[k][j]]
+                    if expandable_size(nb) >= expandable_size(b):
+                        break
+                    b, c, i = nb, k, j
             else:  # expandable segments switched off: only ordinary blocks may be used
-                i += 1
-                while i < n and blocks[keys[i]].es is not None:
-                    i += 1
-                if i == n:
-                    return None
-                b = blocks[keys[i]]
+                while True:
+                    j += 1
+                    if j == len(lists[k]):
+                        k, j = k + 1, 0
+                        if k == len(lists):
+                            return None
+                    if blocks[lists[k][j]].es is None:
+                        break
+                b, c, i = blocks[lists[k][j]], k, j
         mss = self.max_split
         if size < mss and b.size >= mss:
             return None  # do not return an oversized block for a large request
         if size >= mss and b.size >= size + self.s.max_non_split_rounding_size:
             return None  # an oversized block may be rounded up, but within a limit
-        del keys[i]
+        srt.remove_at(c, i)
         del blocks[b.key]
         self.inactive_split -= b.nonrel
         return b
@@ -504,22 +638,21 @@ class DeviceCachingAllocator:
         if mss == SIZE_MAX:
             return False
         key_size = mss if size < mss else size
-        keys, blocks = pool.keys, pool.blocks
-        i = bisect_left(keys, key_size << _KEY_SHIFT)
-        if i == len(keys) or not _whole(blocks[keys[i]]):
-            # No single block is large enough: free several, the largest first.
-            if i == 0:
-                return False
+        srt, blocks = pool.sorted, pool.blocks
+        at = srt.first_at_least(key_size << _KEY_SHIFT)
+        if at is None or not _whole(blocks[srt._lists[at[0]][at[1]]]):
+            # No single block is large enough: free several, the largest first, while they
+            # are oversize (none when no block is smaller than the key).
             released = 0
-            i -= 1
-            while released < key_size and i >= 0 and blocks[keys[i]].size >= mss:
-                b = blocks[keys[i]]
-                i -= 1
+            for key in srt.between_descending(mss << _KEY_SHIFT, key_size << _KEY_SHIFT):
+                if released >= key_size:
+                    break
+                b = blocks[key]
                 if _whole(b):
                     released += b.size
                     self.release_block(b)
             return released >= key_size
-        self.release_block(blocks[keys[i]])
+        self.release_block(blocks[srt._lists[at[0]][at[1]]])
         return True
 
     def release_cached_blocks(self) -> None:
@@ -534,7 +667,7 @@ class DeviceCachingAllocator:
 
     def release_blocks(self, pool: BlockPool) -> None:
         to_unmap = []
-        for b in [pool.blocks[k] for k in pool.keys]:
+        for b in [pool.blocks[k] for k in pool.sorted]:
             if b.es is not None:
                 to_unmap.append(b)
             elif b.prev is None and b.next is None:
@@ -570,7 +703,7 @@ class DeviceCachingAllocator:
             age_threshold = total_age / count
             freed = False
             for p in large:
-                for b in [p.blocks[k] for k in p.keys]:
+                for b in [p.blocks[k] for k in p.sorted]:
                     age = calls - b.gc_base
                     if not b.is_split() and b.es is None and age >= age_threshold:
                         freed = True
