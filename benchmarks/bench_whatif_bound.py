@@ -6,7 +6,8 @@ figure, and each figure is the best of 3):
 - reading and preparing it (the pickle read, ``trace_input``, ``compile_trace``): 3 s;
 - one replay under one setting: 2 s;
 - ``--fit`` for 4 settings (reading included): 20 s;
-- the OOM explainer's line while a 1,000,000-entry session is recorded: 100 ms.
+- the OOM explainer's line while a 1,000,000-entry session is recorded: 100 ms
+  (``bench_whatif_oom_line.json``).
 
     python benchmarks/bench_whatif_bound.py      # BENCH_OUT=dir also writes the JSON
 
@@ -126,9 +127,33 @@ def measure(name: str, entries: list[dict[str, Any]], repeats: int = 3,
         return out
 
 
+def oom_line(repeats: int = 5) -> dict[str, Any]:
+    """The OOM explainer's expandable line while a session is recorded: at the entry bound
+    (left out, said in a sentence) and at the line's own bound (replayed)."""
+    from gpumem_nb.whatif import api
+    from gpumem_nb.whatif.snapshot import SESSION_KEY
+
+    out: dict[str, Any] = {"target_ms": 100.0, "max_entries_replayed": api.OOM_LINE_MAX_ENTRIES}
+    for name, n, make in (("review", ENTRIES, review_history),
+                          ("review", api.OOM_LINE_MAX_ENTRIES, review_history),
+                          ("training", api.OOM_LINE_MAX_ENTRIES, training_history)):
+        snap = snapshot_of(make(n))
+        snap["gpumem_start"] = {"segments": [], "devices": {"0": {
+            "total_bytes": 80 << 30, "free_bytes": 80 << 30}}}
+        snap[SESSION_KEY] = {"since_us": 0.0, "dropped": 0, "max_entries": n}
+        best, runs, loads, line = best_of(repeats, lambda s=snap: api.expandable_oom_line(
+            s, device=0, capacity_bytes=40 << 30))
+        out[f"{name}_{n}"] = {"best_ms": round(best * 1e3, 1),
+                              "runs_ms": [round(x * 1e3, 1) for x in runs], "loads": loads,
+                              "line": line}
+    return out
+
+
 def main() -> None:
     repeats = int(os.environ.get("BENCH_REPEATS", "3"))
-    which = os.environ.get("BENCH_HISTORY", "review,training").split(",")
+    which = os.environ.get("BENCH_HISTORY", "review,training,oomline").split(",")
+    if "oomline" in which:
+        emit("bench_whatif_oom_line", oom_line())
     results = []
     if "review" in which:
         results.append(measure("review (5 sizes, a third freed)", review_history(), repeats))

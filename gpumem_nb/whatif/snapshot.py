@@ -32,7 +32,7 @@ MAX_SNAPSHOT_BYTES = 1 << 30  # memory_viz itself gives up on snapshots around 1
 # A pickle's shared references make a repeated entry cost 2 bytes in the file: a 4 MB file
 # held 2M entries and took 14-125 s to replay, a 20 MB one 66 s and 1 GB. The replay reads
 # each entry and block, so their counts are bounded, not the file's size alone.
-MAX_HISTORY_ENTRIES = 1_000_000  # about 1.2 s to replay per setting here
+MAX_HISTORY_ENTRIES = 1_000_000  # 1-3 s to replay per setting here (bench_whatif_bound.py)
 MAX_BLOCKS = 1_000_000  # the end's and the recorded start's segments, with their blocks
 MAX_DEVICES = 1024  # GPUs one snapshot may name: far more than one process drives
 START_KEY = "gpumem_start"  # what %%gpumem --trace adds to the snapshot it keeps or saves
@@ -431,9 +431,9 @@ def rebuild_start(snapshot: Mapping[str, Any], entries: Sequence[Mapping[str, An
             if size is None:
                 continue
         if kind == 0:
-            allocated.add(addr)
+            allocated.add(addr ^ (addr >> 24))  # replay.fold_address: well spread
         elif kind == 1:
-            if addr not in allocated:
+            if addr ^ (addr >> 24) not in allocated:
                 early_live.setdefault(addr, -(-max(size, 1) // _MIN_BLOCK) * _MIN_BLOCK)
         elif kind == 2:
             created.add(addr)
@@ -446,7 +446,8 @@ def rebuild_start(snapshot: Mapping[str, Any], entries: Sequence[Mapping[str, An
         if seg["device"] != device or seg["address"] in created:
             continue
         blocks = [{**b, "state": "active_allocated" if b["state"] == "active_allocated"
-                   and b["address"] not in allocated else "inactive"} for b in seg["blocks"]]
+                   and b["address"] ^ (b["address"] >> 24) not in allocated
+                   else "inactive"} for b in seg["blocks"]]
         out.append({**seg, "blocks": _with_early(blocks, early, early_at)})
     for addr, size in freed_before.items():
         if not size or addr + size > SIZE_T_END:
