@@ -110,5 +110,5 @@ def test_ctrl_c_stops_a_long_replay_at_once_and_the_line_says_so():
     finally:
         timer.cancel()
         signal.signal(signal.SIGINT, old)
-    assert fired and stopped - fired[0] < 0.2
+    assert fired and stopped - fired[0] < 0.5  # at once (0.5 s: a loaded 2-core machine)
     assert shown.lines[-1].startswith("gpumem whatif: stopped by Ctrl-C while ")
