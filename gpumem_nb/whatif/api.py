@@ -30,11 +30,11 @@ DEFAULT_ALTERNATIVES = ("expandable_segments:True", "max_split_size_mb:64",
                         "max_split_size_mb:512", "roundup_power2_divisions:4")
 MAX_CAPACITY_BYTES = 1 << 50  # 1024 TiB, as the threshold setting: more is a typo
 MiB = 1 << 20
-# The OOM explainer's line replays at most this many history entries: 10,000 took 20-35 ms
-# to read and replay under expandable segments on the 2-core development machine (load 3.4),
-# so this many stay under the explainer's 100 ms (issue 37). Past it the line says how to
-# get the replay.
-OOM_LINE_MAX_ENTRIES = 20_000
+# The OOM explainer's line replays at most this many history entries: 20,000 took 44-87 ms
+# to read and replay under expandable segments on the 2-core development machine (load 1.7,
+# benchmarks/bench_whatif_bound.py), so 15,000 leave room under the explainer's 100 ms on a
+# busier one (issue 37). Past it the line says how to get the replay.
+OOM_LINE_MAX_ENTRIES = 15_000
 
 
 def same_rules(a: AllocatorSettings, b: AllocatorSettings) -> bool:
