@@ -676,7 +676,7 @@ class GpumemMagics(Magics):
         if args.fit is not None and (args.session or args.trace == "last"):
             context = self._outside_pytorch_bytes(ti.device)
         result = wi.run(ti, parsed, capacity, fit=args.fit is not None, fit_gb=fit_gb,
-                        total_bytes=total, context_bytes=context)
+                        total_bytes=total, context_bytes=context, progress=wi.Progress(display))
         if args.o:
             return result
         display(*wi.views(result))
