@@ -91,6 +91,46 @@ def test_what_only_a_live_thread_object_keeps_is_the_threads_not_threadings_regi
         stop.set()
 
 
+def test_a_value_set_in_a_context_variable_is_named_by_the_variable_not_lost():
+    """H100, context_variable_keeps_batch: 100% "not found"; only the thread state refers to
+    the running context, so no referrer chain reaches a name."""
+    import contextvars
+
+    var: contextvars.ContextVar[Any] = contextvars.ContextVar("gm_batch_probe")
+    token = var.set({"x": FakeTensor(3 * GiB + 13 * 2**20)})
+    try:
+        h = one(who_gc({"current_batch": var}), 3 * GiB + 13 * 2**20)
+        assert "gm_batch_probe" in h.name and h.code == "current_batch.set(None)", \
+            (h.name, h.kind, h.code)
+    finally:
+        var.reset(token)
+
+
+def test_a_defaultdicts_factory_closure_is_searched_not_only_its_items():
+    """H100, defaultdict_factory_captures_template: 33% "not found"; the search read a dict
+    subclass's items and never its default_factory."""
+    import collections
+
+    def accumulator() -> Any:
+        template = FakeTensor(3 * GiB + 17 * 2**20)
+        return collections.defaultdict(lambda: template)
+
+    h = one(who_gc({"grad_accum": accumulator()}), 3 * GiB + 17 * 2**20)
+    assert h.name.startswith("grad_accum") and h.code == "del grad_accum", (h.name, h.code)
+
+
+def test_a_library_classs_attribute_is_named_but_never_set_to_none():
+    """H100, log_records_exc_info_frames: the advice was `logging.Logger.manager = None`."""
+    import logging
+
+    logging.Logger._gm_probe_cache = {"k": FakeTensor(3 * GiB + 19 * 2**20)}  # type: ignore
+    try:
+        h = one(who_gc({}), 3 * GiB + 19 * 2**20)
+        assert "Logger" in h.name and h.code == "", (h.name, h.code)
+    finally:
+        del logging.Logger._gm_probe_cache  # type: ignore[attr-defined]
+
+
 def test_a_module_imported_under_another_name_is_fixed_through_that_name():
     mod = types.ModuleType("helpers_x")
     mod.cache = {"k": FakeTensor(5 * GiB)}  # type: ignore[attr-defined]

@@ -15,6 +15,7 @@ from typing import Any
 from ..model import Holder
 from .retention import (
     ROOT_CLASS,
+    ROOT_CONTEXT,
     ROOT_EXCEPTION,
     ROOT_MODULE,
     ROOT_OUTPUT,
@@ -47,6 +48,7 @@ _KIND_OF_ROOT = {
     ROOT_EXCEPTION: "traceback",
     ROOT_MODULE: KIND_MODULE_GLOBAL,
     ROOT_CLASS: KIND_CLASS_ATTRIBUTE,
+    ROOT_CONTEXT: "context variable",
     ROOT_THREAD: KIND_THREAD,
     ROOT_SHELL: KIND_SHELL,
 }

@@ -25,6 +25,7 @@ cut it is "not searched", with the reason: never "found".
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import gc
 import operator
@@ -52,6 +53,7 @@ ROOT_EXCEPTION = "stored exception"
 ROOT_MODULE = "module global"
 ROOT_CLASS = "class attribute"
 ROOT_THREAD = "thread"
+ROOT_CONTEXT = "context variable"  # the running context's variables (contextvars)
 ROOT_SHELL = "the shell"
 # Outcomes for a tensor no root reaches.
 STATE_ROOTED = "rooted"
@@ -238,6 +240,10 @@ class Search:
         self._own_types: dict[int, tuple[type, bool]] = {}
         self._running: set[int] = set()
         self._module_alias: dict[int, str] = {}
+        # The running context's variables, by name: a value set with ContextVar.set lives in
+        # the context, which only the thread state refers to (Python cannot see it).
+        self._context: dict[str, Any] = {}
+        self._context_code: dict[str, str] = {}
 
     # -- roots -------------------------------------------------------------------------------
     def _index_roots(self) -> None:
@@ -264,6 +270,7 @@ class Search:
                 continue
             self._named[id(d)] = (ROOT_MODULE, name, module)
             self._index_classes(name, module, d)
+        self._index_context(ns)
         if ctx.shell is not None:
             self._root_objects[id(ctx.shell)] = Root(ROOT_SHELL, "get_ipython()")
         for exc in ctx.stored_exceptions:
@@ -295,6 +302,10 @@ class Search:
             f"{label}.clear()" if container else f"{label} = None")
         if code and modname != "__main__" and not self._module_alias.get(id(module)):
             code = f"import {modname}; {code}"
+        if code and _library_module(modname, module):
+            # A library class's own state (logging.Logger.manager): setting it to None breaks
+            # the library; the advice names it and leaves the line out.
+            code = ""
         return Root(ROOT_CLASS, label, code, container)
 
     def _module_root(self, name: str, module: Any, key: Any, value: Any) -> Root:
@@ -321,13 +332,33 @@ class Search:
             code = f"{label} = None"
         if code and prefix and not self._module_alias.get(id(module)):
             code = f"import {name}; {code}"
-        if code and type(key) is str and key.startswith("_") and _library_module(name, module):
-            # A library's private state (logging's handlers, weakref.finalize's registry):
-            # editing it breaks the library; the advice names it and leaves the line out.
+        if code and _library_module(name, module):
+            # A library's own state (logging's handlers, weakref.finalize's registry, a
+            # package's caches): editing it breaks the library, or is undone by it; the advice
+            # names it and leaves the line out.
             code = ""
         return Root(ROOT_MODULE, label, code, container)
 
+    def _index_context(self, ns: Any) -> None:
+        try:
+            items = list(contextvars.copy_context().items())
+        except Exception:
+            return
+        names = {id(v): k for k, v in dict.items(ns) if type(k) is str} \
+            if isinstance(ns, dict) else {}
+        for var, value in items:
+            key = f"{var.name}" if type(var.name) is str else "?"
+            if key in self._context or value is None:
+                continue
+            self._context[key] = value
+            user = names.get(id(var))
+            self._context_code[key] = f"{user}.set(None)" if user and _IDENT.match(user) else ""
+        if self._context:
+            self._named[id(self._context)] = (ROOT_CONTEXT, "", self._context_code)
+
     def _named_root(self, kind: str, prefix: str, owner: Any, key: Any, value: Any) -> Root:
+        if kind == ROOT_CONTEXT:
+            return Root(ROOT_CONTEXT, f"the context variable {key!r}", owner.get(key, ""))
         if kind == ROOT_MODULE:
             return self._module_root(prefix, owner, key, value)
         if kind == ROOT_CLASS:
@@ -371,13 +402,13 @@ class Search:
                         out.append((v, _Step("key", _key_text(k))))
                     if id(k) in wanted:
                         out.append((k, _Step("text", " (a key)")))
-                return out
+                return out if t is dict else self._more_edges(parent, wanted, out)
             if issubclass(t, (list, tuple)):
                 base = list if issubclass(t, list) else tuple
                 for i, v in enumerate(base.__iter__(parent)):
                     if id(v) in wanted:
                         out.append((v, _Step("index", str(i))))
-                return out
+                return out if t in (list, tuple) else self._more_edges(parent, wanted, out)
             if t is deque:
                 for i, v in enumerate(deque.__iter__(parent)):
                     if id(v) in wanted:
@@ -420,6 +451,14 @@ class Search:
         except Exception:
             pass
         return self._object_edges(parent, wanted)
+
+    def _more_edges(self, parent: Any, wanted: set[int],
+                    out: list[tuple[Any, _Step]]) -> list[tuple[Any, _Step]]:
+        """A container subclass's items, and what else it refers to: its attributes, and a
+        C slot the collector traverses (a defaultdict's ``default_factory``)."""
+        seen = {id(v) for v, _ in out}
+        return out + [(v, step) for v, step in self._object_edges(parent, wanted)
+                      if id(v) not in seen]
 
     def _function_edges(self, fn: Any, wanted: set[int]) -> list[tuple[Any, _Step]]:
         out: list[tuple[Any, _Step]] = []
