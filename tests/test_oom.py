@@ -223,6 +223,17 @@ def test_a_free_cached_piece_larger_than_the_request_is_another_pools_not_fragme
     assert f"`{steps[0].code}`" in steps[0].text
 
 
+def test_wholly_free_segments_the_request_did_not_reclaim_are_another_pools_cache():
+    """H100, gpu_oom_forms "mempool" (the cache in 1 GiB segments): a default-pool request
+    would have had them released and retried; it was called fragmentation."""
+    f = facts(requested_bytes=20 * GiB, reserved_bytes=130 * GiB,
+              largest_free_block_bytes=GiB, idle_segments_bytes=30 * GiB)
+    assert classify(f)[0].kind == CAUSE_PRIVATE_POOL
+    pieces = facts(requested_bytes=20 * GiB, reserved_bytes=130 * GiB,
+                   largest_free_block_bytes=GiB, idle_segments_bytes=0)
+    assert classify(pieces)[0].kind == CAUSE_FRAGMENTATION
+
+
 def test_fragmentation_names_expandable_segments_only_when_it_is_off():
     split = facts(reserved_bytes=130 * GiB, largest_free_block_bytes=GiB)  # 30 GiB in pieces
     causes = classify(split)

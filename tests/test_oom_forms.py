@@ -65,6 +65,8 @@ CUBLAS = "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(hand
 CUDNN_NOT_SUPPORTED = ("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you "
                        "passed in a non-contiguous input.")
 CUDNN_ALLOC = "cuDNN error: CUDNN_STATUS_ALLOC_FAILED"
+# cuDNN 9's sub-coded status, as raised on the H100 (benchmarks/results/oom_forms_h100.json).
+CUDNN9_ALLOC = "cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED"
 # aten/src/ATen/native/cudnn/Conv_v8.cpp (the v8 API's engine search).
 CUDNN_NO_ENGINE = "GET was unable to find an engine to execute this computation"
 # aten/src/ATen/native/cuda/CuFFTUtils.h CUFFT_CHECK: "cuFFT error: " + _cudaGetErrorEnum.
@@ -109,6 +111,7 @@ FORMS = [
     (RuntimeError(CUBLAS), KEY_CUBLAS, False),
     (RuntimeError(CUDNN_NOT_SUPPORTED), KEY_CUDNN, False),
     (RuntimeError(CUDNN_ALLOC), KEY_CUDNN, False),
+    (RuntimeError(CUDNN9_ALLOC), KEY_CUDNN, False),
     (RuntimeError(CUDNN_NO_ENGINE), KEY_CUDNN, False),
     (RuntimeError(CUFFT), KEY_LIBRARY, False),
     (DistBackendError(NCCL_OOM), KEY_NCCL, True),
@@ -142,6 +145,7 @@ def test_the_figures_a_message_gives_are_read():
     assert oom_form(DistBackendError(NCCL_CALLOC)).requested_bytes == 512 << 20
     assert not oom_form(RuntimeError(CUDNN_NOT_SUPPORTED)).certain
     assert oom_form(RuntimeError(CUDNN_ALLOC)).certain
+    assert oom_form(RuntimeError(CUDNN9_ALLOC)).certain
 
 
 @pytest.mark.parametrize("exc", [

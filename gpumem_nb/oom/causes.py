@@ -311,8 +311,17 @@ OTHER_POOL_CACHE = ("a free piece of PyTorch's cache larger than the request, at
 
 
 def _free_piece_fits(f: OomFacts) -> bool:
+    """A default-pool request would have been served: by a free piece larger than it, or by
+    the wholly free segments the native allocator releases and retries with (with what CUDA
+    had free). Not under expandable segments, whose pages are unmapped differently."""
     largest, req = f.largest_free_block_bytes, f.requested_bytes
-    return largest is not None and req is not None and largest >= req + _ROUNDING_BYTES
+    if req is None:
+        return False
+    if largest is not None and largest >= req + _ROUNDING_BYTES:
+        return True
+    idle = f.idle_segments_bytes
+    return (not f.expandable_segments and idle is not None and f.free_bytes is not None
+            and f.allowed_bytes is None and idle + f.free_bytes >= req + _ROUNDING_BYTES)
 
 
 def _other_pool_cache(f: OomFacts, split: int, covering: bool) -> Cause:
@@ -321,9 +330,10 @@ def _other_pool_cache(f: OomFacts, split: int, covering: bool) -> Cause:
     which PyTorch does not let reclaim the default pool's cached blocks (pytorch#159674)."""
     return Cause(
         CAUSE_PRIVATE_POOL, split,
-        f"PyTorch's cache held {format_bytes(split)} free, in one piece as large as "
-        f"{format_bytes(f.largest_free_block_bytes)}: more than the "
-        f"{format_bytes(f.requested_bytes)} asked, yet not used for it. The request drew from "
+        f"PyTorch's cache held {format_bytes(split)} free, enough for the "
+        f"{format_bytes(f.requested_bytes)} asked (in one piece as large, or in segments "
+        "holding no tensor, which the allocator releases before it fails), yet not used for "
+        "it. The request drew from "
         "another memory pool than the one caching that memory (an allocation under "
         "torch.cuda.use_mem_pool, or a CUDA graph's capture): a pool does not take another "
         "pool's cached blocks, and PyTorch does not release them for it. (With "

@@ -74,6 +74,9 @@ class OomFacts:
     backend: str = "native"
     expandable_segments: bool = False
     largest_free_block_bytes: int | None = None  # inside PyTorch's segments, at the failure
+    # The default pool's segments with nothing allocated in them, at the failure: the native
+    # allocator releases these and retries before it fails a default-pool request.
+    idle_segments_bytes: int | None = None
     private_pool_bytes: int | None = None
     precision_bytes: int = 0
     measured_at: str = "failure"

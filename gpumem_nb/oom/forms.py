@@ -75,7 +75,10 @@ _EXPANDABLE = re.compile(r"!handles_\.at\(i\) INTERNAL ASSERT FAILED at "
 _CUBLAS = re.compile(r"\s{0,16}CUDA error: CUBLAS_STATUS_ALLOC_FAILED")
 # aten/src/ATen/cudnn/Exceptions.h AT_CUDNN_CHECK: "cuDNN error: " + cudnnGetErrorString(status)
 # [+ ". This error may appear if you passed in a non-contiguous input." for NOT_SUPPORTED].
-_CUDNN_ALLOC = re.compile(r"\s{0,16}cuDNN error: CUDNN_STATUS_ALLOC_FAILED")
+# cuDNN 9 names its allocation failures by sub-code: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_
+# ALLOCATION_FAILED (raised so on the H100, torch 2.11, benchmarks/results/oom_forms_h100.json).
+_CUDNN_ALLOC = re.compile(
+    r"\s{0,16}cuDNN error: CUDNN_STATUS_(?:ALLOC_FAILED|\w{0,40}ALLOCATION_FAILED)")
 _CUDNN_MAYBE = re.compile(
     r"\s{0,16}(?:cuDNN error: CUDNN_STATUS_NOT_SUPPORTED"
     # aten/src/ATen/native/cudnn/Conv_v8.cpp: the v8 API's heuristics found no engine whose
@@ -189,7 +192,8 @@ def _cublas_form() -> OomForm:
 def _cudnn_form(certain: bool) -> OomForm:
     return OomForm(
         KEY_CUDNN,
-        "cuDNN could not get the memory it needs (CUDNN_STATUS_ALLOC_FAILED)."
+        "cuDNN could not get the memory it needs (CUDNN_STATUS_ALLOC_FAILED, or cuDNN 9's "
+        "..._ALLOCATION_FAILED)."
         if certain else
         "cuDNN found no algorithm it could run: it says so (CUDNN_STATUS_NOT_SUPPORTED, or no "
         "engine found) when the workspace an algorithm needs cannot be allocated, as well as "

@@ -111,6 +111,7 @@ class OomEvent:
     processes: list[tuple[int, int | None]] | None = None
     holders: tuple[Holder, ...] | None = None
     largest_free_block_bytes: int | None = None
+    idle_segments_bytes: int | None = None
     expandable_segments: bool | None = None
     grad_enabled: bool | None = None  # on the allocating thread (a backward runs on its own)
     cell: CellStart | None = None
@@ -338,6 +339,7 @@ class OomWatch:
             if snap is not None:
                 event.largest_free_block_bytes, event.expandable_segments = \
                     _segment_facts(snap, device)
+                event.idle_segments_bytes = idle_segments_bytes(snap, device)
                 event.pools = self._named_pools(pools_in(snap.get("segments", ()), device,
                                                          _graph_trees_loaded()))
                 event.workspaces_bytes = workspace_blocks_bytes(snap.get("segments", ()),
@@ -754,6 +756,7 @@ class OomWatch:
             backend=self.torch.allocator_backend() or "native",
             expandable_segments=self._expandable(ev.expandable_segments),
             largest_free_block_bytes=ev.largest_free_block_bytes,
+            idle_segments_bytes=ev.idle_segments_bytes,
             private_pool_bytes=msg.private_pool_bytes, measured_at="failure", pools=ev.pools,
             walk_capped=_capped(holders), workspaces_bytes=ev.workspaces_bytes,
             grad_enabled=ev.grad_enabled, idle_process_bytes=self._idle_bytes(ev.device),
@@ -979,6 +982,17 @@ def _segment_facts(snapshot: Mapping[str, Any], device: int) -> tuple[int | None
     if isinstance(settings, Mapping) and "expandable_segments" in settings:
         expandable = bool(settings["expandable_segments"]) or bool(expandable)
     return largest, expandable
+
+
+def idle_segments_bytes(snapshot: Mapping[str, Any], device: int) -> int:
+    """The default pool's segments on ``device`` with no block allocated in them."""
+    total = 0
+    for seg in snapshot.get("segments", ()):
+        if seg.get("device", device) != device or pool_id_of(seg) != (0, 0):
+            continue
+        if not any(b.get("state") == "active_allocated" for b in seg.get("blocks", ())):
+            total += int(seg.get("total_size", 0))
+    return total
 
 
 # The explainer's two scans (in the observer, then the dry run after the failure) each get this
