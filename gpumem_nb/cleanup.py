@@ -628,7 +628,7 @@ def _steps(request: CleanupRequest, names: list[str], shell: Any,
         if emptied:
             record("empty_cache", "returned unused cached blocks to the driver", collect=False)
         else:
-            steps.append(StepResult("empty_cache", "skipped: CUDA is not initialised"))
+            steps.append(StepResult("empty_cache", "skipped: CUDA is not initialized"))
             now.finish()
 
 
