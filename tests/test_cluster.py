@@ -28,6 +28,8 @@ from gpumem_nb.cluster import (  # noqa: E402 - after the skip
 from gpumem_nb.cluster.dask_backend import DaskCollector  # noqa: E402
 from gpumem_nb.cluster.feed import ClusterFeed  # noqa: E402
 
+from .helpers import hang_guard  # noqa: E402
+
 GiB = 1 << 30
 PRELOAD = str(Path(__file__).with_name("cluster_preload.py"))
 SHARED = "GPU-shared-0000"
@@ -130,7 +132,7 @@ def test_a_scheduler_that_does_not_answer_shows_unknown_rows_without_holding_the
         took = time.monotonic() - t0
     finally:
         shared_gpu.hang_flag.unlink()
-    assert result.error_in_exec is None and took < 1.5, took
+    assert result.error_in_exec is None and took < hang_guard(1.5), took
     out = capsys.readouterr().out
     assert "did not answer: no answer within 0.5 s" in out
     reading = shell.run_line_magic("gpumem", "cluster client --timeout 0.5 -o")
@@ -150,7 +152,7 @@ def test_a_blocked_scheduler_loop_never_blocks_the_collection_past_its_timeout(s
     time.sleep(0.2)
     t0 = time.monotonic()
     reading = collector.collect(0.5)
-    assert time.monotonic() - t0 < 1.0 and reading.status == ROW_UNKNOWN
+    assert time.monotonic() - t0 < hang_guard(1.0) and reading.status == ROW_UNKNOWN
     blocker.join()
 
 

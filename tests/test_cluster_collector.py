@@ -21,6 +21,8 @@ from gpumem_nb.cluster import (
 from gpumem_nb.cluster.dask_backend import DaskCollector
 from gpumem_nb.cluster.feed import CHART_POINTS, MAX_GPU_LINES, SUM_USED, ClusterFeed
 
+from .helpers import hang_guard
+
 GiB = 1 << 30
 
 
@@ -86,10 +88,10 @@ def test_a_scheduler_that_never_answers_still_bounds_the_call():
     collector = DaskCollector(ScriptedClient([["0"]], delay_s=5.0))
     t0 = time.monotonic()
     reading = collector.collect(0.3)
-    assert reading.status == ROW_UNKNOWN and time.monotonic() - t0 < 1.0
+    assert reading.status == ROW_UNKNOWN and time.monotonic() - t0 < hang_guard(1.0)
     t0 = time.monotonic()
     assert collector.collect(0.3).status == ROW_UNKNOWN  # joins the one out: not doubled
-    assert time.monotonic() - t0 < 1.0 and collector.client.calls == 1
+    assert time.monotonic() - t0 < hang_guard(1.0) and collector.client.calls == 1
 
 
 def test_retired_workers_do_not_come_back_as_unknown_rows():
@@ -329,7 +331,7 @@ def test_a_hundred_thousand_devices_and_a_huge_name_print_bounded_and_fast():
     text = str(ClusterView(reading))
     html = ClusterView(reading)._repr_html_()
     elapsed = time.perf_counter() - t0
-    assert elapsed < 3.0, elapsed
+    assert elapsed < hang_guard(3.0), elapsed
     assert len(text) < 100_000 and len(html) < 200_000, (len(text), len(html))
     assert "device(s) beyond 64 per worker were left out" in text
     assert "The table shows 100 of 428 rows" in text

@@ -11,6 +11,8 @@ import pytest
 from gpumem_nb.magics import current_monitor
 from gpumem_nb.sources import gate
 
+from .helpers import hang_guard
+
 
 def sampler_threads() -> int:
     return sum(t.name == "gpumem_nb-sampler" and t.is_alive() for t in threading.enumerate())
@@ -80,7 +82,7 @@ def test_status_magic_answers_within_a_second_while_nvml_hangs(shell, fake_gpu, 
         assert hang.entered.wait(2.0)
         t0 = time.perf_counter()
         result = shell.run_cell("%gpumem")
-        assert time.perf_counter() - t0 < 1.5
+        assert time.perf_counter() - t0 < hang_guard(1.5)
         assert result.error_in_exec is None
     finally:
         hang.release.set()
@@ -202,7 +204,7 @@ def test_an_oom_while_nvml_hangs_is_explained_without_hanging_the_cell(shell, fa
         elapsed = time.perf_counter() - t0
         # Before: the observer listed NVML's processes on the cell's own thread, inside the
         # hang (here until the fake's 5 s release).
-        assert elapsed < 1.0, elapsed
+        assert elapsed < hang_guard(1.0), elapsed
         assert "gpumem: CUDA out of memory on GPU 0" in capsys.readouterr().out
         assert listing.most == 0
     finally:
@@ -227,7 +229,7 @@ def test_an_oom_while_only_the_process_listing_hangs_and_the_sampler_is_stopped_
         t0 = time.perf_counter()
         shell.run_cell("x = cuda.tensor(400 * GiB)", store_history=True)
         elapsed = time.perf_counter() - t0
-        assert elapsed < 2.0, elapsed
+        assert elapsed < hang_guard(2.0), elapsed
         assert "gpumem: CUDA out of memory on GPU 0" in capsys.readouterr().out
         assert _gpumem_threads("gpumem_nb-oom-processes") <= 1
     finally:
@@ -258,7 +260,7 @@ def test_a_load_whose_nvml_start_hangs_answers_within_two_seconds_and_says_why(
         elapsed = time.perf_counter() - t0
         out = capsys.readouterr().out
         assert hang.entered.is_set()
-        assert elapsed < 2.2, elapsed
+        assert elapsed < hang_guard(2.2), elapsed
         assert "NVML has not answered its start" in out, out
         assert "unknown" in out
         assert _timed(shell, "x = 1") < 0.05

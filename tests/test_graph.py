@@ -12,6 +12,7 @@ from gpumem_nb.graph import GraphWalker
 from gpumem_nb.holders import Scanner
 
 from .fakes import FakeSaved, FakeTensor, GiB, MiB, fake_torch, node, node_type
+from .helpers import hang_guard
 
 MOD = {"torch": fake_torch()}
 
@@ -126,7 +127,7 @@ def test_a_100k_node_graph_stops_at_its_time_budget_and_says_at_least():
     # slow shared machine; the whole graph is walked when the budget allows it.
     start = time.perf_counter()
     cut = GraphWalker(storage_of).size([big])
-    assert cut.capped and time.perf_counter() - start < 0.25
+    assert cut.capped and time.perf_counter() - start < hang_guard(0.25)
     whole = GraphWalker(storage_of, budget_s=60).size([big])
     assert not whole.capped and whole.nodes == 100_000 and whole.tensors == 10_000
 

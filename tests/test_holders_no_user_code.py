@@ -17,6 +17,7 @@ from gpumem_nb.holders import Scanner, output_cache_names
 from gpumem_nb.oom.site import failure_site
 
 from .fakes import FakeTensor, GiB, MiB, node
+from .helpers import hang_guard
 from .test_holders import HookedModule, Module, Optimizer, torch_with_nn
 from .test_oom_rules import raise_in
 
@@ -106,7 +107,7 @@ def test_a_parameters_that_never_ends_is_never_started_and_the_look_stays_quick(
     (h,) = scan({"model": model})
     assert started == []
     assert h.nbytes == GiB
-    assert time.perf_counter() - t0 < 2.0
+    assert time.perf_counter() - t0 < hang_guard(2.0)
 
 
 def test_a_module_tree_with_a_cycle_and_non_str_child_keys_is_walked_once():

@@ -32,7 +32,7 @@ from gpumem_nb.monitor import Monitor
 from gpumem_nb.settings import Config, lock_path, read_config
 
 from .fakes import GiB, MiB, OutOfMemoryError
-from .helpers import spaced
+from .helpers import hang_guard, spaced
 from .test_oom import TORCH_2_11_H200, make_world
 
 
@@ -671,7 +671,7 @@ def test_twenty_thousand_unknown_flags_are_refused_at_once(shell, no_gpu):
         magic(line)
     took_s = time.perf_counter() - start
     assert str(info.value).startswith("%gpumem who: unrecognized arguments: --f0 --f1 ")
-    assert took_s < 1.0, took_s
+    assert took_s < hang_guard(1.0), took_s
 
 
 def test_a_line_of_more_words_than_any_command_takes_is_refused_in_a_sentence(shell, no_gpu):

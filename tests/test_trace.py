@@ -19,6 +19,7 @@ from gpumem_nb.sources.torch import TorchDebug
 from gpumem_nb.trace import CellTracer, TraceReport, TraceTimeline, analyze, site_of
 
 from .fakes import FakeCuda, GiB, MiB, fake_torch
+from .helpers import hang_guard
 
 TORCH_DIR = "/usr/lib/python3/site-packages/torch/"
 SKIP = (TORCH_DIR,)
@@ -139,7 +140,7 @@ def test_a_long_history_is_drawn_with_bounded_points_keeping_the_peak():
     assert d.peak_bytes == GiB + 2 * MiB
     total_at = [sum(s.mib[i] for s in d.series) for i in range(len(d.times_ms))]
     assert max(total_at) == pytest.approx((GiB + 2 * MiB) / MiB)
-    assert took < 2.0
+    assert took < hang_guard(2.0)
 
 
 def test_the_timeline_is_plain_plotly_json_with_a_static_fallback():
@@ -190,7 +191,7 @@ def test_our_recording_is_switched_on_for_the_cell_and_off_after():
     assert [c for c in cuda.calls if c.startswith("record")] == [
         "record_memory_history('all')", "record_memory_history(None)"]
     assert result.devices[0].alive_at_end[0].nbytes == GiB
-    assert result.added_s < 0.05
+    assert result.added_s < hang_guard(0.05)
     del x
 
 
@@ -216,7 +217,7 @@ def test_the_time_tracing_adds_is_split_into_torchs_calls_and_our_own_analysis()
     x = cuda.tensor(GiB)
     r = t.stop()
     assert abs(r.snapshot_s - 3.6) < 0.01 and abs(r.switch_s - 0.004) < 0.001
-    assert r.added_s >= r.torch_s and r.ours_s < 0.05
+    assert r.added_s >= r.torch_s and r.ours_s < hang_guard(0.05)
     footer = TraceReport(r).footer()
     assert "PyTorch's snapshot 3600." in footer and "gpumem_nb's analysis" in footer
     del x
