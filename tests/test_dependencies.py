@@ -71,7 +71,8 @@ def test_each_optional_import_is_made_where_its_absence_is_handled():
 
 
 def test_the_license_file_says_what_pyproject_says():
-    assert PYPROJECT["project"]["license"] == {"text": "BSD-3-Clause"}
+    assert PYPROJECT["project"]["license"] == "BSD-3-Clause"  # SPDX (PEP 639)
+    assert PYPROJECT["project"]["license-files"] == ["LICENSE"]
     text = (ROOT / "LICENSE").read_text()
     assert text.startswith("BSD 3-Clause License")
     assert "Neither the name of the copyright holder" in text

@@ -76,7 +76,7 @@ def test_mypy_is_clean():
 
 def test_binder_installs_every_runtime_dependency():
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    names = {re.split(r"[<>=!\[ ]", d)[0].lower() for d in deps}
+    names = {re.split(r"[<>=!\[ ;]", d)[0].lower() for d in deps}
     lines = (ROOT / "binder" / "requirements.txt").read_text().splitlines()
     binder = {re.split(r"[<>=!\[ ]", ln)[0].lower() for ln in lines
               if ln.strip() and not ln.startswith(("#", "-"))}
