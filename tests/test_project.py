@@ -143,3 +143,61 @@ def test_readme_layout_lists_every_module():
                for p in sorted((ROOT / "gpumem_nb").rglob("*.py"))
                if p.name not in layout]
     assert not missing, f"README layout does not mention: {missing}"
+
+
+# -- the import graph ------------------------------------------------------------------------
+# The engine and the domain below it never reach up to the IPython layer or the chart: both
+# sit on top and are the only ones that import IPython and ipywidgets.
+LOWER = ("kernel", "holders", "whatif", "oom")
+UPPER = ("ipython", "chart")
+
+
+def package_imports(*, module_level_only: bool) -> dict[str, set[str]]:
+    """Each package module's imports of other package modules (``gpumem_nb.x.y``): at module
+    level only (what runs when it is imported), or every one, a function's lazy import and a
+    type checker's included."""
+    names = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+             for p in PKG.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in PKG.rglob("*.py"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        tree = ast.parse(path.read_text())
+        nodes = tree.body if module_level_only else list(ast.walk(tree))
+        found: set[str] = set()
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name in names}
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] \
+                    if node.level else []
+                target = ".".join([*base, *([node.module] if node.module else [])])
+                for alias in node.names:
+                    sub = f"{target}.{alias.name}"
+                    found.add(sub if sub in names else target)
+        graph[name] = {m for m in found if m in names and m != name}
+    return graph
+
+
+def test_the_package_imports_in_no_circle():
+    graph = package_imports(module_level_only=True)
+    done: set[str] = set()
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in path:
+            raise AssertionError("import circle: " + " -> ".join((*path, name)))
+        if name in done:
+            return
+        for dep in sorted(graph[name]):
+            visit(dep, (*path, name))
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, ())
+
+
+def test_the_engine_and_the_domain_never_import_the_ipython_layer_or_the_chart():
+    upward = [(name, dep) for name, deps in package_imports(module_level_only=False).items()
+              if name.split(".")[1:2] and name.split(".")[1] in LOWER
+              for dep in deps if dep.split(".")[1:2] and dep.split(".")[1] in UPPER]
+    assert upward == []
