@@ -12,6 +12,8 @@ from .sampler import check_interval
 from .sources.live import LiveSource
 from .views import take
 
+__all__ = ["main"]
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(

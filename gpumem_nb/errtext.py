@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 from . import userexc
 
+__all__ = ["error_str", "one_read_per_error"]
+
 _memo = threading.local()
 
 

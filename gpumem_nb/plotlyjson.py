@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = ["config", "layout"]
+
 _LEGEND_ROW_PX = 22
 _CONFIG = {"displaylogo": False, "modeBarButtonsToRemove": [
     "select2d", "lasso2d", "autoScale2d", "toggleSpikelines", "hoverClosestCartesian",

@@ -22,6 +22,19 @@ from dataclasses import dataclass
 
 from .model import Sample
 
+__all__ = [
+    "ALL_DEVICES",
+    "GIB",
+    "MAX_POINTS",
+    "NAN",
+    "SERIES",
+    "Arrays",
+    "Timeline",
+    "collapse_runs",
+    "keep_peaks",
+    "values_of",
+]
+
 SERIES = ("nvml_used", "process", "reserved", "allocated", "rss")
 GIB = float(1 << 30)
 MAX_POINTS = 2000

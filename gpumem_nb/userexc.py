@@ -27,6 +27,21 @@ from __future__ import annotations
 import types
 from typing import Any, TypeGuard
 
+__all__ = [
+    "cause",
+    "chain",
+    "class_module",
+    "class_name",
+    "context",
+    "is_exception",
+    "members",
+    "mro",
+    "parts",
+    "text",
+    "traceback_of",
+    "type_name",
+]
+
 _CAUSE = BaseException.__dict__["__cause__"]
 _CONTEXT = BaseException.__dict__["__context__"]
 _TRACEBACK = BaseException.__dict__["__traceback__"]

@@ -25,6 +25,13 @@ from typing import Any
 import anywidget
 import traitlets
 
+__all__ = [
+    "LiveChart",
+    "Points",
+    "SeriesSpec",
+    "esm_bytes",
+]
+
 _HERE = Path(__file__).resolve().parent
 
 
