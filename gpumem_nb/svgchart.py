@@ -556,7 +556,7 @@ def render_plot(plot: Plot) -> str:
 # A picture is an <img>: it cannot see the page's stylesheet, but its prefers-color-scheme is
 # the colour scheme of the element showing it (in chromium), which JupyterLab's dark theme sets
 # (`color-scheme: dark` on <body>), as a dark system does. Under a dark one it takes the live
-# chart's dark colours instead of showing as a white card (issue 27).
+# chart's dark colours instead of showing as a white card.
 # CSS outranks the presentation attributes the light colours are written in.
 # Text with a colour of its own (the red total, each cell mark's label) keeps it.
 DARK_CSS = ("@media (prefers-color-scheme: dark){.background{fill:#111}"

@@ -8,8 +8,8 @@ and prepares, per tick, the smallest arrays that draw the same picture:
   so a short spike survives downsampling instead of being averaged away.
 
 Pure standard library (``array``, ``bisect``): numpy costs the first ``%gpumem watch`` about
-90 ms to import in a kernel that has not imported it yet, a third of issue 17's 0.3 s budget,
-and the work here is a few thousand numbers a tick at most.
+90 ms to import in a kernel that has not imported it yet, a third of the first chart's
+0.3 s budget, and the work here is a few thousand numbers a tick at most.
 """
 
 from __future__ import annotations
