@@ -1,10 +1,10 @@
 """The what-if against the real allocator: turn what ``gpu_whatif.py`` brought back from the
-GPU machine into ``benchmarks/results/whatif_h200.json`` and the summaries in the README and
+GPU machine into ``benchmarks/results/whatif_h200.json`` and the summary in
 ``docs/whatif.md``. Runs on the development machine (no GPU), so a fix to the model is
 checked again without another GPU run.
 
     python benchmarks/whatif_compare.py DIR                 # DIR holds the GPU run's files
-    python benchmarks/whatif_compare.py DIR --write-docs    # also rewrite the two summaries
+    python benchmarks/whatif_compare.py DIR --write-docs    # also rewrite the summary
 
 Targets (issue 18): predicted peak reserved within 1% or 20 MiB of the real one in every
 case; the saving between two settings within 2 percentage points; the OOM call right in
@@ -247,7 +247,7 @@ def _parsed_table(api: Any, setting: str) -> tuple[int, ...] | None:
         return None
 
 
-def markdown(report: dict[str, Any], *, table: bool = True) -> str:
+def markdown(report: dict[str, Any]) -> str:
     s = report["summary"]
     if report.get("dry_run"):
         head = ("*Dry run on the CPU (faked history, the model compared with itself): "
@@ -270,9 +270,6 @@ def markdown(report: dict[str, Any], *, table: bool = True) -> str:
                 f"{s['with_real_addresses_identical']}/{s['with_real_addresses']} of the runs "
                 f"without expandable segments once the model's segments are given the real "
                 f"run's addresses.")
-    if not table:
-        return (f"{head} Every case: [docs/whatif.md](docs/whatif.md#validation-on-the-h200), "
-                "`benchmarks/results/whatif_h200.json`.")
     lines = [head, "", "| workload | setting | real peak | predicted | error | real end | "
              "predicted end | cudaMalloc real / predicted | OOM real / predicted |",
              "|---|---|---:|---:|---:|---:|---:|---:|---|"]
@@ -317,7 +314,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results",
                                                   "whatif_h200.json"))
     ap.add_argument("--write-docs", action="store_true",
-                    help="rewrite the summaries in README.md and docs/whatif.md")
+                    help="rewrite the summary in docs/whatif.md")
     args = ap.parse_args()
     with open(os.path.join(args.dir, "whatif_gpu_results.json")) as f:
         results = json.load(f)
@@ -330,10 +327,9 @@ def main() -> None:
     print(md)
     print(json.dumps(report["summary"], indent=1))
     if args.write_docs:
-        for p, block in (("README.md", markdown(report, table=False)),
-                         (os.path.join("docs", "whatif.md"), md)):
-            ok = rewrite(os.path.join(ROOT, p), block)
-            print(f"{p}: {'rewritten' if ok else 'no markers, left alone'}")
+        p = os.path.join("docs", "whatif.md")
+        ok = rewrite(os.path.join(ROOT, p), md)
+        print(f"{p}: {'rewritten' if ok else 'no markers, left alone'}")
 
 
 if __name__ == "__main__":

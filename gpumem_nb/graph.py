@@ -51,6 +51,10 @@ class GraphSize:
     # Storages this graph saves that an earlier holder counted as its own (a variable that
     # is also a saved input): freeing that holder alone leaves them alive.
     shared: frozenset[tuple[str, int]] = frozenset()
+    walk: int = 0  # this walk's number in its walker
+    # Earlier walks (by number) whose nodes this one reached: two outputs of one forward
+    # share its graph, which the first walk counted; `del` of its holder alone frees none of it.
+    shared_walks: frozenset[int] = frozenset()
 
     @property
     def nbytes(self) -> int:
@@ -86,7 +90,8 @@ class GraphWalker:
         self.nodes = 0  # over every walk of this scan
         self.elapsed_s = 0.0
         self.out_of_budget = False
-        self._walked: set[int] = set()
+        self._walked: dict[int, int] = {}  # node id -> the walk that met it first
+        self._walks = 0
         self._held: list[Any] = []
         self._plans: dict[type, _Plan] = {}
         self._leaves: set[tuple[str, int]] = set()
@@ -103,12 +108,19 @@ class GraphWalker:
         found: list[tuple[str, int, tuple[str, int]]] = []
         self._walk_leaves = []
         counts = {"hooked": 0, "released": 0, "unknown": 0}
+        walk, self._walks = self._walks, self._walks + 1
+        met: set[int] = set()
         stack = []
         for root in roots:
-            if root is not None and id(root) not in self._walked:
-                self._walked.add(id(root))
+            if root is None:
+                continue
+            first = self._walked.get(id(root))
+            if first is None:
+                self._walked[id(root)] = walk
                 self._held.append(root)
                 stack.append(root)
+            elif first != walk:
+                met.add(first)
         walked = 0
         capped = False
         while stack:
@@ -129,9 +141,14 @@ class GraphWalker:
                     nxt = edge[0]
                 except Exception:
                     continue
-                if nxt is None or id(nxt) in self._walked:
+                if nxt is None:
                     continue
-                self._walked.add(id(nxt))
+                first = self._walked.get(id(nxt))
+                if first is not None:
+                    if first != walk:
+                        met.add(first)
+                    continue
+                self._walked[id(nxt)] = walk
                 self._held.append(nxt)
                 stack.append(nxt)
         by_device: dict[str, int] = {}
@@ -157,7 +174,8 @@ class GraphWalker:
         self._walk_leaves = []
         self.elapsed_s += self.clock() - t0
         return GraphSize(nodes=walked, bytes_by_device=by_device, tensors=tensors,
-                         capped=capped, shared=frozenset(shared), **counts)
+                         capped=capped, shared=frozenset(shared), walk=walk,
+                         shared_walks=frozenset(met), **counts)
 
     # -- one node ----------------------------------------------------------------------------
     def _plan(self, node: Any) -> _Plan:

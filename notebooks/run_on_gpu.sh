@@ -30,7 +30,7 @@ if [ "$mode" = report ]; then export TUTORIAL_CLAIMS=report; fi
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 } > "$out/gpu.txt" 2>&1
 # 00-08 took about 200 s there at efadd2a; with the review's new cells about 300 s, and 09-12
-# about 250 s (estimates): run them as two calls (README, "Executing them on the GPU machine"). Both bounds count from this script's
+# about 250 s (estimates): run them as two calls (CONTRIBUTING.md, "Executing the tutorials on the GPU machine"). Both bounds count from this script's
 # start, the wheel install and the kernel registration included: no notebook starts after
 # 400 s, and everything is stopped at 480 s (the device allows 600 s a command), leaving time
 # for the tar.

@@ -74,7 +74,7 @@ def context(browser: Any, request: Any) -> Any:
 # Time and bytes to the first chart
 # --------------------------------------------------------------------------------------------
 def test_first_chart_time_and_bytes_in_jupyterlab_and_notebook7(lab, browser):
-    """One run per frontend, printed; README's figures are benchmarks/bench_chart_browser.py's
+    """One run per frontend, printed; docs/chart.md's figures are bench_chart_browser.py's
     medians on a quiet machine. Fails only on a gross regression: plotly's FigureWidget took
     9-13 s and 5 MB per watch."""
     runs = []

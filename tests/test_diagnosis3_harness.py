@@ -292,6 +292,8 @@ def test_a_pool_action_is_measured_in_reserved_memory():
      "1.00 GiB unused in the cudaMallocAsync pool (empty_cache trims it).", "allocated"),
     ("Release what other libraries hold in this process (CuPy: "
      "cupy.get_default_memory_pool().free_all_blocks())", "device"),
+    ("blob (a CuPy array) holds 34.00 GiB in CuPy's memory pool: `del blob; import cupy; "
+     "cupy.get_default_memory_pool().free_all_blocks()`", "device"),
     ("del losses (variable, 40.00 GiB) if you no longer need it.", "allocated"),
     ("PID 812 (python3 worker.py) holds 30.00 GiB: release the object that started it ... for "
      "a multiprocessing pool, pool.close() and pool.join()", "device"),

@@ -22,6 +22,7 @@ from gpumem_nb.oom import (
     CAUSE_OTHER_PROCESSES,
     CAUSE_OUTSIDE,
     CAUSE_POOL,
+    CAUSE_PRIVATE_POOL,
     CAUSE_WORKING_SET,
     FORM_ASYNC,
     FORM_CLASSIC,
@@ -207,6 +208,19 @@ def test_a_request_over_the_memory_fraction_cap_is_impossible_under_the_cap():
     causes = classify(facts(requested_bytes=20 * GiB, allowed_bytes=16 * GiB))
     assert causes[0].kind == CAUSE_IMPOSSIBLE and "set_per_process_memory_fraction" in \
         causes[0].summary
+
+
+def test_a_free_cached_piece_larger_than_the_request_is_another_pools_not_fragmentation():
+    """H200, gpu_oom_forms "mempool": a request under torch.cuda.use_mem_pool failed beside
+    PyTorch's default pool caching 139 GiB in one piece; it was called fragmentation, whose
+    advice (restart with expandable segments) does not bring that memory back."""
+    f = facts(requested_bytes=20 * GiB, reserved_bytes=130 * GiB,
+              largest_free_block_bytes=30 * GiB)
+    causes = classify(f)
+    assert causes[0].kind == CAUSE_PRIVATE_POOL and causes[0].covers, causes
+    steps = next_steps(f, causes, [], None)
+    assert steps[0].code == "torch.cuda.empty_cache()" and steps[0].nbytes == 30 * GiB
+    assert f"`{steps[0].code}`" in steps[0].text
 
 
 def test_fragmentation_names_expandable_segments_only_when_it_is_off():

@@ -57,6 +57,40 @@ def test_a_module_global_list_is_named_by_its_module_and_index_not_not_found():
         del sys.modules["featcache"]
 
 
+def test_a_library_modules_private_global_is_named_but_never_given_a_line_to_edit_it():
+    """`threading._active.clear()` was advised on the H200 (a Timer's partial held 63 GiB):
+    editing a library's private state breaks the library."""
+    import logging
+
+    logging._gm_probe = [FakeTensor(3 * GiB + 7 * 2**20)]  # type: ignore[attr-defined]
+    try:
+        h = one(who_gc({}), 3 * GiB + 7 * 2**20)
+        assert h.name == "logging._gm_probe[0]" and h.code == "", (h.name, h.code)
+        assert not holder_advice(h).code
+    finally:
+        del logging._gm_probe  # type: ignore[attr-defined]
+
+
+def test_what_only_a_live_thread_object_keeps_is_the_threads_not_threadings_registry():
+    stop = threading.Event()
+
+    class Keeper(threading.Thread):
+        def __init__(self) -> None:
+            super().__init__(daemon=True)
+            self.kept = FakeTensor(3 * GiB + 11 * 2**20)
+
+        def run(self) -> None:
+            stop.wait(30)
+
+    Keeper().start()
+    try:
+        h = one(who_gc({}), 3 * GiB + 11 * 2**20)
+        assert h.kind == "thread" and not h.code and "threading._active" not in h.name, \
+            (h.name, h.kind, h.code)
+    finally:
+        stop.set()
+
+
 def test_a_module_imported_under_another_name_is_fixed_through_that_name():
     mod = types.ModuleType("helpers_x")
     mod.cache = {"k": FakeTensor(5 * GiB)}  # type: ignore[attr-defined]
@@ -311,6 +345,29 @@ def test_an_oom_with_tensors_in_uncollected_cycles_says_garbage_and_collecting_f
     assert CAUSE_WORKING_SET not in [c.kind for c in e.causes[:1]]
 
 
+def test_uncollected_cycles_under_cudamallocasync_are_garbage_not_unreached(
+        shell: Any, monkeypatch: Any, capsys: Any):
+    """cudaMallocAsync refuses the observer, so the explanation comes after the failure: the
+    search's garbage was left in "reachable from nothing the scan walks" and the verdict was
+    'held by your session' (H100, self_cycle_garbage_gc_disabled)."""
+    w = make_world(monkeypatch, backend="cudaMallocAsync")
+    run(shell, "%load_ext gpumem_nb")
+    shell.user_ns.update(cuda=w.cuda, GiB=GiB)
+    run(shell, "class Node:\n    pass\n")
+    capsys.readouterr()
+    run(shell, CYCLES + "y = cuda.tensor(30 * GiB)")
+    try:
+        e = last(shell)
+        assert e.cause == CAUSE_GARBAGE, str(e)
+        assert "reachable from nothing" not in str(e)
+        (step,) = [a for a in e.actions if a.code == "import gc; gc.collect()"]
+        before = w.cuda.devices[0].allocated
+        run(shell, step.code)
+        assert before - w.cuda.devices[0].allocated >= 0.95 * (step.nbytes or 0) > 0
+    finally:
+        gc.enable()
+
+
 def _gpumem_callbacks() -> list[Any]:
     from gpumem_nb.oom.gcwindow import Collections
 
@@ -364,6 +421,67 @@ def test_unloading_after_a_failure_leaves_no_gc_callback(oomworld):
     assert len(_gpumem_callbacks()) == 1
     run(shell, "%unload_ext gpumem_nb")
     assert _gpumem_callbacks() == []
+
+
+LEAK = ("class Pair:\n"
+        "    def __init__(self, t):\n"
+        "        self.tensor, self.next = t, None\n"
+        "def leak(nbytes):\n"
+        "    for _ in range(1000):\n"
+        "        a, b = Pair(cuda.tensor(nbytes)), Pair(cuda.tensor(nbytes))\n"
+        "        a.next, b.next = b, a\n")
+
+
+def test_cycles_collected_while_the_traceback_shows_are_garbage_under_cudamallocasync(
+        shell: Any, monkeypatch: Any, capsys: Any):
+    """No observer: the loop's cross-linked pairs were collected while IPython formatted the
+    traceback, before the cell's end explained it, and 120 GiB was called the failing
+    computation (H100, cross_linked_nodes_in_loop, verdict 'working set')."""
+    from gpumem_nb.oom.gcwindow import WhileHandled
+
+    w = make_world(monkeypatch, backend="cudaMallocAsync")
+    run(shell, "%load_ext gpumem_nb")
+    shell.user_ns.update(cuda=w.cuda, GiB=GiB)
+    run(shell, LEAK)
+    capsys.readouterr()
+    run(shell, "leak(6 * GiB)")
+    e = last(shell)
+    assert e.cause == CAUSE_GARBAGE, str(e)
+    # The half-made pair's first tensor, freed as the frames unwound: the computation's.
+    assert e.ledger is not None and e.ledger.computation_bytes == 6 * GiB
+    assert any("garbage" in name and n == 120 * GiB for name, n in e.ledger.pools), e.ledger
+    assert len([c for c in gc.callbacks if isinstance(c, WhileHandled)]) == 1
+    run(shell, "%unload_ext gpumem_nb")
+    assert [c for c in gc.callbacks if isinstance(c, WhileHandled)] == []
+
+
+def test_handled_collections_read_nothing_while_no_oom_is_being_handled():
+    from gpumem_nb.oom.gcwindow import WhileHandled
+
+    reads: list[Any] = []
+    w = WhileHandled(lambda e: reads.append(e) or 0, lambda e: "OutOfMemory" in type(e).__name__)
+    w.start()
+    try:
+        gc.collect()
+        try:
+            raise KeyError("k")
+        except KeyError:
+            gc.collect()
+        assert reads == []
+
+        class OutOfMemoryError(RuntimeError):
+            pass
+
+        err = OutOfMemoryError("CUDA out of memory")
+        try:
+            raise err
+        except OutOfMemoryError:
+            gc.collect()
+        assert reads and all(r is err for r in reads)
+        assert w.take(err) == (0, 1, 0) and w.take(err) is None
+    finally:
+        w.stop()
+    assert w not in gc.callbacks
 
 
 def test_a_gc_window_whose_read_fails_closes_instead_of_raising_in_every_collection():
@@ -430,6 +548,88 @@ def test_a_tree_whose_nodes_point_back_needs_a_collection_after_the_del(oomworld
         assert before - oomworld.cuda.devices[0].allocated >= 0.95 * step.nbytes > 0
     finally:
         gc.enable()
+
+
+def test_a_methods_lru_cache_is_cleared_not_its_class_deleted(oomworld):
+    """`del Encoder` freed 0 on the H100: the class's cache keys on `self`, and the class
+    lives on through its own cycles; `cache_clear()` frees the instance."""
+    shell = oomworld.shell
+    run(shell, "import functools\n"
+               "class Encoder:\n"
+               "    def __init__(self, n):\n"
+               "        self.tables = [cuda.tensor(11 * GiB) for _ in range(n)]\n"
+               "    @functools.lru_cache(maxsize=32)\n"
+               "    def anchors(self, size):\n"
+               "        return size * 2\n"
+               "enc = Encoder(4)\n"
+               "enc.anchors(64)\nenc.anchors(128)\n"
+               "del enc")
+    run(shell, "y = cuda.tensor(110 * GiB)")
+    e = last(shell)
+    step = _held_action(e, "Encoder.anchors")
+    assert step.code == "Encoder.anchors.cache_clear()", str(e)
+    assert f"`{step.code}`" in step.text
+    before = oomworld.cuda.devices[0].allocated
+    run(shell, step.code)
+    assert before - oomworld.cuda.devices[0].allocated >= 0.95 * step.nbytes > 0
+
+
+def test_a_metaclass_registry_is_cut_with_a_collection_and_no_name_is_deleted_twice(oomworld):
+    """H200, metaclass_instance_registry: `del AttnProcessor, InstanceTracker, proc` freed 0
+    (classes live in cycles of their own), and the next line deleted `proc` again: NameError."""
+    shell = oomworld.shell
+    run(shell, "class InstanceTracker(type):\n"
+               "    _instances = {}\n"
+               "    def __call__(cls, *a, **k):\n"
+               "        obj = super().__call__(*a, **k)\n"
+               "        InstanceTracker._instances.setdefault(cls.__name__, []).append(obj)\n"
+               "        return obj\n"
+               "class AttnProcessor(metaclass=InstanceTracker):\n"
+               "    def __init__(self):\n"
+               "        self.ip_hidden = cuda.tensor(15 * GiB)\n"
+               "for _ in range(3):\n    AttnProcessor()\n"
+               "proc = AttnProcessor()")
+    run(shell, "y = cuda.tensor(110 * GiB)")
+    e = last(shell)
+    steps = [a for a in e.actions if a.code and a.nbytes]
+    assert steps, str(e)
+    deleted: list[str] = []
+    for a in steps:
+        for stmt in a.code.split("; "):
+            if stmt.startswith("del "):
+                names = [n.strip() for n in stmt[4:].split(",")]
+                assert not set(names) & set(deleted), str(e)
+                deleted += names
+        assert f"`{a.code}`" in a.text
+    assert any(a.code.endswith("import gc; gc.collect()") for a in steps if "del " in a.code), \
+        str(e)
+    before = oomworld.cuda.devices[0].allocated
+    said = sum(a.nbytes or 0 for a in steps)
+    for a in steps:
+        run(shell, a.code)
+    assert before - oomworld.cuda.devices[0].allocated >= 0.95 * said > 0
+
+
+def test_a_library_modules_private_registry_is_never_advised_to_be_edited(oomworld):
+    """H200, timer_thread_partial_autosave: the advice was `threading._active.clear()`."""
+    shell = oomworld.shell
+    stop = threading.Event()
+    shell.user_ns["stop"] = stop
+    try:
+        run(shell, "import functools, threading\n"
+                   "state = {'w': cuda.tensor(40 * GiB)}\n"
+                   "def save(state):\n    pass\n"
+                   "autosave = threading.Timer(30, functools.partial(save, state=state))\n"
+                   "autosave.daemon = True\n"
+                   "autosave.start()\n"
+                   "del state")
+        run(shell, "y = cuda.tensor(110 * GiB)")
+        e = last(shell)
+        codes = [a.code for a in e.actions]
+        assert not any("threading." in c or "._" in c for c in codes), str(e)
+        assert e.ledger is not None and e.ledger.not_found_bytes == 0, str(e)
+    finally:
+        shell.user_ns["autosave"].cancel()
 
 
 def test_a_running_threads_closure_is_not_advised_away_with_a_del(oomworld):

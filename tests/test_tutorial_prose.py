@@ -13,14 +13,14 @@ Three rules bind a tutorial's text to what its own cells measured:
 - **the notebook is its source, executed at the commit it names**: same cells, same ids, and
   the ``sources_sha256`` the runner recorded is the digest of the package and tutorial
   sources at that commit (this checkout's, or an earlier commit's that git still holds, in
-  which case the README must say that the tutorials ran on older code).
+  which case ``notebooks/README.md`` must say that the tutorials ran on older code).
 
 A notebook executed by the current runner also records, in its metadata, every claim its cells
 made (the sentence, the values it compared, the line it printed) and a digest of each code
 cell's outputs: a ✓ line that no claim wrote, a claim whose cell is gone, or outputs changed
 after the run then fail (the review's three forgeries, tested on a notebook executed here).
 The notebooks executed before the record existed (at efadd2a) are checked against their
-commit's sources, and the README says they ran on older code.
+commit's sources, and ``notebooks/README.md`` says they ran on older code.
 
 The tests on the executed notebooks read ``notebooks/NN_*.ipynb`` as committed; a source
 without its notebook is "not yet executed", which the README must say. Only the GPU
@@ -528,7 +528,7 @@ def source_as_executed(name: str, meta: dict[str, Any], tmp: Path) -> Any:
 @pytest.mark.parametrize("name", NAMES)
 def test_the_executed_tutorial_is_exactly_its_source(name, tmp_path):
     """Same cells, ids and text as the source it ran: this checkout's, or the commit's it
-    names when it ran on older code (the README says so, and the digest rule below ties the
+    names when it ran on older code (notebooks/README.md says so, and the digest rule below ties the
     digest to that commit)."""
     ran = executed(name)
     source = source_as_executed(name, ran.metadata.get("gpumem_nb", {}), tmp_path)
@@ -571,7 +571,7 @@ def test_every_check_line_was_written_by_its_claim_over_the_outputs_the_run_save
     """A notebook executed by a runner that records claims: each ✓ line is its claim's, with
     the values the claim compared, over the outputs the run saved (review 2026-12-01b, §4).
     Only a notebook from a commit whose runner did not record claims may lack the record;
-    those are covered by the stale notice (test_the_readme_says_when_...)."""
+    those are covered by the stale notice (test_the_tutorials_page_says_when_...)."""
     nb = executed(name)
     if not records_checks(nb):
         commit = nb.metadata.get("gpumem_nb", {}).get("commit", "")
@@ -618,21 +618,31 @@ def test_the_executed_tutorial_records_what_produced_it_and_it_is_that_commit(na
 
 STALE_NOTICE = re.compile(
     r"executed at `([0-9a-f]{7,40})`; (?:gpumem_nb|its source) has changed since")
+# The notice lives with the tutorials' provenance, after this marker; the README's list of
+# tutorials links there.
+STALE_NOTICE_PAGE = NOTEBOOKS / "README.md"
+STALE_NOTICE_MARK = "<!-- stale-tutorials -->"
 
 
-def test_the_readme_says_when_the_tutorials_ran_on_older_code():
+def test_the_tutorials_page_says_when_the_tutorials_ran_on_older_code():
     """Outputs of an earlier gpumem_nb (or tutorial source) are still real GPU output, but a
-    reader must be told that they are not this checkout's: the README names the commit, and
-    only while true."""
+    reader must be told that they are not this checkout's: ``notebooks/README.md`` names the
+    commit, and only while true."""
     stale = sorted({executed(n).metadata["gpumem_nb"]["commit"] for n in NAMES
                     if ran_on_older_inputs(n, executed(n).metadata["gpumem_nb"])})
-    said = STALE_NOTICE.findall((ROOT / "README.md").read_text())
+    page = STALE_NOTICE_PAGE.read_text()
+    assert STALE_NOTICE_MARK in page, f"{STALE_NOTICE_PAGE} has lost its {STALE_NOTICE_MARK}"
+    said = STALE_NOTICE.findall(page)
     if stale:
-        assert said, f"the tutorials ran at {stale}, older code, and the README does not say so"
+        assert said, (f"the tutorials ran at {stale}, older code, and "
+                      f"{STALE_NOTICE_PAGE.relative_to(ROOT)} does not say so")
         assert all(any(c.startswith(s) or s.startswith(c) for s in said) for c in stale), (
             stale, said)
     else:
-        assert not said, "the README says the tutorials ran on older code; they ran on this"
+        assert not said, (f"{STALE_NOTICE_PAGE.relative_to(ROOT)} says the tutorials ran on "
+                          "older code; they ran on this")
+    # Only there: a second copy elsewhere would be left behind when the tutorials run again.
+    assert not STALE_NOTICE.findall((ROOT / "README.md").read_text())
 
 
 def test_the_readme_lists_every_tutorial_and_says_which_are_not_yet_executed():

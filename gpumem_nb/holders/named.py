@@ -66,7 +66,27 @@ def cut_code(roots: Iterable[Root]) -> str:
         elif r.code not in rest:
             rest.append(r.code)
     parts = ([f"del {', '.join(names)}"] if names else []) + rest
+    if any(r.cyclic for r in roots) and GC_COLLECT not in parts:
+        parts.append(GC_COLLECT)
     return "; ".join(parts)
+
+
+_LRU_STEP = " lru_cache results"
+_DOTTED = re.compile(r"[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*")
+
+
+def _cache_clear(members: Sequence[Retained]) -> str:
+    """``Encoder.anchors.cache_clear()`` where every storage's path runs through one
+    lru_cache: deleting the function's owner frees nothing while the cache (a method's, on
+    its class) keeps the arguments it keys on, `self` among them."""
+    prefixes = {r.path.split(_LRU_STEP, 1)[0] if _LRU_STEP in r.path else None
+                for r in members}
+    if len(prefixes) != 1:
+        return ""
+    (prefix,) = prefixes
+    if prefix is None or not _DOTTED.fullmatch(prefix):
+        return ""
+    return f"{prefix}.cache_clear()"
 
 
 def holder_groups(found: Sequence[Retained],
@@ -89,7 +109,7 @@ def holder_groups(found: Sequence[Retained],
             names = sorted({x.name for x in roots})
             also = tuple(x for x in names if not best.path.startswith(x))
             h = Holder(name=name, kind=kind, device=device, nbytes=nbytes,
-                       also_held_by=also, code=cut_code(roots))
+                       also_held_by=also, code=_cache_clear(members) or cut_code(roots))
         elif state == STATE_GARBAGE:
             what = ", ".join(classes) if classes else "plain containers"
             h = Holder(name=f"reference cycles ({what})", kind=KIND_GARBAGE, device=device,

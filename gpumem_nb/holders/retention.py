@@ -25,6 +25,7 @@ cut it is "not searched", with the reason: never "found".
 
 from __future__ import annotations
 
+import functools
 import gc
 import operator
 import re
@@ -38,6 +39,11 @@ from itertools import compress, repeat
 from typing import Any
 
 from .reading import running_frame_ids, static_attribute, type_name
+
+# An lru_cache's results (and the arguments it keys them on, `self` for a method) are freed by
+# `cache_clear()`, never by deleting the function that owns the cache: the step says so, and the
+# advice rests on it.
+_LRU_WRAPPER: type = type(functools.lru_cache(maxsize=None)(lambda: None))
 
 # What a root is: how the user reaches the reference, and so what removes it.
 ROOT_VARIABLE = "variable"
@@ -81,6 +87,9 @@ class Root:
     # The object the reference points at is a builtin container: emptying it is a fix that
     # keeps the name (``featcache.store.clear()``).
     container: bool = False
+    # It points at a class: a class lives in reference cycles of its own (its ``__mro__``
+    # holds it), so removing the name frees nothing until a collection.
+    cyclic: bool = False
 
 
 @dataclass
@@ -163,6 +172,17 @@ def _render(root: Root, steps: Sequence[_Step]) -> str:
     text = "".join(out)
     text = _MODULES_ITEM.sub(lambda m: f"[{m[1]}]" if m[1].isdigit() else f".{m[1]}", text)
     return _PARAMS_ITEM.sub(lambda m: f".{m[1]}", text)
+
+
+def _library_module(name: str, module: Any) -> bool:
+    """The standard library's or an installed package's module, not one the user wrote."""
+    if name.partition(".")[0] in sys.stdlib_module_names:
+        return True
+    try:
+        path = _MODULE_DICT.__get__(module).get("__file__")
+    except Exception:
+        return False
+    return type(path) is str and ("site-packages" in path or "dist-packages" in path)
 
 
 def _class_dict(klass: Any) -> Any:
@@ -278,6 +298,10 @@ class Search:
         return Root(ROOT_CLASS, label, code, container)
 
     def _module_root(self, name: str, module: Any, key: Any, value: Any) -> Root:
+        if name == "threading" and key in ("_active", "_limbo"):
+            # threading's registry of running threads: what a live thread object keeps goes
+            # when the thread ends, never by editing the registry.
+            return Root(ROOT_THREAD, "a live thread (threading's registry of running threads)")
         if name == "sys" and key in ("last_value", "last_exc", "last_traceback", "last_type"):
             return Root(ROOT_EXCEPTION, f"the stored exception (sys.{key})", "%gpumem cleanup")
         if name == "builtins" and key in ("_", "__", "___"):
@@ -297,6 +321,10 @@ class Search:
             code = f"{label} = None"
         if code and prefix and not self._module_alias.get(id(module)):
             code = f"import {name}; {code}"
+        if code and type(key) is str and key.startswith("_") and _library_module(name, module):
+            # A library's private state (logging's handlers, weakref.finalize's registry):
+            # editing it breaks the library; the advice names it and leaves the line out.
+            code = ""
         return Root(ROOT_MODULE, label, code, container)
 
     def _named_root(self, kind: str, prefix: str, owner: Any, key: Any, value: Any) -> Root:
@@ -314,7 +342,7 @@ class Search:
         if key in ("_", "__", "___", "Out", "_oh"):
             return Root(ROOT_OUTPUT, key, "%gpumem cleanup --out")
         return Root(ROOT_VARIABLE, key, f"del {key}" if _IDENT.match(key) else "",
-                    type(value) in (list, dict, set, deque))
+                    type(value) in (list, dict, set, deque), issubclass(type(value), type))
 
     # -- one level: who refers to the frontier -----------------------------------------------
     def _referrers(self, frontier: list[Any], heap: list[Any] | None) -> list[Any]:
@@ -380,6 +408,9 @@ class Search:
                     or getattr(parent, "ag_code", None)
                 label = f" (suspended {getattr(code, 'co_name', '?')}() locals)"
                 return [(v, _Step("text", label)) for v in gc.get_referents(parent)
+                        if id(v) in wanted]
+            if t is _LRU_WRAPPER:
+                return [(v, _Step("text", " lru_cache results")) for v in gc.get_referents(parent)
                         if id(v) in wanted]
             if issubclass(t, type):
                 d = _class_dict(parent)

@@ -39,7 +39,7 @@ from .. import userexc
 from ..graph import GraphWalker
 from ..model import Holder
 from . import retention
-from .named import holder_groups, pandas_name
+from .named import KIND_NOT_SEARCHED, holder_groups, pandas_name
 from .reading import MISSING as _MISSING
 from .reading import running_frame_ids, static_attribute, type_name
 from .retention import RootContext, Search
@@ -134,6 +134,12 @@ _SHARED_CAP = 64  # pairs of holders checked for a second reference, per scan
 _LINK_CAP = 10_000  # traceback links followed per exception
 _GENERATOR_FLAGS = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
                     | inspect.CO_ITERABLE_COROUTINE)
+
+
+# The heap pass of the search for what the walk did not reach reads the collector's objects
+# this many at a time, checking its time between chunks.
+HEAP_CHUNK = 1 << 16
+HEAP_CUT_NAME = "the rest of the heap"
 
 
 # A million-entry bounded cache's entries, each entered, took the whole scan's object budget.
@@ -329,6 +335,8 @@ class Scanner:
         self._extras: dict[str, dict[str, Any]] = {}  # the retention search's holders' fields
         self.unreached_bytes = 0  # GPU bytes the walk did not reach, in the last scan
         self.search: retention.Outcome | None = None  # the last retention search, if one ran
+        self.heap_cut = ""  # where the last heap pass stopped at its time, what it did not read
+        self._say_cut = False
         self.graph_s = 0.0  # the last scan's time in graph walks
         self.graph_nodes = 0  # and the nodes they walked
 
@@ -972,43 +980,67 @@ class Scanner:
             text = "?"
         return f"{text}{dims}"
 
-    def _unreached(self) -> list[Any]:
-        """Every GPU tensor the garbage collector tracks that the walk did not reach. The
-        heap is filtered by type with C-level maps: each distinct class is judged once (no
-        Python call per object: 2.2 µs an object made 5,000,000 objects take seconds), and
-        classes are compared by identity (hashing one may run its metaclass's code)."""
+    def _unreached(self, budget_s: float) -> list[Any]:
+        """Every GPU tensor the garbage collector tracks that the walk did not reach, read in
+        chunks of the heap until ``budget_s`` runs out (reliability 2026-12-05 A3: 5,000,000
+        objects took 2-12 s with no bound); ``heap_cut`` then says how much was not read.
+        The heap is filtered by type with C-level maps: each distinct class is judged once
+        (no Python call per object: 2.2 µs an object made 5,000,000 objects take seconds),
+        and classes are compared by identity (hashing one may run its metaclass's code)."""
+        self.heap_cut = ""
+        t0 = time.perf_counter()
         objs = gc.get_objects()
+        total, read = len(objs), 0
         out: list[Any] = []
+        wanted: set[int] = set()
+        judged: set[int] = set()
+        keep: list[type] = []  # the judged classes, so that no other class takes their ids
+        tensor_type, plan = self._tensor_type, self._array_plan
         try:
-            types_ = list(map(type, objs))
-            kinds = list(map(id, types_))
-            classes = dict(zip(kinds, types_, strict=True))
-            types_.clear()
-            tensor_type, plan = self._tensor_type, self._array_plan
-            wanted: set[int] = set()
-            for tid, t in classes.items():
-                try:
-                    if (tensor_type is not None and issubclass(t, tensor_type)) or \
-                            plan(t) is not None:
-                        wanted.add(tid)
-                except Exception:
-                    continue
-            classes.clear()
-            for obj in compress(objs, map(wanted.__contains__, kinds)):
-                info = self._tensor_info(obj)
-                if info is not None and info[2] not in self._seen and \
-                        info[0].startswith("cuda"):
-                    out.append(obj)
-            kinds.clear()
+            for start in range(0, total, HEAP_CHUNK):
+                if start and time.perf_counter() - t0 > budget_s:
+                    break
+                chunk = objs[start:start + HEAP_CHUNK]
+                kinds = list(map(id, map(type, chunk)))
+                for tid in set(kinds).difference(judged):
+                    t = type(chunk[kinds.index(tid)])
+                    keep.append(t)
+                    judged.add(tid)
+                    try:
+                        if (tensor_type is not None and issubclass(t, tensor_type)) or \
+                                plan(t) is not None:
+                            wanted.add(tid)
+                    except Exception:
+                        continue
+                if wanted:
+                    for obj in compress(chunk, map(wanted.__contains__, kinds)):
+                        info = self._tensor_info(obj)
+                        if info is not None and info[2] not in self._seen and \
+                                info[0].startswith("cuda"):
+                            out.append(obj)
+                read += len(chunk)
+                chunk.clear()
+                kinds.clear()
         finally:
             objs.clear()
+            keep.clear()
+        if read < total:
+            self.heap_cut = (
+                f"the heap pass's {budget_s:g} s ran out after {read:,} of the {total:,} "
+                f"objects the garbage collector tracks; GPU tensors held only among the other "
+                f"{total - read:,} were not looked for")
         return out
 
     def _search_rest(self, found: dict[str, _Found], ctx: RootContext, min_bytes: int,
                      budget_s: float | None) -> None:
         """The retention search for what the walk did not reach, each group of storages
         attributed under its path from a root (or as garbage, unseen, not searched)."""
-        tensors = self._unreached()
+        t0 = time.perf_counter()
+        budget = retention.BUDGET_S if budget_s is None else budget_s
+        tensors = self._unreached(budget)
+        # One bound for both passes: the search gets what the heap pass left of it, and at
+        # least half of it, so that a heap pass cut at its bound still leaves a search.
+        budget_s = max(budget - (time.perf_counter() - t0), budget / 2)
         try:
             sizes: dict[tuple[str, int], int] = {}
             for t in tensors:
@@ -1046,11 +1078,19 @@ class Scanner:
         walker = GraphWalker(self._tensor_info, self._seen,
                              exclude=lambda t: _is_a(t, self._param_type),
                              budget_s=self.graph_budget_s)
+        walked_by: dict[int, str] = {}  # a walk's number -> the holder it sized
         try:
             for f in list(found.values()):
                 if not f.roots:
                     continue
                 size = walker.size(f.roots)
+                walked_by[size.walk] = f.name
+                for w in size.shared_walks:
+                    # This graph reaches nodes an earlier holder's graph counted (two outputs
+                    # of one forward): that holder's `del` alone frees none of them.
+                    owner = walked_by.get(w)
+                    if owner is not None and owner != f.name:
+                        self._also.setdefault(owner, {})[f.name] = None
                 if size.capped and not size.nodes:
                     continue  # the time for graphs ran out before this one: not walked
                 f.graph_nodes = size.nodes
@@ -1160,7 +1200,12 @@ class Scanner:
             holders = [replace(h, also_held_by=tuple(self._also[h.name]))
                        if self._also.get(h.name) and not h.also_held_by else h
                        for h in holders]
-            return sorted(holders, key=lambda h: (-h.held_bytes, h.name))
+            holders.sort(key=lambda h: (-h.held_bytes, h.name))
+            if self.heap_cut and self._say_cut:  # first: said before any -n cut
+                holders.insert(0, Holder(
+                    name=HEAP_CUT_NAME, kind=KIND_NOT_SEARCHED, device="cuda", nbytes=0,
+                    detail=self.heap_cut, why=self.heap_cut, walk_capped=True))
+            return holders
 
     def _scan(
         self,
@@ -1182,6 +1227,8 @@ class Scanner:
         what PyTorch has allocated on the GPUs now, the heap is not even looked at when the
         walk's own finds leave less than that unexplained."""
         self._extras = {}
+        self.heap_cut = ""
+        self._say_cut = include_gc  # `who --gc` lists it; the explainer's search does not
         self._by_name = {}
         self._seen.clear()
         self._seen_by.clear()

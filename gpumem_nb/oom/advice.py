@@ -31,6 +31,7 @@ from .causes import (
     CAUSE_PRIVATE_POOL,
     CAUSE_UNKNOWN,
     CAUSE_WORKING_SET,
+    OTHER_POOL_CACHE,
     UNREACHABLE,
     UNREACHABLE_AT_START,
     Cause,
@@ -80,6 +81,11 @@ class OomExplanation:
     # Conservation: the allocated bytes split into holders, graphs, the computation, pools
     # and "not found" (ledger.py), from the same scan as the causes.
     ledger: Ledger | None = None
+    # An out-of-memory error other than PyTorch's allocator's own (``forms.py``): which
+    # library's, what failed, and whether the kernel can go on; shown under the header.
+    kind: str = ""
+    kind_lines: tuple[str, ...] = ()
+    restart: bool = False
 
     def stages_text(self) -> str:
         return " ".join(f"{k} {v * 1e3:.1f}" for k, v in self.stage_s.items()) + " (ms)"
@@ -94,11 +100,13 @@ class OomExplanation:
 
     def header(self) -> str:
         f = self.facts
-        parts = [f"gpumem: CUDA out of memory on GPU {f.device}."]
+        parts = [f"gpumem: CUDA out of memory on GPU {f.device}." if not self.kind else
+                 f"gpumem: out of GPU memory on GPU {f.device} ({self.kind})."]
         if f.requested_bytes is not None:
             parts.append(f"Asked {format_bytes(f.requested_bytes)};")
         if f.total_bytes is not None:
-            parts.append(f"the GPU has {format_bytes(f.total_bytes)} in total, "
+            the = "the" if f.requested_bytes is not None else "The"
+            parts.append(f"{the} GPU has {format_bytes(f.total_bytes)} in total, "
                          f"{format_bytes(f.free_bytes)} free"
                          + (f", {format_bytes(f.allowed_bytes)} allowed to this process"
                             if f.allowed_bytes is not None else "") + ".")
@@ -125,7 +133,7 @@ class OomExplanation:
         return " ".join(parts)
 
     def lines(self) -> list[str]:
-        out = [self.header()]
+        out = [self.header(), *self.kind_lines]
         if self.ledger is not None:
             out.append(self.ledger.line())
         for i, c in enumerate(self.causes):
@@ -151,6 +159,7 @@ class OomExplanation:
     def _repr_html_(self) -> str:
         esc = html.escape
         body = [f"<div><b>{esc(self.header())}</b></div>"]
+        body += [f"<div>{esc(line)}</div>" for line in self.kind_lines]
         if self.ledger is not None:
             body.append(f"<div>{esc(self.ledger.line())}</div>")
         for i, c in enumerate(self.causes):
@@ -194,6 +203,12 @@ def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holde
             continue  # it would not let the computation through
         if c.kind in (CAUSE_FRAGMENTATION, CAUSE_POOL) and not c.covers:
             continue  # its cure reclaims too little to matter here
+        if c.kind == CAUSE_PRIVATE_POOL and c.details[:1] == (OTHER_POOL_CACHE,):
+            out.append(Action(
+                f"`torch.cuda.empty_cache()` returns the {format_bytes(c.nbytes)} another "
+                "pool caches to CUDA, where this pool can get it; then run the cell again.",
+                c.nbytes, code="torch.cuda.empty_cache()"))
+            continue
         if c.kind == CAUSE_PRIVATE_POOL:
             out.extend(_pool_actions(f))
             continue
@@ -367,14 +382,37 @@ def _held_actions(holders: Sequence[Holder], device: int) -> list[Action]:
                           f"{graphs}); end a line with `;` or assign its result, and Out will "
                           "not keep it.", total, code="%gpumem cleanup --out"))
         held = [h for h in held if h.kind != "output cache"]
+    gone: set[str] = set()  # names an earlier step's line deletes
     for h in held[:5]:
         advice = holder_advice(h)
+        text, code = advice.text, _without_deleted(advice.code, gone)
+        if code != advice.code:
+            # Run in order, a line that deletes a name again raises NameError.
+            text = text.replace(f"`{advice.code}`", f"`{code}`" if code else
+                                "(the line above removes these references already)")
         # What a step says it frees is what its line frees: a fix that keeps the holder (a
         # module's gradients) frees less than the holder, and a sentence with no line to run
         # says how much the holder keeps.
-        out.append(Action(advice.text, advice.nbytes if advice.code else h.held_bytes,
-                          code=advice.code))
+        out.append(Action(text, advice.nbytes if code else h.held_bytes, code=code))
     return out
+
+
+def _without_deleted(code: str, gone: set[str]) -> str:
+    """``code`` without the names an earlier line deleted (``gone``, updated with this
+    line's): "" where nothing but a collection would be left."""
+    kept: list[str] = []
+    for stmt in code.split("; ") if code else ():
+        if stmt.startswith("del "):
+            names = [n.strip() for n in stmt[4:].split(",")]
+            fresh = [n for n in names if n not in gone]
+            gone.update(names)
+            if fresh:
+                kept.append("del " + ", ".join(fresh))
+        else:
+            kept.append(stmt)
+    if set(kept) <= {"import gc", "gc.collect()"} and "del " in code:
+        return ""  # its deletes were all done above; a bare collection is no step of its own
+    return "; ".join(kept)
 
 
 def _fragmentation_action(f: OomFacts) -> Action:

@@ -127,6 +127,8 @@ def classify(facts: OomFacts, holders: Sequence[Holder] = ()) -> tuple[Cause, ..
                 "driver reuses it for this process's requests, so it is room this request "
                 "could use, not what failed. torch.cuda.empty_cache() gives it back to the "
                 "driver for other processes.", covers=False))
+    elif split and _free_piece_fits(f) and (covers(split) or split >= _NOTABLE_BYTES):
+        causes.append(_other_pool_cache(f, split, covers(split)))
     elif split and (covers(split) or split >= _NOTABLE_BYTES):
         causes.append(_fragmentation(f, split, covers(split)))
     if f.other_processes and (covers(f.others_bytes) or f.others_bytes >= _NOTABLE_BYTES):
@@ -299,6 +301,35 @@ def _pool_cause(pool: PoolUse, covering: bool) -> Cause:
         covers=covering,
         details=(f"segments with segment_pool_id {pool.pool_id} in the allocator's snapshot "
                  "at the failure",))
+
+
+# What the allocator may round a request up to, and more: a free piece at least this much
+# larger than the request would have served it from the same pool.
+_ROUNDING_BYTES = 20 * 2**20
+OTHER_POOL_CACHE = ("a free piece of PyTorch's cache larger than the request, at the failure: "
+                    "it is in a pool this request does not draw from")
+
+
+def _free_piece_fits(f: OomFacts) -> bool:
+    largest, req = f.largest_free_block_bytes, f.requested_bytes
+    return largest is not None and req is not None and largest >= req + _ROUNDING_BYTES
+
+
+def _other_pool_cache(f: OomFacts, split: int, covering: bool) -> Cause:
+    """A free cached piece larger than the request did not serve it: the request drew from
+    another pool (an allocation under ``torch.cuda.use_mem_pool`` or a CUDA graph's capture),
+    which PyTorch does not let reclaim the default pool's cached blocks (pytorch#159674)."""
+    return Cause(
+        CAUSE_PRIVATE_POOL, split,
+        f"PyTorch's cache held {format_bytes(split)} free, in one piece as large as "
+        f"{format_bytes(f.largest_free_block_bytes)}: more than the "
+        f"{format_bytes(f.requested_bytes)} asked, yet not used for it. The request drew from "
+        "another memory pool than the one caching that memory (an allocation under "
+        "torch.cuda.use_mem_pool, or a CUDA graph's capture): a pool does not take another "
+        "pool's cached blocks, and PyTorch does not release them for it. (With "
+        "max_split_size_mb set, a cached block over that size is not split for a smaller "
+        "request either.)",
+        covers=covering, details=(OTHER_POOL_CACHE,))
 
 
 def _fragmentation(f: OomFacts, split: int, covering: bool) -> Cause:

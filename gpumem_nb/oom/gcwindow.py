@@ -8,11 +8,18 @@ after each collection. Memory that only a collection freed was garbage at the fa
 
 Armed only after a CUDA out-of-memory error (CUDA is up then: reading starts nothing), for a
 bounded number of collections, and removed at the window's end and at unload.
+
+Where the observer cannot be attached (cudaMallocAsync), nothing runs at the failure: the error
+is explained at the cell's end, after IPython has shown its traceback, whose formatting
+allocates enough to collect. ``WhileHandled`` stands for that stretch: installed while such a
+backend is in use, it reads nothing unless a CUDA out-of-memory error is being handled on the
+collecting thread (one ``sys.exc_info()`` per collection otherwise).
 """
 
 from __future__ import annotations
 
 import gc
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -66,6 +73,79 @@ class Collections:
                 self.freeing += 1
             if self.collections >= self.limit:
                 self.stop()
+        except Exception:
+            self.stop()
+        finally:
+            self._busy = False
+
+
+class WhileHandled:
+    """Standing, for a backend the observer cannot see: the collections that run while a CUDA
+    out-of-memory error is being handled (IPython shows its traceback inside its ``except``),
+    each measured, until the explanation takes them. ``is_oom`` tells such an error (the one
+    handled, or one it chains to); ``read(exc)`` gives PyTorch's allocated bytes on its
+    device."""
+
+    def __init__(self, read: Callable[[BaseException], int | None],
+                 is_oom: Callable[[BaseException], bool],
+                 limit: int = MAX_COLLECTIONS) -> None:
+        self.read = read
+        self.is_oom = is_oom
+        self.limit = limit
+        self._exc: BaseException | None = None  # the error whose handling is measured
+        self._before: int | None = None
+        self.freed_bytes = 0
+        self.collections = 0
+        self.freeing = 0
+        self._busy = False
+        self._closed = False
+
+    def start(self) -> None:
+        if not self._closed and self not in gc.callbacks:
+            gc.callbacks.append(self)
+
+    def stop(self) -> None:
+        self._closed = True
+        self._exc = None
+        while self in gc.callbacks:
+            gc.callbacks.remove(self)
+
+    def take(self, *errors: BaseException | None) -> tuple[int, int, int] | None:
+        """(freed bytes, collections, collections that freed) while one of ``errors`` was
+        handled, then forgotten; None where none of them was."""
+        exc, self._exc = self._exc, None
+        if exc is None or not any(exc is e for e in errors):
+            return None
+        out = (self.freed_bytes, self.collections, self.freeing)
+        self.freed_bytes = self.collections = self.freeing = 0
+        return out
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if self._busy or self._closed:
+            return
+        self._busy = True
+        try:
+            if phase == "start":
+                self._before = None
+                exc = sys.exc_info()[1]
+                if exc is None or (self.collections >= self.limit and exc is self._exc):
+                    return
+                if exc is not self._exc:
+                    if not self.is_oom(exc):
+                        return
+                    self._exc = exc
+                    self.freed_bytes = self.collections = self.freeing = 0
+                self._before = self.read(exc)
+                return
+            before, self._before = self._before, None
+            exc = self._exc
+            if before is None or exc is None:
+                return
+            now = self.read(exc)
+            self.collections += 1
+            if now is not None and before > now:
+                self.freed_bytes += before - now
+                self.freeing += 1
         except Exception:
             self.stop()
         finally:

@@ -37,20 +37,22 @@ from ..sources.torch import (
     alloc_conf,
 )
 from ..units import format_bytes, printable
-from .advice import OomExplanation, SiteAtFailure, next_steps
+from .advice import Action, OomExplanation, SiteAtFailure, next_steps
 from .causes import (
+    CAUSE_UNKNOWN,
     CAUSE_WORKING_SET,
     KIND_FAILED_CALL,
     cell_working_set_bytes,
     classify,
+    garbage_holders,
     held_holders,
     pool_owner_text,
 )
 from .facts import POOL_GRAPH, POOL_USER, OomFacts, PoolUse, ProcessUse
-from .gcwindow import Collections
+from .forms import OomForm, find_oom, oom_form
+from .gcwindow import Collections, WhileHandled
 from .message import (
     FORM_ASYNC,
-    FORM_DRIVER,
     FORM_UNKNOWN,
     OomMessage,
     find_cuda_oom,
@@ -196,6 +198,8 @@ class OomWatch:
         self._errors = 0  # cells that raised, since this load
         # Python's collections from the last failure to the end of the next cell, measured.
         self._window: Collections | None = None
+        # Where no observer can be attached: the collections while the error is handled.
+        self._handled: WhileHandled | None = None
         self._lock = threading.Lock()
         # More lines for the explanation, from features the caller sets per cell (the
         # allocator what-if of a traced cell). Given the facts; a hook that fails adds none.
@@ -233,6 +237,7 @@ class OomWatch:
             # cudaMallocAsync (its attachment would make CUDA's start fail), or no queue in
             # this build: tried again, directly, once CUDA is up.
             self.observer_status = f"not queued: {why}"
+            self._watch_handling()
 
     def ensure_attached(self) -> None:
         """At each cell's end: queue the observer if torch was imported meanwhile (``arm``),
@@ -257,14 +262,38 @@ class OomWatch:
             # torch's reason, up to its first sentence ("cudaMallocAsync does not yet
             # support attachOutOfMemoryObserver.")
             self.observer_status = f"not available: {why.split('. ')[0].rstrip('.')}"
+            self._watch_handling()
             return
         observer.handler = self._on_oom
         self._observer = observer
         self.observer_status = "attached"
 
+    def _watch_handling(self) -> None:
+        """No observer: measure the collections that run while an OOM is being handled
+        (IPython's traceback display, before the cell's end explains it)."""
+        if self._handled is not None or self._closed:
+            return
+        devices: dict[int, int] = {}
+
+        def read(exc: BaseException) -> int | None:
+            device = devices.get(id(exc))
+            if device is None:
+                oom = find_cuda_oom(exc)
+                msg = parse_oom_message(error_str(oom)) if oom is not None else None
+                device = msg.device if msg is not None and msg.device is not None else 0
+                devices.clear()
+                devices[id(exc)] = device
+            r = self.torch.read(device)
+            return r.allocated_bytes if r is not None else None
+
+        self._handled = WhileHandled(read, lambda e: find_cuda_oom(e) is not None)
+        self._handled.start()
+
     def close(self) -> None:
         """Unload: the process keeps the registered observer; it stops calling us."""
         self._closed = True
+        if self._handled is not None:
+            self._handled.stop()
         self._close_window(report=False)
         obs = self._observer
         if obs is not None and getattr(obs, "handler", None) == self._on_oom:
@@ -436,9 +465,10 @@ class OomWatch:
         earlier, self._errors = self._errors, self._errors + 1
         previous, self._previous_error = self._previous_error, \
             f"{userexc.type_name(err)}: {first_line(error_str(err), 120)}"[:120]
-        oom = find_cuda_oom(err)
-        if oom is None:
+        found = find_oom(err)  # PyTorch's allocator's, or any other form (forms.py)
+        if found is None:
             return None
+        oom = found[0]
         t0 = self.clock()
         explanation = self.explain(oom, generation=generation, previous_error=previous,
                                    sites=sites, cell_error=err, earlier_errors=earlier)
@@ -454,6 +484,9 @@ class OomWatch:
         self.ensure_attached()  # the observer's status, as the explanation may quote it
         text = error_str(exc)
         msg = parse_oom_message(text) or OomMessage(FORM_UNKNOWN)
+        form = oom_form(exc)
+        if form is not None and msg.requested_bytes is None and form.requested_bytes:
+            msg = replace(msg, requested_bytes=form.requested_bytes)
         event = self._event_for(msg, generation)
         if event is None:
             # The observer did not see it (cudaMallocAsync, or before it was attached).
@@ -461,6 +494,10 @@ class OomWatch:
             with self._lock:
                 self.counts[device] = self.counts.get(device, 0) + 1
             pieces = self._from_message(msg, previous_error, cell_error or exc)
+            took = self._handled.take(cell_error, exc) if self._handled is not None else None
+            if took is not None and took[0]:
+                pieces.facts = replace(pieces.facts, collected_bytes=took[0],
+                                       collections=took[2])
         else:
             pieces = self._from_event(event, msg)
         if earlier_errors:
@@ -492,6 +529,10 @@ class OomWatch:
                       *causes[1:])
         elif site.lines():
             pieces.notes.extend(site.lines())
+        if form is not None:
+            # PyTorch's working set and "how much was asked" speak of its allocator's request;
+            # what holds memory (variables, other processes) blocks any allocator.
+            causes = tuple(c for c in causes if c.kind not in (CAUSE_WORKING_SET, CAUSE_UNKNOWN))
         stages["classify"] = self.clock() - t
         t = self.clock()
         try:
@@ -500,20 +541,17 @@ class OomWatch:
             dry = None
         stages["dry_run"] = self.clock() - t
         extra = self._extra_lines(pieces.facts, stages)
-        if msg.form == FORM_DRIVER:
-            pieces.notes.append(
-                "This error comes from CUDA or a CUDA library, not from PyTorch's allocator: "
-                "memory ran out outside the caching allocator (creating the CUDA context, a "
-                "library's own allocation such as cuBLAS or cuDNN creating its handle, CuPy, "
-                "JAX, NCCL or a custom cudaMalloc).")
         return OomExplanation(
             ledger=explanation_ledger(pieces.facts, pieces.judged), facts=pieces.facts,
             causes=causes,
-            actions=next_steps(pieces.facts, causes, pieces.judged, dry),
+            actions=_form_actions(form, next_steps(pieces.facts, causes, pieces.judged, dry)),
             error=first_line(text, 300) or userexc.type_name(exc),
             form=msg.form, source=pieces.source, holders=pieces.holders,
             sites_at_failure=tuple(sites), observer_s=pieces.observer_s,
-            notes=tuple(pieces.notes) + extra, stage_s=stages)
+            notes=tuple(pieces.notes) + extra, stage_s=stages,
+            kind=form.key if form is not None else "",
+            kind_lines=tuple(form.lines()) if form is not None else (),
+            restart=form is not None and form.restart)
 
     # -- collections after a failure -----------------------------------------------------------
     def _open_window(self, device: int, generation: int) -> None:
@@ -779,7 +817,9 @@ class OomWatch:
         if al is not None:
             if msg.allocated_bytes is not None:
                 released = max(msg.allocated_bytes - al.allocated_bytes, 0)
+            # Garbage the search found is accounted for (its own cause), not unreached.
             reachable = sum(h.held_bytes for h in held_holders(judged, device)) + \
+                sum(h.held_bytes for h in garbage_holders(judged, device)) + \
                 (computation or 0)
             unreachable = max(al.allocated_bytes - reachable, 0)
         total = self.torch.device_total_bytes(device) or msg.total_bytes  # exact, not printed
@@ -821,6 +861,17 @@ class OomWatch:
 
 CUT_CHECK_MIN_BYTES = 256 << 20  # a holder smaller than this is not worth the search
 GC_NOTE_BYTES = 256 << 20  # a collection's freed bytes worth a line after the explanation
+
+
+def _form_actions(form: OomForm | None, steps: tuple[Action, ...]) -> tuple[Action, ...]:
+    """A form's one recovering action first; where the kernel must restart it is the only
+    one (nothing run in this process frees what the failure broke)."""
+    if form is None:
+        return steps
+    first = Action(form.action, code=form.code)
+    if form.restart:
+        return (first,)
+    return (first, *(a for a in steps if a.code != form.code or a.nbytes is not None))
 
 
 def collected_line(nbytes: int, collections: int, *, after_explanation: bool) -> str:
@@ -978,13 +1029,14 @@ def explanation_ledger(f: OomFacts, judged: Sequence[Holder]) -> Ledger | None:
         # What the running backward's inputs hold is listed among the holders already.
     elif not f.previous_error:
         # Explained after the fact: what was allocated at the failure and is free now was
-        # freed by the failing computation as its frames unwound (its temporaries); no other
-        # code ran in between, and no earlier traceback was replaced that could have held it.
-        # The failed call's locals are among the holders already (kind "failed call").
-        computation = f.released_since_bytes or 0
+        # freed by the failing computation as its frames unwound (its temporaries), or by a
+        # collection measured while the error was handled (garbage); no other code ran in
+        # between, and no earlier traceback was replaced that could have held it. The failed
+        # call's locals are among the holders already (kind "failed call").
+        computation = max((f.released_since_bytes or 0) - (f.collected_bytes or 0), 0)
     on_gpu = [h for h in judged if h.device.startswith("cuda")]
     parts = pool_parts(f.pools, on_gpu)
-    if f.collected_bytes and f.measured_at == "failure":
+    if f.collected_bytes and (f.measured_at == "failure" or not f.previous_error):
         # Allocated at the failure, gone before anything looked: what a collection freed.
         parts = (*parts, ("reference cycles that a collection freed after the failure "
                           "(garbage)", f.collected_bytes))

@@ -20,7 +20,7 @@ PyTorch), and IPC.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
@@ -31,6 +31,7 @@ from .rules import (
     EXPANDABLE_ADDRESS_SPACE_NUM,
     SIZE_MAX,
     get_allocation_size,
+    kMinBlockSize,
     kSmallBuffer,
     kSmallSize,
     round_size,
@@ -91,21 +92,114 @@ def _splice(b: Block, before: Block | None, after: Block | None) -> None:
     b.next = after
 
 
+_LOAD = 512  # SortedKeys' chunks hold LOAD to 2 * LOAD keys (the last one fewer)
+
+
+class SortedKeys:
+    """A sorted set of ints (free blocks' keys) held in sorted chunks of at most
+    ``2 * LOAD``, so that adding or removing one moves at most one chunk's slots: one sorted
+    list moved half of its 47,000 keys at each change (a million-entry history spent 40% of
+    its replay there). ``_maxes[c]`` is chunk ``c``'s largest key."""
+
+    __slots__ = ("_lists", "_maxes")
+    LOAD = _LOAD
+
+    def __init__(self) -> None:
+        self._lists: list[list[int]] = []
+        self._maxes: list[int] = []
+
+    def __len__(self) -> int:
+        return sum(map(len, self._lists))
+
+    def __iter__(self) -> Iterator[int]:
+        for lst in self._lists:
+            yield from lst
+
+    def add(self, key: int) -> None:
+        maxes, lists = self._maxes, self._lists
+        if not maxes:
+            lists.append([key])
+            maxes.append(key)
+            return
+        c = bisect_left(maxes, key)
+        if c == len(maxes):
+            c -= 1
+            lst = lists[c]
+            lst.append(key)
+            maxes[c] = key
+        else:
+            lst = lists[c]
+            insort(lst, key)
+        if len(lst) > 2 * _LOAD:
+            half = lst[_LOAD:]
+            del lst[_LOAD:]
+            lists.insert(c + 1, half)
+            maxes[c] = lst[-1]
+            maxes.insert(c + 1, half[-1])
+
+    def remove(self, key: int) -> None:
+        c = bisect_left(self._maxes, key)
+        lst = self._lists[c]
+        i = bisect_left(lst, key)
+        self.remove_at(c, i)
+
+    def remove_at(self, c: int, i: int) -> None:
+        lst = self._lists[c]
+        del lst[i]
+        if not lst:
+            del self._lists[c]
+            del self._maxes[c]
+        elif i == len(lst):
+            self._maxes[c] = lst[-1]
+
+    def first_at_least(self, key: int) -> tuple[int, int] | None:
+        """(chunk, index) of the smallest key >= ``key``, or None."""
+        c = bisect_left(self._maxes, key)
+        if c == len(self._maxes):
+            return None
+        return c, bisect_left(self._lists[c], key)
+
+    def from_(self, c: int, i: int) -> Iterator[int]:
+        """The keys from (chunk, index) on, in order (nothing may change meanwhile)."""
+        lists = self._lists
+        yield from lists[c][i:]
+        for lst in lists[c + 1:]:
+            yield from lst
+
+    def between_descending(self, low: int, high: int) -> list[int]:
+        """The keys in [low, high), largest first."""
+        out: list[int] = []
+        c = bisect_left(self._maxes, low)
+        for lst in self._lists[c:]:
+            if lst[0] >= high:
+                break
+            out += lst[bisect_left(lst, low):bisect_left(lst, high)]
+        out.reverse()
+        return out
+
+
 class BlockPool:
     """One stream's free blocks of the small or the large pool."""
 
-    __slots__ = ("blocks", "keys", "room_hint", "small", "stream", "unmapped", "unmapped_ptrs")
+    __slots__ = ("blocks", "room_hint", "small", "sorted", "stream", "unmapped",
+                 "unmapped_ptrs")
 
     def __init__(self, small: bool, stream: int) -> None:
         self.small = small
         self.stream = stream
-        self.keys: list[int] = []  # sorted (size << 64) | ptr of the free mapped blocks
+        # (size << 64) | ptr of the free mapped blocks, sorted (BlockComparatorSize).
+        self.sorted = SortedKeys()
         self.blocks: dict[int, Block] = {}
         self.unmapped_ptrs: list[int] = []  # expandable segments' unmapped ranges, by address
         self.unmapped: dict[int, Block] = {}
         # (size, ptr): below ptr no unmapped range has room for size bytes (see
         # find_expandable_block); None when unknown.
         self.room_hint: tuple[int, int] | None = None
+
+    @property
+    def keys(self) -> list[int]:
+        """The free blocks' keys in order, as one list (for the tests' invariants)."""
+        return list(self.sorted)
 
 
 @dataclass(frozen=True)
@@ -140,7 +234,12 @@ class DeviceCachingAllocator:
         self._va_up = _VA_BASE  # the end of the highest (only if there is no room below)
         self._force = False  # after a predicted OOM: carry on past the limits
         self._new_peak = False
-        self._rounded: dict[int, int] = {}  # round_size, for the sizes seen so far
+        # A request's (round_size, small pool?, get_allocation_size), for the sizes seen so far.
+        self._sizing: dict[int, tuple[int, bool, int]] = {}
+        self._pools_by_stream: tuple[dict[int, BlockPool], dict[int, BlockPool]] = ({}, {})
+        # No expandable segment, no GC: malloc and free take their inline paths (the same
+        # steps as the general ones below, for the blocks and pools such a replay holds).
+        self._plain = not settings.expandable_segments and not self.gc_active
         # DeviceStats, the ones the report uses.
         self.reserved = 0  # total_allocated_memory / reserved_bytes
         self.allocated = 0
@@ -152,6 +251,10 @@ class DeviceCachingAllocator:
         self.num_device_free = 0
         self.num_alloc_retries = 0
         self.num_ooms = 0
+        # The most any limit check asked for (reserved plus the request or the pages to
+        # map): with limits at least this high, and no GC, every check passes and a capped
+        # replay is this one.
+        self.max_demand = 0
         self.now = 0  # the replay's event index, stamped on each change of reserved
         self.changes: list[tuple[int, int]] = []
 
@@ -160,6 +263,7 @@ class DeviceCachingAllocator:
         p = self.pools.get((small, stream))
         if p is None:
             p = self.pools[(small, stream)] = BlockPool(small, stream)
+            self._pools_by_stream[small][stream] = p
         return p
 
     def _reserve(self, delta: int) -> None:
@@ -188,7 +292,7 @@ class DeviceCachingAllocator:
     def insert_into_blocks(self, b: Block) -> None:
         pool = b.pool
         b.key = key = (b.size << _KEY_SHIFT) | b.ptr
-        insort(pool.keys, key)
+        pool.sorted.add(key)
         pool.blocks[key] = b
         b.gc_base = self.gc_calls[pool.small]
         es = b.es
@@ -202,8 +306,7 @@ class DeviceCachingAllocator:
 
     def erase_from_blocks(self, b: Block) -> None:
         pool = b.pool
-        keys = pool.keys
-        del keys[bisect_left(keys, b.key)]
+        pool.sorted.remove(b.key)
         del pool.blocks[b.key]
         self.inactive_split -= b.nonrel
 
@@ -223,14 +326,79 @@ class DeviceCachingAllocator:
         """(the block handed out, whether the real allocator would have raised an OOM here).
         After a predicted OOM the block is still handed out, past the limits, so the replay
         goes on and the later figures say what the cell would have needed."""
-        s = self.s
-        size = self._rounded.get(orig_size)
-        if size is None:
-            size = self._rounded[orig_size] = round_size(orig_size, s.roundup_power2_divisions)
-        small = size <= kSmallSize
-        pool = self._pool(small, stream)
-        alloc_size = get_allocation_size(size, s.large_segment_size)
-        xa = s.expandable_segments
+        sizing = self._sizing.get(orig_size)
+        if sizing is None:
+            s = self.s
+            rounded = round_size(orig_size, s.roundup_power2_divisions)
+            sizing = self._sizing[orig_size] = (
+                rounded, rounded <= kSmallSize,
+                get_allocation_size(rounded, s.large_segment_size))
+        size, small, alloc_size = sizing
+        pool = self._pools_by_stream[small].get(stream)
+        if pool is None:
+            pool = self._pool(small, stream)
+        if self._plain:
+            # get_free_block, should_split and alloc_found_block inline, for ordinary
+            # segments without GC (the general path below does the same steps).
+            srt = pool.sorted
+            maxes = srt._maxes
+            search = size << _KEY_SHIFT
+            c = bisect_left(maxes, search)
+            if c < len(maxes):
+                keys = srt._lists[c]
+                i = bisect_left(keys, search)
+                key = keys[i]
+                blocks = pool.blocks
+                b = blocks[key]
+                bsize = b.size
+                mss = self.max_split
+                if (bsize < mss) if size < mss else \
+                        (bsize < size + self.s.max_non_split_rounding_size):
+                    remaining = bsize - size
+                    if (remaining >= kMinBlockSize) if small else \
+                            (size < mss and remaining > kSmallSize):
+                        # The found block stays free as the remainder, at its new address
+                        # and key; a new block is handed out below it.
+                        ptr = b.ptr
+                        block = Block(size, ptr, pool)
+                        prev = b.prev
+                        block.prev = prev
+                        if prev is not None:
+                            prev.next = block
+                        block.next = b
+                        b.prev = block
+                        b.ptr = ptr + size
+                        b.size = remaining
+                        new_key = (remaining << _KEY_SHIFT) | (ptr + size)
+                        # The smaller key takes the old one's place when it sorts there.
+                        if (i > 0 and keys[i - 1] < new_key) or \
+                                (i == 0 and (c == 0 or maxes[c - 1] < new_key)):
+                            keys[i] = new_key
+                            if i == len(keys) - 1:
+                                maxes[c] = new_key
+                        else:
+                            srt.remove_at(c, i)
+                            srt.add(new_key)
+                        del blocks[key]
+                        blocks[new_key] = b
+                        b.key = new_key
+                        self.inactive_split += remaining - b.nonrel
+                        b.nonrel = remaining
+                    else:
+                        srt.remove_at(c, i)
+                        del blocks[key]
+                        self.inactive_split -= b.nonrel
+                        block = b
+                    block.allocated = True
+                    self.allocated += block.size
+                    if self.allocated > self.peak_allocated:
+                        self.peak_allocated = self.allocated
+                    return block, False
+        return self._malloc(size, small, alloc_size, pool)
+
+    def _malloc(self, size: int, small: bool, alloc_size: int,
+                pool: BlockPool) -> tuple[Block, bool]:
+        xa = self.s.expandable_segments
         block = self.get_free_block(pool, size, xa)
         oom = False
         if block is None:
@@ -268,8 +436,73 @@ class DeviceCachingAllocator:
         if deferred:
             block.pending = True
             self.pending[id(block)] = block
+        elif self._plain:
+            self._free_plain(block)
         else:
             self.free_block(block)
+
+    def free_now(self, block: Block) -> None:
+        """``free(block, deferred=False)``."""
+        block.allocated = False
+        self.allocated -= block.size
+        if self._plain:
+            self._free_plain(block)
+        else:
+            self.free_block(block)
+
+    def _free_plain(self, block: Block) -> None:
+        """``free_block`` inline for an ordinary segment's block without GC: merged with its
+        free neighbours, then back in its pool."""
+        pool = block.pool
+        srt, blocks = pool.sorted, pool.blocks
+        maxes, lists = srt._maxes, srt._lists
+        prev, nxt = block.prev, block.next
+        if prev is not None and not prev.allocated and not prev.pending:  # [prev block]
+            key = prev.key  # SortedKeys.remove, inline
+            c = bisect_left(maxes, key)
+            lst = lists[c]
+            i = bisect_left(lst, key)
+            del lst[i]
+            if not lst:
+                del lists[c]
+                del maxes[c]
+            elif i == len(lst):
+                maxes[c] = lst[-1]
+            del blocks[prev.key]
+            self.inactive_split -= prev.nonrel
+            block.ptr = prev.ptr
+            block.prev = pp = prev.prev
+            if pp is not None:
+                pp.next = block
+            block.size += prev.size
+        if nxt is not None and not nxt.allocated and not nxt.pending:  # [block next]
+            key = nxt.key
+            c = bisect_left(maxes, key)
+            lst = lists[c]
+            i = bisect_left(lst, key)
+            del lst[i]
+            if not lst:
+                del lists[c]
+                del maxes[c]
+            elif i == len(lst):
+                maxes[c] = lst[-1]
+            del blocks[nxt.key]
+            self.inactive_split -= nxt.nonrel
+            block.next = nn = nxt.next
+            if nn is not None:
+                nn.prev = block
+            block.size += nxt.size
+        block.key = key = (block.size << _KEY_SHIFT) | block.ptr
+        c = bisect_left(maxes, key)  # SortedKeys.add, inline for the usual cases
+        if c < len(maxes) and len(lists[c]) < 2 * _LOAD:
+            insort(lists[c], key)
+        else:
+            srt.add(key)
+        blocks[key] = block
+        block.gc_base = self.gc_calls[pool.small]
+        nonrel = block.size if (block.prev is not None or block.next is not None) else 0
+        block.nonrel = nonrel
+        self.inactive_split += nonrel
 
     def complete(self, block: Block) -> None:
         """The event a deferred free waited on has completed (``process_events``)."""
@@ -284,14 +517,18 @@ class DeviceCachingAllocator:
     def get_free_block(self, pool: BlockPool, size: int, xa: bool) -> Block | None:
         if self.gc_active:
             self.gc_calls[pool.small] += 1
-        keys = pool.keys
-        i = bisect_left(keys, size << _KEY_SHIFT)
-        n = len(keys)
-        if i == n:
+        srt = pool.sorted
+        maxes = srt._maxes
+        search = size << _KEY_SHIFT
+        c = bisect_left(maxes, search)
+        if c == len(maxes):
             return None
-        blocks = pool.blocks
-        b = blocks[keys[i]]
+        lists, blocks = srt._lists, pool.blocks
+        i = bisect_left(lists[c], search)
+        b = blocks[lists[c][i]]
         if b.es is not None:
+            # The keys after (c, i), in order: (k, j) walks them chunk by chunk.
+            k, j = c, i
             if xa:
                 # Best fit by the size a block can grow to: an expandable block followed by
                 # unmapped pages counts those pages too.
@@ -299,24 +536,32 @@ class DeviceCachingAllocator:
                     nx = x.next
                     return x.size + (nx.size if nx is not None and not nx.mapped else 0)
 
-                j = i + 1
-                while b.es is not None and j < n and \
-                        expandable_size(blocks[keys[j]]) < expandable_size(b):
-                    i, b = j, blocks[keys[j]]
+                while b.es is not None:
                     j += 1
+                    if j == len(lists[k]):
+                        k, j = k + 1, 0
+                        if k == len(lists):
+                            break
+                    nb = blocks[lists[k][j]]
+                    if expandable_size(nb) >= expandable_size(b):
+                        break
+                    b, c, i = nb, k, j
             else:  # expandable segments switched off: only ordinary blocks may be used
-                i += 1
-                while i < n and blocks[keys[i]].es is not None:
-                    i += 1
-                if i == n:
-                    return None
-                b = blocks[keys[i]]
+                while True:
+                    j += 1
+                    if j == len(lists[k]):
+                        k, j = k + 1, 0
+                        if k == len(lists):
+                            return None
+                    if blocks[lists[k][j]].es is None:
+                        break
+                b, c, i = blocks[lists[k][j]], k, j
         mss = self.max_split
         if size < mss and b.size >= mss:
             return None  # do not return an oversized block for a large request
         if size >= mss and b.size >= size + self.s.max_non_split_rounding_size:
             return None  # an oversized block may be rounded up, but within a limit
-        del keys[i]
+        srt.remove_at(c, i)
         del blocks[b.key]
         self.inactive_split -= b.nonrel
         return b
@@ -369,8 +614,10 @@ class DeviceCachingAllocator:
                     xa: bool) -> Block | None:
         if is_retry:
             self.num_alloc_retries += 1
-        if not self._force and self.allowed is not None and \
-                self.reserved + alloc_size > self.allowed:
+        demand = self.reserved + alloc_size
+        if demand > self.max_demand:
+            self.max_demand = demand
+        if not self._force and self.allowed is not None and demand > self.allowed:
             return None
         if xa:
             return self.try_allocate_expandable_block(pool, size)
@@ -391,22 +638,21 @@ class DeviceCachingAllocator:
         if mss == SIZE_MAX:
             return False
         key_size = mss if size < mss else size
-        keys, blocks = pool.keys, pool.blocks
-        i = bisect_left(keys, key_size << _KEY_SHIFT)
-        if i == len(keys) or not _whole(blocks[keys[i]]):
-            # No single block is large enough: free several, the largest first.
-            if i == 0:
-                return False
+        srt, blocks = pool.sorted, pool.blocks
+        at = srt.first_at_least(key_size << _KEY_SHIFT)
+        if at is None or not _whole(blocks[srt._lists[at[0]][at[1]]]):
+            # No single block is large enough: free several, the largest first, while they
+            # are oversize (none when no block is smaller than the key).
             released = 0
-            i -= 1
-            while released < key_size and i >= 0 and blocks[keys[i]].size >= mss:
-                b = blocks[keys[i]]
-                i -= 1
+            for key in srt.between_descending(mss << _KEY_SHIFT, key_size << _KEY_SHIFT):
+                if released >= key_size:
+                    break
+                b = blocks[key]
                 if _whole(b):
                     released += b.size
                     self.release_block(b)
             return released >= key_size
-        self.release_block(blocks[keys[i]])
+        self.release_block(blocks[srt._lists[at[0]][at[1]]])
         return True
 
     def release_cached_blocks(self) -> None:
@@ -421,7 +667,7 @@ class DeviceCachingAllocator:
 
     def release_blocks(self, pool: BlockPool) -> None:
         to_unmap = []
-        for b in [pool.blocks[k] for k in pool.keys]:
+        for b in [pool.blocks[k] for k in pool.sorted]:
             if b.es is not None:
                 to_unmap.append(b)
             elif b.prev is None and b.next is None:
@@ -457,7 +703,7 @@ class DeviceCachingAllocator:
             age_threshold = total_age / count
             freed = False
             for p in large:
-                for b in [p.blocks[k] for k in p.keys]:
+                for b in [p.blocks[k] for k in p.sorted]:
                     age = calls - b.gc_base
                     if not b.is_split() and b.es is None and age >= age_threshold:
                         freed = True
@@ -510,6 +756,8 @@ class DeviceCachingAllocator:
         assert es is not None and not to_map.mapped
         off = to_map.ptr - es.base
         mapped = (-(-(off + size) // es.page) - off // es.page) * es.page
+        if self.reserved + mapped > self.max_demand:
+            self.max_demand = self.reserved + mapped
         if not self._force and self.capacity is not None and \
                 self.reserved + mapped > self.capacity:
             return False  # cuMemCreate: out of memory
@@ -614,6 +862,8 @@ class DeviceCachingAllocator:
             if chain:
                 self._reserve(sum(b.size for b in chain))
                 self._link(chain)
+        if groups:
+            self._plain = False  # expandable blocks take the general paths
         for (stream, small), segs in groups.items():
             pool = self._pool(small, stream)
             page = kSmallBuffer if small else page_bytes

@@ -11,14 +11,15 @@ from typing import Any
 
 from ..units import format_bytes
 from .allocator import Limits
-from .config import AllocatorSettings, SettingError, parse_settings
+from .config import AllocatorSettings, SettingError, parse_settings, settings_of_snapshot
 from .fields import quoted
 from .fit import Fit, FitRow, min_room
+from .progress import Progress
 from .replay import compile_trace, replay, series
 from .report import WhatIf, WhatIfChart, WhatIfRow, views
 from .snapshot import SESSION_KEY, NoHistory, SnapshotError, TraceInput, load, trace_input
 
-__all__ = ["DEFAULT_ALTERNATIVES", "MAX_CAPACITY_BYTES", "NoHistory", "SettingError",
+__all__ = ["DEFAULT_ALTERNATIVES", "MAX_CAPACITY_BYTES", "NoHistory", "Progress", "SettingError",
            "SnapshotError", "WhatIf", "WhatIfChart", "WhatIfRow", "check_capacity",
            "expandable_oom_line", "load", "parse_settings", "parse_settings_or_none", "run",
            "same_rules", "trace_input", "views", "whatif", "with_setting"]
@@ -28,6 +29,12 @@ ASYNC_NOTE = ("cudaMallocAsync lives inside the CUDA driver, which decides where
 DEFAULT_ALTERNATIVES = ("expandable_segments:True", "max_split_size_mb:64",
                         "max_split_size_mb:512", "roundup_power2_divisions:4")
 MAX_CAPACITY_BYTES = 1 << 50  # 1024 TiB, as the threshold setting: more is a typo
+MiB = 1 << 20
+# The OOM explainer's line replays at most this many history entries: 20,000 took 44-87 ms
+# to read and replay under expandable segments on the 2-core development machine (load 1.7,
+# benchmarks/bench_whatif_bound.py), so 15,000 leave room under the explainer's 100 ms on a
+# busier one (issue 37). Past it the line says how to get the replay.
+OOM_LINE_MAX_ENTRIES = 15_000
 
 
 def same_rules(a: AllocatorSettings, b: AllocatorSettings) -> bool:
@@ -82,7 +89,30 @@ def check_capacity(capacity_bytes: Any, name: str = "capacity_bytes") -> int:
 def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int | None = None,
         *, allowed_bytes: int | None = None, t_start: float | None = None, fit: bool = False,
         fit_gb: float | None = None, total_bytes: int | None = None,
-        context_bytes: int | None = None) -> WhatIf:
+        context_bytes: int | None = None, progress: Progress | None = None) -> WhatIf:
+    """``_run``, with ``progress`` (the notebook's line for a long what-if, ``Progress``)
+    told what is under way, emptied at the end, and told of a Ctrl-C."""
+    try:
+        out = _run(ti, parsed, capacity_bytes, progress, allowed_bytes=allowed_bytes,
+                   t_start=t_start, fit=fit, fit_gb=fit_gb, total_bytes=total_bytes,
+                   context_bytes=context_bytes)
+    except KeyboardInterrupt:
+        if progress is not None:
+            progress.interrupted()
+        raise
+    except BaseException:
+        if progress is not None:
+            progress.done()
+        raise
+    if progress is not None:
+        progress.done()
+    return out
+
+
+def _run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int | None,
+         progress: Progress | None, *, allowed_bytes: int | None = None,
+         t_start: float | None = None, fit: bool = False, fit_gb: float | None = None,
+         total_bytes: int | None = None, context_bytes: int | None = None) -> WhatIf:
     """Replay ``ti`` under each setting. ``capacity_bytes`` is what the driver could hand out;
     ``allowed_bytes`` a memory fraction's cap (checked as the allocator checks it), which
     otherwise comes from the setting's or the recorded process's fraction of the GPU's
@@ -92,7 +122,9 @@ def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int
     t_start = time.perf_counter() if t_start is None else t_start
     notes = list(ti.notes)
     recorded = parse_settings_or_none(ti.recorded_setting)
-    trace = compile_trace(ti.entries, **_recorded_limits(ti, recorded, total_bytes))
+    events = progress.events if progress is not None else None
+    trace = compile_trace(ti.entries, **_recorded_limits(ti, recorded, total_bytes),
+                          progress=events)
     if recorded is None:
         notes.append(f"The recorded setting {ti.recorded_setting!r} could not be read; no row "
                      "is marked as the current one.")
@@ -124,7 +156,10 @@ def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int
     rows: list[WhatIfRow] = []
     fits: list[FitRow] = []
     unmatched = 0
-    for s in parsed:
+    for k, s in enumerate(parsed):
+        of = f"({k + 1} of {len(parsed)} settings)"
+        if progress is not None:
+            progress.begin(f"replaying under {s.label} {of}")
         current = recorded is not None and same_rules(s, recorded)
         if not s.modelled:
             rows.append(WhatIfRow(setting=s.text, label=s.label, current=current,
@@ -149,7 +184,7 @@ def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int
                              "(set_per_process_memory_fraction); with none it changes nothing.")
         r = replay(trace, s, limits=Limits(allowed_bytes=allowed, capacity_bytes=cap),
                    start_segments=st.segments, device=ti.device, device_total_bytes=total,
-                   start_page_bytes=start_page or s.large_segment_size)
+                   start_page_bytes=start_page or s.large_segment_size, progress=events)
         unmatched = max(unmatched, r.unmatched_frees)
         if r.oom:
             row_notes.append(f"Ran out of memory at {ms(r.oom_event or 0):.1f} "
@@ -157,14 +192,19 @@ def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int
                              "rest of the history asked for after the failed request, as if "
                              "it had been given.")
         if fit:
+            if progress is not None:
+                progress.begin(f"finding the least memory under {s.label} {of}")
             unlimited = r if cap is None and allowed is None else replay(
                 trace, s, start_segments=st.segments, device=ti.device,
-                device_total_bytes=total, start_page_bytes=start_page or s.large_segment_size)
+                device_total_bytes=total, start_page_bytes=start_page or s.large_segment_size,
+                progress=events)
             need, n = min_room(trace, s, start_segments=st.segments or (), device=ti.device,
                                start_page_bytes=start_page or s.large_segment_size,
                                unlimited_peak_bytes=unlimited.peak_reserved_bytes,
                                peak_allocated_bytes=unlimited.peak_allocated_bytes,
-                               device_total_bytes=total)
+                               device_total_bytes=total,
+                               unlimited_max_demand_bytes=unlimited.max_demand_bytes,
+                               progress=events)
             fits.append(FitRow(s.label, s.text, need, n))
         pts = series(r.changes, len(trace.events), r.start_reserved_bytes)
         rows.append(WhatIfRow(
@@ -223,6 +263,13 @@ def _recorded_limits(ti: TraceInput, recorded: AllocatorSettings | None,
     return {"start_reserved_bytes": held, "recorded_limit_bytes": min(limits)}
 
 
+def _expandable_line_applies(snapshot: Mapping[str, Any]) -> bool:
+    """Whether the snapshot's own setting is one the expandable line is about: modelled,
+    without expandable segments."""
+    recorded = parse_settings_or_none(settings_of_snapshot(snapshot)[0])
+    return recorded is not None and recorded.modelled and not recorded.expandable_segments
+
+
 def parse_settings_or_none(text: str) -> AllocatorSettings | None:
     try:
         return parse_settings(text)
@@ -257,6 +304,22 @@ def expandable_oom_line(snapshot: Mapping[str, Any], *, device: int,
     the line says so, and states no OOM outcome when those segments decide it."""
     if capacity_bytes is None and allowed_bytes is None:
         return ""
+    room = min(x for x in (capacity_bytes, allowed_bytes) if x is not None)
+    traces = snapshot.get("device_traces")
+    history = traces[device] if isinstance(traces, list) and 0 <= device < len(traces) \
+        else None
+    n = len(history) if isinstance(history, list) else 0
+    if n > OOM_LINE_MAX_ENTRIES and _expandable_line_applies(snapshot):
+        # Replaying them would hold the OOM cell for seconds (3.3 s at 1,000,000 entries):
+        # said, with the command that gives the line.
+        of_session = isinstance(snapshot.get(SESSION_KEY), Mapping)
+        what = "session recording" if of_session else "traced cell"
+        cmd = ("%gpumem whatif --session" if of_session else "%gpumem whatif") + \
+            f" --conf expandable_segments:True --capacity {-(-room // MiB)}MiB"
+        return (f"The expandable_segments:True line is left out: the {what} holds {n:,} "
+                f"allocator events, more than the {OOM_LINE_MAX_ENTRIES:,} the OOM explainer "
+                f"replays in its time; {cmd} replays them (seconds), at the "
+                f"{format_bytes(room)} PyTorch could use.")
     try:
         ti = trace_input(snapshot, device)
         setting = with_setting(ti.recorded_setting, "expandable_segments", "True")
@@ -269,7 +332,6 @@ def expandable_oom_line(snapshot: Mapping[str, Any], *, device: int,
     row = run(ti, [parsed], capacity_bytes, allowed_bytes=allowed_bytes)[0]
     if row.peak_reserved_bytes is None:
         return ""
-    room = min(x for x in (capacity_bytes, allowed_bytes) if x is not None)
     verdict = (f" ({'fits' if not row.oom else 'still out of memory'} in the "
                f"{format_bytes(room)} PyTorch could use)")
     held = row.start_reserved_bytes or 0

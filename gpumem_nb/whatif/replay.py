@@ -17,13 +17,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import gc
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from .allocator import Block, DeviceCachingAllocator, Limits
 from .config import AllocatorSettings
-from .fields import finite, plain, uint
+from .fields import SIZE_T_END, finite, plain, uint
+from .progress import TICK
 from .rules import kLargeBuffer
 
 ALLOC, FREE_REQUESTED, FREE_COMPLETED, OOM, EMPTY_CACHE, FREE = range(6)
@@ -38,9 +41,20 @@ MAX_POINTS = 2000  # per line of the chart
 MAX_TIME_US = 1e17  # the year 5138: a later (or negative) time_us is no clock's
 
 
+def fold_address(addr: int) -> int:
+    """``addr`` with its high bits folded onto its low ones, as a dict key: one to one (the
+    top 24 bits are kept, and each lower one is read back from those above it), and the low
+    bits of addresses 2**24 apart (a history's, in a dict of a million) no longer all alike:
+    a million such lookups took 0.5 s, now 0.13."""
+    return addr ^ (addr >> 24)
+
+
 @dataclass(frozen=True)
 class CompiledTrace:
-    events: list[tuple[int, int, int, int]]  # (code, addr, size, stream)
+    # (code, slot, size, stream): each address the history names has a slot, numbered from
+    # 0 in the order they first appear (``addresses[slot]``), so that the replay keeps its
+    # live blocks in a list, not a dict keyed by address (an OOM's slot is -1).
+    events: list[tuple[int, int, int, int]]
     times_us: list[float | None]  # when each event was recorded
     has_completions: bool
     recorded: list[tuple[int, int]]  # (event index, recorded reserved change so far)
@@ -49,6 +63,9 @@ class CompiledTrace:
     # Frees of an address the history had allocated and already freed: an entry repeated or
     # lost, not an allocation made before the history.
     double_frees: int = 0
+    addresses: list[int] = field(default_factory=list, repr=False)  # slot -> address
+    # fold_address(address) -> slot
+    slots: Mapping[int, int] = field(default_factory=dict, repr=False)
 
     @property
     def skipped_total(self) -> int:
@@ -56,7 +73,8 @@ class CompiledTrace:
 
 
 def compile_trace(entries: Sequence[Any], *, start_reserved_bytes: int | None = None,
-                  recorded_limit_bytes: int | None = None) -> CompiledTrace:
+                  recorded_limit_bytes: int | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> CompiledTrace:
     """``recorded_limit_bytes``: what the recorded process could reserve (its memory
     fraction's cap, or what the GPU had), with ``start_reserved_bytes`` what it held when
     the history began. A run of segment frees right before a ``cudaMalloc`` is the
@@ -70,8 +88,10 @@ def compile_trace(entries: Sequence[Any], *, start_reserved_bytes: int | None = 
     delta = 0
     completions = False
     n = len(entries)
-    live: set[int] = set()  # the history's own allocations, to tell a double free
-    freed: set[int] = set()
+    slots: dict[int, int] = {}
+    addresses: list[int] = []
+    # Per slot, the history's own allocation there: 1 live, 2 freed (to tell a double free).
+    state = bytearray()
     doubles = 0
 
     def skip(why: str) -> None:
@@ -82,48 +102,85 @@ def compile_trace(entries: Sequence[Any], *, start_reserved_bytes: int | None = 
         a = e.get("action") if isinstance(e, Mapping) else None
         return a if isinstance(a, str) else None
 
+    # The loop below is the reading's hot path (1,000,000 entries at the bound): a plain
+    # dict entry whose numbers are plain ints and time a plain float is read inline, with
+    # the same answers as ``uint``/``finite``; anything else goes through them.
+    append_event, append_time = events.append, times.append
+    slot_of, new_address = slots.get, addresses.append
+    model_code = _MODEL.get
+    end_t = MAX_TIME_US
     i = 0
+    look = TICK if progress is not None else n + 1
     while i < n:
+        if i >= look:
+            assert progress is not None
+            progress(i, n)
+            look = i + TICK
         e = entries[i]
-        if not isinstance(e, Mapping):
+        if type(e) is not dict and not isinstance(e, Mapping):
             skip("not a history entry")
             i += 1
             continue
         action = e.get("action")
-        if not isinstance(action, str):
+        if type(action) is not str and not isinstance(action, str):
             skip("entries whose action is not a name")
             i += 1
             continue
-        t = finite(e.get("time_us"))
-        if t is not None and not 0 <= t < MAX_TIME_US:
-            t = None  # no clock's: the event is replayed, its time unknown (as trace.py's)
-        code = _MODEL.get(action)
+        t = e.get("time_us")
+        if type(t) is float:
+            if not 0 <= t < end_t:  # NaN and the infinities too
+                t = None
+        else:
+            t = finite(t)
+            if t is not None and not 0 <= t < end_t:
+                t = None  # no clock's: the event is replayed, its time unknown (as trace.py's)
+        code = model_code(action)
         if code is not None:
-            addr, size = uint(e.get("addr")), uint(e.get("size"))
+            addr = e.get("addr")
+            if type(addr) is not int or not 0 <= addr < SIZE_T_END:
+                addr = uint(addr)
+            size = e.get("size")
+            if type(size) is not int or not 0 <= size < SIZE_T_END:
+                size = uint(size)
             if code == OOM and addr is None:
                 addr = 0  # an OOM's "addr" is the driver's free memory, not an address
-            stream = uint(e.get("stream")) or 0
+            stream = e.get("stream")
+            if type(stream) is not int or not 0 <= stream < SIZE_T_END:
+                stream = uint(stream)
+            stream = stream or 0
             if addr is None or size is None or (code == ALLOC and size == 0):
                 skip(f"{action} without a valid address and size")
                 i += 1
                 continue
-            if code == FREE_REQUESTED and i + 1 < n:
-                nxt = entries[i + 1]
-                if isinstance(nxt, Mapping) and nxt.get("action") == "free_completed" and \
-                        nxt.get("addr") == addr:
-                    code = FREE  # returned to its pool at once: one step, not two
-                    i += 1
-            completions = completions or code in (FREE_COMPLETED, FREE)
+            if code == OOM:
+                append_event((code, -1, size, stream))
+                append_time(t)
+                i += 1
+                continue
+            folded = addr ^ (addr >> 24)  # fold_address, inline
+            slot = slot_of(folded)
+            if slot is None:
+                slot = slots[folded] = len(addresses)
+                new_address(addr)
+                state.append(0)
             if code == ALLOC:
-                live.add(addr)
-            elif code in (FREE_REQUESTED, FREE):
-                if addr in live:
-                    live.discard(addr)
-                    freed.add(addr)
-                elif addr in freed:
-                    doubles += 1
-            events.append((code, addr, size, stream))
-            times.append(t)
+                state[slot] = 1
+            else:
+                if code == FREE_REQUESTED and i + 1 < n:
+                    nxt = entries[i + 1]
+                    if (type(nxt) is dict or isinstance(nxt, Mapping)) and \
+                            nxt.get("action") == "free_completed" and nxt.get("addr") == addr:
+                        code = FREE  # returned to its pool at once: one step, not two
+                        i += 1
+                if code in (FREE_COMPLETED, FREE):
+                    completions = True
+                if code in (FREE_REQUESTED, FREE):
+                    if state[slot] == 1:
+                        state[slot] = 2
+                    elif state[slot] == 2:
+                        doubles += 1
+            append_event((code, slot, size, stream))
+            append_time(t)
             i += 1
             continue
         if action in _SEGMENT_GROW or action in _SEGMENT_SHRINK:
@@ -160,7 +217,8 @@ def compile_trace(entries: Sequence[Any], *, start_reserved_bytes: int | None = 
             skip(f"unknown action {plain(action, 40)!r}")
         i += 1
     return CompiledTrace(events=events, times_us=times, has_completions=completions,
-                         recorded=recorded, entries=n, skipped=skipped, double_frees=doubles)
+                         recorded=recorded, entries=n, skipped=skipped, double_frees=doubles,
+                         addresses=addresses, slots=slots)
 
 
 def _room_to_spare(nxt: Any, start: int | None, delta: int, limit: int | None) -> bool:
@@ -190,6 +248,7 @@ class Replayed:
     oom_requested_bytes: int | None
     unmatched_frees: int  # frees of allocations the replay never saw made
     changes: list[tuple[int, int]] = field(repr=False)  # (event index, reserved)
+    max_demand_bytes: int = 0  # the most a limit check asked for (DeviceCachingAllocator's)
 
 
 def replay(trace: CompiledTrace, settings: AllocatorSettings, *, limits: Limits | None = None,
@@ -197,56 +256,87 @@ def replay(trace: CompiledTrace, settings: AllocatorSettings, *, limits: Limits 
            device_total_bytes: int | None = None, start_page_bytes: int = kLargeBuffer,
            stop_at_oom: bool = False,
            on_event: Callable[[int, DeviceCachingAllocator, Mapping[int, Block]], None]
-           | None = None) -> Replayed:
+           | None = None, progress: Callable[[int, int], None] | None = None) -> Replayed:
     """Run the model over ``trace``. ``on_event(i, model, live)`` is called after each event
     (the property tests check the model's invariants there). ``stop_at_oom``: stop at the
-    first request that fails (the fit search needs only whether one does)."""
+    first request that fails (the fit search needs only whether one does). ``progress(i,
+    n)`` is called every ``progress.TICK`` events."""
     limits = limits or Limits()
     model = DeviceCachingAllocator(settings, limits, device_total_bytes=device_total_bytes)
-    live, pending = model.load_segments(start_segments or (), device, start_page_bytes)
+    start_live, start_waiting = model.load_segments(start_segments or (), device,
+                                                    start_page_bytes)
     start_reserved = model.reserved
     deferred = trace.has_completions
-    malloc, free, complete = model.malloc, model.free, model.complete
+    # The live blocks by slot; those of the start state whose address the history never
+    # names stay in ``unnamed`` (only on_event sees them).
+    slots = trace.slots
+    live: list[Block | None] = [None] * len(trace.addresses)
+    unnamed: dict[int, Block] = {}
+    for ptr, b in start_live.items():
+        k = slots.get(fold_address(ptr))
+        if k is None:
+            unnamed[ptr] = b
+        else:
+            live[k] = b
+    pending: dict[int, Block] = {}  # slot -> freed block waiting on its event
+    for ptr, b in start_waiting.items():
+        k = slots.get(fold_address(ptr))
+        if k is not None:
+            pending[k] = b
+    malloc, free, free_now, complete = model.malloc, model.free, model.free_now, model.complete
     oom_event: int | None = None
     oom_size: int | None = None
     unmatched = 0
-    for i, (code, addr, size, stream) in enumerate(trace.events):
-        model.now = i
-        if code == FREE:
-            if addr in live:
-                free(live.pop(addr), deferred=False)
+    watch = on_event is not None or stop_at_oom or progress is not None
+    n_events = len(trace.events)
+    view = _LiveView(live, trace.addresses, unnamed)
+    with _no_cycle_collection():
+        for i, (code, slot, size, stream) in enumerate(trace.events):
+            model.now = i
+            if code == ALLOC:
+                old = live[slot]
+                if old is not None:  # a second alloc at a live address: an entry went missing
+                    free_now(old)
+                    unmatched += 1
+                block, oom = malloc(size, stream)
+                live[slot] = block
+                if oom and oom_event is None:
+                    oom_event, oom_size = i, size
+            elif code == FREE:
+                old = live[slot]
+                if old is not None:
+                    live[slot] = None
+                    free_now(old)
+                else:
+                    unmatched += 1
+            elif code == FREE_REQUESTED:
+                old = live[slot]
+                if old is None:
+                    unmatched += 1
+                else:
+                    live[slot] = None
+                    if deferred:
+                        pending[slot] = old
+                        free(old, deferred=True)
+                    else:
+                        free_now(old)
+            elif code == FREE_COMPLETED:
+                if slot in pending:
+                    complete(pending.pop(slot))
+            elif code == OOM:
+                block, oom = malloc(size, stream)
+                free_now(block)
+                if oom and oom_event is None:
+                    oom_event, oom_size = i, size
             else:
-                unmatched += 1
-        elif code == ALLOC:
-            if addr in live:  # a second alloc at a live address: an entry went missing
-                free(live.pop(addr), deferred=False)
-                unmatched += 1
-            block, oom = malloc(size, stream)
-            live[addr] = block
-            if oom and oom_event is None:
-                oom_event, oom_size = i, size
-        elif code == FREE_REQUESTED:
-            if addr not in live:
-                unmatched += 1
-            elif deferred:
-                block = pending[addr] = live.pop(addr)
-                free(block, deferred=True)
-            else:
-                free(live.pop(addr), deferred=False)
-        elif code == FREE_COMPLETED:
-            if addr in pending:
-                complete(pending.pop(addr))
-        elif code == OOM:
-            block, oom = malloc(size, stream)
-            free(block, deferred=False)
-            if oom and oom_event is None:
-                oom_event, oom_size = i, size
-        else:
-            model.empty_cache()
-        if on_event is not None:
-            on_event(i, model, live)
-        if stop_at_oom and oom_event is not None:
-            break
+                model.empty_cache()
+            if watch:
+                if progress is not None and not i % TICK:
+                    progress(i, n_events)
+                if on_event is not None:
+                    on_event(i, model, view)
+                if stop_at_oom and oom_event is not None:
+                    break
     judged = limits.capacity_bytes is not None or limits.allowed_bytes is not None
     return Replayed(
         peak_reserved_bytes=model.peak_reserved, end_reserved_bytes=model.reserved,
@@ -255,7 +345,46 @@ def replay(trace: CompiledTrace, settings: AllocatorSettings, *, limits: Limits 
         segment_allocs=model.num_device_alloc, segment_frees=model.num_device_free,
         num_alloc_retries=model.num_alloc_retries,
         oom=(oom_event is not None) if judged else None, oom_event=oom_event,
-        oom_requested_bytes=oom_size, unmatched_frees=unmatched, changes=model.changes)
+        oom_requested_bytes=oom_size, unmatched_frees=unmatched, changes=model.changes,
+        max_demand_bytes=model.max_demand)
+
+
+class _LiveView(Mapping[int, Block]):
+    """The replay's live blocks by address, as ``on_event`` sees them."""
+
+    def __init__(self, live: list[Block | None], addresses: list[int],
+                 unnamed: dict[int, Block]) -> None:
+        self._live, self._addresses, self._unnamed = live, addresses, unnamed
+
+    def __getitem__(self, addr: int) -> Block:
+        for k, a in enumerate(self._addresses):
+            b = self._live[k]
+            if a == addr and b is not None:
+                return b
+        return self._unnamed[addr]
+
+    def __iter__(self) -> Iterator[int]:
+        yield from (a for a, b in zip(self._addresses, self._live, strict=True)
+                    if b is not None)
+        yield from self._unnamed
+
+    def __len__(self) -> int:
+        return sum(b is not None for b in self._live) + len(self._unnamed)
+
+
+@contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """The replay makes and drops blocks by the million, each linked to its neighbours:
+    the cycle collector, run every 700 of them over every object alive (a snapshot's million
+    entries too), took a quarter of a replay's time and frees nothing the replay has not
+    let go. It runs again after, as it was."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def series(changes: Sequence[tuple[int, int]], n_events: int, start_bytes: int,

@@ -32,7 +32,7 @@ MAX_SNAPSHOT_BYTES = 1 << 30  # memory_viz itself gives up on snapshots around 1
 # A pickle's shared references make a repeated entry cost 2 bytes in the file: a 4 MB file
 # held 2M entries and took 14-125 s to replay, a 20 MB one 66 s and 1 GB. The replay reads
 # each entry and block, so their counts are bounded, not the file's size alone.
-MAX_HISTORY_ENTRIES = 1_000_000  # about 1.2 s to replay per setting here
+MAX_HISTORY_ENTRIES = 1_000_000  # 1-3 s to replay per setting here (bench_whatif_bound.py)
 MAX_BLOCKS = 1_000_000  # the end's and the recorded start's segments, with their blocks
 MAX_DEVICES = 1024  # GPUs one snapshot may name: far more than one process drives
 START_KEY = "gpumem_start"  # what %%gpumem --trace adds to the snapshot it keeps or saves
@@ -278,6 +278,10 @@ def segments_of(raw: Any) -> list[dict[str, Any]]:
     return out
 
 
+# rebuild_start's actions: 0 alloc, 1 free_requested, 2 a segment made, 3 one given back.
+_NEG_INF = float("-inf")
+_REBUILD_KIND = {"alloc": 0, "free_requested": 1, "segment_alloc": 2, "segment_map": 2,
+                 "segment_free": 3, "segment_unmap": 3}
 _HELD = ("active_allocated", "active_awaiting_free", "active_pending_free")
 
 
@@ -368,8 +372,7 @@ def trace_input(snapshot: Mapping[str, Any], device: int | None = None) -> Trace
     notes: list[str] = []
     if start.since_us is not None:  # a recording that was already on: keep the cell's part
         since = start.since_us
-        entries = [e for e in entries if not isinstance(e, Mapping)
-                   or finite(e.get("time_us")) is None or e["time_us"] >= since]
+        entries = [e for e in entries if _since(e, since)]
     setting, note = settings_of_snapshot(snapshot)
     if note:
         notes.append(note)
@@ -381,6 +384,18 @@ def trace_input(snapshot: Mapping[str, Any], device: int | None = None) -> Trace
             notes.append(why)
     return TraceInput(device=device, entries=entries, start=start,
                       recorded_setting=setting, notes=tuple(notes))
+
+
+def _since(e: Any, since: float) -> bool:
+    """Whether ``e`` is kept in a recording that began at ``since``: an entry without a
+    finite time is."""
+    if type(e) is dict:
+        t = e.get("time_us")
+        if type(t) is float:
+            return not t < since or t == _NEG_INF  # NaN and +inf are kept, as -inf is
+    elif not isinstance(e, Mapping):
+        return True
+    return finite(e.get("time_us")) is None or e["time_us"] >= since
 
 
 def rebuild_start(snapshot: Mapping[str, Any], entries: Sequence[Mapping[str, Any]],
@@ -395,20 +410,35 @@ def rebuild_start(snapshot: Mapping[str, Any], entries: Sequence[Mapping[str, An
     freed_before: dict[int, int] = {}
     allocated: set[int] = set()
     early_live: dict[int, int] = {}
+    # The hot path at the entry bound: only the four actions read here have their numbers
+    # checked (plain ints inline, anything else through ``uint``).
     for e in entries:
-        if not isinstance(e, Mapping):
+        if type(e) is not dict and not isinstance(e, Mapping):
             continue
-        a, addr, size = e.get("action"), uint(e.get("addr")), uint(e.get("size"))
-        if not isinstance(a, str) or addr is None or size is None:
+        a = e.get("action")
+        if type(a) is not str and not isinstance(a, str):
             continue
-        if a in ("segment_alloc", "segment_map"):
+        kind = _REBUILD_KIND.get(a)
+        if kind is None:
+            continue
+        addr, size = e.get("addr"), e.get("size")
+        if type(addr) is not int or not 0 <= addr < SIZE_T_END:
+            addr = uint(addr)
+            if addr is None:
+                continue
+        if type(size) is not int or not 0 <= size < SIZE_T_END:
+            size = uint(size)
+            if size is None:
+                continue
+        if kind == 0:
+            allocated.add(addr ^ (addr >> 24))  # replay.fold_address: well spread
+        elif kind == 1:
+            if addr ^ (addr >> 24) not in allocated:
+                early_live.setdefault(addr, -(-max(size, 1) // _MIN_BLOCK) * _MIN_BLOCK)
+        elif kind == 2:
             created.add(addr)
-        elif a in ("segment_free", "segment_unmap") and addr not in created:
+        elif addr not in created:
             freed_before.setdefault(addr, size)
-        elif a == "alloc":
-            allocated.add(addr)
-        elif a == "free_requested" and addr not in allocated:
-            early_live.setdefault(addr, -(-max(size, 1) // _MIN_BLOCK) * _MIN_BLOCK)
     early = sorted(early_live.items())
     early_at = [a for a, _ in early]
     out: list[dict[str, Any]] = []
@@ -416,7 +446,8 @@ def rebuild_start(snapshot: Mapping[str, Any], entries: Sequence[Mapping[str, An
         if seg["device"] != device or seg["address"] in created:
             continue
         blocks = [{**b, "state": "active_allocated" if b["state"] == "active_allocated"
-                   and b["address"] not in allocated else "inactive"} for b in seg["blocks"]]
+                   and b["address"] ^ (b["address"] >> 24) not in allocated
+                   else "inactive"} for b in seg["blocks"]]
         out.append({**seg, "blocks": _with_early(blocks, early, early_at)})
     for addr, size in freed_before.items():
         if not size or addr + size > SIZE_T_END:

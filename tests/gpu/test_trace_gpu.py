@@ -138,16 +138,20 @@ def test_a_recording_the_user_had_on_stays_on_with_its_entries():
 
 def test_an_oom_in_a_traced_cell_lists_what_was_live_at_the_failure():
     r = fresh(PRELUDE + """
-        ip.run_cell("%%gpumem --trace\\nw = torch.empty(20 * GiB, dtype=torch.uint8, "
-                    "device='cuda')\\nx = torch.empty(400 * GiB, dtype=torch.uint8, "
+        from tests.gpu.helpers import scaled_gib
+        total = torch.cuda.mem_get_info(0)[1]
+        ip.user_ns["W"] = W = 20 * scaled_gib(total)  # 20 GiB on the H200, its share elsewhere
+        ip.user_ns["X"] = 3 * total  # more than the card
+        ip.run_cell("%%gpumem --trace\\nw = torch.empty(W, dtype=torch.uint8, "
+                    "device='cuda')\\nx = torch.empty(X, dtype=torch.uint8, "
                     "device='cuda')", store_history=True)
         e = mon.oom.last
-        print(json.dumps({"sites": [[s.label, s.nbytes] for s in e.sites_at_failure],
+        print(json.dumps({"sites": [[s.label, s.nbytes] for s in e.sites_at_failure], "w": W,
                           "cause": e.cause, "text": str(e), "added_ms": e.added_s * 1e3}))
     """, env=NATIVE)
     print("\n" + r["text"])
     assert r["cause"] == "impossible"
-    assert r["sites"][0][0].startswith("cell line 1") and r["sites"][0][1] == 20 * GiB
+    assert r["sites"][0][0].startswith("cell line 1") and r["sites"][0][1] == r["w"]
 
 
 def test_tracing_under_cuda_malloc_async_says_so_and_runs_the_cell():

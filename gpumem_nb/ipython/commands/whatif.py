@@ -151,7 +151,7 @@ def whatif(m: Monitor, shell: InteractiveShell, args: argparse.Namespace) -> Any
     if args.fit is not None and (args.session or args.trace == "last"):
         context = _outside_pytorch_bytes(m, ti.device)
     result = wi.run(ti, parsed, capacity, fit=args.fit is not None, fit_gb=fit_gb,
-                    total_bytes=total, context_bytes=context)
+                    total_bytes=total, context_bytes=context, progress=wi.Progress(display))
     if args.o:
         return result
     display(*wi.views(result))
