@@ -85,7 +85,7 @@ def hostile_text(rng: random.Random) -> str:
 
 
 def make_shell() -> tuple[Any, FakeCuda]:
-    from gpumem_nb import monitor as monitor_mod
+    from gpumem_nb.kernel import monitor as monitor_mod
     from gpumem_nb.sources.live import LiveSource
     from gpumem_nb.sources.nvml import NvmlSource
 
@@ -110,7 +110,7 @@ HOOK_S: dict[str, float] = {"max_post_run_cell_s": 0.0, "max_pre_run_cell_s": 0.
 
 def time_hooks() -> None:
     """Time the extension's own cell hooks (IPython's traceback printing is not ours)."""
-    from gpumem_nb.monitor import Monitor
+    from gpumem_nb.kernel import Monitor
 
     for name in ("pre_run_cell", "post_run_cell"):
         real = getattr(Monitor, name)
@@ -261,7 +261,7 @@ def attack_run_all(shell: Any, n: int, rng: random.Random) -> dict[str, Any]:
 
 SAVER = """\
 import sys
-from gpumem_nb.monitor import Monitor
+from gpumem_nb.kernel import Monitor
 from gpumem_nb.settings import load_config
 m = Monitor(shell=None, config=load_config())
 key, n = sys.argv[1], int(sys.argv[2])
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     statm = sum(1 for fd in os.listdir("/proc/self/fd")
                 if os.path.exists(f"/proc/self/fd/{fd}")
                 and os.path.realpath(f"/proc/self/fd/{fd}").endswith("/statm"))
-    from gpumem_nb.monitor import Monitor
+    from gpumem_nb.kernel import Monitor
 
     gc.collect()
     report["leaks"] = {"statm_fds": statm,

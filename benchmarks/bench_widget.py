@@ -54,11 +54,11 @@ def main() -> None:
     os.environ["GPUMEM_NB_CONFIG"] = "/nonexistent/gpumem_nb.json"
     from IPython.testing.globalipapp import start_ipython
 
+    from gpumem_nb.chart.live import show
     from gpumem_nb.magics import current_monitor
     from gpumem_nb.model import CellMark
     from gpumem_nb.sampler import Sampler
     from gpumem_nb.sources.replay import ReplaySource
-    from gpumem_nb.widget import show
 
     ip = start_ipython()
     ip.run_cell("%load_ext gpumem_nb")
@@ -68,6 +68,7 @@ def main() -> None:
     # The recording, looping, on a clock the benchmark moves: an hour in seconds.
     mon.source = ReplaySource.from_file(None, clock=clock, loop=True)
     mon.sampler = Sampler(mon.source, interval_s=0.5, clock=clock)
+    mon.feeds.sampler = mon.sampler  # the chart draws the monitor's feed
     mon.started_t_s = clock.now
     widget = show(mon)
     results: dict[str, object] = {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 # Bound here, at import: the package gpumem_nb.whatif shares the function's name, and
 # importing a submodule later would otherwise replace the function with the module. It is
@@ -49,7 +49,7 @@ def history() -> Any:
     """
     import importlib.util
 
-    from .magics import current_monitor
+    from .kernel import current_monitor
 
     monitor = current_monitor()
     if monitor is None:
@@ -61,12 +61,12 @@ def history() -> Any:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    from .magics import load
+    from .ipython.extension import load
 
     load(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    from .magics import unload
+    from .ipython.extension import unload
 
     unload(ipython)

@@ -14,6 +14,8 @@ from .sampler import check_interval
 from .sources.live import LiveSource
 from .views import take
 
+__all__ = ["main"]
+
 
 def prog_name(argv0: str | None = None) -> str:
     """The name usage lines show: the command as it was typed (``gpumem-nb``), or ``python -m

@@ -26,6 +26,15 @@ from .settings import (
     plain,
 )
 
+__all__ = [
+    "Bool",
+    "Float",
+    "GpumemNb",
+    "Int",
+    "Unicode",
+    "Union",
+]
+
 
 class _Refusal(TraitType[Any, Any]):
     """A trait that refuses a value of the wrong type in the settings' own words, cut

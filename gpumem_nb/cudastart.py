@@ -47,6 +47,31 @@ from . import userexc
 from .errtext import error_str
 from .sources.torch import TorchSource
 
+__all__ = [
+    "ACCELERATE",
+    "DATALOADER",
+    "ELASTIC",
+    "FORKED",
+    "FORKERS",
+    "HOW_BEFORE",
+    "HOW_CELL",
+    "HOW_HOOK",
+    "LAUNCHER_REFUSALS",
+    "LIGHTNING",
+    "MAX_FRAMES",
+    "MULTIPROCESSING",
+    "TORCH_MP",
+    "CudaStart",
+    "CudaStartWatch",
+    "Forker",
+    "Frame",
+    "RunningCell",
+    "forker_of",
+    "launcher_refusal",
+    "locate",
+    "refusal_advice",
+]
+
 HOW_HOOK = "torch's CUDA start-up"  # exact: the stack at initialisation
 HOW_CELL = "the cell's end"  # the first cell that ended with CUDA up
 HOW_BEFORE = "before gpumem_nb was loaded"

@@ -38,6 +38,18 @@ from .units import format_bytes
 from .whatif.config import BACKEND_ASYNC
 from .whatif.rules import kLargeBuffer, kSmallBuffer
 
+__all__ = [
+    "PAGES",
+    "PAGES_BOUND",
+    "POOL",
+    "SEGMENTS",
+    "STATS",
+    "CacheRelease",
+    "estimate",
+    "from_segments",
+    "from_stats",
+]
+
 SEGMENTS = "segments"  # native, counted from the segments
 STATS = "stats"  # native, reserved − allocated − inactive_split
 PAGES = "pages"  # expandable segments, counted from the segments

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 from . import userexc
 
+__all__ = ["error_str", "one_read_per_error"]
+
 _memo = threading.local()
 
 
@@ -31,7 +33,7 @@ def one_read_per_error() -> Iterator[None]:
 
 def error_str(exc: BaseException) -> str:
     """``str(exc)`` as a plain ``str``, or "" when its ``__str__`` raises anything (a
-    ``SystemExit`` from it ended the kernel, issue 16) or returns no text: an odd exception
+    ``SystemExit`` from it would end the kernel) or returns no text: an odd exception
     must neither lose its cell's record nor stop its OOM from being explained."""
     texts: dict[int, tuple[BaseException, str]] | None = getattr(_memo, "texts", None)
     if texts is not None:

@@ -25,6 +25,17 @@ from typing import Any
 from .model import Holder
 from .units import format_bytes
 
+__all__ = [
+    "SHOW_NOT_FOUND_SHARE",
+    "Ledger",
+    "PoolParts",
+    "cublas_workspace_sizes",
+    "ledger",
+    "ledgers_of",
+    "on_device",
+    "workspace_blocks_bytes",
+]
+
 # "not found" is shown when it is more than this share of what is allocated.
 SHOW_NOT_FOUND_SHARE = 0.01
 

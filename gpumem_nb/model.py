@@ -11,6 +11,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+__all__ = [
+    "CAUSE_CACHE",
+    "CAUSE_LIVE_TENSORS",
+    "CAUSE_OUTSIDE",
+    "ROLE_DATALOADER",
+    "ROLE_LAUNCHED",
+    "ROLE_MULTIPROCESSING",
+    "ROLE_OTHER",
+    "STATUS_ERROR",
+    "STATUS_LOST",
+    "STATUS_OK",
+    "AllocatorInfo",
+    "AllocatorReading",
+    "CellDevice",
+    "CellMark",
+    "CellRecord",
+    "CellStart",
+    "ChildProcess",
+    "DeviceSample",
+    "Holder",
+    "NvmlReading",
+    "Sample",
+    "SourceStatus",
+    "Verdict",
+]
+
 # Status words a device reading can carry. Plain strings keep the records JSON-friendly.
 STATUS_OK = "ok"
 STATUS_LOST = "lost"

@@ -2,15 +2,17 @@
 whatif``'s chart): plain dicts for the ``application/vnd.plotly.v1+json`` mime type, so
 nothing here imports plotly.
 
-Nothing overlaps at any output width (issue 17: in 07 the legend covered the x axis and its
-title). The title sits under the modebar's band and left-aligned, marks' labels under the
-title, and the legend has a band of its own below the x axis title, one row per entry at worst
-(a narrow output, long names).
+Nothing overlaps at any output width (a legend placed by plotly's defaults covered the x axis
+and its title in a narrow output). The title sits under the modebar's band and left-aligned,
+marks' labels under the title, and the legend has a band of its own below the x axis title,
+one row per entry at worst (a narrow output, long names).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+__all__ = ["config", "layout"]
 
 _LEGEND_ROW_PX = 22
 _CONFIG = {"displaylogo": False, "modeBarButtonsToRemove": [

@@ -18,6 +18,22 @@ from .model import CellDevice, CellRecord
 from .report import html_table, text_table
 from .units import format_bytes
 
+__all__ = [
+    "CHILDREN_HEADER",
+    "COLUMNS",
+    "DEFAULT_HISTORY_CELLS",
+    "DISPLAY_HEADERS",
+    "History",
+    "HistoryTable",
+    "display_headers",
+    "display_rows",
+    "flat_rows",
+    "format_children",
+    "format_nvml_peak",
+    "format_peak",
+    "has_children",
+]
+
 DEFAULT_HISTORY_CELLS = 10_000
 
 # Columns of the flat export: one row per cell and device (a cell with no GPU gives one row).

@@ -9,6 +9,13 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
+__all__ = [
+    "Row",
+    "html_lines",
+    "html_table",
+    "text_table",
+]
+
 Row = Sequence[str]
 
 def text_table(headers: Row, rows: Sequence[Row]) -> str:

@@ -43,6 +43,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+__all__ = [
+    "STALE_TEMP_S",
+    "Lock",
+    "PathLike",
+    "RefusedPath",
+    "Writer",
+    "check_writable",
+    "locked",
+    "read_bytes",
+    "read_text",
+    "reason",
+    "remove_stale_temps",
+    "shown",
+    "write_atomic",
+    "write_text_atomic",
+]
+
 PathLike = str | os.PathLike[str]
 
 _TEMP_PREFIX = ".gpumem_nb-"

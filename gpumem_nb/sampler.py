@@ -24,6 +24,17 @@ from .model import Sample
 from .sources import Source
 from .sources.gate import STUCK_S, ReadGate
 
+__all__ = [
+    "DEFAULT_CAPACITY",
+    "DEFAULT_INTERVAL_S",
+    "MAX_INTERVAL_S",
+    "MIN_INTERVAL_S",
+    "NAP_S",
+    "Listener",
+    "Sampler",
+    "check_interval",
+]
+
 log = logging.getLogger("gpumem_nb")
 
 MIN_INTERVAL_S = 0.05

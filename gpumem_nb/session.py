@@ -23,6 +23,8 @@ from typing import Any
 from .sources.torch import TorchDebug
 from .whatif.snapshot import SESSION_KEY, START_KEY
 
+__all__ = ["MAX_ENTRIES", "SessionRecorder", "SessionSnapshot"]
+
 MAX_ENTRIES = 100_000
 
 

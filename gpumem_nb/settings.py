@@ -46,6 +46,50 @@ from .analysis import DEFAULT_THRESHOLD_BYTES
 from .sampler import DEFAULT_INTERVAL_S, MAX_INTERVAL_S, MIN_INTERVAL_S
 from .units import echo_cut, format_bytes, parse_size, printable
 
+__all__ = [
+    "AUTO_SHOW_ENV",
+    "CHECKS",
+    "CONFIG_ENV",
+    "IPYTHON_ORIGIN",
+    "MAX_SETTINGS_BYTES",
+    "MAX_THRESHOLD_BYTES",
+    "PEAK_PRESERVE",
+    "PEAK_RESET",
+    "TRAIT_FIELDS",
+    "BadConfigPath",
+    "Config",
+    "DeviceChoice",
+    "Layer",
+    "Loaded",
+    "Saved",
+    "SettingsError",
+    "bad_setting_line",
+    "check_auto_show",
+    "check_device",
+    "check_interval_s",
+    "check_peak",
+    "check_threshold_bytes",
+    "check_trait",
+    "checked_config_path",
+    "config_path",
+    "describe_default",
+    "describe_value",
+    "from_ipython_config",
+    "instead_words",
+    "load_config",
+    "load_settings",
+    "lock_path",
+    "merge",
+    "parse_config",
+    "parse_layer",
+    "plain",
+    "read_config",
+    "read_layers",
+    "replace_config",
+    "save_config",
+    "show_value",
+]
+
 log = logging.getLogger("gpumem_nb")
 
 PEAK_PRESERVE = "preserve"

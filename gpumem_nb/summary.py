@@ -10,6 +10,8 @@ from .emptycache import from_stats
 from .model import AllocatorInfo, Sample, SourceStatus
 from .units import format_bytes
 
+__all__ = ["Summary", "hints"]
+
 _NATIVE_ONLY = ("max_split_size_mb", "garbage_collection_threshold",
                 "roundup_power2_divisions", "expandable_segments")
 _SPLIT_HINT_MIN_BYTES = 256 << 20

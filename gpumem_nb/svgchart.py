@@ -32,6 +32,51 @@ from .units import format_bytes, printable
 if TYPE_CHECKING:  # a type only: importing timeline at run time would import numpy
     from .timeline import Timeline
 
+__all__ = [
+    "DARK_CSS",
+    "DRAW_ORDER",
+    "FONT_PX",
+    "GIB",
+    "GLYPH_EM",
+    "LABEL_BAND_PX",
+    "LABEL_FONT_PX",
+    "LEGEND_ORDER",
+    "MAX_POINTS_PER_SERIES",
+    "MAX_WIDTH_PX",
+    "PLOT_HEIGHT_PX",
+    "STYLES",
+    "TITLE_BAND_PX",
+    "TOTAL_COLOR",
+    "WIDTH_PX",
+    "ChartData",
+    "Line",
+    "Mark",
+    "Plot",
+    "Point",
+    "SeriesStyle",
+    "byte_axis",
+    "chart_data",
+    "describe",
+    "downsample",
+    "downsample_indices",
+    "html_img",
+    "label_gap_px",
+    "live_plot",
+    "mark_label",
+    "nice_step",
+    "plot_bundle",
+    "plot_width_px",
+    "render_plot",
+    "render_svg",
+    "replay_banner",
+    "static_bundle",
+    "svg_data_uri",
+    "text_width_px",
+    "thin_labels",
+    "tick_text",
+    "ticks",
+]
+
 GIB = float(1 << 30)
 # Each series keeps at most this many points: min and max per bucket, so spikes survive.
 MAX_POINTS_PER_SERIES = 600
@@ -511,7 +556,7 @@ def render_plot(plot: Plot) -> str:
 # A picture is an <img>: it cannot see the page's stylesheet, but its prefers-color-scheme is
 # the colour scheme of the element showing it (in chromium), which JupyterLab's dark theme sets
 # (`color-scheme: dark` on <body>), as a dark system does. Under a dark one it takes the live
-# chart's dark colours instead of showing as a white card (issue 27).
+# chart's dark colours instead of showing as a white card.
 # CSS outranks the presentation attributes the light colours are written in.
 # Text with a colour of its own (the red total, each cell mark's label) keeps it.
 DARK_CSS = ("@media (prefers-color-scheme: dark){.background{fill:#111}"

@@ -8,8 +8,8 @@ and prepares, per tick, the smallest arrays that draw the same picture:
   so a short spike survives downsampling instead of being averaged away.
 
 Pure standard library (``array``, ``bisect``): numpy costs the first ``%gpumem watch`` about
-90 ms to import in a kernel that has not imported it yet, a third of issue 17's 0.3 s budget,
-and the work here is a few thousand numbers a tick at most.
+90 ms to import in a kernel that has not imported it yet, a third of the first chart's
+0.3 s budget, and the work here is a few thousand numbers a tick at most.
 """
 
 from __future__ import annotations
@@ -21,6 +21,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .model import Sample
+
+__all__ = [
+    "ALL_DEVICES",
+    "GIB",
+    "MAX_POINTS",
+    "NAN",
+    "SERIES",
+    "Arrays",
+    "Timeline",
+    "collapse_runs",
+    "keep_peaks",
+    "values_of",
+]
 
 SERIES = ("nvml_used", "process", "reserved", "allocated", "rss")
 GIB = float(1 << 30)

@@ -37,6 +37,25 @@ from .sources.torch import TorchDebug
 from .units import format_bytes
 from .whatif.snapshot import START_KEY
 
+__all__ = [
+    "MAX_ENTRIES",
+    "TOP_DEFAULT",
+    "CellTracer",
+    "DeviceTrace",
+    "MiB",
+    "Series",
+    "Site",
+    "SiteBytes",
+    "TraceReport",
+    "TraceResult",
+    "TraceTimeline",
+    "analyze",
+    "library_dirs",
+    "save_snapshot",
+    "site_of",
+    "views",
+]
+
 MAX_ENTRIES = 100_000  # history ring buffer: 0.2-0.27 s for torch to snapshot when full (H200)
 TOP_DEFAULT = 5
 _TIMELINE_SITES = 8

@@ -6,6 +6,18 @@ from __future__ import annotations
 import math
 import re
 
+__all__ = [
+    "ECHO_CHARS",
+    "MAX_NAME_CHARS",
+    "cut",
+    "echo_cut",
+    "format_bytes",
+    "parse_size",
+    "printable",
+    "quoted",
+    "shown_name",
+]
+
 _BINARY = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
 
 _UNITS = {

@@ -5,7 +5,7 @@ A cell's exception is the user's object: its class may define ``__str__``, ``__b
 ``__name__`` raises, and any of these may raise anything, ``SystemExit`` and
 ``GeneratorExit`` included. IPython contains only ``Exception`` from an event callback: a
 ``SystemExit`` raised by ``str(err)`` inside our ``post_run_cell`` left ``run_cell`` and
-ended the kernel (issue 16). So every look at a user's exception goes through here:
+ended the kernel. So every look at a user's exception goes through here:
 
 - the links Python itself keeps (cause, context, traceback, args, a group's members, the
   instance dict) are read through ``BaseException``'s own descriptors, which never run a
@@ -26,6 +26,21 @@ from __future__ import annotations
 
 import types
 from typing import Any, TypeGuard
+
+__all__ = [
+    "cause",
+    "chain",
+    "class_module",
+    "class_name",
+    "context",
+    "is_exception",
+    "members",
+    "mro",
+    "parts",
+    "text",
+    "traceback_of",
+    "type_name",
+]
 
 _CAUSE = BaseException.__dict__["__cause__"]
 _CONTEXT = BaseException.__dict__["__context__"]

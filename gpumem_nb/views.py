@@ -20,6 +20,20 @@ from .report import html_lines, html_table, text_table
 from .settings import Config
 from .units import format_bytes, shown_name
 
+__all__ = [
+    "DEVICE_HEADERS",
+    "TAKE_WAIT_S",
+    "CellReport",
+    "ConfigView",
+    "Snapshot",
+    "WhoReport",
+    "children_html",
+    "children_lines",
+    "device_row",
+    "status_lines",
+    "take",
+]
+
 
 # ------------------------------------------------------------------------------------------
 class CellReport:

@@ -147,7 +147,7 @@ def install_error_capture(folder: Path, shell: Any) -> None:
 
 def install_two_fake_gpus() -> Any:
     """Two H200s; torch is up. Cells allocate on them through ``torch.cuda.tensor``."""
-    from gpumem_nb import monitor as monitor_mod
+    from gpumem_nb.kernel import monitor as monitor_mod
     from gpumem_nb.sources.live import LiveSource
     from gpumem_nb.sources.nvml import NvmlSource
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gpumem_nb import monitor as monitor_mod
+from gpumem_nb.kernel import monitor as monitor_mod
 from gpumem_nb.sources.live import LiveSource
 from gpumem_nb.sources.nvml import NvmlSource
 
@@ -86,11 +86,11 @@ def loaded(shell: Any, fake_gpu: Any, capsys: Any) -> Any:
 
 
 def _unload(ip: Any) -> None:
-    from gpumem_nb import magics
+    from gpumem_nb.ipython import extension
 
     if "gpumem_nb" in ip.extension_manager.loaded:
         ip.extension_manager.unload_extension("gpumem_nb")
-    magics.unload(ip)
+    extension.unload(ip)
 
 
 @dataclass

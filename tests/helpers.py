@@ -54,7 +54,7 @@ def replay_gpus_named(shell: Any, path: Any, names: list[str], *, samples: int =
     GPU copied once per name in ``names`` and named so; the monitor, one reading played."""
     import dataclasses
 
-    from gpumem_nb.magics import current_monitor
+    from gpumem_nb.kernel import current_monitor
     from gpumem_nb.sources.replay import load_trace, write_trace
 
     def renamed(s: Any) -> Any:

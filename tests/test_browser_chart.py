@@ -433,7 +433,7 @@ def test_the_replay_note_and_the_growth_banner_are_readable_in_the_dark_theme(la
             assert _luminance(bg) < 0.2, f"the {what} keeps a light background: {bg}"
 
 
-HOSTILE = """from gpumem_nb.magics import current_monitor
+HOSTILE = """from gpumem_nb.kernel import current_monitor
 from gpumem_nb.svgchart import SeriesStyle
 m = current_monitor()
 try:

@@ -137,7 +137,7 @@ def test_an_unloaded_monitor_that_is_still_referenced_keeps_no_failed_cells_fram
     # The harness of benchmarks/gpu_diagnosis.py met this on the H200: after %unload_ext and
     # every record the shell keeps was dropped, 137 GiB of a failed step stayed allocated
     # while the old monitor (still reachable) held the cell's exception it had noted.
-    from gpumem_nb.magics import current_monitor
+    from gpumem_nb.kernel import current_monitor
 
     run(world.shell, "def step():\n    acts = cuda.tensor(8 * GiB)\n"
                      "    alive.append(weakref.ref(acts))\n    raise ValueError('nan')\nstep()")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpumem_nb.magics import current_monitor
+from gpumem_nb.kernel import current_monitor
 
 from .test_widget import run
 
@@ -35,7 +35,7 @@ class Handle:
 @pytest.fixture
 def shown(monkeypatch: Any) -> list[Any]:
     """What the chart displays and updates, in order: ("display" | "update", id, bundle)."""
-    import gpumem_nb.magics
+    import gpumem_nb.ipython.commands.watch
 
     events: list[Any] = []
 
@@ -44,7 +44,7 @@ def shown(monkeypatch: Any) -> list[Any]:
         events.append(("display", display_id, bundle))
         return Handle(events, display_id)
 
-    monkeypatch.setattr(gpumem_nb.magics, "display", display)
+    monkeypatch.setattr(gpumem_nb.ipython.commands.watch, "display", display)
     return events
 
 
@@ -52,10 +52,11 @@ def shown(monkeypatch: Any) -> list[Any]:
 def in_a_kernel(shell: Any, monkeypatch: Any) -> Any:
     """The shell as ipykernel's is: it has a kernel (the picture follows the cells there).
     Every cell's end redraws here; the throttle has its own test."""
-    import gpumem_nb.widget
+    import gpumem_nb.chart.live
+    import gpumem_nb.chart.picture
 
     monkeypatch.setattr(shell, "kernel", object(), raising=False)
-    monkeypatch.setattr(gpumem_nb.widget, "PICTURE_EVERY_S", 0.0)
+    monkeypatch.setattr(gpumem_nb.chart.picture, "PICTURE_EVERY_S", 0.0)
     return shell
 
 
@@ -72,7 +73,7 @@ def watch(shell: Any, fake_gpu: Any) -> Any:
 
 def followers(shell: Any) -> list[Any]:
     return [f for f in shell.events.callbacks["post_run_cell"]
-            if getattr(f, "__name__", "") == "_after_cell"]
+            if getattr(f, "__name__", "") == "after_cell"]
 
 
 def test_watch_shows_the_view_and_the_picture_as_two_outputs_so_nbconvert_keeps_the_picture(
@@ -104,7 +105,7 @@ def test_in_a_kernel_the_picture_follows_each_cell_and_is_sent_only_when_it_chan
     assert len(handle.updates) == sent + 1
     assert f">[{count}]<" in handle.updates[-1]["image/svg+xml"]  # the cell just ended
     assert handle.updates[-1]["text/html"].startswith("<div class='gpumem-picture'>")
-    w._after_cell()  # nothing new since: nothing sent
+    w.picture.after_cell()  # nothing new since: nothing sent
     assert len(handle.updates) == sent + 1
     assert all(e[1] == w.picture_id for e in shown if e[0] == "update")  # never the view
 
@@ -166,26 +167,27 @@ def test_cells_back_to_back_do_not_each_pay_a_redraw_and_the_sampler_catches_up(
     # Drawing the picture costs about 3 ms, thirty times the hooks' whole per-cell budget: on
     # the main thread it is redrawn at most once per PICTURE_EVERY_S, and a cell that ended
     # sooner is drawn by the sampler thread afterwards, so the picture still ends up current.
-    import gpumem_nb.widget
+    import gpumem_nb.chart.live
+    import gpumem_nb.chart.picture
 
     monkeypatch.setattr(shell, "kernel", object(), raising=False)
-    monkeypatch.setattr(gpumem_nb.widget, "PICTURE_EVERY_S", 3600.0)
+    monkeypatch.setattr(gpumem_nb.chart.picture, "PICTURE_EVERY_S", 3600.0)
     w = watch(shell, fake_gpu)
     drawn: list[int] = []
-    real = w.picture_bundle
+    real = w.picture.bundle
 
     def counted() -> Any:
         drawn.append(1)
         return real()
 
-    w.picture_bundle = counted
+    w.picture.bundle = counted
     for i in range(5):
         run(shell, f"z{i} = cuda.tensor(2**30)")
     # The watch cell's own end drew it; these five only marked it stale.
-    assert drawn == [] and w._picture_dirty
-    monkeypatch.setattr(gpumem_nb.widget, "PICTURE_EVERY_S", 0.0)
+    assert drawn == [] and w.picture.dirty
+    monkeypatch.setattr(gpumem_nb.chart.picture, "PICTURE_EVERY_S", 0.0)
     current_monitor(shell).sampler.tick()  # the sampler thread's next sample
-    assert len(drawn) == 1 and not w._picture_dirty
+    assert len(drawn) == 1 and not w.picture.dirty
 
 
 # --------------------------------------------------------------------------------------------
@@ -211,9 +213,10 @@ def test_a_picture_that_stops_drawing_says_so_in_a_sentence_not_a_traceback_in_t
 
 def test_a_watch_whose_picture_cannot_be_drawn_still_shows_the_live_chart_without_an_error(
         in_a_kernel, fake_gpu, shown, monkeypatch, caplog):
-    import gpumem_nb.widget
+    import gpumem_nb.chart.live
+    import gpumem_nb.chart.picture
 
-    monkeypatch.setattr(gpumem_nb.widget, "svg_static_bundle", broken)
+    monkeypatch.setattr(gpumem_nb.chart.live, "svg_static_bundle", broken)
     shell = in_a_kernel
     run(shell, "%load_ext gpumem_nb")
     result = run(shell, "%gpumem watch")
@@ -228,17 +231,18 @@ def test_a_watch_whose_picture_cannot_be_drawn_still_shows_the_live_chart_withou
     # The view's output ends as text: no widget view left to read "model not found".
     ended = [e for e in shown if e[0] == "update"][-1]
     assert ended[1] == w.display_id and WIDGET_VIEW not in ended[2]
-    assert ended[2]["text/plain"] == gpumem_nb.widget.ENDED_UNDRAWN
+    assert ended[2]["text/plain"] == gpumem_nb.chart.picture.ENDED_UNDRAWN
 
 
 def test_a_chart_ending_without_a_new_picture_keeps_its_last_picture_so_the_export_shows_one(
         in_a_kernel, fake_gpu, shown, monkeypatch):
-    import gpumem_nb.widget
+    import gpumem_nb.chart.live
+    import gpumem_nb.chart.picture
 
     shell = in_a_kernel
     w = watch(shell, fake_gpu)
     last = w.picture_handle.updates[-1] if w.picture_handle.updates else None
-    monkeypatch.setattr(gpumem_nb.widget, "svg_static_bundle", broken)
+    monkeypatch.setattr(gpumem_nb.chart.live, "svg_static_bundle", broken)
     del shown[:]
     assert run(shell, "%gpumem watch --stop").success
     # The picture's output is left as it was drawn (never emptied), and the view's output

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gpumem_nb import svgchart
-from gpumem_nb.magics import current_monitor
+from gpumem_nb.kernel import current_monitor
 from gpumem_nb.trace import TraceTimeline, analyze
 from gpumem_nb.whatif import api
 from gpumem_nb.whatif.report import WhatIfChart

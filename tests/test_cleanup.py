@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from IPython.core.error import UsageError
 
-from gpumem_nb.magics import current_monitor
+from gpumem_nb.kernel import current_monitor
 
 from .fakes import FakeTensor, GiB, MiB
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from gpumem_nb.holders import Scanner
-from gpumem_nb.magics import current_monitor
+from gpumem_nb.kernel import current_monitor
 
 from .fakes import FakeTensor, GiB, MiB, fake_torch
 from .helpers import hang_guard

@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from IPython.core.error import UsageError
 
-from gpumem_nb.magics import current_monitor
+from gpumem_nb.kernel import current_monitor
 
 from .fakes import FakeTensor
 

@@ -201,14 +201,14 @@ def test_each_cluster_line_is_sent_in_bounded_points():
 
 def test_the_chart_rebuilds_no_cluster_line_between_collections(shell, no_gpu):
     pytest.importorskip("ipywidgets")
-    from gpumem_nb.widget import show
+    from gpumem_nb.chart.live import show
 
     shell.run_cell("%load_ext gpumem_nb")
     m = shell._gpumem_nb_monitor
     m.sampler.stop()
     feed = ClusterFeed(Many(4), lambda: 1.0)
     feed.poll_once()
-    m.cluster_feed = feed
+    m.feeds.cluster_feed = feed
     try:
         widget = show(m)
         m.sampler.tick()
@@ -220,7 +220,7 @@ def test_the_chart_rebuilds_no_cluster_line_between_collections(shell, no_gpu):
         m.sampler.tick()
         assert widget.chart.extra is not sent
     finally:
-        m.cluster_feed = None
+        m.feeds.cluster_feed = None
         m.end_chart()
 
 

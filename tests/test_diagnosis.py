@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpumem_nb.magics import current_monitor
+from gpumem_nb.kernel import current_monitor
 from gpumem_nb.model import Holder
 from gpumem_nb.oom import (
     CAUSE_FRAGMENTATION,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpumem_nb.magics import current_monitor
+from gpumem_nb.kernel import current_monitor
 from gpumem_nb.sources import gate
 
 from .helpers import hang_guard

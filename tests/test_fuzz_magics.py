@@ -25,7 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from IPython.core.error import UsageError
 
-from gpumem_nb.magics import _build_cell_parser, _build_parser, current_monitor
+from gpumem_nb.ipython.commands import build_cell_parser as _build_cell_parser
+from gpumem_nb.ipython.commands import build_line_parser as _build_parser
+from gpumem_nb.kernel import current_monitor
 
 FUZZ = settings(max_examples=200, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,

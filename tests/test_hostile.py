@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 from IPython.core.error import UsageError
 
-from gpumem_nb import monitor as monitor_mod
 from gpumem_nb import safeio, settings, trace
-from gpumem_nb.magics import MAX_MESSAGE_CHARS, current_monitor
-from gpumem_nb.monitor import Monitor
+from gpumem_nb.ipython.grammar import MAX_MESSAGE_CHARS
+from gpumem_nb.kernel import Monitor, current_monitor
+from gpumem_nb.kernel import cells as cells_mod
 from gpumem_nb.settings import Config, lock_path, read_config
 
 from .fakes import GiB, MiB, OutOfMemoryError
@@ -259,8 +259,8 @@ def test_a_stuck_sampler_never_lets_the_queue_of_cells_grow_without_bound(loaded
     for i in range(200):
         run(loaded, f"q = {i}")
     m = monitor(loaded)
-    assert len(m._done) <= monitor_mod.MAX_QUEUED_CELLS
-    assert len(m._history) >= 200 - monitor_mod.MAX_QUEUED_CELLS
+    assert len(m.cells._done) <= cells_mod.MAX_QUEUED_CELLS
+    assert len(m.cells.history) >= 200 - cells_mod.MAX_QUEUED_CELLS
 
 
 # --------------------------------------------------------------------------------------------
@@ -415,7 +415,7 @@ def test_a_failure_between_arming_and_running_leaves_no_recording_and_the_cell_r
     def broken(**_: Any) -> Any:
         raise RuntimeError("allocator stats unreadable")
 
-    monkeypatch.setattr(m, "begin", broken)
+    monkeypatch.setattr(m.cells, "begin", broken)
     result = run(loaded, "%%gpumem --trace\nran = True")
     assert loaded.user_ns["cuda"].history is None  # switched off again
     assert loaded.user_ns.get("ran") is True  # the user's code still ran
@@ -430,7 +430,7 @@ def test_an_interrupt_between_arming_and_running_switches_recording_off(loaded,
     def interrupted(**_: Any) -> Any:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(m, "flush", interrupted)
+    monkeypatch.setattr(m.cells, "flush", interrupted)
     run(loaded, "%%gpumem --trace\nran = True")
     assert loaded.user_ns["cuda"].history is None
 
@@ -576,7 +576,7 @@ def test_a_save_waits_for_another_kernel_holding_the_lock(private_settings):
 
 SAVER = """\
 import sys
-from gpumem_nb.monitor import Monitor
+from gpumem_nb.kernel import Monitor
 from gpumem_nb.settings import load_config
 m = Monitor(shell=None, config=load_config())
 key = sys.argv[1]

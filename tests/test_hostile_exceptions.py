@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 
-from gpumem_nb.magics import current_monitor
-from gpumem_nb.monitor import Monitor
+from gpumem_nb.kernel import Monitor, current_monitor
 
 from .fakes import GiB, MiB, OutOfMemoryError
 from .helpers import spaced

@@ -23,7 +23,7 @@ def test_import_gpumem_nb_imports_no_heavy_library():
 def test_core_layers_import_none_of_the_four_third_party_libraries():
     mods = modules_after(
         "import gpumem_nb.sampler, gpumem_nb.model, gpumem_nb.views, gpumem_nb.units, "
-        "gpumem_nb.sources.live, gpumem_nb.sources.replay"
+        "gpumem_nb.sources.live, gpumem_nb.sources.replay, gpumem_nb.kernel"
     )
     assert not {"torch", "plotly", "ipywidgets", "pynvml", "IPython"} & mods
 
@@ -43,5 +43,5 @@ def test_the_live_chart_imports_neither_plotly_nor_numpy_nor_jsonschemas_format_
     """Issue 17: the first watch spent 1.9-2.2 s importing the chart's stack. plotly.io
     imports nbformat, whose jsonschema format checks import rfc3987_syntax (1.63 s alone), and
     numpy costs a kernel that has not imported it about 90 ms of the 0.3 s budget."""
-    mods = modules_after("import gpumem_nb.magics, gpumem_nb.widget")
+    mods = modules_after("import gpumem_nb.ipython.extension, gpumem_nb.chart.live")
     assert not {"plotly", "numpy", "nbformat", "jsonschema", "rfc3987_syntax"} & mods

@@ -15,7 +15,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from gpumem_nb.configurable import GpumemNb
-from gpumem_nb.magics import current_monitor
+from gpumem_nb.kernel import current_monitor
 from gpumem_nb.settings import DEFAULT_THRESHOLD_BYTES
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -91,7 +91,7 @@ def test_an_exception_whose_str_raises_system_exit_neither_ends_nor_stalls_the_k
         f"class Odd(Exception):\n    def __str__(self):\n        raise {raised}('from __str__')",
         "raise Odd()",
         "print('still', 'alive')",
-        "from gpumem_nb.magics import current_monitor\n"
+        "from gpumem_nb.kernel import current_monitor\n"
         "print([r.source_preview for r in current_monitor().history.records()][-2:])",
     ])
     client = NotebookClient(nb, timeout=30, kernel_name="python3", allow_errors=True,
@@ -124,7 +124,7 @@ def test_cells_sent_back_to_back_never_show_an_nvml_peak_read_before_the_cell(tm
         assert reply["content"]["status"] == "ok"
         cells = [f"t{i} = cuda.tensor({i + 1} * 2**30)" for i in range(6)]
         ids = [kc.execute(c) for c in cells]  # all at once, as Run All does
-        report = ("from gpumem_nb.magics import current_monitor\n"
+        report = ("from gpumem_nb.kernel import current_monitor\n"
                   "m = current_monitor()\n"
                   "import json\n"
                   "print(json.dumps([[r.source_preview, d.allocated_after_bytes, "

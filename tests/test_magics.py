@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from IPython.core.error import UsageError
 
-from gpumem_nb.magics import current_monitor
+from gpumem_nb.kernel import current_monitor
 from gpumem_nb.settings import PEAK_PRESERVE
 from gpumem_nb.views import CellReport
 
@@ -48,7 +48,8 @@ def parser_words() -> list[tuple[str, str]]:
     """(subcommand, flag) for every flag the parsers accept: the truth the help must tell."""
     import argparse
 
-    from gpumem_nb.magics import _build_cell_parser, _build_parser
+    from gpumem_nb.ipython.commands import build_cell_parser as _build_cell_parser
+    from gpumem_nb.ipython.commands import build_line_parser as _build_parser
 
     words = []
     for action in _build_parser()._actions:
@@ -427,7 +428,8 @@ def test_status_names_sampler_errors_that_were_only_logged(loaded, capsys, fake_
 
 # -- the monitor owns the settings (issue 7) ---------------------------------------------------
 def test_only_the_monitor_writes_interval_threshold_and_device_selection():
-    """Nobody outside monitor.py assigns sampler.interval_s, tracker.threshold_bytes or
+    """Nobody outside the monitor (kernel/monitor.py, and kernel/cells.py for the device
+    selection its settings apply) assigns sampler.interval_s, tracker.threshold_bytes or
     source.selected (an object's own __init__ may set its own field)."""
     import ast
     from pathlib import Path
@@ -437,7 +439,7 @@ def test_only_the_monitor_writes_interval_threshold_and_device_selection():
     owned = {"interval_s", "threshold_bytes", "selected", "threshold"}
     offenders = []
     for path in Path(gpumem_nb.__file__).parent.rglob("*.py"):
-        if path.name == "monitor.py":
+        if path.parent.name == "kernel" and path.name in ("monitor.py", "cells.py"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             targets = (node.targets if isinstance(node, ast.Assign) else
@@ -498,7 +500,7 @@ def test_settings_listeners_hear_every_change_and_a_raising_one_is_reported_once
     def broken(cfg: Any) -> None:
         raise RuntimeError(f"boom at {len(heard)}")  # a new text every time
 
-    mon.settings_listeners += [broken, heard.append]
+    mon.settings_listeners.extend([broken, heard.append])
     with caplog.at_level(logging.WARNING, logger="gpumem_nb"):
         for interval in (1.0, 2.0, 3.0):
             magic(loaded, f"config --interval {interval}")
@@ -568,7 +570,7 @@ def test_a_load_failing_after_the_sampler_started_leaves_no_thread(shell, no_gpu
 def live_monitors() -> int:
     import gc
 
-    from gpumem_nb.monitor import Monitor
+    from gpumem_nb.kernel import Monitor
 
     gc.collect()
     return sum(isinstance(o, Monitor) for o in gc.get_objects())

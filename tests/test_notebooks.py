@@ -117,7 +117,7 @@ def write_notebook(path: Path, cells: list[str]) -> Path:
 
 FAKE_CHART = """\
 from IPython.display import display
-from gpumem_nb.magics import current_monitor
+from gpumem_nb.kernel import current_monitor
 
 class FakeChart:
     '''Stands in for the chart: a display to refresh, and a count of marks.'''

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from gpumem_nb import cudastart
-from gpumem_nb import monitor as monitor_mod
-from gpumem_nb.magics import current_monitor
+from gpumem_nb.kernel import current_monitor
+from gpumem_nb.kernel import monitor as monitor_mod
 from gpumem_nb.sources.live import LiveSource
 from gpumem_nb.sources.nvml import NvmlSource
 from gpumem_nb.sources.torch import (

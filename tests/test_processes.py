@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gpumem_nb import monitor as monitor_mod
+from gpumem_nb.kernel import monitor as monitor_mod
 from gpumem_nb.model import (
     ROLE_DATALOADER,
     ROLE_LAUNCHED,
@@ -315,7 +315,7 @@ def test_the_advice_fits_what_the_child_is(role, words):
 
 def test_the_charts_header_names_the_kernels_children(shell, monkeypatch, forked_child):
     pytest.importorskip("plotly")
-    from gpumem_nb.widget import show
+    from gpumem_nb.chart.live import show
 
     cuda = child_world(monkeypatch, forked_child.pid, 600 * MiB)
     shell.run_cell("%load_ext gpumem_nb")
@@ -327,7 +327,7 @@ def test_the_charts_header_names_the_kernels_children(shell, monkeypatch, forked
     m.sampler.tick()
     assert "This kernel&#x27;s children on GPU 0 hold 600.00 MiB" in widget.header.value
     assert f"PID {forked_child.pid}, multiprocessing child: 600.00 MiB" in widget.header.value
-    m._drop_widget()
+    m.feeds.drop_chart()
 
 
 @pytest.mark.parametrize("where", ["at its start", "set since"])

@@ -15,12 +15,13 @@ from .helpers import notebook_module
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "gpumem_nb"
 
-# Each third-party library is imported in exactly one module (and torch in none).
+# Each third-party library is imported in exactly one module (and torch in none), or, for a
+# name ending in "/", only in the modules of that one folder.
 OWNERS = {
     "pynvml": "sources/nvml.py",
-    "IPython": "magics.py",
-    "ipywidgets": "widget.py",
-    "anywidget": "livechart.py",
+    "IPython": "ipython/",
+    "ipywidgets": "chart/live.py",
+    "anywidget": "chart/livechart.py",
     # The live chart is our own (livechart.js); the trace timeline is plotly's JSON, drawn by
     # the renderer extension pip's plotly installs: neither imports plotly or numpy.
     "plotly": None,
@@ -33,8 +34,8 @@ OWNERS = {
 }
 # Modules that must stay standard-library only (plus the package itself): the static chart
 # is rendered for saved notebooks without numpy or plotly, and the first watch imports no
-# numpy (issue 17: about 90 ms of its 0.3 s).
-STDLIB_ONLY = ("svgchart.py", "timeline.py")
+# numpy (about 90 ms of its 0.3 s budget).
+STDLIB_ONLY = ("svgchart.py", "timeline.py", "chart/series.py")
 
 
 def imported_roots(path: Path) -> set[str]:
@@ -53,6 +54,10 @@ def test_each_third_party_library_is_imported_in_one_module_only():
         for root in imported_roots(path) & set(OWNERS):
             found.setdefault(root, []).append(path.relative_to(PKG).as_posix())
     for lib, owner in OWNERS.items():
+        if owner and owner.endswith("/"):
+            assert found.get(lib) and all(p.startswith(owner) for p in found[lib]), \
+                (lib, found.get(lib))
+            continue
         assert found.get(lib, []) == ([owner] if owner else []), (lib, found.get(lib))
 
 
@@ -139,3 +144,61 @@ def test_the_layout_map_lists_every_module():
                for p in sorted((ROOT / "gpumem_nb").rglob("*.py"))
                if p.name not in layout]
     assert not missing, f"docs/architecture.md's layout does not mention: {missing}"
+
+
+# -- the import graph ------------------------------------------------------------------------
+# The engine and the domain below it never reach up to the IPython layer or the chart: both
+# sit on top and are the only ones that import IPython and ipywidgets.
+LOWER = ("kernel", "holders", "whatif", "oom")
+UPPER = ("ipython", "chart")
+
+
+def package_imports(*, module_level_only: bool) -> dict[str, set[str]]:
+    """Each package module's imports of other package modules (``gpumem_nb.x.y``): at module
+    level only (what runs when it is imported), or every one, a function's lazy import and a
+    type checker's included."""
+    names = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+             for p in PKG.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in PKG.rglob("*.py"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        tree = ast.parse(path.read_text())
+        nodes = tree.body if module_level_only else list(ast.walk(tree))
+        found: set[str] = set()
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name in names}
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] \
+                    if node.level else []
+                target = ".".join([*base, *([node.module] if node.module else [])])
+                for alias in node.names:
+                    sub = f"{target}.{alias.name}"
+                    found.add(sub if sub in names else target)
+        graph[name] = {m for m in found if m in names and m != name}
+    return graph
+
+
+def test_the_package_imports_in_no_circle():
+    graph = package_imports(module_level_only=True)
+    done: set[str] = set()
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in path:
+            raise AssertionError("import circle: " + " -> ".join((*path, name)))
+        if name in done:
+            return
+        for dep in sorted(graph[name]):
+            visit(dep, (*path, name))
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, ())
+
+
+def test_the_engine_and_the_domain_never_import_the_ipython_layer_or_the_chart():
+    upward = [(name, dep) for name, deps in package_imports(module_level_only=False).items()
+              if name.split(".")[1:2] and name.split(".")[1] in LOWER
+              for dep in deps if dep.split(".")[1:2] and dep.split(".")[1] in UPPER]
+    assert upward == []

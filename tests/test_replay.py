@@ -183,7 +183,7 @@ def test_a_replay_over_the_size_cap_is_not_read(tmp_path, monkeypatch):
 def test_a_bad_replay_file_in_watch_is_a_usage_error_and_changes_nothing(shell, no_gpu, tmp_path):
     from IPython.core.error import UsageError
 
-    from gpumem_nb.magics import current_monitor
+    from gpumem_nb.kernel import current_monitor
 
     shell.run_cell("%load_ext gpumem_nb")
     shell.run_cell("x = 1")
@@ -200,7 +200,7 @@ def test_a_bad_replay_file_in_watch_is_a_usage_error_and_changes_nothing(shell, 
 @pytest.mark.parametrize("how", ["magic", "variable"])
 def test_a_replay_file_under_a_tilde_is_read_from_the_home_directory(shell, no_gpu, tmp_path,
                                                                      monkeypatch, how):
-    from gpumem_nb.magics import current_monitor
+    from gpumem_nb.kernel import current_monitor
 
     monkeypatch.setenv("HOME", str(tmp_path))
     write_trace(tmp_path / "session.json", [sample(0.0, GiB), sample(1.0, 2 * GiB)])
@@ -217,7 +217,7 @@ def test_a_replay_file_under_a_tilde_is_read_from_the_home_directory(shell, no_g
 @pytest.mark.parametrize("value", ["/no/such/trace.json", "bundeld", "fifo", "bad"])
 def test_a_replay_variable_typo_loads_live_with_one_line(shell, no_gpu, monkeypatch, tmp_path,
                                                           capsys, value):
-    from gpumem_nb.magics import current_monitor
+    from gpumem_nb.kernel import current_monitor
 
     from .test_safeio import finishes
 
@@ -239,7 +239,7 @@ def test_a_replay_variable_typo_loads_live_with_one_line(shell, no_gpu, monkeypa
 
 
 def test_a_replay_variable_naming_a_good_trace_still_replays(shell, no_gpu, monkeypatch):
-    from gpumem_nb.magics import current_monitor
+    from gpumem_nb.kernel import current_monitor
 
     monkeypatch.setenv("GPUMEM_NB_REPLAY", "bundled")
     shell.run_cell("%load_ext gpumem_nb")
@@ -356,7 +356,7 @@ def long_trace(path: Any, n: int, *, gpus: int = 4, bad_at: int | None = None) -
 def test_a_long_replay_starts_once_its_first_samples_are_checked_and_checks_the_rest_as_it_plays(
         shell, no_gpu, tmp_path):
     # Checking every field of a 46 MB trace first held the kernel 5-18 s.
-    from gpumem_nb.magics import current_monitor
+    from gpumem_nb.kernel import current_monitor
 
     path = tmp_path / "long.json"
     long_trace(path, 3000)
@@ -374,7 +374,7 @@ def test_a_long_replay_starts_once_its_first_samples_are_checked_and_checks_the_
 
 def test_a_malformed_sample_late_in_a_long_replay_ends_it_there_in_a_sentence(
         shell, no_gpu, tmp_path):
-    from gpumem_nb.magics import current_monitor
+    from gpumem_nb.kernel import current_monitor
 
     path = tmp_path / "late.json"
     long_trace(path, 3000, bad_at=2500)

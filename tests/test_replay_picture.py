@@ -8,7 +8,7 @@ import base64
 import re
 from typing import Any
 
-from gpumem_nb.magics import current_monitor
+from gpumem_nb.kernel import current_monitor
 
 
 def picture_of(bundle: dict[str, str]) -> str:

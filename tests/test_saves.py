@@ -31,7 +31,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from gpumem_nb import safeio
-from gpumem_nb.magics import current_monitor
+from gpumem_nb.kernel import current_monitor
 
 from .fakes import GiB, MiB
 
@@ -96,7 +96,7 @@ UNPRIVILEGED = textwrap.dedent("""\
     cuda = FakeCuda([FakeCudaDevice("0")], initialized=True)
     cuda.link([gpu])
     sys.modules["torch"] = fake_torch(cuda)
-    from gpumem_nb import monitor as monitor_mod
+    from gpumem_nb.kernel import monitor as monitor_mod
     from gpumem_nb.sources.live import LiveSource
     from gpumem_nb.sources.nvml import NvmlSource
     monitor_mod.make_source = lambda: LiveSource(nvml=NvmlSource(module=FakePynvml([gpu])))
@@ -203,7 +203,7 @@ KILLED_SAVE = textwrap.dedent("""\
         time.sleep(60)
         real(fd)
     os.fsync = slow
-    from gpumem_nb.monitor import Monitor
+    from gpumem_nb.kernel import Monitor
     Monitor(shell=None).configure(threshold_bytes=7 * 2**20, save=True)
     """)
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from IPython.core.error import UsageError
 
-from gpumem_nb.magics import current_monitor
+from gpumem_nb.kernel import current_monitor
 from gpumem_nb.sources.torch import TorchDebug, inductor_lookup_skipped
 from gpumem_nb.trace import CellTracer
 from tests.fakes import FakeCuda, fake_torch

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from IPython.core.error import UsageError
 
 from gpumem_nb.analysis import DEFAULT_THRESHOLD_BYTES
-from gpumem_nb.magics import current_monitor
+from gpumem_nb.kernel import current_monitor
 from gpumem_nb.settings import (
     CHECKS,
     MAX_SETTINGS_BYTES,

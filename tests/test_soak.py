@@ -11,7 +11,7 @@ import os
 import threading
 from typing import Any
 
-from gpumem_nb.magics import current_monitor
+from gpumem_nb.kernel import current_monitor
 
 CELLS = int(os.environ.get("GPUMEM_NB_SOAK_CELLS", "1500"))
 
@@ -47,11 +47,11 @@ def test_soak_keeps_one_thread_bounded_buffers_and_little_memory_per_cell(
     shell.run_cell("%gpumem watch")
     mon = current_monitor(shell)
     mon.history._records = type(mon.history._records)(maxlen=200)  # reach the cap quickly
-    mon.marks = type(mon.marks)(maxlen=300)
+    mon.cells.marks = type(mon.marks)(maxlen=300)
     with_ext = run_cells(shell, CELLS, tick=mon.sampler.tick)
     assert sampler_threads() == 1
     assert len(mon.history) == 200 and len(mon.marks) == 300
-    assert len(mon._done) <= 64
+    assert len(mon.cells._done) <= 64
     widget = mon.widget
     assert all(tl.n <= tl.capacity for tl in widget.timelines.values())
     per_10k = (with_ext - without) / CELLS * 10_000

@@ -14,7 +14,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from gpumem_nb import trace
-from gpumem_nb.magics import current_monitor
+from gpumem_nb.kernel import current_monitor
 from gpumem_nb.sources.torch import TorchDebug
 from gpumem_nb.trace import CellTracer, TraceReport, TraceTimeline, analyze, site_of
 

@@ -57,8 +57,8 @@ def test_the_results_the_tutorials_read_still_have_the_names_they_read():
     """09-13, 09-18, 08-19 read whatif's fit rows; 10-09, 11-09 the OOM explanation; 12 the
     NVML reading's children and the cluster's rows; 07-22 the trace's own peak."""
     from gpumem_nb.cluster import ROW_OK, ClusterReading, WorkerGpu
+    from gpumem_nb.kernel import Monitor
     from gpumem_nb.model import ROLE_DATALOADER, ChildProcess, NvmlReading
-    from gpumem_nb.monitor import Monitor
     from gpumem_nb.oom.advice import OomExplanation
     from gpumem_nb.oom.causes import CAUSE_PRIVATE_POOL, Cause
     from gpumem_nb.trace import DeviceTrace, TraceResult

@@ -8,7 +8,7 @@ import pickle
 import pytest
 from IPython.core.error import UsageError
 
-from gpumem_nb.magics import current_monitor
+from gpumem_nb.kernel import current_monitor
 from gpumem_nb.units import format_bytes
 from gpumem_nb.whatif import api as w
 from gpumem_nb.whatif.allocator import Limits

@@ -10,7 +10,7 @@ import pytest
 from IPython.core.error import UsageError
 
 import gpumem_nb
-from gpumem_nb.magics import current_monitor
+from gpumem_nb.kernel import current_monitor
 from gpumem_nb.whatif import api
 from gpumem_nb.whatif.report import WhatIfChart
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gpumem_nb.magics import current_monitor
+from gpumem_nb.kernel import current_monitor
 from gpumem_nb.model import DeviceSample, NvmlReading, Sample
 from gpumem_nb.svgchart import thin_labels
 from gpumem_nb.timeline import (
@@ -144,7 +144,7 @@ def test_the_chart_sends_its_own_small_script_that_loads_nothing_else(chart):
     # Plotly's FigureWidget sent 5 MB per chart (issue 17); a CDN import would fail offline.
     import re
 
-    from gpumem_nb.livechart import esm_bytes
+    from gpumem_nb.chart.livechart import esm_bytes
 
     esm = chart.chart._esm
     assert not re.search(r"^\s*import\b|\bimport\s*\(", esm, re.M)
@@ -391,7 +391,7 @@ def test_keep_peaks_keeps_every_bucket_extreme():
 
 
 def test_long_history_is_resent_only_every_refresh_while_recent_points_flow(chart, fake_gpu):
-    from gpumem_nb import widget as widget_mod
+    from gpumem_nb.chart import live as widget_mod
 
     tick = chart.monitor.sampler.tick
     tick()

@@ -76,7 +76,7 @@ FAKE_NVML = """
         FAKE_PROCS = []
         if DRY:
             from tests.fakes import FakeGpu, FakePynvml
-            from gpumem_nb import monitor as _monitor_mod
+            from gpumem_nb.kernel import monitor as _monitor_mod
             from gpumem_nb.sources.live import LiveSource
             from gpumem_nb.sources.nvml import NvmlSource
             _gpu = FakeGpu("GPU-dry-0", procs=FAKE_PROCS)

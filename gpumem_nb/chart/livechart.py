@@ -9,7 +9,7 @@ measured comparison.
 The data model is a list of named series (``SeriesSpec``) and, per series key, its points in
 two parts: ``history`` (the long, downsampled past, resent only every few seconds) and
 ``recent`` (the points since, resent each tick), so live traffic stays small however long the
-session. Another feature may add series of its own (issue 19's cluster lines) with
+session. Another feature may add series of its own (the cluster's lines) with
 ``MemoryWidget.add_series``; the front end draws whatever series the model lists.
 
 The controls (device, Pause, Clean up) are drawn by the front end too, so each answers at once
@@ -24,6 +24,13 @@ from typing import Any
 
 import anywidget
 import traitlets
+
+__all__ = [
+    "LiveChart",
+    "Points",
+    "SeriesSpec",
+    "esm_bytes",
+]
 
 _HERE = Path(__file__).resolve().parent
 
@@ -55,7 +62,7 @@ class LiveChart(anywidget.AnyWidget):
     series = traitlets.List(traitlets.Dict()).tag(sync=True)
     history = traitlets.Dict().tag(sync=True)
     recent = traitlets.Dict().tag(sync=True)
-    # Lines another feature sends whole, as [xs, ys] per key (the cluster's, issue 19).
+    # Lines another feature sends whole, as [xs, ys] per key (the cluster's).
     extra = traitlets.Dict().tag(sync=True)
     marks = traitlets.List(traitlets.List()).tag(sync=True)
     meta = traitlets.Dict().tag(sync=True)

@@ -18,31 +18,30 @@ widget: model not found", in JupyterLab, Notebook 7, nbconvert and GitHub alike.
 
 from __future__ import annotations
 
-import contextlib
 import html
-import logging
 import threading
-import time
-import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import ipywidgets as widgets
 
-from .analysis import held_text
-from .cleanup import CleanupReport, CleanupRequest
-from .livechart import LiveChart, SeriesSpec
-from .model import CellMark, CellRecord, Sample, SourceStatus, Verdict
-from .records import History, format_peak
-from .sampler import Sampler
-from .settings import Config
-from .svgchart import LEGEND_ORDER, STYLES, SeriesStyle, chart_data, mark_label
-from .svgchart import static_bundle as svg_static_bundle
-from .timeline import ALL_DEVICES, GIB, SERIES, Timeline, values_of
-from .units import format_bytes, shown_name
-from .views import Snapshot, children_html, device_row
+from ..analysis import held_text
+from ..cleanup import CleanupReport, CleanupRequest
+from ..model import CellMark, CellRecord, Sample, SourceStatus, Verdict
+from ..records import History, format_peak
+from ..sampler import Sampler
+from ..settings import Config
+from ..svgchart import SeriesStyle, chart_data, mark_label
+from ..svgchart import static_bundle as svg_static_bundle
+from ..timeline import ALL_DEVICES, GIB, SERIES, Timeline
+from ..units import format_bytes, shown_name
+from ..views import Snapshot, children_html, device_row
+from .livechart import LiveChart
+from .picture import WIDGET_VIEW, ChartPicture
+from .series import ChartSeries, device_key, points
+
+__all__ = ["ChartHost", "MemoryWidget", "show"]
 
 
 class ChartReplay(Protocol):
@@ -55,12 +54,15 @@ class ChartHost(Protocol):
     """What the chart needs from the monitor, and nothing more."""
 
     config: Config
-    marks: Any  # a deque of CellMark
-    on_record: list[Callable[[CellRecord, Verdict | None], None]]
-    settings_listeners: list[Callable[[Config], None]]
     started_t_s: float
     widget: Any
 
+    @property
+    def marks(self) -> Any: ...  # a deque of CellMark
+    @property
+    def on_record(self) -> list[Callable[[CellRecord, Verdict | None], None]]: ...
+    @property
+    def settings_listeners(self) -> list[Callable[[Config], None]]: ...
     @property
     def history(self) -> History: ...
     @property
@@ -69,7 +71,8 @@ class ChartHost(Protocol):
     def replay(self) -> ChartReplay | None: ...
     @property
     def cell_running(self) -> bool: ...
-    after_cell: list[Callable[[], None]]
+    @property
+    def after_cell(self) -> list[Callable[[], None]]: ...
     def gpu_count(self) -> int: ...
     def read(self) -> Sample: ...
     def marks_for_picture(self, last: int) -> list[CellMark]: ...
@@ -79,10 +82,6 @@ class ChartHost(Protocol):
     def configure(self, *, device: Any = ...) -> Config: ...
 
 
-# Drawn in this order, so later lines sit on top: wide lines underneath, and NVML's whole-GPU
-# line last and dashed, so where it equals "this process" both stay visible. Names and colours
-# are the static picture's (svgchart.STYLES).
-DRAW_ORDER = ("rss", "reserved", "allocated", "process", "nvml_used")
 # Cell labels closer than this fraction of the visible time span are thinned out in the static
 # picture; the live front end thins by pixels.
 MAX_MARKS = 100
@@ -94,8 +93,6 @@ HISTORY_REFRESH_S = 10.0
 HISTORY_POINTS = 1200
 _HEADER = ("GPU", "used / total", "this process", "reserved", "allocated", "last cell peak",
            "outside PyTorch")
-# The cluster's lines (issue 19), dotted, in colours the chart's own series do not use.
-CLUSTER_COLORS = ("#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#393b79")
 LIVE_X_TITLE = "seconds since %load_ext gpumem_nb"
 # The replay note and the accumulation banner: JupyterLab's theme colours, so a dark theme
 # gets a dark box with light text (a light box kept the theme's white text), with light
@@ -108,43 +105,14 @@ BANNER_STYLE = ("background:var(--jp-layout-color2,#fff3cd);"
                 "border-left:4px solid var(--jp-warn-color1,#d39e00);padding:6px 10px")
 REPLAY_X_TITLE = "seconds into the recording"
 MAX_TITLE_NAMES = 4  # the GPU names the picture's title lists, each cut (units.shown_name)
-# At most one redraw of the picture per this many seconds on a cell's end (the main thread).
-PICTURE_EVERY_S = 1.0
-_log = logging.getLogger(__name__)
-WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-# The chart's picture is an output of its own, after the live view's (``display``): where a
-# notebook holds widget state, nbconvert's HTML writes only the widget's script for an output
-# that has a widget view and drops the rest of its bundle (``WidgetsDataTypeFilter``), so a
-# picture beside the view would show nowhere offline. This rule, in the picture's own HTML,
-# hides it wherever the output before it shows the chart: the live view (livechart.js's
-# ``.gpumem-live``) or the picture the page saved in its place (``.gpumem-saved``), in
-# JupyterLab, Notebook 7 and nbconvert's lab and classic HTML, whose outputs are siblings of
-# these classes. Where that output shows nothing (offline, untrusted, no widget manager), no
-# rule matches and the picture shows.
-PICTURE_CLASS = "gpumem-picture"
-# The view's output when the chart ends and its picture cannot be drawn (``close``).
-ENDED_UNDRAWN = "gpumem_nb chart (ended; its picture could not be drawn)"
-_SHOWN = ":has(.gpumem-live,.gpumem-saved)"
-PICTURE_STYLE = ("<style>" + ",".join(
-    f"{c}{_SHOWN}+{c}:has(.{PICTURE_CLASS})" for c in (".jp-OutputArea-child", ".output_area"))
-    + "{display:none}</style>")
-
-
-@dataclass(frozen=True)
-class _Extra:
-    """A series another feature added: its style and how to read it from a sample."""
-
-    style: SeriesStyle
-    value: Callable[[Sample], float | None]  # bytes, None when unknown
-    hidden: bool
-
-
-def _spec(key: str, style: SeriesStyle, hidden: bool, legend: int) -> dict[str, Any]:
-    return SeriesSpec(key=key, name=style.name, color=style.color, width=style.width_px,
-                      dash=style.dash, hidden=hidden, legend=legend).as_json()
 
 
 class MemoryWidget:
+    """The live view: the ipywidgets box around the anywidget chart, its one writer (the
+    sampler thread draws; everything else enqueues), and the controls' requests. Its data is
+    ``series`` (``ChartSeries``) and its outputs ``picture`` (``ChartPicture``). Shown with
+    ``display`` and ended with ``close``, each safe to call again, under one lock."""
+
     def __init__(self, monitor: ChartHost) -> None:
         self.monitor = monitor
         # The chart draws one feed for its life: the live sampler, or a replay's own sampler
@@ -158,33 +126,23 @@ class MemoryWidget:
         self.device: int | None = None if self.replay is not None else monitor.config.device
         if self.replay is not None and status.gpu_count:
             self.device = 0
-        self.timelines: dict[int, Timeline] = {}
+        self.series = ChartSeries(self.has_gpu)
         self.t0_s = monitor.started_t_s
         self.paused = False
         self._shown: Sample | None = None  # the reading the header shows (frozen while paused)
         self._paused_header: str | None = None
-        self._played_s: float | None = None  # a replay: its last recorded point appended
         self._acks: list[str] = []  # requests handled, answered after the next draw
         self.draws = 0
-        self._extra: dict[str, _Extra] = {}
         self._history_until_s: float | None = None
-        self._cluster_keys: tuple[str, ...] = ()
         self._cluster_drawn: tuple[int, int, float] | None = None  # (feed, version, t0)
         self._inbox: deque[Callable[[], None]] = deque()
-        self._draw_lock = threading.Lock()
+        # The one lock: the sampler thread's draws, the picture's sends from either thread,
+        # and the end of the chart. Reentrant: a picture sent under it draws the chart's
+        # static picture, which takes it too.
+        self._lock = threading.RLock()
         self._closed = False
-        # Every display of this chart shares one id, so closing it replaces them all.
-        self.display_id = f"gpumem-chart-{uuid.uuid4().hex}"
-        # Set by ``display`` (``%gpumem watch``): the live view's output and the picture's,
-        # so the picture can follow the chart and both can become the picture at its end.
-        self.display_handle: Any = None
-        self.picture_id = f"{self.display_id}-picture"
-        self.picture_handle: Any = None
-        self._picture_sent: dict[str, str] | None = None
-        self._picture_at_s = float("-inf")  # when a cell's end last redrew the picture
-        self._picture_dirty = False  # a cell ended since, within PICTURE_EVERY_S of that
-        self._picture_lock = threading.Lock()  # the main thread's and the sampler's sends
-        self._shell: Any = None  # whose post_run_cell refreshes the picture
+        # Late-bound: the picture is whatever ``plain_bundle`` draws at the time.
+        self.picture = ChartPicture(lambda: self.plain_bundle(), self._lock)
 
         gpus = status.gpu_count
         # The device choices the chart offers (none with one GPU): (label, value) pairs.
@@ -194,7 +152,7 @@ class MemoryWidget:
             if self.replay is None:
                 self.device_options.insert(0, ("all GPUs (sum)", ALL_DEVICES))
 
-        self.chart = LiveChart(series=self._series_specs(), meta=self._meta(None))
+        self.chart = LiveChart(series=self.series.specs(), meta=self._meta(None))
         self.chart.observe(self._on_pause, names="paused")
         self.chart.on_msg(self._on_message)
         self.header = widgets.HTML()
@@ -209,7 +167,7 @@ class MemoryWidget:
             self._append_played()
         else:
             for s in self.feed.samples():  # what happened before the chart was shown
-                self._append(s)
+                self.series.append(s)
         self.feed.add_listener(self._on_sample)
         monitor.on_record.append(self._on_record)
         monitor.settings_listeners.append(self._on_settings)
@@ -221,109 +179,58 @@ class MemoryWidget:
         return self.t0_s if self.replay is None else 0.0
 
     # -- series --------------------------------------------------------------------------------
-    def _keys(self) -> list[str]:
-        return [k for k in DRAW_ORDER if k != "rss" or not self.has_gpu] + list(self._extra)
-
-    def _series_specs(self) -> list[dict[str, Any]]:
-        # Drawn in DRAW_ORDER; listed in the legend in the picture's order (LEGEND_ORDER),
-        # then the lines other features added.
-        specs = [_spec(k, STYLES[k], hidden=False, legend=LEGEND_ORDER.index(k))
-                 for k in DRAW_ORDER if k != "rss" or not self.has_gpu]
-        if self.has_gpu:  # host RAM is one legend click away, not drawn by default
-            specs.insert(0, _spec("rss", STYLES["rss"], hidden=True,
-                                  legend=LEGEND_ORDER.index("rss")))
-        n = len(LEGEND_ORDER)
-        specs += [_spec(k, e.style, e.hidden, legend=n + i)
-                  for i, (k, e) in enumerate(self._extra.items())]
-        n += len(self._extra)
-        specs += [_spec(name, SeriesStyle(name, CLUSTER_COLORS[i % len(CLUSTER_COLORS)], 1.5,
-                                          "2 3"), hidden=False, legend=n + i)
-                  for i, name in enumerate(self._cluster_keys)]
-        return specs
+    @property
+    def timelines(self) -> dict[int, Timeline]:
+        return self.series.timelines
 
     def add_series(self, key: str, style: SeriesStyle,
                    value: Callable[[Sample], float | None], *, hidden: bool = False) -> None:
         """Draw another line from now on: ``value(sample)`` gives its bytes (None when
-        unknown) for each reading of the feed, whichever device is shown. Issue 19's cluster
-        lines are one use. Safe from any thread: the sampler thread applies it."""
+        unknown) for each reading of the feed, whichever device is shown. The cluster's lines
+        are one use. Safe from any thread: the sampler thread applies it."""
         if key in SERIES:
             raise ValueError(f"{key!r} is one of the chart's own series")
 
         def apply() -> None:
-            self._extra[key] = _Extra(style, value, hidden)
-            for tl in self.timelines.values():
-                tl.add_series(key)
-            self.chart.series = self._series_specs()
+            self.series.add(key, style, value, hidden)
+            self.chart.series = self.series.specs()
             self._history_until_s = None  # resend the history with the new series
 
         self._post(apply)
 
     def remove_series(self, key: str) -> None:
         def apply() -> None:
-            if self._extra.pop(key, None) is not None:
-                self.chart.series = self._series_specs()
+            if self.series.remove(key):
+                self.chart.series = self.series.specs()
                 self._history_until_s = None
 
         self._post(apply)
 
     # -- the one writer ----------------------------------------------------------------------
-    def _append(self, sample: Sample) -> None:
-        indices = [d.index for d in sample.devices] or [0]
-        if len(sample.devices) > 1:
-            indices.append(ALL_DEVICES)
-        extra = {k: _gib(e.value, sample) for k, e in self._extra.items()}
-        for i in indices:
-            tl = self.timelines.get(i)
-            if tl is None:
-                tl = self.timelines[i] = Timeline()
-                for k in self._extra:
-                    tl.add_series(k)
-            if tl.n and sample.t_s <= tl.t[tl.n - 1]:
-                continue  # a replay that has ended repeats its last reading
-            tl.append(sample.t_s, {**values_of(sample, None if i == ALL_DEVICES else i),
-                                   **extra})
-
     def _append_played(self) -> None:
-        """A replay: every recorded point played since the last call, at its own time (a
-        0.5 s sampler would miss the recording's 0.25 s spikes and draw them late)."""
         source = self.replay.source if self.replay is not None else None
-        played = getattr(source, "played", None)
-        if played is None:  # a source that plays no recording of its own
-            latest = self.feed.latest()
-            if latest is not None:
-                self._append(latest)
-            return
-        points = played(self._played_s)
-        for s in points:
-            self._append(s)
-        if points:
-            self._played_s = points[-1].t_s
+        self.series.append_played(source, self.feed.latest)
 
     def _on_sample(self, sample: Sample) -> None:
         """Sampler thread: record, then draw (paused: the header and controls only)."""
         if self.replay is not None:
             self._append_played()
         else:
-            self._append(sample)
+            self.series.append(sample)
         self._draw(sample)
-        if self._picture_dirty and self._shell is not None and \
-                time.monotonic() - self._picture_at_s >= PICTURE_EVERY_S:
-            self._send_picture()  # the cells that ended too soon after the last redraw
+        self.picture.catch_up()
 
     def _drain(self) -> None:
         while self._inbox:
             self._inbox.popleft()()
 
     def _timeline(self) -> Timeline | None:
-        tl = self.timelines.get(_key(self.device))
-        if tl is None and len(self.timelines) == 1:
-            tl = next(iter(self.timelines.values()))  # "all" of one GPU is that GPU
-        return tl
+        return self.series.timeline(self.device)
 
     def _draw(self, sample: Sample | None) -> None:
         if self._closed:
             return
-        with self._draw_lock:
+        with self._lock:
             if self._closed:
                 return
             self._drain()
@@ -356,15 +263,15 @@ class MemoryWidget:
         if refresh:
             until = self._history_until_s = now
         t0 = self._t0_s
-        keys = [s["key"] for s in self.chart.series if s["key"] not in self._cluster_keys]
+        keys = [s["key"] for s in self.chart.series if s["key"] not in self.series.cluster_keys]
         # One message per tick: every changed trait together. A trait set to an equal
         # value sends nothing.
         with self.chart.hold_sync():
             if refresh:
-                self.chart.history = {k: _points(tl, k, t0, HISTORY_POINTS, until_s=until)
+                self.chart.history = {k: points(tl, k, t0, HISTORY_POINTS, until_s=until)
                                       for k in keys}
             # The recent part starts at the history's last point, so they join.
-            self.chart.recent = {k: _points(tl, k, t0, HISTORY_POINTS, since_s=until)
+            self.chart.recent = {k: points(tl, k, t0, HISTORY_POINTS, since_s=until)
                                  for k in keys}
             self.chart.marks = self._marks(t0)
             self.chart.meta = meta
@@ -391,9 +298,9 @@ class MemoryWidget:
         self._cluster_drawn = drawn
         lines = feed.series(t0)
         names = tuple(lines)
-        if names != self._cluster_keys:
-            self._cluster_keys = names
-            self.chart.series = self._series_specs()
+        if names != self.series.cluster_keys:
+            self.series.cluster_keys = names
+            self.chart.series = self.series.specs()
         self.chart.extra = {name: [xs, ys] for name, (xs, ys) in lines.items()}
 
     def _marks(self, t0: float) -> list[list[Any]]:
@@ -423,7 +330,7 @@ class MemoryWidget:
                 # ends, which the page says when one is asked for meanwhile.
                 "busy": bool(self.monitor.cell_running),
                 "devices": [list(o) for o in self.device_options] or None,
-                "device": _key(self.device)}
+                "device": device_key(self.device)}
 
     def _replay_ended(self) -> bool:
         return self.replay is not None and bool(getattr(self.replay.source, "ended", False))
@@ -599,83 +506,46 @@ class MemoryWidget:
         """Show the chart as two outputs: the live view (with an empty ``text/html``, so a
         frontend that cannot draw it shows nothing there), then its picture, which the page
         hides while the view shows (``PICTURE_STYLE``) and which every cell's end brings up
-        to date (``_after_cell``): what a notebook saved while the chart is live, by the page
-        or by nbclient, shows in nbconvert's HTML offline. ``show`` is IPython's ``display``
-        and ``shell`` the kernel's shell, both from the magics (the one module that imports
-        IPython)."""
+        to date (``ChartPicture.after_cell``): what a notebook saved while the chart is live,
+        by the page or by nbclient, shows in nbconvert's HTML offline. ``show`` is IPython's
+        ``display`` and ``shell`` the kernel's shell, both from the IPython layer (the only
+        one that imports IPython)."""
         view = {k: v for k, v in self.box._repr_mimebundle_().items() if k == WIDGET_VIEW}
         view["text/html"] = ""
-        self.display_handle = show(view, raw=True, display_id=self.display_id)
-        try:
-            picture = self.picture_bundle()
-        except Exception as e:  # the live chart still works: no traceback, no picture
-            _log.warning("gpumem_nb: the chart's picture could not be drawn (%s); the live "
-                         "chart shows, but a saved notebook's export will not", e)
-            _log.debug("the picture's failure", exc_info=True)
-            return
-        self.picture_handle = show(picture, raw=True, display_id=self.picture_id)
-        self._picture_sent = picture
-        self._follow_cells(shell)
+        self.picture.show(view, show, shell)
 
     def picture_bundle(self) -> dict[str, str]:
         """The picture's own output: the plain bundle, its HTML marked for ``PICTURE_STYLE``."""
-        bundle = self.plain_bundle()
-        bundle["text/html"] = (f"<div class='{PICTURE_CLASS}'>{PICTURE_STYLE}"
-                               f"{bundle['text/html']}</div>")
-        return bundle
+        return self.picture.bundle()
 
-    def _follow_cells(self, shell: Any) -> None:
-        if self._shell is not None:
-            return
-        events = getattr(shell, "events", None)
-        # Only in a kernel: a terminal's display updates would print the picture's text
-        # after every cell.
-        if events is None or getattr(shell, "kernel", None) is None:
-            return
-        events.register("post_run_cell", self._after_cell)
-        self._shell = shell
+    @property
+    def display_id(self) -> str:
+        return self.picture.display_id
 
-    def _unfollow_cells(self) -> None:
-        shell, self._shell = self._shell, None
-        if shell is not None:
-            with contextlib.suppress(ValueError):
-                shell.events.unregister("post_run_cell", self._after_cell)
+    @property
+    def picture_id(self) -> str:
+        return self.picture.picture_id
 
-    def _after_cell(self, _result: Any = None) -> None:
-        """At each cell's end, on the kernel's main thread, inside that cell's execution:
-        nbclient (``jupyter nbconvert --execute``) keeps only the messages a cell sends
-        before it is idle, and a page's save shows the picture as of the last cell. Sent
-        only when the picture changed, and redrawn at most once per ``PICTURE_EVERY_S``
-        here: drawing costs about 3 ms, thirty times the hooks' whole budget, so cells run
-        back to back leave it to the sampler thread (``_on_sample``), after their reply."""
-        if self.picture_handle is None or self._closed:
-            return
-        if time.monotonic() - self._picture_at_s < PICTURE_EVERY_S:
-            self._picture_dirty = True
-            return
-        self._send_picture()
+    @property
+    def display_handle(self) -> Any:
+        return self.picture.display_handle
 
-    def _send_picture(self) -> None:
-        handle = self.picture_handle
-        if handle is None or self._closed:
-            return
-        try:
-            with self._picture_lock:
-                self._picture_at_s, self._picture_dirty = time.monotonic(), False
-                picture = self.picture_bundle()
-                if picture != self._picture_sent:
-                    handle.update(picture, raw=True)
-                    self._picture_sent = picture
-        except Exception as e:  # never a traceback under a cell: the picture stops following
-            # A plain sentence: ipykernel prints a warning's traceback into the user's cell.
-            _log.warning("gpumem_nb: the chart's picture stopped following the cells (%s)", e)
-            _log.debug("the picture's failure", exc_info=True)
-            self._unfollow_cells()
+    @display_handle.setter
+    def display_handle(self, handle: Any) -> None:
+        self.picture.display_handle = handle
+
+    @property
+    def picture_handle(self) -> Any:
+        return self.picture.picture_handle
+
+    @picture_handle.setter
+    def picture_handle(self, handle: Any) -> None:
+        self.picture.picture_handle = handle
 
     def plain_bundle(self) -> dict[str, str]:
         """The chart without the widget: text, the picture (SVG) and the numbers."""
         # A replay's picture is its whole recording: its table is the recording's end, the
-        # point the picture ends at, not wherever the playback happened to be (issue 27).
+        # point the picture ends at, not wherever the playback happened to be.
         end = self._recording_end() if self.replay is not None else None
         latest = end or self.feed.latest() or self.monitor.read()
         snap = Snapshot(status=self.status, sample=latest)
@@ -692,14 +562,14 @@ class MemoryWidget:
     def static_bundle(self, sample: Sample | None) -> dict[str, str]:
         """The chart as a static SVG: ``image/svg+xml`` and an ``<img>`` for ``text/html``.
         A replay's picture is its whole recording: the story, however little has played."""
-        with self._draw_lock:
+        with self._lock:
             tl = self._timeline()
             marks = [] if self.replay is not None else self.monitor.marks_for_picture(MAX_MARKS)
             t0 = self._t0_s
             if self.replay is not None:
                 tl, t0 = self._recording_timeline()
                 # Named and totalled as the recording, not this machine: the picture plots
-                # the recorded GPU's lines, as the live chart's header names it (issue 27).
+                # the recorded GPU's lines, as the live chart's header names it.
                 sample = self._recording_end() or sample
             total = self._total_gib(sample)
             shown = self._devices_shown(sample)
@@ -724,22 +594,13 @@ class MemoryWidget:
         recording = getattr(self.replay.source if self.replay else None, "recording", None)
         if not recording:
             return self._timeline(), self._t0_s
-        tl = Timeline(capacity=max(len(recording), 16))
-        dev = None if self.device is None else self.device
-        for s in recording:
-            tl.append(s.t_s, values_of(s, dev))
-        return tl, recording[0].t_s
+        return self.series.recording_timeline(recording, self.device), recording[0].t_s
 
     def refresh_static(self) -> bool:
         """Update the displayed outputs' static picture to the chart as it is now, the chart
         staying live. Needs the handle ``%gpumem watch`` displayed the chart with."""
         self._draw(self.feed.latest())  # header and buttons land in the saved state too
-        handle = self.picture_handle
-        if handle is None:
-            return False
-        self._picture_sent = picture = self.picture_bundle()
-        handle.update(picture, raw=True)
-        return True
+        return self.picture.refresh()
 
     def close(self, *, kernel_exiting: bool = False) -> None:
         """End the chart: every output showing it becomes its plain picture (see the module
@@ -749,55 +610,27 @@ class MemoryWidget:
         open then: a restarting JupyterLab has already dropped their comms, and a close
         message for each would log "Comm not found" in the browser console (23 per restart
         with plotly's chart); the kernel's exit closes them anyway."""
-        with self._draw_lock:
+        with self._lock:
             if self._closed:
                 return
             self._closed = True
+            self.picture.ended = True
         self.feed.remove_listener(self._on_sample)
         if self._on_record in self.monitor.on_record:
             self.monitor.on_record.remove(self._on_record)
         if self._on_settings in self.monitor.settings_listeners:
             self.monitor.settings_listeners.remove(self._on_settings)
-        self._unfollow_cells()
-        handle, self.display_handle = self.display_handle, None
-        picture, self.picture_handle = self.picture_handle, None
         try:
-            try:
-                plain: dict[str, str] | None = self.plain_bundle()
-            except Exception as e:
-                _log.warning("gpumem_nb: the chart's picture could not be drawn at its end "
-                             "(%s); its last picture stays", e)
-                _log.debug("the picture's failure", exc_info=True)
-                plain = None
-            # The picture's output empties first, so the two never show the picture at once;
-            # the view's output becomes the picture, where the chart was. With no picture to
-            # draw, the last one drawn stays and the view becomes a line of text: no widget
-            # view left to read "model not found", and the rule no longer hides that picture.
-            if picture is not None and plain is not None:
-                picture.update({"text/html": ""}, raw=True)
-            if handle is not None:
-                handle.update(plain or {"text/plain": ENDED_UNDRAWN, "text/html": ""},
-                              raw=True)
+            self.picture.end()
         finally:
             if not kernel_exiting:
                 self._close_widgets()
 
     def _close_widgets(self) -> None:
-        with self._draw_lock:
+        with self._lock:
             # Every widget, not just the box: ipywidgets keeps each open widget in a global
             # registry, and the buttons' handlers would keep this chart and its monitor alive.
             _close_tree(self.box)
-
-
-def _gib(value: Callable[[Sample], float | None], sample: Sample) -> float:
-    v = value(sample)
-    return float("nan") if v is None else v / GIB
-
-
-def _points(tl: Timeline, key: str, t0: float, max_points: int, *,
-            since_s: float | None = None, until_s: float | None = None) -> list[Any]:
-    xs, ys = tl.arrays(key, t0, max_points, since_s=since_s, until_s=until_s).lists()
-    return [xs, ys]
 
 
 def _close_tree(w: Any) -> None:
@@ -810,10 +643,6 @@ def _close_tree(w: Any) -> None:
         if isinstance(owned, widgets.Widget):
             owned.close()
     w.close()
-
-
-def _key(device: int | None) -> int:
-    return ALL_DEVICES if device is None else device
 
 
 def show(monitor: ChartHost) -> MemoryWidget:
