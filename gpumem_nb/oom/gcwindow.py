@@ -26,14 +26,12 @@ from typing import Any
 MAX_COLLECTIONS = 64  # two allocator reads each; past it, the window closes early
 
 
-class Collections:
-    """One window of measured collections. ``read`` gives PyTorch's allocated bytes on the
-    failing device (None where it cannot be read); it must not start CUDA."""
+class _Measured:
+    """A gc callback that measures collections: installed and removed once, never raising
+    (an exception in a gc callback is printed as unraisable on every collection), never
+    re-entered (a read that allocates may itself collect)."""
 
-    def __init__(self, read: Callable[[], int | None], generation: int,
-                 limit: int = MAX_COLLECTIONS) -> None:
-        self.read = read
-        self.generation = generation  # the failing cell's
+    def __init__(self, limit: int) -> None:
         self.limit = limit
         self.freed_bytes = 0
         self.collections = 0
@@ -55,31 +53,52 @@ class Collections:
     def open(self) -> bool:
         return not self._closed
 
+    def _count(self, before: int | None, now: int | None) -> None:
+        self.collections += 1
+        if before is not None and now is not None and before > now:
+            self.freed_bytes += before - now
+            self.freeing += 1
+
+    def _reset(self) -> None:
+        self.freed_bytes = self.collections = self.freeing = 0
+
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
-        # Never raises (an exception in a gc callback is printed as unraisable on every
-        # collection), never re-enters (a read that allocates may itself collect).
         if self._busy or self._closed:
             return
         self._busy = True
         try:
-            now = self.read()
-            if phase == "start":
-                self._before = now
-                return
-            before, self._before = self._before, None
-            self.collections += 1
-            if before is not None and now is not None and before > now:
-                self.freed_bytes += before - now
-                self.freeing += 1
-            if self.collections >= self.limit:
-                self.stop()
+            self._measure(phase)
         except Exception:
             self.stop()
         finally:
             self._busy = False
 
+    def _measure(self, phase: str) -> None:
+        raise NotImplementedError
 
-class WhileHandled:
+
+class Collections(_Measured):
+    """One window of measured collections. ``read`` gives PyTorch's allocated bytes on the
+    failing device (None where it cannot be read); it must not start CUDA."""
+
+    def __init__(self, read: Callable[[], int | None], generation: int,
+                 limit: int = MAX_COLLECTIONS) -> None:
+        super().__init__(limit)
+        self.read = read
+        self.generation = generation  # the failing cell's
+
+    def _measure(self, phase: str) -> None:
+        now = self.read()
+        if phase == "start":
+            self._before = now
+            return
+        before, self._before = self._before, None
+        self._count(before, now)
+        if self.collections >= self.limit:
+            self.stop()
+
+
+class WhileHandled(_Measured):
     """Standing, for a backend the observer cannot see: the collections that run while a CUDA
     out-of-memory error is being handled (IPython shows its traceback inside its ``except``),
     each measured, until the explanation takes them. ``is_oom`` tells such an error (the one
@@ -89,26 +108,14 @@ class WhileHandled:
     def __init__(self, read: Callable[[BaseException], int | None],
                  is_oom: Callable[[BaseException], bool],
                  limit: int = MAX_COLLECTIONS) -> None:
+        super().__init__(limit)
         self.read = read
         self.is_oom = is_oom
-        self.limit = limit
         self._exc: BaseException | None = None  # the error whose handling is measured
-        self._before: int | None = None
-        self.freed_bytes = 0
-        self.collections = 0
-        self.freeing = 0
-        self._busy = False
-        self._closed = False
-
-    def start(self) -> None:
-        if not self._closed and self not in gc.callbacks:
-            gc.callbacks.append(self)
 
     def stop(self) -> None:
-        self._closed = True
+        super().stop()
         self._exc = None
-        while self in gc.callbacks:
-            gc.callbacks.remove(self)
 
     def take(self, *errors: BaseException | None) -> tuple[int, int, int] | None:
         """(freed bytes, collections, collections that freed) while one of ``errors`` was
@@ -117,36 +124,24 @@ class WhileHandled:
         if exc is None or not any(exc is e for e in errors):
             return None
         out = (self.freed_bytes, self.collections, self.freeing)
-        self.freed_bytes = self.collections = self.freeing = 0
+        self._reset()
         return out
 
-    def __call__(self, phase: str, info: dict[str, Any]) -> None:
-        if self._busy or self._closed:
-            return
-        self._busy = True
-        try:
-            if phase == "start":
-                self._before = None
-                exc = sys.exc_info()[1]
-                if exc is None or (self.collections >= self.limit and exc is self._exc):
+    def _measure(self, phase: str) -> None:
+        if phase == "start":
+            self._before = None
+            exc = sys.exc_info()[1]
+            if exc is None or (self.collections >= self.limit and exc is self._exc):
+                return
+            if exc is not self._exc:
+                if not self.is_oom(exc):
                     return
-                if exc is not self._exc:
-                    if not self.is_oom(exc):
-                        return
-                    self._exc = exc
-                    self.freed_bytes = self.collections = self.freeing = 0
-                self._before = self.read(exc)
-                return
-            before, self._before = self._before, None
-            exc = self._exc
-            if before is None or exc is None:
-                return
-            now = self.read(exc)
-            self.collections += 1
-            if now is not None and before > now:
-                self.freed_bytes += before - now
-                self.freeing += 1
-        except Exception:
-            self.stop()
-        finally:
-            self._busy = False
+                self._exc = exc
+                self._reset()
+            self._before = self.read(exc)
+            return
+        before, self._before = self._before, None
+        exc = self._exc
+        if before is None or exc is None:
+            return
+        self._count(before, self.read(exc))
