@@ -173,7 +173,7 @@ def test_segments_are_grouped_by_pool_and_a_pools_free_block_is_not_the_largest_
     pools = {p.pool_id: p for p in pools_in(SNAPSHOT["segments"], 0)}
     assert pools[(1, 0)].kind == POOL_GRAPH and pools[(1, 0)].free_bytes == 80 * GiB
     assert pools[(0, 3)].kind == POOL_USER and pools[(0, 3)].allocated_bytes == 2 * GiB
-    largest, _ = _segment_facts(SNAPSHOT, 0)
+    largest, _, _ = _segment_facts(SNAPSHOT, 0)
     assert largest == GiB
 
 

@@ -337,9 +337,8 @@ class OomWatch:
                 segs, _ = self.torch.segments_snapshot()
                 snap = {"segments": segs} if segs is not None else None
             if snap is not None:
-                event.largest_free_block_bytes, event.expandable_segments = \
-                    _segment_facts(snap, device)
-                event.idle_segments_bytes = idle_segments_bytes(snap, device)
+                (event.largest_free_block_bytes, event.expandable_segments,
+                 event.idle_segments_bytes) = _segment_facts(snap, device)
                 event.pools = self._named_pools(pools_in(snap.get("segments", ()), device,
                                                          _graph_trees_loaded()))
                 event.workspaces_bytes = workspace_blocks_bytes(snap.get("segments", ()),
@@ -962,12 +961,15 @@ def pools_in(segments: Iterable[Mapping[str, Any]], device: int,
                  for pid, (r, a) in sizes.items())
 
 
-def _segment_facts(snapshot: Mapping[str, Any], device: int) -> tuple[int | None, bool | None]:
-    """(largest free block inside PyTorch's default pool's segments, expandable segments on)
-    from a snapshot taken at the failure. A private pool's free blocks are not fragmentation:
-    only that pool can use them (``pools_in``)."""
+def _segment_facts(snapshot: Mapping[str, Any],
+                   device: int) -> tuple[int | None, bool | None, int]:
+    """(largest free block inside PyTorch's default pool's segments, expandable segments on,
+    the default pool's segments with no block allocated) from a snapshot taken at the
+    failure. A private pool's free blocks are not fragmentation: only that pool can use them
+    (``pools_in``)."""
     largest: int | None = None
     expandable: bool | None = None
+    idle = 0
     for seg in snapshot.get("segments", ()):
         if seg.get("device", device) != device:
             continue
@@ -975,24 +977,18 @@ def _segment_facts(snapshot: Mapping[str, Any], device: int) -> tuple[int | None
             expandable = True
         if pool_id_of(seg) != (0, 0):
             continue
+        allocated = False
         for b in seg.get("blocks", ()):
             if b.get("state") == "inactive":
                 largest = max(largest or 0, int(b.get("size", 0)))
+            elif b.get("state") == "active_allocated":
+                allocated = True
+        if not allocated:
+            idle += int(seg.get("total_size", 0))
     settings = snapshot.get("allocator_settings")
     if isinstance(settings, Mapping) and "expandable_segments" in settings:
         expandable = bool(settings["expandable_segments"]) or bool(expandable)
-    return largest, expandable
-
-
-def idle_segments_bytes(snapshot: Mapping[str, Any], device: int) -> int:
-    """The default pool's segments on ``device`` with no block allocated in them."""
-    total = 0
-    for seg in snapshot.get("segments", ()):
-        if seg.get("device", device) != device or pool_id_of(seg) != (0, 0):
-            continue
-        if not any(b.get("state") == "active_allocated" for b in seg.get("blocks", ())):
-            total += int(seg.get("total_size", 0))
-    return total
+    return largest, expandable, idle
 
 
 # The explainer's two scans (in the observer, then the dry run after the failure) each get this
