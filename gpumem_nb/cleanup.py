@@ -62,7 +62,7 @@ from .holders.retention import (
 )
 from .ledger import Ledger, PoolParts, ledgers_of
 from .model import Holder, Sample
-from .report import html_table, text_table
+from .report import Shown, html_table, text_table
 from .sources.torch import TorchDebug, TorchSource
 from .units import format_bytes
 from .whatif.config import BACKEND_ASYNC, SettingError, parse_settings
@@ -118,7 +118,7 @@ class StepResult:
 
 
 @dataclass(frozen=True)
-class CleanupReport:
+class CleanupReport(Shown):
     steps: tuple[StepResult, ...]
     before: Measure
     after: Measure
@@ -160,9 +160,6 @@ class CleanupReport:
     def __str__(self) -> str:
         return "\n".join([self.title, text_table(self.HEADERS, self.rows()),
                           *(x.line() for x in self.ledgers)])
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(str(self))
 
     def _repr_html_(self) -> str:
         return html_table(self.HEADERS, self.rows(), caption=self.title) + "".join(

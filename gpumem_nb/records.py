@@ -15,7 +15,7 @@ from typing import Any
 
 from . import safeio
 from .model import CellDevice, CellRecord
-from .report import html_table, text_table
+from .report import Shown, html_table, text_table
 from .units import format_bytes
 
 __all__ = [
@@ -192,7 +192,7 @@ class History:
         return text
 
 
-class HistoryTable:
+class HistoryTable(Shown):
     """The last cells as a table, for ``%gpumem history``."""
 
     def __init__(self, records: list[CellRecord], total: int) -> None:
@@ -218,9 +218,6 @@ class HistoryTable:
         if not self.records:
             return self.caption
         return self.caption + "\n" + text_table(self.headers, self.rows())
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(str(self))
 
     def _repr_html_(self) -> str:
         if not self.records:

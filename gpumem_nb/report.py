@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = [
     "Row",
+    "Shown",
     "html_lines",
     "html_table",
     "text_table",
@@ -58,3 +60,28 @@ def html_table(headers: Row, rows: Sequence[Row], *, caption: str = "") -> str:
 
 def html_lines(lines: Sequence[str]) -> str:
     return "".join(f"<div>{html.escape(x)}</div>" for x in lines)
+
+
+class Shown:
+    """A result IPython shows: ``__str__`` for a terminal and ``print``, the same text for
+    IPython's pretty printer, and ``_repr_html_`` for a notebook (escaped text unless the result
+    draws a table of its own). One base, so a new result cannot give the terminal and the
+    pretty printer two different texts."""
+
+    __slots__ = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # IPython's pretty printer takes the first class in the MRO that defines
+        # ``_repr_pretty_`` or ``__repr__``: a dataclass's generated ``__repr__`` would win
+        # over an inherited ``_repr_pretty_``, so each result carries its own reference.
+        cls._repr_pretty_ = Shown._repr_pretty_  # type: ignore[method-assign]
+
+    def __str__(self) -> str:
+        raise NotImplementedError
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(str(self))
+
+    def _repr_html_(self) -> str:
+        return f"<pre>{html.escape(str(self))}</pre>"

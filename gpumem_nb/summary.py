@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
-from typing import Any
 
 from .emptycache import from_stats
 from .model import AllocatorInfo, Sample, SourceStatus
+from .report import Shown
 from .units import format_bytes
 
 __all__ = ["Summary", "hints"]
@@ -70,7 +70,7 @@ def hints(sample: Sample, info: AllocatorInfo | None, device: int) -> list[str]:
 
 
 @dataclass(frozen=True)
-class Summary:
+class Summary(Shown):
     lines: tuple[str, ...]
     hints: tuple[str, ...]
     full_text: str = ""
@@ -112,9 +112,6 @@ class Summary:
         if self.full_text:
             parts += ["", self.full_text]
         return "\n".join(parts)
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(str(self))
 
     def _repr_html_(self) -> str:
         body = "".join(f"<p>{html.escape(x)}</p>" for x in self.lines)

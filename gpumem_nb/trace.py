@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import plotlyjson, safeio, svgchart
-from .report import html_table, text_table
+from .report import Shown, html_table, text_table
 from .sources.torch import TorchDebug
 from .units import format_bytes
 from .whatif.snapshot import START_KEY
@@ -801,7 +801,7 @@ def save_snapshot(snapshot: Mapping[str, Any], path: str) -> str:
 # ------------------------------------------------------------------------------------------
 # Views
 # ------------------------------------------------------------------------------------------
-class TraceReport:
+class TraceReport(Shown):
     """The top sites at the peak and alive at the end, per GPU, as text and HTML."""
 
     HEADERS = ("bytes", "allocations", "site")
@@ -844,9 +844,6 @@ class TraceReport:
         lines += list(self.result.notes)
         lines.append(self.footer())
         return "\n".join(lines)
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(str(self))
 
     def _repr_html_(self) -> str:
         parts = []

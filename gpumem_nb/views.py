@@ -16,7 +16,7 @@ from .analysis import held_text
 from .ledger import Ledger
 from .model import STATUS_OK, CellRecord, DeviceSample, Holder, Sample, SourceStatus
 from .records import DISPLAY_HEADERS, display_rows, format_nvml_peak
-from .report import html_lines, html_table, text_table
+from .report import Shown, html_lines, html_table, text_table
 from .settings import Config
 from .units import format_bytes, shown_name
 
@@ -36,7 +36,7 @@ __all__ = [
 
 
 # ------------------------------------------------------------------------------------------
-class CellReport:
+class CellReport(Shown):
     """What ``%%gpumem`` measured; ``-o`` returns this."""
 
     def __init__(self, record: CellRecord) -> None:
@@ -63,14 +63,11 @@ class CellReport:
     def __str__(self) -> str:
         return self.line()
 
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.line())
-
     def _repr_html_(self) -> str:
         return html_table(DISPLAY_HEADERS, display_rows(self.record))
 
 
-class WhoReport:
+class WhoReport(Shown):
     HEADERS = ("holder", "kind", "device", "bytes", "detail")
 
     def __init__(self, holders: Sequence[Holder], total: int,
@@ -99,9 +96,6 @@ class WhoReport:
             return "\n".join([self.caption, *lines])
         return "\n".join([self.caption, text_table(self.HEADERS, self.rows()), *lines])
 
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(str(self))
-
     def _repr_html_(self) -> str:
         lines = "".join(f"<div>{html.escape(x.line())}</div>" for x in self.ledgers)
         if not self.holders:
@@ -109,7 +103,7 @@ class WhoReport:
         return html_table(self.HEADERS, self.rows(), caption=self.caption) + lines
 
 
-class ConfigView:
+class ConfigView(Shown):
     def __init__(self, cfg: Config, running: bool) -> None:
         self.rows = [
             ["interval", f"{cfg.interval_s:g} s" + ("" if running else " (sampler stopped)")],
@@ -121,9 +115,6 @@ class ConfigView:
 
     def __str__(self) -> str:
         return text_table(("setting", "value"), self.rows)
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(str(self))
 
     def _repr_html_(self) -> str:
         return html_table(("setting", "value"), self.rows)
@@ -202,7 +193,7 @@ def status_lines(status: SourceStatus, sample: Sample) -> list[str]:
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class Snapshot(Shown):
     status: SourceStatus
     sample: Sample
 
@@ -215,9 +206,6 @@ class Snapshot:
             parts.append(text_table(DEVICE_HEADERS, self.rows()))
         parts.extend(status_lines(self.status, self.sample))
         return "\n".join(parts)
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(str(self))
 
     def _repr_html_(self) -> str:
         table = html_table(DEVICE_HEADERS, self.rows()) if self.sample.devices else ""

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
-from ..report import html_lines, html_table, text_table
+from ..report import Shown, html_lines, html_table, text_table
 from ..units import MAX_NAME_CHARS, cut, format_bytes, printable
 
 ROW_OK = "ok"
@@ -140,7 +140,7 @@ def _row(r: WorkerGpu) -> list[str]:
             printable(status)[:80]]
 
 
-class ClusterView:
+class ClusterView(Shown):
     """``%gpumem cluster``: the table, and each device counted once."""
 
     def __init__(self, reading: ClusterReading) -> None:
@@ -193,9 +193,6 @@ class ClusterView:
             parts.append(text_table(HEADERS, self.rows()))
         parts.extend(self.lines())
         return "\n".join(parts)
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(str(self))
 
     def _repr_html_(self) -> str:
         table = html_table(HEADERS, self.rows()) if self.reading.rows else ""

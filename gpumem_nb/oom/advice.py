@@ -5,7 +5,6 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from ..analysis import holder_advice
 from ..cleanup import CleanupReport
@@ -16,7 +15,7 @@ from ..model import (
     ChildProcess,
     Holder,
 )
-from ..report import html_table
+from ..report import Shown, html_table
 from ..units import format_bytes
 from .causes import (
     _NOTABLE_BYTES,
@@ -62,7 +61,7 @@ class SiteAtFailure:
 
 
 @dataclass(frozen=True)
-class OomExplanation:
+class OomExplanation(Shown):
     facts: OomFacts
     causes: tuple[Cause, ...]
     actions: tuple[Action, ...]
@@ -152,9 +151,6 @@ class OomExplanation:
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(str(self))
 
     def _repr_html_(self) -> str:
         esc = html.escape

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from .. import plotlyjson, svgchart
-from ..report import html_table, text_table
+from ..report import Shown, html_table, text_table
 from ..units import format_bytes
 
 _MiB = float(1 << 20)
@@ -43,7 +43,7 @@ class WhatIfRow:
 
 
 @dataclass(frozen=True)
-class WhatIf(Sequence[WhatIfRow]):
+class WhatIf(Shown, Sequence[WhatIfRow]):
     """Rows in the order the settings were given; also a sequence of them."""
 
     rows: tuple[WhatIfRow, ...]
@@ -130,9 +130,6 @@ class WhatIf(Sequence[WhatIfRow]):
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(str(self))
 
     def _repr_html_(self) -> str:
         esc = html.escape
