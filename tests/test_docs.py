@@ -78,6 +78,17 @@ def test_every_relative_link_lands_on_a_file_and_its_anchor(page):
     assert not broken, f"{page.relative_to(ROOT)}: {broken}"
 
 
+SOURCE_PATH = re.compile(r"\bgpumem_nb/[\w/]+\.(?:py|js|css)\b")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_a_source_file_a_page_names_still_exists_after_a_move(page):
+    # A page that names gpumem_nb/widget.py after the chart moved to gpumem_nb/chart/ sends a
+    # reader to a file that is not there.
+    gone = sorted({m for m in SOURCE_PATH.findall(page.read_text()) if not (ROOT / m).exists()})
+    assert gone == []
+
+
 def test_the_link_checker_sees_a_broken_link_and_a_broken_anchor(tmp_path):
     (tmp_path / "a.md").write_text("# A page\n\n## What `empty_cache` gives back\n")
     page = tmp_path / "b.md"
