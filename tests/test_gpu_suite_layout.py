@@ -59,3 +59,16 @@ def test_every_gpu_test_file_is_in_exactly_one_shard_and_each_listed_file_exists
         rel = f"tests/gpu/{path.name}"
         # Shard b takes every file the others do not name; SHARDS.md names each file.
         assert path.name in shards, f"tests/gpu/SHARDS.md does not list {rel}"
+
+
+def test_the_tests_shard_b_may_skip_without_jupytext_hold_no_gpu_test():
+    # gpu_tests.sh leaves these out where jupytext is missing (the GPU machine's wheels): a gpu
+    # test added to one of them would then never run.
+    text = (ROOT / "benchmarks" / "gpu_tests.sh").read_text()
+    m = re.search(r"^TUTORIAL_TESTS=\(([^)]*)\)", text, re.M)
+    assert m is not None
+    files = m.group(1).split()
+    assert files
+    for f in files:
+        source = (ROOT / f).read_text()
+        assert "mark.gpu" not in source and "gpu" not in re.findall(r"pytestmark\s*=.*", source), f
