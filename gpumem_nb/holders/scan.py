@@ -1268,7 +1268,7 @@ class Scanner:
         self._size_graphs(found)
         if include_gc or (rest_min_bytes is not None and (
                 allocated_bytes is None
-                or allocated_bytes - _gpu_bytes(found.values()) >= rest_min_bytes)):
+                or allocated_bytes - _gpu_bytes(found.values()) > rest_min_bytes)):
             ctx = roots if roots is not None else RootContext(
                 user_ns=user_ns, out=output_cache,
                 stored_exceptions=[e for e in last_exception if userexc.is_exception(e)])

@@ -620,7 +620,7 @@ class OomWatch:
         now = self.torch.read(f.device)
         # cuBLAS's workspaces are allocated blocks no Python object holds: a search for their
         # holder walked the whole heap for nothing (2.5 s beside CuPy on the H100).
-        found = _scan_rest(self.host, int(REST_SHARE * f.allocated_bytes),
+        found = _scan_rest(self.host, rest_min_bytes(f.allocated_bytes),
                            now.allocated_bytes - f.workspaces_bytes if now is not None
                            else None)
         known = {h.name for h in pieces.judged}
@@ -802,7 +802,7 @@ class OomWatch:
         base = msg.allocated_bytes if msg.allocated_bytes is not None else (
             al.allocated_bytes if al else None)
         pools_now, workspaces_now = self._segments_now(device, backend)
-        scanned = _scan_rest(self.host, int(REST_SHARE * base) if base is not None else None,
+        scanned = _scan_rest(self.host, rest_min_bytes(base) if base is not None else None,
                              al.allocated_bytes - workspaces_now if al is not None else None)
         # What the search found that the explanation does not name (unseen, not searched;
         # garbage that a replaced traceback's story names) stays out of every figure.
@@ -997,6 +997,18 @@ EXPLAIN_GRAPH_BUDGET_S = 0.015
 # The retention search runs at an OOM when the GPU tensors the walk did not reach come to more
 # than this share of what was allocated (the explanation's "not found" bound).
 REST_SHARE = 0.02
+# ... and to at least this much. With next to nothing allocated (an impossible request, other
+# processes or another library holding the GPU), 2% of it is a few bytes, and the search
+# walked the whole heap for them: 210-400 ms on the H200 in a bare torch process
+# (benchmarks/results/gpu_tests_b_f6f6186_h200.log), where the walk alone takes 1 ms. No
+# holder this small is what ran a GPU out of memory.
+REST_FLOOR_BYTES = 64 << 20
+
+
+def rest_min_bytes(allocated_bytes: int) -> int:
+    """What the GPU tensors the walk did not reach must come to for the retention search to
+    run at an OOM."""
+    return max(int(REST_SHARE * allocated_bytes), REST_FLOOR_BYTES)
 
 
 def _cell_facts(cell: CellStart | None, allocated: int | None) -> dict[str, Any]:

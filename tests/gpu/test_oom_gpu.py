@@ -75,7 +75,15 @@ def scenario(backend: str, body: str) -> dict[str, Any]:
     return r
 
 
-def check(r: dict[str, Any], cause: str, name: str, beyond_free: int | None = None) -> None:
+# Where no holder needs checking, the explanation is the walk and the readings: 50 ms. Where the
+# session holds the memory, the advice's `del` is checked against the retention graph (a
+# search over the whole heap) and, where the walk leaves bytes unnamed, the graph is searched:
+# the whole graph's bound, 1 s (the holders' cost bound), which this bare process is far under.
+FAST_MS, GRAPH_MS = 50, 1000
+
+
+def check(r: dict[str, Any], cause: str, name: str, beyond_free: int | None = None, *,
+          graph: bool = False) -> None:
     assert r["explained"], r
     line = (f"[{r['backend']:>15}] {name:<22} -> {r['cause']:<20} "
             f"added {r['added_ms']:5.1f} ms (observer {r['observer_ms']:4.1f} ms) "
@@ -91,7 +99,7 @@ def check(r: dict[str, Any], cause: str, name: str, beyond_free: int | None = No
               f"{(r['shortfall'] or 0) / GiB:.2f} GiB")
     print(r["text"])
     assert r["cause"] == cause, r["text"]
-    assert r["added_ms"] < 50, line
+    assert r["added_ms"] < (GRAPH_MS if graph else FAST_MS), line
     if beyond_free is not None:
         # Honest arithmetic: the request was ``beyond_free`` more than was free, so that is
         # what must be missing, under either backend (under cudaMallocAsync, what the pool
@@ -151,7 +159,7 @@ def test_fragmentation_from_many_splits_is_fragmentation(backend):
         # unable to serve such a request), so they are never the verdict.
         assert r["cause"] not in ("fragmentation", "cached by the cudaMallocAsync pool"), r
         return
-    check(r, "fragmentation", "fragmentation (splits)")
+    check(r, "fragmentation", "fragmentation (splits)", graph=True)
     frag = r["causes"][0]
     g = r["GiB"]
     assert frag[1] >= 20 * g - 64 * (1 << 20), frag  # the 20 holes
@@ -235,7 +243,7 @@ def test_memory_held_by_out_is_held_by_out(backend):
         report()
     """)
     g = r["GiB"]
-    check(r, "held by your session", "held by Out", 30 * g)
+    check(r, "held by your session", "held by Out", 30 * g, graph=True)
     assert any(n.startswith("Out[") and k == "output cache" and b == 60 * g
                for n, k, b in r["holders"]), r["holders"]
     assert "%gpumem cleanup --out clears Out[" in r["text"]
@@ -250,7 +258,7 @@ def test_memory_held_by_a_stored_traceback_is_held_by_the_traceback(backend):
         report()
     """)
     g = r["GiB"]
-    check(r, "held by your session", "held by a traceback", 30 * g)
+    check(r, "held by your session", "held by a traceback", 30 * g, graph=True)
     if backend == "native":  # scanned by the observer while the old traceback held it
         assert ["traceback: step() locals", "traceback", 60 * g] in r["holders"], r
     else:  # replaced by the new error, waiting in a reference cycle or already freed
@@ -265,7 +273,7 @@ def test_memory_held_by_a_variable_is_held_by_the_variable(backend):
         report()
     """)
     g = r["GiB"]
-    check(r, "held by your session", "held by a variable", 30 * g)
+    check(r, "held by your session", "held by a variable", 30 * g, graph=True)
     assert ["big", "variable", 60 * g] in r["holders"], r["holders"]
     assert f"`del big` (variable, {format_bytes(60 * g)})" in r["text"]
 
