@@ -1,8 +1,8 @@
 """The OOM explainer's advice, run as printed: does each step free what it says it frees?
 
-    python3 benchmarks/gpu_diagnosis3.py --out $OUT [--set rerun2|new|new4|new5] [--budget-s 500]
-        [--allocators native,expandable,cudaMallocAsync] [--only KIND,...] [--skip KIND,...]
-        [--merge EARLIER.json] [--run LABEL] [--commit SHA]
+    python3 benchmarks/gpu_diagnosis3.py --out $OUT [--set rerun2|new|new4|new5|new6]
+        [--budget-s 500] [--allocators native,expandable,cudaMallocAsync]
+        [--only KIND,...] [--skip KIND,...] [--merge EARLIER.json] [--run LABEL] [--commit SHA]
     python3 benchmarks/gpu_diagnosis3.py --dry-run [--set ...] [--allocators ...] [--only ...]
 
 Each kind (``gpu_diagnosis2.Kind``: setup cells, a failing cell, steps that free its holders)
@@ -30,11 +30,15 @@ a fresh process each, as the backend is read when torch starts) in a real IPytho
 ``--allocators native,expandable --budget-s 480``, then ``--allocators cudaMallocAsync
 --merge <the first call's diagnosis3_<card>.json>``), and ``--set new5`` runs ``KINDS5``
 (written on 2026-12-06 by a helper blind to the code; 15 kinds, about 560 s: split it the same
-way). Sizes follow the card: the child's
-namespace has ``G`` (the GPU's total bytes, ``torch.cuda.mem_get_info()[1]``), ``frac(x)`` →
-``int(x * G)``, and ``GiB``, which is 2**30 on an H200 (139.8 GiB) and shrinks in proportion
-on a smaller card (2 MiB-aligned), so diagnosis2's kinds, written in ``GiB`` for the H200,
-keep their share of an H100. Kinds sized by shapes do not scale (``--dry-run`` says which).
+way), and ``--set new6`` runs ``KINDS6`` (``benchmarks/diagnosis3_kinds6.py``, written on
+2026-12-06 by another helper blind to the code; 18 kinds, about 220 s an allocator:
+``--allocators native,expandable --budget-s 470``, then ``--allocators cudaMallocAsync
+--budget-s 300 --merge <the first call's diagnosis3_<card>.json>``). Sizes follow the card:
+the child's namespace has ``G`` (the GPU's total bytes, ``torch.cuda.mem_get_info()[1]``),
+``frac(x)`` → ``int(x * G)``, and ``GiB``, which is 2**30 on an H200 (139.8 GiB) and
+shrinks in proportion on a smaller card (2 MiB-aligned), so diagnosis2's kinds, written in
+``GiB`` for the H200, keep their share of an H100. Kinds sized by shapes do not scale
+(``--dry-run`` says which).
 
 Writes ``diagnosis3_<card>.json`` (``h200``, ``h100``, from ``torch.cuda.get_device_name``)
 and ``diagnosis3_log.txt`` under ``--out`` after every row and every allocator, so a timeout
@@ -79,7 +83,7 @@ from benchmarks.gpu_diagnosis2 import FILL, Kind, Step  # noqa: E402
 ALLOCATORS = d2.ALLOCATORS
 ROW = "DIAGNOSIS3-ROW "
 META = "DIAGNOSIS3-META "
-SETS = ("rerun2", "new", "new4", "new5")
+SETS = ("rerun2", "new", "new4", "new5", "new6")
 
 # ============================================================================================
 # The new kinds, written after the code was frozen by someone who had not seen the explainer's
@@ -1721,7 +1725,12 @@ def merge(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]) ->
 def kinds_of(which: str) -> list[Kind]:
     if which == "rerun2":
         return list(d2.KINDS)
-    new = {"new4": KINDS4, "new5": KINDS5}.get(which, KINDS3)
+    if which == "new6":  # its own file, which imports this one's dependencies, not this one
+        from benchmarks.diagnosis3_kinds6 import KINDS6
+
+        new = KINDS6
+    else:
+        new = {"new4": KINDS4, "new5": KINDS5}.get(which, KINDS3)
     return [dataclasses.replace(k, out_of_sample=True) for k in new]
 
 
@@ -1832,7 +1841,7 @@ def dry_run(which: str, kinds: Sequence[Kind], allocators: Sequence[str]) -> int
         print(f"estimated {a}: {s:.0f} s (H200 times of diagnosis2 + {ADVICE_S} s advice a row "
               f"+ {STARTUP_S:.0f} s start)")
     print(f"estimated in all: {sum(per.values()):.0f} s")
-    problems = kind_problems(kinds, new=which in ("new", "new4", "new5"))
+    problems = kind_problems(kinds, new=which in ("new", "new4", "new5", "new6"))
     for p in problems:
         print(f"PROBLEM {p}")
     print("every kind's code compiles" if not problems else f"{len(problems)} problems")
