@@ -14,10 +14,15 @@ every path ends at a root:
 
 Edges come from the collector's own traversal (``gc.get_referrers``/``get_referents``: C code,
 no user code runs). Where that traversal is blind, explicit edges are added: numpy object
-arrays (a data frame's object column) and live threads' frames. The referrers of a frontier
-are found with one heap pass per level: ``gc.get_referrers`` for a few objects, one Python
-pass over a snapshot of the heap with a set of ids for many (the C call compares each
-reference with every argument).
+arrays (a data frame's object column), live threads' frames, and a tensor's own ``__dict__``
+(PyTorch's ``tp_traverse`` visits nothing of a tensor whose C++ object has another owner, so
+``x.meta = {'source': x}`` made a cycle whose dict no referrer search reached). An object and
+its own ``__dict__`` count as one node: the dict may be made mid-search (reading it makes a
+dict of values the object held inline), after the object's references were found.
+
+The referrers of a frontier are found with one heap pass per level: ``gc.get_referrers`` for a
+few objects, one Python pass over a snapshot of the heap with a set of ids for many (the C
+call compares each reference with every argument).
 
 The search is bounded in levels, objects and time. Whatever it had not resolved when a bound
 cut it is "not searched", with the reason: never "found".
@@ -244,6 +249,9 @@ class Search:
         # the context, which only the thread state refers to (Python cannot see it).
         self._context: dict[str, Any] = {}
         self._context_code: dict[str, str] = {}
+        # id(a target's own __dict__) -> the target, where the collector's traversal of the
+        # target does not show that dict (the explicit edge up from the dict).
+        self._hidden_dicts: dict[int, Any] = {}
 
     # -- roots -------------------------------------------------------------------------------
     def _index_roots(self) -> None:
@@ -558,6 +566,7 @@ class Search:
             members.setdefault(key, []).append(id(t))
             alive[id(t)] = t
             frontier.append(t)
+        self._index_hidden_dicts(alive)
         levels = 0
         cut = ""
         heap: list[Any] | None = None
@@ -592,6 +601,7 @@ class Search:
         finally:
             frontier.clear()
             alive.clear()
+            self._hidden_dicts.clear()
         return Outcome(list(retained.values()), elapsed_s=self.clock() - t0, levels=levels,
                        objects=len(parents), cut=cut)
 
@@ -637,6 +647,13 @@ class Search:
                 alive[rid] = r
                 nxt.append(r)
         refs.clear()
+        for o in frontier:
+            owner = self._hidden_dicts.get(id(o))
+            if owner is not None:
+                # The explicit edge: a target's own __dict__, which its traversal hides.
+                got.add(id(o))
+                parents.setdefault(id(o), []).append((id(owner), _Step("dict", "")))
+        owner = None
         if arrays:
             # Untracked containers: an object array's items are invisible to the
             # collector's traversal (numpy does not traverse them).
@@ -651,6 +668,28 @@ class Search:
             orphans.clear()
         self._scaffold.discard(id(nxt))
         return nxt
+
+    def _index_hidden_dicts(self, targets: Mapping[int, Any]) -> None:
+        """Each target's own ``__dict__`` (read through its class's C descriptor: no property
+        or ``__getattr__`` runs) that the collector's traversal of the target does not show.
+
+        PyTorch's ``THPVariable_subclass_traverse`` returns at once for a tensor whose C++
+        object has another owner (PyObject preservation: the Python object is then kept from
+        C++, and traversing it would let the collector clear it), and on Python 3.12 a
+        tensor's managed dict is made during that traversal, after a referrer search has
+        passed the young objects. Either way the dict's referrer is not found, and a cycle
+        through a tensor's attribute (``x.meta = {'source': x}``) looked held from where
+        Python cannot see."""
+        self._hidden_dicts = {}
+        self._scaffold.add(id(self._hidden_dicts))
+        for t in targets.values():
+            d = _instance_dict(t)
+            if not d:
+                continue
+            if any(r is d for r in gc.get_referents(t)):
+                continue
+            self._hidden_dicts[id(d)] = t
+        d = None
 
     def _ours(self, obj: Any) -> bool:
         """An object of gpumem_nb's own classes (the monitor's note of the last exception,
@@ -804,13 +843,26 @@ class Search:
             obj = alive.get(oid)
             if obj is None:
                 continue
-            for c in gc.get_referents(obj):
+            refs = gc.get_referents(obj)
+            own = _instance_dict(obj)
+            if own is not None and id(own) not in inside and any(r is own for r in refs):
+                # An object and its own __dict__ are one node. The dict may have been made
+                # after the object was met (reading ``vars(obj)``, this search's own attribute
+                # edges, materialise a dict whose values the object held inline): its values
+                # were found as the object's, and are counted as its references here.
+                refs.extend(gc.get_referents(own))
+            own = None
+            for c in refs:
                 if id(c) in inside:
                     inside[id(c)] += 1
+            refs.clear()
         for obj in self._explained:
             for c in gc.get_referents(obj):
                 if id(c) in inside:
                     inside[id(c)] += 1
+        for did, owner in self._hidden_dicts.items():
+            if did in inside and id(owner) in inside:
+                inside[did] += 1  # the explicit edge: the target refers to its own dict
         obj = c = None  # a local left bound would count as one more reference
         classes: set[str] = set()
         for oid in ids:
@@ -822,6 +874,11 @@ class Search:
             t = type(alive[oid])
             if t not in (dict, list, tuple, set, types.CellType, types.FunctionType):
                 classes.add(type_name(t))
+            owner = self._hidden_dicts.get(oid)
+            if owner is not None:
+                # The cycle runs through the tensor's own attributes: its class is in it.
+                classes.add(type_name(type(owner)))
+        owner = None
         return tuple(sorted(classes))
 
 
