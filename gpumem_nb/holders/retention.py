@@ -78,6 +78,8 @@ OBJECT_CAP = 500_000
 BUDGET_S = 1.0
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# What an advice line may name: names, attributes, and int or plain str subscripts.
+_EXPRESSION = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*|\[-?\d+\]|\['[\w .-]*'\])*")
 _MODULES_ITEM = re.compile(r"\._modules\['([^']*)'\]")
 _PARAMS_ITEM = re.compile(r"\._(?:parameters|buffers)\['([A-Za-z_][A-Za-z0-9_]*)'\]")
 _DICT_DESC = type.__dict__["__dict__"]
@@ -112,6 +114,9 @@ class Retained:
     root_kind: str = ""  # the kind of the root that path starts at
     classes: tuple[str, ...] = ()  # for garbage: the classes in its cycles
     why: str = ""  # for "not searched": the bound that cut it
+    # The container every path from a root runs through, whose class has a public ``clear``:
+    # the expression that empties it (``reg.clear()``); "" where there is none.
+    clear_code: str = ""
 
 
 @dataclass
@@ -796,12 +801,14 @@ class Search:
             reached_cut = False
             ancestors: set[int] = set()
             tops = False
+            clears: set[str] = set()
             for tid in members[key]:
                 # Breadth first up the parents: the first root met is the nearest.
-                q: deque[tuple[int, list[_Step]]] = deque([(tid, [])])
+                q: deque[tuple[int, list[_Step], list[int]]] = deque([(tid, [], [tid])])
                 seen = {tid}
+                nearest: tuple[Root, _Step | None, list[_Step], list[int]] | None = None
                 while q:
-                    oid, steps = q.popleft()
+                    oid, steps, chain = q.popleft()
                     ancestors.add(oid)
                     for root, step in roots_of.get(oid, ()):
                         roots.add(root)
@@ -809,6 +816,8 @@ class Search:
                         text = _render(root, path)
                         if best is None or (len(path), text) < best[:2]:
                             best = (len(path), text, root.kind)
+                        if nearest is None:
+                            nearest = (root, step, steps, chain)
                     ps = parents.get(oid)
                     if not ps and oid not in roots_of:
                         if oid in unresolved:
@@ -818,11 +827,14 @@ class Search:
                     for pid, step in ps or ():
                         if pid not in seen:
                             seen.add(pid)
-                            q.append((pid, [step, *steps]))
+                            q.append((pid, [step, *steps], [pid, *chain]))
+                clears.add(self._clear_code(nearest, alive, parents, roots_of)
+                           if nearest is not None else "")
             if roots:
                 r.state, r.roots = STATE_ROOTED, frozenset(roots)
                 assert best is not None
                 r.path, r.root_kind = best[1], best[2]
+                (r.clear_code,) = clears if len(clears) == 1 else ("",)
             elif reached_cut:
                 r.state, r.why = STATE_NOT_SEARCHED, cut
             elif tops:
@@ -832,6 +844,53 @@ class Search:
                 r.classes = self._cycle_classes(ancestors, alive, set(members[key]))
                 if r.classes is None:  # a reference from outside the cycle, unseen
                     r.state, r.classes = STATE_UNSEEN, ()
+
+    def _clear_code(self, nearest: tuple[Root, _Step | None, list[_Step], list[int]],
+                    alive: dict[int, Any], parents: dict[int, list[tuple[int, _Step]]],
+                    roots_of: dict[int, list[tuple[Root, _Step | None]]]) -> str:
+        """``reg.clear()``: the container nearest the tensor on its shortest path whose class
+        has a ``clear`` of its own (found on the class, never called), where every path from
+        any root to the tensor runs through it, so that emptying it frees the tensor and
+        keeps the object. Never through a private attribute (a library's internals) nor
+        under a root with no line of its own (a library's globals: clearing
+        ``threading._active`` broke the library)."""
+        root, step, steps, chain = nearest
+        if not root.code or root.code.startswith("%"):
+            return ""
+        path = [step, *steps] if step is not None else list(steps)
+        # chain[k] is reached by the first ``offset + k`` steps of ``path``.
+        offset = 1 if step is not None else 0
+        for k in range(len(chain) - 2, -1, -1):
+            obj = alive.get(chain[k])
+            if obj is None or (k + offset and path[k + offset - 1].kind == "dict"):
+                continue  # an object's own __dict__: clearing it drops every attribute
+            if not callable(static_attribute(type(obj), "clear")) or \
+                    issubclass(type(obj), type):
+                continue
+            if k + offset == 0 and type(obj) in (list, dict, set):
+                return ""  # the root's own builtin container: its line says so already
+            expr = _render(root, path[:k + offset])
+            if not _EXPRESSION.fullmatch(expr) or "._" in expr or \
+                    not self._dominates(chain[k], chain[-1], parents, roots_of):
+                return ""
+            return f"{expr}.clear()"
+        return ""
+
+    @staticmethod
+    def _dominates(cid: int, tid: int, parents: dict[int, list[tuple[int, _Step]]],
+                   roots_of: dict[int, list[tuple[Root, _Step | None]]]) -> bool:
+        """Every path from a root to ``tid`` runs through ``cid``."""
+        seen = {tid, cid}
+        todo = [tid]
+        while todo:
+            oid = todo.pop()
+            if oid in roots_of:
+                return False
+            for pid, _ in parents.get(oid, ()):
+                if pid not in seen:
+                    seen.add(pid)
+                    todo.append(pid)
+        return True
 
     def _cycle_classes(self, ids: set[int], alive: dict[int, Any],
                        targets: set[int]) -> Any:

@@ -1064,7 +1064,8 @@ class Scanner:
                 group = [t for k in keys for t in by_key.get(k, ())]
                 template = replace(template, name=pandas_name(template.name, ns))
                 extras = {f: getattr(template, f) for f in
-                          ("also_held_by", "code", "classes", "why") if getattr(template, f)}
+                          ("also_held_by", "code", "classes", "why", "clear_code")
+                          if getattr(template, f)}
                 self._extras[template.name] = {**extras, "searched": True}
                 self._attribute(template.name, template.kind, group, found)
                 group.clear()
