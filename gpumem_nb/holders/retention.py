@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from itertools import compress, repeat
 from typing import Any
 
-from .reading import running_frame_ids, static_attribute, type_name
+from .reading import UNDERS, running_frame_ids, static_attribute, type_name
 
 # An lru_cache's results (and the arguments it keys them on, `self` for a method) are freed by
 # `cache_clear()`, never by deleting the function that owns the cache: the step says so, and the
@@ -328,7 +328,7 @@ class Search:
             return Root(ROOT_THREAD, "a live thread (threading's registry of running threads)")
         if name == "sys" and key in ("last_value", "last_exc", "last_traceback", "last_type"):
             return Root(ROOT_EXCEPTION, f"the stored exception (sys.{key})", "%gpumem cleanup")
-        if name == "builtins" and key in ("_", "__", "___"):
+        if name == "builtins" and key in UNDERS:
             return Root(ROOT_OUTPUT, str(key), "%gpumem cleanup --out")
         if name == "__main__":
             prefix = ""
@@ -383,7 +383,7 @@ class Search:
             return Root(ROOT_VARIABLE, f"globals()[{_key_text(key)}]")
         if key in self.ctx.output_names:
             return Root(ROOT_OUTPUT, key, "%gpumem cleanup --out")
-        if key in ("_", "__", "___", "Out", "_oh"):
+        if key in (*UNDERS, "Out", "_oh"):
             return Root(ROOT_OUTPUT, key, "%gpumem cleanup --out")
         return Root(ROOT_VARIABLE, key, f"del {key}" if _IDENT.match(key) else "",
                     type(value) in (list, dict, set, deque), issubclass(type(value), type))
