@@ -371,6 +371,12 @@ def holder_advice(h: Holder) -> Advice:
         queue = _queue_fix(h)
         if queue is not None:
             return queue
+        if h.clear_code:
+            container = h.clear_code.removesuffix(".clear()")
+            rest = f"; `{h.code}` also frees it" if h.code else ""
+            return Advice(f"{h.label} ({h.kind}) keeps {what} in {container}: "
+                          f"`{h.clear_code}` empties it and keeps the object{rest}.",
+                          h.clear_code, freed)
         if h.code:
             return Advice(f"{h.label} ({h.kind}) keeps {what}{_also(h)}: `{h.code}` lets it go.",
                           h.code, freed)

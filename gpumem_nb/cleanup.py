@@ -36,6 +36,7 @@ from .holders import (
     INPUT_ALIAS,
     OUTPUT_ALIAS,
     SHELL_NAMES,
+    UNDERS,
     CellException,
     Scanner,
     StoredException,
@@ -51,14 +52,13 @@ from .holders import (
     stored_cell_exception,
     traceback_links,
 )
+from .holders.keepers import keepers
 from .holders.retention import (
     ROOT_SHELL,
     ROOT_THREAD,
     ROOT_VARIABLE,
-    STATE_NOT_SEARCHED,
     Root,
     RootContext,
-    Search,
 )
 from .ledger import Ledger, PoolParts, ledgers_of
 from .model import Holder, Sample
@@ -67,7 +67,6 @@ from .sources.torch import TorchDebug, TorchSource
 from .units import format_bytes
 from .whatif.config import BACKEND_ASYNC, SettingError, parse_settings
 
-_UNDERS = ("_", "__", "___")
 _LAST = ("last_exc", "last_type", "last_value", "last_traceback")
 # Climbing referrers to find who holds a stored exception: rounds, and objects per round.
 # The search for who else keeps a stored exception, at most this long.
@@ -255,7 +254,7 @@ def _plan_output(shell: Any) -> _OutputPlan | None:
     # A blank under is IPython's placeholder, whoever wrote it (``type is str``: a user's
     # object's own ``__eq__`` is never called).
     kept = [k for k in aliases if k not in owned
-            and not (k in _UNDERS and type(ns[k]) is str and ns[k] == "")]
+            and not (k in UNDERS and type(ns[k]) is str and ns[k] == "")]
     return _OutputPlan(entries=len(_out(shell)), clear=sorted(owned, key=alias_order),
                        kept=sorted(kept, key=alias_order))
 
@@ -266,18 +265,18 @@ def _clear_output(shell: Any, plan: _OutputPlan) -> None:
     ns = shell.user_ns
     hidden = _hidden(shell)
     for name in plan.clear:
-        if name in _UNDERS:
+        if name in UNDERS:
             ns[name] = ""
         else:
             ns.pop(name, None)
     # The shell's own records of what it wrote: they would keep the old outputs alive.
     for key in [k for k in hidden if type(k) is str and OUTPUT_ALIAS.match(k)]:
-        if key in _UNDERS:
+        if key in UNDERS:
             hidden[key] = ""
         else:
             del hidden[key]
     hook = shell.displayhook
-    for name in _UNDERS:
+    for name in UNDERS:
         with contextlib.suppress(Exception):
             setattr(hook, name, "")
     _out(shell).clear()
@@ -362,21 +361,16 @@ def _held_elsewhere(stored: StoredException, shell: Any, noted: CellException | 
         if keeper is not None:
             ignore |= {id(keeper), id(getattr(keeper, "__dict__", None))}
     ns = getattr(shell, "user_ns", None)
-    search = Search(lambda o: ("", 0, ("object", id(o))),
-                    RootContext(user_ns=ns if isinstance(ns, dict) else None, shell=shell),
-                    budget_s=_HELD_BUDGET_S)
-    outcome = search.run(group, ignore=ignore)
+    found = keepers(group, RootContext(user_ns=ns if isinstance(ns, dict) else None,
+                                       shell=shell),
+                    ignore=ignore, budget_s=_HELD_BUDGET_S)
     held: list[str] = []
-    for r in outcome.retained:
-        if r.state == STATE_NOT_SEARCHED:
-            name = f"other objects (the search stopped there: {r.why})"
-            if name not in held:
-                held.append(name)
-        for root in sorted(r.roots):
-            name = _holder_words(root)
-            if name not in held:
-                held.append(name)
-    outcome.retained.clear()
+    if found.cut:
+        held.append(f"other objects (the search stopped there: {found.cut})")
+    for root in found.roots:
+        name = _holder_words(root)
+        if name not in held:
+            held.append(name)
     return held
 
 

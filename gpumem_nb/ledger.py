@@ -181,17 +181,25 @@ def ledgers_of(sample: Any, holders: Sequence[Holder],
 
 
 # PyTorch's sizes (aten/src/ATen/cuda/CublasHandlePool.cpp): cuBLAS's workspace is
-# CUBLAS_WORKSPACE_CONFIG's ":SIZE_KiB:COUNT" pairs summed, else 32 MiB on Hopper (sm90) and
-# 4096 KiB x 2 + 16 KiB x 8 elsewhere; cuBLASLt's is CUBLASLT_WORKSPACE_SIZE KiB, else 1 MiB,
-# at most cuBLAS's. Each is allocated from the caching allocator, once per (handle, stream),
-# and kept until torch._C._cuda_clearCublasWorkspaces().
+# CUBLAS_WORKSPACE_CONFIG's ":SIZE_KiB:COUNT" pairs summed (size x count), else 32 MiB on
+# compute capability 9, 10 and 12 (Hopper, Blackwell) and 4096 KiB x 2 + 16 KiB x 8 elsewhere;
+# cuBLASLt's is CUBLASLT_WORKSPACE_SIZE KiB, else 1 MiB, at most cuBLAS's. Newer sources share
+# cuBLAS's workspace with cuBLASLt by default (TORCH_CUBLASLT_UNIFIED_WORKSPACE): then there is
+# no separate cuBLASLt block, which a count of 0 of them covers. Each is allocated from the
+# caching allocator, once per (handle, stream), and kept until
+# torch._C._cuda_clearCublasWorkspaces().
 _CUBLAS_DEFAULTS_BYTES = (4096 * 8 * 1024, 4096 * 1024 * 2 + 16 * 1024 * 8)
 _CUBLASLT_DEFAULT_BYTES = 1024 * 1024
 
 
 def cublas_workspace_sizes(env: Mapping[str, str] | None = None) -> frozenset[int]:
     """The sizes a cuBLAS or cuBLASLt workspace block can have in this process."""
-    env = os.environ if env is None else env
+    cublas, lt = _workspace_sizes(os.environ if env is None else env)
+    return frozenset([*cublas, *(min(lt, c) for c in cublas)])
+
+
+def _workspace_sizes(env: Mapping[str, str]) -> tuple[tuple[int, ...], int]:
+    """(cuBLAS's possible sizes, cuBLASLt's size) from the environment, as ATen reads it."""
     cublas: tuple[int, ...] = _CUBLAS_DEFAULTS_BYTES
     config = env.get("CUBLAS_WORKSPACE_CONFIG")
     if config:
@@ -203,7 +211,32 @@ def cublas_workspace_sizes(env: Mapping[str, str] | None = None) -> frozenset[in
     if with_lt:
         with contextlib.suppress(ValueError):
             lt = int(with_lt) * 1024
-    return frozenset([*cublas, *(min(lt, c) for c in cublas)])
+    return cublas, lt
+
+
+# Workspaces ATen keeps at once: one per (handle, stream), a few streams at most; and what
+# else a remainder of workspaces may hold (a few small tensors no holder names).
+_WORKSPACES_MAX = 8
+_WORKSPACE_SLACK_BYTES = 64 * 1024
+
+
+def workspaces_in_remainder(remainder_bytes: int, env: Mapping[str, str] | None = None) -> int:
+    """Under cudaMallocAsync, whose snapshot has no blocks: the part of the allocated bytes no
+    holder accounts for that is cuBLAS / cuBLASLt workspaces, where that remainder is some
+    number of one cuBLAS workspace size and of cuBLASLt's (``cublas_workspace_sizes``) to
+    within ``_WORKSPACE_SLACK_BYTES`` (a few small tensors); 0 where it is not (then something
+    else holds it, and it stays "not found"). One cuBLAS size at a time: a card has one."""
+    if remainder_bytes <= 0:
+        return 0
+    cublas, lt = _workspace_sizes(os.environ if env is None else env)
+    best = 0
+    for size in cublas:
+        for n in range(1, _WORKSPACES_MAX + 1):
+            for m in range(_WORKSPACES_MAX + 1):
+                total = n * size + m * min(lt, size)
+                if 0 <= remainder_bytes - total < _WORKSPACE_SLACK_BYTES and total > best:
+                    best = total
+    return best
 
 
 def workspace_blocks_bytes(segments: Iterable[Mapping[str, Any]], device: int,

@@ -310,6 +310,10 @@ class Holder:
     # None, not checked. ``cut_note`` says what else keeps it, or why it was not checked.
     cut_checked: bool | None = None
     cut_note: str = ""
+    # The public call that empties the container every path to its bytes runs through
+    # (``reg.clear()`` for a registry, ``d.clear()`` for a deque): the fix that keeps the
+    # object; "" where there is none (holders/retention.py).
+    clear_code: str = ""
     # A module's bytes beyond its parameters, gradients and buffers (hooks' closures, plain
     # attributes), wherever they are: split among several, no one path names them.
     contents_bytes: int = 0

@@ -692,3 +692,46 @@ class TorchLikeCuda(FakeCuda):
                         f"CUDA call failed lazily at initialization with error: {e}") from e
         finally:
             self._initializing = False
+
+
+# --------------------------------------------------------------------------------------------
+# the collector as PyTorch's traversal shows tensors
+# --------------------------------------------------------------------------------------------
+class TorchTraverseGc:
+    """The ``gc`` module as it sees tensors whose ``tp_traverse`` visits nothing.
+
+    PyTorch's ``THPVariable_subclass_traverse`` returns at once for a tensor whose C++ object
+    has another owner (``isResurrectable``; PyObject preservation): the collector's
+    ``get_referents`` of such a tensor is empty and ``get_referrers`` never names it, although
+    its ``__dict__`` still refers to what the user set on it. Our fakes are Python classes, whose
+    traversal shows everything: this stands in for torch's, for the tensors ``hides`` says."""
+
+    def __init__(self, hides: Any) -> None:
+        import gc as real
+
+        self._gc = real
+        self._hides = hides
+
+    def get_referents(self, *objs: Any) -> list[Any]:
+        out: list[Any] = []
+        for o in objs:
+            if not self._hides(o):
+                out.extend(self._gc.get_referents(o))
+        return out
+
+    def get_referrers(self, *objs: Any) -> list[Any]:
+        # The C call never names the tuple of its own arguments; a Python function's ``*objs``
+        # is a copy, and the caller's ``f(*frontier)`` tuple lives through the call: neither
+        # is a referrer.
+        return [r for r in self._gc.get_referrers(*objs)
+                if not self._hides(r) and not _same_items(r, objs)]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._gc, name)
+
+
+def _same_items(r: Any, objs: tuple[Any, ...]) -> bool:
+    return type(r) is tuple and len(r) == len(objs) and all(
+        a is b for a, b in zip(r, objs, strict=True))
+
+

@@ -110,8 +110,10 @@ def holder_groups(found: Sequence[Retained],
             name = best.path + (f" and {n - 1} more" if n > 1 else "")
             names = sorted({x.name for x in roots})
             also = tuple(x for x in names if not best.path.startswith(x))
+            clears = {r.clear_code for r in members}
             h = Holder(name=name, kind=kind, device=device, nbytes=nbytes,
-                       also_held_by=also, code=_cache_clear(members) or cut_code(roots))
+                       also_held_by=also, code=_cache_clear(members) or cut_code(roots),
+                       clear_code=clears.pop() if len(clears) == 1 else "")
         elif state == STATE_GARBAGE:
             what = ", ".join(classes) if classes else "plain containers"
             h = Holder(name=f"reference cycles ({what})", kind=KIND_GARBAGE, device=device,

@@ -12,6 +12,8 @@ _TYPE_MRO = type.__dict__["__mro__"]
 _TYPE_DICT = type.__dict__["__dict__"]
 _TYPE_NAME = type.__dict__["__name__"]
 MISSING = object()
+# The output cache's last three results, as IPython names them.
+UNDERS = ("_", "__", "___")
 
 
 def type_name(t: Any) -> str:

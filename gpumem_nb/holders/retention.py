@@ -14,10 +14,15 @@ every path ends at a root:
 
 Edges come from the collector's own traversal (``gc.get_referrers``/``get_referents``: C code,
 no user code runs). Where that traversal is blind, explicit edges are added: numpy object
-arrays (a data frame's object column) and live threads' frames. The referrers of a frontier
-are found with one heap pass per level: ``gc.get_referrers`` for a few objects, one Python
-pass over a snapshot of the heap with a set of ids for many (the C call compares each
-reference with every argument).
+arrays (a data frame's object column), live threads' frames, and a tensor's own ``__dict__``
+(PyTorch's ``tp_traverse`` visits nothing of a tensor whose C++ object has another owner, so
+``x.meta = {'source': x}`` made a cycle whose dict no referrer search reached). An object and
+its own ``__dict__`` count as one node: the dict may be made mid-search (reading it makes a
+dict of values the object held inline), after the object's references were found.
+
+The referrers of a frontier are found with one heap pass per level: ``gc.get_referrers`` for a
+few objects, one Python pass over a snapshot of the heap with a set of ids for many (the C
+call compares each reference with every argument).
 
 The search is bounded in levels, objects and time. Whatever it had not resolved when a bound
 cut it is "not searched", with the reason: never "found".
@@ -39,7 +44,7 @@ from dataclasses import dataclass, field
 from itertools import compress, repeat
 from typing import Any
 
-from .reading import running_frame_ids, static_attribute, type_name
+from .reading import UNDERS, running_frame_ids, static_attribute, type_name
 
 # An lru_cache's results (and the arguments it keys them on, `self` for a method) are freed by
 # `cache_clear()`, never by deleting the function that owns the cache: the step says so, and the
@@ -73,6 +78,8 @@ OBJECT_CAP = 500_000
 BUDGET_S = 1.0
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# What an advice line may name: names, attributes, and int or plain str subscripts.
+_EXPRESSION = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*|\[-?\d+\]|\['[\w .-]*'\])*")
 _MODULES_ITEM = re.compile(r"\._modules\['([^']*)'\]")
 _PARAMS_ITEM = re.compile(r"\._(?:parameters|buffers)\['([A-Za-z_][A-Za-z0-9_]*)'\]")
 _DICT_DESC = type.__dict__["__dict__"]
@@ -107,6 +114,9 @@ class Retained:
     root_kind: str = ""  # the kind of the root that path starts at
     classes: tuple[str, ...] = ()  # for garbage: the classes in its cycles
     why: str = ""  # for "not searched": the bound that cut it
+    # The container every path from a root runs through, whose class has a public ``clear``:
+    # the expression that empties it (``reg.clear()``); "" where there is none.
+    clear_code: str = ""
 
 
 @dataclass
@@ -244,6 +254,9 @@ class Search:
         # the context, which only the thread state refers to (Python cannot see it).
         self._context: dict[str, Any] = {}
         self._context_code: dict[str, str] = {}
+        # id(a target's own __dict__) -> the target, where the collector's traversal of the
+        # target does not show that dict (the explicit edge up from the dict).
+        self._hidden_dicts: dict[int, Any] = {}
 
     # -- roots -------------------------------------------------------------------------------
     def _index_roots(self) -> None:
@@ -315,7 +328,7 @@ class Search:
             return Root(ROOT_THREAD, "a live thread (threading's registry of running threads)")
         if name == "sys" and key in ("last_value", "last_exc", "last_traceback", "last_type"):
             return Root(ROOT_EXCEPTION, f"the stored exception (sys.{key})", "%gpumem cleanup")
-        if name == "builtins" and key in ("_", "__", "___"):
+        if name == "builtins" and key in UNDERS:
             return Root(ROOT_OUTPUT, str(key), "%gpumem cleanup --out")
         if name == "__main__":
             prefix = ""
@@ -370,7 +383,7 @@ class Search:
             return Root(ROOT_VARIABLE, f"globals()[{_key_text(key)}]")
         if key in self.ctx.output_names:
             return Root(ROOT_OUTPUT, key, "%gpumem cleanup --out")
-        if key in ("_", "__", "___", "Out", "_oh"):
+        if key in (*UNDERS, "Out", "_oh"):
             return Root(ROOT_OUTPUT, key, "%gpumem cleanup --out")
         return Root(ROOT_VARIABLE, key, f"del {key}" if _IDENT.match(key) else "",
                     type(value) in (list, dict, set, deque), issubclass(type(value), type))
@@ -558,6 +571,7 @@ class Search:
             members.setdefault(key, []).append(id(t))
             alive[id(t)] = t
             frontier.append(t)
+        self._index_hidden_dicts(alive)
         levels = 0
         cut = ""
         heap: list[Any] | None = None
@@ -592,6 +606,7 @@ class Search:
         finally:
             frontier.clear()
             alive.clear()
+            self._hidden_dicts.clear()
         return Outcome(list(retained.values()), elapsed_s=self.clock() - t0, levels=levels,
                        objects=len(parents), cut=cut)
 
@@ -637,6 +652,13 @@ class Search:
                 alive[rid] = r
                 nxt.append(r)
         refs.clear()
+        for o in frontier:
+            owner = self._hidden_dicts.get(id(o))
+            if owner is not None:
+                # The explicit edge: a target's own __dict__, which its traversal hides.
+                got.add(id(o))
+                parents.setdefault(id(o), []).append((id(owner), _Step("dict", "")))
+        owner = None
         if arrays:
             # Untracked containers: an object array's items are invisible to the
             # collector's traversal (numpy does not traverse them).
@@ -651,6 +673,28 @@ class Search:
             orphans.clear()
         self._scaffold.discard(id(nxt))
         return nxt
+
+    def _index_hidden_dicts(self, targets: Mapping[int, Any]) -> None:
+        """Each target's own ``__dict__`` (read through its class's C descriptor: no property
+        or ``__getattr__`` runs) that the collector's traversal of the target does not show.
+
+        PyTorch's ``THPVariable_subclass_traverse`` returns at once for a tensor whose C++
+        object has another owner (PyObject preservation: the Python object is then kept from
+        C++, and traversing it would let the collector clear it), and on Python 3.12 a
+        tensor's managed dict is made during that traversal, after a referrer search has
+        passed the young objects. Either way the dict's referrer is not found, and a cycle
+        through a tensor's attribute (``x.meta = {'source': x}``) looked held from where
+        Python cannot see."""
+        self._hidden_dicts = {}
+        self._scaffold.add(id(self._hidden_dicts))
+        for t in targets.values():
+            d = _instance_dict(t)
+            if not d:
+                continue
+            if any(r is d for r in gc.get_referents(t)):
+                continue
+            self._hidden_dicts[id(d)] = t
+        d = None
 
     def _ours(self, obj: Any) -> bool:
         """An object of gpumem_nb's own classes (the monitor's note of the last exception,
@@ -757,12 +801,14 @@ class Search:
             reached_cut = False
             ancestors: set[int] = set()
             tops = False
+            clears: set[str] = set()
             for tid in members[key]:
                 # Breadth first up the parents: the first root met is the nearest.
-                q: deque[tuple[int, list[_Step]]] = deque([(tid, [])])
+                q: deque[tuple[int, list[_Step], list[int]]] = deque([(tid, [], [tid])])
                 seen = {tid}
+                nearest: tuple[Root, _Step | None, list[_Step], list[int]] | None = None
                 while q:
-                    oid, steps = q.popleft()
+                    oid, steps, chain = q.popleft()
                     ancestors.add(oid)
                     for root, step in roots_of.get(oid, ()):
                         roots.add(root)
@@ -770,6 +816,8 @@ class Search:
                         text = _render(root, path)
                         if best is None or (len(path), text) < best[:2]:
                             best = (len(path), text, root.kind)
+                        if nearest is None:
+                            nearest = (root, step, steps, chain)
                     ps = parents.get(oid)
                     if not ps and oid not in roots_of:
                         if oid in unresolved:
@@ -779,11 +827,14 @@ class Search:
                     for pid, step in ps or ():
                         if pid not in seen:
                             seen.add(pid)
-                            q.append((pid, [step, *steps]))
+                            q.append((pid, [step, *steps], [pid, *chain]))
+                clears.add(self._clear_code(nearest, alive, parents, roots_of)
+                           if nearest is not None else "")
             if roots:
                 r.state, r.roots = STATE_ROOTED, frozenset(roots)
                 assert best is not None
                 r.path, r.root_kind = best[1], best[2]
+                (r.clear_code,) = clears if len(clears) == 1 else ("",)
             elif reached_cut:
                 r.state, r.why = STATE_NOT_SEARCHED, cut
             elif tops:
@@ -793,6 +844,53 @@ class Search:
                 r.classes = self._cycle_classes(ancestors, alive, set(members[key]))
                 if r.classes is None:  # a reference from outside the cycle, unseen
                     r.state, r.classes = STATE_UNSEEN, ()
+
+    def _clear_code(self, nearest: tuple[Root, _Step | None, list[_Step], list[int]],
+                    alive: dict[int, Any], parents: dict[int, list[tuple[int, _Step]]],
+                    roots_of: dict[int, list[tuple[Root, _Step | None]]]) -> str:
+        """``reg.clear()``: the container nearest the tensor on its shortest path whose class
+        has a ``clear`` of its own (found on the class, never called), where every path from
+        any root to the tensor runs through it, so that emptying it frees the tensor and
+        keeps the object. Never through a private attribute (a library's internals) nor
+        under a root with no line of its own (a library's globals: clearing
+        ``threading._active`` broke the library)."""
+        root, step, steps, chain = nearest
+        if not root.code or root.code.startswith("%"):
+            return ""
+        path = [step, *steps] if step is not None else list(steps)
+        # chain[k] is reached by the first ``offset + k`` steps of ``path``.
+        offset = 1 if step is not None else 0
+        for k in range(len(chain) - 2, -1, -1):
+            obj = alive.get(chain[k])
+            if obj is None or (k + offset and path[k + offset - 1].kind == "dict"):
+                continue  # an object's own __dict__: clearing it drops every attribute
+            if not callable(static_attribute(type(obj), "clear")) or \
+                    issubclass(type(obj), type):
+                continue
+            if k + offset == 0 and type(obj) in (list, dict, set):
+                return ""  # the root's own builtin container: its line says so already
+            expr = _render(root, path[:k + offset])
+            if not _EXPRESSION.fullmatch(expr) or "._" in expr or \
+                    not self._dominates(chain[k], chain[-1], parents, roots_of):
+                return ""
+            return f"{expr}.clear()"
+        return ""
+
+    @staticmethod
+    def _dominates(cid: int, tid: int, parents: dict[int, list[tuple[int, _Step]]],
+                   roots_of: dict[int, list[tuple[Root, _Step | None]]]) -> bool:
+        """Every path from a root to ``tid`` runs through ``cid``."""
+        seen = {tid, cid}
+        todo = [tid]
+        while todo:
+            oid = todo.pop()
+            if oid in roots_of:
+                return False
+            for pid, _ in parents.get(oid, ()):
+                if pid not in seen:
+                    seen.add(pid)
+                    todo.append(pid)
+        return True
 
     def _cycle_classes(self, ids: set[int], alive: dict[int, Any],
                        targets: set[int]) -> Any:
@@ -804,13 +902,26 @@ class Search:
             obj = alive.get(oid)
             if obj is None:
                 continue
-            for c in gc.get_referents(obj):
+            refs = gc.get_referents(obj)
+            own = _instance_dict(obj)
+            if own is not None and id(own) not in inside and any(r is own for r in refs):
+                # An object and its own __dict__ are one node. The dict may have been made
+                # after the object was met (reading ``vars(obj)``, this search's own attribute
+                # edges, materialise a dict whose values the object held inline): its values
+                # were found as the object's, and are counted as its references here.
+                refs.extend(gc.get_referents(own))
+            own = None
+            for c in refs:
                 if id(c) in inside:
                     inside[id(c)] += 1
+            refs.clear()
         for obj in self._explained:
             for c in gc.get_referents(obj):
                 if id(c) in inside:
                     inside[id(c)] += 1
+        for did, owner in self._hidden_dicts.items():
+            if did in inside and id(owner) in inside:
+                inside[did] += 1  # the explicit edge: the target refers to its own dict
         obj = c = None  # a local left bound would count as one more reference
         classes: set[str] = set()
         for oid in ids:
@@ -822,6 +933,11 @@ class Search:
             t = type(alive[oid])
             if t not in (dict, list, tuple, set, types.CellType, types.FunctionType):
                 classes.add(type_name(t))
+            owner = self._hidden_dicts.get(oid)
+            if owner is not None:
+                # The cycle runs through the tensor's own attributes: its class is in it.
+                classes.add(type_name(type(owner)))
+        owner = None
         return tuple(sorted(classes))
 
 

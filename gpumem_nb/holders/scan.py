@@ -41,7 +41,7 @@ from ..model import Holder
 from . import retention
 from .named import KIND_NOT_SEARCHED, holder_groups, pandas_name
 from .reading import MISSING as _MISSING
-from .reading import running_frame_ids, static_attribute, type_name
+from .reading import UNDERS, running_frame_ids, static_attribute, type_name
 from .retention import RootContext, Search
 from .tensors import TensorReader, own_item, sizes
 from .threads import thread_locals
@@ -57,7 +57,6 @@ SHELL_NAMES = {
 }
 OUTPUT_ALIAS = re.compile(r"^(_|__|___|_\d+)$")
 INPUT_ALIAS = re.compile(r"^_i\d*$|^_ii+$")
-_UNDERS = ("_", "__", "___")
 _ATOMS = (int, float, complex, str, bytes, bool, type(None), types.ModuleType, type,
           types.BuiltinFunctionType, types.CodeType, types.FrameType, types.TracebackType,
           range,
@@ -250,7 +249,7 @@ def output_cache_names(
         if type(name) is not str or not OUTPUT_ALIAS.match(name):
             continue
         recorded = hidden.get(name, _MISSING) if hidden is not None else _MISSING
-        if name in _UNDERS:
+        if name in UNDERS:
             if not unders_pushed:
                 continue
             if recorded is not _MISSING:
@@ -281,7 +280,7 @@ def _name_of(key: Any) -> str | None:
 
 def alias_order(name: str) -> tuple[int, int]:
     """``_``, ``__``, ``___``, then ``_N`` by N."""
-    return (0, len(name)) if name in _UNDERS else (1, int(name[1:]))
+    return (0, len(name)) if name in UNDERS else (1, int(name[1:]))
 
 
 class Scanner:
@@ -1064,7 +1063,8 @@ class Scanner:
                 group = [t for k in keys for t in by_key.get(k, ())]
                 template = replace(template, name=pandas_name(template.name, ns))
                 extras = {f: getattr(template, f) for f in
-                          ("also_held_by", "code", "classes", "why") if getattr(template, f)}
+                          ("also_held_by", "code", "classes", "why", "clear_code")
+                          if getattr(template, f)}
                 self._extras[template.name] = {**extras, "searched": True}
                 self._attribute(template.name, template.kind, group, found)
                 group.clear()

@@ -21,7 +21,7 @@ from ..analysis import holder_advice
 from ..cleanup import CleanupReport, CleanupRequest
 from ..errtext import error_str
 from ..holders import exception_chain, last_value, static_attribute, type_name
-from ..ledger import Ledger, ledger, workspace_blocks_bytes
+from ..ledger import Ledger, ledger, workspace_blocks_bytes, workspaces_in_remainder
 from ..model import (
     AllocatorReading,
     CellStart,
@@ -351,7 +351,7 @@ class OomWatch:
         """After the failure, from one reading of the segments: the private pools (a graph's
         pool outlives the exception) and cuBLAS's workspaces (ATen keeps them per handle and
         stream). Under cudaMallocAsync there are no segments: no pools, and the workspaces
-        stay "not found"."""
+        are told later by their sizes (``workspaces_in_remainder``)."""
         if backend == "cudaMallocAsync":
             return (), 0
         try:
@@ -824,6 +824,11 @@ class OomWatch:
                 sum(h.held_bytes for h in garbage_holders(judged, device)) + \
                 (computation or 0)
             unreachable = max(al.allocated_bytes - reachable, 0)
+            if backend == "cudaMallocAsync" and not workspaces_now:
+                # No blocks to read: cuBLAS's workspaces are told by their sizes, where they
+                # are all that is left (33 MiB "not found" in rows that allocate nothing).
+                workspaces_now = workspaces_in_remainder(unreachable)
+                unreachable -= workspaces_now
         total = self.torch.device_total_bytes(device) or msg.total_bytes  # exact, not printed
         facts = OomFacts(
             device=device, requested_bytes=msg.requested_bytes, total_bytes=total,
