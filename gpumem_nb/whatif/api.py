@@ -21,7 +21,8 @@ from .snapshot import SESSION_KEY, NoHistory, SnapshotError, TraceInput, load, t
 
 __all__ = ["DEFAULT_ALTERNATIVES", "MAX_CAPACITY_BYTES", "NoHistory", "Progress", "SettingError",
            "SnapshotError", "WhatIf", "WhatIfChart", "WhatIfRow", "check_capacity",
-           "expandable_oom_line", "load", "parse_settings", "parse_settings_or_none", "run",
+           "expandable_oom_line", "left_out_oom_line", "load", "parse_settings",
+           "parse_settings_or_none", "run",
            "same_rules", "trace_input", "views", "whatif", "with_setting"]
 
 ASYNC_NOTE = ("cudaMallocAsync lives inside the CUDA driver, which decides where memory goes; "
@@ -35,6 +36,11 @@ MiB = 1 << 20
 # benchmarks/bench_whatif_bound.py), so 15,000 leave room under the explainer's 100 ms on a
 # busier one (issue 37). Past it the line says how to get the replay.
 OOM_LINE_MAX_ENTRIES = 15_000
+# While a session is recorded, torch's snapshot comes first, and its cost grows with the
+# history (about 0.7 s per 100,000 entries with Python stacks): 6,000 entries take about
+# 42 ms to read and 26 ms to replay, under the explainer's 100 ms. How many there are is read
+# from the allocator's counters before any snapshot (``SessionRecorder.entries_estimate``).
+SESSION_OOM_LINE_MAX_ENTRIES = 6_000
 
 
 def same_rules(a: AllocatorSettings, b: AllocatorSettings) -> bool:
@@ -292,6 +298,18 @@ def with_setting(text: str, key: str, value: str) -> str:
     return ",".join([*kept, f"{key}:{value}"])
 
 
+def left_out_oom_line(entries: int, most: int, room_bytes: int, *, session: bool) -> str:
+    """The OOM explainer's line when the history is too long to replay in its time: how
+    many events, and the command that replays them."""
+    what = "session recording" if session else "traced cell"
+    cmd = ("%gpumem whatif --session" if session else "%gpumem whatif") + \
+        f" --conf expandable_segments:True --capacity {-(-room_bytes // MiB)}MiB"
+    return (f"The expandable_segments:True line is left out: the {what} holds {entries:,} "
+            f"allocator events, more than the {most:,} the OOM explainer replays in its "
+            f"time; {cmd} replays them (seconds), at the {format_bytes(room_bytes)} PyTorch "
+            "could use.")
+
+
 def expandable_oom_line(snapshot: Mapping[str, Any], *, device: int,
                         capacity_bytes: int | None, allowed_bytes: int | None = None) -> str:
     """The OOM explainer's line: the history replayed with expandable segments on, at the
@@ -312,14 +330,8 @@ def expandable_oom_line(snapshot: Mapping[str, Any], *, device: int,
     if n > OOM_LINE_MAX_ENTRIES and _expandable_line_applies(snapshot):
         # Replaying them would hold the OOM cell for seconds (3.3 s at 1,000,000 entries):
         # said, with the command that gives the line.
-        of_session = isinstance(snapshot.get(SESSION_KEY), Mapping)
-        what = "session recording" if of_session else "traced cell"
-        cmd = ("%gpumem whatif --session" if of_session else "%gpumem whatif") + \
-            f" --conf expandable_segments:True --capacity {-(-room // MiB)}MiB"
-        return (f"The expandable_segments:True line is left out: the {what} holds {n:,} "
-                f"allocator events, more than the {OOM_LINE_MAX_ENTRIES:,} the OOM explainer "
-                f"replays in its time; {cmd} replays them (seconds), at the "
-                f"{format_bytes(room)} PyTorch could use.")
+        return left_out_oom_line(n, OOM_LINE_MAX_ENTRIES, room,
+                                 session=isinstance(snapshot.get(SESSION_KEY), Mapping))
     try:
         ti = trace_input(snapshot, device)
         setting = with_setting(ti.recorded_setting, "expandable_segments", "True")
