@@ -17,6 +17,7 @@ from .fit import Fit, FitRow, min_room
 from .progress import Progress
 from .replay import compile_trace, replay, series
 from .report import WhatIf, WhatIfChart, WhatIfRow, views
+from .rules import SIZE_MAX, kLargeBuffer
 from .snapshot import SESSION_KEY, NoHistory, SnapshotError, TraceInput, load, trace_input
 
 __all__ = ["DEFAULT_ALTERNATIVES", "MAX_CAPACITY_BYTES", "NoHistory", "Progress", "SettingError",
@@ -162,6 +163,9 @@ def _run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: in
     rows: list[WhatIfRow] = []
     fits: list[FitRow] = []
     unmatched = 0
+    # Settings that act alike on this history share their replays (see ``_acting``).
+    largest = _largest_block_bytes(trace, st.segments)
+    done: dict[AllocatorSettings, tuple[Any, tuple[int | None, int], str]] = {}
     for k, s in enumerate(parsed):
         of = f"({k + 1} of {len(parsed)} settings)"
         if progress is not None:
@@ -188,16 +192,25 @@ def _run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: in
         if s.garbage_collection_threshold and allowed is None:
             row_notes.append("garbage_collection_threshold acts only under a memory fraction "
                              "(set_per_process_memory_fraction); with none it changes nothing.")
-        r = replay(trace, s, limits=Limits(allowed_bytes=allowed, capacity_bytes=cap),
-                   start_segments=st.segments, device=ti.device, device_total_bytes=total,
-                   start_page_bytes=start_page or s.large_segment_size, progress=events)
+        acting = _acting(s, largest)
+        same = done.get(acting)
+        if same is not None:
+            r = same[0]
+        else:
+            r = replay(trace, s, limits=Limits(allowed_bytes=allowed, capacity_bytes=cap),
+                       start_segments=st.segments, device=ti.device, device_total_bytes=total,
+                       start_page_bytes=start_page or s.large_segment_size, progress=events)
         unmatched = max(unmatched, r.unmatched_frees)
         if r.oom:
             row_notes.append(f"Ran out of memory at {ms(r.oom_event or 0):.1f} "
                              f"{'ms' if t0 is not None else 'events'}; its peak is what the "
                              "rest of the history asked for after the failed request, as if "
                              "it had been given.")
-        if fit:
+        if fit and same is not None:
+            need, n = same[1]
+            fits.append(FitRow(s.label, s.text, need, 0,
+                               note=f"as {same[2]}: no block reaches max_split_size_mb"))
+        elif fit:
             if progress is not None:
                 progress.begin(f"finding the least memory under {s.label} {of}")
             unlimited = r if cap is None and allowed is None else replay(
@@ -212,6 +225,9 @@ def _run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: in
                                unlimited_max_demand_bytes=unlimited.max_demand_bytes,
                                progress=events)
             fits.append(FitRow(s.label, s.text, need, n))
+            done.setdefault(acting, (r, (need, n), s.label))
+        if not fit:
+            done.setdefault(acting, (r, (None, 0), s.label))
         pts = series(r.changes, len(trace.events), r.start_reserved_bytes)
         rows.append(WhatIfRow(
             setting=s.text, label=s.label, current=current, modelled=True,
@@ -248,6 +264,26 @@ def _run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: in
              if context_bytes is not None and context_bytes > 0 else Fit(tuple(fits), fit_gb))
         if fit else None,
         elapsed_s=time.perf_counter() - t_start)
+
+
+def _largest_block_bytes(trace: Any, start_segments: Sequence[Mapping[str, Any]] | None) -> int:
+    """A bound on any block the replay can hold without expandable segments: a request is
+    rounded to less than twice its size (``roundup_power2_divisions``) and its segment to at
+    most that, rounded to 2 MiB, or ``kLargeBuffer``; a start segment is what it is."""
+    most = max((e[2] for e in trace.events), default=0)
+    segs = max((int(seg.get("total_size", 0)) for seg in start_segments or ()), default=0)
+    return max(kLargeBuffer, 2 * most + (2 << 20), segs)
+
+
+def _acting(s: AllocatorSettings, largest_block_bytes: int) -> AllocatorSettings:
+    """``s`` as it acts on a history whose blocks stay under ``largest_block_bytes``: a
+    ``max_split_size_mb`` above every block and request never marks one oversize, so it
+    acts as the default (and ``max_non_split_rounding_mb``, read only for oversize
+    requests, too). Text and inert keys aside, as ``same_rules`` compares."""
+    a = replace(s, text="", ignored_keys=())
+    if not s.expandable_segments and largest_block_bytes < s.max_split_size < SIZE_MAX:
+        a = replace(a, max_split_size=SIZE_MAX, max_non_split_rounding_size=kLargeBuffer)
+    return a
 
 
 def _recorded_limits(ti: TraceInput, recorded: AllocatorSettings | None,
