@@ -50,7 +50,7 @@ def test_a_max_split_no_block_reaches_shares_the_defaults_replays_and_answer():
 
 def test_a_max_split_some_block_reaches_is_replayed_on_its_own():
     snap = _snapshot((8 * MiB, 150 * MiB, 300 * MiB), n=300, seed=1)
-    row, w = _fit_row(snap, ["", "max_split_size_mb:128"], "max_split_size_mb:128")
+    row, _w = _fit_row(snap, ["", "max_split_size_mb:128"], "max_split_size_mb:128")
     alone, _ = _fit_row(snap, ["max_split_size_mb:128"], "max_split_size_mb:128")
     assert row.replays > 0
     assert row.min_bytes == alone.min_bytes
