@@ -1,7 +1,14 @@
 """Issue 25 on the GPU: the session what-if, the fit search and a traced cell's cost, each
 against real runs in fresh kernels and processes.
 
-    python3 benchmarks/gpu_session.py OUT_DIR [--only trace|session|fit|rerecord] [--dry-run]
+    python3 benchmarks/gpu_session.py OUT_DIR [--only trace|session|fit|rerecord|firstcell]
+        [--dry-run] [--budget-s S]
+
+``--only firstcell`` (issue 37): five sessions written after the fit's fix, each recorded in
+an IPython InteractiveShell whose first cell switches the recording on before ``import
+torch``, then run for real in fresh processes one at a time under 4 settings, uncapped and
+capped at each setting's predicted minimum +-2%; sized from the card; writes
+``whatif_session_<card>.json``; stops starting processes at ``--budget-s`` (520 s).
 
 About 2 minutes for everything on one H200 (``--only rerecord``: the sessions' recordings
 and one trace kernel again, 14 s). Run from the repository root with the wheelhouse's
@@ -357,6 +364,268 @@ def raw_snapshot(kind: str) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------
+# Recorded from the first cell (issue 37): `%gpumem record on` before `import torch`
+# ------------------------------------------------------------------------------------------
+# Sessions written after the fit's fix. Sizes come from the card (``U``: a hundredth of its
+# memory, 0.79 GiB on an 80 GB H100), so that each peaks at 15-60% of it. Each is recorded in
+# an IPython InteractiveShell whose first cell is `%load_ext gpumem_nb` then
+# `%gpumem record on`, before any `import torch`, and re-run for real in fresh processes.
+FC_PRELUDE = """\
+import torch, json, math, random, sys, time
+torch.manual_seed(0)
+G, M = 1 << 30, 1 << 20
+_total = torch.cuda.get_device_properties(0).total_memory
+U = _total // 100
+"""
+FIRST_CELL_SESSIONS: dict[str, list[str]] = {
+    # A transformer block's training steps, 4 micro-batches accumulated per step, AdamW.
+    "transformer_grad_accumulation": [
+        "d, heads = 1024, 16\n"
+        "block = torch.nn.TransformerEncoderLayer(d, heads, 4 * d, batch_first=True).cuda()\n"
+        "opt = torch.optim.AdamW(block.parameters(), lr=1e-4)\n"
+        "B = max(2, int(4 * U // (2048 * d * 4 * 12)))",
+        "for step in range(3):\n"
+        "    for micro in range(4):\n"
+        "        x = torch.randn(B, 2048, d, device='cuda')\n"
+        "        loss = block(x).float().pow(2).mean() / 4\n"
+        "        loss.backward()\n"
+        "        del x, loss\n"
+        "    opt.step()\n"
+        "    opt.zero_grad(set_to_none=True)",
+    ],
+    # Batches of varying sequence length through an MLP, some outputs kept on the GPU.
+    "variable_length_batches": [
+        "rng = random.Random(3)\nd = 2048\n"
+        "mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(),\n"
+        "                          torch.nn.Linear(4 * d, d)).cuda()\n"
+        "tokens = int(6 * U // (d * 4 * 6))",
+        "kept = []\n"
+        "for i in range(40):\n"
+        "    n = rng.randint(tokens // 8, tokens)\n"
+        "    x = torch.randn(n, d, device='cuda', requires_grad=True)\n"
+        "    y = mlp(x)\n"
+        "    y.sum().backward()\n"
+        "    if i % 5 == 0:\n"
+        "        kept.append(y.detach()[: n // 4].clone())\n"
+        "    del x, y",
+        "mlp.zero_grad(set_to_none=True)\nbig = torch.empty(int(8 * U), dtype=torch.uint8, "
+        "device='cuda')",
+    ],
+    # Greedy decoding with a KV cache grown by torch.cat each step, 8 layers, no grad.
+    "kv_cache_growth_by_cat": [
+        "layers, heads, hd = 8, 16, 128\n"
+        "B = max(1, int(20 * U // (2 * layers * heads * hd * 2 * 600)))\n"
+        "k = [torch.zeros(B, heads, 0, hd, device='cuda', dtype=torch.float16) "
+        "for _ in range(layers)]\nv = [t.clone() for t in k]",
+        "with torch.no_grad():\n"
+        "    for step in range(300):\n"
+        "        for l in range(layers):\n"
+        "            new = torch.randn(B, heads, 1, hd, device='cuda', dtype=torch.float16)\n"
+        "            k[l] = torch.cat([k[l], new], dim=2)\n"
+        "            v[l] = torch.cat([v[l], new], dim=2)",
+        "with torch.no_grad():\n"
+        "    for step in range(300):\n"
+        "        for l in range(layers):\n"
+        "            new = torch.randn(B, heads, 1, hd, device='cuda', dtype=torch.float16)\n"
+        "            k[l] = torch.cat([k[l], new], dim=2)\n"
+        "            v[l] = torch.cat([v[l], new], dim=2)\n"
+        "        scores = torch.softmax(k[0].float().sum(-1), dim=-1)\n"
+        "        del scores",
+    ],
+    # A model made in float32 on the GPU, moved to bfloat16, then run on a batch.
+    "model_loaded_then_dtype_moved": [
+        "n = max(4, int(12 * U // (4096 * 4096 * 4)))\n"
+        "model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(n)]).cuda()",
+        "model = model.to(torch.bfloat16)",
+        "with torch.no_grad():\n"
+        "    x = torch.randn(int(2 * U // (4096 * 2)), 4096, device='cuda', "
+        "dtype=torch.bfloat16)\n"
+        "    for layer in model:\n"
+        "        x = torch.relu(layer(x))\n"
+        "    out = x.float().sum()",
+    ],
+    # Convolutions at growing resolutions, channels_last, the features of each kept.
+    "conv_resolutions_channels_last": [
+        "net = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 3, padding=1), torch.nn.ReLU(),\n"
+        "    torch.nn.Conv2d(64, 128, 3, padding=1), torch.nn.ReLU(),\n"
+        "    torch.nn.AdaptiveAvgPool2d(1)).cuda().to(memory_format=torch.channels_last)\n"
+        "torch.backends.cudnn.benchmark = False\nfeats = []",
+        "with torch.no_grad():\n"
+        "    for r in (128, 192, 256, 384, 512):\n"
+        "        b = max(1, int(3 * U // (128 * r * r * 4)))\n"
+        "        x = torch.randn(b, 3, r, r, device='cuda').to(memory_format=torch.channels_last)\n"
+        "        feats.append(net(x).flatten(1))\n"
+        "        del x",
+    ],
+}
+FC_SETTINGS = ("", "expandable_segments:True", "max_split_size_mb:128",
+               "roundup_power2_divisions:4")
+
+# Run in a fresh process: an InteractiveShell whose first cells load gpumem_nb and switch the
+# recording on before torch is imported; the session's cells; then the what-if with --fit.
+FC_RECORD = """\
+import json, sys, time
+sys.path.insert(0, {root!r})
+from IPython.core.interactiveshell import InteractiveShell
+ip = InteractiveShell.instance()
+def cell(src):
+    r = ip.run_cell(src, store_history=True)
+    if not r.success:
+        raise SystemExit("cell failed: " + repr(r.error_in_exec or r.error_before_exec))
+def status():
+    import io, contextlib
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        ip.run_line_magic("gpumem", "record status")
+    return buf.getvalue().strip()
+cell("%load_ext gpumem_nb")
+cell("%gpumem record on")
+out = {{"torch_imported_at_record_on": "torch" in sys.modules, "status_armed": status()}}
+{dry}
+cell({prelude!r})
+for src in {cells!r}:
+    cell(src)
+out["status_recording"] = status()
+t0 = time.perf_counter()
+r = ip.run_line_magic("gpumem", "whatif --session {confs} --fit -o")
+out["whatif_s"] = time.perf_counter() - t0
+out.update(total=ip.user_ns["_total"], entries=r.entries, notes=list(r.notes),
+    start_reserved=r.baseline.start_reserved_bytes,
+    rows=[{{"setting": x.setting, "label": x.label, "peak": x.peak_reserved_bytes,
+            "oom": x.oom}} for x in r],
+    fit=[{{"setting": f.setting, "label": f.label, "min_bytes": f.min_bytes,
+           "replays": f.replays}} for f in r.fit.rows],
+    recorded_peak=ip.user_ns["torch"].cuda.max_memory_reserved())
+print("@@" + json.dumps(out))
+"""
+FC_REAL = """\
+import json, torch
+exec({prelude!r})
+fraction = {fraction!r}
+if fraction:
+    torch.cuda.set_per_process_memory_fraction(fraction)
+oom = False
+try:
+    for _cell in {cells!r}:
+        exec(_cell)
+except torch.OutOfMemoryError:
+    oom = True
+print("@@" + json.dumps({{"oom": oom, "peak": torch.cuda.max_memory_reserved(),
+                          "allowed": int(fraction * _total) if fraction else None}}))
+"""
+CARD = """\
+import json, torch
+p = torch.cuda.get_device_properties(0)
+print("@@" + json.dumps({"name": p.name, "total": p.total_memory,
+                         "torch": torch.__version__}))
+"""
+
+
+def card_slug(name: str) -> str:
+    """"NVIDIA H100 80GB HBM3" -> "h100"."""
+    for word in name.lower().replace("-", " ").split():
+        if word[:1] in "abhlv" and word[1:2].isdigit():
+            return word
+    return "gpu"
+
+
+def fc_record(name: str, timeout_s: float, dry: bool = False) -> dict[str, Any]:
+    confs = " ".join(f"--conf {s}" for s in FC_SETTINGS if s)
+    code = FC_RECORD.format(root=str(Path(__file__).resolve().parents[1]),
+                            prelude=FC_PRELUDE, cells=FIRST_CELL_SESSIONS[name], confs=confs,
+                            dry=_FC_DRY if dry else "")
+    return {"name": name, **_python(code, timeout_s=timeout_s)}
+
+
+# --dry-run (no torch here): the shell's part up to the armed recording, then stop.
+_FC_DRY = ('out["torch_imported_after_armed"] = "torch" in sys.modules\n'
+           'print("@@" + json.dumps(out))\nraise SystemExit(0)')
+
+
+def fc_real(name: str, setting: str, fraction: float, timeout_s: float) -> dict[str, Any]:
+    code = FC_REAL.format(prelude=FC_PRELUDE, cells=FIRST_CELL_SESSIONS[name],
+                          fraction=fraction)
+    env = {"PYTORCH_ALLOC_CONF": setting} if setting else {}
+    return _python(code, env, timeout_s=timeout_s)
+
+
+def first_cell(out: Path, budget_s: float, dry: bool = False) -> dict[str, Any]:
+    """Each session recorded from its first cell, then its real runs, one process at a time
+    (processes sharing the GPU lower each other's peaks): uncapped under each setting, then
+    capped at the predicted minimum +2% (must fit) and -2% (must run out). Stops starting
+    processes once the budget would be passed, and says what it skipped."""
+    t0 = time.perf_counter()
+    card = {"name": "dry run", "total": 80 * GiB} if dry else _python(CARD, timeout_s=120)
+    slug = "dry" if dry else card_slug(str(card.get("name", "")))
+    doc: dict[str, Any] = {"card": card, "settings": [s or "defaults" for s in FC_SETTINGS],
+                           "budget_s": budget_s, "sessions": [], "compared": [],
+                           "fit_checks": [], "skipped": []}
+    path = out / f"whatif_session_{slug}.json"
+    per_job_s = 45.0  # the most one process may take; a job starts only with this much left
+
+    def left() -> float:
+        return budget_s - (time.perf_counter() - t0)
+
+    def save() -> None:
+        path.write_text(json.dumps(doc, indent=1))
+
+    for name in FIRST_CELL_SESSIONS:
+        if left() < per_job_s:
+            doc["skipped"].append(f"{name}: recording (budget)")
+            continue
+        rec = fc_record(name, min(per_job_s * 2, left()), dry)
+        doc["sessions"].append(rec)
+        save()
+        if dry or "rows" not in rec:
+            continue
+        for i, setting in enumerate(FC_SETTINGS):
+            if left() < per_job_s:
+                doc["skipped"].append(f"{name} {setting or 'defaults'}: uncapped (budget)")
+                continue
+            real = fc_real(name, setting, 0.0, min(per_job_s, left()))
+            p = rec["rows"][i] if i < len(rec["rows"]) else {}
+            doc["compared"].append({
+                "session": name, "setting": setting or "defaults",
+                "real_peak_bytes": real.get("peak"), "predicted_peak_bytes": p.get("peak"),
+                "real_oom": real.get("oom"), "predicted_oom": p.get("oom"),
+                "peak_within_1pct_or_20mib": _close(real.get("peak"), p.get("peak")),
+                "error": real.get("error")})
+            save()
+        total = rec.get("total")
+        for row in rec.get("fit") or ():
+            need = row.get("min_bytes")
+            got: dict[str, Any] = {"session": name, "setting": row["setting"] or "defaults",
+                                   "predicted_min_bytes": need, "replays": row.get("replays")}
+            for sign, key in ((+1, "plus_2pct"), (-1, "minus_2pct")):
+                if not need or not total:
+                    continue
+                if left() < per_job_s:
+                    doc["skipped"].append(f"{name} {got['setting']}: fit {key} (budget)")
+                    continue
+                frac = min(need * (1 + sign * 0.02) / total, 1.0)
+                r = fc_real(name, row["setting"], frac, min(per_job_s, left()))
+                got[f"fraction_{key}"] = frac
+                got[f"oom_{key}"] = r.get("oom")
+                got[f"run_{key}"] = r
+            got["right"] = got.get("oom_plus_2pct") is False and got.get("oom_minus_2pct") is True
+            doc["fit_checks"].append(got)
+            save()
+    peaks = [c["peak_within_1pct_or_20mib"] for c in doc["compared"]
+             if c["peak_within_1pct_or_20mib"] is not None]
+    doc["summary"] = {"peaks_within_1pct_or_20mib": f"{sum(peaks)}/{len(peaks)}",
+                      "fit_checks_right": f"{sum(bool(c['right']) for c in doc['fit_checks'])}"
+                                          f"/{len(doc['fit_checks'])}",
+                      "armed_before_torch": [not s.get("torch_imported_at_record_on", True)
+                                             and "armed" in str(s.get("status_armed"))
+                                             for s in doc["sessions"]],
+                      "skipped": len(doc["skipped"]),
+                      "wall_s": round(time.perf_counter() - t0, 1)}
+    save()
+    print("first cell:", json.dumps(doc["summary"]), "->", path, flush=True)
+    return doc
+
+
+# ------------------------------------------------------------------------------------------
 def _close(a: int | None, b: int | None) -> bool | None:
     if a is None or b is None:
         return None
@@ -366,11 +635,23 @@ def _close(a: int | None, b: int | None) -> bool | None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--only", choices=("trace", "session", "fit", "rerecord"))
+    ap.add_argument("--only", choices=("trace", "session", "fit", "rerecord", "firstcell"))
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--budget-s", type=float, default=520.0,
+                    help="--only firstcell: start no process past this (default 520)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.only == "firstcell":
+        if args.dry_run:
+            for cells in FIRST_CELL_SESSIONS.values():
+                for c in (FC_PRELUDE, *cells):
+                    compile(c, "<cell>", "exec")
+            for src in (FC_REAL.format(prelude="", cells=[], fraction=0.5), CARD,
+                        FC_RECORD.format(root="", prelude="", cells=[], confs="", dry="")):
+                compile(src, "<src>", "exec")
+        first_cell(out, args.budget_s, dry=args.dry_run)
+        return 0
     if args.dry_run:
         for cells in SESSIONS.values():
             for c in cells:

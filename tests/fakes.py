@@ -735,3 +735,36 @@ def _same_items(r: Any, objs: tuple[Any, ...]) -> bool:
         a is b for a, b in zip(r, objs, strict=True))
 
 
+class CountingLazyCuda(TorchLikeCuda):
+    """``TorchLikeCuda`` closer still to torch: ``is_initialized()`` stays False while the
+    start-up queue runs (torch sets ``_initialized`` only after it), and ``memory_stats``
+    carries the allocator's counters (allocations, frees), as ``torch.cuda.memory_stats``
+    does."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.counts = [[0, 0] for _ in self.devices]  # allocations, frees
+
+    def is_initialized(self) -> bool:
+        return self.initialized and not self._initializing
+
+    def allocate(self, i: int, nbytes: int, addr: int | None = None) -> None:
+        self.counts[i][0] += 1
+        super().allocate(i, nbytes, addr)
+
+    def free(self, i: int, nbytes: int, addr: int | None = None) -> None:
+        self.counts[i][1] += 1
+        super().free(i, nbytes, addr)
+
+    def memory_stats(self, i: int) -> dict[str, Any]:
+        self.calls.append(f"memory_stats({i})")
+        if not self.is_initialized():
+            return {}
+        return {"allocation.all.allocated": self.counts[i][0],
+                "allocation.all.freed": self.counts[i][1],
+                "segment.all.allocated": 0, "segment.all.freed": 0}
+
+
+# What an importable fake ``torch`` package (tests/test_record_armed.py writes one) exports:
+# set before its import.
+NEXT_TORCH: Any = None

@@ -253,6 +253,10 @@ class CellRecorder:
             self.oom.arm()  # one attribute check once tried
         except BaseException as e:
             self.failures.contain("OOM explainer", e)
+        try:  # an armed session recording: queued on CUDA's start once torch is imported
+            self.traces.cell_started()
+        except BaseException as e:
+            self.failures.contain("session recording", e)
         try:
             t_s = time.monotonic()
             with self._baseline_lock:
@@ -594,6 +598,12 @@ class CellRecorder:
     def cell_running(self) -> bool:
         """Between a top-level cell's pre and post hooks, on whatever thread asks."""
         return self._pending is not None
+
+    def running_cell_number(self) -> int | None:
+        """The number of the top-level cell running now, as the editor shows it; None
+        between cells."""
+        pending = self._pending
+        return pending.execution_count if pending is not None else None
 
     def busy_elsewhere(self) -> bool:
         """A cell is running on another thread (a widget click during a cell)."""

@@ -129,6 +129,7 @@ class Monitor:
             torch=self.torch, oom=self.oom, cuda_start=self.cuda_start,
             failures=self.failures, traces=self.traces, scan=self.scan)
         self.cells.select_devices(self.config.device)  # checked against the GPU count later
+        self.traces.cell_number = self.cells.running_cell_number  # when a recording began
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> str:
@@ -185,6 +186,7 @@ class Monitor:
         self.feeds.close()
         self.oom.close()
         self.cuda_start.close()
+        self.traces.close()
         self.sampler.remove_listener(self.cells.on_sample)
         self.sampler.stop()
         # Cells the sampler has not judged yet (the one run just before %reload_ext, a Run

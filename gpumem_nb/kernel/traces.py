@@ -8,7 +8,7 @@ cell's result is explained, that cell's own history.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -29,14 +29,26 @@ class TraceState:
         # The latest %%gpumem --trace result with a snapshot, for %gpumem whatif.
         self.last_trace: TraceResult | None = None
         self._explaining: dict[str, Any] | None = None  # the traced cell being explained
+        self.cell_number: Callable[[], int | None] = lambda: None  # the cell running now
 
     def recorder(self) -> SessionRecorder:
         """The session recorder, made on first use."""
         if self.session is None:
             from ..session import SessionRecorder
 
-            self.session = SessionRecorder()
+            self.session = SessionRecorder(cell_number=self.cell_number)
         return self.session
+
+    def cell_started(self) -> None:
+        """At each cell's start: an armed recording queues its start once torch is imported
+        (a dict lookup otherwise)."""
+        if self.session is not None and self.session.armed:
+            self.session.poll()
+
+    def close(self) -> None:
+        """Unloaded: an armed recording stops waiting (nothing left on ``sys.meta_path``)."""
+        if self.session is not None and self.session.armed:
+            self.session.disarm()
 
     @property
     def session_active(self) -> bool:
@@ -56,10 +68,24 @@ class TraceState:
         """The OOM explainer's what-if line: the failure replayed with expandable segments, at
         the memory PyTorch could use when the request failed."""
         rec = self.session
+        cap = None
+        if facts.free_bytes is not None and facts.reserved_bytes is not None:
+            cap = facts.free_bytes + facts.reserved_bytes
         snapshot: dict[str, Any] | None = None
         if rec is not None and rec.on:
             if facts.backend != "native" or facts.expandable_segments or facts.larger_than_gpu:
                 return []
+            if cap is None and facts.allowed_bytes is None:
+                return []
+            # Counted before any snapshot: torch's snapshot alone costs about 0.7 s per
+            # 100,000 entries, past the explainer's 100 ms long before the replay would.
+            from ..whatif.api import SESSION_OOM_LINE_MAX_ENTRIES, left_out_oom_line
+
+            n = rec.entries_estimate(facts.device)
+            if n is not None and n > SESSION_OOM_LINE_MAX_ENTRIES:
+                room = min(x for x in (cap, facts.allowed_bytes) if x is not None)
+                return [left_out_oom_line(n, SESSION_OOM_LINE_MAX_ENTRIES, room,
+                                          session=True)]
             got = rec.snapshot()
             if got is None:
                 return []
@@ -72,8 +98,5 @@ class TraceState:
                 return []
         from ..whatif.api import expandable_oom_line
 
-        cap = None
-        if facts.free_bytes is not None and facts.reserved_bytes is not None:
-            cap = facts.free_bytes + facts.reserved_bytes
         return [expandable_oom_line(snapshot, device=facts.device, capacity_bytes=cap,
                                     allowed_bytes=facts.allowed_bytes)]

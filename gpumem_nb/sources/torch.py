@@ -1,6 +1,7 @@
 """PyTorch's caching allocator, read without changing anything.
 
-This module never imports torch and never initialises CUDA: it looks torch up in
+This module never imports torch (but for ``import_torch``, which the user asks for by name)
+and never initialises CUDA: it looks torch up in
 ``sys.modules`` and reads only once ``torch.cuda.is_initialized()`` is true, the same guard
 PyTorch's own ``torch/cuda/memory.py`` applies. ``memory_stats``, ``memory_allocated`` and
 friends each build the whole flattened stats dict (65–125 µs apiece on an H200), so one sample
@@ -12,12 +13,13 @@ thread and the sampler runs on its own thread.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import re
 import sys
 import threading
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ..model import AllocatorInfo, AllocatorReading
@@ -117,6 +119,18 @@ class TorchSource:
         self._identity: dict[int, tuple[str | None, str | None]] = {}
         self._with_context: set[int] = set()
         self.last_error = ""
+        self._starting = threading.local()
+
+    @contextlib.contextmanager
+    def while_cuda_starts(self) -> Iterator[None]:
+        """For a call queued on CUDA's start-up (``on_cuda_init``), on its thread: torch's
+        ``is_initialized()`` is still False while ``_lazy_init`` runs its queue, though the
+        allocator is up; here ``torch.cuda`` is used as if CUDA were up."""
+        self._starting.on = True
+        try:
+            yield
+        finally:
+            self._starting.on = False
 
     def _cuda(self) -> Any | None:
         """``torch.cuda`` when torch is imported and CUDA is up, else None. Never raises."""
@@ -124,6 +138,8 @@ class TorchSource:
         if torch is None:
             return None
         cuda = getattr(torch, "cuda", None)
+        if cuda is not None and getattr(self._starting, "on", False):
+            return cuda
         try:
             if cuda is None or not cuda.is_initialized():
                 return None
@@ -268,22 +284,35 @@ class TorchSource:
         except Exception as e:
             return f"memory_summary failed: {e}"
 
-    def on_cuda_init(self, factory: Callable[[], Any]) -> tuple[Any | None, str]:
+    def import_torch(self) -> str:
+        """Import torch, only when the user asked for it (``%gpumem record on --start-cuda``):
+        "" once imported, else why not."""
+        if self._modules.get("torch") is not None:
+            return ""
+        try:
+            importlib.import_module("torch")
+        except BaseException as e:  # a broken install: said, never raised into the cell
+            return f"torch could not be imported ({type(e).__name__}: {_first_line(e)})"
+        return "" if self._modules.get("torch") is not None else TORCH_NOT_IMPORTED
+
+    def on_cuda_init(self, factory: Callable[[], Any], attr: str = "") -> tuple[Any | None, str]:
         """The process's one CUDA start-up hook: ``factory()``'s object, queued through
         ``torch.cuda._lazy_call`` so that torch calls it while it initialises CUDA, on the
         thread and inside the stack that caused it. ``(None, why not)`` when torch is not
         imported, CUDA is already up, or the build has no such queue.
 
         Queueing initialises nothing and imports nothing; the queue cannot be emptied, so
-        the object is kept on ``torch.cuda`` and a reloaded gpumem_nb finds it there (only its
-        ``handler`` changes). While queueing, ``registering`` is set: a CUDA start that races
-        this call makes ``_lazy_call`` run it at once, here, where its stack means nothing.
+        the object is kept on ``torch.cuda`` (as ``attr``, one per use) and a reloaded
+        gpumem_nb finds it there (only its ``handler`` changes). While queueing,
+        ``registering`` is set: a CUDA start that races this call makes ``_lazy_call`` run
+        it at once, here, where its stack means nothing.
         """
         torch = self._modules.get("torch")
         cuda = getattr(torch, "cuda", None) if torch is not None else None
         if cuda is None:
             return None, TORCH_NOT_IMPORTED
-        existing = getattr(cuda, INIT_HOOK_ATTR, None)
+        attr = attr or INIT_HOOK_ATTR
+        existing = getattr(cuda, attr, None)
         if existing is not None:
             return existing, ""
         try:
@@ -302,7 +331,7 @@ class TorchSource:
             return None, _first_line(e)
         finally:
             hook.registering = False
-        setattr(cuda, INIT_HOOK_ATTR, hook)
+        setattr(cuda, attr, hook)
         return hook, ""
 
     def allocator_info(self) -> AllocatorInfo | None:

@@ -17,11 +17,13 @@ from .fit import Fit, FitRow, min_room
 from .progress import Progress
 from .replay import compile_trace, replay, series
 from .report import WhatIf, WhatIfChart, WhatIfRow, views
+from .rules import SIZE_MAX, kLargeBuffer
 from .snapshot import SESSION_KEY, NoHistory, SnapshotError, TraceInput, load, trace_input
 
 __all__ = ["DEFAULT_ALTERNATIVES", "MAX_CAPACITY_BYTES", "NoHistory", "Progress", "SettingError",
            "SnapshotError", "WhatIf", "WhatIfChart", "WhatIfRow", "check_capacity",
-           "expandable_oom_line", "load", "parse_settings", "parse_settings_or_none", "run",
+           "expandable_oom_line", "left_out_oom_line", "load", "parse_settings",
+           "parse_settings_or_none", "run",
            "same_rules", "trace_input", "views", "whatif", "with_setting"]
 
 ASYNC_NOTE = ("cudaMallocAsync lives inside the CUDA driver, which decides where memory goes; "
@@ -35,6 +37,11 @@ MiB = 1 << 20
 # benchmarks/bench_whatif_bound.py), so 15,000 leave room under the explainer's 100 ms on a
 # busier one (issue 37). Past it the line says how to get the replay.
 OOM_LINE_MAX_ENTRIES = 15_000
+# While a session is recorded, torch's snapshot comes first, and its cost grows with the
+# history (about 0.7 s per 100,000 entries with Python stacks): 6,000 entries take about
+# 42 ms to read and 26 ms to replay, under the explainer's 100 ms. How many there are is read
+# from the allocator's counters before any snapshot (``SessionRecorder.entries_estimate``).
+SESSION_OOM_LINE_MAX_ENTRIES = 6_000
 
 
 def same_rules(a: AllocatorSettings, b: AllocatorSettings) -> bool:
@@ -156,6 +163,9 @@ def _run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: in
     rows: list[WhatIfRow] = []
     fits: list[FitRow] = []
     unmatched = 0
+    # Settings that act alike on this history share their replays (see ``_acting``).
+    largest = _largest_block_bytes(trace, st.segments)
+    done: dict[AllocatorSettings, tuple[Any, tuple[int | None, int], str]] = {}
     for k, s in enumerate(parsed):
         of = f"({k + 1} of {len(parsed)} settings)"
         if progress is not None:
@@ -182,16 +192,25 @@ def _run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: in
         if s.garbage_collection_threshold and allowed is None:
             row_notes.append("garbage_collection_threshold acts only under a memory fraction "
                              "(set_per_process_memory_fraction); with none it changes nothing.")
-        r = replay(trace, s, limits=Limits(allowed_bytes=allowed, capacity_bytes=cap),
-                   start_segments=st.segments, device=ti.device, device_total_bytes=total,
-                   start_page_bytes=start_page or s.large_segment_size, progress=events)
+        acting = _acting(s, largest)
+        same = done.get(acting)
+        if same is not None:
+            r = same[0]
+        else:
+            r = replay(trace, s, limits=Limits(allowed_bytes=allowed, capacity_bytes=cap),
+                       start_segments=st.segments, device=ti.device, device_total_bytes=total,
+                       start_page_bytes=start_page or s.large_segment_size, progress=events)
         unmatched = max(unmatched, r.unmatched_frees)
         if r.oom:
             row_notes.append(f"Ran out of memory at {ms(r.oom_event or 0):.1f} "
                              f"{'ms' if t0 is not None else 'events'}; its peak is what the "
                              "rest of the history asked for after the failed request, as if "
                              "it had been given.")
-        if fit:
+        if fit and same is not None:
+            need, n = same[1]
+            fits.append(FitRow(s.label, s.text, need, 0,
+                               note=f"as {same[2]}: no block reaches max_split_size_mb"))
+        elif fit:
             if progress is not None:
                 progress.begin(f"finding the least memory under {s.label} {of}")
             unlimited = r if cap is None and allowed is None else replay(
@@ -206,6 +225,9 @@ def _run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: in
                                unlimited_max_demand_bytes=unlimited.max_demand_bytes,
                                progress=events)
             fits.append(FitRow(s.label, s.text, need, n))
+            done.setdefault(acting, (r, (need, n), s.label))
+        if not fit:
+            done.setdefault(acting, (r, (None, 0), s.label))
         pts = series(r.changes, len(trace.events), r.start_reserved_bytes)
         rows.append(WhatIfRow(
             setting=s.text, label=s.label, current=current, modelled=True,
@@ -242,6 +264,26 @@ def _run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: in
              if context_bytes is not None and context_bytes > 0 else Fit(tuple(fits), fit_gb))
         if fit else None,
         elapsed_s=time.perf_counter() - t_start)
+
+
+def _largest_block_bytes(trace: Any, start_segments: Sequence[Mapping[str, Any]] | None) -> int:
+    """A bound on any block the replay can hold without expandable segments: a request is
+    rounded to less than twice its size (``roundup_power2_divisions``) and its segment to at
+    most that, rounded to 2 MiB, or ``kLargeBuffer``; a start segment is what it is."""
+    most = max((e[2] for e in trace.events), default=0)
+    segs = max((int(seg.get("total_size", 0)) for seg in start_segments or ()), default=0)
+    return max(kLargeBuffer, 2 * most + (2 << 20), segs)
+
+
+def _acting(s: AllocatorSettings, largest_block_bytes: int) -> AllocatorSettings:
+    """``s`` as it acts on a history whose blocks stay under ``largest_block_bytes``: a
+    ``max_split_size_mb`` above every block and request never marks one oversize, so it
+    acts as the default (and ``max_non_split_rounding_mb``, read only for oversize
+    requests, too). Text and inert keys aside, as ``same_rules`` compares."""
+    a = replace(s, text="", ignored_keys=())
+    if not s.expandable_segments and largest_block_bytes < s.max_split_size < SIZE_MAX:
+        a = replace(a, max_split_size=SIZE_MAX, max_non_split_rounding_size=kLargeBuffer)
+    return a
 
 
 def _recorded_limits(ti: TraceInput, recorded: AllocatorSettings | None,
@@ -292,6 +334,18 @@ def with_setting(text: str, key: str, value: str) -> str:
     return ",".join([*kept, f"{key}:{value}"])
 
 
+def left_out_oom_line(entries: int, most: int, room_bytes: int, *, session: bool) -> str:
+    """The OOM explainer's line when the history is too long to replay in its time: how
+    many events, and the command that replays them."""
+    what = "session recording" if session else "traced cell"
+    cmd = ("%gpumem whatif --session" if session else "%gpumem whatif") + \
+        f" --conf expandable_segments:True --capacity {-(-room_bytes // MiB)}MiB"
+    return (f"The expandable_segments:True line is left out: the {what} holds {entries:,} "
+            f"allocator events, more than the {most:,} the OOM explainer replays in its "
+            f"time; {cmd} replays them (seconds), at the {format_bytes(room_bytes)} PyTorch "
+            "could use.")
+
+
 def expandable_oom_line(snapshot: Mapping[str, Any], *, device: int,
                         capacity_bytes: int | None, allowed_bytes: int | None = None) -> str:
     """The OOM explainer's line: the history replayed with expandable segments on, at the
@@ -312,14 +366,8 @@ def expandable_oom_line(snapshot: Mapping[str, Any], *, device: int,
     if n > OOM_LINE_MAX_ENTRIES and _expandable_line_applies(snapshot):
         # Replaying them would hold the OOM cell for seconds (3.3 s at 1,000,000 entries):
         # said, with the command that gives the line.
-        of_session = isinstance(snapshot.get(SESSION_KEY), Mapping)
-        what = "session recording" if of_session else "traced cell"
-        cmd = ("%gpumem whatif --session" if of_session else "%gpumem whatif") + \
-            f" --conf expandable_segments:True --capacity {-(-room // MiB)}MiB"
-        return (f"The expandable_segments:True line is left out: the {what} holds {n:,} "
-                f"allocator events, more than the {OOM_LINE_MAX_ENTRIES:,} the OOM explainer "
-                f"replays in its time; {cmd} replays them (seconds), at the "
-                f"{format_bytes(room)} PyTorch could use.")
+        return left_out_oom_line(n, OOM_LINE_MAX_ENTRIES, room,
+                                 session=isinstance(snapshot.get(SESSION_KEY), Mapping))
     try:
         ti = trace_input(snapshot, device)
         setting = with_setting(ti.recorded_setting, "expandable_segments", "True")
