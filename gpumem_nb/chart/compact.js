@@ -9,7 +9,7 @@
 const SVG = "http://www.w3.org/2000/svg";
 const OUTPUT_VIEW = "notebook:create-output-view"; // JupyterLab's "Create New View for Output"
 const VIEW_MIME = "application/vnd.jupyter.widget-view+json";
-const SPARK_W = 90, SPARK_H = 16;
+const SPARK_W = 72, SPARK_H = 16;
 
 function el(tag, attrs, parent, content) {
   const node = tag.startsWith("svg:")
@@ -31,11 +31,21 @@ function sparkline(levels, parent) {
   return svg;
 }
 
-// The index of the notebook cell whose output shows this model (JupyterLab's notebook
-// model), or -1.
-function cellIndex(ctx, id) {
+// The index of the notebook cell whose output holds `root`, or -1: its place among the
+// notebook's cells in the page (JupyterLab keeps every cell in the page unless its windowing
+// setting is "full"; then the model is searched for this model's id).
+function cellIndex(ctx, root, id) {
+  const nb = root.closest(".jp-Notebook");
+  const cell = root.closest(".jp-Cell");
+  if (nb && cell) {
+    const index = Array.prototype.indexOf.call(nb.querySelectorAll(".jp-Cell"), cell);
+    const cells = ctx && ctx.model && ctx.model.cells;
+    if (index >= 0 && (!cells || cells.length === nb.querySelectorAll(".jp-Cell").length)) {
+      return index;
+    }
+  }
   const cells = ctx && ctx.model && ctx.model.cells;
-  if (!cells || typeof cells.get !== "function") return -1;
+  if (!id || !cells || typeof cells.get !== "function") return -1;
   for (let i = 0; i < cells.length; i++) {
     const outputs = cells.get(i).outputs;
     if (!outputs || typeof outputs.get !== "function") continue;
@@ -47,43 +57,32 @@ function cellIndex(ctx, id) {
   return -1;
 }
 
-// JupyterLab's own context menu on this output, and its "Create New View for Output" item:
-// what a user would click, for a page that does not expose its application object.
-function viaMenu(root) {
-  const out = root.closest(".jp-OutputArea-child");
-  if (!out) return false;
-  const r = out.getBoundingClientRect();
-  const at = { bubbles: true, cancelable: true, clientX: r.left + 4, clientY: r.top + 4 };
-  out.dispatchEvent(new MouseEvent("contextmenu", { ...at, button: 2 }));
-  const item = document.querySelector(`.lm-Menu-item[data-command="${OUTPUT_VIEW}"]`);
-  if (!item) {
-    document.body.dispatchEvent(new KeyboardEvent("keydown", { key: "Escape", bubbles: true }));
-    return false;
+// Pin: in JupyterLab, a panel of its own ("Create New View for Output"), which stays in sight
+// however far the notebook scrolls. That command is reachable only where the page exposes
+// JupyterLab's application; elsewhere (a default JupyterLab, Notebook 7) the reading floats at
+// the window's top right, moved out of the cell (whose containment would scroll it away), and
+// a placeholder in the cell unpins it.
+async function pin(model, root, host, placeholder) {
+  if (root.classList.contains("gc-floating")) {
+    root.classList.remove("gc-floating");
+    placeholder.remove();
+    host.appendChild(root);
+    return "";
   }
-  const b = item.getBoundingClientRect();
-  const on = { bubbles: true, cancelable: true, button: 0,
-    clientX: b.left + b.width / 2, clientY: b.top + b.height / 2 };
-  item.dispatchEvent(new MouseEvent("mousemove", on));
-  item.dispatchEvent(new MouseEvent("mouseup", on));
-  return true;
-}
-
-// Pin: a panel of its own in JupyterLab, which stays in sight however far the notebook
-// scrolls; elsewhere (Notebook 7, VS Code) the line floats at the window's top right.
-async function pin(model, root) {
   const ctx = model.widget_manager && model.widget_manager.context;
   const app = window.jupyterapp;
-  const index = cellIndex(ctx, model.model_id);
+  const index = cellIndex(ctx, root, model.model_id);
   try {
     if (app && app.commands && app.commands.hasCommand(OUTPUT_VIEW) && index >= 0) {
       await app.commands.execute(OUTPUT_VIEW, { path: ctx.path, index });
       return "view";
     }
-    if (index >= 0 && viaMenu(root)) return "view";
   } catch (e) {
     console.warn("gpumem_nb: could not open a view of the reading; it floats instead", e);
   }
-  root.classList.toggle("gc-floating");
+  host.appendChild(placeholder);
+  document.body.appendChild(root);
+  root.classList.add("gc-floating");
   return "float";
 }
 
@@ -93,10 +92,20 @@ function render({ model, el: host }) {
   const pinButton = el("button", { class: "gc-pin", type: "button",
     title: "Keep this reading in sight: a panel of its own (JupyterLab's Create New View "
       + "for Output), or floating where there is none" }, root, "pin");
-  const view = { draws: 0, pinned: "" };
-  pinButton.addEventListener("click", async () => { view.pinned = await pin(model, root); });
+  const view = { draws: 0, pinned: "", drawMs: [] };
+  // In the cell while the reading floats: it keeps the static line hidden, and unpins.
+  const placeholder = el("div", { class: "gpumem-compact-live gc-placeholder" }, null);
+  const unpin = el("button", { class: "gc-pin", type: "button" }, placeholder, "unpin");
+  placeholder.prepend("gpumem_nb: the reading floats at the window's top right ");
+  const toggle = async () => {
+    view.pinned = await pin(model, root, host, placeholder);
+    pinButton.textContent = view.pinned === "float" ? "unpin" : "pin";
+  };
+  pinButton.addEventListener("click", toggle);
+  unpin.addEventListener("click", toggle);
 
   function draw() {
+    const t0 = performance.now();
     const lines = model.get("lines") || [];
     body.replaceChildren();
     for (const ln of lines) {
@@ -116,13 +125,18 @@ function render({ model, el: host }) {
       if (ln.delta) el("span", { class: "gc-delta" }, row, `last cell ${ln.delta}`);
     }
     view.draws += 1;
+    void root.offsetHeight; // the layout too: what a redraw costs the page
+    if (view.drawMs.length < 1000) view.drawMs.push(performance.now() - t0);
   }
   model.on("change:lines", draw);
   draw();
   // What the browser tests read: what is drawn, not how.
   root.gpumemCompact = () => ({ lines: body.children.length, draws: view.draws,
-    pinned: view.pinned, text: body.innerText });
-  return () => model.off("change:lines", draw);
+    pinned: view.pinned, floating: root.classList.contains("gc-floating"), text: body.innerText, drawMs: [...view.drawMs] });
+  return () => {
+    model.off("change:lines", draw);
+    if (root.classList.contains("gc-floating")) root.remove();
+  };
 }
 
 export default { render };
