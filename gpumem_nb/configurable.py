@@ -7,6 +7,7 @@ import traitlets.config; the magics make one per load (settings.py says the prec
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
@@ -104,6 +105,15 @@ class GpumemNb(Configurable):
         self._check_device = check_device
         self._mirroring = False
         self.mirror(current)
+
+    def update_config(self, config: Any) -> None:
+        """``%config GpumemNb.x = bad``: IPython's %config logs a refused value as
+        "ERROR:root:…", which reads as a crash; every other refusal of ours is one
+        "UsageError: …" line, the form IPython prints it in. The value stays unchanged."""
+        try:
+            super().update_config(config)
+        except TraitError as e:
+            print(f"UsageError: {e}", file=sys.stderr)
 
     @contextlib.contextmanager
     def _quiet(self) -> Iterator[None]:

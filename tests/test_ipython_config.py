@@ -79,6 +79,15 @@ def test_a_refused_config_value_changes_nothing_and_says_why(shell, no_gpu, caps
     assert shell.run_line_magic("config", "GpumemNb.interval") == 0.5
 
 
+def test_a_refused_config_value_says_usageerror_not_error_root(shell, no_gpu, capsys, caplog):
+    load(shell, capsys)
+    with caplog.at_level(logging.ERROR):
+        shell.run_line_magic("config", "GpumemNb.interval = -2")
+    err = capsys.readouterr().err
+    assert "UsageError: GpumemNb.interval: must be between 0.05 and 60 seconds, not -2" in err
+    assert "GpumemNb.interval" not in caplog.text  # no "ERROR:root:" log record
+
+
 def test_reload_ext_leaves_one_gpumemnb_driving_the_new_monitor(shell, no_gpu, capsys):
     load(shell, capsys)
     for _ in range(3):

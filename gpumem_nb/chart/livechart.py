@@ -26,9 +26,11 @@ import anywidget
 import traitlets
 
 __all__ = [
+    "CompactReading",
     "LiveChart",
     "Points",
     "SeriesSpec",
+    "compact_esm_bytes",
     "esm_bytes",
 ]
 
@@ -73,6 +75,21 @@ class LiveChart(anywidget.AnyWidget):
     # The model ids of the chart's output (the box) and of the header and banner beside it:
     # what the page saves in the notebook as the chart's picture (livechart.js, docs/chart.md).
     parts = traitlets.Dict().tag(sync=True)
+
+
+class CompactReading(anywidget.AnyWidget):
+    """``%gpumem watch --compact``: one line per GPU (compact.py formats them), drawn by
+    compact.js. ``lines`` is the only trait that changes after the first display."""
+
+    _esm = (_HERE / "compact.js").read_text(encoding="utf-8")
+    _css = (_HERE / "compact.css").read_text(encoding="utf-8")
+
+    lines = traitlets.List(traitlets.Dict()).tag(sync=True)
+    meta = traitlets.Dict().tag(sync=True)
+
+
+def compact_esm_bytes() -> int:
+    return len(CompactReading._esm.encode()) + len(CompactReading._css.encode())
 
 
 def esm_bytes() -> int:

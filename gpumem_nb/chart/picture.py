@@ -19,6 +19,7 @@ from typing import Any
 
 __all__ = [
     "ENDED_UNDRAWN",
+    "NO_LIVE_NOTE",
     "PICTURE_CLASS",
     "PICTURE_EVERY_S",
     "PICTURE_STYLE",
@@ -42,10 +43,21 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 PICTURE_CLASS = "gpumem-picture"
 # The view's output when the chart ends and its picture cannot be drawn (``close``).
 ENDED_UNDRAWN = "gpumem_nb chart (ended; its picture could not be drawn)"
-_SHOWN = ":has(.gpumem-live,.gpumem-saved)"
+_SHOWN = ":has(.gpumem-live,.gpumem-saved,.gpumem-compact-live)"
 PICTURE_STYLE = ("<style>" + ",".join(
     f"{c}{_SHOWN}+{c}:has(.{PICTURE_CLASS})" for c in (".jp-OutputArea-child", ".output_area"))
     + "{display:none}</style>")
+# The picture's first line: it shows exactly where the live view does not (the rule above hides
+# the whole picture beside a live view). The common cause in a notebook that has a kernel is
+# JupyterLab running from another environment than the kernel (JupyterHub, nb_conda_kernels,
+# VS Code remote), whose server lacks anywidget: the view then reads "Click to show javascript
+# error" and the browser console "No version of module anywidget is registered".
+NO_LIVE_NOTE = ("No live view above? It needs a running kernel, and anywidget installed where "
+                "JupyterLab runs (<code>pip install anywidget</code> in the server's "
+                "environment, then restart JupyterLab), not only in the kernel's. Meanwhile "
+                "this picture follows the cells.")
+_NOTE_HTML = ("<div class='gpumem-no-live' style='font-size:11px;"
+              "color:var(--jp-ui-font-color2,#555);margin:2px 0'>" + NO_LIVE_NOTE + "</div>")
 
 
 class ChartPicture:
@@ -74,7 +86,7 @@ class ChartPicture:
     def bundle(self) -> dict[str, str]:
         """The picture's own output: the plain bundle, its HTML marked for ``PICTURE_STYLE``."""
         bundle = self._plain()
-        bundle["text/html"] = (f"<div class='{PICTURE_CLASS}'>{PICTURE_STYLE}"
+        bundle["text/html"] = (f"<div class='{PICTURE_CLASS}'>{PICTURE_STYLE}{_NOTE_HTML}"
                                f"{bundle['text/html']}</div>")
         return bundle
 

@@ -38,6 +38,7 @@ class ChartFeeds:
         self.failures = failures
         self.replay: Replay | None = None
         self.widget: Any = None  # the chart shown, if any (chart.show makes it)
+        self.compact: Any = None  # the compact reading shown, if any (watch --compact)
         # %gpumem cluster / watch --cluster: the collector of the user's client, and the feed
         # polling it for the chart (gpumem_nb.cluster; imported only when asked for).
         self._cluster_collector: Any = None
@@ -76,11 +77,20 @@ class ChartFeeds:
 
     # -- the chart ---------------------------------------------------------------------------
     def end_chart(self) -> bool:
-        """End the chart, if one is shown: its outputs become its static picture (with the
-        numbers), and its widgets close. False when there was none."""
-        had = self.widget is not None
+        """End the chart and the compact reading, if shown: their outputs become their static
+        pictures (with the numbers), and their widgets close. False when there was none."""
+        had = self.widget is not None or self.compact is not None
         self.drop_chart()
+        self.drop_compact()
         return had
+
+    def drop_compact(self, *, kernel_exiting: bool = False) -> None:
+        compact, self.compact = self.compact, None
+        if compact is not None:
+            try:
+                compact.close(kernel_exiting=kernel_exiting)
+            except Exception as e:
+                self.failures.contain("compact close", e)
 
     def drop_chart(self, *, kernel_exiting: bool = False) -> None:
         # The cluster's lines were only for that chart: nobody reads them once it is gone.
@@ -143,4 +153,5 @@ class ChartFeeds:
         """Unload: the cluster's feed and collector, the replay and the chart end."""
         self.stop_cluster_feed()
         self.close_cluster_collector()
+        self.drop_compact()
         self.stop_replay()

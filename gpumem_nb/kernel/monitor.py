@@ -435,6 +435,15 @@ class Monitor:
         self.feeds.widget = chart
 
     @property
+    def compact(self) -> Any:
+        """The compact reading shown, if any (``%gpumem watch --compact``)."""
+        return self.feeds.compact
+
+    @compact.setter
+    def compact(self, reading: Any) -> None:
+        self.feeds.compact = reading
+
+    @property
     def cluster_feed(self) -> Any:
         return self.feeds.cluster_feed
 
@@ -452,6 +461,7 @@ class Monitor:
         while the kernel can still reach the browser, so its outputs become its picture."""
         if change.get("new"):
             self.feeds.drop_chart(kernel_exiting=True)
+            self.feeds.drop_compact(kernel_exiting=True)
 
     def cluster_collector(self, client: Any, factory: Callable[[Any], Any]) -> Any:
         return self.feeds.cluster_collector(client, factory)

@@ -57,6 +57,9 @@ def _history_flags(h: Parser) -> None:
     h.add_argument("-o", action="store_true",
                    help="return a DataFrame (pandas) instead, of the last -n cells if given")
     h.add_argument("--csv", metavar="FILE", help="write the whole history as CSV")
+    h.add_argument("--plot", action="store_true",
+                   help="a bar per cell of its reserved growth and allocator peak, flagged "
+                        "re-runs in red (a picture, as the chart's)")
 
 
 def history(m: Monitor, shell: InteractiveShell, args: argparse.Namespace) -> Any:
@@ -71,6 +74,15 @@ def history(m: Monitor, shell: InteractiveShell, args: argparse.Namespace) -> An
             raise UsageError(f"could not write {quoted(args.csv)}: {safeio.reason(e)}"
                              ) from None
         print(f"wrote {len(h)} cells to {safeio.shown(path)}")
+    if args.plot:
+        if args.o:
+            raise UsageError("history --plot draws a picture; -o returns the table: one or "
+                             "the other")
+        from ...historyplot import history_plot_bundle
+
+        display(history_plot_bundle(h.records(last=args.n or HISTORY_ROWS), m.verdicts),
+                raw=True)
+        return None
     if args.o:
         if importlib.util.find_spec("pandas") is None:
             raise UsageError("history -o needs pandas; use --csv FILE without it")

@@ -14,7 +14,7 @@ from ...units import quoted
 from ..grammar import Parser, Subcommand, short_message
 from .cluster import collector
 
-__all__ = ["START", "STOP", "WATCH", "show_chart"]
+__all__ = ["START", "STOP", "WATCH", "show_chart", "show_compact"]
 
 
 def show_chart(monitor: Monitor) -> Any:
@@ -26,6 +26,18 @@ def show_chart(monitor: Monitor) -> Any:
     widget = show(monitor)
     widget.display(display, monitor.shell)
     return widget
+
+
+def show_compact(monitor: Monitor) -> Any:
+    """Display the compact reading (``watch --compact``): one per kernel, shown again where
+    it is asked for again."""
+    from ...chart.compactview import CompactView
+
+    if monitor.compact is None:
+        monitor.compact = CompactView(monitor)
+    reading = monitor.compact
+    reading.display(display, monitor.shell)
+    return reading
 
 
 def _no_flags(p: Parser) -> None:
@@ -56,6 +68,10 @@ def _watch_flags(wa: Parser) -> None:
     wa.add_argument("--stop", action="store_true",
                     help="end the live chart: every output that showed it becomes a static "
                          "picture (for a notebook to save and share)")
+    wa.add_argument("--compact", action="store_true",
+                    help="one live line per GPU (used, reserved, allocated, headroom, a "
+                         "sparkline, the last cell's delta), small enough to keep at the top "
+                         "of a notebook; its pin keeps it in sight")
     wa.add_argument("--cluster", nargs="?", const="", metavar="CLIENT",
                     help="add each Dask worker GPU's lines (default: the current client); "
                          "at most one collection a second, until the chart or the sampler "
@@ -64,14 +80,20 @@ def _watch_flags(wa: Parser) -> None:
 
 def watch(m: Monitor, shell: InteractiveShell, args: argparse.Namespace) -> None:
     if args.stop:
-        if args.replay is not None or args.live or args.cluster is not None:
+        if args.replay is not None or args.live or args.cluster is not None or args.compact:
             raise UsageError("--stop ends the chart; it goes with none of --replay, "
-                             "--live and --cluster")
+                             "--live, --cluster and --compact")
         if m.end_chart():
             print("gpumem: chart stopped; each of its outputs is now its picture (a saved "
                   "notebook shows that, with or without a kernel)")
         else:
             print("gpumem: no chart was live; nothing to stop")
+        return
+    if args.compact:
+        if args.replay is not None or args.live or args.cluster is not None:
+            raise UsageError("--compact reads this machine; it goes with none of --replay, "
+                             "--live and --cluster")
+        show_compact(m)
         return
     found = None
     if args.cluster is not None:
