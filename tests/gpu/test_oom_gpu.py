@@ -119,7 +119,12 @@ def test_impossible_request_is_impossible_with_the_exact_size(backend):
         report(total=torch.cuda.get_device_properties(0).total_memory)
     """)
     check(r, "impossible", "impossible size")
-    assert r["facts"]["requested_bytes"] == 400 * r["GiB"]
+    if backend == "native":
+        assert r["facts"]["requested_bytes"] == 400 * r["GiB"]
+    else:
+        # cudaMallocAsync's message says the size in GiB to two decimals and nothing finer: on
+        # an H100, 400 of its scaled GiB is "226.56 GiB" (gpu_tests_b_fbe1cd8_h100.log).
+        assert abs(r["facts"]["requested_bytes"] - 400 * r["GiB"]) <= (1 << 30) // 200
     assert r["facts"]["total_bytes"] == r["total"]
 
 
