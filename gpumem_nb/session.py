@@ -24,9 +24,9 @@ from typing import Any
 
 from .importwatch import AfterImport
 from .sources.torch import TorchDebug
-from .whatif.snapshot import SESSION_KEY, START_KEY
+from .whatif.snapshot import MAX_HISTORY_ENTRIES, SESSION_KEY, START_KEY
 
-__all__ = ["MAX_ENTRIES", "SessionRecorder", "SessionSnapshot"]
+__all__ = ["MAX_ENTRIES", "SessionRecorder", "SessionSnapshot", "max_entries_refusal"]
 
 MAX_ENTRIES = 100_000
 RECORD_HOOK_ATTR = "_gpumem_nb_record_hook"  # on torch.cuda: the recording's queued start
@@ -73,6 +73,24 @@ def _counts(cuda: Any, device: int) -> int | None:
                 + int(stats.get("segment.all.freed", 0)))
     except (TypeError, ValueError):
         return None
+
+
+def max_entries_refusal(max_entries: int | None, recorder: SessionRecorder,
+                        switching_on: bool) -> str:
+    """Why a recording cannot keep ``max_entries`` events, or "" where it can. No more than
+    ``whatif --session`` replays: past it, reading the history back alone takes minutes
+    (176 ms per 100,000 entries on the H200) and gigabytes of dicts. A recording already on
+    keeps the ring it started with: torch cannot resize it without dropping what it holds."""
+    if max_entries is None:
+        return ""
+    if not 1 <= max_entries <= MAX_HISTORY_ENTRIES:
+        return (f"--max-entries is a number of events between 1 and {MAX_HISTORY_ENTRIES} "
+                f"(what %gpumem whatif --session replays at most), not {max_entries}")
+    if switching_on and recorder.active and max_entries != recorder.max_entries:
+        return (f"the session recording is already on, keeping {recorder.max_entries} "
+                f"events: switch it off first (%gpumem record off) to record with "
+                f"--max-entries {max_entries}")
+    return ""
 
 
 class SessionRecorder:

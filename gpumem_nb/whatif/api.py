@@ -20,11 +20,31 @@ from .report import WhatIf, WhatIfChart, WhatIfRow, views
 from .rules import SIZE_MAX, kLargeBuffer
 from .snapshot import SESSION_KEY, NoHistory, SnapshotError, TraceInput, load, trace_input
 
-__all__ = ["DEFAULT_ALTERNATIVES", "MAX_CAPACITY_BYTES", "NoHistory", "Progress", "SettingError",
-           "SnapshotError", "WhatIf", "WhatIfChart", "WhatIfRow", "check_capacity",
-           "expandable_oom_line", "left_out_oom_line", "load", "parse_settings",
-           "parse_settings_or_none", "run",
-           "same_rules", "trace_input", "views", "whatif", "with_setting"]
+__all__ = [
+    "DEFAULT_ALTERNATIVES",
+    "MAX_CAPACITY_BYTES",
+    "MIN_GPU_BYTES",
+    "NoHistory",
+    "Progress",
+    "SettingError",
+    "SnapshotError",
+    "WhatIf",
+    "WhatIfChart",
+    "WhatIfRow",
+    "check_capacity",
+    "expandable_oom_line",
+    "left_out_oom_line",
+    "load",
+    "parse_settings",
+    "parse_settings_or_none",
+    "plausible_gpu_bytes",
+    "run",
+    "same_rules",
+    "trace_input",
+    "views",
+    "whatif",
+    "with_setting",
+]
 
 ASYNC_NOTE = ("cudaMallocAsync lives inside the CUDA driver, which decides where memory goes; "
               "it cannot be modelled, so nothing is predicted for it.")
@@ -81,6 +101,15 @@ def check_fit(fit: Any) -> float | None:
         return float(fit)
     raise SettingError(f"fit is True, False or a GPU size in GB from 1 to {1 << 20}, such as "
                        f"40, not {fit!r:.60}")
+
+
+MIN_GPU_BYTES = 256 << 20  # less is no GPU PyTorch runs on: a size given without its unit
+
+
+def plausible_gpu_bytes(total_bytes: int) -> bool:
+    """Whether a GPU's whole memory can be this: "80", meant as 80 GiB, is 80 bytes, under
+    which every row would run out."""
+    return total_bytes >= MIN_GPU_BYTES
 
 
 def check_capacity(capacity_bytes: Any, name: str = "capacity_bytes") -> int:

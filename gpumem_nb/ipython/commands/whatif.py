@@ -16,9 +16,8 @@ from ...kernel import Monitor
 from ...units import format_bytes, quoted
 from ..grammar import Parser, Subcommand, size_flag
 
-__all__ = ["MIN_GPU_BYTES", "RECORD", "WHATIF"]
+__all__ = ["RECORD", "WHATIF"]
 
-MIN_GPU_BYTES = 256 << 20  # less is no GPU PyTorch runs on: a size without its unit
 
 
 def _whatif_flags(wi: Parser) -> None:
@@ -65,8 +64,10 @@ def _history(m: Monitor, args: argparse.Namespace) -> tuple[Any, tuple[str, ...]
 
 
 def _gpu_bytes(text: str, most: int) -> int:
+    from ...whatif import api as wi
+
     total = size_flag("--gpu", text, most)
-    if total < MIN_GPU_BYTES:
+    if not wi.plausible_gpu_bytes(total):
         # "--gpu 80", written as --fit 80 is, is 80 bytes: every row would run out.
         raise UsageError(f"--gpu is the GPU's memory with its unit, such as 80GiB; "
                          f"{quoted(text)} is {format_bytes(total)}")
@@ -176,20 +177,11 @@ def _record_flags(rec: Parser) -> None:
 def record(m: Monitor, shell: InteractiveShell, args: argparse.Namespace) -> None:
     # Kept on the monitor, as last_trace is; unloading the extension ends it.
     rec = m.session_recorder()
-    from ...whatif.snapshot import MAX_HISTORY_ENTRIES
+    from ...session import max_entries_refusal
 
-    # No more than --session replays: past it, reading the history back alone takes
-    # minutes (176 ms per 100,000 entries on the H200) and gigabytes of dicts.
-    if args.max_entries is not None and not 1 <= args.max_entries <= MAX_HISTORY_ENTRIES:
-        raise UsageError(f"--max-entries is a number of events between 1 and "
-                         f"{MAX_HISTORY_ENTRIES} (what %gpumem whatif --session replays "
-                         f"at most), not {args.max_entries}")
-    if args.max_entries is not None and args.state == "on" and rec.active and \
-            args.max_entries != rec.max_entries:
-        raise UsageError(f"the session recording is already on, keeping "
-                         f"{rec.max_entries} events: switch it off first "
-                         f"(%gpumem record off) to record with --max-entries "
-                         f"{args.max_entries}")
+    refusal = max_entries_refusal(args.max_entries, rec, args.state == "on")
+    if refusal:
+        raise UsageError(refusal)
     if args.state == "on":
         print(rec.start(start_cuda=args.start_cuda, max_entries=args.max_entries))
     elif args.state == "off":
