@@ -38,6 +38,7 @@ from ..timeline import ALL_DEVICES, GIB, SERIES, Timeline
 from ..units import format_bytes, shown_name
 from ..views import Snapshot, children_html, device_row
 from .livechart import LiveChart
+from .messages import CleanupAsked, DeviceAsked, done, read_request
 from .picture import WIDGET_VIEW, ChartPicture
 from .series import ChartSeries, device_key, points
 
@@ -283,7 +284,7 @@ class MemoryWidget:
         (the device's lines, the cleanup's report), so it never shows the old state again."""
         acks, self._acks = self._acks, []
         for rid in acks:
-            self.chart.send({"kind": "done", "id": rid})
+            self.chart.send(done(rid))
 
     def _draw_cluster(self, t0: float) -> None:
         """``%gpumem watch --cluster``: the feed's named per-GPU lines, dotted, each its own
@@ -417,17 +418,12 @@ class MemoryWidget:
 
     # -- the controls' requests (livechart.js) ------------------------------------------------
     def _on_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
-        """A request from the page: ``{"kind": "cleanup" | "device", "id": ..., "value": ...}``.
-        Each is answered with ``{"kind": "done", "id": ...}`` once handled."""
-        if not isinstance(content, dict):
-            return
-        rid = content.get("id")
-        rid = rid if isinstance(rid, str) and 0 < len(rid) <= 64 else None
-        kind = content.get("kind")
-        if kind == "cleanup":
-            self.request_cleanup(rid)
-        elif kind == "device":
-            self.choose_device(content.get("value"), rid)
+        """A request from the page (``messages.py``), answered with ``done`` once handled."""
+        request = read_request(content)
+        if isinstance(request, CleanupAsked):
+            self.request_cleanup(request.id)
+        elif isinstance(request, DeviceAsked):
+            self.choose_device(request.value, request.id)
 
     def _ack(self, rid: str | None) -> None:
         """Producer side: answer ``rid`` after the next draw."""
