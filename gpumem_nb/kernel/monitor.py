@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from .. import cleanup
 from .._version import __version__
 from ..analysis import AccumulationTracker
+from ..cellnames import CellNames
 from ..cudastart import CudaStartWatch
 from ..holders import CellException, Scanner, last_exception_objects, output_cache_names
 from ..holders.retention import Outcome, RootContext
@@ -164,14 +165,12 @@ class Monitor:
     def _loaded_in_cell(self) -> bool:
         """Whether a cell is running this load (``%load_ext``), not the kernel's start-up:
         a frame of some cell's code is on the stack."""
-        table = getattr(getattr(self.shell, "compile", None), "_filename_map", None)
-        if not isinstance(table, dict):
-            return False
+        names = CellNames.of(self.shell)
         frame: FrameType | None = sys._getframe(1)
         for _ in range(MAX_LOAD_FRAMES):
             if frame is None:
                 return False
-            if frame.f_code.co_filename in table:
+            if names.is_cell_file(frame.f_code.co_filename):
                 return True
             frame = frame.f_back
         return False
