@@ -29,7 +29,16 @@ from ..cellnames import CellNames
 from ..cudastart import CudaStartWatch
 from ..holders import CellException, Scanner, last_exception_objects, output_cache_names
 from ..holders.retention import Outcome, RootContext
-from ..model import CellMark, CellRecord, CellStart, Holder, Sample, SourceStatus, Verdict
+from ..model import (
+    STATUS_NO_NVML,
+    CellMark,
+    CellRecord,
+    CellStart,
+    Holder,
+    Sample,
+    SourceStatus,
+    Verdict,
+)
 from ..oom import OomExplanation, OomWatch
 from ..records import History
 from ..sampler import Sampler
@@ -206,8 +215,13 @@ class Monitor:
         latest = self.sampler.latest() or self.read()
         names = ", ".join(
             f"{d.index}: {shown_name(d.nvml.name or 'GPU')} {format_bytes(d.nvml.total_bytes)}"
-            for d in latest.devices if d.nvml is not None
+            for d in latest.devices if d.nvml is not None and d.nvml.status != STATUS_NO_NVML
         )
+        if not names and latest.devices and all(
+                d.nvml is not None and d.nvml.status == STATUS_NO_NVML for d in latest.devices):
+            gpus = f"{st.gpu_count} GPU" + ("s" if st.gpu_count != 1 else "")
+            return (f"{head}: watching {gpus} through PyTorch's allocator; NVML is "
+                    f"unavailable ({st.nvml}), so its columns are unknown. %gpumem? for help.")
         if not names:  # NVML hangs or failed: say so rather than name no GPU
             gpus = f"{st.gpu_count} GPU" + ("s" if st.gpu_count != 1 else "")
             why = self.read_problem or "NVML gave no reading; its columns show as unknown."

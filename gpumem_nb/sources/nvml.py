@@ -136,6 +136,8 @@ class NvmlSource:
             return "the NVIDIA driver is not loaded"
         if code == getattr(m, "NVML_ERROR_NO_PERMISSION", object()):
             return "no permission to query the NVIDIA driver"
+        if code == getattr(m, "NVML_ERROR_FUNCTION_NOT_FOUND", object()):
+            return "the NVIDIA driver is too old for nvidia-ml-py (nvmlInit_v2 not found)"
         return f"NVML failed to start: {e}"
 
     def _is(self, e: BaseException, name: str) -> bool:
