@@ -214,6 +214,8 @@ def test_a_metaclass_whose_name_raises_keeps_the_record_and_report_line(loaded, 
 # ------------------------------------------------------------------------------------------
 # D13: a __bool__ that raises in the chain
 # ------------------------------------------------------------------------------------------
+@ipython_8_for("can let such a chain out of run_cell: its traceback formatter asks the "
+               "cause's truth value unguarded")
 def test_an_exception_whose_bool_raises_in_the_chain_still_lets_the_oom_be_explained(
         loaded, capsys, caplog):
     m = monitor(loaded)
