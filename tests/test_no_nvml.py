@@ -23,7 +23,7 @@ from .fakes import FakeCuda, FakeCudaDevice, FakeGpu, FakePynvml, GiB, fake_torc
 from .helpers import spaced
 
 NO_LIBRARY = "no NVIDIA driver on this machine (libnvidia-ml not found)"
-TOO_OLD = "the NVIDIA driver is too old for nvidia-ml-py (nvmlInit_v2 not found)"
+TOO_OLD = "the NVIDIA driver is too old for nvidia-ml-py (libnvidia-ml lacks its init call)"
 
 
 def nvml_in(state: str, gpus: list[FakeGpu]) -> FakePynvml:

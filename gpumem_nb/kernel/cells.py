@@ -44,6 +44,7 @@ from ..records import History
 from ..sampler import Sampler
 from ..settings import PEAK_RESET, Config
 from ..sources.torch import TorchSource
+from .callbacks import CellCallbacks
 from .contain import FailureLog
 from .readings import Readings
 from .traces import TraceState
@@ -133,6 +134,7 @@ class CellRecorder:
         self.verdicts: deque[Verdict] = deque(maxlen=100)
         self.marks: deque[CellMark] = deque(maxlen=10_000)
         self.on_record: list[Callable[[CellRecord, Verdict | None], None]] = []
+        self.cell_callbacks = CellCallbacks()  # gpumem_nb.on_cell: the user's own
         # Work asked for while a top-level cell ran, to do once it ends, on the cell's own
         # thread (the chart's cleanup button, when a click reaches the kernel mid-cell).
         self.after_cell: list[Callable[[], None]] = []
@@ -569,6 +571,12 @@ class CellRecorder:
                 context.run(print, verdict.message)
         for fn in list(self.on_record):
             fn(rec, verdict)
+        if len(self.cell_callbacks):
+            # The user's: run in the cell's context, so what they print lands under it.
+            if context is None:
+                self.cell_callbacks.dispatch(rec)
+            else:
+                context.run(self.cell_callbacks.dispatch, rec)
 
     def _explain(self, v: Verdict) -> Verdict:
         holders: tuple[Holder, ...] = ()

@@ -46,6 +46,7 @@ from ..settings import Config, DeviceChoice
 from ..sources import Source, gate
 from ..sources.torch import TorchSource
 from ..units import format_bytes, shown_name
+from .callbacks import CellCallbacks
 from .cells import CellRecorder, Measured, TraceAsk
 from .configure import UNCHANGED, LiveSettings, SettingsListener, _Keep
 from .contain import FailureLog
@@ -184,7 +185,13 @@ class Monitor:
             frame = frame.f_back
         return False
 
+    @property
+    def cell_callbacks(self) -> CellCallbacks:
+        """The user's per-cell callbacks (``gpumem_nb.on_cell``)."""
+        return self.cells.cell_callbacks
+
     def shutdown(self) -> None:
+        self.cells.cell_callbacks.clear()  # the user's callbacks go with this load
         # The noted cell exception keeps the failed call's frames (and their tensors): an
         # unloaded monitor that something still references (a widget, a user's variable, a
         # cycle the collector has not reached) must not keep them past the shell's own record.
