@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import linecache
-import re
 import sys
 import threading
 from collections.abc import Iterable
@@ -44,6 +43,7 @@ from types import FrameType
 from typing import Any
 
 from . import userexc
+from .cellnames import CellNames
 from .errtext import error_str
 from .sources.torch import TorchSource
 
@@ -76,7 +76,6 @@ HOW_HOOK = "torch's CUDA start-up"  # exact: the stack at initialisation
 HOW_CELL = "the cell's end"  # the first cell that ended with CUDA up
 HOW_BEFORE = "before gpumem_nb was loaded"
 
-_INPUT_NAME = re.compile(r"<ipython-input-(\d+)-")
 MAX_FRAMES = 200
 Frame = tuple[str, int, str]  # file name, line, function
 
@@ -250,12 +249,7 @@ class CudaStartWatch:
                 self.started = start
 
     def _cell_number(self, filename: str) -> int | None:
-        table = getattr(getattr(self.shell, "compile", None), "_filename_map", None)
-        if isinstance(table, dict) and filename in table:
-            number = table[filename]
-            return number if isinstance(number, int) else None
-        m = _INPUT_NAME.match(filename)
-        return int(m.group(1)) if m else None
+        return CellNames.of(self.shell).number(filename)
 
     # -- the fallback: a cell's two ends ---------------------------------------------------------
     def on_load(self, in_cell: bool = False) -> None:
@@ -331,11 +325,16 @@ def _cell_places(stack: list[Frame], cell_number: Any,
     the running cell's lines after that magic's."""
     raw_lines = running.raw.splitlines() if running is not None else []
     lead = next((i for i, ln in enumerate(raw_lines) if ln.strip()), 0)
+    count = running.execution_count if running is not None else None
+    numbers = [cell_number(filename) for filename, _, _ in stack]
+    # The running cell's own code is its outermost frame. IPython 7 compiles a magic's body
+    # under the running cell's number (8 and later, one past it), but never its file name.
+    own = next((f for (f, _, _), n in zip(reversed(stack), reversed(numbers), strict=True)
+                if count is not None and n == count), None)
     places: list[_Place | None] = []
-    for filename, lineno, name in stack:
-        number = cell_number(filename)
-        if number is not None and running is not None and running.execution_count is not None \
-                and number > running.execution_count:
+    for (filename, lineno, name), number in zip(stack, numbers, strict=True):
+        if number is not None and count is not None \
+                and (number > count or (number == count and filename != own)):
             places.append(_Place(-1, lineno, name, ""))  # a body: placed below, if it can be
         elif number is not None:
             line, code = lineno, linecache.getline(filename, lineno).strip()

@@ -21,6 +21,7 @@ __all__ = [
     "ROLE_OTHER",
     "STATUS_ERROR",
     "STATUS_LOST",
+    "STATUS_NO_NVML",
     "STATUS_OK",
     "AllocatorInfo",
     "AllocatorReading",
@@ -41,6 +42,9 @@ __all__ = [
 STATUS_OK = "ok"
 STATUS_LOST = "lost"
 STATUS_ERROR = "error"
+# No NVML at all (a ROCm build, a container without libnvidia-ml, a driver too old), while
+# torch's allocator is up: the device is torch's, and NVML's columns are unknown.
+STATUS_NO_NVML = "no NVML"
 
 # What a child process of this kernel is, where it can be told (``sources/processes.py``).
 ROLE_DATALOADER = "DataLoader worker"

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import plotlyjson, safeio, svgchart
+from .cellnames import is_cell_top
 from .report import Shown, html_table, text_table
 from .sources.torch import TorchDebug
 from .units import format_bytes
@@ -96,7 +97,7 @@ class Site:
             return "(no Python stack recorded)"
         if self.in_cell:
             where = f"cell line {self.line}" + (
-                f" in {self.function}" if self.function not in ("<module>", "") else "")
+                f" in {self.function}" if self.function and not is_cell_top(self.function) else "")
         else:
             where = f"{_short(self.filename)}:{self.line} in {self.function}"
         code = self.code
@@ -161,7 +162,7 @@ def site_of(frames: Sequence[Mapping[str, Any]], skip: tuple[str, ...]) -> Site:
     # Inside a function: name the cell line that led there, the nearest cell's top level
     # going outward (a %%gpumem cell's body runs inside the cell holding the magic).
     start = next(i for i, fr in enumerate(frames) if fr is inner)
-    cell = next((fr for fr in frames[start:] if fr.get("name") == "<module>"
+    cell = next((fr for fr in frames[start:] if is_cell_top(str(fr.get("name", "")))
                  and _CELL_FILE.search(str(fr.get("filename", "")))), None)
     if cell is None or cell is inner:
         return site
@@ -322,7 +323,7 @@ class _Sites:
         outer = self._outer.get(fn)
         if outer is None:
             outer = self._outer[fn] = _is_outer({"filename": fn})
-        cell = name == "<module>" and bool(_CELL_FILE.search(fn))
+        cell = is_cell_top(name) and bool(_CELL_FILE.search(fn))
         got = self._frames[id(f)] = (f, fn, line, name, lib, cell, outer)
         return got
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from .analysis import held_text
 from .ledger import Ledger
-from .model import STATUS_OK, CellRecord, DeviceSample, Holder, Sample, SourceStatus
+from .model import STATUS_NO_NVML, STATUS_OK, CellRecord, DeviceSample, Holder, Sample, SourceStatus
 from .records import DISPLAY_HEADERS, display_rows, format_nvml_peak
 from .report import Shown, html_lines, html_table, text_table
 from .settings import Config
@@ -140,9 +140,14 @@ def device_row(d: DeviceSample) -> list[str]:
     label = f"{d.index}"
     if nv is not None:
         label = f"{d.index}: {shown_name(nv.name)}" if nv.name else label
-        if nv.status != STATUS_OK:
+        if nv.status not in (STATUS_OK, STATUS_NO_NVML):
             return [label, f"{nv.status}: {nv.detail}"[:60], *["—"] * (len(DEVICE_HEADERS) - 2)]
-    used = "—" if nv is None else f"{format_bytes(nv.used_bytes)} / {format_bytes(nv.total_bytes)}"
+    if nv is None:
+        used = "—"
+    elif nv.status == STATUS_NO_NVML:
+        used = "unknown (no NVML)"  # the reason is in the status lines below the table
+    else:
+        used = f"{format_bytes(nv.used_bytes)} / {format_bytes(nv.total_bytes)}"
     return [
         label,
         used,

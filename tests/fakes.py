@@ -66,12 +66,16 @@ class FakePynvml:
         v2_missing: bool = False,
         v3_missing: bool = False,
         processes_unsupported: bool = False,
+        init_error: int | None = None,
     ) -> None:
         self.gpus = gpus if gpus is not None else [FakeGpu("GPU-aaaa-1111")]
         self.library_not_found = library_not_found
         self.v2_missing = v2_missing
         self.v3_missing = v3_missing
         self.processes_unsupported = processes_unsupported
+        # nvmlInit's error code, as a driver answers: FUNCTION_NOT_FOUND when the driver is
+        # older than nvidia-ml-py's nvmlInit_v2, DRIVER_NOT_LOADED, NO_PERMISSION.
+        self.init_error = init_error
         self.calls: list[str] = []
         self.inits = 0
         self.shutdowns = 0
@@ -85,6 +89,8 @@ class FakePynvml:
         self.calls.append("init")
         if self.library_not_found:
             raise NVMLError(self.NVML_ERROR_LIBRARY_NOT_FOUND)
+        if self.init_error is not None:
+            raise NVMLError(self.init_error)
         self.inits += 1
 
     def nvmlShutdown(self) -> None:

@@ -5,6 +5,18 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import IPython
+import pytest
+
+# Colab's IPython: the suite runs on it too (tools/version_matrix.sh). A test skipped there
+# names what IPython 7 itself cannot do, never what gpumem_nb does not.
+IPYTHON_7 = IPython.version_info < (8,)
+
+
+def ipython_8_for(why: str) -> Any:
+    """Skip on IPython 7, for a reason that lies in IPython 7 itself."""
+    return pytest.mark.skipif(IPYTHON_7, reason=f"IPython 7 itself {why}")
+
 # Wall-clock checks in tests are hang guards, not benchmarks: the budget each names is what the
 # benchmarks measure (benchmarks/), and one slack factor absorbs a loaded 2-core machine. A
 # guard against a known blow-up (a quadratic path that took 11 s) keeps its own bound, below

@@ -31,6 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from IPython.core.error import UsageError
 
+from gpumem_nb.cellnames import is_cell_top
 from gpumem_nb.kernel import current_monitor
 
 from .fakes import FakeTensor
@@ -212,7 +213,7 @@ def fingerprint(obj: Any, depth: int = 0, seen: set[int] | None = None) -> Any:
             tb = tb.tb_next
         return ("tb", tuple(links))
     if isinstance(obj, types.FrameType):
-        if obj.f_code.co_name == "<module>":
+        if is_cell_top(obj.f_code.co_name):  # "<cell line: 0>" on IPython 7
             return ("module frame", id(obj))
         return ("frame", id(obj), tuple((k, rec(v)) for k, v in sorted(obj.f_locals.items())))
     if isinstance(obj, types.GeneratorType):

@@ -32,7 +32,7 @@ from gpumem_nb.kernel import cells as cells_mod
 from gpumem_nb.settings import Config, lock_path, read_config
 
 from .fakes import GiB, MiB, OutOfMemoryError
-from .helpers import hang_guard, spaced
+from .helpers import hang_guard, ipython_8_for, spaced
 from .test_oom import TORCH_2_11_H200, make_world
 
 
@@ -319,6 +319,7 @@ def test_growth_outside_pytorch_is_still_flagged_when_readings_come_between_cell
     assert not [v for v in m.verdicts if v.cell_key == "idle"]
 
 
+@ipython_8_for("cannot run such a cell: its should_run_async encodes the cell as UTF-8")
 def test_a_cell_holding_a_lone_surrogate_is_recorded(loaded, caplog):
     # Found while re-running the closing attack: the cell's key hashed its source as UTF-8,
     # which a lone surrogate cannot be: "pre_run_cell failed" and no record.

@@ -73,8 +73,25 @@ def whatif():
     assert [r.peak_reserved_bytes for r in rows] == [2 << 20, 2 << 20], rows
 
 
+def on_cell():
+    if loaded:
+        seen = []
+        handle = gpumem_nb.on_cell(seen.append)
+        assert handle.active, handle
+        handle.remove()
+        assert not handle.active, handle
+        return
+    try:
+        gpumem_nb.on_cell(print)
+    except RuntimeError as e:  # documented: says how to load the extension
+        assert "%load_ext gpumem_nb" in str(e), str(e)
+    else:
+        raise AssertionError("on_cell() without the extension loaded returned")
+
+
 def use():
     check("__version__", version)
+    check("on_cell", on_cell)
     check("snapshot", snapshot)
     check("history", history)
     check("whatif", whatif)

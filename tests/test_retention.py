@@ -30,6 +30,7 @@ from gpumem_nb.holders.threads import thread_locals
 from gpumem_nb.oom import CAUSE_GARBAGE, CAUSE_HELD, CAUSE_WORKING_SET
 
 from .fakes import FakeTensor, GiB, fake_torch
+from .helpers import ipython_8_for
 from .test_oom import last, make_world, run
 
 TORCH = {"torch": fake_torch()}
@@ -472,6 +473,8 @@ LEAK = ("class Pair:\n"
         "        a.next, b.next = b, a\n")
 
 
+@ipython_8_for("runs no collection while it shows the traceback (its formatter, without "
+               "stack_data, allocates too little to start one): the case under test")
 def test_cycles_collected_while_the_traceback_shows_are_garbage_under_cudamallocasync(
         shell: Any, monkeypatch: Any, capsys: Any):
     """No observer: the loop's cross-linked pairs were collected while IPython formatted the

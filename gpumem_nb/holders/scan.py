@@ -36,6 +36,7 @@ from itertools import compress
 from typing import Any
 
 from .. import userexc
+from ..cellnames import CellNames, is_cell_top
 from ..graph import GraphWalker
 from ..model import Holder
 from . import retention
@@ -1466,14 +1467,13 @@ def cell_number(exc: BaseException, shell: Any) -> int | None:
     """The cell whose top-level code ``exc`` propagated through, by the file name IPython's
     compiler gave that cell; None for an exception no cell raised (a widget's message
     handler, run by the kernel between cells)."""
-    names = getattr(getattr(shell, "compile", None), "_filename_map", None)
-    if not isinstance(names, dict):
-        return None
+    names = CellNames.of(shell)
     for tb in traceback_links([exc]):
         code = tb.tb_frame.f_code
-        if code.co_name == "<module>" and code.co_filename in names:
-            number = names[code.co_filename]
-            return number if isinstance(number, int) else None
+        if is_cell_top(code.co_name):
+            number = names.number(code.co_filename)
+            if number is not None:
+                return number
     return None
 
 

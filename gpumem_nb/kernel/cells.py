@@ -34,6 +34,7 @@ from ..analysis import (
     top_holders,
     verdict_message,
 )
+from ..cellnames import CellNames, counts_ahead_at_start
 from ..cudastart import CudaStartWatch, launcher_refusal, refusal_advice
 from ..errtext import error_str, one_read_per_error
 from ..holders import CellException
@@ -43,6 +44,7 @@ from ..records import History
 from ..sampler import Sampler
 from ..settings import PEAK_RESET, Config
 from ..sources.torch import TorchSource
+from .callbacks import CellCallbacks
 from .contain import FailureLog
 from .readings import Readings
 from .traces import TraceState
@@ -132,6 +134,7 @@ class CellRecorder:
         self.verdicts: deque[Verdict] = deque(maxlen=100)
         self.marks: deque[CellMark] = deque(maxlen=10_000)
         self.on_record: list[Callable[[CellRecord, Verdict | None], None]] = []
+        self.cell_callbacks = CellCallbacks()  # gpumem_nb.on_cell: the user's own
         # Work asked for while a top-level cell ran, to do once it ends, on the cell's own
         # thread (the chart's cleanup button, when a click reaches the kernel mid-cell).
         self.after_cell: list[Callable[[], None]] = []
@@ -273,15 +276,17 @@ class CellRecorder:
                 # reuse the sampler's): what that cell did would count as this one's.
                 before = replace(before, devices=tuple(
                     replace(d, nvml=None) for d in before.devices))
+            count = _pre_count(self.shell, info)
+            raw = getattr(info, "raw_cell", "") or ""
+            CellNames.of(self.shell).note(raw, count)
             if self.cuda_start.started is None:
-                self.cuda_start.cell_started(_pre_count(self.shell, info),
-                                             getattr(info, "raw_cell", "") or "")
+                self.cuda_start.cell_started(count, raw)
             wm = Watermark(since_t_s=t_s)
             self._watermarks.append(wm)
             self._pending = _Pending(
                 before=before, t_s=t_s, wall_s=time.time(), cell_key=cell_key_of(info),
-                source=getattr(info, "raw_cell", "") or "",
-                execution_count=_pre_count(self.shell, info),
+                source=raw,
+                execution_count=count,
                 thread_id=threading.get_ident(), reset_peak=reset, watermark=wm,
                 mark=CellMark(t_s), device=self.config.device, selection=selection,
             )
@@ -570,6 +575,12 @@ class CellRecorder:
                 context.run(print, verdict.message)
         for fn in list(self.on_record):
             fn(rec, verdict)
+        if len(self.cell_callbacks):
+            # The user's: run in the cell's context, so what they print lands under it.
+            if context is None:
+                self.cell_callbacks.dispatch(rec)
+            else:
+                context.run(self.cell_callbacks.dispatch, rec)
 
     def _explain(self, v: Verdict) -> Verdict:
         holders: tuple[Holder, ...] = ()
@@ -637,12 +648,12 @@ class CellRecorder:
 
 
 def _pre_count(shell: Any, info: Any) -> int | None:
-    """The cell's number as seen before it runs. IPython has already advanced
-    ``execution_count`` when the cell stores history; cells that do not get no number."""
+    """The cell's number as seen before it runs; cells that store no history get none.
+    IPython >= 9.8 has already advanced ``execution_count`` by then, older ones have not."""
     count = getattr(shell, "execution_count", None)
     if not isinstance(count, int) or not getattr(info, "store_history", True):
         return None
-    return count - 1
+    return count - 1 if counts_ahead_at_start() else count
 
 
 def cell_key_of(info: Any) -> str:

@@ -25,10 +25,20 @@ from typing import TYPE_CHECKING, Any
 from .. import cleanup
 from .._version import __version__
 from ..analysis import AccumulationTracker
+from ..cellnames import CellNames
 from ..cudastart import CudaStartWatch
 from ..holders import CellException, Scanner, last_exception_objects, output_cache_names
 from ..holders.retention import Outcome, RootContext
-from ..model import CellMark, CellRecord, CellStart, Holder, Sample, SourceStatus, Verdict
+from ..model import (
+    STATUS_NO_NVML,
+    CellMark,
+    CellRecord,
+    CellStart,
+    Holder,
+    Sample,
+    SourceStatus,
+    Verdict,
+)
 from ..oom import OomExplanation, OomWatch
 from ..records import History
 from ..sampler import Sampler
@@ -36,6 +46,7 @@ from ..settings import Config, DeviceChoice
 from ..sources import Source, gate
 from ..sources.torch import TorchSource
 from ..units import format_bytes, shown_name
+from .callbacks import CellCallbacks
 from .cells import CellRecorder, Measured, TraceAsk
 from .configure import UNCHANGED, LiveSettings, SettingsListener, _Keep
 from .contain import FailureLog
@@ -165,19 +176,23 @@ class Monitor:
     def _loaded_in_cell(self) -> bool:
         """Whether a cell is running this load (``%load_ext``), not the kernel's start-up:
         a frame of some cell's code is on the stack."""
-        table = getattr(getattr(self.shell, "compile", None), "_filename_map", None)
-        if not isinstance(table, dict):
-            return False
+        names = CellNames.of(self.shell)
         frame: FrameType | None = sys._getframe(1)
         for _ in range(MAX_LOAD_FRAMES):
             if frame is None:
                 return False
-            if frame.f_code.co_filename in table:
+            if names.is_cell_file(frame.f_code.co_filename):
                 return True
             frame = frame.f_back
         return False
 
+    @property
+    def cell_callbacks(self) -> CellCallbacks:
+        """The user's per-cell callbacks (``gpumem_nb.on_cell``)."""
+        return self.cells.cell_callbacks
+
     def shutdown(self) -> None:
+        self.cells.cell_callbacks.clear()  # the user's callbacks go with this load
         # The noted cell exception keeps the failed call's frames (and their tensors): an
         # unloaded monitor that something still references (a widget, a user's variable, a
         # cycle the collector has not reached) must not keep them past the shell's own record.
@@ -209,8 +224,13 @@ class Monitor:
         latest = self.sampler.latest() or self.read()
         names = ", ".join(
             f"{d.index}: {shown_name(d.nvml.name or 'GPU')} {format_bytes(d.nvml.total_bytes)}"
-            for d in latest.devices if d.nvml is not None
+            for d in latest.devices if d.nvml is not None and d.nvml.status != STATUS_NO_NVML
         )
+        if not names and latest.devices and all(
+                d.nvml is not None and d.nvml.status == STATUS_NO_NVML for d in latest.devices):
+            gpus = f"{st.gpu_count} GPU" + ("s" if st.gpu_count != 1 else "")
+            return (f"{head}: watching {gpus} through PyTorch's allocator; NVML is "
+                    f"unavailable ({st.nvml}), so its columns are unknown. %gpumem? for help.")
         if not names:  # NVML hangs or failed: say so rather than name no GPU
             gpus = f"{st.gpu_count} GPU" + ("s" if st.gpu_count != 1 else "")
             why = self.read_problem or "NVML gave no reading; its columns show as unknown."

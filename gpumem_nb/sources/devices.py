@@ -28,6 +28,15 @@ class DeviceId:
     uuid: str  # "GPU-..." or "MIG-..."
     pci_bus_id: str = ""
     is_mig: bool = False
+    # A device torch's CUDA knows and NVML cannot read (no NVML on this machine): its
+    # ``nvml_index`` is negative, unique per device, and names no NVML device.
+    torch_only: bool = False
+
+
+def torch_only_device(index: int, uuid: str | None, bus_id: str | None) -> DeviceId:
+    """CUDA device ``index`` as torch reports it, where NVML is unavailable."""
+    return DeviceId(nvml_index=-1 - index, uuid=uuid or "", pci_bus_id=bus_id or "",
+                    torch_only=True)
 
 
 def normalize_uuid(uuid: str) -> str:

@@ -12,8 +12,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from ..model import ChildProcess, DeviceSample, NvmlReading, Sample, SourceStatus
-from .devices import DeviceId, match_by_identity
+from ..model import (
+    STATUS_NO_NVML,
+    STATUS_OK,
+    ChildProcess,
+    DeviceSample,
+    NvmlReading,
+    Sample,
+    SourceStatus,
+)
+from .devices import DeviceId, match_by_identity, torch_only_device
 from .host import HostSource
 from .nvml import NvmlSource
 from .processes import ProcessTree, split_children
@@ -100,6 +108,15 @@ class LiveSource:
         """Once CUDA is up, map by UUID/bus id; torch's numbering is then authoritative."""
         count = self.torch.device_count()
         mapped: list[DeviceId] = []
+        if self.nvml.status != STATUS_OK:
+            # No NVML (ROCm, a container without libnvidia-ml, a driver too old): torch's
+            # devices, with their allocator columns and NVML's unknown. Asked only once
+            # torch is up, so counting them initialises nothing.
+            mapped = [torch_only_device(i, *self.torch.identity(i)) for i in range(count)]
+            with self._lock:
+                self._mapping = mapped
+                self._mapped_with_torch = True
+            return
         for i in range(count):
             uuid, bus = self.torch.identity(i)
             found = match_by_identity(uuid, bus, self.nvml.devices)
@@ -139,7 +156,8 @@ class LiveSource:
         if processes:
             self._listed_at_s = now
         torch_up = self.torch.initialized
-        if torch_up and not self._mapped_with_torch and self._mapping:
+        if torch_up and not self._mapped_with_torch and self._started \
+                and (self._mapping or self.nvml.status != STATUS_OK):
             self._refresh_mapping()
         mapping = self._mapping
         devices = []
@@ -148,6 +166,10 @@ class LiveSource:
             # Reserved memory proves a context on this device; its absence from NVML's list
             # would then mean NVML cannot see us, not that we use nothing.
             has_context = allocator is not None and allocator.reserved_bytes > 0
+            if mapping[i].torch_only:
+                devices.append(DeviceSample(index=i, nvml=self._no_nvml(mapping[i]),
+                                            allocator=allocator))
+                continue
             nv = self.nvml.read(mapping[i], context_expected=has_context, processes=processes)
             if processes and allocator is not None and not allocator.reserved_bytes:
                 self._note_idle(i, nv.process_bytes)
@@ -160,6 +182,12 @@ class LiveSource:
             rss_bytes=self.host.rss_bytes(),
             devices=tuple(devices),
         )
+
+    def _no_nvml(self, dev: DeviceId) -> NvmlReading:
+        """NVML's columns for a device NVML cannot read: unknown, and why."""
+        return NvmlReading(nvml_index=dev.nvml_index, name="", uuid=dev.uuid,
+                           pci_bus_id=dev.pci_bus_id, total_bytes=None, used_bytes=None,
+                           status=STATUS_NO_NVML, detail=self.nvml.status)
 
     def _note_idle(self, index: int, process_bytes: int | None) -> None:
         if process_bytes:
@@ -215,9 +243,17 @@ class LiveSource:
                                 allocator=self.torch.allocator_info())
         if not self._started and not self._closed:
             self.start()
+        if self.torch.initialized and not self._mapped_with_torch \
+                and self.nvml.status != STATUS_OK:
+            self._refresh_mapping()  # torch's devices stand in for NVML's
         notes: list[str] = []
-        if self.nvml.status == "ok" and not self._mapping:
+        if self.nvml.status == STATUS_OK and not self._mapping:
             notes.append("CUDA_VISIBLE_DEVICES hides every GPU from this process")
+        if any(d.torch_only for d in self._mapping):
+            notes.append(f"NVML is unavailable ({self.nvml.status}): the GPUs are those "
+                         "torch's CUDA reports, with PyTorch's allocator figures; NVML's "
+                         "columns (device used, this process, outside PyTorch, other "
+                         "processes) are unknown")
         return SourceStatus(
             nvml=self.nvml.status,
             torch=self.torch.state(),

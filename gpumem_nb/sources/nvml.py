@@ -136,6 +136,9 @@ class NvmlSource:
             return "the NVIDIA driver is not loaded"
         if code == getattr(m, "NVML_ERROR_NO_PERMISSION", object()):
             return "no permission to query the NVIDIA driver"
+        if code == getattr(m, "NVML_ERROR_FUNCTION_NOT_FOUND", object()):
+            return ("the NVIDIA driver is too old for nvidia-ml-py (libnvidia-ml lacks its "
+                    "init call)")
         return f"NVML failed to start: {e}"
 
     def _is(self, e: BaseException, name: str) -> bool:

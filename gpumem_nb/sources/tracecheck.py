@@ -19,6 +19,7 @@ from typing import Any
 from ..model import (
     STATUS_ERROR,
     STATUS_LOST,
+    STATUS_NO_NVML,
     STATUS_OK,
     AllocatorReading,
     ChildProcess,
@@ -27,7 +28,7 @@ from ..model import (
     Sample,
 )
 
-_STATUSES = (STATUS_OK, STATUS_LOST, STATUS_ERROR)
+_STATUSES = (STATUS_OK, STATUS_LOST, STATUS_ERROR, STATUS_NO_NVML)
 # Device readings checked before a replay starts: the whole of a short recording (the
 # bundled one holds 112), about 0.06 s of a long one (14 us a reading here). Past them, each
 # reading the sampler plays checks AHEAD_DEVICES more (0.12 s in its 0.5 s interval), so a
