@@ -329,6 +329,9 @@ def _plan_exception(shell: Any, noted: CellException | None, *, find_holders: bo
     return _ExceptionPlan(stored, count, held, foreign)
 
 
+_CUT_WORDS = "other objects "
+
+
 def _held_elsewhere(stored: StoredException, shell: Any, noted: CellException | None,
                     collect: bool = True) -> list[str]:
     """Who, besides the interpreter's and the shell's records, keeps ``exc``, its tracebacks
@@ -366,7 +369,7 @@ def _held_elsewhere(stored: StoredException, shell: Any, noted: CellException | 
                     ignore=ignore, budget_s=_HELD_BUDGET_S)
     held: list[str] = []
     if found.cut:
-        held.append(f"other objects (the search stopped there: {found.cut})")
+        held.append(f"{_CUT_WORDS}(the search stopped there: {found.cut})")
     for root in found.roots:
         name = _holder_words(root)
         if name not in held:
@@ -414,8 +417,15 @@ def _exception_text(plan: _ExceptionPlan, dry_run: bool) -> str:
                 else "a cell")
         what = f"the stored {userexc.type_name(stored.error)} of {cell}"
         parts.append(("would drop " if dry_run else "dropped ") + what)
-        if plan.held_by:
-            parts.append("its frames stay alive, held by " + ", ".join(plan.held_by))
+        cut = [h for h in plan.held_by if h.startswith(_CUT_WORDS)]
+        roots = [h for h in plan.held_by if not h.startswith(_CUT_WORDS)]
+        if roots:
+            parts.append("its frames stay alive, held by " + ", ".join(roots)
+                         + (" and maybe more" if cut else ""))
+        elif cut:
+            # Nothing found keeping them, but the search did not finish: not known either way.
+            why = cut[0].removeprefix(_CUT_WORDS).strip(" ()").split(": ", 1)[-1]
+            parts.append(f"not checked whether anything else keeps its frames alive ({why})")
         elif plan.frames:
             verb = "frees" if dry_run else "freed"
             parts[-1] += f" ({verb} the locals of {plan.frames} "
@@ -637,7 +647,9 @@ def _estimate(request: CleanupRequest, names: list[str], shell: Any,
     steps: list[StepResult] = [
         StepResult("gc.collect", "would collect what is garbage already (size unknown)")]
     if request.clear_traceback:
-        held = 0 if plan.held_by else cuda_bytes(h for h in holders if h.kind == "traceback")
+        # A search cut by its budget found no keeper: the estimate is what dropping it frees.
+        kept = any(not h.startswith(_CUT_WORDS) for h in plan.held_by)
+        held = 0 if kept else cuda_bytes(h for h in holders if h.kind == "traceback")
         steps.append(StepResult("last exception", _exception_text(plan, dry_run=True),
                                 freed_allocated_bytes=held))
     if request.clear_output:

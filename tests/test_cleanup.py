@@ -414,3 +414,20 @@ def _no_gpu_reading() -> Any:
     from gpumem_nb.model import Sample
 
     return Sample(t_s=0.0, wall_s=0.0, rss_bytes=None)
+
+
+def test_a_stored_exception_search_cut_by_its_budget_says_not_checked_not_held(loaded, capsys,
+                                                                                monkeypatch):
+    # A newcomer's `1/0` on a loaded 2-core machine read "its frames stay alive, held by other
+    # objects": the search had only run out of time, and found no keeper.
+    import gpumem_nb.cleanup as cleanup
+
+    monkeypatch.setattr(cleanup, "_HELD_BUDGET_S", 0.0)
+    loaded.run_cell("1/0", store_history=True)
+    capsys.readouterr()
+    report = loaded.run_line_magic("gpumem", "cleanup --dry-run -o")
+    text = str(report)
+    assert "not checked whether anything else keeps its frames alive" in text
+    assert "stay alive" not in text
+    step = next(s for s in report.steps if s.step == "last exception")
+    assert "budget ran out" in step.did
