@@ -7,6 +7,7 @@ They record calls so tests can prove that observing never mutates the user's sta
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import time
 import traceback
@@ -664,6 +665,37 @@ def node(kind: str, *inputs: Any, **saved: Any) -> Any:
     """``node("MulBackward0", prev, self=a, other=b)``: a node saving ``a`` and ``b``."""
     variable = saved.pop("variable", None) if kind == "AccumulateGrad" else None
     return node_type(kind, *saved)(*inputs, variable=variable, **saved)
+
+
+class CppHeld:
+    """A strong reference from where the garbage collector cannot see, as a tensor's C++
+    object holds its Python object under PyObject preservation: ``get()`` returns a new
+    reference, as ``AccumulateGrad.variable`` does. ``release()`` gives it back."""
+
+    def __init__(self, obj: Any) -> None:
+        self._addr = id(obj)
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+
+    def get(self) -> Any:
+        return ctypes.cast(self._addr, ctypes.py_object).value
+
+    def release(self) -> None:
+        ctypes.pythonapi.Py_DecRef(ctypes.py_object(self.get()))
+
+
+class AccumulateGrad:
+    """torch's leaf node as PyTorch 2.11 builds it: ``variable`` is a getter over a
+    reference the collector's traversal does not show (C++'s)."""
+
+    __slots__ = ("_cpp", "next_functions")
+
+    def __init__(self, held: CppHeld) -> None:
+        self.next_functions = ()
+        self._cpp = held
+
+    @property
+    def variable(self) -> Any:
+        return self._cpp.get()
 
 
 class DeferredCudaCallError(Exception):

@@ -63,17 +63,21 @@ def test_an_outputs_graph_is_sized_to_what_dropping_it_frees():
     assert h.held_bytes == freed  # parameters stay with the model, counted there
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known wrong since 8bd924f (a deleted model's weights are counted in its outputs' graph, "
-    "for `del model` in a notebook): here the model lives on in this test's frame, so dropping "
-    "the loss frees 589,828 B where the holder says 1,642,500 B (H100, fbe1cd8). The graph "
-    "must ask whether anything but the graph keeps the weights, not whether a name does."))
 def test_a_loss_without_its_module_in_reach_still_leaves_parameters_out():
     model = mlp()
     ns: dict[str, Any] = {}
     h, freed = held_and_freed(ns, "loss", lambda: model(torch.randn(64, 256)).pow(2).mean())
     params = sum(p.untyped_storage().nbytes() for p in model.parameters())
     assert h.held_bytes == freed and params not in (0, h.graph_bytes)
+
+
+def test_a_deleted_models_weights_are_counted_in_its_outputs_graph():
+    """The model made and dropped inside the cell (``del model`` in a notebook): only the
+    graph keeps its weights, and dropping the loss frees them too."""
+    ns: dict[str, Any] = {}
+    h, freed = held_and_freed(ns, "loss", lambda: mlp()(torch.randn(64, 256)).pow(2).mean())
+    weights = 4 * (256 * 256 + 256) * 4
+    assert h.held_bytes == freed and h.graph_bytes > weights
 
 
 def test_after_backward_a_graph_holds_nothing_and_reading_it_raises_nothing():

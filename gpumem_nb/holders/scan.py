@@ -1154,6 +1154,7 @@ class Scanner:
             found.clear()  # a list of them left here would be one more referrer
             cuts[name] = [n.strip() for n in line[4:].split(",")]
         named.clear()  # it refers to every variable: cleared before the search looks
+        self._forget()  # the walk's memo of its last tensor is one more reference to it
         if not context.thread_locals:
             context.thread_locals = thread_locals()
         try:

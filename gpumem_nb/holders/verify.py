@@ -13,10 +13,12 @@ gone), and whatever still reaches them is what the cut missed: a root with its o
 code joins the cut, a root without one (a live thread) makes it no single line, and tensors
 that then only cycles keep need a collection after it. One search for all checked holders,
 bounded by its budget; where it is cut, the advice is said unchecked, never as checked.
+A holder whose cut reference counts alone prove free (``sole.py``) skips the search.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -32,6 +34,7 @@ from .retention import (
     RootContext,
     Search,
 )
+from .sole import SoleProof
 
 BUDGET_S = 0.3  # for every checked holder together, at an OOM (after the cell)
 GC_COLLECT = "import gc; gc.collect()"
@@ -50,14 +53,26 @@ class CutCheck:
 def check_cuts(tensors: Mapping[str, Sequence[Any]], cuts: Mapping[str, Iterable[str]],
                context: RootContext,
                storage_of: Callable[[Any], tuple[str, int, tuple[str, int]] | None], *,
-               budget_s: float = BUDGET_S) -> dict[str, CutCheck]:
+               budget_s: float = BUDGET_S,
+               modules: Any = None) -> dict[str, CutCheck]:
     """For each holder (by name): its tensors, and the namespace names its cut deletes.
     One search: the namespace stands without every cut name, so a tensor two checked
     holders share is judged once the names of both are gone (the walk's ``also_held_by``
-    already joins such names into each cut)."""
+    already joins such names into each cut). ``modules``: where torch is looked up for the
+    proof that skips the search (``sys.modules`` unless given: a mapping of name to module)."""
     ns = context.user_ns
     if not isinstance(ns, dict) or not tensors:
         return {}
+    out: dict[str, CutCheck] = {}
+    proof = SoleProof.of(sys.modules if modules is None else modules)
+    if proof is not None:
+        lists = list(tensors.values())
+        for name, ts in tensors.items():
+            if proof.frees(ns, cuts.get(name, ()), ts, ours=lists):
+                out[name] = CutCheck()  # nothing else keeps them: what the search would say
+        lists.clear()
+        if len(out) == len(tensors):
+            return out
     gone = {n for names in cuts.values() for n in names}
     # Keys compared and hashed only as exact strs: a str subclass's __hash__ or __eq__ is
     # the user's code (reliability A4). Other keys stand in under a key of our own.
@@ -72,6 +87,8 @@ def check_cuts(tensors: Mapping[str, Sequence[Any]], cuts: Mapping[str, Iterable
     keys_of: dict[str, set[tuple[str, int]]] = {}
     targets: list[Any] = []
     for name, ts in tensors.items():
+        if name in out:
+            continue
         for t in ts:
             info = storage_of(t)
             if info is not None:
@@ -86,7 +103,6 @@ def check_cuts(tensors: Mapping[str, Sequence[Any]], cuts: Mapping[str, Iterable
         targets.clear()
         left.clear()
     by_key = {r.key: r for r in outcome.retained}
-    out: dict[str, CutCheck] = {}
     for name, keys in keys_of.items():
         found = [by_key[k] for k in keys if k in by_key]
         cut = next((r.why for r in found if r.state == STATE_NOT_SEARCHED), "")

@@ -289,7 +289,8 @@ def _backward_inputs(site: FailureSite, root: Any, user_ns: Mapping[Any, Any],
     checkpoint_nodes = 0
     walked: set[int] = set()
     if grad_fn is not None:
-        walker = GraphWalker(scanner._tensor_info, set(), budget_s=0.01)
+        # Only the graph's keys are wanted here: whose its leaves are is not asked.
+        walker = GraphWalker(scanner._tensor_info, set(), budget_s=0.01, judge_leaves=False)
         walker.size([grad_fn])
         keys |= walker.seen | walker._leaves
         checkpoint_nodes = sum(1 for n in walker._held if "Checkpoint" in type(n).__name__)
