@@ -38,7 +38,7 @@ from ..timeline import ALL_DEVICES, GIB, SERIES, Timeline
 from ..units import format_bytes, shown_name
 from ..views import Snapshot, children_html, device_row
 from .livechart import LiveChart
-from .picture import WIDGET_VIEW, ChartPicture
+from .picture import HEADER_NO_LIVE, WIDGET_VIEW, ChartPicture
 from .series import ChartSeries, device_key, points
 
 __all__ = ["ChartHost", "MemoryWidget", "show"]
@@ -248,7 +248,7 @@ class MemoryWidget:
             self._paused_header = None
         elif self._paused_header is None:  # the header holds still with the lines
             self._paused_header = self._header_html(sample)
-        header = self._paused_header or self._header_html(sample)
+        header = HEADER_NO_LIVE + (self._paused_header or self._header_html(sample))
         if header != self.header.value:
             self.header.value = header
         meta = self._meta(sample)
