@@ -39,16 +39,29 @@ def text_table(headers: Row, rows: Sequence[Row]) -> str:
 # JupyterLab styles rendered tables with ``white-space: normal``, so "+1.49 GiB" broke after
 # "+1.49" even beside empty space; cells are short, so they never wrap.
 _NOWRAP = "white-space:nowrap"
+# A text column: wraps at any character once its words do not fit (a site such as
+# "train.py:42 (from ce…)" has long unbroken runs), and reads left to right.
+_WRAP = "text-align:left;white-space:normal;overflow-wrap:anywhere;min-width:12em"
 
 
-def html_table(headers: Row, rows: Sequence[Row], *, caption: str = "") -> str:
+def html_table(headers: Row, rows: Sequence[Row], *, caption: str = "",
+               text_columns: Sequence[int] = ()) -> str:
+    """``text_columns``: the columns of free text (a call site, a file path), left-aligned and
+    wrapped anywhere, so one long value wraps inside the output instead of widening the table
+    past it; every other column stays on one line (numbers, sizes)."""
     esc = html.escape
-    head = "".join(f'<th style="{_NOWRAP}">{esc(h)}</th>' for h in headers)
+
+    def style(i: int) -> str:
+        if i in text_columns:
+            return _WRAP
+        return f'text-align:{"left" if i == 0 else "right"};{_NOWRAP}'
+
+    head = "".join(
+        f'<th style="{_WRAP if i in text_columns else _NOWRAP}">{esc(h)}</th>'
+        for i, h in enumerate(headers))
     body = "".join(
-        "<tr>" + "".join(
-            f'<td style="text-align:{"left" if i == 0 else "right"};{_NOWRAP}">{esc(c)}</td>'
-            for i, c in enumerate(r)
-        ) + "</tr>"
+        "<tr>" + "".join(f'<td style="{style(i)}">{esc(c)}</td>' for i, c in enumerate(r))
+        + "</tr>"
         for r in rows
     )
     cap = f"<caption style='text-align:left'>{esc(caption)}</caption>" if caption else ""

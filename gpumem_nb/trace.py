@@ -851,7 +851,8 @@ class TraceReport(Shown):
         if not self.result.devices:
             parts.append("<div>gpumem --trace: this cell allocated nothing on the GPU.</div>")
         for title, rows in self._sections():
-            parts.append(html_table(self.HEADERS, rows, caption=title))
+            parts.append(html_table(self.HEADERS, rows, caption=title,
+                                    text_columns=(self.HEADERS.index("site"),)))
         parts += [f"<div>{html.escape(n)}</div>" for n in self.result.notes]
         parts.append(f"<div style='color:#777'>{html.escape(self.footer())}</div>")
         return "<div class='gpumem-nb gpumem-trace'>" + "".join(parts) + "</div>"

@@ -193,7 +193,11 @@ def status_lines(status: SourceStatus, sample: Sample) -> list[str]:
             lines.append(f"allocator: {status.allocator.backend} ({conf}).")
     lines.extend(children_lines(sample))
     lines.extend(status.notes)
-    lines.append(f"Host RAM of this process: {format_bytes(sample.rss_bytes)}.")
+    if status.torch == "replay":  # the recorded process's, not this kernel's
+        lines.append(f"Host RAM of the recorded process: {format_bytes(sample.rss_bytes)} "
+                     "(the recording's).")
+    else:
+        lines.append(f"Host RAM of this process: {format_bytes(sample.rss_bytes)}.")
     return lines
 
 

@@ -60,9 +60,13 @@ def lab_python() -> str:
 
 def versions(python: str) -> dict[str, str]:
     """What the kernel will import: reported in the test output and in failures."""
-    code = ("import importlib.metadata as m, json; print(json.dumps({p: m.version(p) for p in "
-            "('plotly', 'ipywidgets', 'jupyterlab_widgets', 'jupyterlab', 'ipykernel', "
-            "'numpy', 'anywidget')}))")
+    # "absent" for one not installed: a JupyterLab of its own may lack anywidget on purpose.
+    code = ("import importlib.metadata as m, json\n"
+            "def v(p):\n"
+            "    try: return m.version(p)\n"
+            "    except m.PackageNotFoundError: return 'absent'\n"
+            "print(json.dumps({p: v(p) for p in ('plotly', 'ipywidgets', 'jupyterlab_widgets', "
+            "'jupyterlab', 'ipykernel', 'numpy', 'anywidget')}))")
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
     return dict(json.loads(out.stdout))
 
@@ -129,13 +133,16 @@ def _lab_settings(settings: Path, widget_state: bool = False) -> None:
 
 @contextlib.contextmanager
 def running_lab(tmp: Path, python: str | None = None, *, tree: Path = ROOT,
-                widget_state: bool = False, extra_startup: str = "") -> Iterator[Lab]:
+                widget_state: bool = False, extra_startup: str = "",
+                extra_env: dict[str, str] | None = None) -> Iterator[Lab]:
     """A JupyterLab of its own: private settings and config, its own port and token, an IPython
     startup file that installs the kernel side of the error watch (and fakes on request).
 
     ``tree``: the checkout whose gpumem_nb (and tests/browser_kernel.py) the kernels import,
     this one unless a benchmark compares another. ``widget_state``: JupyterLab saves widget
-    state into notebooks. ``extra_startup``: more IPython startup code for every kernel."""
+    state into notebooks. ``extra_startup``: more IPython startup code for every kernel.
+    ``extra_env``: more of the server's environment (a data folder holding a kernelspec of its
+    own, for one)."""
     python = python or lab_python()
     root = tmp / "nb"
     root.mkdir()
@@ -156,6 +163,7 @@ def running_lab(tmp: Path, python: str | None = None, *, tree: Path = ROOT,
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree), env.get("PYTHONPATH")) if p)
     for name in ("GPUMEM_NB_AUTO_SHOW", "GPUMEM_NB_REPLAY"):
         env.pop(name, None)
+    env.update(extra_env or {})
     log_path = tmp / "lab.log"
     log = open(log_path, "wb")  # noqa: SIM115 - closed below
     server = subprocess.Popen(

@@ -697,3 +697,20 @@ def test_watch_stop_keeps_the_cleanup_report_the_charts_button_printed(chart, sh
     (bundle, _), = handle.updates
     assert "what each step freed" in bundle["text/html"]
     assert "freed" in bundle["text/plain"]
+
+
+def test_the_script_sent_without_its_comment_lines_still_parses(tmp_path):
+    """livechart.py sends livechart.js less its whole-line comments: a comment-like line inside
+    a template literal would be cut out of it, and the page would get a broken module."""
+    import shutil
+    import subprocess
+
+    from gpumem_nb.chart.livechart import LiveChart
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    module = tmp_path / "livechart.mjs"
+    module.write_text(LiveChart._esm, encoding="utf-8")
+    result = subprocess.run([node, "--check", str(module)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -18,6 +18,7 @@ widget: model not found", in JupyterLab, Notebook 7, nbconvert and GitHub alike.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import threading
 from collections import deque
@@ -39,7 +40,7 @@ from ..units import format_bytes, shown_name
 from ..views import Snapshot, children_html, device_row
 from .livechart import LiveChart
 from .messages import CleanupAsked, DeviceAsked, done, read_request
-from .picture import WIDGET_VIEW, ChartPicture
+from .picture import HEADER_NO_LIVE, WIDGET_VIEW, ChartPicture
 from .series import ChartSeries, device_key, points
 
 __all__ = ["ChartHost", "MemoryWidget", "show"]
@@ -105,6 +106,7 @@ BANNER_STYLE = ("background:var(--jp-layout-color2,#fff3cd);"
                 "color:var(--jp-ui-font-color1,#111);"
                 "border-left:4px solid var(--jp-warn-color1,#d39e00);padding:6px 10px")
 REPLAY_X_TITLE = "seconds into the recording"
+REPLAY_MARK = "replay here"  # where a replay that has not ended stood, on its picture
 MAX_TITLE_NAMES = 4  # the GPU names the picture's title lists, each cut (units.shown_name)
 
 
@@ -249,7 +251,7 @@ class MemoryWidget:
             self._paused_header = None
         elif self._paused_header is None:  # the header holds still with the lines
             self._paused_header = self._header_html(sample)
-        header = self._paused_header or self._header_html(sample)
+        header = HEADER_NO_LIVE + (self._paused_header or self._header_html(sample))
         if header != self.header.value:
             self.header.value = header
         meta = self._meta(sample)
@@ -330,6 +332,8 @@ class MemoryWidget:
                 # The controls: a running cell holds the browser's requests back until it
                 # ends, which the page says when one is asked for meanwhile.
                 "busy": bool(self.monitor.cell_running),
+                # A replay's saved picture is the kernel's (livechart.js's snapshot).
+                "replay": self.replay is not None,
                 "devices": [list(o) for o in self.device_options] or None,
                 "device": device_key(self.device)}
 
@@ -540,19 +544,22 @@ class MemoryWidget:
 
     def plain_bundle(self) -> dict[str, str]:
         """The chart without the widget: text, the picture (SVG) and the numbers."""
-        # A replay's picture is its whole recording: its table is the recording's end, the
-        # point the picture ends at, not wherever the playback happened to be.
-        end = self._recording_end() if self.replay is not None else None
-        latest = end or self.feed.latest() or self.monitor.read()
+        # A replay's picture is its whole recording, marked where the replay stood; its table
+        # is the reading there (``--stop`` freezes it where it was), and says so.
+        stood = self._replay_stood() if self.replay is not None else None
+        latest = stood or self.feed.latest() or self.monitor.read()
         snap = Snapshot(status=self.status, sample=latest)
         static = self.static_bundle(latest)
+        where = self._stood_text()
         # The Clean up button's report stays with the picture: it was the user's only
         # account of what was freed, and ``watch --stop`` used to wipe it with the chart.
         report_html = self.report.value or ""
         report_text = f"\n{self._report_text}" if report_html and self._report_text else ""
         return {"text/plain": "gpumem_nb chart (a static picture; live with a kernel)\n"
-                              + str(snap) + report_text,
-                "text/html": static["text/html"] + snap._repr_html_() + report_html,
+                              + (f"{where}\n" if where else "") + str(snap) + report_text,
+                "text/html": static["text/html"]
+                + (f"<div>{html.escape(where)}</div>" if where else "")
+                + snap._repr_html_() + report_html,
                 "image/svg+xml": static["image/svg+xml"]}
 
     def static_bundle(self, sample: Sample | None) -> dict[str, str]:
@@ -580,7 +587,35 @@ class MemoryWidget:
                               replay=self.replay.label if self.replay is not None else None,
                               include_rss=not self.has_gpu,
                               x_title=LIVE_X_TITLE if self.replay is None else REPLAY_X_TITLE)
+            stood_s = self._stood_s()
+            if stood_s is not None:
+                data = dataclasses.replace(data, marks=[*data.marks, (stood_s, REPLAY_MARK)])
         return svg_static_bundle(data)
+
+    def _replay_stood(self) -> Sample | None:
+        """The reading the replay stood at: the last one played, the recording's end once
+        it has ended (or its first before any has played)."""
+        recording = getattr(self.replay.source if self.replay else None, "recording", None)
+        if self._replay_ended() or not recording:
+            return self._recording_end()
+        return self.feed.latest() or recording[0]
+
+    def _stood_s(self) -> float | None:
+        """Seconds into the recording where the replay stood; None once it has ended."""
+        if self.replay is None or self._replay_ended():
+            return None
+        return self.series.played_s or 0.0
+
+    def _stood_text(self) -> str:
+        recording = getattr(self.replay.source if self.replay else None, "recording", None)
+        if not recording:
+            return ""
+        span_s = recording[-1].t_s - recording[0].t_s
+        at = self._stood_s()
+        if at is None:
+            return f"REPLAY: the table is the recording's end, {span_s:.1f} s into it."
+        return (f"REPLAY: the table is where the replay stood, {at:.1f} s into the "
+                f"{span_s:.1f} s recording (the picture's mark \"replay here\").")
 
     def _recording_end(self) -> Sample | None:
         recording = getattr(self.replay.source if self.replay else None, "recording", None)

@@ -125,6 +125,21 @@ function modelData(model) {
   };
 }
 
+// A line with at least one reading: only these are listed (no GPU: host RAM alone, as the
+// picture lists it, not four GPU lines that cannot be drawn).
+function hasData(d) {
+  return d.ys.some((y) => y !== null && y !== undefined && !Number.isNaN(y));
+}
+
+// The y axis' unit for data that reach `top` GiB: the largest unit the top is at least one of,
+// as the picture chooses it (svgchart.byte_axis), so the live chart and its picture agree.
+function yUnit(top) {
+  for (const [unit, name] of [[1, "GiB"], [1 / 1024, "MiB"], [1 / 1048576, "KiB"]]) {
+    if (top >= unit) return { unit, name };
+  }
+  return { unit: 1 / 1073741824, name: "B" };
+}
+
 function byLegend(lines) {
   return lines.map((d, i) => [d, i])
     .sort((a, b) => (a[0].legend ?? 0) - (b[0].legend ?? 0) || a[1] - b[1]).map((p) => p[0]);
@@ -154,11 +169,12 @@ function frameOf(lines, marks, total, geom, zoom) {
       if (y !== null && inView && y > top) top = y;
     }
   }
-  top = Math.max(top, 0.01) * 1.15;
+  const { unit, name: unitName } = yUnit(top);
+  top = Math.max(top, unit) * 1.15;
   let y1 = top * 1.08;
   if (total && total <= top) y1 = Math.max(y1, total * 1.02);
   return {
-    x0, x1, y1, w, h, m, pw, ph,
+    x0, x1, y1, w, h, m, pw, ph, unit, unitName,
     px: (t) => m.left + ((t - x0) / (x1 - x0)) * pw,
     py: (v) => m.top + ph - (v / y1) * ph,
     t: (px) => x0 + ((px - m.left) / pw) * (x1 - x0),
@@ -210,8 +226,8 @@ function paint(svg, lines, marks, meta, f, compact) {
     el("svg:clipPath", { id: clipId }, defs));
 
   const grid = [], labels = el("svg:g", { class: "gl-ticks" }, svg);
-  for (const v of ticks(0, f.y1, 5)) {
-    const y = f.py(v);
+  for (const v of ticks(0, f.y1 / f.unit, 5)) {
+    const y = f.py(v * f.unit);
     grid.push(`M${m.left} ${y.toFixed(1)}h${f.pw}`);
     text("svg:text", { x: m.left - 6, y: y + 4, "text-anchor": "end" }, labels, `${v}`);
   }
@@ -230,7 +246,7 @@ function paint(svg, lines, marks, meta, f, compact) {
   text("svg:text", {
     class: "gl-axis-title", x: 12, y: yMid, "text-anchor": "middle",
     transform: `rotate(-90 12 ${yMid})`,
-  }, svg, meta.y_title || "");
+  }, svg, !meta.y_title || meta.y_title === "GiB" ? f.unitName : meta.y_title);
 
   const inner = el("svg:g", { "clip-path": `url(#${clipId})` }, svg);
   if (meta.total && meta.total <= f.y1) {
@@ -300,7 +316,7 @@ function pictureSvg(model) {
   paint(svg, lines, marks, meta, f, true);
   // The legend, in the picture's order, wrapping.
   let x = 52, y = f.h + 10;
-  for (const d of byLegend(lines).filter((l) => !l.hidden)) {
+  for (const d of byLegend(lines).filter((l) => !l.hidden && hasData(l))) {
     const name = d.name.length > 60 ? `${d.name.slice(0, 59)}…` : d.name;
     const w = 28 + widthOf(name, 11) + 14;
     if (x + w > PICTURE_W - 16 && x > 52) { x = 52; y += 18; }
@@ -345,9 +361,30 @@ function base64(textValue) {
 // The saved stand-in for the chart's output: ipywidgets' own HTML widget, which needs none of
 // this code to show (JupyterLab, Notebook 7, nbconvert's HTML with its widget script), holding
 // the header and banner as they were and the picture.
+// ipywidgets marks the view of a model without a kernel (every saved one, once reopened) with a
+// red broken-link icon; beside a picture that says it was saved, it reads as breakage.
+const NO_ICON = "<style>.jupyter-widgets.jupyter-widgets-disconnected:has(.gpumem-saved,"
+  + ".gpumem-saved-replay)::before{display:none}</style>";
+
 function snapshot(model, parts) {
   const ids = model.get("parts") || {};
   if (!ids.box) return null;
+  const version = (parts.header && parts.header.get("_model_module_version")) || "2.0.0";
+  const module = "@jupyter-widgets/controls";
+  const saved = (value) => [ids.box, {
+    model_name: "HTMLModel", model_module: module, model_module_version: version,
+    state: {
+      _model_name: "HTMLModel", _model_module: module, _model_module_version: version,
+      _view_name: "HTMLView", _view_module: module, _view_module_version: version,
+      value, [SAVED_KEY]: true,
+    },
+  }];
+  // A replay: its picture is the kernel's, in the output after this one (the whole recording,
+  // marked where the replay stood, with the table there), which this page only has the played
+  // part of. Saved as nothing to show, so that picture shows in JupyterLab as in nbconvert.
+  if ((model.get("meta") || {}).replay) {
+    return saved(`${NO_ICON}<div class="gpumem-saved-replay"></div>`);
+  }
   const { svg, alt } = pictureSvg(model);
   const img = document.createElement("img");
   img.src = `data:image/svg+xml;base64,${base64(svg)}`;
@@ -362,19 +399,10 @@ function snapshot(model, parts) {
   // scroll inside it and the picture scale down in a narrow output.
   // gpumem-saved: the picture the kernel keeps in an output of its own, after this one (for
   // nbconvert's HTML offline), hides itself beside this one (widget.py's PICTURE_STYLE).
-  const html = '<div class="gpumem-saved" style="width:0;min-width:100%">'
+  const html = NO_ICON + '<div class="gpumem-saved" style="width:0;min-width:100%">'
     + [parts.header, parts.banner].map((m) => (m && m.get("value")) || "").join("")
     + img.outerHTML + note.outerHTML + "</div>";
-  const version = (parts.header && parts.header.get("_model_module_version")) || "2.0.0";
-  const module = "@jupyter-widgets/controls";
-  return [ids.box, {
-    model_name: "HTMLModel", model_module: module, model_module_version: version,
-    state: {
-      _model_name: "HTMLModel", _model_module: module, _model_module_version: version,
-      _view_name: "HTMLView", _view_module: module, _view_module_version: version,
-      value: html, [SAVED_KEY]: true,
-    },
-  }];
+  return saved(html);
 }
 
 // The model ids the notebook's outputs show as widgets; null where the notebook model is not
@@ -560,7 +588,7 @@ function render({ model, el: host }) {
 
   function drawLegend(lines) {
     legend.replaceChildren();
-    for (const d of byLegend(lines)) {
+    for (const d of byLegend(lines).filter(hasData)) {
       const item = el("button", {
         class: "gl-item" + (d.hidden ? " gl-off" : ""), type: "button", "data-key": d.key,
         title: `${d.name}: ${d.hidden ? "show this line" : "hide this line"}`,

@@ -56,9 +56,18 @@ class SeriesSpec:
 Points = list[list[float | None]]  # [xs, ys]: seconds and GiB, None for a gap
 
 
+def _without_comment_lines(code: str) -> str:
+    """``code`` less the lines that hold only a ``//`` comment (none is inside a string or a
+    template literal in livechart.js: tests/test_widget.py checks the result still parses)."""
+    return "".join(line for line in code.splitlines(keepends=True)
+                   if not line.lstrip().startswith("//"))
+
+
 class LiveChart(anywidget.AnyWidget):
     # Read once, at import: anywidget can also watch a path for changes, which needs a thread.
-    _esm = (_HERE / "livechart.js").read_text(encoding="utf-8")
+    # The page gets the code without its whole-line comments (a third of the file), which
+    # every chart sends again: they are for the reader of livechart.js.
+    _esm = _without_comment_lines((_HERE / "livechart.js").read_text(encoding="utf-8"))
     _css = (_HERE / "livechart.css").read_text(encoding="utf-8")
 
     series = traitlets.List(traitlets.Dict()).tag(sync=True)

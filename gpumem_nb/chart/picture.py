@@ -19,6 +19,7 @@ from typing import Any
 
 __all__ = [
     "ENDED_UNDRAWN",
+    "HEADER_NO_LIVE",
     "NO_LIVE_NOTE",
     "PICTURE_CLASS",
     "PICTURE_EVERY_S",
@@ -56,8 +57,22 @@ NO_LIVE_NOTE = ("No live view above? It needs a running kernel, and anywidget in
                 "JupyterLab runs (<code>pip install anywidget</code> in the server's "
                 "environment, then restart JupyterLab), not only in the kernel's. Meanwhile "
                 "this picture follows the cells.")
-_NOTE_HTML = ("<div class='gpumem-no-live' style='font-size:11px;"
-              "color:var(--jp-ui-font-color2,#555);margin:2px 0'>" + NO_LIVE_NOTE + "</div>")
+_NOTE_STYLE = "font-size:11px;color:var(--jp-ui-font-color2,#555);margin:2px 0"
+_NOTE_HTML = f"<div class='gpumem-no-live' style='{_NOTE_STYLE}'>{NO_LIVE_NOTE}</div>"
+# The same line in the live view's header (an ipywidgets HTML widget above the chart), which
+# ipywidgets draws even where the chart's own module is missing: the box then shows the header
+# and "Click to show javascript error" where the chart should be. Hidden by CSS, no script:
+# wherever the box holds the drawn chart (livechart.js's ``.gpumem-live``), and in the picture
+# the page saves in its place (``.gpumem-saved``, which keeps the header's HTML), where the
+# saved picture itself is the chart.
+HEADER_NO_LIVE = (
+    "<style>.widget-box:has(.gpumem-live) .gpumem-no-live-header,"
+    ".gpumem-saved .gpumem-no-live-header{display:none}"
+    ".gpumem-no-live-header code{font-size:inherit}</style>"
+    f"<div class='gpumem-no-live gpumem-no-live-header' style='{_NOTE_STYLE}'>"
+    + NO_LIVE_NOTE.replace("No live view above?", "No live chart below?")
+    .replace(" Meanwhile this picture follows the cells.",
+             " Meanwhile the picture under it follows the cells.") + "</div>")
 
 
 class ChartPicture:
