@@ -39,11 +39,10 @@ def private_home() -> Path:
 
 
 def make_shell(load: bool = True) -> Any:
-    from tests.fakes import FakeCuda, FakeCudaDevice, FakeGpu, FakePynvml, fake_torch
-
     from gpumem_nb.kernel import monitor as monitor_mod
     from gpumem_nb.sources.live import LiveSource
     from gpumem_nb.sources.nvml import NvmlSource
+    from tests.fakes import FakeCuda, FakeCudaDevice, FakeGpu, FakePynvml, fake_torch
 
     gpu = FakeGpu("GPU-aaaa-1111")
     nvml = FakePynvml([gpu])
@@ -58,7 +57,26 @@ def make_shell(load: bool = True) -> Any:
     if load:
         shell.run_cell("%load_ext gpumem_nb")
     shell.user_ns.update(cuda=cuda, GiB=GiB, MiB=MiB, torch=sys.modules["torch"])
+    _SHELLS.append(shell)
     return shell
+
+
+_SHELLS: list[Any] = []
+
+
+def _sampler(start: bool) -> None:
+    """Forking while the sampler thread holds its lock leaves the child's copy locked
+    forever: the parent stops its sampler around each fork, and the child starts its own."""
+    from gpumem_nb.kernel import current_monitor
+
+    for shell in _SHELLS:
+        m = current_monitor(shell)
+        if m is None:
+            continue
+        if start:
+            m.start_sampling()
+        else:
+            m.stop_sampling()
 
 
 class Cell:
@@ -107,9 +125,8 @@ def vm_hwm_mib() -> float:
 
 
 def _reset_peak() -> None:
-    with contextlib.suppress(OSError):
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
 
 
 def attack(surface: str, name: str, fn: Callable[[], dict[str, Any]],
@@ -120,11 +137,13 @@ def attack(surface: str, name: str, fn: Callable[[], dict[str, Any]],
     if only and only not in name:
         return {}
     r_fd, w_fd = os.pipe()
+    _sampler(start=False)
     pid = os.fork()
     if pid == 0:  # child
         os.close(r_fd)
         code = 0
         try:
+            _sampler(start=True)
             _reset_peak()
             before = vm_hwm_mib()
             threads_before = threading.active_count()

@@ -16,8 +16,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.attack36._harness import (  # noqa: E402
-    Cell, attack, make_shell, one_sentence, private_home, summary)
+from benchmarks.attack36._harness import (
+    Cell,
+    attack,
+    make_shell,
+    one_sentence,
+    private_home,
+    summary,
+)
 
 HOME = private_home()
 SHELL = make_shell(load=False)
@@ -224,7 +230,7 @@ def main() -> int:
         p.write_text(p.read_text().replace('"HUGE"', "9" * 4000))
         attack(S3, f"a 4,000-digit integer as the {where} sample's {key}",
                lambda p=p: replay(p, ticks=1), lambda r: (not r["traceback"]) and (
-                   r["usage_error"] and one_sentence(r["sentence"]) or r["error"] == "None"))
+                   (r["usage_error"] and one_sentence(r["sentence"])) or r["error"] == "None"))
 
     def later_huge_thread() -> dict[str, Any]:
         """The sampler thread plays (and checks) a later sample whose wall_s is a

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import bz2
 import gzip
-import io
 import json
 import lzma
 import pickle
@@ -18,9 +17,16 @@ import zlib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.attack36._harness import (  # noqa: E402
-    MiB, Cell, attack, make_shell, one_sentence, private_home, summary)
-from tests.whatif_history import History  # noqa: E402
+from benchmarks.attack36._harness import (
+    Cell,
+    MiB,
+    attack,
+    make_shell,
+    one_sentence,
+    private_home,
+    summary,
+)
+from tests.whatif_history import History
 
 HOME = private_home()
 SHELL = make_shell()
@@ -66,7 +72,7 @@ def refused(limit_mib: float = 4 * 256):
 
 def answered_or_refused(limit_mib: float = 4 * 256):
     def ok(r: dict) -> bool:
-        fine = r.get("usage_error") and one_sentence(r["sentence"]) or (
+        fine = (r.get("usage_error") and one_sentence(r["sentence"])) or (
             r.get("error") == "None" and r["bundles"] + r["printed_chars"] > 0)
         return (bool(fine) and not r["traceback"]
                 and r["peak_mib"] - r["rss_before_mib"] < limit_mib and r["seconds"] < 30)
@@ -83,8 +89,8 @@ def main() -> int:
     gz_stream(inner, b"", b"\0" * MiB, 4096, b"")
     nested = d / "nested.json.gz"
     nested.write_bytes(gz(gz(inner.read_bytes())))
-    attack(S, f"gzip(gzip(gzip 4 GiB of NUL)) {nested.stat().st_size} B", lambda: whatif(str(nested)),
-           refused())
+    attack(S, f"gzip(gzip(gzip 4 GiB of NUL)) {nested.stat().st_size} B",
+           lambda: whatif(str(nested)), refused())
 
     # 2. Many gzip members, each small, concatenated: past the bound only all together.
     members = d / "members.json.gz"
