@@ -98,9 +98,11 @@ def parse_size(text: str) -> int:
 
 # What must not reach a terminal or a plain-text output raw: C0 and C1 controls (a clear-screen
 # escape, a bell, a newline forging a row of its own), DEL, the bidirectional overrides and
-# isolates that make text read backwards, and lone surrogates (``print`` itself would raise).
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e"
-                          "\u2066-\u2069\ud800-\udfff]")
+# isolates that make text read backwards, the line and paragraph separators (a terminal or a
+# notebook breaks the line there, as at a newline), and lone surrogates (``print`` itself would
+# raise).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029"
+                          "\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 def cut(text: str, limit: int) -> str:

@@ -67,9 +67,6 @@ def test_a_gzipd_pickle_of_dup_opcodes_peaks_at_a_small_multiple_of_the_unpack_b
     assert peak < 4 * bound, f"{peak >> 20} MiB for a {bound >> 20} MiB bound"
 
 
-@pytest.mark.xfail(strict=True, reason="F2/D1: whatif/report.py prints the recorded "
-                   "PYTORCH_CUDA_ALLOC_CONF raw ('Recorded under ...'): an ESC reaches the "
-                   "output live and a lone surrogate makes the bundle unsendable (UTF-8)")
 def test_a_recorded_setting_holding_escapes_and_a_lone_surrogate_is_shown_printable(
         loaded, tmp_path):
     h = History()
@@ -104,9 +101,6 @@ def _children(cmdline: str, n: int) -> Any:
     return mutate
 
 
-@pytest.mark.xfail(strict=True, reason="D1: a replayed child's cmdline is printed as recorded "
-                   "(views.children_lines): raw ESC and a lone surrogate reach text/plain and "
-                   "text/html; the live reader escapes and cuts it, the replay does not")
 def test_a_replayed_childs_command_line_is_shown_printable(shell, no_gpu, tmp_path):
     path = _trace(tmp_path, "child.json", _children("C\ud800\x1b[2J", 1))
     mon = _replay(shell, path)
@@ -257,9 +251,6 @@ def test_a_ctrl_c_in_cleanups_final_display_still_reports_what_was_done(loaded, 
 
 
 # -- C --------------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="C1: units.printable leaves U+2028/U+2029 (line and "
-                   "paragraph separators): an unknown flag holding one is echoed raw and the "
-                   "one-line message breaks in a browser")
 def test_an_unknown_flag_holding_a_line_separator_is_echoed_escaped(loaded):
     with pytest.raises(UsageError) as e:
         loaded.run_line_magic("gpumem", "who --g\u2028c")

@@ -15,7 +15,7 @@ from typing import Any, overload
 
 from .. import plotlyjson, svgchart
 from ..report import Shown, html_table, text_table
-from ..units import format_bytes
+from ..units import cut, format_bytes, printable
 
 _MiB = float(1 << 20)
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
@@ -109,12 +109,14 @@ class WhatIf(Shown, Sequence[WhatIfRow]):
                 f"replayed under {len(self.rows)} setting(s){cap}")
 
     def footer(self) -> str:
+        # The setting as the recording says it: a file's text, shown printable and cut.
+        setting = printable(cut(self.recorded_setting, 200)) or "defaults"
         if self.recorded_known:
-            rec = (f"Recorded under {self.recorded_setting or 'defaults'}: the history's own "
+            rec = (f"Recorded under {setting}: the history's own "
                    f"segments peaked at {format_bytes(self.recorded_peak_reserved_bytes)} "
                    f"reserved and ended at {format_bytes(self.recorded_end_reserved_bytes)}.")
         else:
-            rec = (f"Recorded under {self.recorded_setting or 'defaults'}: what its own "
+            rec = (f"Recorded under {setting}: what its own "
                    "allocator reserved is unknown (the history holds no segment entries).")
         return (f"{rec} Stranded: free bytes empty_cache could not give back. "
                 f"Replay took {self.elapsed_s * 1e3:.0f} ms.")
