@@ -117,16 +117,21 @@ def chain(exc: BaseException | None, limit: int) -> list[BaseException]:
 
 
 def class_name(cls: type) -> str:
-    """A class's real ``__name__`` (a metaclass property of that name is not run)."""
-    return str(_TYPE_NAME.__get__(cls))
+    """A class's real ``__name__`` (a metaclass property of that name is not run), as a
+    plain ``str``: ``type.__name__`` may be set to a str subclass, whose ``__str__`` is the
+    user's code; ``str.__str__`` copies it without calling any of its methods."""
+    name = _TYPE_NAME.__get__(cls)
+    return str.__str__(name) if isinstance(name, str) else ""
 
 
 def class_module(cls: type) -> object:
-    """A class's ``__module__`` as stored: any object a class body set, or None."""
+    """A class's ``__module__`` as stored: any object a class body set, or None; a str
+    subclass comes back as a plain ``str`` copy, so that comparing it runs none of its code."""
     try:
-        return _TYPE_MODULE.__get__(cls)
+        module = _TYPE_MODULE.__get__(cls)
     except AttributeError:  # a builtin type without one
         return None
+    return str.__str__(module) if isinstance(module, str) else module
 
 
 def mro(cls: type) -> tuple[type, ...]:

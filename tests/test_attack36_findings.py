@@ -210,9 +210,6 @@ class _CountingStr(str):
         return self
 
 
-@pytest.mark.xfail(strict=True, reason="OOM forms: userexc.class_module returns a str subclass "
-                   "as stored and forms._module_of calls its split(); class_name calls str() on "
-                   "a str-subclass __name__ and the names set hashes it: user code run by looking")
 def test_an_exception_class_whose_module_and_name_are_str_subclasses_runs_no_code():
     from gpumem_nb.oom.forms import find_oom
 
@@ -229,9 +226,6 @@ def test_an_exception_class_whose_module_and_name_are_str_subclasses_runs_no_cod
 
 
 # -- G1 -------------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="G1: a Ctrl-C that lands in the final display of the "
-                   "report (after every step ran, variables deleted) shows no report: only "
-                   "the KeyboardInterrupt")
 def test_a_ctrl_c_in_cleanups_final_display_still_reports_what_was_done(loaded, monkeypatch):
     from gpumem_nb.ipython.commands import holders
 

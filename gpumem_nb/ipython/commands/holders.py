@@ -38,8 +38,18 @@ def who(m: Monitor, shell: InteractiveShell, args: argparse.Namespace) -> Any:
     report = WhoReport(holders[: args.n], total=len(holders), ledgers=ledgers)
     if args.o:
         return report
-    display(report)
+    _show_through_ctrl_c(shell, report)
     return None
+
+
+def _show_through_ctrl_c(shell: InteractiveShell, report: Any) -> None:
+    """Show the report; a Ctrl-C during the showing (after the steps ran: variables may be
+    gone already) still leaves what was done on the page, as plain text, then goes on."""
+    try:
+        display(report)
+    except KeyboardInterrupt:
+        shell.display_pub.publish(data={"text/plain": str(report)})
+        raise
 
 
 WHO = Subcommand("who", "who holds memory: variables (and tensors inside modules, optimizers,\n"
@@ -69,7 +79,7 @@ def cleanup(m: Monitor, shell: InteractiveShell, args: argparse.Namespace) -> An
     )
     try:
         # A Ctrl-C is re-raised after the report of what was done until then is shown.
-        report = m.cleanup(request, on_interrupt=display)
+        report = m.cleanup(request, on_interrupt=lambda r: _show_through_ctrl_c(shell, r))
     except (ValueError, RuntimeError) as e:
         raise UsageError(short_message(str(e))) from None
     if args.o:
