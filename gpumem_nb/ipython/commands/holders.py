@@ -38,18 +38,8 @@ def who(m: Monitor, shell: InteractiveShell, args: argparse.Namespace) -> Any:
     report = WhoReport(holders[: args.n], total=len(holders), ledgers=ledgers)
     if args.o:
         return report
-    _show_through_ctrl_c(shell, report)
+    display(report)
     return None
-
-
-def _show_through_ctrl_c(shell: InteractiveShell, report: Any) -> None:
-    """Show the report; a Ctrl-C during the showing (after the steps ran: variables may be
-    gone already) still leaves what was done on the page, as plain text, then goes on."""
-    try:
-        display(report)
-    except KeyboardInterrupt:
-        shell.display_pub.publish(data={"text/plain": str(report)})
-        raise
 
 
 WHO = Subcommand("who", "who holds memory: variables (and tensors inside modules, optimizers,\n"
@@ -84,8 +74,18 @@ def cleanup(m: Monitor, shell: InteractiveShell, args: argparse.Namespace) -> An
         raise UsageError(short_message(str(e))) from None
     if args.o:
         return report
-    display(report)
+    _show_through_ctrl_c(shell, report)
     return None
+
+
+def _show_through_ctrl_c(shell: InteractiveShell, report: Any) -> None:
+    """Show the report; a Ctrl-C during the showing (after the steps ran: variables may be
+    gone already) still leaves what was done on the page, as plain text, then goes on."""
+    try:
+        display(report)
+    except KeyboardInterrupt:
+        shell.display_pub.publish(data={"text/plain": str(report)})
+        raise
 
 
 CLEANUP = Subcommand(
