@@ -235,6 +235,10 @@ class Scanner(ObjectWalk):
             self.skipped += 1
         finally:
             self._forget()
+            # The tally stays with the scanner until its next scan: no graph it noted may
+            # (a failure before the graphs were sized left their roots).
+            for f in tally.found.values():
+                f.roots.clear()
             if collecting:
                 gc.enable()
         with warnings.catch_warnings():
