@@ -187,7 +187,7 @@ def stored_cell_exception(shell: Any, noted: CellException | None = None,
 
     ``sys.last_value`` is the interpreter's last uncaught exception, whoever raised it: a
     widget's message handler stores its own there between cells (plotly's trace-delta
-    handler did, issue 7). Only an exception the monitor saw a cell raise, or one whose
+    handler did). Only an exception the monitor saw a cell raise, or one whose
     traceback runs through a cell's top-level code, is the user's.
     """
     last = last_value()

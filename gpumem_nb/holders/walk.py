@@ -351,7 +351,7 @@ class ObjectWalk:
                                         objdepth - 1)
         if userexc.is_exception(obj):
             # An exception kept in a variable keeps its traceback's frames, and their locals
-            # (issue 24: `except E as e: err = e`); its cause and context chain on. Read
+            # (`except E as e: err = e`); its cause and context chain on. Read
             # through C descriptors (userexc), never the exception's own code.
             for tb_name, frame_locals in finished_frame_locals([obj]):
                 yield from self._items_in(frame_locals, CONTAINER_DEPTH,
@@ -472,9 +472,9 @@ class ObjectWalk:
                          objdepth: int) -> Iterator[tuple[Any, tuple[str, ...]]]:
         """What a module and its children keep besides parameters and buffers: a tensor set as
         a plain attribute, and what hooks keep (a forward hook's closure appending every
-        output to a list: issue 24's forward_hook_keeps_outputs, 60 GiB not found on the
-        H200). Children are found as torch keeps them, in each module's own
-        ``__dict__['_modules']`` read through the ``__dict__`` descriptor, in
+        output to a list: 60 GiB of them went unfound on the H200). Children are found as
+        torch keeps them, in each module's own ``__dict__['_modules']`` read through the
+        ``__dict__`` descriptor, in
         ``named_modules()``'s order: calling ``named_modules`` ran a subclass's override or
         property, and one yielding millions of modules took seconds past every bound."""
         stack: list[tuple[str, Any]] = [("", obj)]
