@@ -82,16 +82,16 @@ class Scanner(ObjectWalk):
         self.graph_nodes = 0  # and the nodes they walked
 
     # -- one tensor's facts, as the walk reads them ----------------------------------------
-    def _grad_fn(self, t: Any) -> Any:
+    def _grad_fn(self, t: object) -> Any:
         return self.facts.grad_fn(t)
 
-    def _describe(self, t: Any, grad_fn: Any = MISSING) -> str:
+    def _describe(self, t: object, grad_fn: object = MISSING) -> str:
         return self.facts.describe(t, grad_fn)
 
-    def shape_of(self, t: Any) -> tuple[Any, ...] | None:
+    def shape_of(self, t: object) -> tuple[Any, ...] | None:
         return self.facts.shape_of(t)
 
-    def own_bytes(self, t: Any) -> int | None:
+    def own_bytes(self, t: object) -> int | None:
         return self.facts.own_bytes(t)
 
     # -- holders -----------------------------------------------------------------------------

@@ -6,7 +6,6 @@ so each pair is checked once the scan is done, by a fresh bounded walk of the ob
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from .facts import TensorInfo
 from .tally import Tally
@@ -14,9 +13,9 @@ from .tally import Tally
 __all__ = ["check_shared"]
 
 
-def check_shared(shared: Mapping[tuple[str, str], Any], tally: Tally,
-                 tensors_of: Callable[[Any], list[tuple[Any, tuple[str, ...]]]],
-                 info: Callable[[Any], TensorInfo | None]) -> None:
+def check_shared(shared: Mapping[tuple[str, str], object], tally: Tally,
+                 tensors_of: Callable[[object], list[tuple[object, tuple[str, ...]]]],
+                 info: Callable[[object], TensorInfo | None]) -> None:
     """Each shared object that leads to its first holder's storages makes the second holder
     one more reference that must go (bounded: a fresh walk of each, within the scan's
     bounds). ``shared``: (first holder, second holder) -> the object both reach."""

@@ -63,7 +63,7 @@ class Tally:
         if owner is not None and owner != name:
             self.also.setdefault(owner, {})[name] = None
 
-    def add(self, name: str, kind: str, t: Any, path: tuple[str, ...], info: TensorInfo,
+    def add(self, name: str, kind: str, t: object, path: tuple[str, ...], info: TensorInfo,
             grad: bool) -> None:
         """One tensor the walk of holder ``name`` reached at ``path``; ``grad``: a gradient."""
         device, nbytes, key = info
