@@ -32,6 +32,7 @@ SHELL_NAMES = {
 OUTPUT_ALIAS = re.compile(r"^(_|__|___|_\d+)$")
 INPUT_ALIAS = re.compile(r"^_i\d*$|^_ii+$")
 
+
 def output_cache_names(
     user_ns: Mapping[Any, Any],
     out_entries: Mapping[int, Any],
