@@ -12,17 +12,13 @@ Two searches, one answer:
   said as such: garbage in reference cycles, or references from where Python cannot see.
 """
 
-from .scan import (
-    INPUT_ALIAS,
-    OUTPUT_ALIAS,
-    SHELL_NAMES,
-    UNDERS,
+from .names import INPUT_ALIAS, OUTPUT_ALIAS, SHELL_NAMES, alias_order, output_cache_names
+from .reading import UNDERS, running_frame_ids, static_attribute, type_name
+from .scan import Scanner
+from .stored import (
     CellException,
-    Scanner,
     StoredException,
-    alias_order,
     cell_number,
-    cuda_bytes,
     exception_chain,
     frame_is_live,
     frames_of,
@@ -30,13 +26,10 @@ from .scan import (
     is_stored,
     last_exception_objects,
     last_value,
-    output_cache_names,
-    running_frame_ids,
-    static_attribute,
     stored_cell_exception,
     traceback_links,
-    type_name,
 )
+from .tally import cuda_bytes
 
 __all__ = [
     "INPUT_ALIAS",

@@ -1,7 +1,7 @@
 """Who keeps these objects: the one reverse search for any object, not only tensors.
 
 The retention search (``retention.py``) walks up from objects to the roots a user can act on.
-For tensors it is keyed by storage (``scan.py``, ``verify.py``); for anything else (a stored
+For tensors it is keyed by storage (``facts.py``, ``verify.py``); for anything else (a stored
 exception, its tracebacks and finished frames, which cleanup is about to drop) each object is
 its own key. Read-only: it only asks the garbage collector.
 """

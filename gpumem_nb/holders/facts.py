@@ -1,0 +1,152 @@
+"""A tensor's or an array's facts (device, bytes, storage, gradient, graph node, shape) for
+the holder walk, whichever library made it: a torch tensor's through ``TensorReader``
+(``torch.Tensor``'s own descriptors, ``__torch_function__`` off), a numpy or CuPy array's
+through its class's C descriptors. No look runs the class's code, and none raises.
+
+torch is never imported: its classes come from the modules given (``sys.modules``).
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Mapping
+from typing import Any
+
+from .peek import C_DESCRIPTORS, is_a
+from .reading import MISSING, static_attribute
+from .tensors import TensorReader, sizes
+
+__all__ = ["TensorFacts", "TensorInfo"]
+
+# (device, bytes, storage key): the key is the same for every view of one storage.
+TensorInfo = tuple[str, int, tuple[str, int]]
+
+# A class attribute that is C code when called (a slot wrapper, a C method).
+_C_CALLABLES = (types.WrapperDescriptorType, types.MethodDescriptorType,
+                types.BuiltinFunctionType)
+
+
+class TensorFacts:
+    """The facts of one interpreter's tensors and arrays, and torch's classes that the walk
+    treats apart (modules, parameters, optimizers), each None without torch."""
+
+    def __init__(self, modules: Mapping[str, Any]) -> None:
+        torch = modules.get("torch")
+        # A tensor's facts through torch.Tensor's own descriptors, never a subclass's code.
+        self.reader = TensorReader.of(modules)
+        self.tensor_type: Any = self.reader.base if self.reader is not None else None
+        nn = getattr(torch, "nn", None) if torch else None
+        optim = getattr(torch, "optim", None) if torch else None
+        self.module_type: Any = getattr(nn, "Module", None) if nn else None
+        self.param_type: Any = getattr(nn, "Parameter", None) if nn else None
+        self.optimizer_type: Any = getattr(optim, "Optimizer", None) if optim else None
+        self._arrays: dict[int, tuple[type, tuple[Any, Any, bool] | None]] = {}
+
+    def info(self, t: Any) -> TensorInfo | None:
+        """(device, bytes, storage key) of a tensor or numpy/cupy-like array; never raises."""
+        try:
+            return self._info_of(t)
+        except Exception:
+            return None
+
+    def _info_of(self, t: Any) -> TensorInfo | None:
+        if self.reader is not None and is_a(t, self.tensor_type):
+            # torch.Tensor's own descriptors, with __torch_function__ off: a subclass's
+            # override of `device` or `untyped_storage` never runs (tensors.py).
+            return self.reader.info(t)
+        plan = self.array_plan(type(t))
+        if plan is None:
+            return None
+        nbytes_desc, base_desc, on_device = plan
+        n = int(nbytes_desc.__get__(t, type(t)))
+        if n < 0:
+            return None
+        device = "cuda" if on_device else "cpu"
+        base = base_desc.__get__(t, type(t)) if base_desc is not None else None
+        return device, n, (device, id(base if base is not None else t))
+
+    def array_plan(self, t: type) -> tuple[Any, Any, bool] | None:
+        """How to read an array of this class (numpy's, CuPy's): its ``nbytes`` and ``base``
+        descriptors and whether it lives on a GPU, or None for a class that is not one. Only
+        C descriptors count: a Python ``nbytes``/``shape``/``dtype`` property (a lazy
+        dataset) would be the user's code, run by looking."""
+        cached = self._arrays.get(id(t))
+        if cached is not None and cached[0] is t:
+            return cached[1]
+        plan: tuple[Any, Any, bool] | None = None
+        found = [static_attribute(t, n) for n in ("nbytes", "shape", "dtype")]
+        if all(type(d) in C_DESCRIPTORS for d in found):
+            base = static_attribute(t, "base")
+            plan = (found[0], base if type(base) in C_DESCRIPTORS else None,
+                    static_attribute(t, "__cuda_array_interface__") is not MISSING)
+        self._arrays[id(t)] = (t, plan)
+        return plan
+
+    def grad_fn(self, t: Any) -> Any:
+        if self.reader is None or not is_a(t, self.tensor_type):
+            return None
+        try:
+            return self.reader.grad_fn(t)
+        except Exception:
+            return None
+
+    def grad_of(self, t: Any) -> Any:
+        """A leaf tensor's gradient (only leaves have one; asking a non-leaf makes torch
+        warn), read by torch.Tensor's own descriptors."""
+        if self.reader is None or not is_a(t, self.tensor_type):
+            return None
+        try:
+            grad = self.reader.leaf_grad(t)
+        except Exception:
+            return None
+        return grad if grad is not None and self.info(grad) is not None else None
+
+    def shape_of(self, t: Any) -> tuple[Any, ...] | None:
+        """A tensor's or array's sizes, read as ``info`` reads it (no user code)."""
+        try:
+            if self.reader is not None and is_a(t, self.tensor_type):
+                return self.reader.shape(t)
+            plan = self.array_plan(type(t))
+            if plan is None:
+                return None
+            return sizes(static_attribute(type(t), "shape").__get__(t, type(t)))
+        except Exception:
+            return None
+
+    def own_bytes(self, t: Any) -> int | None:
+        """The bytes of a tensor's or array's own elements (not a larger storage it views)."""
+        try:
+            if self.reader is not None and is_a(t, self.tensor_type):
+                return self.reader.elements_bytes(t)
+            plan = self.array_plan(type(t))
+            return int(plan[0].__get__(t, type(t))) if plan is not None else None
+        except Exception:
+            return None
+
+    def describe(self, t: Any, grad_fn: Any = MISSING) -> str:
+        """"float32[1024, 1024], grad_fn=MulBackward0", read as ``info`` reads (no subclass's
+        property, override or ``__torch_function__`` runs); ``grad_fn`` where the caller has
+        read it already."""
+        if self.reader is not None and is_a(t, self.tensor_type):
+            return self.reader.describe(t, grad_fn)
+        shape = self.shape_of(t)
+        dims = list(shape) if shape is not None else ["?"]
+        try:  # an array's dtype by the class's C descriptor (``array_plan`` checked it)
+            dtype = static_attribute(type(t), "dtype").__get__(t, type(t))
+            # Said only where the dtype's own str and repr are C code (numpy's, CuPy's).
+            text = str(dtype) if all(
+                type(static_attribute(type(dtype), n)) in _C_CALLABLES
+                for n in ("__str__", "__repr__")) else "?"
+        except Exception:
+            text = "?"
+        return f"{text}{dims}"
+
+    def kind_of(self, obj: Any) -> str:
+        """What a holder is, for its listing: a module, an optimizer's state, a container."""
+        if is_a(obj, self.module_type):
+            return "module"
+        if is_a(obj, self.optimizer_type):
+            return "optimizer state"
+        if is_a(obj, (dict, list, tuple, set, frozenset)):
+            return "container"
+        return "variable"
