@@ -223,6 +223,7 @@ def _run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: in
                                peak_allocated_bytes=unlimited.peak_allocated_bytes,
                                device_total_bytes=total,
                                unlimited_max_demand_bytes=unlimited.max_demand_bytes,
+                               demand_records=unlimited.demand_records,
                                progress=events)
             fits.append(FitRow(s.label, s.text, need, n))
             done.setdefault(acting, (r, (need, n), s.label))
