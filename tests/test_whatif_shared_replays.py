@@ -71,3 +71,20 @@ def test_a_max_split_some_block_reaches_is_replayed_on_its_own():
     alone, _ = _fit_row(snap, ["max_split_size_mb:128"], "max_split_size_mb:128")
     assert not row.note
     assert row.min_bytes == alone.min_bytes
+
+
+def test_a_max_split_above_every_segment_shares_though_twice_the_largest_request_reaches_it():
+    # Without roundup_power2_divisions a 64 MiB request makes a 66 MiB segment at most: twice
+    # the request (130 MiB) was the bound for every setting, and max_split_size_mb:128 was
+    # replayed again for the defaults' answer.
+    snap = _snapshot((8 * MiB, 64 * MiB + 4096, 30 * MiB), n=300, seed=2)
+    shared, w = _fit_row(snap, ["", "max_split_size_mb:128"], "max_split_size_mb:128")
+    alone, w1 = _fit_row(snap, ["max_split_size_mb:128"], "max_split_size_mb:128")
+    assert shared.note.startswith("as defaults") and not alone.note
+    assert shared.min_bytes == alone.min_bytes
+    assert w[1].peak_reserved_bytes == w1[0].peak_reserved_bytes
+    # Rounded by powers of two, the same request may reach it: replayed on its own.
+    rounded, _ = _fit_row(snap, ["roundup_power2_divisions:2",
+                                 "roundup_power2_divisions:2,max_split_size_mb:128"],
+                          "roundup_power2_divisions:2,max_split_size_mb:128")
+    assert not rounded.note
