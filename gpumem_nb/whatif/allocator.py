@@ -255,6 +255,13 @@ class DeviceCachingAllocator:
         # map): with limits at least this high, and no GC, every check passes and a capped
         # replay is this one.
         self.max_demand = 0
+        # When a list: each time max_demand grows at a segment's limit check, that demand
+        # and what the check's last retry would ask for once every cached whole segment is
+        # given back (the live and split free bytes plus the segment), or -1 when that is
+        # not known from the counters (blocks waiting on events, expandable segments). A
+        # replay capped at C is this one up to the first check asking more than C, and runs
+        # out there when that check's retry asks more than C too (``DemandRecords``).
+        self.demand_records: list[int] | None = None
         self.now = 0  # the replay's event index, stamped on each change of reserved
         self.changes: list[tuple[int, int]] = []
 
@@ -617,6 +624,11 @@ class DeviceCachingAllocator:
         demand = self.reserved + alloc_size
         if demand > self.max_demand:
             self.max_demand = demand
+            records = self.demand_records
+            if records is not None:
+                records.append(demand)
+                records.append(-1 if self.pending or not self._plain else
+                               self.allocated + self.inactive_split + alloc_size)
         if not self._force and self.allowed is not None and demand > self.allowed:
             return None
         if xa:

@@ -17,7 +17,7 @@ from .fit import Fit, FitRow, min_room
 from .progress import Progress
 from .replay import compile_trace, replay, series
 from .report import WhatIf, WhatIfChart, WhatIfRow, views
-from .rules import SIZE_MAX, kLargeBuffer
+from .rules import SIZE_MAX, get_allocation_size, kLargeBuffer, kSmallBuffer, round_size
 from .snapshot import SESSION_KEY, NoHistory, SnapshotError, TraceInput, load, trace_input
 
 __all__ = [
@@ -193,7 +193,8 @@ def _run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: in
     fits: list[FitRow] = []
     unmatched = 0
     # Settings that act alike on this history share their replays (see ``_acting``).
-    largest = _largest_block_bytes(trace, st.segments)
+    most = max((e[2] for e in trace.events), default=0)
+    held = max((int(seg.get("total_size", 0)) for seg in st.segments or ()), default=0)
     done: dict[AllocatorSettings, tuple[Any, tuple[int | None, int], str]] = {}
     for k, s in enumerate(parsed):
         of = f"({k + 1} of {len(parsed)} settings)"
@@ -221,7 +222,7 @@ def _run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: in
         if s.garbage_collection_threshold and allowed is None:
             row_notes.append("garbage_collection_threshold acts only under a memory fraction "
                              "(set_per_process_memory_fraction); with none it changes nothing.")
-        acting = _acting(s, largest)
+        acting = _acting(s, _largest_block_bytes(most, held, s))
         same = done.get(acting)
         if same is not None:
             r = same[0]
@@ -252,6 +253,7 @@ def _run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: in
                                peak_allocated_bytes=unlimited.peak_allocated_bytes,
                                device_total_bytes=total,
                                unlimited_max_demand_bytes=unlimited.max_demand_bytes,
+                               demand_records=unlimited.demand_records,
                                progress=events)
             fits.append(FitRow(s.label, s.text, need, n))
             done.setdefault(acting, (r, (need, n), s.label))
@@ -295,13 +297,22 @@ def _run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: in
         elapsed_s=time.perf_counter() - t_start)
 
 
-def _largest_block_bytes(trace: Any, start_segments: Sequence[Mapping[str, Any]] | None) -> int:
-    """A bound on any block the replay can hold without expandable segments: a request is
-    rounded to less than twice its size (``roundup_power2_divisions``) and its segment to at
-    most that, rounded to 2 MiB, or ``kLargeBuffer``; a start segment is what it is."""
-    most = max((e[2] for e in trace.events), default=0)
-    segs = max((int(seg.get("total_size", 0)) for seg in start_segments or ()), default=0)
-    return max(kLargeBuffer, 2 * most + (2 << 20), segs)
+def _largest_block_bytes(most_bytes: int, start_segment_bytes: int,
+                         s: AllocatorSettings) -> int:
+    """A bound on any block the replay can hold under ``s`` without expandable segments,
+    the largest request being ``most_bytes``: no block outgrows its segment, and a new
+    segment is ``get_allocation_size`` of a rounded request (2 MiB, the large segment size,
+    or the request rounded to 2 MiB); a start segment is what it is. Without
+    ``roundup_power2_divisions`` a request rounds to 512 bytes, so the largest one makes the
+    largest segment (a training loop's 64 MiB weights: 64 MiB, where twice the request was
+    taken for every setting, and ``max_split_size_mb:128`` was replayed for the defaults'
+    answer); with them it rounds to less than twice its size."""
+    lss = s.large_segment_size
+    if max(s.roundup_power2_divisions, default=0) <= 1:
+        top = get_allocation_size(round_size(most_bytes, s.roundup_power2_divisions), lss)
+    else:
+        top = 2 * most_bytes + (2 << 20)
+    return max(kSmallBuffer, kLargeBuffer, lss, top, start_segment_bytes)
 
 
 def _acting(s: AllocatorSettings, largest_block_bytes: int) -> AllocatorSettings:

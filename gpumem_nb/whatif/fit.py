@@ -18,6 +18,7 @@ said to be assumed. A fixed 512 MiB was under every context the H200 tutorials m
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -61,10 +62,41 @@ def _room_limits(settings: AllocatorSettings, room: int) -> Limits:
     return Limits(allowed_bytes=allowed, capacity_bytes=room)
 
 
+class DemandRecords:
+    """What an unlimited replay's limit checks say of the same replay capped at ``cap``
+    bytes, without replaying it (``DeviceCachingAllocator.demand_records``): the capped
+    replay is the unlimited one up to the first check that asks more than ``cap``; there the
+    allocator gives back every cached whole segment and retries, and runs out when the retry
+    still asks more than ``cap``. A cap at least the largest demand is the unlimited replay,
+    which fitted."""
+
+    def __init__(self, flat: Sequence[int]) -> None:
+        self.demands = list(flat[0::2])  # increasing
+        self.retries = list(flat[1::2])  # -1: not known without replaying
+
+    def fits(self, cap: int) -> bool | None:
+        """Whether a replay capped at ``cap`` fits; None when only a replay can say."""
+        j = bisect_right(self.demands, cap)
+        if j == len(self.demands):
+            return True
+        return False if self.retries[j] > cap else None
+
+    def largest_failing(self) -> int | None:
+        """The largest cap ``fits`` says runs out: caps from the check before's demand up
+        to the one of check j first fail at check j, and run out under its retry's."""
+        d, r = self.demands, self.retries
+        for j in range(len(d) - 1, -1, -1):
+            top = min(d[j], r[j]) - 1
+            if top >= (d[j - 1] if j else 0):
+                return top
+        return None
+
+
 def min_room(trace: CompiledTrace, settings: AllocatorSettings, *, start_segments: Sequence,
              device: int, start_page_bytes: int, unlimited_peak_bytes: int,
              peak_allocated_bytes: int, device_total_bytes: int | None = None,
              unlimited_max_demand_bytes: int | None = None,
+             demand_records: Sequence[int] | None = None,
              progress: Callable[[int, int], None] | None = None) -> tuple[int | None, int]:
     """(the smallest room in which the replay has no OOM, replays made). The GPU's own size
     stays what it is (an expandable segment's address space is sized from it): only what
@@ -78,9 +110,25 @@ def min_room(trace: CompiledTrace, settings: AllocatorSettings, *, start_segment
     checks asked for; with no GC, a room whose limits reach it is that replay, which fitted,
     so the unlimited peak needs no replay of its own when it is that room. The first room
     tried then is one step under it: a history that needs its whole unlimited peak (nothing
-    cached can be given back) is settled by that one replay."""
+    cached can be given back) is settled by that one replay.
+
+    ``demand_records``: the unlimited replay's (``DemandRecords``), with no GC: a room they
+    decide is not replayed, and the largest room they say runs out is where the search
+    starts from (a history that runs out at the first check past its cap needs no replay)."""
+    f = settings.per_process_memory_fraction
+    records = DemandRecords(demand_records) if demand_records is not None and \
+        not settings.garbage_collection_threshold else None
+    n = 0
+
     def fits(room: int) -> bool:
-        r = replay(trace, settings, limits=_room_limits(settings, room),
+        nonlocal n
+        lim = _room_limits(settings, room)
+        if records is not None:
+            known = records.fits(min(lim.allowed_bytes or 0, lim.capacity_bytes or 0))
+            if known is not None:
+                return known
+        n += 1
+        r = replay(trace, settings, limits=lim,
                    start_segments=start_segments, device=device,
                    device_total_bytes=device_total_bytes,
                    start_page_bytes=start_page_bytes, stop_at_oom=True, progress=progress)
@@ -89,11 +137,13 @@ def min_room(trace: CompiledTrace, settings: AllocatorSettings, *, start_segment
     def step(hi: int) -> int:
         return max(STEP_BYTES, int(hi * STEP_FRACTION))
 
-    f = settings.per_process_memory_fraction
     scale = 1.0 / f if f is not None and 0 < f < 1.0 else 1.0
     hi = max(int(unlimited_peak_bytes * scale) + 1, 1)
     lo = max(int(peak_allocated_bytes * scale) - 1, 0)  # live bytes alone do not fit below
-    n = 0
+    if records is not None and scale == 1.0:
+        failing = records.largest_failing()
+        if failing is not None and lo < failing < hi:
+            lo = failing
     # Whether a room of ``hi`` is known to fit without replaying it (see above).
     proved = False
     demand = unlimited_max_demand_bytes
@@ -105,15 +155,11 @@ def min_room(trace: CompiledTrace, settings: AllocatorSettings, *, start_segment
         while hi - lo > step(hi):
             mid = hi - step(hi) if first and proved else (lo + hi) // 2
             first = False
-            n += 1
             if fits(mid):
                 hi, proved = mid, True
             else:
                 lo = mid
-        if proved:
-            return hi, n
-        n += 1
-        if fits(hi):
+        if proved or fits(hi):
             return hi, n
         # The cap is checked against a whole request before the pages it needs are mapped
         # (an expandable segment's check): a run can need more room than its unlimited peak.

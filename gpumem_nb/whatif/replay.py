@@ -249,6 +249,9 @@ class Replayed:
     unmatched_frees: int  # frees of allocations the replay never saw made
     changes: list[tuple[int, int]] = field(repr=False)  # (event index, reserved)
     max_demand_bytes: int = 0  # the most a limit check asked for (DeviceCachingAllocator's)
+    # An unlimited replay of ordinary segments: its limit checks' demands and retries, as
+    # ``DeviceCachingAllocator.demand_records`` (what decides a capped replay without it).
+    demand_records: list[int] | None = field(default=None, repr=False, compare=False)
 
 
 def replay(trace: CompiledTrace, settings: AllocatorSettings, *, limits: Limits | None = None,
@@ -266,6 +269,8 @@ def replay(trace: CompiledTrace, settings: AllocatorSettings, *, limits: Limits 
     start_live, start_waiting = model.load_segments(start_segments or (), device,
                                                     start_page_bytes)
     start_reserved = model.reserved
+    if limits.allowed_bytes is None and limits.capacity_bytes is None and model._plain:
+        model.demand_records = []
     deferred = trace.has_completions
     # The live blocks by slot; those of the start state whose address the history never
     # names stay in ``unnamed`` (only on_event sees them).
@@ -346,7 +351,7 @@ def replay(trace: CompiledTrace, settings: AllocatorSettings, *, limits: Limits 
         num_alloc_retries=model.num_alloc_retries,
         oom=(oom_event is not None) if judged else None, oom_event=oom_event,
         oom_requested_bytes=oom_size, unmatched_frees=unmatched, changes=model.changes,
-        max_demand_bytes=model.max_demand)
+        max_demand_bytes=model.max_demand, demand_records=model.demand_records)
 
 
 class _LiveView(Mapping[int, Block]):
