@@ -98,8 +98,18 @@ class Quantity:
                 and printed.value == self.value)
 
 
+def as_read(text: str) -> str:
+    """Text as a reader reads it: a format character (zero-width space, word joiner, byte
+    order mark) is nothing, and every space (thin, narrow no-break) is a space; "861\u2009ms"
+    hid its number from the rule."""
+    import unicodedata
+
+    return "".join("" if unicodedata.category(ch) == "Cf"
+                   else " " if unicodedata.category(ch) == "Zs" else ch for ch in text)
+
+
 def quantities(text: str) -> list[Quantity]:
-    text = CODE_SPAN.sub(" ", HTML_COMMENT.sub(" ", text))
+    text = as_read(CODE_SPAN.sub(" ", HTML_COMMENT.sub(" ", text)))
     return [Quantity(m.group(0), Decimal(m.group(1).replace(",", "")), UNITS[m.group(2)])
             for m in QUANTITY.finditer(text)]
 
@@ -258,6 +268,18 @@ class ClaimCall:
     says: re.Pattern[str]
     sentence: str  # as the source writes it, an f-string's fields as "{…}"
     always: bool
+    kind: str = "claim"  # or "skipped"
+    why: re.Pattern[str] | None = None  # a skip's reason, as a pattern like ``says``
+    line: int = 0  # the line it starts on, in what the cell runs
+
+    def wrote(self, record: dict[str, Any]) -> bool:
+        """``record`` could be this call's: its sentence, from its kind of call (``claim``
+        records a claim that held or failed, only ``skipped`` a skip, with its reason)."""
+        if not self.says.fullmatch(str(record.get("says", ""))):
+            return False
+        if (record.get("status") == "skipped") != (self.kind == "skipped"):
+            return False
+        return self.why is None or self.why.fullmatch(str(record.get("why", ""))) is not None
 
 
 def _says_pattern(node: Any) -> tuple[re.Pattern[str], str]:
@@ -349,7 +371,12 @@ def claim_calls(source: str, names: dict[str, str] | None = None
         position = 1 if kind == "claim" else 0
         said = node.args[position] if len(node.args) > position else next(
             (k.value for k in node.keywords if k.arg == "says"), None)
-        call = ClaimCall(*_says_pattern(said), always=id(node) in top)
+        why = None
+        if kind == "skipped":
+            why = _says_pattern(node.args[1] if len(node.args) > 1 else next(
+                (k.value for k in node.keywords if k.arg == "why"), None))[0]
+        call = ClaimCall(*_says_pattern(said), always=id(node) in top, kind=kind, why=why,
+                         line=node.lineno)
         (defined if id(node) in in_function else own).append(call)
     return own, defined
 
@@ -379,14 +406,42 @@ def unsourced_claims(nb: Any) -> list[str]:
         own, _ = calls[cell.id]
         records = recorded.get(cell.id, [])
         for r in records:
-            if not any(c.says.fullmatch(str(r["says"])) for c in own + helpers):
+            if any(c.wrote(r) for c in own + helpers):
+                continue
+            saying = [c for c in own + helpers if c.says.fullmatch(str(r["says"]))]
+            if not saying:
                 problems.append(f"{cell.id}: no claim in its source says {r['says']!r}")
-        if "raises-exception" in cell.metadata.get("tags", []):
-            continue  # the claims after its error never run
+            elif r.get("status") != "skipped":
+                problems.append(f"{cell.id}: no claim() call in its source says {r['says']!r}")
+            elif any(c.kind == "skipped" for c in saying):
+                problems.append(f"{cell.id}: its source skips {r['says']!r} for another "
+                                f"reason than {r.get('why')!r}")
+            else:  # a claim every run checks, recorded as skipped: a skip shows no values
+                problems.append(f"{cell.id}: no skipped() call in its source says "
+                                f"{r['says']!r}")
+        # Only a cell that fails on purpose, and shows where, skips the claims after its error.
+        raised_at = (raised_line(cell) if "raises-exception" in cell.metadata.get("tags", [])
+                     else None)
         for c in own:
-            if c.always and not any(c.says.fullmatch(str(r["says"])) for r in records):
+            if raised_at is not None and c.line >= raised_at:
+                continue  # it comes after the error: it never ran
+            if c.always and not any(c.wrote(r) for r in records):
                 problems.append(f"{cell.id}: its claim {c.sentence!r} recorded nothing")
     return problems
+
+
+# IPython names the cell's own frame first: "Cell In[12], line 5".
+RAISED_AT = re.compile(r"Cell In\[\d+\], line (\d+)")
+
+
+def raised_line(cell: Any) -> int | None:
+    """The line of the cell where its error was raised, from the traceback it shows; None for
+    a cell that shows no error (whatever its tags say) or none that names its line."""
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "error":
+            found = RAISED_AT.search(ANSI.sub("", "\n".join(out.get("traceback", []))))
+            return int(found.group(1)) if found else None
+    return None
 
 
 def forged_claims(nb: Any) -> list[str]:
@@ -506,22 +561,74 @@ def ran_on_older_inputs(name: str, meta: dict[str, Any]) -> bool:
     return inputs_of(name, then) != inputs_of(name, checkout_files())
 
 
-def source_as_executed(name: str, meta: dict[str, Any], tmp: Path) -> Any:
-    """The source the notebook was executed from: this checkout's, or for a notebook that ran
-    on older code (its recorded digest is an earlier commit's) that commit's."""
+def source_text_as_executed(name: str, meta: dict[str, Any]) -> bytes:
+    """The text of the source the notebook was executed from: this checkout's, or for a
+    notebook that ran on older code (its recorded digest is an earlier commit's) that
+    commit's."""
     import subprocess
 
     if not ran_on_older_inputs(name, meta):
-        return RUNNER.load_source(NOTEBOOKS / f"{name}.py")
+        return (NOTEBOOKS / f"{name}.py").read_bytes()
     try:
-        text = subprocess.run(["git", "-C", str(ROOT), "show",
+        return subprocess.run(["git", "-C", str(ROOT), "show",
                                f"{meta['commit']}:notebooks/{name}.py"], capture_output=True,
                               check=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError, KeyError):
         pytest.skip(f"this clone cannot read {name}.py at {meta.get('commit')} (shallow?)")
+
+
+def source_as_executed(name: str, meta: dict[str, Any], tmp: Path) -> Any:
+    """The source the notebook was executed from, loaded as the runner loads it."""
     path = tmp / f"{name}.py"
-    path.write_bytes(text)
+    path.write_bytes(source_text_as_executed(name, meta))
     return RUNNER.load_source(path)
+
+
+# What executing a cell adds to its metadata (nbclient's timings); the rest is the source's.
+RUN_METADATA = ("execution",)
+
+
+def source_metadata(cell: Any) -> dict[str, Any]:
+    return {k: v for k, v in cell.metadata.items() if k not in RUN_METADATA}
+
+
+def not_its_source(nb: Any, source: Any) -> list[str]:
+    """Where the executed notebook is not the source it ran: its cells, their ids and text,
+    and their metadata (a ``raises-exception`` tag added to the notebook alone excused a
+    deleted claim)."""
+    ran = [(c.id, c.cell_type, c.source) for c in nb.cells]
+    if ran != [(c.id, c.cell_type, c.source) for c in source.cells]:
+        return ["the notebook is not its source: execute it again"]
+    return [f"{c.id}: its metadata is not its source's"
+            for c, s in zip(nb.cells, source.cells, strict=True)
+            if source_metadata(c) != source_metadata(s)]
+
+
+def commit_digest_problems(meta: dict[str, Any]) -> list[str]:
+    """The sources digest the notebook records is not the digest of the commit it names."""
+    commit = str(meta.get("commit", ""))
+    if commit not in _DIGEST_AT:
+        _DIGEST_AT[commit] = RUNNER.sources_digest_at(commit)
+    at_commit = _DIGEST_AT[commit]
+    if at_commit is None:
+        pytest.skip(f"this clone cannot read commit {commit} (shallow?)")
+    if meta.get("sources_sha256") != at_commit:
+        return [f"its recorded sources are neither this checkout's nor commit {commit}'s"]
+    return []
+
+
+def tutorial_problems(nb: Any, name: str, source: Any) -> list[str]:
+    """Every rule the tests below apply to one executed tutorial, on any copy of it (the
+    forging tests edit one): ``source`` is the source it says it ran."""
+    meta = nb.metadata.get("gpumem_nb", {})
+    problems = not_its_source(nb, source) + unquoted_numbers(nb) + unchecked_claims(nb)
+    problems += commit_digest_problems(meta) + relabelled(meta) + not_the_cells_that_ran(nb)
+    if records_checks(nb):
+        problems += forged_claims(nb)
+    return problems
+
+
+_DIGEST_AT: dict[str, str | None] = {}
 
 
 # -- the executed tutorials ------------------------------------------------------------------
@@ -532,9 +639,7 @@ def test_the_executed_tutorial_is_exactly_its_source(name, tmp_path):
     digest to that commit)."""
     ran = executed(name)
     source = source_as_executed(name, ran.metadata.get("gpumem_nb", {}), tmp_path)
-    assert [(c.id, c.cell_type, c.source) for c in ran.cells] == [
-        (c.id, c.cell_type, c.source) for c in source.cells], (
-        f"{name}: the notebook is not its source: execute it again")
+    assert not_its_source(ran, source) == [], name
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -553,8 +658,9 @@ def test_every_claim_of_the_prose_was_checked_by_the_cell_that_measured_it(name)
     assert not problems, f"{name}: {problems}"
 
 
-def runner_recorded_checks_at(commit: str) -> bool | None:
-    """Whether the runner at ``commit`` recorded claims (None: git cannot tell)."""
+def runner_checks_version_at(commit: str) -> int | None:
+    """The ``CHECKS_VERSION`` of the runner at ``commit``, 0 for one that recorded no claims
+    (None: git cannot tell)."""
     import subprocess
 
     try:
@@ -563,7 +669,89 @@ def runner_recorded_checks_at(commit: str) -> bool | None:
                               check=True, timeout=60, text=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    return "CHECKS_VERSION" in text
+    found = re.search(r"^CHECKS_VERSION = (\d+)", text, re.MULTILINE)
+    return int(found.group(1)) if found else 0
+
+
+def runner_recorded_checks_at(commit: str) -> bool | None:
+    """Whether the runner at ``commit`` recorded claims (None: git cannot tell)."""
+    version = runner_checks_version_at(commit)
+    return None if version is None else version > 0
+
+
+def commit_date(commit: str) -> Any:
+    """When ``commit`` was made (its committer date); None where git cannot tell."""
+    import datetime
+    import subprocess
+
+    try:
+        text = subprocess.run(["git", "-C", str(ROOT), "show", "-s", "--format=%cI", commit],
+                              capture_output=True, check=True, timeout=60, text=True).stdout
+        return datetime.datetime.fromisoformat(text.strip())
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
+def cell_as_run_digest(cell: Any) -> str:
+    """A cell's type, text and source metadata, digested as the runner records them (written
+    again here: the check must not share the code it checks)."""
+    import hashlib
+
+    text = json.dumps([cell.cell_type, cell.source, source_metadata(cell)], sort_keys=True,
+                      ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def not_the_cells_that_ran(nb: Any) -> list[str]:
+    """Cells whose text or metadata is not what the run executed (runners from version 2
+    record a digest of each cell): prose turned around after the run, whatever commit the
+    notebook names since."""
+    meta = nb.metadata.get("gpumem_nb", {})
+    if int(meta.get("checks_version", 0)) < 2:
+        return []
+    ran = meta.get("cells_sha256")
+    if not isinstance(ran, dict):
+        return ["the run recorded no digest of its cells: its metadata was edited"]
+    cells = {c.id: c for c in nb.cells}
+    problems = [f"{i}: a cell the run executed is gone" for i in ran if i not in cells]
+    for cell_id, cell in cells.items():
+        if cell_id not in ran:
+            problems.append(f"{cell_id}: a cell the run did not execute")
+        elif cell_as_run_digest(cell) != ran[cell_id]:
+            problems.append(f"{cell_id}: its text is not the text the run executed")
+    return problems
+
+
+# The GPU machine's clock and the committer's may differ a little; a relabel comes later.
+CLOCK_SKEW_S = 600
+
+
+def relabelled(meta: dict[str, Any]) -> list[str]:
+    """A notebook labelled with a commit it did not run at: one made after the run's recorded
+    date, or one whose runner writes another version of the record than the notebook
+    carries (a relabel to a commit after the record grew leaves the old record)."""
+    import datetime
+
+    commit = str(meta.get("commit", ""))
+    problems = []
+    made = commit_date(commit)
+    try:
+        ran = datetime.datetime.fromisoformat(str(meta.get("executed")))
+    except ValueError:
+        ran = None
+    if made is None:
+        pytest.skip(f"this clone cannot read commit {commit} (shallow?)")
+    if ran is None:
+        problems.append(f"the date of the run, {meta.get('executed')!r}, is no date")
+    elif made - datetime.timedelta(seconds=CLOCK_SKEW_S) > ran:
+        problems.append(f"it names commit {commit[:7]}, made after the run it records "
+                        f"({made.isoformat()} > {ran.isoformat()}): relabelled after the run")
+    version = runner_checks_version_at(commit)
+    if version is not None and int(meta.get("checks_version", 0)) != version:
+        problems.append(f"it records checks version {meta.get('checks_version', 0)}, and the "
+                        f"runner at {commit[:7]} writes version {version}: its metadata was "
+                        "edited")
+    return problems
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -591,9 +779,6 @@ PROVENANCE = ("gpu", "gpu_count", "mig", "driver", "cuda_driver_api", "cuda_runt
               "sources_sha256")
 
 
-_DIGEST_AT: dict[str, str | None] = {}
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_the_executed_tutorial_records_what_produced_it_and_it_is_that_commit(name):
     """GPU, driver, CUDA, torch, IPython, gpumem_nb, commit, a clean tree and the date; and the
@@ -606,14 +791,16 @@ def test_the_executed_tutorial_records_what_produced_it_and_it_is_that_commit(na
     assert meta.get("tree_clean") is True, f"{name}: executed from a tree with changes: {meta}"
     # Also when it is this checkout's digest: copied into an older notebook, it would make
     # the notebook look current without being its commit's.
-    if meta["commit"] not in _DIGEST_AT:
-        _DIGEST_AT[meta["commit"]] = RUNNER.sources_digest_at(meta["commit"])
-    at_commit = _DIGEST_AT[meta["commit"]]
-    if at_commit is None:
-        pytest.skip(f"this clone cannot read commit {meta['commit']} (shallow?)")
-    assert meta["sources_sha256"] == at_commit, (
-        f"{name}: its recorded sources are neither this checkout's nor commit "
-        f"{meta['commit']}'s")
+    assert commit_digest_problems(meta) == [], name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_executed_tutorial_ran_at_the_commit_it_names_and_is_the_text_it_ran(name):
+    """Not relabelled with a later commit, and (from runner version 2) each cell is the text
+    the run executed: prose turned around after the run fails whatever the label says."""
+    nb = executed(name)
+    problems = relabelled(nb.metadata.get("gpumem_nb", {})) + not_the_cells_that_ran(nb)
+    assert not problems, f"{name}: {problems}"
 
 
 STALE_NOTICE = re.compile(
@@ -1245,3 +1432,197 @@ def test_a_record_written_with_sorted_keys_still_matches_its_line_and_a_swapped_
     swapped = dict(record, line=f"{HELD} the pool holds the output "
                                 "[pool = 256.00 MiB; output = 572.00 MiB]")
     assert claim_line(swapped) != swapped["line"]
+
+
+# -- forging a copy of an executed tutorial (review 2026-12-05, §7) ---------------------------
+def forged_copy(name: str, tmp_path: Path, edit_notebook: Any,
+                edit_source: Any = None) -> tuple[Any, Any]:
+    """A copy of an executed tutorial and of the source it ran, edited as a forger would and
+    written to ``tmp_path``, read back as the tests read the committed ones."""
+    nb = executed(name)
+    text = source_text_as_executed(name, nb.metadata["gpumem_nb"]).decode()
+    edit_notebook(nb)
+    if edit_source is not None:
+        text = edit_source(text)
+    folder = tmp_path / "forged"
+    folder.mkdir(exist_ok=True)
+    nbformat.write(nb, folder / f"{name}.ipynb")
+    (folder / f"{name}.py").write_text(text)
+    return (nbformat.read(folder / f"{name}.ipynb", as_version=4),
+            RUNNER.load_source(folder / f"{name}.py"))
+
+
+def cell_of(nb: Any, cell_id: str) -> Any:
+    return next(c for c in nb.cells if c.id == cell_id)
+
+
+def redigest(nb: Any, cell: Any) -> None:
+    """What a careful forger does last: the edited cell's digest recomputed."""
+    nb.metadata["gpumem_nb"]["outputs_sha256"][cell.id] = RUNNER.outputs_digest(cell)
+
+
+FORGED_NAMES = [n for n in ("01_allocated_reserved_nvidia_smi", "04_out_of_memory")
+                if n in NAMES]
+EMPTY_CACHE_CLAIM = "with a block to free, empty_cache() blocked behind the queued work (> 100 ms)"
+HARMLESS = "So it is not harmless:"
+
+
+@pytest.mark.parametrize("name", FORGED_NAMES)
+def test_an_unedited_copy_of_the_forged_tutorials_passes_every_rule(name, tmp_path):
+    """The forging tests below fail on the forgery, not on the copy."""
+    nb, source = forged_copy(name, tmp_path, lambda nb: None)
+    assert tutorial_problems(nb, name, source) == []
+
+
+def test_a_claim_every_run_makes_recorded_as_skipped_fails(tmp_path):
+    """F-A: 01-30's claim that empty_cache() blocked behind the queued work, recorded as a
+    skip (which carries no values), beside an output that says it blocked for 0 ms."""
+    why = "the GPU was shared during this run, so no timing is claimed"
+    skip_line = f"{SKIPPED} {EMPTY_CACHE_CLAIM} ({why})"
+
+    def forge(nb: Any) -> None:
+        cell = cell_of(nb, "01-30")
+        out = cell.outputs[0]
+        out["text"] = "".join(
+            skip_line + "\n" if EMPTY_CACHE_CLAIM in ln
+            else re.sub(r"blocked for \d+ ms", "blocked for 0 ms", ln)
+            for ln in out["text"].splitlines(keepends=True))
+        records = nb.metadata["gpumem_nb"]["claims"]["01-30"]
+        at = next(i for i, r in enumerate(records) if r["says"] == EMPTY_CACHE_CLAIM)
+        records[at] = {"says": EMPTY_CACHE_CLAIM, "values": {}, "operands": {},
+                       "status": "skipped", "why": why, "line": skip_line}
+        redigest(nb, cell)
+
+    nb, source = forged_copy("01_allocated_reserved_nvidia_smi", tmp_path, forge)
+    assert "cached blocked for 0 ms" in output_text(cell_of(nb, "01-30"))
+    problems = tutorial_problems(nb, "01_allocated_reserved_nvidia_smi", source)
+    assert f"01-30: no skipped() call in its source says {EMPTY_CACHE_CLAIM!r}" in problems, \
+        problems
+    assert f"01-30: its claim {EMPTY_CACHE_CLAIM!r} recorded nothing" in problems, problems
+
+
+def test_a_raises_exception_tag_added_after_the_run_excuses_no_claim(tmp_path):
+    """F-B: 04-11 tagged ``raises-exception`` in the notebook only, its claim that deleting
+    the stored exception frees the tensors deleted, and "after del error: 8.00 GiB" shown."""
+    said = "deleting the stored exception frees the attempt's tensors"
+
+    def forge(nb: Any) -> None:
+        cell = cell_of(nb, "04-11")
+        out = cell.outputs[0]
+        out["text"] = "".join(
+            ln.replace("0 B", "8.00 GiB") if ln.startswith("after del error:") else ln
+            for ln in out["text"].splitlines(keepends=True) if said not in ln)
+        claims = nb.metadata["gpumem_nb"]["claims"]
+        claims["04-11"] = [r for r in claims["04-11"] if r["says"] != said]
+        cell.metadata["tags"] = ["raises-exception"]
+        redigest(nb, cell)
+
+    nb, source = forged_copy("04_out_of_memory", tmp_path, forge)
+    assert "after del error:                   8.00 GiB" in output_text(cell_of(nb, "04-11"))
+    problems = tutorial_problems(nb, "04_out_of_memory", source)
+    assert "04-11: its metadata is not its source's" in problems, problems
+    assert f"04-11: its claim {said!r} recorded nothing" in problems, problems
+
+
+def head_commit() -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], check=True,
+                              capture_output=True, text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pytest.skip("no git here")
+
+
+def test_prose_reversed_after_the_run_and_relabelled_with_the_new_commit_fails(tmp_path):
+    """F-C: 01-31's "So it is not harmless" turned around in the source and the notebook alike
+    (committed), then the notebook relabelled with that commit and its sources' digest; and
+    the same with the date of the run moved after the commit too."""
+    head = head_commit()
+
+    def reverse(text: str) -> str:
+        assert HARMLESS in text
+        return text.replace(HARMLESS, "So it is harmless:")
+
+    def relabel(nb: Any, executed_now: bool = False) -> None:
+        cell = cell_of(nb, "01-31")
+        cell.source = reverse(cell.source)
+        meta = nb.metadata["gpumem_nb"]
+        meta["commit"], meta["sources_sha256"] = head, RUNNER.sources_digest_at(head)
+        if executed_now:
+            import datetime
+
+            meta["executed"] = datetime.datetime.now(datetime.UTC).isoformat(
+                timespec="seconds")
+
+    name = "01_allocated_reserved_nvidia_smi"
+    nb, source = forged_copy(name, tmp_path, relabel, reverse)
+    problems = tutorial_problems(nb, name, source)
+    assert any(p.startswith(f"it names commit {head[:7]}, made after the run it records")
+               for p in problems), problems
+    nb, source = forged_copy(name, tmp_path, lambda nb: relabel(nb, executed_now=True),
+                             reverse)
+    problems = tutorial_problems(nb, name, source)
+    assert any("its metadata was edited" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("space", ["\u2009", "\u202f", "\u200b", "\u2060", "\ufeff"],
+                         ids=["thin", "narrow-nbsp", "zero-width", "word-joiner", "bom"])
+def test_a_number_joined_to_its_unit_by_a_thin_or_zero_width_space_is_still_a_number(
+        space, tmp_path):
+    """A prose number that no cell printed, hidden from the number rule by the character
+    between it and its unit (the ✓-line check already drops such characters)."""
+    def add(text: str) -> str:
+        return text.replace(HARMLESS, f"It blocked for 0{space}ms. {HARMLESS}")
+
+    def forge(nb: Any) -> None:
+        cell = cell_of(nb, "01-31")
+        cell.source = add(cell.source)
+
+    name = "01_allocated_reserved_nvidia_smi"
+    nb, source = forged_copy(name, tmp_path, forge, add)
+    problems = tutorial_problems(nb, name, source)
+    assert any(re.fullmatch(r"01-31: '0 ?ms'", p) for p in problems), problems
+
+
+@pytest.mark.kernel
+def test_prose_or_a_tag_changed_after_a_run_fails_by_the_digest_it_recorded_of_its_cells(
+        synthetic_run):
+    """What a forger who relabels the notebook does not rewrite: the runner's digest of each
+    cell as it ran (written again in the check, so the two must agree)."""
+    assert not_the_cells_that_ran(synthetic_run) == []
+    nb = copy.deepcopy(synthetic_run)
+    nb.cells[0].source = nb.cells[0].source.replace("two blocks", "three blocks")
+    assert not_the_cells_that_ran(nb) == ["99-00: its text is not the text the run executed"]
+    nb = copy.deepcopy(synthetic_run)
+    nb.cells[2].metadata["tags"] = ["raises-exception"]
+    assert not_the_cells_that_ran(nb) == ["99-02: its text is not the text the run executed"]
+    nb = copy.deepcopy(synthetic_run)
+    del nb.metadata["gpumem_nb"]["cells_sha256"]
+    assert not_the_cells_that_ran(nb) == [
+        "the run recorded no digest of its cells: its metadata was edited"]
+
+
+def test_a_cell_that_fails_on_purpose_excuses_only_the_claims_after_its_error():
+    """The claims before the line its traceback names ran, and must have recorded; a cell
+    tagged but showing no error excuses none."""
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("from claims import claim\nclaim(True, 'before')\n"
+                                     "raise RuntimeError('on purpose')\nclaim(True, 'after')")
+    cell.id = "c0"
+    cell.metadata["tags"] = ["raises-exception"]
+    error = nbformat.v4.new_output("error", ename="RuntimeError", evalue="on purpose", traceback=[
+        "\x1b[0;31m----\x1b[0m", "\x1b[0;31mRuntimeError\x1b[0m  Traceback (most recent call last)",
+        "Cell \x1b[0;32mIn[3], line 3\x1b[0m\n\x1b[0;32m----> 3\x1b[0m raise RuntimeError()"])
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="✓ before\n"), error]
+    nb.cells = [cell]
+    before = {"says": "before", "values": {}, "operands": {}, "status": "held",
+              "line": "✓ before"}
+    nb.metadata["gpumem_nb"] = {"claims": {"c0": [before]}}
+    assert raised_line(cell) == 3
+    assert unsourced_claims(nb) == []
+    nb.metadata["gpumem_nb"]["claims"] = {}
+    assert unsourced_claims(nb) == ["c0: its claim 'before' recorded nothing"]
+    cell.outputs = cell.outputs[:1]
+    nb.metadata["gpumem_nb"]["claims"] = {"c0": [before]}
+    assert unsourced_claims(nb) == ["c0: its claim 'after' recorded nothing"]
