@@ -36,7 +36,7 @@ import functools
 import html
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -114,6 +114,26 @@ def quantities(text: str) -> list[Quantity]:
             for m in QUANTITY.finditer(text)]
 
 
+# Inline markup a reader does not see as a gap: "**0** ms" reads "0 ms".
+INLINE_TAGS = re.compile(r"</?(?:strong|em|b|i|u|s|del|ins|mark|small|span|a|abbr|kbd)\b[^>]*>")
+CODE_ELEMENT = re.compile(r"<code>(.*?)</code>", re.DOTALL)
+BARE_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+
+
+def prose_as_read(markdown: str) -> str:
+    """A markdown cell's text as a reader sees it rendered: emphasis, escapes ("8\\.00") and
+    entities ("&thinsp;") resolved, HTML tags and comments gone. Code is a name, not a figure
+    ("`max_split_size_mb:128`"), unless it is a bare number beside a unit ("`0` ms")."""
+    from markdown_it import MarkdownIt  # jupytext's own markdown parser
+
+    rendered = HTML_COMMENT.sub(" ", MarkdownIt("commonmark").enable(
+        ["table", "strikethrough"]).render(markdown))
+    rendered = CODE_ELEMENT.sub(
+        lambda m: m.group(1) if BARE_NUMBER.fullmatch(html.unescape(m.group(1))) else " ",
+        rendered)
+    return html.unescape(TAGS.sub(" ", INLINE_TAGS.sub("", rendered)))
+
+
 def output_text(cell: Any) -> str:
     """Everything a reader sees in a cell's outputs: streams, plain text, HTML as text,
     errors."""
@@ -139,7 +159,7 @@ def unquoted_numbers(nb: Any) -> list[str]:
             continue
         beside = [c for c in cells[max(i - 1, 0):i] + cells[i + 1:i + 2] if c.cell_type == "code"]
         printed = [q for c in beside for q in quantities(output_text(c))]
-        for q in quantities(cell.source):
+        for q in quantities(prose_as_read(cell.source)):
             if not any(q.quotes(p) for p in printed):
                 missing.append(f"{cell.get('id', i)}: {q.text!r}")
     return missing
@@ -271,6 +291,9 @@ class ClaimCall:
     kind: str = "claim"  # or "skipped"
     why: re.Pattern[str] | None = None  # a skip's reason, as a pattern like ``says``
     line: int = 0  # the line it starts on, in what the cell runs
+    # A claim's condition (its first argument) and the code it is in, as IPython ran it.
+    condition: Any = field(default=None, compare=False)
+    code: str = field(default="", compare=False)
 
     def wrote(self, record: dict[str, Any]) -> bool:
         """``record`` could be this call's: its sentence, from its kind of call (``claim``
@@ -306,6 +329,19 @@ def python_of(source: str) -> Any:
     (``%%bash``) or one that does not parse."""
     import ast
 
+
+    text = python_text(source)
+    if text is None:
+        return None
+    try:
+        return ast.parse(text)
+    except SyntaxError:
+        return None
+
+
+@functools.cache
+def python_text(source: str) -> str | None:
+    """The Python a code cell runs, as text (None for another language)."""
     from IPython.core.inputtransformer2 import TransformerManager
 
     if source.startswith("%%"):
@@ -313,7 +349,7 @@ def python_of(source: str) -> Any:
         if first.split()[0] not in PYTHON_CELL_MAGICS:
             return None
     try:
-        return ast.parse(TransformerManager().transform_cell(source))
+        return str(TransformerManager().transform_cell(source))
     except SyntaxError:
         return None
 
@@ -376,7 +412,9 @@ def claim_calls(source: str, names: dict[str, str] | None = None
             why = _says_pattern(node.args[1] if len(node.args) > 1 else next(
                 (k.value for k in node.keywords if k.arg == "why"), None))[0]
         call = ClaimCall(*_says_pattern(said), always=id(node) in top, kind=kind, why=why,
-                         line=node.lineno)
+                         line=node.lineno,
+                         condition=node.args[0] if kind == "claim" and node.args else None,
+                         code=python_text(source) or "")
         (defined if id(node) in in_function else own).append(call)
     return own, defined
 
@@ -407,6 +445,12 @@ def unsourced_claims(nb: Any) -> list[str]:
         records = recorded.get(cell.id, [])
         for r in records:
             if any(c.wrote(r) for c in own + helpers):
+                if r.get("status") == "held" and not any(
+                        holds_with(c, r.get("operands") or {}) is not False
+                        for c in own + helpers if c.wrote(r)):
+                    condition = next(ast_text(c) for c in own + helpers if c.wrote(r))
+                    problems.append(f"{cell.id}: the values recorded for {r['says']!r} do "
+                                    f"not make it hold: {condition}")
                 continue
             saying = [c for c in own + helpers if c.says.fullmatch(str(r["says"]))]
             if not saying:
@@ -428,6 +472,154 @@ def unsourced_claims(nb: Any) -> list[str]:
             if c.always and not any(c.wrote(r) for r in records):
                 problems.append(f"{cell.id}: its claim {c.sentence!r} recorded nothing")
     return problems
+
+
+# A unit constant is not recorded among a claim's operands (claims.py leaves it out).
+UNIT_CONSTANTS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+class CannotTell(Exception):
+    """A claim's condition the check cannot evaluate from the record alone."""
+
+
+def ast_text(call: ClaimCall) -> str:
+    import ast
+
+    return ast.get_source_segment(call.code, call.condition) or ast.unparse(call.condition)
+
+
+def holds_with(call: ClaimCall, operands: dict[str, str]) -> bool | None:
+    """The claim's condition evaluated with the operands its record says it compared (a
+    held claim whose recorded values make its own condition false was edited); None where
+    it cannot be told: an operand not recorded, a call other than ``near``, ``abs``, ``min``,
+    ``max``, ``len``, or a comparison closer than the recorded figures' rounding (a float is
+    recorded to 6 significant digits: 16777216.0 as 1.67772e+07)."""
+    import ast
+    import math
+
+    if call.condition is None:
+        return None
+    unknown = object()  # three-valued logic: a comparison within the rounding is unknown
+
+    def recorded(text: str) -> tuple[Any, float]:
+        """A recorded operand and how far its true value may be from it."""
+        try:
+            found = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            raise CannotTell(text) from None
+        if isinstance(found, float) and math.isfinite(found) and found != 0:
+            digits = len(text.lower().split("e")[0].replace("-", "").replace(".", "")
+                         .lstrip("0"))
+            return found, 0.5 * 10 ** (math.floor(math.log10(abs(found))) - digits + 1)
+        return found, 0.0
+
+    def number(x: tuple[Any, float]) -> float:
+        if isinstance(x[0], bool) or not isinstance(x[0], (int, float)):
+            raise CannotTell("not a number")
+        return x[0]
+
+    def arith(op: Any, a: tuple[Any, float], b: tuple[Any, float]) -> tuple[Any, float]:
+        if a[1] == 0 and b[1] == 0:
+            return {ast.Add: lambda: a[0] + b[0], ast.Sub: lambda: a[0] - b[0],
+                    ast.Mult: lambda: a[0] * b[0], ast.Div: lambda: a[0] / b[0],
+                    ast.FloorDiv: lambda: a[0] // b[0], ast.Mod: lambda: a[0] % b[0],
+                    ast.Pow: lambda: a[0] ** b[0]}[type(op)](), 0.0
+        x, ex, y, ey = number(a), a[1], number(b), b[1]
+        if isinstance(op, (ast.Add, ast.Sub)):
+            return (x + y if isinstance(op, ast.Add) else x - y), ex + ey
+        if isinstance(op, ast.Mult):
+            return x * y, abs(x) * ey + abs(y) * ex + ex * ey
+        if isinstance(op, (ast.Div, ast.FloorDiv)) and abs(y) > ey:
+            q = x / y
+            err = (abs(x) * ey + abs(y) * ex) / (abs(y) * (abs(y) - ey)) + (
+                1 if isinstance(op, ast.FloorDiv) else 0)
+            return (math.floor(q) if isinstance(op, ast.FloorDiv) else q), err
+        raise CannotTell("inexact arithmetic")
+
+    def compare(op: Any, a: tuple[Any, float], b: tuple[Any, float]) -> Any:
+        slack = a[1] + b[1]
+        if slack == 0 or not all(isinstance(v[0], (int, float)) for v in (a, b)):
+            return {ast.Eq: lambda: a[0] == b[0], ast.NotEq: lambda: a[0] != b[0],
+                    ast.Lt: lambda: a[0] < b[0], ast.LtE: lambda: a[0] <= b[0],
+                    ast.Gt: lambda: a[0] > b[0], ast.GtE: lambda: a[0] >= b[0],
+                    ast.Is: lambda: a[0] is b[0], ast.IsNot: lambda: a[0] is not b[0],
+                    ast.In: lambda: a[0] in b[0],
+                    ast.NotIn: lambda: a[0] not in b[0]}[type(op)]()
+        gap = a[0] - b[0]
+        if abs(gap) <= slack:
+            return unknown
+        return {ast.Eq: False, ast.NotEq: True, ast.Lt: gap < 0, ast.LtE: gap < 0,
+                ast.Gt: gap > 0, ast.GtE: gap > 0}.get(type(op), unknown)
+
+    def truth(x: Any) -> Any:
+        return x if x is unknown else bool(x[0] if isinstance(x, tuple) else x)
+
+    def known_truth(node: Any) -> Any:
+        """One side of an ``and``/``or``: the other side may still decide it."""
+        try:
+            return truth(value(node))
+        except (CannotTell, TypeError, ValueError, ArithmeticError, KeyError):
+            return unknown
+
+    def value(node: Any) -> Any:
+        if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)):
+            text = ast.get_source_segment(call.code, node)
+            if text in operands:
+                return recorded(operands[text])
+            if isinstance(node, ast.Name) and node.id in UNIT_CONSTANTS:
+                return UNIT_CONSTANTS[node.id], 0.0
+            raise CannotTell(text)
+        if isinstance(node, ast.Constant):
+            return node.value, 0.0
+        if isinstance(node, ast.BoolOp):
+            found = [known_truth(v) for v in node.values]
+            decisive = isinstance(node.op, ast.Or)  # True decides an `or`, False an `and`
+            if decisive in found:
+                return decisive
+            return unknown if unknown in found else not decisive
+        if isinstance(node, ast.UnaryOp):
+            inner = value(node.operand)
+            if isinstance(node.op, ast.Not):
+                t = truth(inner)
+                return t if t is unknown else not t
+            if isinstance(node.op, ast.USub) and inner is not unknown:
+                return -number(inner), inner[1]
+            raise CannotTell("unary")
+        if isinstance(node, ast.BinOp):
+            return arith(node.op, value(node.left), value(node.right))
+        if isinstance(node, ast.Compare):
+            left, verdict = value(node.left), True
+            for op, right_node in zip(node.ops, node.comparators, strict=True):
+                right = value(right_node)
+                if left is unknown or right is unknown or isinstance(left, bool):
+                    raise CannotTell("chained truth")
+                step = compare(op, left, right)
+                if step is False:
+                    return False
+                verdict = unknown if step is unknown else verdict
+                left = right
+            return verdict
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            args = [value(a) for a in node.args]
+            kwargs = {k.arg: value(k.value) for k in node.keywords if k.arg is not None}
+            if node.func.id == "near" and len(args) == 2:
+                (a, ea), (b, eb) = args
+                limit = max(number(kwargs.get("within", (0.0, 0.0))),
+                            number(kwargs.get("rel", (0.0, 0.0))) * (max(abs(a), abs(b))
+                                                                     + max(ea, eb)))
+                return compare(ast.LtE(), (abs(a - b), ea + eb), (limit, 0.0))
+            if node.func.id == "abs" and len(args) == 1:
+                return abs(number(args[0])), args[0][1]
+            if node.func.id in ("min", "max") and len(args) > 1:
+                pick = min if node.func.id == "min" else max
+                return pick(number(a) for a in args), max(a[1] for a in args)
+        raise CannotTell(type(node).__name__)
+
+    try:
+        verdict = truth(value(call.condition))
+    except (CannotTell, TypeError, ValueError, ArithmeticError, KeyError):
+        return None
+    return None if verdict is unknown else bool(verdict)
 
 
 # IPython names the cell's own frame first: "Cell In[12], line 5".
@@ -1644,3 +1836,65 @@ def test_a_cell_that_fails_on_purpose_excuses_only_the_claims_after_its_error():
     cell.outputs = cell.outputs[:1]
     nb.metadata["gpumem_nb"]["claims"] = {"c0": [before]}
     assert unsourced_claims(nb) == ["c0: its claim 'after' recorded nothing"]
+
+
+# -- a second look (2026-12-05): two more ways, tried after the review's were closed ----------
+@pytest.mark.parametrize("written", ["**0** ms", "0&thinsp;ms", "0&#8201;ms", "<b>0</b> ms",
+                                     "0 *ms*", "0\\.5 ms", "`0` ms"])
+def test_a_prose_number_hidden_by_markdown_markup_is_still_a_number(written, tmp_path):
+    """The number rule read the markdown source, not the text a reader sees: bold around the
+    figure, an HTML entity for its thin space, an escaped point, put a number no cell printed
+    out of its sight."""
+    def add(text: str) -> str:
+        return text.replace(HARMLESS, f"It blocked for {written}. {HARMLESS}")
+
+    def forge(nb: Any) -> None:
+        cell = cell_of(nb, "01-31")
+        cell.source = add(cell.source)
+
+    name = "01_allocated_reserved_nvidia_smi"
+    nb, source = forged_copy(name, tmp_path, forge, add)
+    problems = tutorial_problems(nb, name, source)
+    assert any(re.fullmatch(r"01-31: '0(\.5)? ms'", p) for p in problems), problems
+
+
+def test_a_claims_values_changed_in_its_line_its_record_and_the_output_fail(tmp_path):
+    """A forger who keeps the ✓ and changes what it rests on everywhere the check compares:
+    04-11's "after del error: 8.00 GiB", its line's and record's value, and the operand the
+    claim compared (``gone == 0`` with gone = 8 GiB). The recorded operands must still make
+    the claim's own condition true."""
+    said = "deleting the stored exception frees the attempt's tensors"
+
+    def forge(nb: Any) -> None:
+        cell = cell_of(nb, "04-11")
+        out = cell.outputs[0]
+        out["text"] = "".join(
+            ln.replace("0 B", "8.00 GiB") if ln.startswith("after del error:")
+            else ln.replace("[after_del = 0 B]", "[after_del = 8.00 GiB]")
+            for ln in out["text"].splitlines(keepends=True))
+        record = next(r for r in nb.metadata["gpumem_nb"]["claims"]["04-11"]
+                      if r["says"] == said)
+        record["values"]["after_del"] = "8.00 GiB"
+        record["operands"]["gone"] = str(8 << 30)
+        record["line"] = record["line"].replace("[after_del = 0 B]", "[after_del = 8.00 GiB]")
+        redigest(nb, cell)
+
+    nb, source = forged_copy("04_out_of_memory", tmp_path, forge)
+    problems = tutorial_problems(nb, "04_out_of_memory", source)
+    assert f"04-11: the values recorded for {said!r} do not make it hold: gone == 0" in \
+        problems, problems
+
+
+def test_a_claims_condition_is_evaluated_from_its_record_within_its_figures_rounding():
+    """A float is recorded to 6 significant digits: a comparison closer than that cannot be
+    told, one beyond it can; an operand not recorded or a call the check does not know makes
+    the condition unknown, never false."""
+    (call,) = claim_calls("claim(total == 64 * MiB // 4 and x > 0.5 * y, 'it holds')")[0]
+    assert holds_with(call, {"total": "16777216", "x": "861.199", "y": "859.49"}) is True
+    assert holds_with(call, {"total": "16777216", "x": "0.4", "y": "859.49"}) is False
+    assert holds_with(call, {"total": "1.67772e+07", "x": "861.199", "y": "859.49"}) is None
+    assert holds_with(call, {"total": "1.6e+07", "x": "861.199", "y": "859.49"}) is False
+    assert holds_with(call, {"total": "16777216"}) is None
+    (call,) = claim_calls("claim(near(a, b, rel=0.01) and f(a), 'close')")[0]
+    assert holds_with(call, {"a": "100", "b": "150"}) is False
+    assert holds_with(call, {"a": "100", "b": "100.5"}) is None  # f(a): not known
