@@ -294,20 +294,29 @@ claim(total == 64 * MiB // 4, "`result` itself is untouched: still bound, every 
 #
 # ## Next
 #
-# - `01_allocated_reserved_nvidia_smi.ipynb`: the CUDA context, allocated vs reserved vs NVML,
-#   `empty_cache`;
-# - `02_rerun_accumulation.ipynb`: `Out[n]`, a failed cell's traceback, a stored loss and its
-#   graph;
-# - `03_peaks_fragmentation_live.ipynb`: exact peaks, fragmentation, `expandable_segments`, the
-#   live chart;
-# - `04_out_of_memory.ipynb`: the OOM message, the allocator's retry, the explainer;
-# - `05_allocator_settings.ipynb`: every allocator setting, measured side by side;
-# - `06_training_memory_budget.ipynb`: parameters, gradients, AdamW, activations;
-# - `07_traces_and_snapshots.ipynb`: which line allocated what, and memory_viz;
-# - `08_which_allocator_setting.ipynb`: choosing an allocator setting for a workload;
-# - `09_will_it_fit.ipynb`: whether a run fits a smaller GPU, from one recording;
-# - `10_graphs_and_compile.ipynb`: CUDA graphs' and `torch.compile`'s private pools;
-# - `11_generation_kv_cache.ipynb`: a KV cache growing during generation, and its OOM;
-# - `12_more_than_one_process.ipynb`: memory held by other processes on the same GPU.
+# - [`01_allocated_reserved_nvidia_smi.ipynb`](01_allocated_reserved_nvidia_smi.ipynb): the CUDA
+#   context, allocated vs reserved vs NVML, `empty_cache`;
+# - [`02_rerun_accumulation.ipynb`](02_rerun_accumulation.ipynb): `Out[n]`, a failed cell's
+#   traceback, a stored loss and its graph;
+# - [`03_peaks_fragmentation_live.ipynb`](03_peaks_fragmentation_live.ipynb): exact peaks,
+#   fragmentation, `expandable_segments`, the live chart;
+# - [`04_out_of_memory.ipynb`](04_out_of_memory.ipynb): the OOM message, the allocator's retry,
+#   the explainer;
+# - [`05_allocator_settings.ipynb`](05_allocator_settings.ipynb): every allocator setting,
+#   measured side by side;
+# - [`06_training_memory_budget.ipynb`](06_training_memory_budget.ipynb): parameters, gradients,
+#   AdamW, activations;
+# - [`07_traces_and_snapshots.ipynb`](07_traces_and_snapshots.ipynb): which line allocated what,
+#   and memory_viz;
+# - [`08_which_allocator_setting.ipynb`](08_which_allocator_setting.ipynb): choosing an
+#   allocator setting for a workload;
+# - [`09_will_it_fit.ipynb`](09_will_it_fit.ipynb): whether a run fits a smaller GPU, from one
+#   recording;
+# - [`10_graphs_and_compile.ipynb`](10_graphs_and_compile.ipynb): CUDA graphs' and
+#   `torch.compile`'s private pools;
+# - [`11_generation_kv_cache.ipynb`](11_generation_kv_cache.ipynb): a KV cache growing during
+#   generation, and its OOM;
+# - [`12_more_than_one_process.ipynb`](12_more_than_one_process.ipynb): memory held by other
+#   processes on the same GPU.
 #
 # `%gpumem?` lists every command.

@@ -82,10 +82,10 @@ WIDGET_STATE_LIMIT_BYTES = 200_000
 CLAIM_FAILED = "ClaimFailed"
 FAILED_MARK = "✗ CLAIM FAILED"  # claims.py, in TUTORIAL_CLAIMS=report mode
 # The version of what the runner records about claims in the metadata (``claims`` and
-# ``outputs_sha256`` under PROVENANCE_KEY): tests/test_tutorial_prose.py applies the claim
-# rules that need the record to every notebook that carries it, and only a notebook executed
-# at a commit whose runner did not record claims may lack it.
-CHECKS_VERSION = 1
+# ``outputs_sha256`` under PROVENANCE_KEY; from 2, ``cells_sha256``): tests/test_tutorial_prose.py
+# applies the rules that need the record to every notebook that carries it, and a notebook must
+# carry the version its commit's runner writes: relabelled with a later commit, it does not.
+CHECKS_VERSION = 2
 # Evaluated silently after each run of a cell: the claims it made (claims.take_records).
 TAKE_RECORDS = ("__import__('sys').modules['claims'].take_records() "
                 "if 'claims' in __import__('sys').modules else '[]'")
@@ -481,14 +481,31 @@ def merge_streams(nb: Any) -> None:
             cell["outputs"] = merged
 
 
+# What executing a cell adds to its metadata (nbclient's timings); the rest is the source's.
+RUN_METADATA = ("execution",)
+
+
+def cell_digest(cell: Any) -> str:
+    """SHA-256 of a cell as the run executed it: its type, its text and its metadata (tags
+    such as raises-exception), without what executing adds. Prose or a tag changed after the
+    run then shows, even in a notebook relabelled with the commit that changed it."""
+    import hashlib
+
+    meta = {k: v for k, v in cell.metadata.items() if k not in RUN_METADATA}
+    text = json.dumps([cell.cell_type, cell.source, meta], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def record_checks(nb: Any, claims: dict[str, list[dict[str, Any]]]) -> None:
-    """Save each cell's claims and the digest of every code cell's outputs in the metadata:
-    a ✓ line is then tied to the claim that wrote it, its values and its cell's outputs."""
+    """Save each cell's claims, the digest of every code cell's outputs, and of every cell as
+    it ran, in the metadata: a ✓ line is then tied to the claim that wrote it, its values and
+    its cell's outputs, and the prose to the run."""
     meta = nb.metadata.setdefault(PROVENANCE_KEY, {})
     meta["checks_version"] = CHECKS_VERSION
     meta["claims"] = {cell_id: records for cell_id, records in claims.items() if records}
     meta["outputs_sha256"] = {c.id: outputs_digest(c) for c in nb.cells
                               if c.cell_type == "code" and c.get("execution_count")}
+    meta["cells_sha256"] = {c.id: cell_digest(c) for c in nb.cells}
 
 
 class ClaimError(RuntimeError):

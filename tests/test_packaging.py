@@ -129,13 +129,13 @@ def test_ipython_and_ipykernel_floors_are_those_the_suite_passed_on():
     assert requirement("ipywidgets") == "ipywidgets>=8.1"  # 7.7.1: watch fails (issue 38)
 
 
-KEPT_OUT = (".ci/run", "notebooks/REVIEW-2026-12-01.md", "benchmarks/results/gpu_tests.log",
+KEPT_OUT = (".ci/run", "docs/reviews/REVIEW-2026-12-01.md", "benchmarks/results/gpu_tests.log",
             "benchmarks/results/diagnosis_h200_log.txt", "oom_forms_dry_run.json")
 
 
 def test_the_sdist_config_keeps_out_ci_reviews_and_benchmark_logs():
     exclude = SDIST["exclude"]
-    for pattern in ("/.ci", "/benchmarks/results", "/notebooks/REVIEW-*.md"):
+    for pattern in ("/.ci", "/benchmarks/results", "/docs/reviews"):
         assert pattern in exclude
     # What the tests read from benchmarks/results is put back, so the sdist's tests run.
     for name in ("diagnosis_h200.json", "diagnosis2_h200.json"):
