@@ -165,9 +165,6 @@ def test_a_replayed_sample_of_many_gpus_is_charted_in_linear_time(shell, no_gpu,
 
 
 # -- A4 -------------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="A4: Out's keys are formatted as they are (f'Out[{n}]'): "
-                   "an int subclass key has its __format__/__str__/__repr__ run by who, who --gc, "
-                   "cleanup --dry-run and the OOM explainer")
 def test_an_int_subclass_key_in_out_runs_none_of_its_code(loaded):
     ran: ClassVar[list[str]] = []
 

@@ -68,6 +68,18 @@ def output_cache_names(
     return names
 
 
+def exact_int_keys(entries: Mapping[Any, Any] | None) -> dict[int, Any]:
+    """The output cache as ``{n: value}`` with plain ``int`` keys. A key of an int subclass
+    is copied by ``int``'s own conversion, so its ``__format__``, ``__repr__``, ``__hash__``
+    or ``__eq__`` never runs when the entry is labelled ``Out[n]`` or looked up (A4); a key
+    that is no int names no cell and is left out."""
+    if not entries:
+        return {}
+    items = dict.items(entries) if isinstance(entries, dict) else entries.items()
+    return {int.__int__(k): v for k, v in list(items)
+            if isinstance(k, int) and not isinstance(k, bool)}
+
+
 def name_of(key: Any) -> str | None:
     """A namespace key as the name it is: an exact ``str`` as it is, a ``str`` subclass's text
     by ``str``'s own ``__str__`` (an exact copy: its class's ``__hash__``, ``__eq__``,

@@ -35,7 +35,7 @@ from . import heap, retention
 from .autograd import graph_walker, size_graphs
 from .facts import TensorFacts
 from .named import KIND_NOT_SEARCHED, holder_groups, pandas_name
-from .names import SHELL_NAMES, alias_order, name_of, output_cache_names
+from .names import SHELL_NAMES, alias_order, exact_int_keys, name_of, output_cache_names
 from .peek import is_atom
 from .reading import MISSING
 from .retention import RootContext, Search
@@ -280,7 +280,7 @@ class Scanner(ObjectWalk):
         self._say_cut = include_gc  # `who --gc` lists it; the explainer's search does not
         self._reset_walk()
         self.graph_s, self.graph_nodes = 0.0, 0
-        out = dict(output_cache or {})
+        out = exact_int_keys(output_cache)
         cached = output_cache_names(user_ns, out, hidden)
         aliases: dict[int, list[str]] = {}
         for key, obj in list(user_ns.items()):
