@@ -42,9 +42,6 @@ def _replay(shell: Any, path: Path) -> Any:
 
 
 # -- F2 -------------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="F2: a gzip'd pickle of DUP opcodes inside the unpack "
-                   "bound grows 8 bytes of unpickler stack per byte (under _Watched's 16x "
-                   "ratio and 2 GiB cap): 250 KB of file made a 6.3 GiB peak before refusal")
 def test_a_gzipd_pickle_of_dup_opcodes_peaks_at_a_small_multiple_of_the_unpack_bound(
         loaded, tmp_path, monkeypatch):
     from gpumem_nb.whatif import unpack
