@@ -263,10 +263,6 @@ def test_an_unknown_flag_holding_a_line_separator_is_echoed_escaped(loaded):
     assert "\u2028" not in str(e.value)
 
 
-@pytest.mark.xfail(strict=True, reason="C2: the line is split by shlex before any bound on its "
-                   "length, and shlex.read_token grows its token one character at a time: a "
-                   "100,000-character flag takes 2.8 s, 200,000 10.4 s, 1,000,000 124 s in "
-                   "gpumem_nb's own function (IPython's $-expansion before it is slower still)")
 def test_a_100000_character_flag_is_refused_quickly_by_the_magic_itself(loaded):
     magic = loaded.magics_manager.registry["GpumemMagics"].gpumem
     t0 = time.perf_counter()
