@@ -136,15 +136,30 @@ def test_a_traced_cell_with_a_form_feed_names_each_line_as_written(loaded):
 
 
 # -- D3 -------------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="D3: a 4,000-digit integer as a sample's t_s or wall_s "
-                   "passes the number check and math.isfinite raises OverflowError: a "
-                   "traceback from %gpumem watch --replay, not a UsageError")
 def test_a_replay_whose_time_is_a_4000_digit_integer_is_refused_in_a_sentence(
         shell, no_gpu, tmp_path):
     path = _trace(tmp_path, "huge.json", lambda b: b["samples"][0].update(t_s="HUGE"))
     path.write_text(path.read_text().replace('"HUGE"', "9" * 4000))
     shell.run_cell("%load_ext gpumem_nb", store_history=True)
     with pytest.raises(UsageError):
+        shell.run_line_magic("gpumem", f"watch --replay {path}")
+
+
+def test_a_replayed_rss_of_five_million_floats_is_refused_without_serialising_it(
+        shell, no_gpu, tmp_path):
+    # The refusal quoted the value as JSON cut to 40 characters, after writing all of it:
+    # 5.4 s for this list, on top of reading the file.
+    path = _trace(tmp_path, "rss.json", lambda b: b["samples"][0].update(rss_bytes="RSS"))
+    path.write_text(path.read_text().replace('"RSS"', "[" + ",".join(["0.5"] * 5_000_000) + "]"))
+    shell.run_cell("%load_ext gpumem_nb", store_history=True)
+    body = json.loads(path.read_text())  # what reading the file costs, apart from the check
+    t0 = time.thread_time()  # this thread's CPU: other processes' load does not count
+    from gpumem_nb.sources.tracecheck import sample_from_json
+    with pytest.raises(ValueError, match=r'"rss_bytes" is \[0\.5, 0\.5, 0\.5'):
+        sample_from_json(body["samples"][0])
+    assert time.thread_time() - t0 < 0.1
+    del body
+    with pytest.raises(UsageError, match=r'"rss_bytes" is \[0\.5, 0\.5'):
         shell.run_line_magic("gpumem", f"watch --replay {path}")
 
 
