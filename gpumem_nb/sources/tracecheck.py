@@ -35,6 +35,10 @@ _STATUSES = (STATUS_OK, STATUS_LOST, STATUS_ERROR, STATUS_NO_NVML)
 # 46 MB recording of 84,000 readings is checked about 5 s into its playback.
 EAGER_DEVICES = 4096
 AHEAD_DEVICES = 8192
+# GPUs a replayed sample may name: one host has 8 or 16. Past them the sample's devices are
+# cut (and the replay says so): each GPU is a timeline, a table row and a chart's lines, and
+# 8,000 GPUs in one sample held a replay for seconds.
+MAX_SAMPLE_DEVICES = 64
 
 
 class TraceError(ValueError):
@@ -156,7 +160,14 @@ def _device_from_json(where: str, d: Any) -> DeviceSample:
 def _devices_from_json(where: str, raw: Any) -> tuple[DeviceSample, ...]:
     if not isinstance(raw, list):
         raise TraceError(f"{where}: \"devices\" is {_show(raw)}, not a list")
-    return tuple(_device_from_json(f"{where}, device {j}", d) for j, d in enumerate(raw))
+    return tuple(_device_from_json(f"{where}, device {j}", d)
+                 for j, d in enumerate(raw[:MAX_SAMPLE_DEVICES]))
+
+
+def devices_named(data: Any) -> int:
+    """How many devices a raw sample lists (0 when it lists none or is malformed)."""
+    raw = data.get("devices") if isinstance(data, dict) else None
+    return len(raw) if isinstance(raw, list) else 0
 
 
 def sample_from_json(data: Any, where: str = "sample") -> Sample:
@@ -196,6 +207,7 @@ class Recording:
         self.times_s = times_s  # cut where a sample fails
         self._checked: list[Sample] = []
         self.problem = ""
+        self.most_devices = 0  # the most GPUs one checked sample listed, before any cut
         self._lock = threading.Lock()
 
     @classmethod
@@ -233,6 +245,7 @@ class Recording:
                 i = len(self._checked)
                 if i > index and budget <= 0:
                     break
+                self.most_devices = max(self.most_devices, devices_named(self._raw[i]))
                 try:
                     s = sample_from_json(self._raw[i], f"sample {i}")
                 except TraceError as e:
