@@ -26,6 +26,7 @@ from ..units import cut, printable, shown_name
 from .tracecheck import (
     AHEAD_DEVICES,
     EAGER_DEVICES,
+    MAX_SAMPLE_CHILDREN,
     MAX_SAMPLE_DEVICES,
     Recording,
     TraceError,
@@ -262,6 +263,10 @@ class ReplaySource:
             notes.append(f"Samples are shown for their first {MAX_SAMPLE_DEVICES} GPUs: "
                          f"{self._rec.most_devices - MAX_SAMPLE_DEVICES:,} more in the "
                          f"widest ({self._rec.most_devices:,}) were left out.")
+        if self._rec.most_children > MAX_SAMPLE_CHILDREN:
+            notes.append(f"Each GPU's children are shown for the first {MAX_SAMPLE_CHILDREN}: "
+                         f"{self._rec.most_children - MAX_SAMPLE_CHILDREN:,} more in the "
+                         f"longest listing ({self._rec.most_children:,}) were left out.")
         if self._rec.problem:
             notes.append(self._rec.problem)
         elif not self._rec.complete:

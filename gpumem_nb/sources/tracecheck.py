@@ -39,6 +39,10 @@ AHEAD_DEVICES = 8192
 # cut (and the replay says so): each GPU is a timeline, a table row and a chart's lines, and
 # 8,000 GPUs in one sample held a replay for seconds.
 MAX_SAMPLE_DEVICES = 64
+# Children a replayed GPU reading may list (DataLoader workers, ranks): each is a line of the
+# table and the picture, and 20,000 of them made an 18.9 MB picture. Past them the listing
+# is cut (its recorded children_bytes stays the whole) and the replay says so.
+MAX_SAMPLE_CHILDREN = 64
 
 
 class TraceError(ValueError):
@@ -137,7 +141,8 @@ def _record(where: str, data: Any, cls: type, *, nested: dict[str, Callable[[Any
 def _children_from_json(where: str, raw: Any) -> tuple[ChildProcess, ...]:
     if not isinstance(raw, list):
         raise TraceError(f"{where}: \"children\" is {_show(raw)}, not a list")
-    return tuple(_record(f"{where}, child {i}", c, ChildProcess) for i, c in enumerate(raw))
+    return tuple(_record(f"{where}, child {i}", c, ChildProcess)
+                 for i, c in enumerate(raw[:MAX_SAMPLE_CHILDREN]))
 
 
 def _nvml_from_json(where: str, nv: Any) -> NvmlReading:
@@ -168,6 +173,19 @@ def devices_named(data: Any) -> int:
     """How many devices a raw sample lists (0 when it lists none or is malformed)."""
     raw = data.get("devices") if isinstance(data, dict) else None
     return len(raw) if isinstance(raw, list) else 0
+
+
+def children_named(data: Any) -> int:
+    """The most children one device of a raw sample lists, among the devices kept (0 when
+    none, or malformed: the check says what is wrong)."""
+    raw = data.get("devices") if isinstance(data, dict) else None
+    most = 0
+    for d in raw[:MAX_SAMPLE_DEVICES] if isinstance(raw, list) else ():
+        nv = d.get("nvml") if isinstance(d, dict) else None
+        kids = nv.get("children") if isinstance(nv, dict) else None
+        if isinstance(kids, list):
+            most = max(most, len(kids))
+    return most
 
 
 def sample_from_json(data: Any, where: str = "sample") -> Sample:
@@ -208,6 +226,7 @@ class Recording:
         self._checked: list[Sample] = []
         self.problem = ""
         self.most_devices = 0  # the most GPUs one checked sample listed, before any cut
+        self.most_children = 0  # the most children one checked GPU reading listed, too
         self._lock = threading.Lock()
 
     @classmethod
@@ -246,6 +265,7 @@ class Recording:
                 if i > index and budget <= 0:
                     break
                 self.most_devices = max(self.most_devices, devices_named(self._raw[i]))
+                self.most_children = max(self.most_children, children_named(self._raw[i]))
                 try:
                     s = sample_from_json(self._raw[i], f"sample {i}")
                 except TraceError as e:
