@@ -617,7 +617,7 @@ def test_a_settings_file_that_is_not_a_json_object_is_refused_not_overwritten(
 # --------------------------------------------------------------------------------------------
 # 11. Refused values are cut
 # --------------------------------------------------------------------------------------------
-LONG = "9" * 100_000
+LONG = "9" * 9_950  # the longest a line may be (10,000 characters) holds this and a command
 
 
 @pytest.mark.parametrize("line", [
@@ -667,6 +667,16 @@ def test_twenty_thousand_unknown_flags_are_refused_at_once(shell, no_gpu):
     run(shell, "%load_ext gpumem_nb")
     magic = shell.magics_manager.magics["line"]["gpumem"]  # skips IPython's $var expansion
     line = "who " + " ".join(f"--f{i}" for i in range(20_000))
+    start = time.perf_counter()
+    with pytest.raises(UsageError) as info:
+        magic(line)
+    took_s = time.perf_counter() - start
+    assert str(info.value) == ("%gpumem: the line is 168,893 characters long, more than any "
+                               "command takes (at most 10,000)")
+    assert took_s < hang_guard(1.0), took_s
+    # As many flags as a line may hold reach argparse, which reads only the first 200.
+    line = "who " + " ".join(f"--f{i}" for i in range(1_300))
+    assert len(line) <= 10_000
     start = time.perf_counter()
     with pytest.raises(UsageError) as info:
         magic(line)

@@ -332,6 +332,25 @@ def test_a_long_refused_config_gpumemnb_value_is_echoed_cut_and_escaped(shell, n
     assert mon.config == before
 
 
+def test_a_ten_million_item_config_value_is_refused_without_serialising_it(
+        shell, no_gpu, capsys, caplog):
+    # The refusal quoted the value as JSON cut to 40 characters, after writing all of it:
+    # ``%config GpumemNb.interval = [0.5]*10**7`` took 11-13 s.
+    import time
+
+    mon = load(shell, capsys)
+    before = mon.config
+    shell.user_ns["HUGE"] = [0.5] * 10**7
+    t0 = time.thread_time()  # this thread's CPU: other processes' load does not count
+    with caplog.at_level(logging.ERROR):
+        shell.run_line_magic("config", "GpumemNb.interval = HUGE")
+    took_s = time.thread_time() - t0
+    said = caplog.text + capsys.readouterr().err
+    assert "GpumemNb.interval: " in said and "[0.5, 0.5, 0.5" in said
+    assert took_s < 0.5, took_s
+    assert mon.config == before
+
+
 # -- GPUMEM_NB_CONFIG that names no file ---------------------------------------------------------
 @pytest.mark.parametrize(("value", "what"), [
     ("/", "names a directory"), (" ", "is blank"), ("~", "names a directory"),

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..model import Sample
 from ..svgchart import LEGEND_ORDER, STYLES, SeriesStyle
-from ..timeline import ALL_DEVICES, GIB, SERIES, Timeline, values_of
+from ..timeline import ALL_DEVICES, GIB, SERIES, Timeline, values_by_device, values_of
 
 __all__ = [
     "CLUSTER_COLORS",
@@ -93,6 +93,7 @@ class ChartSeries:
         if len(sample.devices) > 1:
             indices.append(ALL_DEVICES)
         extra = {k: _gib(e.value, sample) for k, e in self.extra.items()}
+        values = values_by_device(sample)
         for i in indices:
             tl = self.timelines.get(i)
             if tl is None:
@@ -101,7 +102,7 @@ class ChartSeries:
                     tl.add_series(k)
             if tl.n and sample.t_s <= tl.t[tl.n - 1]:
                 continue  # a replay that has ended repeats its last reading
-            tl.append(sample.t_s, {**values_of(sample, None if i == ALL_DEVICES else i),
+            tl.append(sample.t_s, {**(values[i] if i in values else values_of(sample, i)),
                                    **extra})
 
     def append_played(self, source: Any, latest: Callable[[], Sample | None]) -> None:

@@ -25,6 +25,7 @@ from ..kernel import Monitor
 from ..units import ECHO_CHARS, echo_cut, format_bytes, parse_size, printable, quoted
 
 __all__ = [
+    "MAX_LINE_CHARS",
     "MAX_MESSAGE_CHARS",
     "MAX_PARSED_WORDS",
     "Parser",
@@ -195,7 +196,16 @@ def help_text(parser: argparse.ArgumentParser, cell_parser: argparse.ArgumentPar
     return "\n".join(parts)
 
 
+# No command's line comes near this (a path, a few settings, a list of names), and shlex
+# grows a word one character at a time: a 100,000-character flag took 2.8 s to split,
+# 1,000,000 took 124 s. A longer line is refused before it is split.
+MAX_LINE_CHARS = 10_000
+
+
 def split(line: str) -> list[str]:
+    if len(line) > MAX_LINE_CHARS:
+        raise UsageError(f"%gpumem: the line is {len(line):,} characters long, more than any "
+                         f"command takes (at most {MAX_LINE_CHARS:,})")
     try:
         return _glue_negative_values(shlex.split(line))
     except ValueError as e:

@@ -26,6 +26,8 @@ from ..units import cut, printable, shown_name
 from .tracecheck import (
     AHEAD_DEVICES,
     EAGER_DEVICES,
+    MAX_SAMPLE_CHILDREN,
+    MAX_SAMPLE_DEVICES,
     Recording,
     TraceError,
     _show,
@@ -257,6 +259,14 @@ class ReplaySource:
         name = first.devices[0].nvml.name if n and first.devices[0].nvml else ""
         # The recording's own words, bounded as a cluster's notes are.
         notes = [printable(cut(self._note, MAX_NOTE_CHARS))] if self._note else []
+        if self._rec.most_devices > MAX_SAMPLE_DEVICES:
+            notes.append(f"Samples are shown for their first {MAX_SAMPLE_DEVICES} GPUs: "
+                         f"{self._rec.most_devices - MAX_SAMPLE_DEVICES:,} more in the "
+                         f"widest ({self._rec.most_devices:,}) were left out.")
+        if self._rec.most_children > MAX_SAMPLE_CHILDREN:
+            notes.append(f"Each GPU's children are shown for the first {MAX_SAMPLE_CHILDREN}: "
+                         f"{self._rec.most_children - MAX_SAMPLE_CHILDREN:,} more in the "
+                         f"longest listing ({self._rec.most_children:,}) were left out.")
         if self._rec.problem:
             notes.append(self._rec.problem)
         elif not self._rec.complete:

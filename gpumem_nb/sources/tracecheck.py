@@ -9,13 +9,13 @@ checks the first samples at once and the rest as they are played or drawn.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, fields
 from typing import Any
 
+from ..jsontext import json_prefix
 from ..model import (
     STATUS_ERROR,
     STATUS_LOST,
@@ -35,6 +35,14 @@ _STATUSES = (STATUS_OK, STATUS_LOST, STATUS_ERROR, STATUS_NO_NVML)
 # 46 MB recording of 84,000 readings is checked about 5 s into its playback.
 EAGER_DEVICES = 4096
 AHEAD_DEVICES = 8192
+# GPUs a replayed sample may name: one host has 8 or 16. Past them the sample's devices are
+# cut (and the replay says so): each GPU is a timeline, a table row and a chart's lines, and
+# 8,000 GPUs in one sample held a replay for seconds.
+MAX_SAMPLE_DEVICES = 64
+# Children a replayed GPU reading may list (DataLoader workers, ranks): each is a line of the
+# table and the picture, and 20,000 of them made an 18.9 MB picture. Past them the listing
+# is cut (its recorded children_bytes stays the whole) and the replay says so.
+MAX_SAMPLE_CHILDREN = 64
 
 
 class TraceError(ValueError):
@@ -42,11 +50,12 @@ class TraceError(ValueError):
 
 
 def _show(value: Any) -> str:
+    """The value in 40 characters, from only what is shown: a 5,000,000-float list took
+    5.4 s to serialise before its refusal was cut to 40."""
     try:
-        text = json.dumps(value)
+        return json_prefix(value, 40)
     except (TypeError, ValueError):
         return f"a {type(value).__name__}"
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _maybe_whole(where: str, key: str, value: Any, *, optional: bool = True) -> int | None:
@@ -66,7 +75,12 @@ def _whole(where: str, key: str, value: Any) -> int:
 
 
 def _seconds(where: str, key: str, value: Any) -> float:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+    try:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) \
+            and math.isfinite(value)
+    except OverflowError:  # an int past a double's range: JSON allows 4,000 digits
+        ok = False
+    if not ok:
         raise TraceError(f"{where}: \"{key}\" is {_show(value)}, not a finite number of seconds")
     return float(value)
 
@@ -127,7 +141,8 @@ def _record(where: str, data: Any, cls: type, *, nested: dict[str, Callable[[Any
 def _children_from_json(where: str, raw: Any) -> tuple[ChildProcess, ...]:
     if not isinstance(raw, list):
         raise TraceError(f"{where}: \"children\" is {_show(raw)}, not a list")
-    return tuple(_record(f"{where}, child {i}", c, ChildProcess) for i, c in enumerate(raw))
+    return tuple(_record(f"{where}, child {i}", c, ChildProcess)
+                 for i, c in enumerate(raw[:MAX_SAMPLE_CHILDREN]))
 
 
 def _nvml_from_json(where: str, nv: Any) -> NvmlReading:
@@ -150,7 +165,27 @@ def _device_from_json(where: str, d: Any) -> DeviceSample:
 def _devices_from_json(where: str, raw: Any) -> tuple[DeviceSample, ...]:
     if not isinstance(raw, list):
         raise TraceError(f"{where}: \"devices\" is {_show(raw)}, not a list")
-    return tuple(_device_from_json(f"{where}, device {j}", d) for j, d in enumerate(raw))
+    return tuple(_device_from_json(f"{where}, device {j}", d)
+                 for j, d in enumerate(raw[:MAX_SAMPLE_DEVICES]))
+
+
+def devices_named(data: Any) -> int:
+    """How many devices a raw sample lists (0 when it lists none or is malformed)."""
+    raw = data.get("devices") if isinstance(data, dict) else None
+    return len(raw) if isinstance(raw, list) else 0
+
+
+def children_named(data: Any) -> int:
+    """The most children one device of a raw sample lists, among the devices kept (0 when
+    none, or malformed: the check says what is wrong)."""
+    raw = data.get("devices") if isinstance(data, dict) else None
+    most = 0
+    for d in raw[:MAX_SAMPLE_DEVICES] if isinstance(raw, list) else ():
+        nv = d.get("nvml") if isinstance(d, dict) else None
+        kids = nv.get("children") if isinstance(nv, dict) else None
+        if isinstance(kids, list):
+            most = max(most, len(kids))
+    return most
 
 
 def sample_from_json(data: Any, where: str = "sample") -> Sample:
@@ -190,6 +225,8 @@ class Recording:
         self.times_s = times_s  # cut where a sample fails
         self._checked: list[Sample] = []
         self.problem = ""
+        self.most_devices = 0  # the most GPUs one checked sample listed, before any cut
+        self.most_children = 0  # the most children one checked GPU reading listed, too
         self._lock = threading.Lock()
 
     @classmethod
@@ -227,6 +264,8 @@ class Recording:
                 i = len(self._checked)
                 if i > index and budget <= 0:
                     break
+                self.most_devices = max(self.most_devices, devices_named(self._raw[i]))
+                self.most_children = max(self.most_children, children_named(self._raw[i]))
                 try:
                     s = sample_from_json(self._raw[i], f"sample {i}")
                 except TraceError as e:

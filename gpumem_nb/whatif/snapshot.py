@@ -43,11 +43,19 @@ _MIN_BLOCK = 512  # kMinBlockSize
 # The unpickler builds the whole object before anything can be counted, and a byte of the
 # file can make an object: 50 MB of EMPTY_DICT opcodes (50 KB gzip'd) made 4.3 GB. So the
 # unpickler reads through ``_Watched``, which refuses once this process has grown past what
-# any snapshot within the entry bound needs (100,000 entries with 29 frames each: 18 MB in
-# the file, about 100 MB in memory), or grows far faster than the bytes it has read.
-MAX_GROWTH_BYTES = 2 << 30  # 1,000,000 such entries: 178 MB of file, 0.7 GB
-MAX_GROWTH_RATIO = 16  # a real snapshot: about 4 bytes of memory per byte of file
-_GROWTH_FLOOR_BYTES = 512 << 20  # below it, the ratio is not judged (the start's noise)
+# any snapshot within the entry bound needs, or grows far faster than the bytes it has read.
+# Each bound is a multiple of ``unpack.MAX_UNPACKED_BYTES`` (read when the file is), so the
+# peak stays a small multiple of what a file may unpack to:
+# - the process never grows past ``_GROWTH_BOUNDS`` times it (1 GiB at 256 MiB: the largest
+#   real snapshot, 1,000,000 entries with 29 frames each, is 178 MB of file and 0.7 GB);
+# - past ``_GROWTH_FLOOR_BOUNDS`` times it (below, the start's noise), not faster than
+#   ``MAX_GROWTH_RATIO`` bytes of memory a byte of file: a real snapshot takes about 4 (5.5
+#   at 100,000 entries, well under the floor); an empty dict is 64 bytes for one byte of
+#   file, and a DUP or NONE opcode puts an 8-byte slot on the unpickler's stack: 250 MiB of
+#   DUP (249 KB gzip'd) made 6.3 GiB when the ratio allowed 16.
+_GROWTH_BOUNDS = 4
+_GROWTH_FLOOR_BOUNDS = 2
+MAX_GROWTH_RATIO = 6
 _MAX_READ_BYTES = 8 << 20  # pickle writes 64 KB frames: one read past this is no snapshot
 _NOT_SPACE = re.compile(rb"\S")
 
@@ -75,9 +83,9 @@ class _Watched:
         rss, rss0 = self._host.rss_bytes(), self._rss0
         if rss is None or rss0 is None:
             return
-        grown = rss - rss0
-        if grown > MAX_GROWTH_BYTES or (grown > _GROWTH_FLOOR_BYTES
-                                        and grown > MAX_GROWTH_RATIO * self._pos):
+        grown, bound = rss - rss0, unpack.MAX_UNPACKED_BYTES
+        if grown > _GROWTH_BOUNDS * bound or (grown > _GROWTH_FLOOR_BOUNDS * bound
+                                              and grown > MAX_GROWTH_RATIO * self._pos):
             raise _Expands(f"unpickling its first {self._pos} bytes took {grown >> 20} MiB "
                            "of memory (shared references or empty objects expand)")
 
