@@ -405,3 +405,19 @@ def test_a_recording_checked_as_it_plays_plays_to_its_last_sample(tmp_path):
     assert round(src.read().wall_s) > 0 and src.ended
     assert len(src.recording) == 6000
     assert [round(s.t_s, 6) for s in src.played(599.85)] == [599.9]
+
+
+def test_a_recording_that_starts_idle_says_so_instead_of_flat_lines_with_no_word():
+    # The bundled H200 session is idle for its first 5.5 s (CUDA starts then): a newcomer
+    # watching it during Run All saw flat lines at 0 and nothing said.
+    idle = ReplaySource([sample(0.0, 0), sample(3.0, 0), sample(5.5, GiB), sample(6.0, 2 * GiB)])
+    assert any("idle for its first 5.5 s" in n for n in idle.status().notes)
+    busy = ReplaySource([sample(0.0, GiB), sample(3.0, 2 * GiB)])
+    assert not any("idle" in n for n in busy.status().notes)
+    brief = ReplaySource([sample(0.0, 0), sample(0.5, GiB)])
+    assert not any("idle" in n for n in brief.status().notes)
+
+
+def test_the_bundled_session_says_its_idle_start():
+    notes = ReplaySource.from_file(None).status().notes
+    assert any(n.startswith("The recording is idle for its first 5.5 s") for n in notes), notes

@@ -131,6 +131,28 @@ def _shift(s: Sample, dt: float, wall: float | None = None) -> Sample:
                   rss_bytes=s.rss_bytes, devices=s.devices)
 
 
+# How far a replay looks for the recording's first GPU use when it opens: a few hundred
+# samples, checked as playing them would check them (milliseconds), not the whole file.
+IDLE_LOOK_SAMPLES = 256
+IDLE_SAID_S = 1.0  # a shorter idle start is not worth a line
+
+
+def _in_use(s: Sample) -> bool:
+    return any((d.nvml is not None and bool(d.nvml.used_bytes))
+               or (d.allocator is not None and d.allocator.reserved_bytes > 0)
+               for d in s.devices)
+
+
+def idle_lead_s(rec: Recording) -> float:
+    """How long the recording shows no GPU memory in use before its first sample that does
+    (0 where that comes first, or is not within the first ``IDLE_LOOK_SAMPLES``)."""
+    n = rec.check(min(IDLE_LOOK_SAMPLES, len(rec.times_s)) - 1)
+    for i in range(n):
+        if _in_use(rec.sample(i)):
+            return rec.times_s[i] - rec.times_s[0]
+    return 0.0
+
+
 class ReplaySource:
     """Plays a trace at its recorded pace (times ``speed``), once (or looping). A
     ``Recording`` from ``open_trace`` is checked as it plays: each ``read`` (the sampler's)
@@ -155,6 +177,9 @@ class ReplaySource:
         self._clock = clock
         self._loop = loop
         self._t0: float | None = None
+        # A recording that starts before CUDA does draws flat lines at 0 until then: a
+        # newcomer watching the bundled one saw nothing happen for its first 5.7 s.
+        self._idle_s = idle_lead_s(rec)
         self._offsets_s = [t - rec.times_s[0] for t in rec.times_s]
         self._span_s = max(self._offsets_s[-1], 1e-9)
         self._lock = threading.Lock()
@@ -259,6 +284,9 @@ class ReplaySource:
         name = first.devices[0].nvml.name if n and first.devices[0].nvml else ""
         # The recording's own words, bounded as a cluster's notes are.
         notes = [printable(cut(self._note, MAX_NOTE_CHARS))] if self._note else []
+        if self._idle_s >= IDLE_SAID_S:
+            notes.append(f"The recording is idle for its first {self._idle_s:.1f} s: no GPU "
+                         "memory is in use until then, so its lines start flat at 0.")
         if self._rec.most_devices > MAX_SAMPLE_DEVICES:
             notes.append(f"Samples are shown for their first {MAX_SAMPLE_DEVICES} GPUs: "
                          f"{self._rec.most_devices - MAX_SAMPLE_DEVICES:,} more in the "
