@@ -78,7 +78,8 @@ def shell(ip: Any, capsys: Any) -> Any:
 @pytest.fixture
 def loaded(shell: Any, fake_gpu: Any, capsys: Any) -> Any:
     """The extension loaded over one fake GPU, ``cuda``, ``GiB`` and ``MiB`` in the user's
-    namespace. A file that needs more (spaced cells, other names) defines its own."""
+    namespace: the one way the suite loads it. A file that needs more (other names, a first
+    cell) extends it with a fixture of the same name that takes this one."""
     shell.run_cell("%load_ext gpumem_nb", store_history=True)
     shell.user_ns.update(cuda=fake_gpu.cuda, GiB=GiB, MiB=MiB)
     capsys.readouterr()
@@ -136,6 +137,53 @@ def two_fake_gpus(monkeypatch: Any) -> FakeCuda:
     monkeypatch.setattr(monitor_mod, "make_source",
                         lambda: LiveSource(nvml=NvmlSource(module=nvml)))  # type: ignore[arg-type]
     return cuda
+
+
+# -- the browser tests' fixtures (tests/browser_harness.py holds the machinery) ----------------
+# A browser test module may set ``LAB_STARTUP`` (more IPython startup code for the lab's
+# kernels) and ``VIEWPORT`` (the page's size); these fixtures read them from the module.
+DEFAULT_VIEWPORT = {"width": 1400, "height": 1200}
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: Any, request: Any) -> Any:
+    """A private JupyterLab for the module's tests, its versions printed in the output."""
+    from .browser_harness import running_lab
+
+    extra = getattr(request.module, "LAB_STARTUP", "")
+    with running_lab(tmp_path_factory.mktemp("lab"), extra_startup=extra) as lab:
+        print("JupyterLab and kernel versions:", lab.versions)
+        yield lab
+
+
+@pytest.fixture(scope="module")
+def browser() -> Any:
+    """Debian's chromium through Playwright, one per module."""
+    from .browser_harness import chromium
+
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def context(browser: Any, request: Any) -> Any:
+    """A fresh browser context per test; a failed test leaves a screenshot of its last page."""
+    from .browser_harness import screenshot
+
+    ctx = browser.new_context(viewport=getattr(request.module, "VIEWPORT", DEFAULT_VIEWPORT))
+    yield ctx
+    report = getattr(request.node, "rep_call", None)
+    if (report is None or report.failed) and ctx.pages:
+        screenshot(ctx.pages[-1], f"browser-failure-{request.node.name}.png")
+    ctx.close()
+
+
+@pytest.fixture
+def page(context: Any) -> Any:
+    """One page in the test's context, waiting up to 30 s for what it is asked."""
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    return page
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

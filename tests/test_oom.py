@@ -51,7 +51,7 @@ from .fakes import (
     OutOfMemoryError,
     fake_torch,
 )
-from .helpers import hang_guard
+from .helpers import hang_guard, run
 
 # --------------------------------------------------------------------------------------------
 # Messages as torch printed them, one per format and version (from public bug reports and the
@@ -462,10 +462,6 @@ def make_world(monkeypatch: Any, backend: str = "native", initialized: bool = Tr
     monkeypatch.setattr(monitor_mod, "make_source",
                         lambda: LiveSource(nvml=NvmlSource(module=nvml)))  # type: ignore[arg-type]
     return SimpleNamespace(cuda=cuda, torch=torch, gpu=gpu, nvml=nvml)
-
-
-def run(ip: Any, source: str) -> Any:
-    return ip.run_cell(source, store_history=True)
 
 
 @pytest.fixture(params=["native", "cudaMallocAsync"])
