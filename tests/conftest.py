@@ -60,7 +60,16 @@ def ip() -> Any:
 
 @pytest.fixture
 def shell(ip: Any, capsys: Any) -> Any:
-    """A real InteractiveShell with the extension unloaded before and after."""
+    """A real InteractiveShell with the extension unloaded and the user's namespace empty,
+    before and after: the shell is one for the whole session, and a tensor a test left in
+    it (or in ``sys.last_value``) was found by the next test's heap walk."""
+    _clean(ip)
+    capsys.readouterr()
+    yield ip
+    _clean(ip)
+
+
+def _clean(ip: Any) -> None:
     _unload(ip)
     for attr in ("_gpumem_nb_history", "_gpumem_nb_config", "_gpumem_nb_session_keys",
                  "_gpumem_nb_recorded_session"):
@@ -70,9 +79,6 @@ def shell(ip: Any, capsys: Any) -> Any:
     for name in ("last_exc", "last_type", "last_value", "last_traceback"):
         if hasattr(sys, name):
             setattr(sys, name, None)
-    capsys.readouterr()
-    yield ip
-    _unload(ip)
 
 
 @pytest.fixture

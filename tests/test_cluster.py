@@ -30,6 +30,8 @@ from gpumem_nb.cluster.feed import ClusterFeed  # noqa: E402
 
 from .helpers import hang_guard, wait_until  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a Dask LocalCluster of worker processes
+
 GiB = 1 << 30
 PRELOAD = str(Path(__file__).with_name("cluster_preload.py"))
 SHARED = "GPU-shared-0000"

@@ -135,6 +135,7 @@ current_monitor().widget = FakeChart()
 
 
 @pytest.mark.kernel
+@pytest.mark.slow
 def test_the_runner_settles_the_chart_display_silently_and_saves_full_metadata(tmp_path):
     """The last refresh lands in the cell that showed the chart, and the settle step itself
     leaves no cell, no output and no mark (it runs silently)."""
@@ -152,6 +153,7 @@ def test_the_runner_settles_the_chart_display_silently_and_saves_full_metadata(t
 
 
 @pytest.mark.kernel
+@pytest.mark.slow
 def test_the_runner_leaves_the_chart_as_its_picture_so_no_viewer_shows_model_not_found(
         tmp_path):
     """The real chart without a GPU. The runner ends the chart before saving (issue 17): its
