@@ -72,7 +72,8 @@ def test_a_hung_nvml_reads_as_unknown_not_stale_as_fresh(shell, fake_gpu):
     hang = Hang(fake_gpu.nvml)
     try:
         assert hang.entered.wait(2.0)
-        time.sleep(2.2)  # longer than the staleness bound (max(3 intervals, 2 s))
+        # Later than the staleness bound (max(3 intervals, 2 s)), on the readings' clock.
+        mon.readings.clock = lambda: time.monotonic() + 2.5
         shell.run_cell("y = 1", store_history=True)
         rec = mon.history.records()[-1]
         assert rec.devices[0].nvml_used_after_bytes is None
@@ -305,3 +306,29 @@ def test_reloads_during_a_hung_start_leave_nvml_balanced_when_it_answers(shell, 
     assert wait_until(lambda: nvml.inits == nvml.shutdowns), (nvml.inits, nvml.shutdowns)
     time.sleep(0.3)  # an observation window: no late start may follow the balance
     assert nvml.inits == nvml.shutdowns, (nvml.inits, nvml.shutdowns)
+
+
+def test_the_samplers_reading_stands_for_now_until_the_staleness_bound_and_not_after():
+    """The bound is max(3 intervals, 2 s), on the readings' clock: tested by the clock, not
+    by sleeping past it."""
+    from types import SimpleNamespace
+
+    from gpumem_nb.kernel.contain import FailureLog
+    from gpumem_nb.kernel.readings import Readings
+    from gpumem_nb.model import Sample
+
+    latest = Sample(t_s=100.0, wall_s=0.0, rss_bytes=None)
+    sampler = SimpleNamespace(latest=lambda: latest, running=True, interval_s=0.5)
+    now = [0.0]
+    readings = Readings(None, sampler, None, FailureLog(), clock=lambda: now[0])  # type: ignore[arg-type]
+    for age_s, fresh in [(0.0, True), (1.99, True), (2.0, True), (2.01, False), (60.0, False)]:
+        now[0] = 100.0 + age_s
+        assert (readings.nvml_latest() is latest) is fresh, age_s
+    sampler.interval_s = 1.0  # three intervals are longer than 2 s
+    now[0] = 102.9
+    assert readings.nvml_latest() is latest
+    now[0] = 103.1
+    assert readings.nvml_latest() is None
+    sampler.running = False  # a stopped sampler's reading stands for nothing
+    now[0] = 100.0
+    assert readings.nvml_latest() is None
