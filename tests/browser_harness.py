@@ -134,7 +134,8 @@ def _lab_settings(settings: Path, widget_state: bool = False) -> None:
 @contextlib.contextmanager
 def running_lab(tmp: Path, python: str | None = None, *, tree: Path = ROOT,
                 widget_state: bool = False, extra_startup: str = "",
-                extra_env: dict[str, str] | None = None) -> Iterator[Lab]:
+                extra_env: dict[str, str] | None = None,
+                data_dir: Path | None = None) -> Iterator[Lab]:
     """A JupyterLab of its own: private settings and config, its own port and token, an IPython
     startup file that installs the kernel side of the error watch (and fakes on request).
 
@@ -142,7 +143,8 @@ def running_lab(tmp: Path, python: str | None = None, *, tree: Path = ROOT,
     this one unless a benchmark compares another. ``widget_state``: JupyterLab saves widget
     state into notebooks. ``extra_startup``: more IPython startup code for every kernel.
     ``extra_env``: more of the server's environment (a data folder holding a kernelspec of its
-    own, for one)."""
+    own, for one). ``data_dir``: the server's Jupyter data folder (where it reads notebook
+    signatures), for a test that signs notebooks; the user's own otherwise."""
     python = python or lab_python()
     root = tmp / "nb"
     root.mkdir()
@@ -159,6 +161,8 @@ def running_lab(tmp: Path, python: str | None = None, *, tree: Path = ROOT,
                JUPYTERLAB_SETTINGS_DIR=str(tmp / "lab-settings"),
                JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
                IPYTHONDIR=str(ipython_dir))
+    if data_dir is not None:
+        env["JUPYTER_DATA_DIR"] = str(data_dir)
     # The kernel imports this tree's gpumem_nb and tests package, whatever the venv holds.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree), env.get("PYTHONPATH")) if p)
     for name in ("GPUMEM_NB_AUTO_SHOW", "GPUMEM_NB_REPLAY"):

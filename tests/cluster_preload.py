@@ -31,14 +31,19 @@ GiB = 1 << 30
 
 
 class HangingPynvml(FakePynvml):
-    """A driver call that takes ``hang_s`` to answer (a wedged GPU)."""
+    """A driver call that takes ``hang_s`` to answer (a wedged GPU), or, with ``hang_when``,
+    until that file is removed, whichever comes first: a test ends the hang when it is done
+    with it instead of sleeping it out."""
 
     hang_s = 0.0
     hang_when = ""  # a file: hang only while it exists
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
         if self.hang_s and (not self.hang_when or os.path.exists(self.hang_when)):
-            time.sleep(self.hang_s)
+            deadline = time.monotonic() + self.hang_s
+            while time.monotonic() < deadline and (
+                    not self.hang_when or os.path.exists(self.hang_when)):
+                time.sleep(0.02)
         return super().nvmlDeviceGetMemoryInfo(handle, version)
 
 

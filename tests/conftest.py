@@ -60,7 +60,16 @@ def ip() -> Any:
 
 @pytest.fixture
 def shell(ip: Any, capsys: Any) -> Any:
-    """A real InteractiveShell with the extension unloaded before and after."""
+    """A real InteractiveShell with the extension unloaded and the user's namespace empty,
+    before and after: the shell is one for the whole session, and a tensor a test left in
+    it (or in ``sys.last_value``) was found by the next test's heap walk."""
+    _clean(ip)
+    capsys.readouterr()
+    yield ip
+    _clean(ip)
+
+
+def _clean(ip: Any) -> None:
     _unload(ip)
     for attr in ("_gpumem_nb_history", "_gpumem_nb_config", "_gpumem_nb_session_keys",
                  "_gpumem_nb_recorded_session"):
@@ -70,15 +79,13 @@ def shell(ip: Any, capsys: Any) -> Any:
     for name in ("last_exc", "last_type", "last_value", "last_traceback"):
         if hasattr(sys, name):
             setattr(sys, name, None)
-    capsys.readouterr()
-    yield ip
-    _unload(ip)
 
 
 @pytest.fixture
 def loaded(shell: Any, fake_gpu: Any, capsys: Any) -> Any:
     """The extension loaded over one fake GPU, ``cuda``, ``GiB`` and ``MiB`` in the user's
-    namespace. A file that needs more (spaced cells, other names) defines its own."""
+    namespace: the one way the suite loads it. A file that needs more (other names, a first
+    cell) extends it with a fixture of the same name that takes this one."""
     shell.run_cell("%load_ext gpumem_nb", store_history=True)
     shell.user_ns.update(cuda=fake_gpu.cuda, GiB=GiB, MiB=MiB)
     capsys.readouterr()
@@ -136,6 +143,53 @@ def two_fake_gpus(monkeypatch: Any) -> FakeCuda:
     monkeypatch.setattr(monitor_mod, "make_source",
                         lambda: LiveSource(nvml=NvmlSource(module=nvml)))  # type: ignore[arg-type]
     return cuda
+
+
+# -- the browser tests' fixtures (tests/browser_harness.py holds the machinery) ----------------
+# A browser test module may set ``LAB_STARTUP`` (more IPython startup code for the lab's
+# kernels) and ``VIEWPORT`` (the page's size); these fixtures read them from the module.
+DEFAULT_VIEWPORT = {"width": 1400, "height": 1200}
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: Any, request: Any) -> Any:
+    """A private JupyterLab for the module's tests, its versions printed in the output."""
+    from .browser_harness import running_lab
+
+    extra = getattr(request.module, "LAB_STARTUP", "")
+    with running_lab(tmp_path_factory.mktemp("lab"), extra_startup=extra) as lab:
+        print("JupyterLab and kernel versions:", lab.versions)
+        yield lab
+
+
+@pytest.fixture(scope="module")
+def browser() -> Any:
+    """Debian's chromium through Playwright, one per module."""
+    from .browser_harness import chromium
+
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def context(browser: Any, request: Any) -> Any:
+    """A fresh browser context per test; a failed test leaves a screenshot of its last page."""
+    from .browser_harness import screenshot
+
+    ctx = browser.new_context(viewport=getattr(request.module, "VIEWPORT", DEFAULT_VIEWPORT))
+    yield ctx
+    report = getattr(request.node, "rep_call", None)
+    if (report is None or report.failed) and ctx.pages:
+        screenshot(ctx.pages[-1], f"browser-failure-{request.node.name}.png")
+    ctx.close()
+
+
+@pytest.fixture
+def page(context: Any) -> Any:
+    """One page in the test's context, waiting up to 30 s for what it is asked."""
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    return page
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

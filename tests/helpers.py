@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from typing import Any
 
 import IPython
@@ -29,6 +31,18 @@ def hang_guard(budget_s: float) -> float:
     return budget_s * SLACK
 
 
+def wait_until(predicate: Callable[[], object], timeout_s: float = 3.0) -> bool:
+    """Whether ``predicate`` came true within ``timeout_s``, polled: how a test waits for
+    another thread (a sleep of a guessed length races it on a loaded machine). The deadline
+    is a hang guard, so it is generous: a true predicate returns at once."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return bool(predicate())
+        time.sleep(0.01)
+    return True
+
+
 def spaced(ip: Any) -> None:
     """What the seconds between two cells bring: the sampler's next reading.
 
@@ -39,6 +53,23 @@ def spaced(ip: Any) -> None:
     monitor = getattr(ip, "_gpumem_nb_monitor", None)
     if monitor is not None and monitor.sampler.running:
         monitor.sampler.tick()
+
+
+def run(ip: Any, source: str, cell_id: str | None = None) -> Any:
+    """One cell, back to back with the next (a Run All): no sampler reading in between."""
+    return ip.run_cell(source, store_history=True, cell_id=cell_id)
+
+
+def run_spaced(ip: Any, source: str, cell_id: str | None = None) -> Any:
+    """One cell as people run it: with time after it for the sampler's next reading."""
+    result = run(ip, source, cell_id)
+    spaced(ip)
+    return result
+
+
+def magic(ip: Any, line: str) -> Any:
+    """``%gpumem LINE``, its result returned."""
+    return ip.run_line_magic("gpumem", line)
 
 
 def whatif(ip: Any, line: str) -> Any:

@@ -12,6 +12,8 @@ import pytest
 
 from benchmarks import bench_kernel, kernel_probe
 
+pytestmark = pytest.mark.slow  # a benchmark script run in a real kernel
+
 SHORT = ["--rounds", "1", "--cells", "8", "--warmup", "2", "--gap-s", "0.02",
          "--tensors", "200"]
 

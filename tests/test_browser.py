@@ -39,11 +39,9 @@ from .browser_harness import (
     ErrorWatch,
     Lab,
     PhaseClock,
-    chromium,
     open_notebook,
     run_cell,
     run_first_cell,
-    running_lab,
     screenshot,
     use_two_fake_gpus,
     wait_cell_done,
@@ -53,32 +51,7 @@ from .browser_harness import (
 
 pytestmark = pytest.mark.browser
 SESSION_ENV = "GPUMEM_NB_BROWSER_SESSION_S"  # the live session's least length, seconds
-
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: Any) -> Any:
-    with running_lab(tmp_path_factory.mktemp("lab")) as lab:
-        print("JupyterLab and kernel versions:", lab.versions)
-        yield lab
-
-
-@pytest.fixture(scope="module")
-def browser() -> Any:
-    with chromium() as b:
-        yield b
-
-
-@pytest.fixture
-def page(browser: Any, request: Any) -> Any:
-    context = browser.new_context(viewport={"width": 1400, "height": 1300})
-    page = context.new_page()
-    page.set_default_timeout(30_000)
-    yield page
-    report = getattr(request.node, "rep_call", None)
-    if report is None or report.failed:
-        screenshot(page, f"browser-failure-{request.node.name}.png")
-    context.close()
+VIEWPORT = {"width": 1400, "height": 1300}
 
 
 # --------------------------------------------------------------------------------------------

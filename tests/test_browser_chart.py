@@ -28,12 +28,10 @@ from gpumem_nb.svgchart import LEGEND_ORDER, STYLES
 
 from .browser_harness import (
     ErrorWatch,
-    chromium,
     open_notebook,
     prompt_of,
     run_cell,
     run_first_cell,
-    running_lab,
     screenshot,
     use_two_fake_gpus,
     wait_cell_done,
@@ -44,30 +42,7 @@ from .browser_harness import (
 pytestmark = pytest.mark.browser
 FRONTENDS = ("lab", "notebook")
 CHART = ".jp-Notebook .gpumem-live"
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: Any) -> Any:
-    with running_lab(tmp_path_factory.mktemp("lab"),
-                     extra_startup=bench.TIMING_STARTUP) as lab:
-        print("JupyterLab and kernel versions:", lab.versions)
-        yield lab
-
-
-@pytest.fixture(scope="module")
-def browser() -> Any:
-    with chromium() as b:
-        yield b
-
-
-@pytest.fixture
-def context(browser: Any, request: Any) -> Any:
-    ctx = browser.new_context(viewport={"width": 1400, "height": 1200})
-    yield ctx
-    report = getattr(request.node, "rep_call", None)
-    if (report is None or report.failed) and ctx.pages:
-        screenshot(ctx.pages[-1], f"browser-failure-{request.node.name}.png")
-    ctx.close()
+LAB_STARTUP = bench.TIMING_STARTUP  # the conftest's lab times the first chart
 
 
 # --------------------------------------------------------------------------------------------

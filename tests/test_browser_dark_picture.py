@@ -16,7 +16,6 @@ import pytest
 from gpumem_nb.svgchart import static_bundle
 
 from .browser_harness import (
-    chromium,
     open_notebook,
     run_cell,
     running_lab,
@@ -52,12 +51,6 @@ def background(page: Any, img: Any) -> tuple[int, int, int]:
 def is_dark(rgb: tuple[int, int, int]) -> bool:
     assert max(rgb) < 40 or min(rgb) > 220, f"neither dark nor light: {rgb}"
     return max(rgb) < 40
-
-
-@pytest.fixture(scope="module")
-def browser() -> Any:
-    with chromium() as b:
-        yield b
 
 
 @pytest.mark.parametrize(("system", "page_scheme", "dark"), [

@@ -26,11 +26,9 @@ import pytest
 
 from .browser_harness import (
     ErrorWatch,
-    chromium,
     open_notebook,
     run_cell,
     run_first_cell,
-    running_lab,
     screenshot,
     use_two_fake_gpus,
     wait_kernel_idle,
@@ -49,28 +47,7 @@ CELLS = [
     "time.sleep(1)",
 ]
 WATCH_CELL = 2
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: Any) -> Any:
-    with running_lab(tmp_path_factory.mktemp("lab")) as lab:
-        yield lab
-
-
-@pytest.fixture(scope="module")
-def browser() -> Any:
-    with chromium() as b:
-        yield b
-
-
-@pytest.fixture
-def context(browser: Any, request: Any) -> Any:
-    ctx = browser.new_context(viewport={"width": 1300, "height": 1100})
-    yield ctx
-    report = getattr(request.node, "rep_call", None)
-    if (report is None or report.failed) and ctx.pages:
-        screenshot(ctx.pages[-1], f"browser-failure-{request.node.name}.png")
-    ctx.close()
+VIEWPORT = {"width": 1300, "height": 1100}
 
 
 # What a reader sees: the chart's pictures (an <img> whose alt names the chart) that are

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from .browser_harness import chromium, open_notebook, running_lab, wait_kernel_idle
+from .browser_harness import open_notebook, wait_kernel_idle
 from .helpers import notebook_module
 
 pytestmark = pytest.mark.browser
@@ -28,18 +28,6 @@ TUTORIALS = sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 
 MODEL = """async () => { const w = window.jupyterapp.shell.currentWidget; await w.context.ready;
   return {dirty: w.context.model.dirty, json: w.context.model.toJSON()}; }"""
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: Any) -> Any:
-    with running_lab(tmp_path_factory.mktemp("lab")) as lab:
-        yield lab
-
-
-@pytest.fixture(scope="module")
-def browser() -> Any:
-    with chromium() as b:
-        yield b
 
 
 def normal(value: Any, key: str = "") -> Any:

@@ -15,22 +15,7 @@ from IPython.core.error import UsageError
 from gpumem_nb.kernel import current_monitor
 
 from .fakes import FakeTensor, GiB, MiB
-
-
-def run(ip: Any, source: str) -> Any:
-    return ip.run_cell(source, store_history=True)
-
-
-def magic(ip: Any, line: str) -> Any:
-    return ip.run_line_magic("gpumem", line)
-
-
-@pytest.fixture
-def loaded(shell: Any, fake_gpu: Any, capsys: Any) -> Any:
-    run(shell, "%load_ext gpumem_nb")
-    shell.user_ns["cuda"] = fake_gpu.cuda
-    capsys.readouterr()
-    return shell
+from .helpers import magic, run
 
 
 def step(report: Any, name: str) -> Any:

@@ -36,6 +36,8 @@ from gpumem_nb.kernel import current_monitor
 
 from .fakes import FakeTensor
 
+pytestmark = pytest.mark.slow  # hypothesis over cleanup's promise
+
 MiB = 1 << 20
 SETTINGS = settings(max_examples=150, deadline=None, derandomize=False,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,

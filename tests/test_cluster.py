@@ -28,11 +28,25 @@ from gpumem_nb.cluster import (  # noqa: E402 - after the skip
 from gpumem_nb.cluster.dask_backend import DaskCollector  # noqa: E402
 from gpumem_nb.cluster.feed import ClusterFeed  # noqa: E402
 
-from .helpers import hang_guard  # noqa: E402
+from .helpers import hang_guard, wait_until  # noqa: E402
+
+pytestmark = pytest.mark.slow  # a Dask LocalCluster of worker processes
 
 GiB = 1 << 30
 PRELOAD = str(Path(__file__).with_name("cluster_preload.py"))
 SHARED = "GPU-shared-0000"
+# A wedged driver or scheduler: far past any hang guard, so a guard fails when the code waits
+# for it; each test ends its hang when done (a flag file, an event) instead of sleeping it out.
+HANG_S = 60.0
+SCHEDULER_BLOCKED = threading.Event()
+SCHEDULER_RELEASE = threading.Event()
+
+
+def block_the_scheduler() -> None:
+    """Run on the scheduler (in this process: LocalCluster's scheduler is local), by
+    reference: its event loop stops until the test releases it."""
+    SCHEDULER_BLOCKED.set()
+    SCHEDULER_RELEASE.wait(HANG_S)
 
 
 def local_cluster(scenarios: dict[str, Any]) -> Any:
@@ -57,7 +71,7 @@ def shared_gpu(tmp_path_factory: Any) -> Iterator[Any]:
         "0": {"gpus": [{"uuid": SHARED, "share": 3 * GiB, "others": 2 * GiB}],
               "torch": {"allocated": 2 * GiB, "reserved": 5 * GiB // 2, "peak": 4 * GiB}},
         "1": {"gpus": [{"uuid": SHARED, "share": 2 * GiB, "others": 3 * GiB}],
-              "hang_s": 3, "hang_when": str(flag)},
+              "hang_s": HANG_S, "hang_when": str(flag)},
     })
     client = distributed.Client(cluster)
     client.hang_flag = flag
@@ -125,35 +139,40 @@ def test_a_scheduler_that_does_not_answer_shows_unknown_rows_without_holding_the
     shell.user_ns["client"] = shared_gpu
     assert shell.run_cell("%gpumem cluster client").error_in_exec is None  # workers seen
     capsys.readouterr()
-    shared_gpu.hang_flag.touch()  # worker 1's NVML now hangs 3 s: the broadcast waits on it
+    shared_gpu.hang_flag.touch()  # worker 1's NVML now hangs: the broadcast waits on it
     try:
         t0 = time.monotonic()
         result = shell.run_cell("%gpumem cluster client --timeout 0.5")
         took = time.monotonic() - t0
+        assert result.error_in_exec is None and took < hang_guard(1.5), took
+        out = capsys.readouterr().out
+        assert "did not answer: no answer within 0.5 s" in out
+        reading = shell.run_line_magic("gpumem", "cluster client --timeout 0.5 -o")
+        # The one call still out is not doubled; its workers' rows read unknown, by name.
+        assert reading.status == ROW_UNKNOWN
+        assert {r.name: r.status for r in reading.rows} == {"0": ROW_UNKNOWN, "1": ROW_UNKNOWN}
+        assert all(r.used_bytes is None for r in reading.rows)
     finally:
-        shared_gpu.hang_flag.unlink()
-    assert result.error_in_exec is None and took < hang_guard(1.5), took
-    out = capsys.readouterr().out
-    assert "did not answer: no answer within 0.5 s" in out
-    reading = shell.run_line_magic("gpumem", "cluster client --timeout 0.5 -o")
-    # The one call still out is not doubled; its workers' rows read unknown, by name.
-    assert reading.status == ROW_UNKNOWN
-    assert {r.name: r.status for r in reading.rows} == {"0": ROW_UNKNOWN, "1": ROW_UNKNOWN}
-    assert all(r.used_bytes is None for r in reading.rows)
-    time.sleep(3.2)  # the hung call returns; the next one answers again
-    assert DaskCollector(shared_gpu).collect(5.0).status == ROW_OK
+        shared_gpu.hang_flag.unlink()  # the driver answers
+    # Once the hung call returns, the next one answers again.
+    assert wait_until(lambda: DaskCollector(shared_gpu).collect(1.0).status == ROW_OK, 15.0)
 
 
 def test_a_blocked_scheduler_loop_never_blocks_the_collection_past_its_timeout(shared_gpu):
     collector = DaskCollector(shared_gpu)
     collector.collect(5.0)
-    blocker = threading.Thread(target=shared_gpu.run_on_scheduler, args=(time.sleep, 2))
+    SCHEDULER_BLOCKED.clear()
+    SCHEDULER_RELEASE.clear()
+    blocker = threading.Thread(target=shared_gpu.run_on_scheduler, args=(block_the_scheduler,))
     blocker.start()
-    time.sleep(0.2)
-    t0 = time.monotonic()
-    reading = collector.collect(0.5)
-    assert time.monotonic() - t0 < hang_guard(1.0) and reading.status == ROW_UNKNOWN
-    blocker.join()
+    try:
+        assert SCHEDULER_BLOCKED.wait(10.0)
+        t0 = time.monotonic()
+        reading = collector.collect(0.5)
+        assert time.monotonic() - t0 < hang_guard(1.0) and reading.status == ROW_UNKNOWN
+    finally:
+        SCHEDULER_RELEASE.set()
+        blocker.join()
 
 
 def test_watch_cluster_draws_one_line_per_gpu_at_most_once_a_second(
@@ -165,9 +184,7 @@ def test_watch_cluster_draws_one_line_per_gpu_at_most_once_a_second(
     assert shell.run_cell("%gpumem watch --cluster client").error_in_exec is None
     feed = m.cluster_feed
     assert feed.pace_s == 1.0  # the sampler's 0.5 s, but at most once a second
-    deadline = time.monotonic() + 10
-    while feed.collections < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    assert wait_until(lambda: feed.collections >= 2, 10.0)
     m.sampler.tick()
     chart = m.widget.chart
     names = [s["name"] for s in chart.series if s["name"].startswith("cluster ")]
@@ -188,14 +205,9 @@ def test_closing_the_client_while_the_chart_runs_ends_the_feed_and_nothing_break
     m = shell._gpumem_nb_monitor
     shell.run_cell("%gpumem watch --cluster mine")
     feed = m.cluster_feed
-    deadline = time.monotonic() + 10
-    while feed.collections < 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    assert wait_until(lambda: feed.collections >= 1, 10.0)
     own.close()
-    deadline = time.monotonic() + 10
-    while feed.running and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not feed.running and "closed" in feed.ended
+    assert wait_until(lambda: not feed.running, 10.0) and "closed" in feed.ended
     (used,) = [k for k in feed.series(0.0) if k.endswith("NVML used")]
     assert feed.series(0.0)[used][1][-1] is None  # a gap once closed, not the last value
     m.sampler.tick()
@@ -266,22 +278,17 @@ def test_an_asynchronous_client_is_read_not_crashed_on(shared_gpu, shell, no_gpu
         m.sampler.stop()
         assert shell.run_cell("%gpumem watch --cluster ac").error_in_exec is None
         feed = m.cluster_feed
-        deadline = time.monotonic() + 10
-        while feed.collections < 1 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        assert wait_until(lambda: feed.collections >= 1, 10.0)
         assert feed.latest is not None and feed.latest.status == ROW_OK  # no gap forever
         assert "RuntimeWarning" not in capsys.readouterr().err
     finally:
         shell.run_cell("%unload_ext gpumem_nb")
         shell.run_cell("await ac.close()")
-    deadline = time.monotonic() + 5
     def ours() -> list[str]:
         return [t.name for t in threading.enumerate()
                 if t.name.startswith("gpumem_nb") and t not in earlier]
 
-    while time.monotonic() < deadline and ours():
-        time.sleep(0.1)
-    assert not ours()
+    assert wait_until(lambda: not ours(), 5.0), ours()
 
 
 def test_a_closed_client_is_a_plain_usage_error_for_the_table_and_the_chart(

@@ -21,7 +21,7 @@ from gpumem_nb.cluster import (
 from gpumem_nb.cluster.dask_backend import DaskCollector
 from gpumem_nb.cluster.feed import CHART_POINTS, MAX_GPU_LINES, SUM_USED, ClusterFeed
 
-from .helpers import hang_guard
+from .helpers import hang_guard, wait_until
 
 GiB = 1 << 30
 
@@ -34,7 +34,8 @@ def answer(name: str, uuid: str = "", used: int = 1 * GiB) -> dict[str, Any]:
 
 class ScriptedClient:
     """Stands in for ``distributed.Client``: each ``run`` pops the next script entry (worker
-    names, an exception to raise, or a dict of answers), after ``delay_s``."""
+    names, an exception to raise, or a dict of answers), after ``delay_s`` or once
+    ``release`` is set, whichever comes first."""
 
     status = "running"
 
@@ -45,10 +46,11 @@ class ScriptedClient:
         self.script = list(script)
         self.delay_s = delay_s
         self.calls = 0
+        self.release = threading.Event()
 
     def run(self, fn: Any, on_error: str, callback_timeout: float) -> Any:
         self.calls += 1
-        time.sleep(self.delay_s)
+        self.release.wait(self.delay_s)
         step = self.script.pop(0) if len(self.script) > 1 else self.script[0]
         if isinstance(step, BaseException):
             raise step
@@ -60,12 +62,13 @@ class ScriptedClient:
 def test_a_caller_arriving_while_a_collection_is_out_shares_it_instead_of_reading_unknown():
     # The chart's feed and %gpumem cluster use one collector: the magic used to get every row
     # "unknown: the previous request has not been answered yet", and the chart a gap.
-    client = ScriptedClient([["0", "1"]], delay_s=0.4)
+    # Out long enough for the second caller to arrive while it is.
+    client = ScriptedClient([["0", "1"]], delay_s=1.0)
     collector = DaskCollector(client)
     readings: list[ClusterReading] = []
     feed = threading.Thread(target=lambda: readings.append(collector.collect(2.0)))
     feed.start()
-    time.sleep(0.1)  # the feed's request is out
+    assert wait_until(lambda: client.calls == 1)  # the feed's request is out
     magic = collector.collect(2.0)
     feed.join()
     assert magic.status == ROW_OK and [r.name for r in magic.rows] == ["0", "1"]
@@ -78,20 +81,25 @@ def test_a_shared_collection_that_gave_up_early_is_asked_again_within_the_caller
     collector = DaskCollector(client)
     first = threading.Thread(target=collector.collect, args=(0.3,))
     first.start()
-    time.sleep(0.05)
+    assert wait_until(lambda: client.calls == 1)  # the first request is out
     reading = collector.collect(3.0)
     first.join()
     assert reading.status == ROW_OK and client.calls == 2
 
 
 def test_a_scheduler_that_never_answers_still_bounds_the_call():
-    collector = DaskCollector(ScriptedClient([["0"]], delay_s=5.0))
-    t0 = time.monotonic()
-    reading = collector.collect(0.3)
-    assert reading.status == ROW_UNKNOWN and time.monotonic() - t0 < hang_guard(1.0)
-    t0 = time.monotonic()
-    assert collector.collect(0.3).status == ROW_UNKNOWN  # joins the one out: not doubled
-    assert time.monotonic() - t0 < hang_guard(1.0) and collector.client.calls == 1
+    # The answer comes only when the test releases it: far past the hang guard.
+    client = ScriptedClient([["0"]], delay_s=60.0)
+    collector = DaskCollector(client)
+    try:
+        t0 = time.monotonic()
+        reading = collector.collect(0.3)
+        assert reading.status == ROW_UNKNOWN and time.monotonic() - t0 < hang_guard(1.0)
+        t0 = time.monotonic()
+        assert collector.collect(0.3).status == ROW_UNKNOWN  # joins the one out: not doubled
+        assert time.monotonic() - t0 < hang_guard(1.0) and client.calls == 1
+    finally:
+        client.release.set()
 
 
 def test_retired_workers_do_not_come_back_as_unknown_rows():
@@ -296,10 +304,8 @@ def test_the_feed_turns_an_answer_it_cannot_draw_into_a_gap_that_says_why():
     feed = ClusterFeed(Weird(), lambda: 0.05)
     feed.start()
     try:
-        deadline = time.monotonic() + 3.0
-        while feed.collections < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert feed.collections >= 2 and feed.running  # the thread went on
+        assert wait_until(lambda: feed.collections >= 2)
+        assert feed.running  # the thread went on
         assert feed.latest is not None and "could not be drawn" in feed.latest.detail
     finally:
         feed.stop()

@@ -20,6 +20,7 @@ from gpumem_nb.cudastart import (
 from gpumem_nb.sources.torch import TorchSource
 
 from .fakes import FakeCuda, FakeCudaDevice, fake_torch
+from .helpers import run
 from .test_oom import make_world
 
 
@@ -33,10 +34,6 @@ def cold(shell: Any, monkeypatch: Any, capsys: Any) -> Any:
     w.shell = shell
     w.monitor = shell._gpumem_nb_monitor
     return w
-
-
-def run(shell: Any, source: str) -> Any:
-    return shell.run_cell(source, store_history=True)
 
 
 def test_the_cell_and_line_that_started_cuda_are_named(cold, capsys):
@@ -190,13 +187,17 @@ def test_a_workers_failed_cuda_start_names_the_launcher_that_forked_it_not_a_sub
     assert f"gpumem: {who}: a forked process cannot use CUDA" in out
     assert f"CUDA started in cell [{started.execution_count}], line 1: `w = cuda.tensor(4)`" in out
     assert "subprocess forks" not in out
+    assert launcher_refusal(failed.error_in_exec).did == who  # type: ignore[union-attr]
 
 
 def test_other_errors_print_nothing_about_cuda(cold, capsys):
     run(cold.shell, "w = cuda.tensor(4)")
     capsys.readouterr()
-    run(cold.shell, "raise ValueError('nan')")
+    failed = run(cold.shell, "raise ValueError('nan')")
     assert "gpumem:" not in capsys.readouterr().out
+    # The decisions behind the silence: no launcher's refusal, no growth to flag.
+    assert launcher_refusal(failed.error_in_exec) is None
+    assert list(cold.monitor.verdicts) == []
 
 
 def test_queueing_never_touches_cuda_and_reports_why_not_when_it_cannot():
@@ -336,6 +337,7 @@ def test_a_users_error_merely_quoting_a_launchers_words_gets_no_launcher_advice(
     failed = run(cold.shell, source)
     assert failed.error_in_exec is not None
     assert "forks its workers" not in capsys.readouterr().out
+    assert launcher_refusal(failed.error_in_exec) is None
 
 
 def test_a_failing_cells_message_is_read_once_by_all_of_gpumem_nbs_checks(cold):

@@ -7,7 +7,11 @@ import json
 import os
 from typing import Any
 
+import pytest
+
 from benchmarks import gpu_diagnosis2 as d2
+
+pytestmark = pytest.mark.slow  # a benchmark script's merge, not the extension
 
 # Rows of benchmarks/results/diagnosis2_h200.json as they were before a merge re-measured
 # them (its second H200 call), so that the tests do not change with the file they protect.

@@ -19,6 +19,8 @@ import pytest
 from benchmarks import gpu_diagnosis2 as d2
 from benchmarks import gpu_diagnosis3 as d3
 
+pytestmark = pytest.mark.slow  # a benchmark script's harness, not the extension
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_diagnosis3.py")
 D2_RESULTS = os.path.join(ROOT, "benchmarks", "results", "diagnosis2_h200.json")

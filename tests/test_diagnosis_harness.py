@@ -8,7 +8,11 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+import pytest
+
 from benchmarks.gpu_diagnosis import release_everything
+
+pytestmark = pytest.mark.slow  # a benchmark script's harness, not the extension
 
 
 class Activation:

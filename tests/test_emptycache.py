@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from gpumem_nb import emptycache
 from gpumem_nb.emptycache import PAGES, PAGES_BOUND, POOL, SEGMENTS, STATS, estimate
 from gpumem_nb.model import AllocatorReading
@@ -141,12 +139,6 @@ def test_cudamallocasync_is_the_pools_trim_at_most_reserved_minus_allocated():
 
 
 # -- through the magic and the explainer ------------------------------------------------------
-@pytest.fixture
-def loaded(shell: Any, fake_gpu: Any, capsys: Any) -> Any:
-    shell.run_cell("%load_ext gpumem_nb", store_history=True)
-    shell.user_ns.update(cuda=fake_gpu.cuda, GiB=GiB)
-    capsys.readouterr()
-    return shell
 
 
 def dry_then_real(ip: Any) -> tuple[Any, Any]:

@@ -12,14 +12,7 @@ from gpumem_nb.cellnames import counts_ahead_at_start
 from gpumem_nb.kernel import current_monitor
 
 from .fakes import GiB, MiB
-from .helpers import spaced
-
-
-def run(ip: Any, source: str, cell_id: str | None = None) -> Any:
-    """Run a cell as people do: with time after it for the sampler's next reading."""
-    result = ip.run_cell(source, store_history=True, cell_id=cell_id)
-    spaced(ip)
-    return result
+from .helpers import run_spaced as run
 
 
 def sampler_threads() -> int:
@@ -231,7 +224,6 @@ def test_a_second_gpu_the_notebook_never_touches_gets_no_rows(shell, two_fake_gp
     # Never read either: a GPU without this process's context costs the hooks nothing.
     assert [d.index for d in rec.devices] == [0]
     assert [d.index for d in rec.shown_devices()] == [0]
-
 
 
 def test_a_cell_run_before_the_samplers_next_reading_shows_nvml_after_as_unknown(shell, fake_gpu):

@@ -29,6 +29,8 @@ from gpumem_nb.ipython.commands import build_cell_parser as _build_cell_parser
 from gpumem_nb.ipython.commands import build_line_parser as _build_parser
 from gpumem_nb.kernel import current_monitor
 
+pytestmark = pytest.mark.slow  # hypothesis over the magic grammar
+
 FUZZ = settings(max_examples=200, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
                                        HealthCheck.too_slow])

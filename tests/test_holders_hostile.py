@@ -209,7 +209,10 @@ def test_with_history_recorded_the_observer_still_reads_the_pools_and_free_block
     host = types.SimpleNamespace(shell=types.SimpleNamespace(user_ns={}),
                                  source=types.SimpleNamespace(), scan=lambda **kw: [])
     watch = OomWatch(host, torch=torch)  # type: ignore[arg-type]
-    watch._on_oom(0, 4 * GiB, 140 * GiB, 0)
+    try:
+        watch._on_oom(0, 4 * GiB, 140 * GiB, 0)
+    finally:
+        watch.close()  # nothing of the watch's may stay in gc.callbacks for the next test
     (ev,) = watch.events
     assert [(p.pool_id, p.reserved_bytes, p.allocated_bytes) for p in ev.pools] == [
         ((1, 0), 82 * GiB, 2 * GiB)]

@@ -32,23 +32,18 @@ from gpumem_nb.kernel import cells as cells_mod
 from gpumem_nb.settings import Config, lock_path, read_config
 
 from .fakes import GiB, MiB, OutOfMemoryError
-from .helpers import hang_guard, ipython_8_for, spaced
+from .helpers import hang_guard, ipython_8_for, run, spaced
 from .test_oom import TORCH_2_11_H200, make_world
 
 
-def run(ip: Any, source: str, cell_id: str | None = None) -> Any:
-    """One cell, back to back with the next (a Run All): no sampler reading in between."""
-    return ip.run_cell(source, store_history=True, cell_id=cell_id)
-
-
 @pytest.fixture
-def loaded(shell: Any, fake_gpu: Any, capsys: Any) -> Any:
-    run(shell, "%load_ext gpumem_nb")
-    shell.user_ns.update(cuda=fake_gpu.cuda, GiB=GiB, MiB=MiB, dev=fake_gpu.cuda.devices[0])
-    run(shell, "warm = 1")
-    spaced(shell)
+def loaded(loaded: Any, fake_gpu: Any, capsys: Any) -> Any:
+    """The conftest's, with ``dev`` and one cell already run and read by the sampler."""
+    loaded.user_ns["dev"] = fake_gpu.cuda.devices[0]
+    run(loaded, "warm = 1")
+    spaced(loaded)
     capsys.readouterr()
-    return shell
+    return loaded
 
 
 def monitor(ip: Any) -> Monitor:
@@ -247,7 +242,7 @@ def test_rapid_run_all_with_reloads_in_the_middle_loses_no_record(loaded):
         else:
             run(loaded, f"v = {i}")
             cells += 1
-    time.sleep(0.3)  # the sampler's reading after the last cell
+    spaced(loaded)  # the sampler's reading after the last cell
     sources = [r.source_preview for r in monitor(loaded).history.records()]
     missing = [f"v = {i}" for i in range(240) if i % 20 != 19 and f"v = {i}" not in sources]
     assert missing == []
@@ -564,7 +559,7 @@ def test_a_save_waits_for_another_kernel_holding_the_lock(private_settings):
         assert held.wait(5.0)
         saver = threading.Thread(target=lambda: m.configure(interval_s=3.0, save=True))
         saver.start()
-        time.sleep(0.3)
+        time.sleep(0.3)  # an observation window: the saver may not write while locked out
         assert json.loads(private_settings.read_text()) == {}  # still waiting its turn
         release.set()
         saver.join(5.0)

@@ -22,8 +22,8 @@ import pytest
 
 from gpumem_nb.kernel import Monitor, current_monitor
 
-from .fakes import GiB, MiB, OutOfMemoryError
-from .helpers import ipython_8_for, spaced
+from .fakes import GiB, OutOfMemoryError
+from .helpers import ipython_8_for, run, spaced
 
 HOSTILE = textwrap.dedent("""\
     class StrExits(Exception):
@@ -79,10 +79,6 @@ NATIVE = ("CUDA out of memory. Tried to allocate 400.00 GiB. GPU 0 has a total c
           "139.80 GiB of which 134.29 GiB is free.")
 
 
-def run(ip: Any, source: str, cell_id: str | None = None) -> Any:
-    return ip.run_cell(source, store_history=True, cell_id=cell_id)
-
-
 def monitor(ip: Any) -> Monitor:
     m = current_monitor(ip)
     assert m is not None
@@ -90,14 +86,13 @@ def monitor(ip: Any) -> Monitor:
 
 
 @pytest.fixture
-def loaded(shell: Any, fake_gpu: Any, capsys: Any) -> Any:
-    run(shell, "%load_ext gpumem_nb")
-    shell.user_ns.update(cuda=fake_gpu.cuda, GiB=GiB, MiB=MiB, NATIVE=NATIVE,
-                         OutOfMemoryError=OutOfMemoryError)
-    run(shell, HOSTILE)
-    spaced(shell)
+def loaded(loaded: Any, capsys: Any) -> Any:
+    """The conftest's, with the hostile classes defined in a cell the sampler has read."""
+    loaded.user_ns.update(NATIVE=NATIVE, OutOfMemoryError=OutOfMemoryError)
+    run(loaded, HOSTILE)
+    spaced(loaded)
     capsys.readouterr()
-    return shell
+    return loaded
 
 
 def recorded_sources(ip: Any) -> list[str]:

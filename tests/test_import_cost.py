@@ -6,6 +6,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # a fresh interpreter per test
+
 
 def modules_after(code: str) -> set[str]:
     out = subprocess.run(

@@ -391,6 +391,7 @@ def test_a_config_path_under_tilde_is_the_home_directory(shell, no_gpu, capsys, 
 
 # -- a real kernel -------------------------------------------------------------------------------
 @pytest.mark.kernel
+@pytest.mark.slow
 def test_a_kernel_takes_gpumemnb_from_ipython_config_py(tmp_path):
     from jupyter_client.manager import start_new_kernel
 
@@ -424,6 +425,7 @@ def test_a_kernel_takes_gpumemnb_from_ipython_config_py(tmp_path):
 
 
 @pytest.mark.kernel
+@pytest.mark.slow
 def test_a_kernel_answers_a_misspelt_subcommand_with_the_one_meant(tmp_path):
     from jupyter_client.manager import start_new_kernel
 

@@ -9,7 +9,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-pytestmark = pytest.mark.kernel
+pytestmark = [pytest.mark.kernel, pytest.mark.slow]  # a real Jupyter kernel per test
 
 
 def make_notebook(cells: list[str]) -> Any:

@@ -9,31 +9,20 @@ from typing import Any
 import pytest
 from IPython.core.error import UsageError
 
+from gpumem_nb.analysis import (
+    CAUSE_CACHE,
+    CAUSE_LIVE_TENSORS,
+    CAUSE_OUTSIDE,
+    DEFAULT_THRESHOLD_BYTES,
+    classify,
+)
 from gpumem_nb.kernel import current_monitor
 from gpumem_nb.settings import PEAK_PRESERVE
 from gpumem_nb.views import CellReport
 
 from .fakes import GiB, MiB
-from .helpers import spaced
-
-
-def run(ip: Any, source: str, cell_id: str | None = None) -> Any:
-    """Run a cell as people do: with time after it for the sampler's next reading."""
-    result = ip.run_cell(source, store_history=True, cell_id=cell_id)
-    spaced(ip)
-    return result
-
-
-def magic(ip: Any, line: str) -> Any:
-    return ip.run_line_magic("gpumem", line)
-
-
-@pytest.fixture
-def loaded(shell: Any, fake_gpu: Any, capsys: Any) -> Any:
-    run(shell, "%load_ext gpumem_nb")
-    shell.user_ns["cuda"] = fake_gpu.cuda
-    capsys.readouterr()
-    return shell
+from .helpers import magic
+from .helpers import run_spaced as run
 
 
 # -- help and status ---------------------------------------------------------------------------
@@ -206,6 +195,12 @@ def test_rerun_that_replaces_its_variable_is_not_flagged(loaded, capsys):
     for _ in range(4):
         run(loaded, "z = cuda.tensor(64 * 2**20)", cell_id="cell-z")
     assert "gpumem: cell" not in capsys.readouterr().out
+    m = current_monitor(loaded)
+    assert list(m.verdicts) == []
+    # The decision behind the silence: only one re-run grew, and only once is not a pattern.
+    runs = [r for r in m.history.records() if r.source_preview.startswith("z = ")]
+    grew = [classify(r.devices[0], m.tracker.threshold_bytes) is not None for r in runs[1:]]
+    assert len(runs) == 4 and grew.count(True) <= 1, grew
 
 
 def test_rerun_growing_only_the_cache_is_called_cache(loaded, capsys, fake_gpu):
@@ -214,6 +209,8 @@ def test_rerun_growing_only_the_cache_is_called_cache(loaded, capsys, fake_gpu):
         run(loaded, "dev.reserved += 256 * 2**20; cuda._sync()", cell_id="cell-c")
     out = capsys.readouterr().out
     assert "(cache)" in out and "Held by" not in out
+    verdict = current_monitor(loaded).verdicts[-1]
+    assert verdict.cause == CAUSE_CACHE and verdict.holders == ()
 
 
 def test_rerun_growing_memory_outside_pytorch_is_called_that(loaded, capsys, fake_gpu):
@@ -221,6 +218,7 @@ def test_rerun_growing_memory_outside_pytorch_is_called_that(loaded, capsys, fak
     for _ in range(3):
         run(loaded, "dev.outside += 256 * 2**20; cuda._sync()", cell_id="cell-o")
     assert "(outside PyTorch)" in capsys.readouterr().out
+    assert current_monitor(loaded).verdicts[-1].cause == CAUSE_OUTSIDE
 
 
 def test_cell_that_raises_after_allocating_is_flagged_as_held_by_the_traceback(loaded, capsys):
@@ -236,6 +234,13 @@ def test_threshold_setting_silences_small_growth(loaded, capsys):
     for _ in range(3):
         run(loaded, "y = cuda.tensor(64 * 2**20)\ny", cell_id="small")
     assert "gpumem: cell" not in capsys.readouterr().out
+    m = current_monitor(loaded)
+    assert list(m.verdicts) == [] and m.tracker.threshold_bytes == 128 * MiB
+    # The growth was there (Out keeps each run's tensor): the threshold is what silenced it.
+    runs = [r for r in m.history.records() if r.source_preview.startswith("y = ")]
+    assert [classify(r.devices[0], DEFAULT_THRESHOLD_BYTES) for r in runs[1:]] == [
+        (CAUSE_LIVE_TENSORS, 64 * MiB)] * 2
+    assert [classify(r.devices[0], 128 * MiB) for r in runs[1:]] == [None] * 2
 
 
 # -- who ---------------------------------------------------------------------------------------

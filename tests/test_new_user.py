@@ -3,14 +3,14 @@ silent, and a notebook from a GPU machine still runs on a laptop."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from IPython.core.error import UsageError
 
+from gpumem_nb.kernel import current_monitor
+from gpumem_nb.units import format_bytes
 
-def magic(ip: Any, line: str) -> Any:
-    return ip.run_line_magic("gpumem", line)
+from .fakes import MiB
+from .helpers import magic
 
 
 @pytest.mark.parametrize(("line", "meant"), [
@@ -88,3 +88,6 @@ def test_threshold_in_decimal_units_echoes_what_was_typed_beside_its_value(loade
 def test_threshold_typed_as_it_is_shown_is_not_echoed_twice(loaded, capsys):
     magic(loaded, "config --threshold 64.00MiB")
     assert "gpumem: threshold" not in capsys.readouterr().out
+    # Not echoed because it was applied and is shown as typed, not because it was dropped.
+    assert current_monitor(loaded).config.threshold_bytes == 64 * MiB
+    assert format_bytes(64 * MiB).replace(" ", "") == "64.00MiB"

@@ -135,6 +135,7 @@ current_monitor().widget = FakeChart()
 
 
 @pytest.mark.kernel
+@pytest.mark.slow
 def test_the_runner_settles_the_chart_display_silently_and_saves_full_metadata(tmp_path):
     """The last refresh lands in the cell that showed the chart, and the settle step itself
     leaves no cell, no output and no mark (it runs silently)."""
@@ -152,6 +153,7 @@ def test_the_runner_settles_the_chart_display_silently_and_saves_full_metadata(t
 
 
 @pytest.mark.kernel
+@pytest.mark.slow
 def test_the_runner_leaves_the_chart_as_its_picture_so_no_viewer_shows_model_not_found(
         tmp_path):
     """The real chart without a GPU. The runner ends the chart before saving (issue 17): its
@@ -199,60 +201,24 @@ def test_stale_widget_buffers_are_dropped_and_live_ones_kept():
 def saved_lab(tmp_path_factory: Any) -> Any:
     """A notebook with the live chart, executed by the runner, opened in JupyterLab 4 twice:
     as an untrusted file (as from git) and trusted (as the user's own). Nothing is re-run."""
-    import os
-    import secrets
-    import shutil
-    import subprocess
-    import sys
-    import time
-    import urllib.request
-
     from nbformat.sign import NotebookNotary
 
-    from .browser_harness import CHROMIUM, free_port
+    from .browser_harness import chromium, running_lab
 
-    if not os.path.exists(CHROMIUM):
-        pytest.fail("Debian's chromium is required: apt-get install chromium (see README)")
     tmp = tmp_path_factory.mktemp("saved")
     src = write_notebook(tmp / "chart.ipynb", ["%load_ext gpumem_nb", "%gpumem watch",
                                                "import time; time.sleep(1)"])
-    root = tmp / "nb"
-    root.mkdir()
-    RUNNER.run(src, root)
-    nb = nbformat.read(root / "chart.ipynb", as_version=4)
+    executed = tmp / "executed"
+    executed.mkdir()
+    RUNNER.run(src, executed)
+    nb = nbformat.read(executed / "chart.ipynb", as_version=4)
     nb.metadata["copy"] = "trusted"  # trust is by content: the two copies must differ
-    (tmp / "data").mkdir()
-    NotebookNotary(data_dir=str(tmp / "data")).sign(nb)
-    nbformat.write(nb, root / "trusted.ipynb")
-    (root / "chart.ipynb").rename(root / "untrusted.ipynb")
-    settings = tmp / "lab-settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)
-    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp / "cfg"), JUPYTER_DATA_DIR=str(tmp / "data"),
-               JUPYTERLAB_SETTINGS_DIR=str(tmp / "lab-settings"),
-               JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"),
-               GPUMEM_NB_CONFIG=str(tmp / "settings.json"))
-    port, token = free_port(), secrets.token_hex(16)
-    log = open(tmp / "lab.log", "wb")  # noqa: SIM115 - closed below
-    server = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--allow-root",
-         "--LabApp.news_url=", "--LabApp.check_for_updates_class="
-         "jupyterlab.NeverCheckForUpdate"], stdout=log, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and server.poll() is None:
-        try:
-            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
-            break
-        except OSError:
-            time.sleep(0.5)
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=shutil.which("chromium") or CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+    data = tmp / "data"  # the server's signature store: trust what this test signs only
+    data.mkdir()
+    NotebookNotary(data_dir=str(data)).sign(nb)
+    with running_lab(tmp, data_dir=data) as lab, chromium() as browser:
+        nbformat.write(nb, lab.root / "trusted.ipynb")
+        (executed / "chart.ipynb").rename(lab.root / "untrusted.ipynb")
 
         def open_page(name: str) -> tuple[Any, list[str]]:
             page = browser.new_page(viewport={"width": 1280, "height": 1000})
@@ -260,21 +226,13 @@ def saved_lab(tmp_path_factory: Any) -> Any:
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda e: errors.append(str(e)))
             # A workspace per notebook, so neither page restores the other's tab.
-            page.goto(f"{base}/lab/workspaces/{name}/tree/{name}.ipynb?token={token}&reset")
+            page.goto(f"{lab.base}/lab/workspaces/{name}/tree/{name}.ipynb?token={lab.token}"
+                      "&reset")
             page.wait_for_selector(".jp-Notebook .jp-OutputArea-output", timeout=60_000)
             page.wait_for_timeout(6000)  # widget restore and rendering settle
             return page, errors
 
-        try:
-            yield open_page
-        finally:
-            browser.close()
-            server.terminate()
-            try:
-                server.wait(15)
-            except subprocess.TimeoutExpired:
-                server.kill()
-            log.close()
+        yield open_page
 
 
 def output_texts(page: Any) -> str:

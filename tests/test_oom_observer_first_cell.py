@@ -38,6 +38,7 @@ from .fakes import (
     TorchLikeCuda,
     fake_torch,
 )
+from .helpers import run
 
 OBSERVED = "Measured at the failure by the allocator's OOM observer"
 QUEUED = "queued: attaches when CUDA starts"
@@ -57,10 +58,6 @@ def world(monkeypatch: Any, backend: str = "native", imported: bool = True) -> A
     monkeypatch.setattr(monitor_mod, "make_source",
                         lambda: LiveSource(nvml=NvmlSource(module=nvml)))  # type: ignore[arg-type]
     return SimpleNamespace(cuda=cuda, torch=torch, gpu=gpu)
-
-
-def run(shell: Any, source: str) -> Any:
-    return shell.run_cell(source, store_history=True)
 
 
 def load(shell: Any, w: Any) -> Any:

@@ -16,6 +16,8 @@ import pytest
 
 from gpumem_nb import __main__ as cli
 
+pytestmark = pytest.mark.slow  # builds the sdist
+
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PROJECT = PYPROJECT["project"]

@@ -10,6 +10,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from .helpers import notebook_module
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,12 +69,14 @@ def test_stdlib_only_modules_import_no_third_party_library():
         assert roots <= set(sys.stdlib_module_names), (name, roots - set(sys.stdlib_module_names))
 
 
+@pytest.mark.slow  # a contributor runs ruff and mypy themselves
 def test_ruff_is_clean():
     out = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=ROOT,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+@pytest.mark.slow  # a contributor runs ruff and mypy themselves
 def test_mypy_is_clean():
     out = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True,
                          text=True)

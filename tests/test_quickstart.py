@@ -21,6 +21,8 @@ import pytest
 
 from .helpers import notebook_module
 
+pytestmark = pytest.mark.slow  # the quickstart notebook end to end in a real kernel
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 BINDER = ROOT / "binder"

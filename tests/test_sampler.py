@@ -11,7 +11,7 @@ import pytest
 from gpumem_nb.model import Sample, SourceStatus
 from gpumem_nb.sampler import Sampler
 
-from .helpers import hang_guard
+from .helpers import hang_guard, wait_until
 
 
 class ScriptedSource:
@@ -104,9 +104,7 @@ def test_thread_samples_and_stop_joins_within_a_second():
     sampler.start()  # idempotent: still one thread
     names = [t.name for t in threading.enumerate() if t not in earlier]
     assert names.count("gpumem_nb-sampler") == 1
-    deadline = time.monotonic() + 5
-    while src.reads < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert wait_until(lambda: src.reads >= 3, 5.0)
     t0 = time.monotonic()
     assert sampler.stop()
     assert time.monotonic() - t0 < hang_guard(1.0)
@@ -121,9 +119,7 @@ def test_request_tick_is_served_without_waiting_for_the_interval():
     sampler.start()
     try:
         sampler.request_tick()
-        deadline = time.monotonic() + 5
-        while src.reads < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert wait_until(lambda: src.reads >= 1, 5.0)
         assert src.reads == 1
     finally:
         sampler.stop()

@@ -33,21 +33,16 @@ from IPython.core.error import UsageError
 from gpumem_nb import safeio
 from gpumem_nb.kernel import current_monitor
 
-from .fakes import GiB, MiB
+from .helpers import run
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(ip: Any, source: str) -> Any:
-    return ip.run_cell(source, store_history=True)
-
-
 @pytest.fixture
-def loaded(shell: Any, fake_gpu: Any, capsys: Any) -> Any:
-    run(shell, "%load_ext gpumem_nb")
-    shell.user_ns.update(cuda=fake_gpu.cuda, GiB=GiB, MiB=MiB, os=os)
-    capsys.readouterr()
-    return shell
+def loaded(loaded: Any) -> Any:
+    """The conftest's, with ``os`` for the cells that change a file's permissions."""
+    loaded.user_ns["os"] = os
+    return loaded
 
 
 def trace_save(ip: Any, path: Any, body: str = "ran = 1\nx = cuda.tensor(MiB)",

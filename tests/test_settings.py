@@ -27,11 +27,7 @@ from gpumem_nb.settings import (
 )
 
 from .fakes import MiB
-from .helpers import spaced
-
-
-def run(ip: Any, source: str) -> Any:
-    return ip.run_cell(source, store_history=True)
+from .helpers import run, spaced
 
 
 def test_saved_settings_apply_to_the_next_session(shell, no_gpu, private_settings):

@@ -11,7 +11,11 @@ import os
 import threading
 from typing import Any
 
+import pytest
+
 from gpumem_nb.kernel import current_monitor
+
+pytestmark = pytest.mark.slow  # hundreds of cells in one session
 
 CELLS = int(os.environ.get("GPUMEM_NB_SOAK_CELLS", "1500"))
 

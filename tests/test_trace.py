@@ -407,102 +407,63 @@ TraceTimeline(analyze(entries))'''
 @pytest.mark.browser
 def test_the_timeline_draws_in_jupyterlab_with_no_network_and_again_from_the_saved_file(
         tmp_path):
-    import secrets
-    import shutil
-    import subprocess
-    import urllib.request
-
     import nbformat
-    from playwright.sync_api import sync_playwright
 
-    from .browser_harness import CHROMIUM, free_port, run_cell
+    from .browser_harness import chromium, run_cell, running_lab
 
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
     nb.cells = [nbformat.v4.new_code_cell(TIMELINE_CELL)]
-    (tmp_path / "nb").mkdir()
-    nbformat.write(nb, tmp_path / "nb" / "trace.ipynb")
-    settings = tmp_path / "lab-settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)
-    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
-    port, token = free_port(), secrets.token_hex(16)
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "jc"),
-               JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "lab-settings"),
-               PYTHONPATH=str(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    with open(tmp_path / "lab.log", "wb") as log:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1",
-             f"--port={port}", f"--IdentityProvider.token={token}",
-             f"--ServerApp.root_dir={tmp_path / 'nb'}", "--allow-root", "--LabApp.news_url=",
-             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
-            stdout=log, stderr=subprocess.STDOUT, env=env)
-        try:
-            base = f"http://127.0.0.1:{port}"
-            for _ in range(180):
-                try:
-                    urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
-                    break
-                except OSError:
-                    time.sleep(0.5)
-            outside: list[str] = []
-            with sync_playwright() as p:
-                browser = p.chromium.launch(
-                    executable_path=shutil.which("chromium") or CHROMIUM,
-                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
-                page = browser.new_page(viewport={"width": 1200, "height": 900})
+    outside: list[str] = []
+    with running_lab(tmp_path) as lab, chromium() as browser:
+        nbformat.write(nb, lab.root / "trace.ipynb")
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
 
-                def only_local(route: Any) -> None:
-                    if route.request.url.startswith(base):
-                        route.continue_()
-                    else:  # a CDN, or anything else: offline means none of it
-                        outside.append(route.request.url)
-                        route.abort()
+        def only_local(route: Any) -> None:
+            if route.request.url.startswith(lab.base):
+                route.continue_()
+            else:  # a CDN, or anything else: offline means none of it
+                outside.append(route.request.url)
+                route.abort()
 
-                page.route("**/*", only_local)
-                url = f"{base}/lab/tree/trace.ipynb?token={token}"
-                page.goto(url)
-                page.wait_for_selector("text=Python 3 (ipykernel) | Idle", timeout=90_000)
-                drawn = ("() => { const p = document.querySelector('.js-plotly-plot');"
-                         " return p && p.data ? p.data.map(t => t.name) : null; }")
-                for attempt in range(3):
-                    run_cell(page, 0, wait=False)  # the first may be dropped: retried
-                    try:
-                        page.wait_for_function(drawn, timeout=30_000)
-                        break
-                    except Exception:
-                        if attempt == 2:
-                            raise
-                names = page.evaluate(drawn)
-                # The plotly renderer adds its PNG to the output a moment after drawing:
-                # save until the file holds it (or 30 s pass; the assertion below then says so).
-                for _ in range(30):
-                    page.keyboard.press("Control+s")
-                    page.wait_for_timeout(1000)
-                    on_disk = nbformat.read(tmp_path / "nb" / "trace.ipynb", as_version=4)
-                    outs = on_disk.cells[0].get("outputs", [])
-                    if outs and "image/png" in outs[0].get("data", {}):
-                        break
-                page.goto(url)  # the saved file, not re-run
-                # Reopened, the output is drawn again: interactively when the notebook is
-                # trusted, else from the PNG the plotly renderer stored beside the figure.
-                shown = ("() => { const p = document.querySelector('.js-plotly-plot');"
-                         " if (p && p.data) return 'plotly';"
-                         " const i = document.querySelector('.jp-OutputArea-output img');"
-                         " return i && i.src.startsWith('data:image/png') ? 'png' : null; }")
-                page.wait_for_function(shown, timeout=60_000)
-                again = page.evaluate(shown)
-                browser.close()
-        finally:
-            server.terminate()
+        page.route("**/*", only_local)
+        url = f"{lab.base}/lab/tree/trace.ipynb?token={lab.token}"
+        page.goto(url)
+        page.wait_for_selector("text=Python 3 (ipykernel) | Idle", timeout=90_000)
+        drawn = ("() => { const p = document.querySelector('.js-plotly-plot');"
+                 " return p && p.data ? p.data.map(t => t.name) : null; }")
+        for attempt in range(3):
+            run_cell(page, 0, wait=False)  # the first may be dropped: retried
             try:
-                server.wait(15)
-            except subprocess.TimeoutExpired:
-                server.kill()
+                page.wait_for_function(drawn, timeout=30_000)
+                break
+            except Exception:
+                if attempt == 2:
+                    raise
+        names = page.evaluate(drawn)
+        # The plotly renderer adds its PNG to the output a moment after drawing:
+        # save until the file holds it (or 30 s pass; the assertion below then says so).
+        for _ in range(30):
+            page.keyboard.press("Control+s")
+            page.wait_for_timeout(1000)
+            on_disk = nbformat.read(lab.root / "trace.ipynb", as_version=4)
+            outs = on_disk.cells[0].get("outputs", [])
+            if outs and "image/png" in outs[0].get("data", {}):
+                break
+        page.goto(url)  # the saved file, not re-run
+        # Reopened, the output is drawn again: interactively when the notebook is
+        # trusted, else from the PNG the plotly renderer stored beside the figure.
+        shown = ("() => { const p = document.querySelector('.js-plotly-plot');"
+                 " if (p && p.data) return 'plotly';"
+                 " const i = document.querySelector('.jp-OutputArea-output img');"
+                 " return i && i.src.startsWith('data:image/png') ? 'png' : null; }")
+        page.wait_for_function(shown, timeout=60_000)
+        again = page.evaluate(shown)
     assert [n.split(":")[0] for n in names] == ["cell line 2", "cell line 1", "cell line 3"]
     print("reopened as:", again)
     assert again in ("plotly", "png")
-    saved = nbformat.read(tmp_path / "nb" / "trace.ipynb", as_version=4)
+    saved = nbformat.read(tmp_path / "nb" / "trace.ipynb", as_version=4)  # lab.root
     data = saved.cells[0].outputs[0]["data"]
     assert {"application/vnd.plotly.v1+json", "image/png", "text/html"} <= set(data)
     assert outside == [], outside

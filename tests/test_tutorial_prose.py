@@ -46,6 +46,9 @@ import pytest
 
 from .helpers import notebook_module
 
+# The tutorial machinery (runner, claims, output digests), not the extension.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 

@@ -21,6 +21,9 @@ import pytest
 
 from .test_tutorial_prose import NOTEBOOKS, ROOT, RUNNER
 
+# The tutorial machinery (the notebooks' sources and their pairing), not the extension.
+pytestmark = pytest.mark.slow
+
 
 def cell_function(name: str, cell_id: str, function: str, namespace: dict[str, Any]) -> Any:
     """The function ``function`` as a tutorial's cell defines it, defined in ``namespace``

@@ -23,14 +23,7 @@ from gpumem_nb.timeline import (
 )
 
 from .fakes import GiB
-from .helpers import spaced
-
-
-def run(ip: Any, source: str, cell_id: str | None = None) -> Any:
-    """Run a cell as people do: with time after it for the sampler's next reading."""
-    result = ip.run_cell(source, store_history=True, cell_id=cell_id)
-    spaced(ip)
-    return result
+from .helpers import run_spaced as run
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -35,8 +36,10 @@ class Readings:
     """The monitor's reads of its sources: exact allocator figures now, NVML bounded."""
 
     def __init__(self, source: Source, sampler: Sampler, gate: Any,
-                 failures: FailureLog) -> None:
+                 failures: FailureLog, clock: Callable[[], float] = time.monotonic) -> None:
         self.source = source
+        # The clock the sampler's readings are dated by: how old "now" finds the latest one.
+        self.clock = clock
         self.sampler = sampler
         # Live readings take the process's gate: while one hangs (a wedged NVML), no other
         # reading joins it on another thread (sources/gate.py).
@@ -177,7 +180,7 @@ class Readings:
         if latest is None or not self.sampler.running:
             return None
         stale_s = max(3 * self.sampler.interval_s, 2.0)
-        return latest if time.monotonic() - latest.t_s <= stale_s else None
+        return latest if self.clock() - latest.t_s <= stale_s else None
 
     def read_hot(self) -> Sample:
         """Exact allocator figures and RSS now; NVML from the sampler (see ``nvml_latest``)."""
