@@ -33,7 +33,6 @@ Nothing here imports torch or IPython.
 
 from __future__ import annotations
 
-import contextlib
 import linecache
 import sys
 import threading
@@ -45,7 +44,7 @@ from typing import Any
 from . import userexc
 from .cellnames import CellNames
 from .errtext import error_str
-from .sources.torch import TorchSource
+from .sources.torch import CudaStartHook, TorchSource
 
 __all__ = [
     "ACCELERATE",
@@ -169,22 +168,8 @@ class CudaStart:
         return text + "."
 
 
-class _InitHook:
-    """What torch's queue holds: forwards to whichever load of gpumem_nb is current. Kept
-    trivial (an old copy of this class must keep working after a reload) and never raising:
-    an exception here would become torch's ``DeferredCudaCallError`` and break the user's
-    CUDA start."""
-
-    def __init__(self) -> None:
-        self.handler: Any = None
-        self.registering = False
-
-    def __call__(self) -> None:
-        handler = self.handler
-        if handler is None or self.registering:
-            return
-        with contextlib.suppress(BaseException):
-            handler(sys._getframe(1))
+class _InitHook(CudaStartHook):
+    """The hook that finds where CUDA started (``CudaStartWatch``)."""
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,14 @@ the start) and said, and the replay then no longer claims the recorded start.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 from .importwatch import AfterImport
-from .sources.torch import TorchDebug
+from .sources.torch import CudaStartHook, TorchDebug
 from .whatif.snapshot import MAX_HISTORY_ENTRIES, SESSION_KEY, START_KEY
 
 __all__ = ["MAX_ENTRIES", "SessionRecorder", "SessionSnapshot", "max_entries_refusal"]
@@ -34,21 +34,8 @@ _ASYNC = ("gpumem record: the cudaMallocAsync backend records no allocation hist
           "is recorded.")
 
 
-class _StartHook:
-    """What torch's start-up queue holds: forwards to whichever recorder armed it last. Kept
-    trivial (torch keeps it for the life of the process) and never raising: an exception
-    here would become torch's ``DeferredCudaCallError`` and fail the user's CUDA start."""
-
-    def __init__(self) -> None:
-        self.handler: Any = None
-        self.registering = False
-
-    def __call__(self) -> None:
-        handler = self.handler
-        if handler is None or self.registering:
-            return
-        with contextlib.suppress(BaseException):
-            handler()
+class _StartHook(CudaStartHook):
+    """The hook that begins an armed recording as CUDA starts."""
 
 
 @dataclass(frozen=True)
@@ -207,7 +194,7 @@ class SessionRecorder:
                                    "a cell that uses the GPU, then %gpumem record on.")
             return
 
-    def _on_cuda_start(self) -> None:
+    def _on_cuda_start(self, _frame: FrameType | None = None) -> None:
         """Inside torch's ``_lazy_init``, before anything is allocated."""
         if not self.armed:
             return

@@ -108,6 +108,26 @@ def inductor_lookup_skipped(modules: Mapping[str, Any]) -> Any:
             del ns["_inductor"]
 
 
+class CudaStartHook:
+    """What torch's start-up queue holds (``TorchSource.on_cuda_init``): forwards to
+    whichever load of gpumem_nb set ``handler`` last, with the frame that called it (the
+    stack that started CUDA). Kept trivial (an old copy of this class must keep working after
+    a reload) and never raising: an exception here would become torch's
+    ``DeferredCudaCallError`` and fail the user's CUDA start. Each use queues a subclass of
+    its own, so that a queue can be read for who queued what."""
+
+    def __init__(self) -> None:
+        self.handler: Any = None
+        self.registering = False
+
+    def __call__(self) -> None:
+        handler = self.handler
+        if handler is None or self.registering:
+            return
+        with contextlib.suppress(BaseException):
+            handler(sys._getframe(1))
+
+
 class TorchSource:
     """Allocator reads guarded so that observing never changes the user's process.
 
