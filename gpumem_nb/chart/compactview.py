@@ -8,7 +8,6 @@ shows (``ChartPicture``), which follows the cells and replaces the widget when i
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -36,7 +35,6 @@ class CompactView:
         self._sent_at_s = float("-inf")
         self._closed = False
         self.updates = 0
-        self.sent_bytes = 0  # the JSON of every update's lines: what one costs on the wire
         self.widget = CompactReading(lines=self._lines_json())
         self.picture = ChartPicture(self.plain_bundle, self._lock)
         self.feed.add_listener(self._on_sample)
@@ -73,7 +71,6 @@ class CompactView:
                 return False
             self.widget.lines = lines
             self.updates += 1
-            self.sent_bytes += len(json.dumps(lines, separators=(",", ":")))
             return True
 
     def plain_bundle(self) -> dict[str, str]:
