@@ -18,8 +18,7 @@ from .model import STATUS_NO_NVML, STATUS_OK, CellRecord, DeviceSample, Holder, 
 from .records import DISPLAY_HEADERS, display_rows, format_nvml_peak
 from .report import Shown, html_lines, html_table, text_table
 from .settings import Config
-from .sources.processes import CMDLINE_CHARS
-from .units import cut, format_bytes, printable, shown_name
+from .units import format_bytes, shown_name
 
 __all__ = [
     "DEVICE_HEADERS",
@@ -173,8 +172,7 @@ def children_lines(sample: Sample) -> list[str]:
         lines.append(f"This kernel's children on {where} hold {format_bytes(nv.children_bytes)}"
                      " (each has a CUDA context of its own):")
         lines.extend(f"  {c.label}: {format_bytes(c.nbytes)}"
-                     + (f" — {printable(cut(c.cmdline, CMDLINE_CHARS))}" if c.cmdline else "")
-                     for c in nv.children)
+                     + (f" — {c.cmdline}" if c.cmdline else "") for c in nv.children)
     return lines
 
 

@@ -58,6 +58,15 @@ CMDLINE_CHARS = 160
 _RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 
+def shown_cmdline(text: str) -> str:
+    """A process's command line as every view shows it, read live or from a recording: its
+    arguments are anyone's text, so terminal escapes, newlines, bidirectional overrides and
+    lone surrogates are kept as their escapes, never printed raw, and it is cut to
+    ``CMDLINE_CHARS``."""
+    text = printable(text)
+    return text if len(text) <= CMDLINE_CHARS else text[: CMDLINE_CHARS - 3] + "..."
+
+
 class ProcessTree:
     """Tells which PIDs descend from ``root_pid`` (this process by default) and what each is.
 
@@ -245,10 +254,8 @@ class ProcessTree:
                 raw = fh.read(4096)
         except OSError:
             return ""
-        # A process's arguments are anyone's text: terminal escapes, newlines and
-        # bidirectional overrides are kept as their escapes, never printed raw.
-        text = printable(" ".join(a.decode(errors="replace") for a in raw.split(b"\0") if a))
-        return text if len(text) <= CMDLINE_CHARS else text[: CMDLINE_CHARS - 3] + "..."
+        return shown_cmdline(" ".join(a.decode(errors="replace")
+                                      for a in raw.split(b"\0") if a))
 
     def _environ(self, pid: int) -> dict[str, str]:
         """The rank variables of ``pid``'s starting environment; {} when not readable (another

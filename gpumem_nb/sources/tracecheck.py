@@ -12,7 +12,7 @@ import functools
 import math
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, replace
 from typing import Any
 
 from ..jsontext import json_prefix
@@ -27,6 +27,7 @@ from ..model import (
     NvmlReading,
     Sample,
 )
+from .processes import shown_cmdline
 
 _STATUSES = (STATUS_OK, STATUS_LOST, STATUS_ERROR, STATUS_NO_NVML)
 # Device readings checked before a replay starts: the whole of a short recording (the
@@ -141,8 +142,11 @@ def _record(where: str, data: Any, cls: type, *, nested: dict[str, Callable[[Any
 def _children_from_json(where: str, raw: Any) -> tuple[ChildProcess, ...]:
     if not isinstance(raw, list):
         raise TraceError(f"{where}: \"children\" is {_show(raw)}, not a list")
-    return tuple(_record(f"{where}, child {i}", c, ChildProcess)
-                 for i, c in enumerate(raw[:MAX_SAMPLE_CHILDREN]))
+    children = (_record(f"{where}, child {i}", c, ChildProcess)
+                for i, c in enumerate(raw[:MAX_SAMPLE_CHILDREN]))
+    # As the live reader gives them: a recording's command lines are anyone's text too.
+    return tuple(replace(c, cmdline=shown_cmdline(c.cmdline)) if c.cmdline else c
+                 for c in children)
 
 
 def _nvml_from_json(where: str, nv: Any) -> NvmlReading:
