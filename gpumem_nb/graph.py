@@ -37,6 +37,19 @@ StorageOf = Callable[[Any], "tuple[str, int, tuple[str, int]] | None"]
 
 _MISSING = object()
 _SEQUENCES = (tuple, list)
+# What a saved tensor's hooks keep is searched this deep and this wide (a checkpoint's frame
+# keeps its inputs four objects below its unpack hook).
+_HOOK_DEPTH = 8
+_HOOK_OBJECTS = 4096
+_FUNCTION = type(lambda: None)
+_MODULE = type(sys)
+_NOT_ENTERED = (type, _MODULE, type((lambda: None).__code__), str, bytes, int, float)
+
+
+def _class_has(t: type, name: str) -> bool:
+    """Whether a class defines ``name`` (looked up in the class dicts of its MRO: nothing of
+    the class runs)."""
+    return any(name in vars(k) for k in t.__mro__)
 _CLOCK_EVERY = 32  # nodes between two looks at the clock
 DEFAULT_NODE_CAP = 200_000
 DEFAULT_BUDGET_S = 0.03
@@ -112,6 +125,9 @@ class GraphWalker:
         self._leaf_objects: list[Any] = []
         self._leaf_ids: set[int] = set()
         self._leaf_pass_done = False
+        self._hook_seen: set[int] = set()  # what saved tensors' hooks keep, entered once
+        self._hook_found: set[int] = set()  # packed values and hooks that led to tensors
+        self._modules_seen: set[int] | None = None
 
     def size(self, roots: Iterable[Any]) -> GraphSize:
         """What the graphs behind these ``grad_fn`` nodes keep alive. Never raises."""
@@ -314,8 +330,78 @@ class GraphWalker:
         if data is None:
             counts["released"] += 1
             return
-        if not self._tensors(data, found) and hook is not None:
+        if self._tensors(data, found) or hook is None:
+            return
+        # Packed into something not a tensor (checkpointing's holder): what the pack and
+        # unpack hooks keep is the graph's too. Non-reentrant checkpointing's unpack hook
+        # closes over its frame, whose recomputation closes over the inputs: 34 GiB of them
+        # were "not found" on the H200.
+        if not self._hook_tensors((data, hook), found):
             counts["hooked"] += 1
+
+    def _hook_tensors(self, start: Any, found: list[tuple[str, int, tuple[str, int]]]) -> bool:
+        """The tensors a saved tensor's packed value and unpack hook keep, found through the
+        collector's traversal (C code: no code of theirs runs), ``_HOOK_DEPTH`` objects down,
+        at most ``_HOOK_OBJECTS`` objects. Classes, modules, code and a function's globals
+        are not entered: they are everyone's, not the graph's."""
+        any_found = False
+        seen = self._hook_seen
+        level = [start]
+        for _ in range(_HOOK_DEPTH):
+            nxt: list[Any] = []
+            for obj in gc.get_referents(*level):
+                if id(obj) in seen:
+                    # Entered by an earlier saved tensor's hooks (one checkpoint's frame
+                    # serves all its saved tensors): what it keeps is counted already.
+                    any_found = any_found or id(obj) in self._hook_found
+                    continue
+                if issubclass(type(obj), _NOT_ENTERED) or len(seen) >= _HOOK_OBJECTS:
+                    continue
+                seen.add(id(obj))
+                if self._tensors(obj, found) or self._saved_in(obj, found):
+                    any_found = True
+                    continue
+                if type(obj) is _FUNCTION:
+                    # Its closure, defaults and attributes; never its globals (the module's).
+                    nxt.extend(x for x in (obj.__closure__, obj.__defaults__,
+                                           obj.__kwdefaults__, obj.__dict__) if x)
+                    continue
+                if type(obj) is dict and id(obj) in self._module_dicts():
+                    continue
+                nxt.append(obj)
+            level.clear()
+            level = nxt
+            if not level:
+                break
+        level.clear()
+        if any_found:
+            self._hook_found.update(id(x) for x in start)
+        return any_found
+
+    def _saved_in(self, obj: Any, found: list[tuple[str, int, tuple[str, int]]]) -> bool:
+        """The tensors a ``SavedTensor``, or an autograd node met on the way (checkpointing
+        saves its inputs on a node of its own), saved, read as ``_saved_tensor`` reads them:
+        its ``data``, never unpacked."""
+        t = type(obj)
+        if _class_has(t, "unpack_hook") and _class_has(t, "data"):
+            data = getattr(obj, "data", None)
+            return data is not None and self._tensors(data, found)
+        if not _class_has(t, "next_functions"):
+            return False
+        any_found = False
+        for name in self._plan(obj).raw_names:
+            raw: Any = getattr(obj, name, None)
+            for item in (raw if type(raw) in _SEQUENCES else (raw,)):
+                data = getattr(item, "data", None) if item is not None else None
+                if data is not None and self._tensors(data, found):
+                    any_found = True
+        return any_found
+
+    def _module_dicts(self) -> set[int]:
+        if self._modules_seen is None:
+            self._modules_seen = {id(vars(m)) for m in list(sys.modules.values())
+                                  if type(m) is _MODULE}
+        return self._modules_seen
 
     def _tensors(self, value: Any, found: list[tuple[str, int, tuple[str, int]]]) -> bool:
         """Add the tensor ``value`` is, or the tensors a tuple or list of it holds."""

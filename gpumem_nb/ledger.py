@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .model import Holder
+from .model import UNSEEN_NAME, Holder
 from .units import format_bytes
 
 __all__ = [
@@ -57,6 +57,8 @@ class Ledger:
     # Live tensors only something Python cannot see refers to (a C extension's object, a
     # running frame): found, but with no name a user can act on.
     invisible_bytes: int = 0
+    # The largest of those, by the object something unseen holds and the path down from it.
+    invisible_name: str = ""
 
     @property
     def pools_bytes(self) -> int:
@@ -91,8 +93,10 @@ class Ledger:
             parts.append(f"{format_bytes(self.computation_bytes)} the failing computation")
         parts += [f"{format_bytes(n)} in {label}" for label, n in self.pools if n]
         if self.invisible_bytes:
+            what = f": {self.invisible_name}" if self.invisible_name else \
+                " (a C extension, a running frame)"
             parts.append(f"{format_bytes(self.invisible_bytes)} referenced only from where "
-                         "Python cannot see (a C extension, a running frame)")
+                         f"Python cannot see{what}")
         if self.workspaces_bytes:
             parts.append(f"{format_bytes(self.workspaces_bytes)} cuBLAS workspaces "
                          "(torch._C._cuda_clearCublasWorkspaces() frees them until the next "
@@ -122,6 +126,7 @@ def ledger(device: str, allocated_bytes: int, holders: Iterable[Holder], *,
     one holder already: the scan attributes it once)."""
     own = graphs = arrays = invisible = 0
     capped = False
+    unseen: list[Holder] = []
     for h in holders:
         if not on_device(h, device):
             continue
@@ -130,6 +135,7 @@ def ledger(device: str, allocated_bytes: int, holders: Iterable[Holder], *,
             continue
         if h.kind == "unseen":
             invisible += h.nbytes
+            unseen.append(h)
             continue
         if h.kind == "not searched":  # left in "not found", which then says it was cut
             capped = True
@@ -146,7 +152,22 @@ def ledger(device: str, allocated_bytes: int, holders: Iterable[Holder], *,
                   graphs_bytes=graphs, computation_bytes=computation_bytes,
                   pools=tuple(pools), capped=capped,
                   workspaces_bytes=max(min(workspaces_bytes, rest), 0), arrays_bytes=arrays,
-                  invisible_bytes=invisible)
+                  invisible_bytes=invisible,
+                  invisible_name=_unseen_name(unseen))
+
+
+_UNSEEN_SUFFIX = f", {UNSEEN_NAME}"
+
+
+def _unseen_name(unseen: Sequence[Holder]) -> str:
+    """The largest unseen holder's path, where the search could name the object held."""
+    named = [h for h in unseen if h.name.endswith(_UNSEEN_SUFFIX)]
+    if not named:
+        return ""
+    top = max(named, key=lambda h: h.nbytes)
+    more = f" and {len(unseen) - 1} more group{'s' if len(unseen) > 2 else ''}" \
+        if len(unseen) > 1 else ""
+    return top.name.removesuffix(_UNSEEN_SUFFIX) + more
 
 
 # Each GPU's memory pools other than the default, as the ledger's (label, bytes) parts.

@@ -278,6 +278,9 @@ class CellRecord:
 
 
 # Causes of re-run growth, in the order they are checked.
+# The name of what only something Python cannot see keeps (a holder of kind "unseen"), after
+# the path from the object it holds where the search could say it.
+UNSEEN_NAME = "referenced from where Python cannot see"
 CAUSE_LIVE_TENSORS = "live tensors"
 CAUSE_CACHE = "cache"
 CAUSE_OUTSIDE = "outside PyTorch"

@@ -365,6 +365,26 @@ def test_a_models_gradients_are_counted_so_the_advice_offers_zero_grad_with_thei
     assert advice.code == "model.zero_grad(set_to_none=True)" and advice.nbytes == 5 * GiB
 
 
+def test_gradients_with_graphs_are_freed_by_zero_grad_not_by_deleting_the_model():
+    """H200, create_graph_backward_grad_cycle: `backward(create_graph=True)` left graphs on the
+    gradients that lead back to the parameters (a cycle inside autograd's C++ graph); the
+    advice said "keep `model.detach()` ... or `del model`", and `del model` freed 0 of 34 GiB."""
+    from gpumem_nb.analysis import holder_advice
+
+    from .fakes import node
+
+    w = FakeTensor(4 * GiB)
+    w.grad = FakeTensor(4 * GiB, grad_fn=node("MmBackward0",
+                                              node("AccumulateGrad", variable=w),
+                                              self=FakeTensor(16 * MiB)))
+    (h,) = scan({"model": Module(w)})
+    assert h.grad_bytes == 4 * GiB and h.graph_bytes, h
+    advice = holder_advice(h)
+    assert advice.code == "model.zero_grad(set_to_none=True)", advice
+    assert advice.nbytes == 4 * GiB + h.graph_bytes, advice
+    assert "create_graph" in advice.text and ".detach()" not in advice.text, advice.text
+
+
 def test_a_model_without_gradients_is_not_told_to_zero_them():
     from gpumem_nb.analysis import holder_advice
 

@@ -42,6 +42,10 @@ class TensorFacts:
         self.optimizer_type: Any = getattr(optim, "Optimizer", None) if optim else None
         self._arrays: dict[int, tuple[type, tuple[Any, Any, bool] | None]] = {}
 
+    def forget_classes(self) -> None:
+        """Drop the memo of which classes are arrays (it keeps each class it judged)."""
+        self._arrays.clear()
+
     def info(self, t: Any) -> TensorInfo | None:
         """(device, bytes, storage key) of a tensor or numpy/cupy-like array; never raises."""
         try:

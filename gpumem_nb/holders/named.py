@@ -12,16 +12,19 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..model import Holder
+from ..model import UNSEEN_NAME, Holder
 from .retention import (
     ROOT_CLASS,
     ROOT_CONTEXT,
     ROOT_EXCEPTION,
+    ROOT_HOOK,
     ROOT_MODULE,
     ROOT_OUTPUT,
     ROOT_SHELL,
+    ROOT_SIGNAL,
     ROOT_THREAD,
     ROOT_VARIABLE,
+    STATE_FREED,
     STATE_GARBAGE,
     STATE_NOT_SEARCHED,
     STATE_ROOTED,
@@ -36,6 +39,8 @@ KIND_MODULE_GLOBAL = "module global"
 KIND_CLASS_ATTRIBUTE = "class attribute"
 KIND_THREAD = "thread"
 KIND_SHELL = "the shell"
+KIND_SIGNAL = "signal handler"
+KIND_HOOK = "interpreter hook"
 KIND_GARBAGE = "garbage"
 KIND_UNSEEN = "unseen"
 KIND_NOT_SEARCHED = "not searched"
@@ -51,6 +56,8 @@ _KIND_OF_ROOT = {
     ROOT_CONTEXT: "context variable",
     ROOT_THREAD: KIND_THREAD,
     ROOT_SHELL: KIND_SHELL,
+    ROOT_SIGNAL: KIND_SIGNAL,
+    ROOT_HOOK: KIND_HOOK,
 }
 GC_COLLECT = "import gc; gc.collect()"
 
@@ -98,6 +105,8 @@ def holder_groups(found: Sequence[Retained],
     scan, which also sizes their autograd graphs)."""
     groups: dict[tuple[str, frozenset[Root], str, tuple[str, ...], str], list[Retained]] = {}
     for r in found:
+        if r.state == STATE_FREED:
+            continue  # only a proposed cut's references kept it: nothing holds it after
         groups.setdefault((r.state, r.roots, r.device, r.classes, r.why), []).append(r)
     out: list[tuple[Holder, list[tuple[str, int]]]] = []
     for (state, roots, device, classes, why), members in groups.items():
@@ -111,16 +120,27 @@ def holder_groups(found: Sequence[Retained],
             names = sorted({x.name for x in roots})
             also = tuple(x for x in names if not best.path.startswith(x))
             clears = {r.clear_code for r in members}
+            code = _cache_clear(members)
+            if not code:
+                code = cut_code(roots)
+                if code and any(r.cyclic for r in members) and GC_COLLECT not in code:
+                    # The roots' references go; the cycles below them stay until a
+                    # collection. (A cache's `cache_clear()` cuts below its class's cycles.)
+                    code = f"{code}; {GC_COLLECT}"
             h = Holder(name=name, kind=kind, device=device, nbytes=nbytes,
-                       also_held_by=also, code=_cache_clear(members) or cut_code(roots),
+                       also_held_by=also, code=code,
                        clear_code=clears.pop() if len(clears) == 1 else "")
         elif state == STATE_GARBAGE:
             what = ", ".join(classes) if classes else "plain containers"
             h = Holder(name=f"reference cycles ({what})", kind=KIND_GARBAGE, device=device,
                        nbytes=nbytes, code=GC_COLLECT, classes=classes)
         elif state == STATE_UNSEEN:
-            h = Holder(name="referenced from where Python cannot see", kind=KIND_UNSEEN,
-                       device=device, nbytes=nbytes)
+            paths = sorted(r.path for r in members if r.path)
+            name = UNSEEN_NAME
+            if paths:
+                more = f" and {n - 1} more" if n > 1 else ""
+                name = f"{paths[0]}{more}, {name}"
+            h = Holder(name=name, kind=KIND_UNSEEN, device=device, nbytes=nbytes)
         else:
             h = Holder(name="not searched", kind=KIND_NOT_SEARCHED, device=device,
                        nbytes=nbytes, why=why or STATE_NOT_SEARCHED, walk_capped=True)

@@ -30,6 +30,7 @@ cut it is "not searched", with the reason: never "found".
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import gc
@@ -38,6 +39,7 @@ import re
 import sys
 import time
 import types
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -60,11 +62,17 @@ ROOT_CLASS = "class attribute"
 ROOT_THREAD = "thread"
 ROOT_CONTEXT = "context variable"  # the running context's variables (contextvars)
 ROOT_SHELL = "the shell"
+# A reference the interpreter keeps in C, read through its own API: a signal handler, the
+# trace and profile functions. No referrer search reaches them.
+ROOT_SIGNAL = "signal handler"
+ROOT_HOOK = "interpreter hook"
 # Outcomes for a tensor no root reaches.
 STATE_ROOTED = "rooted"
 STATE_GARBAGE = "garbage"  # only reference cycles keep it: the next gc.collect() frees it
 STATE_UNSEEN = "unseen"  # a reference from where Python cannot see (C code, a running frame)
 STATE_NOT_SEARCHED = "not searched"
+# With ``explained`` referrers (a proposed cut): nothing keeps it once they go, not even a cycle.
+STATE_FREED = "freed"
 
 # Levels at which objects with no tracked referrer are looked for in untracked containers
 # (an object array inside an untracked dict inside a namespace is three).
@@ -117,6 +125,10 @@ class Retained:
     # The container every path from a root runs through, whose class has a public ``clear``:
     # the expression that empties it (``reg.clear()``); "" where there is none.
     clear_code: str = ""
+    # Objects between its roots and it refer to each other: once the roots' references go,
+    # those cycles keep it until Python's collector runs (a mock and its children, a class
+    # made in a function): removing the references frees nothing before ``gc.collect()``.
+    cyclic: bool = False
 
 
 @dataclass
@@ -242,12 +254,17 @@ class Search:
         self.numpy = numpy if numpy is not None else sys.modules.get("numpy")
         self._scaffold: set[int] = set()
         self._explained: list[Any] = []  # referrers taken as gone (run's ``explained``)
+        # Objects an explained referrer refers to: what the cut itself lets go, never "held
+        # from where Python cannot see" for having no other referrer.
+        self._cut_children: set[int] = set()
         self._named: dict[int, tuple[str, str, Any]] = {}  # id(dict) -> (kind, prefix, owner)
         self._root_objects: dict[int, Root] = {}
         self._skip: set[int] = set()
         self._arrays_looked = False
         self._untracked_cache: list[Any] | None = None
-        self._own_types: dict[int, tuple[type, bool]] = {}
+        # id(class) -> (a weak reference to it, whether it is gpumem_nb's): a strong one would
+        # be a referrer of the class that this search itself made, and explains nowhere.
+        self._own_types: dict[int, tuple[Any, bool]] = {}
         self._running: set[int] = set()
         self._module_alias: dict[int, str] = {}
         # The running context's variables, by name: a value set with ContextVar.set lives in
@@ -284,11 +301,44 @@ class Search:
             self._named[id(d)] = (ROOT_MODULE, name, module)
             self._index_classes(name, module, d)
         self._index_context(ns)
+        self._index_interpreter_hooks()
         if ctx.shell is not None:
             self._root_objects[id(ctx.shell)] = Root(ROOT_SHELL, "get_ipython()")
         for exc in ctx.stored_exceptions:
             self._root_objects[id(exc)] = Root(ROOT_EXCEPTION, "the stored exception",
                                                "%gpumem cleanup")
+
+    def _index_interpreter_hooks(self) -> None:
+        """What the interpreter holds in C and says through its own API: each signal's
+        handler (``signal.signal(SIGTERM, partial(save, snapshot=...))`` kept 21 GiB that no
+        referrer search reached), the trace and profile functions."""
+        signal = sys.modules.get("signal")
+        if signal is not None:
+            try:
+                signals = list(signal.valid_signals())
+            except Exception:
+                signals = []
+            plain = {id(signal.SIG_DFL), id(signal.SIG_IGN), id(signal.default_int_handler)}
+            for sig in signals:
+                try:
+                    handler = signal.getsignal(sig)
+                    name = signal.Signals(sig).name
+                except Exception:
+                    continue
+                if handler is None or id(handler) in plain or type(handler) is int or \
+                        id(handler) in self._root_objects:
+                    continue
+                back = "signal.default_int_handler" if name == "SIGINT" else "signal.SIG_DFL"
+                self._root_objects[id(handler)] = Root(
+                    ROOT_SIGNAL, f"the {name} handler (signal.getsignal(signal.{name}))",
+                    f"import signal; signal.signal(signal.{name}, {back})")
+            handler = None
+        for fn, name in ((sys.gettrace(), "sys.gettrace()"),
+                         (sys.getprofile(), "sys.getprofile()")):
+            if fn is not None and id(fn) not in self._root_objects:
+                # A debugger's or profiler's: named, never switched off by a line of ours.
+                self._root_objects[id(fn)] = Root(ROOT_HOOK, f"the function {name} returns")
+        fn = None
 
     def _index_classes(self, name: str, module: Any, d: dict[Any, Any]) -> None:
         """Each class a module defines at its top level: its own dict is a root, so that a
@@ -442,6 +492,10 @@ class Search:
             if t is types.MethodType:
                 return [(v, _Step("attr", "__self__")) for v in (parent.__self__,)
                         if id(v) in wanted]
+            if t is functools.partial:
+                return [(v, _Step("attr", a)) for a, v in (
+                    ("func", parent.func), ("args", parent.args),
+                    ("keywords", parent.keywords)) if id(v) in wanted]
             if t is types.FrameType:
                 return self._frame_edges(parent, wanted)
             if t is types.TracebackType:
@@ -543,6 +597,8 @@ class Search:
         whose references are taken as gone (the namespace a proposed ``del`` edits), so that
         what only they and cycles keep counts as garbage, not as held by something unseen."""
         self._explained = list(explained)
+        explained_ids = {id(o) for o in self._explained}
+        self._cut_children = set()
         t0 = self.clock()
         deadline = t0 + self.budget_s
         self._running = running_frame_ids()
@@ -592,7 +648,8 @@ class Search:
                     heap = gc.get_objects()
                     self._scaffold.add(id(heap))
                 nxt = self._level(frontier, heap, alive, parents, roots_of,
-                                  arrays=arrays_done < _UNTRACKED_LEVELS)
+                                  arrays=arrays_done < _UNTRACKED_LEVELS,
+                                  explained_ids=explained_ids)
                 arrays_done += self._arrays_looked
                 frontier.clear()
                 frontier.extend(nxt)
@@ -613,7 +670,8 @@ class Search:
     def _level(self, frontier: list[Any], heap: list[Any] | None, alive: dict[int, Any],
                parents: dict[int, list[tuple[int, _Step]]],
                roots_of: dict[int, list[tuple[Root, _Step | None]]], *,
-               arrays: bool) -> list[Any]:
+               arrays: bool, explained_ids: set[int] | frozenset[int] = frozenset(),
+               ) -> list[Any]:
         """One level up: the frontier's referrers, as edges, roots or the next frontier. Its
         locals (which refer to the objects it met) end with it, before any reference count
         is read."""
@@ -626,6 +684,9 @@ class Search:
         got: set[int] = set()
         for r in refs:
             rid = id(r)
+            if rid in explained_ids:
+                self._cut_children.update(id(child) for child, _ in self._edges(r, wanted))
+                continue
             if rid in self._scaffold or rid in self._running or rid == id(refs) or \
                     self._ours(r):
                 continue
@@ -701,11 +762,14 @@ class Search:
         the chart): never a holder the user can act on. Its class is judged once."""
         t = type(obj)
         known = self._own_types.get(id(t))
-        if known is None or known[0] is not t:
-            module = static_attribute(t, "__module__")
-            known = self._own_types[id(t)] = (
-                t, type(module) is str and module.split(".", 1)[0] == "gpumem_nb")
-        return known[1]
+        if known is not None and known[0]() is t:
+            return known[1]
+        module = static_attribute(t, "__module__")
+        ours = type(module) is str and module.split(".", 1)[0] == "gpumem_nb"
+        # A class that takes no weak reference is judged again next time.
+        with contextlib.suppress(TypeError):
+            self._own_types[id(t)] = (weakref.ref(t), ours)
+        return ours
 
     def _thread_roots(self, frontier: list[Any],
                       roots_of: dict[int, list[tuple[Root, _Step | None]]]) -> None:
@@ -738,11 +802,7 @@ class Search:
             kinds = list(map(type, level))
             if ndarray is not None:
                 for arr in compress(level, map(is_, kinds, repeat(ndarray))):
-                    try:
-                        if arr.dtype.hasobject:
-                            out.append(arr)
-                    except Exception:
-                        continue
+                    out.extend(_object_arrays(arr, ndarray))
             untracked: list[Any] = []
             # Lists are always tracked; a dict or tuple of untracked objects is not.
             for box in (dict, tuple):
@@ -777,6 +837,12 @@ class Search:
                 continue
             try:
                 if type(c) is ndarray:
+                    base = _ARRAY_BASE.get(ndarray)
+                    b = base.__get__(c, ndarray) if base is not None else None
+                    if b is not None and id(b) in wanted:
+                        # A view keeps its base array, and the base all its items: numpy
+                        # traverses neither, so `row = grid[2]` kept 44 GiB unfound.
+                        out.append((c, _Step("attr", "base"), b))
                     if c.size >= 10_000_000:
                         continue
                     shape = tuple(c.shape)
@@ -801,6 +867,7 @@ class Search:
             reached_cut = False
             ancestors: set[int] = set()
             tops = False
+            top: tuple[int, list[_Step]] | None = None  # the nearest object nothing seen holds
             clears: set[str] = set()
             for tid in members[key]:
                 # Breadth first up the parents: the first root met is the nearest.
@@ -822,8 +889,10 @@ class Search:
                     if not ps and oid not in roots_of:
                         if oid in unresolved:
                             reached_cut = True
-                        else:
+                        elif oid not in self._cut_children:
                             tops = True
+                            if top is None or len(steps) < len(top[1]):
+                                top = (oid, steps)
                     for pid, step in ps or ():
                         if pid not in seen:
                             seen.add(pid)
@@ -835,15 +904,24 @@ class Search:
                 assert best is not None
                 r.path, r.root_kind = best[1], best[2]
                 (r.clear_code,) = clears if len(clears) == 1 else ("",)
+                r.cyclic = _has_cycle(ancestors, parents)
             elif reached_cut:
                 r.state, r.why = STATE_NOT_SEARCHED, cut
             elif tops:
                 r.state = STATE_UNSEEN
+                if top is not None and top[0] in alive:
+                    # Named by the object that something unseen holds (a C extension's
+                    # registry, a running frame), and the path from it down.
+                    what = Root(STATE_UNSEEN, f"({_describe(alive[top[0]])})")
+                    r.path = _render(what, top[1])
             else:
                 r.state = STATE_GARBAGE
                 r.classes = self._cycle_classes(ancestors, alive, set(members[key]))
                 if r.classes is None:  # a reference from outside the cycle, unseen
                     r.state, r.classes = STATE_UNSEEN, ()
+                elif not _has_cycle(ancestors, parents):
+                    # Only the explained referrers kept it: the cut frees it at once.
+                    r.state, r.classes = STATE_FREED, ()
 
     def _clear_code(self, nearest: tuple[Root, _Step | None, list[_Step], list[int]],
                     alive: dict[int, Any], parents: dict[int, list[tuple[int, _Step]]],
@@ -941,12 +1019,79 @@ class Search:
         return tuple(sorted(classes))
 
 
+def _describe(obj: Any) -> str:
+    """What an object is, in a few words, read through C attributes only: ``a
+    functools.partial of save``, ``the function make.<locals>.hook``, ``a Frame``."""
+    t = type(obj)
+    try:
+        if t is types.FunctionType or t is types.MethodType:
+            name = obj.__qualname__ if t is types.FunctionType else obj.__func__.__qualname__
+            return f"the function {name}" if type(name) is str else "a function"
+        if t is functools.partial:
+            return f"a functools.partial of {_describe(obj.func).removeprefix('the function ')}"
+    except Exception:
+        pass
+    return f"a {type_name(t)}"
+
+
+def _has_cycle(ids: set[int], parents: Mapping[int, list[tuple[int, _Step]]]) -> bool:
+    """Whether the references among these objects (each one's referrers in ``parents``) close
+    a cycle: a depth-first search that meets an object still on its path."""
+    state: dict[int, int] = {}  # 1: on the current path, 2: done
+    for start in ids:
+        if start in state:
+            continue
+        state[start] = 1
+        stack = [(start, iter(parents.get(start, ())))]
+        while stack:
+            oid, it = stack[-1]
+            for pid, _ in it:
+                if pid not in ids:
+                    continue
+                seen = state.get(pid)
+                if seen == 1:
+                    return True
+                if seen is None:
+                    state[pid] = 1
+                    stack.append((pid, iter(parents.get(pid, ()))))
+                    break
+            else:
+                state[oid] = 2
+                stack.pop()
+    return False
+
+
 def _unquote(text: str, d: Any, child: Any) -> Any:
     """The dict key whose value is ``child`` (the rendered text is for display only)."""
     for k, v in dict.items(d):
         if v is child:
             return k
     return text
+
+
+# numpy's ``ndarray.base`` descriptor, per ndarray class (read through it: no subclass code).
+_ARRAY_BASE: dict[Any, Any] = {}
+
+
+def _object_arrays(arr: Any, ndarray: Any) -> list[Any]:
+    """``arr`` and the arrays it is a view of (``.base``, down the chain), those that hold
+    Python objects: numpy traverses neither a view's base nor an object array's items, so a
+    base reached only through a view is found here or nowhere."""
+    base = _ARRAY_BASE.get(ndarray)
+    if base is None:
+        base = _ARRAY_BASE[ndarray] = static_attribute(ndarray, "base")
+    out: list[Any] = []
+    seen: set[int] = set()
+    a: Any = arr
+    while type(a) is ndarray and id(a) not in seen and len(seen) < 64:
+        seen.add(id(a))
+        try:
+            if a.dtype.hasobject:
+                out.append(a)
+            a = base.__get__(a, ndarray)
+        except Exception:
+            break
+    return out
 
 
 def _unravel(i: int, shape: tuple[int, ...]) -> str:

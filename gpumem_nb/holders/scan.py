@@ -159,6 +159,7 @@ class Scanner(ObjectWalk):
                 return
             if not ctx.thread_locals:
                 ctx.thread_locals = thread_locals()
+            self._forget_classes()
             outcome = Search(self._tensor_info, ctx, budget_s=budget_s).run(tensors)
             self.search = outcome
             by_key: dict[tuple[str, int], list[Any]] = {}
@@ -203,6 +204,7 @@ class Scanner(ObjectWalk):
             cuts[name] = [n.strip() for n in line[4:].split(",")]
         named.clear()  # it refers to every variable: cleared before the search looks
         self._forget()  # the walk's memo of its last tensor is one more reference to it
+        self._forget_classes()
         if not context.thread_locals:
             context.thread_locals = thread_locals()
         try:

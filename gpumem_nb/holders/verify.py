@@ -83,6 +83,10 @@ def check_cuts(tensors: Mapping[str, Sequence[Any]], cuts: Mapping[str, Iterable
                 left[k] = v
         else:
             left[("key", i)] = v
+    # The loop's names stay bound in this running frame, which no referrer search sees: the
+    # namespace's last variable (often the one the cut deletes) looked held by something
+    # unseen, and its cycles were never told to need a collection.
+    k = v = None
     ctx = replace(context, user_ns=left)
     keys_of: dict[str, set[tuple[str, int]]] = {}
     targets: list[Any] = []

@@ -572,4 +572,11 @@ class ObjectWalk:
         """Drop the walk's memo of the last tensor handed on: a look keeps nothing alive."""
         self._last_info = (MISSING, None)
 
+    def _forget_classes(self) -> None:
+        """Drop the per-class memos (each keeps its class, and a class's descriptors keep it
+        too). Before a retention search: a class made in a function, kept by the memo, was a
+        referrer no root explains, and its instance's holder was said "unseen"."""
+        self._plans.clear()
+        self.facts.forget_classes()
+
     # -- whole scans -------------------------------------------------------------------------

@@ -631,8 +631,11 @@ class OomWatch:
         pieces.holders = (*pieces.holders, *extra)
         pieces.judged = (*pieces.judged, *extra)
         if f.unreachable_bytes is not None:
+            # What only something unseen keeps stays "reachable from nothing the scan
+            # walks" for the cause; the ledger names it apart.
             pieces.facts = replace(f, unreachable_bytes=max(
-                f.unreachable_bytes - sum(h.held_bytes for h in extra), 0))
+                f.unreachable_bytes - sum(h.held_bytes for h in extra if h.kind != "unseen"),
+                0))
 
     def _extra_lines(self, facts: OomFacts, stages: dict[str, float]) -> tuple[str, ...]:
         hook = self.extra_lines
@@ -918,11 +921,12 @@ def _scan_rest(host: OomHost, rest_min_bytes: int | None,
 
 def searched_holders(found: Iterable[Holder], device: int,
                      previous_error: bool) -> tuple[Holder, ...]:
-    """The search's finds that the explanation names as holders on the failing GPU. Not what
-    only something unseen keeps, nor what it could not search (neither is a cause); not
-    garbage where the previous error's replaced traceback explains it (IPython's frames keep
-    that in a reference cycle: ``causes._held`` tells its story)."""
-    skip = ("unseen", "not searched") + (("garbage",) if previous_error else ())
+    """The search's finds that the explanation names on the failing GPU. Not what it could
+    not search; what only something unseen keeps is named in the split, never a cause
+    (``causes._NOT_HELD``); not garbage where the previous error's replaced traceback
+    explains it (IPython's frames keep that in a reference cycle: ``causes._held`` tells its
+    story)."""
+    skip = ("not searched",) + (("garbage",) if previous_error else ())
     return tuple(h for h in found if h.searched and h.kind not in skip
                  and h.device in (f"cuda:{device}", "cuda"))
 
