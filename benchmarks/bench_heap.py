@@ -4,7 +4,12 @@ fake GPU tensor the walk from the names does not reach (so the heap is searched)
 stored exception (so cleanup's referrer search runs). CPU only: the fake GPU of the tests.
 Each is run 3 times (a stored exception raised before each) and the least time is kept.
 
+Two shapes of heap: ``lists``, n empty lists in a module global the walk does not enter, and
+``dict``, one dict of n empty lists in the notebook's namespace (``{i: [] for i in range(n)}``,
+the attack36 round's shape: 10,000,000 referents in one object).
+
     python benchmarks/bench_heap.py [--label before|after] [--sizes 1000000,5000000]
+                                    [--shapes lists,dict]
 
 Writes benchmarks/results/bench_heap_<label>.json.
 """
@@ -25,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def _world() -> Any:
-    from gpumem_nb import monitor as monitor_mod
+    from gpumem_nb.kernel import monitor as monitor_mod
     from gpumem_nb.sources.live import LiveSource
     from gpumem_nb.sources.nvml import NvmlSource
     from tests.fakes import FakeCuda, FakeCudaDevice, FakeGpu, FakePynvml, fake_torch
@@ -42,7 +47,7 @@ def _world() -> Any:
 REPEATS = 3
 
 
-def measure(n: int) -> dict[str, Any]:
+def measure(n: int, shape: str = "lists") -> dict[str, Any]:
     from IPython.core.interactiveshell import InteractiveShell
 
     cuda = _world()
@@ -52,12 +57,15 @@ def measure(n: int) -> dict[str, Any]:
     # The heap: n empty lists, each tracked by the collector, none reachable from a name
     # the walk enters (a module global of a module the walk does not go into).
     holder = type(sys)("bench_heap_junk")
-    holder.junk = [[] for _ in range(n)]  # type: ignore[attr-defined]
+    if shape == "dict":
+        ip.user_ns["junk"] = {i: [] for i in range(n)}
+    else:
+        holder.junk = [[] for _ in range(n)]  # type: ignore[attr-defined]
     holder.hidden = cuda.tensor(1 << 30)  # type: ignore[attr-defined]
     sys.modules["bench_heap_junk"] = holder
     ip.run_cell("x = cuda.tensor(1 << 20)\nraise ValueError('stored')", store_history=True)
     tracked = len(gc.get_objects())
-    row: dict[str, Any] = {"objects": n, "gc_tracked": tracked}
+    row: dict[str, Any] = {"objects": n, "shape": shape, "gc_tracked": tracked}
     for what, line in (("who --gc", "who --gc -o"), ("cleanup", "cleanup -o")):
         times = []
         for _ in range(REPEATS):  # the machine is shared: the least of a few is the figure
@@ -73,6 +81,9 @@ def measure(n: int) -> dict[str, Any]:
     report = ip.run_line_magic("gpumem", "who --gc -o")
     row["who --gc says"] = [line for line in str(report).splitlines()
                             if "not searched" in line or "heap" in line][:4]
+    ip.run_cell("raise ValueError('stored again')", store_history=True)
+    cleanup = ip.run_line_magic("gpumem", "cleanup -o")
+    row["cleanup says"] = [s.did for s in cleanup.steps if s.step == "last exception"]
     del sys.modules["bench_heap_junk"]
     return row
 
@@ -81,28 +92,32 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--label", default="after")
     ap.add_argument("--sizes", default="1000000,5000000")
+    ap.add_argument("--shapes", default="lists,dict")
     ap.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--shape", default="lists", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         import contextlib
         import io
 
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            row = measure(args.one)
+            row = measure(args.one, args.shape)
         print(json.dumps(row))
         return
     import subprocess
 
     rows = []
-    for n in (int(s) for s in args.sizes.split(",")):
-        out = subprocess.run([sys.executable, __file__, "--one", str(n)], capture_output=True,
-                             text=True, cwd=ROOT, timeout=900)
-        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
-        rows.append(json.loads(lines[-1]) if lines else {"objects": n,
-                                                         "error": out.stderr[-2000:]})
-        print(rows[-1], flush=True)
-    result = {"label": args.label, "load": os.getloadavg(), "cpus": os.cpu_count(),
-              "rows": rows}
+    load_at_start = os.getloadavg()
+    for shape in args.shapes.split(","):
+        for n in (int(s) for s in args.sizes.split(",")):
+            out = subprocess.run([sys.executable, __file__, "--one", str(n), "--shape", shape],
+                                 capture_output=True, text=True, cwd=ROOT, timeout=900)
+            lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+            rows.append(json.loads(lines[-1]) if lines else {
+                "objects": n, "shape": shape, "error": out.stderr[-2000:]})
+            print(rows[-1], flush=True)
+    result = {"label": args.label, "load_at_start": load_at_start, "load": os.getloadavg(),
+              "cpus": os.cpu_count(), "rows": rows}
     path = ROOT / "benchmarks" / "results" / f"bench_heap_{args.label}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(path)

@@ -33,6 +33,7 @@ from typing import Any
 
 from . import plotlyjson, safeio, svgchart
 from .cellnames import is_cell_top
+from .celltext import CellText
 from .report import Shown, html_table, text_table
 from .sources.torch import TorchDebug
 from .units import format_bytes
@@ -79,6 +80,9 @@ class Site:
     line: int
     function: str
     via: str = ""  # the cell line that led there, when the site is inside a function
+    # The line as written, when the site is in the traced cell (``CellText``); None: read
+    # through linecache. Not part of the site's identity.
+    written: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def in_cell(self) -> bool:
@@ -86,6 +90,8 @@ class Site:
 
     @property
     def code(self) -> str:
+        if self.written is not None:
+            return self.written.strip()
         try:
             return linecache.getline(self.filename, self.line).strip() if self.line else ""
         except (ValueError, UnicodeError):  # a recorded name no file can have (a NUL in it)
@@ -292,8 +298,9 @@ class _Sites:
     analysis, by identity; the object is kept with its reading so that its id cannot be
     reused by another. A site is a small int here (``Site`` hashes in Python, slowly)."""
 
-    def __init__(self, skip: tuple[str, ...]) -> None:
+    def __init__(self, skip: tuple[str, ...], cell: CellText | None = None) -> None:
         self.skip = skip
+        self.cell = cell
         self.sites: list[Site] = []
         self._ids: dict[tuple[str, int, str, str], int] = {}
         # id(frame) -> (frame, filename, line, name, library, cell top level, outer)
@@ -391,19 +398,23 @@ class _Sites:
         i = self._ids.get(key)
         if i is None:
             i = self._ids[key] = len(self.sites)
-            self.sites.append(Site(filename, line, name, via))
+            written = self.cell.line(filename, line) if self.cell is not None else None
+            self.sites.append(Site(filename, line, name, via, written))
         return i
 
 
 def analyze(entries: Sequence[Mapping[str, Any]], *, device: int = 0,
             since_us: float | None = None, top: int = TOP_DEFAULT,
-            skip: tuple[str, ...] = ()) -> DeviceTrace:
+            skip: tuple[str, ...] = (), cell: CellText | None = None) -> DeviceTrace:
     """Replay one device's history. Only allocations made in the window count, so the
     figures are this cell's own: at its peak, at its end, and at an OOM entry.
 
     A free counts at ``free_requested`` (when the tensor dies, as ``allocated_bytes``
     counts it); ``free_completed`` only when no request was seen (histories recorded
     with that action skipped). Frees of allocations made before the window are ignored.
+
+    ``cell``: the traced cell's own text, which its sites' lines are read from (linecache
+    misnumbers a cell's lines after a form feed, VT, NEL or U+2028; see ``celltext``).
 
     Entries that are not what torch writes (not a dict, a size, line or time that is not a
     number, frames that are not a list of dicts) are skipped and counted in ``skipped``.
@@ -413,7 +424,7 @@ def analyze(entries: Sequence[Mapping[str, Any]], *, device: int = 0,
     keeps each allocation's entry index, size, site and freeing index; who was live at the
     peak, at the OOM and at the end, and the timeline's instants, are read from those."""
     given = _as_list(entries)
-    sites = _Sites(skip)
+    sites = _Sites(skip, cell)
     site_of_frames = sites.site
     skipped = 0
     readable: list[dict[str, Any]] = []  # the window's entries, as read
@@ -720,8 +731,10 @@ class CellTracer:
             self._disarmed = True
             self._timed_record(False)
 
-    def stop(self, *, top: int = TOP_DEFAULT, save: str | None = None) -> TraceResult:
-        """Snapshot, switch the recording back off (if it was ours), analyse, save."""
+    def stop(self, *, top: int = TOP_DEFAULT, save: str | None = None,
+             cell_text: str | None = None) -> TraceResult:
+        """Snapshot, switch the recording back off (if it was ours), analyse, save.
+        ``cell_text``: the cell as compiled, which its lines are labelled from."""
         t0 = self.clock()
         try:
             snap, why = self.torch.memory_snapshot()
@@ -736,6 +749,7 @@ class CellTracer:
             notes.append(f"No snapshot: {why}.")
         else:
             skip = library_dirs(self.torch._modules)
+            cell = CellText(cell_text) if cell_text is not None else None
             since = None if ours else self._since_us
             if self._start_state:
                 try:
@@ -755,7 +769,7 @@ class CellTracer:
                     notes.append("These history entries carry no timestamps, so this cell's "
                                  "cannot be told apart from earlier ones: all are shown.")
                     since = None
-                d = analyze(trace, device=i, since_us=since, top=top, skip=skip)
+                d = analyze(trace, device=i, since_us=since, top=top, skip=skip, cell=cell)
                 entries += d.entries
                 if d.allocations:
                     devices.append(d)

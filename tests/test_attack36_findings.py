@@ -116,11 +116,6 @@ def test_a_replay_with_many_children_keeps_the_picture_bundle_small(shell, no_gp
     assert "19,936 more in the longest listing (20,000) were left out" in bundle["text/plain"]
 
 
-@pytest.mark.xfail(strict=True, reason="D1: a traced line holding U+2028 (or a form feed, NEL, "
-                   "VT) shifts every later line's label. IPython caches a cell's text for "
-                   "linecache as [line + newline for line in code.splitlines()], so the break "
-                   "character itself is gone from the cache; the fix needs the cell's own text "
-                   "kept by the tracer, not linecache (not done)")
 def test_a_traced_cell_with_a_form_feed_names_each_line_as_written(loaded):
     loaded.run_cell("%%gpumem --trace -q\n"
                     "a1 = cuda.tensor(64 * MiB); s = '\x0c'\n"

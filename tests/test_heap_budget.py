@@ -84,3 +84,96 @@ def test_cleanup_collects_the_heap_once_before_it_searches_who_keeps_the_excepti
     ours = [c for c in calls if c.endswith("cleanup.py")]
     # The first step's, and the one after the exception is dropped (to measure what it freed).
     assert len(ours) == 2, calls
+
+
+# -- the search's pass for containers the collector does not track ----------------------------
+# It read the whole heap in one call before its budget was next looked at: 2.6 s of a
+# cleanup's 0.5 s search at 5,000,000 objects in one dict (benchmarks/bench_heap.py, dict).
+def _storage(t: Any) -> Any:
+    from .fakes import FakeTensor
+
+    return ("cuda:0", t._nbytes, ("cuda:0", id(t))) if type(t) is FakeTensor else None
+
+
+def _array_held_tensor_under_young_junk(junk_lists: int) -> tuple[dict[str, Any], Any, list]:
+    """A tensor only an object array in the namespace holds, older than ``junk_lists`` young
+    lists: the collector lists its young objects first, so the array is past the first chunk
+    of the heap. Collection is off until the caller turns it back on."""
+    import numpy as np
+
+    from .fakes import FakeTensor
+
+    arr = np.empty(1, dtype=object)
+    arr[0] = FakeTensor(GiB)
+    ns = {"emb": arr, "names": []}  # a namespace holds a tracked object: it is tracked too
+    gc.collect()  # the namespace and the array become the oldest objects
+    gc.disable()
+    junk = [[None] for _ in range(junk_lists)]
+    return ns, arr[0], junk
+
+
+def test_a_search_cut_in_its_untracked_pass_says_how_much_of_the_heap_was_not_searched(
+        monkeypatch):
+    from gpumem_nb.holders import retention
+    from gpumem_nb.holders.retention import RootContext, Search
+
+    monkeypatch.setattr(retention, "UNTRACKED_CHUNK", 1000)
+    try:
+        ns, tensor, junk = _array_held_tensor_under_young_junk(5000)
+        now = [0.0]
+        search = Search(_storage, RootContext(user_ns=ns), budget_s=1.0, clock=lambda: now[0])
+        real = search._untracked_in
+
+        def slow(level: list[Any], out: list[Any]) -> None:
+            real(level, out)
+            now[0] += 100.0  # each slice of the pass past the budget
+
+        monkeypatch.setattr(search, "_untracked_in", slow)
+        (r,) = search.run([tensor]).retained
+    finally:
+        gc.enable()
+    assert r.state == "not searched", (r.state, r.path)
+    assert r.why.startswith("the search's 1 s budget ran out while it looked for containers "
+                            "the garbage collector does not track, "), r.why
+    assert r.why.endswith(" holds was not searched"), r.why
+    del junk
+
+
+def test_an_object_array_past_the_first_chunk_of_the_heap_is_still_found(monkeypatch):
+    from gpumem_nb.holders import retention
+    from gpumem_nb.holders.retention import RootContext, Search
+
+    monkeypatch.setattr(retention, "UNTRACKED_CHUNK", 1000)
+    try:
+        ns, tensor, junk = _array_held_tensor_under_young_junk(5000)
+        (r,) = Search(_storage, RootContext(user_ns=ns), budget_s=60.0).run([tensor]).retained
+    finally:
+        gc.enable()
+    assert (r.state, r.path) == ("rooted", "emb[0]")
+    del junk
+
+
+def test_a_cleanup_whose_search_runs_out_in_the_untracked_pass_says_not_checked(
+        loaded, monkeypatch):
+    import time
+
+    import gpumem_nb.cleanup as cleanup
+    from gpumem_nb.holders import retention
+
+    monkeypatch.setattr(cleanup, "_HELD_BUDGET_S", 0.5)
+    monkeypatch.setattr(retention, "UNTRACKED_CHUNK", 1000)
+    real = retention.Search._untracked_in
+
+    def slow(self: Any, level: list[Any], out: list[Any]) -> None:
+        real(self, level, out)
+        time.sleep(0.6)  # one slice of the pass takes the whole budget
+
+    monkeypatch.setattr(retention.Search, "_untracked_in", slow)
+    loaded.run_cell("1/0", store_history=True)
+    report = loaded.run_line_magic("gpumem", "cleanup -o")
+    step = next(s for s in report.steps if s.step == "last exception")
+    assert "not checked whether anything else keeps its frames alive (the search's 0.5 s " \
+           "budget ran out while it looked for containers the garbage collector does not " \
+           "track, " in step.did, step.did
+    assert step.did.endswith("holds was not searched)"), step.did
+    assert "stay alive" not in step.did

@@ -476,3 +476,107 @@ def test_a_time_no_clock_gives_is_skipped_not_drawn_as_a_duration():
     d = trace.analyze(entries)
     assert d.skipped == 1 and d.allocations == 2
     assert max(d.times_ms) < 1.0
+
+
+# --------------------------------------------------------------------------------------------
+# Each line labelled as written: the compiler's line numbers, not str.splitlines()'s
+# --------------------------------------------------------------------------------------------
+def _traced_labels(shell: Any, body: str) -> dict[int, str]:
+    """The traced cell's sites still alive at its end, by cell line number."""
+    shell.run_cell("%%gpumem --trace -q --top 20\n" + body, store_history=True)
+    traced = current_monitor(shell).last_trace
+    assert traced is not None
+    return {sb.site.line: sb.label for d in traced.devices for sb in d.alive_at_end}
+
+
+def _clear_user(shell: Any, *names: str) -> None:
+    for name in names:
+        shell.user_ns.pop(name, None)
+
+
+def test_a_traced_line_after_a_u2028_in_a_string_is_not_labelled_with_the_line_before(loaded):
+    labels = _traced_labels(loaded, "a1 = cuda.tensor(64 * MiB); s = '\u2028'\n"
+                                    "b2 = cuda.tensor(32 * MiB)\n"
+                                    "c3 = cuda.tensor(16 * MiB)\n")
+    assert labels[1] == "cell line 1: a1 = cuda.tensor(64 * MiB); s = '\u2028'"
+    assert labels[2] == "cell line 2: b2 = cuda.tensor(32 * MiB)"
+    assert labels[3] == "cell line 3: c3 = cuda.tensor(16 * MiB)"
+    _clear_user(loaded, "a1", "b2", "c3", "s")
+
+
+def test_a_traced_line_after_a_nel_in_a_comment_is_not_labelled_with_the_comments_tail(loaded):
+    labels = _traced_labels(loaded, "a1 = cuda.tensor(64 * MiB)  # x\x85y\n"
+                                    "b2 = cuda.tensor(32 * MiB)\n")
+    assert labels[1] == "cell line 1: a1 = cuda.tensor(64 * MiB)  # x\x85y"
+    assert labels[2] == "cell line 2: b2 = cuda.tensor(32 * MiB)"
+    _clear_user(loaded, "a1", "b2")
+
+
+def test_a_traced_line_after_a_vertical_tab_in_a_string_is_not_labelled_with_the_string(
+        loaded):
+    labels = _traced_labels(loaded, "a1 = cuda.tensor(64 * MiB); s = 'x\x0by'\n"
+                                    "b2 = cuda.tensor(32 * MiB)\n")
+    assert labels[2] == "cell line 2: b2 = cuda.tensor(32 * MiB)"
+    _clear_user(loaded, "a1", "b2", "s")
+
+
+def test_a_traced_cell_with_windows_line_ends_counts_each_crlf_as_one_line(loaded):
+    labels = _traced_labels(loaded, "a1 = cuda.tensor(64 * MiB)\r\n"
+                                    "\r\n"
+                                    "b2 = cuda.tensor(32 * MiB)\r\n")
+    assert labels == {1: "cell line 1: a1 = cuda.tensor(64 * MiB)",
+                      3: "cell line 3: b2 = cuda.tensor(32 * MiB)"}
+    _clear_user(loaded, "a1", "b2")
+
+
+def test_lines_in_an_earlier_cell_and_a_module_keep_their_own_labels_beside_a_u2028_cell(
+        loaded, tmp_path, monkeypatch):
+    # Only the traced cell's own lines are read from its text: a function from an earlier
+    # cell, or from a module, is labelled from its own file as before.
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "blocks.py").write_text("def build(cuda, MiB):\n"
+                                   "    return cuda.tensor(4 * MiB)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    loaded.run_cell("# an earlier cell\n"
+                    "def make():\n"
+                    "    return cuda.tensor(8 * MiB)\n", store_history=True)
+    labels = _traced_labels(loaded, "s = '\u2028'\n"
+                                    "from mypkg.blocks import build\n"
+                                    "m = make()\n"
+                                    "b = build(cuda, MiB)\n")
+    assert labels[3] == "cell line 3 in make: return cuda.tensor(8 * MiB)  (from cell line 3)"
+    assert labels[2] == "mypkg/blocks.py:2 in build: return cuda.tensor(4 * MiB)  " \
+                        "(from cell line 4)"
+    _clear_user(loaded, "s", "build", "m", "b", "make")
+    sys.modules.pop("mypkg.blocks", None)
+    sys.modules.pop("mypkg", None)
+
+
+def test_a_traced_cell_leaves_no_input_transformer_behind(loaded):
+    before = list(loaded.input_transformers_post)
+    loaded.run_cell("%%gpumem --trace -q\nx = cuda.tensor(MiB)\n", store_history=True)
+    loaded.run_cell("%%gpumem --trace -q\nraise ValueError('the body failed')\n",
+                    store_history=True)
+    assert loaded.input_transformers_post == before
+    _clear_user(loaded, "x")
+
+
+def test_cell_text_reads_no_file_but_the_cell_it_was_compiled_as():
+    import linecache
+
+    from gpumem_nb.celltext import CellText, compiler_lines
+
+    text = "a = '\u2028'\r\nb = 1\rc = 2\n"
+    assert compiler_lines(text) == ["a = '\u2028'", "b = 1", "c = 2", ""]
+    name = "<ipython-input-99-celltexttest>"
+    linecache.cache[name] = (len(text), None, [ln + "\n" for ln in text.splitlines()], name)
+    try:
+        cell = CellText(text)
+        assert cell.line(name, 2) == "b = 1" and cell.line(name, 3) == "c = 2"
+        assert cell.line(name, 40) == ""
+        assert cell.line("<ipython-input-98-other>", 2) is None  # another cell: linecache's
+        assert CellText("a = 1\n").line(name, 1) is None  # another text compiled there
+    finally:
+        del linecache.cache[name]

@@ -96,10 +96,13 @@ class _Done:
 
 @dataclass(frozen=True)
 class TraceAsk:
-    """``%%gpumem --trace``'s request: how many sites to list, and the file to save to."""
+    """``%%gpumem --trace``'s request: how many sites to list, the file to save to, and
+    the cell's text as compiled, once it has run (None when not seen): its lines' labels
+    are read from it."""
 
     top: int
     save: str | None = None
+    cell_text: Callable[[], str | None] | None = None
 
 
 @dataclass
@@ -431,7 +434,8 @@ class CellRecorder:
         traced = None
         if tracer is not None and trace is not None:
             try:
-                traced = tracer.stop(top=trace.top, save=trace.save)
+                traced = tracer.stop(top=trace.top, save=trace.save, cell_text=(
+                    trace.cell_text() if trace.cell_text is not None else None))
             except Exception as e:
                 self.failures.contain("%%gpumem --trace", e)
                 print(f"gpumem --trace: the trace could not be read ({type(e).__name__}).")
