@@ -315,3 +315,56 @@ def test_two_outputs_of_one_forward_are_both_in_the_cut_set_of_their_shared_grap
     assert holders["policy"].also_held_by == ("value",)
     assert holder_advice(holders["policy"]).code == "del policy, value"
     assert holders["value"].also_held_by == ()
+
+
+def test_what_a_checkpoints_unpack_hook_keeps_is_its_graphs_never_unsized_or_unpacked():
+    """H200, checkpoint_outputs_kept_for_later_backward: non-reentrant checkpointing packs a
+    holder object, and its unpack hook closes over a frame whose recomputation closes over
+    the input: 34 GiB were "not found" ("12 saved behind saved-tensor hooks, not sized")."""
+    calls: list[int] = []
+
+    class Frame:
+        pass
+
+    def checkpoint_hooks(x: Any) -> Any:
+        frame = Frame()
+
+        def recompute_fn() -> Any:
+            return x
+
+        frame.recompute_fn = recompute_fn  # type: ignore[attr-defined]
+
+        def unpack_hook(holder: Any) -> Any:
+            calls.append(1)
+            return frame.recompute_fn()  # type: ignore[attr-defined]
+
+        return unpack_hook
+
+    hook = checkpoint_hooks(FakeTensor(3 * GiB))
+    saved = [FakeSaved(None, unpack_hook=hook, packed=object()) for _ in range(3)]
+    size = walk(node("MmBackward0", None, self=saved[0], other=saved[1]),
+                node("AddBackward0", None, self=saved[2]))
+    assert calls == [] and all(s.unpacks == 0 for s in saved)
+    assert size.bytes_by_device == {"cuda:0": 3 * GiB}, size
+    # One frame serves all three saved tensors: none of them is left "not sized".
+    assert size.hooked == 0, size
+
+
+def test_a_hooks_closure_is_searched_without_its_modules_globals():
+    """What a hook's function keeps is its closure and defaults, never the module it was
+    defined in: a tensor in that module's globals is not the graph's."""
+    import types as _types
+
+    module = _types.ModuleType("gm_probe_hooks")
+    module.big = FakeTensor(5 * GiB)  # type: ignore[attr-defined]
+    exec("def unpack_hook(p):\n    return big\n", vars(module))
+    import sys as _sys
+
+    _sys.modules["gm_probe_hooks"] = module
+    try:
+        saved = FakeSaved(None, unpack_hook=module.unpack_hook, packed=object())
+        size = walk(node("MulBackward0", None, self=saved))
+        assert size.bytes_by_device == {}, size
+        assert size.hooked == 1
+    finally:
+        del _sys.modules["gm_probe_hooks"]

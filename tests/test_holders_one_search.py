@@ -54,3 +54,31 @@ def test_keepers_names_a_variable_and_a_module_global_that_keep_an_object() -> N
     assert {(r.kind, r.name) for r in found.roots} == {
         (ROOT_VARIABLE, "mine"), (ROOT_MODULE, "gm_keepers_test.kept")}
     assert found.cut == ""
+
+
+def test_a_cut_of_the_namespaces_last_variable_is_judged_not_left_unseen():
+    """The cut check's loop left the namespace's last value bound in its running frame, which
+    no referrer search sees: `del head` (the last variable, as the newest one is) looked held
+    by something unseen, and its class's cycles were never given a collection."""
+    import gc as _gc
+
+    from gpumem_nb.holders import Scanner
+    from gpumem_nb.holders.retention import RootContext
+    from gpumem_nb.holders.verify import check_cuts
+
+    from .fakes import FakeTensor, GiB, fake_torch
+
+    def make_head(table: Any) -> Any:
+        class Head:
+            def forward(self) -> Any:
+                return table
+
+        return Head()
+
+    ns: dict[str, Any] = {"a": 1}
+    ns["head"] = make_head(FakeTensor(3 * GiB))
+    tensors = [o for o in _gc.get_objects() if type(o) is FakeTensor and o._nbytes == 3 * GiB]
+    checks = check_cuts({"head": tensors}, {"head": ["head"]}, RootContext(user_ns=ns),
+                        Scanner({"torch": fake_torch()})._tensor_info, budget_s=30.0)
+    tensors.clear()
+    assert checks["head"].collect and not checks["head"].unseen, checks
