@@ -843,3 +843,23 @@ def test_what_only_c_code_keeps_is_named_by_the_object_it_keeps():
         for obj in gc.get_objects():
             if id(obj) == fn_id:
                 atexit.unregister(obj)
+
+
+def test_a_stored_exceptions_cycle_never_puts_python_after_a_magic_on_one_line():
+    """A line magic takes the rest of its line as arguments: `%gpumem cleanup; import gc;
+    gc.collect()` would be a bad argument, not a collection (cleanup collects anyway)."""
+
+    def fail() -> None:
+        kept = FakeTensor(3 * GiB + 37 * 2**20)  # noqa: F841 (kept by the frame)
+        raise RuntimeError("boom")
+
+    try:
+        fail()
+    except RuntimeError as e:
+        exc = e
+    exc.me = exc  # type: ignore[attr-defined]  # a cycle below the root
+    t = exc.__traceback__.tb_next.tb_frame.f_locals["kept"]  # type: ignore[union-attr]
+    out = Search(fake_storage, RootContext(user_ns={}, stored_exceptions=[exc])).run([t])
+    del t
+    (h,) = holders_from(out.retained)
+    assert h.code == "%gpumem cleanup", (h.name, h.code)

@@ -123,9 +123,12 @@ def holder_groups(found: Sequence[Retained],
             code = _cache_clear(members)
             if not code:
                 code = cut_code(roots)
-                if code and any(r.cyclic for r in members) and GC_COLLECT not in code:
+                if code and any(r.cyclic for r in members) and GC_COLLECT not in code \
+                        and "%" not in code:
                     # The roots' references go; the cycles below them stay until a
-                    # collection. (A cache's `cache_clear()` cuts below its class's cycles.)
+                    # collection. (A cache's `cache_clear()` cuts below its class's cycles;
+                    # a magic's line takes the rest of the line as its arguments, and
+                    # `%gpumem cleanup` collects anyway.)
                     code = f"{code}; {GC_COLLECT}"
             h = Holder(name=name, kind=kind, device=device, nbytes=nbytes,
                        also_held_by=also, code=code,
