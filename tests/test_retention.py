@@ -850,15 +850,15 @@ def test_a_stored_exceptions_cycle_never_puts_python_after_a_magic_on_one_line()
     gc.collect()` would be a bad argument, not a collection (cleanup collects anyway)."""
 
     def fail() -> None:
-        kept = FakeTensor(3 * GiB + 37 * 2**20)  # noqa: F841 (kept by the frame)
+        box: list[Any] = [FakeTensor(3 * GiB + 37 * 2**20)]
+        box.append(box)  # a cycle between the root and the tensor
         raise RuntimeError("boom")
 
     try:
         fail()
     except RuntimeError as e:
         exc = e
-    exc.me = exc  # type: ignore[attr-defined]  # a cycle below the root
-    t = exc.__traceback__.tb_next.tb_frame.f_locals["kept"]  # type: ignore[union-attr]
+    t = exc.__traceback__.tb_next.tb_frame.f_locals["box"][0]  # type: ignore[union-attr]
     out = Search(fake_storage, RootContext(user_ns={}, stored_exceptions=[exc])).run([t])
     del t
     (h,) = holders_from(out.retained)
