@@ -69,6 +69,7 @@ from .message import (
     is_cuda_oom,
     parse_oom_message,
 )
+from .segments import pool_id_of, pools_in
 from .site import (
     CacheUse,
     FailureSite,
@@ -82,8 +83,6 @@ from .watch import (
     OomHost,
     OomWatch,
     describe_pid,
-    pool_id_of,
-    pools_in,
     with_counted_ooms,
 )
 

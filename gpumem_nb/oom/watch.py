@@ -20,7 +20,7 @@ from .. import userexc
 from ..analysis import holder_advice
 from ..cleanup import CleanupReport, CleanupRequest
 from ..errtext import error_str
-from ..holders import exception_chain, last_value, static_attribute, type_name
+from ..holders import exception_chain, last_value
 from ..ledger import Ledger, ledger, workspace_blocks_bytes, workspaces_in_remainder
 from ..model import (
     AllocatorReading,
@@ -48,7 +48,7 @@ from .causes import (
     held_holders,
     pool_owner_text,
 )
-from .facts import POOL_GRAPH, POOL_USER, OomFacts, PoolUse, ProcessUse
+from .facts import OomFacts, PoolUse, ProcessUse
 from .forms import OomForm, find_oom, oom_form
 from .gcwindow import Collections, WhileHandled
 from .message import (
@@ -59,6 +59,7 @@ from .message import (
     first_line,
     parse_oom_message,
 )
+from .segments import _segment_facts, graph_trees_loaded, named_pools, pools_in
 from .site import failure_site, mark_running
 
 
@@ -340,7 +341,7 @@ class OomWatch:
                 (event.largest_free_block_bytes, event.expandable_segments,
                  event.idle_segments_bytes) = _segment_facts(snap, device)
                 event.pools = self._named_pools(pools_in(snap.get("segments", ()), device,
-                                                         _graph_trees_loaded()))
+                                                         graph_trees_loaded()))
                 event.workspaces_bytes = workspace_blocks_bytes(snap.get("segments", ()),
                                                                 device)
             event.stage_s["observer_segments"] = self.clock() - t
@@ -358,7 +359,7 @@ class OomWatch:
             segs, _ = self.torch.segments_snapshot()
         except Exception:
             return (), 0
-        return (self._named_pools(pools_in(segs or (), device, _graph_trees_loaded())),
+        return (self._named_pools(pools_in(segs or (), device, graph_trees_loaded())),
                 workspace_blocks_bytes(segs or (), device))
 
     def ledger_pools(self, holders: Sequence[Holder]) -> dict[int, tuple[tuple[str, int], ...]]:
@@ -375,35 +376,14 @@ class OomWatch:
         out: dict[int, tuple[tuple[str, int], ...]] = {}
         for device in devices:
             if isinstance(device, int):
-                pools = self._named_pools(pools_in(segs or (), device, _graph_trees_loaded()))
+                pools = self._named_pools(pools_in(segs or (), device, graph_trees_loaded()))
                 if pools:
                     out[device] = pool_parts(pools, holders)
         return out
 
     def _named_pools(self, pools: tuple[PoolUse, ...]) -> tuple[PoolUse, ...]:
-        """Each pool with the user variable that owns it, where one is found at the top of
-        the namespace (a ``CUDAGraph``'s ``pool()``, a ``MemPool``'s ``id``: torch's own
-        methods, read guarded)."""
-        if not pools:
-            return pools
-        owners: dict[tuple[int, int], str] = {}
-        ns = getattr(getattr(self.host, "shell", None), "user_ns", None)
-        if isinstance(ns, dict):
-            for name, obj in list(ns.items()):
-                # Read through type's own descriptors: a user's metaclass runs no code here,
-                # and a user's class of the same name is not torch's (its pool() is theirs).
-                cls = type_name(type(obj))
-                if cls not in ("CUDAGraph", "MemPool") or type(name) is not str:
-                    continue
-                module = static_attribute(type(obj), "__module__")
-                if type(module) is not str or not module.startswith("torch."):
-                    continue
-                try:
-                    raw = obj.pool() if cls == "CUDAGraph" else obj.id
-                    owners.setdefault((int(raw[0]), int(raw[1])), name)
-                except Exception:
-                    continue
-        return tuple(replace(p, owner=owners.get(p.pool_id, "")) for p in pools)
+        """Each pool with the user variable that owns it (``segments.named_pools``)."""
+        return named_pools(pools, getattr(getattr(self.host, "shell", None), "user_ns", None))
 
     def _cell_start(self, device: int) -> CellStart | None:
         fn = getattr(self.host, "cell_start", None)
@@ -931,75 +911,6 @@ def searched_holders(found: Iterable[Holder], device: int,
                  and h.device in (f"cuda:{device}", "cuda"))
 
 
-def pool_id_of(seg: Mapping[str, Any]) -> tuple[int, int]:
-    """A segment's ``segment_pool_id`` (``(0, 0)``: the default pool), as
-    ``torch/csrc/cuda/Module.cpp`` writes it from ``SegmentInfo.owner_private_pool_id``."""
-    raw = seg.get("segment_pool_id", (0, 0))
-    try:
-        a, b = raw
-        return int(a), int(b)
-    except (TypeError, ValueError):
-        return (0, 0)
-
-
-def pools_in(segments: Iterable[Mapping[str, Any]], device: int,
-             graph_trees: bool = False) -> tuple[PoolUse, ...]:
-    """Each non-default pool's reserved and allocated bytes on ``device``."""
-    sizes: dict[tuple[int, int], list[int]] = {}
-    ranges: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for seg in segments:
-        if seg.get("device", device) != device:
-            continue
-        pid = pool_id_of(seg)
-        if pid == (0, 0):
-            continue
-        total = int(seg.get("total_size", 0) or 0)
-        allocated = seg.get("allocated_size")
-        if allocated is None:
-            allocated = sum(int(b.get("size", 0)) for b in seg.get("blocks", ())
-                            if b.get("state") == "active_allocated")
-        entry = sizes.setdefault(pid, [0, 0])
-        entry[0] += total
-        entry[1] += int(allocated)
-        address = seg.get("address")
-        if isinstance(address, int):
-            ranges.setdefault(pid, []).append((address, total))
-    return tuple(PoolUse(pid, POOL_USER if pid[0] == 0 else POOL_GRAPH, r, a,
-                         graph_trees=graph_trees and pid[0] != 0,
-                         ranges=tuple(ranges.get(pid, ())))
-                 for pid, (r, a) in sizes.items())
-
-
-def _segment_facts(snapshot: Mapping[str, Any],
-                   device: int) -> tuple[int | None, bool | None, int]:
-    """(largest free block inside PyTorch's default pool's segments, expandable segments on,
-    the default pool's segments with no block allocated) from a snapshot taken at the
-    failure. A private pool's free blocks are not fragmentation: only that pool can use them
-    (``pools_in``)."""
-    largest: int | None = None
-    expandable: bool | None = None
-    idle = 0
-    for seg in snapshot.get("segments", ()):
-        if seg.get("device", device) != device:
-            continue
-        if seg.get("is_expandable"):
-            expandable = True
-        if pool_id_of(seg) != (0, 0):
-            continue
-        allocated = False
-        for b in seg.get("blocks", ()):
-            if b.get("state") == "inactive":
-                largest = max(largest or 0, int(b.get("size", 0)))
-            elif b.get("state") == "active_allocated":
-                allocated = True
-        if not allocated:
-            idle += int(seg.get("total_size", 0))
-    settings = snapshot.get("allocator_settings")
-    if isinstance(settings, Mapping) and "expandable_segments" in settings:
-        expandable = bool(settings["expandable_segments"]) or bool(expandable)
-    return largest, expandable, idle
-
-
 # The explainer's two scans (in the observer, then the dry run after the failure) each get this
 # long for autograd graphs, so that the whole explanation stays within its 50 ms.
 EXPLAIN_GRAPH_BUDGET_S = 0.015
@@ -1083,11 +994,6 @@ def pool_parts(pools: Iterable[PoolUse], holders: Sequence[Holder]) -> tuple[tup
                   max(p.allocated_bytes - sum(n for h in holders for a, n in h.storages
                                               if p.holds(a)), 0))
                  for p in pools)
-
-
-def _graph_trees_loaded() -> bool:
-    """Whether torch.compile's CUDA graph trees have been imported (mode="reduce-overhead")."""
-    return "torch._inductor.cudagraph_trees" in sys.modules
 
 
 def _capped(holders: Sequence[Holder]) -> bool:
