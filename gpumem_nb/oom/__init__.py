@@ -69,6 +69,7 @@ from .message import (
     is_cuda_oom,
     parse_oom_message,
 )
+from .scans import EXPLAIN_GRAPH_BUDGET_S, OomHost
 from .segments import pool_id_of, pools_in
 from .site import (
     CacheUse,
@@ -78,9 +79,7 @@ from .site import (
     module_paths,
 )
 from .watch import (
-    EXPLAIN_GRAPH_BUDGET_S,
     OomEvent,
-    OomHost,
     OomWatch,
     describe_pid,
     with_counted_ooms,

@@ -14,11 +14,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 from .. import userexc
 from ..analysis import holder_advice
-from ..cleanup import CleanupReport, CleanupRequest
+from ..cleanup import CleanupRequest
 from ..errtext import error_str
 from ..holders import exception_chain, last_value
 from ..ledger import Ledger, ledger, workspace_blocks_bytes, workspaces_in_remainder
@@ -59,24 +59,15 @@ from .message import (
     first_line,
     parse_oom_message,
 )
+from .scans import (
+    EXPLAIN_GRAPH_BUDGET_S,
+    OomHost,
+    rest_min_bytes,
+    scan_rest,
+    searched_holders,
+)
 from .segments import _segment_facts, graph_trees_loaded, named_pools, pools_in
 from .site import failure_site, mark_running
-
-
-class OomHost(Protocol):
-    """What the explainer needs from the monitor."""
-
-    shell: Any
-    source: Any
-
-    def scan(self, include_gc: bool = False,
-             graph_budget_s: float | None = None,
-             rest_min_bytes: int | None = None,
-             allocated_bytes: int | None = None) -> list[Holder]: ...
-
-    def read(self) -> Sample: ...
-
-    def cleanup(self, request: CleanupRequest) -> CleanupReport: ...
 
 
 class _Trampoline:
@@ -600,7 +591,7 @@ class OomWatch:
         now = self.torch.read(f.device)
         # cuBLAS's workspaces are allocated blocks no Python object holds: a search for their
         # holder walked the whole heap for nothing (2.5 s beside CuPy on the H100).
-        found = _scan_rest(self.host, rest_min_bytes(f.allocated_bytes),
+        found = scan_rest(self.host, rest_min_bytes(f.allocated_bytes),
                            now.allocated_bytes - f.workspaces_bytes if now is not None
                            else None)
         known = {h.name for h in pieces.judged}
@@ -785,7 +776,7 @@ class OomWatch:
         base = msg.allocated_bytes if msg.allocated_bytes is not None else (
             al.allocated_bytes if al else None)
         pools_now, workspaces_now = self._segments_now(device, backend)
-        scanned = _scan_rest(self.host, rest_min_bytes(base) if base is not None else None,
+        scanned = scan_rest(self.host, rest_min_bytes(base) if base is not None else None,
                              al.allocated_bytes - workspaces_now if al is not None else None)
         # What the search found that the explanation does not name (unseen, not searched;
         # garbage that a replaced traceback's story names) stays out of every figure.
@@ -886,49 +877,6 @@ def _with_collections(f: OomFacts, w: Collections) -> OomFacts:
         unreachable = max(unreachable - w.freed_bytes, 0)
     return replace(f, collected_bytes=w.freed_bytes, collections=w.freeing,
                    unreachable_bytes=unreachable)
-
-
-def _scan_rest(host: OomHost, rest_min_bytes: int | None,
-               allocated_bytes: int | None) -> list[Holder]:
-    """The host's scan with the retention search for what the walk leaves unexplained; a
-    stand-in host that takes no such arguments scans as before."""
-    try:
-        return host.scan(graph_budget_s=EXPLAIN_GRAPH_BUDGET_S, rest_min_bytes=rest_min_bytes,
-                         allocated_bytes=allocated_bytes)
-    except TypeError:
-        return host.scan(graph_budget_s=EXPLAIN_GRAPH_BUDGET_S)
-
-
-def searched_holders(found: Iterable[Holder], device: int,
-                     previous_error: bool) -> tuple[Holder, ...]:
-    """The search's finds that the explanation names on the failing GPU. Not what it could
-    not search; what only something unseen keeps is named in the split, never a cause
-    (``causes._NOT_HELD``); not garbage where the previous error's replaced traceback
-    explains it (IPython's frames keep that in a reference cycle: ``causes._held`` tells its
-    story)."""
-    skip = ("not searched",) + (("garbage",) if previous_error else ())
-    return tuple(h for h in found if h.searched and h.kind not in skip
-                 and h.device in (f"cuda:{device}", "cuda"))
-
-
-# The explainer's two scans (in the observer, then the dry run after the failure) each get this
-# long for autograd graphs, so that the whole explanation stays within its 50 ms.
-EXPLAIN_GRAPH_BUDGET_S = 0.015
-# The retention search runs at an OOM when the GPU tensors the walk did not reach come to more
-# than this share of what was allocated (the explanation's "not found" bound).
-REST_SHARE = 0.02
-# ... and to at least this much. With next to nothing allocated (an impossible request, other
-# processes or another library holding the GPU), 2% of it is a few bytes, and the search
-# walked the whole heap for them: 210-400 ms on the H200 in a bare torch process
-# (benchmarks/results/gpu_tests_b_f6f6186_h200.log), where the walk alone takes 1 ms. No
-# holder this small is what ran a GPU out of memory.
-REST_FLOOR_BYTES = 64 << 20
-
-
-def rest_min_bytes(allocated_bytes: int) -> int:
-    """What the GPU tensors the walk did not reach must come to for the retention search to
-    run at an OOM."""
-    return max(int(REST_SHARE * allocated_bytes), REST_FLOOR_BYTES)
 
 
 def _cell_facts(cell: CellStart | None, allocated: int | None) -> dict[str, Any]:
