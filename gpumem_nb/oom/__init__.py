@@ -69,6 +69,7 @@ from .message import (
     is_cuda_oom,
     parse_oom_message,
 )
+from .processes import describe_pid
 from .scans import EXPLAIN_GRAPH_BUDGET_S, OomHost
 from .segments import pool_id_of, pools_in
 from .site import (
@@ -81,7 +82,6 @@ from .site import (
 from .watch import (
     OomEvent,
     OomWatch,
-    describe_pid,
     with_counted_ooms,
 )
 

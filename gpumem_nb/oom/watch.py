@@ -7,7 +7,6 @@ the failure, when every tensor is still alive, and turning a failing cell into a
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 import time
@@ -25,18 +24,16 @@ from ..ledger import Ledger, ledger, workspace_blocks_bytes, workspaces_in_remai
 from ..model import (
     AllocatorReading,
     CellStart,
-    ChildProcess,
     Holder,
     Sample,
 )
-from ..sources.processes import roles_to_learn
 from ..sources.torch import (
     TORCH_INITIALIZED,
     TORCH_NOT_IMPORTED,
     TorchDebug,
     alloc_conf,
 )
-from ..units import format_bytes, printable
+from ..units import format_bytes
 from .advice import Action, OomExplanation, SiteAtFailure, next_steps
 from .causes import (
     CAUSE_UNKNOWN,
@@ -48,7 +45,7 @@ from .causes import (
     held_holders,
     pool_owner_text,
 )
-from .facts import OomFacts, PoolUse, ProcessUse
+from .facts import OomFacts, PoolUse
 from .forms import OomForm, find_oom, oom_form
 from .gcwindow import Collections, WhileHandled
 from .message import (
@@ -59,6 +56,7 @@ from .message import (
     first_line,
     parse_oom_message,
 )
+from .processes import listed_processes, processes_facts, unknown_note
 from .scans import (
     EXPLAIN_GRAPH_BUDGET_S,
     OomHost,
@@ -113,26 +111,6 @@ class OomEvent:
     stage_s: dict[str, float] = field(default_factory=dict)
 
 
-def describe_pid(pid: int) -> str:
-    """A few words about a process from /proc (same PID namespace only); "" if unknown."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            argv = [a.decode(errors="replace") for a in fh.read().split(b"\0") if a]
-    except OSError:
-        return ""
-    if not argv:
-        return ""
-    joined = " ".join(argv)
-    if "ipykernel" in joined:
-        conn = next((a for a in argv if a.endswith(".json")), "")
-        name = os.path.basename(conn)[: -len(".json")] if conn else ""
-        return "a Jupyter kernel" + (f" {name}" if name else "")
-    # One line: a ``python -c`` script's newlines would break the explanation's lines; any
-    # other control character (a terminal escape) is printed as its escape.
-    text = printable(" ".join(" ".join([os.path.basename(argv[0]), *argv[1:3]]).split()))
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def with_counted_ooms(sample: Sample, counts: Mapping[int, int]) -> Sample:
     """``sample`` with each device's OOM count at least what gpumem_nb counted itself: the
     cudaMallocAsync backend leaves ``num_ooms`` at 0."""
@@ -158,11 +136,6 @@ class _Pieces:
     notes: list[str] = field(default_factory=list)
     sample: Sample | None = None  # a full reading made after the failure, for the dry run
     stage_s: dict[str, float] = field(default_factory=dict)
-
-
-# How long the explanation waits for NVML's process listing (an H200's first listing takes well
-# under 10 ms): past it, the other processes read as unknown rather than the cell hanging.
-PROCESSES_WAIT_S = 0.5
 
 
 class OomWatch:
@@ -312,7 +285,7 @@ class OomWatch:
         event.cell = self._cell_start(device)
         t = self.clock()
         event.stage_s["observer_read"] = t - t0
-        event.processes = self._processes(device)
+        event.processes = listed_processes(self.host, device)
         event.stage_s["observer_processes"] = self.clock() - t
         if scan:
             t = self.clock()
@@ -385,40 +358,6 @@ class OomWatch:
             return start
         except Exception:
             return None
-
-    def _processes(self, device: int) -> list[tuple[int, int | None]] | None:
-        src = self.host.source
-        nvml = getattr(src, "nvml", None)
-        ids = src.device_ids() if hasattr(src, "device_ids") else []
-        if nvml is None or not hasattr(nvml, "processes") or device >= len(ids):
-            return None
-        gate = getattr(self.host, "read_gate", None)
-        if gate is None:
-            try:
-                result: list[tuple[int, int | None]] | None = nvml.processes(ids[device])
-                return result
-            except Exception:
-                return None
-        # NVML can hang with nothing else inside the gate yet (the sampler stopped, or just
-        # started its reading): the listing runs on a helper thread under the gate, and the
-        # cell waits a bounded time for it, as Monitor.read does; a hung one stays the only
-        # stuck thread, and the explanation goes on with the processes unknown.
-        if not gate.enter(wait_s=PROCESSES_WAIT_S):
-            return None
-        box: list[list[tuple[int, int | None]] | None] = []
-
-        def work() -> None:
-            try:
-                box.append(nvml.processes(ids[device]))
-            except Exception:
-                box.append(None)
-            finally:
-                gate.leave()
-
-        worker = threading.Thread(target=work, name="gpumem_nb-oom-processes", daemon=True)
-        worker.start()
-        worker.join(PROCESSES_WAIT_S)
-        return box[0] if box else None
 
     # -- per cell ----------------------------------------------------------------------------
     def on_cell_result(self, result: Any,
@@ -667,41 +606,6 @@ class OomWatch:
             return seen
         return "expandable_segments:true" in alloc_conf()[0].replace(" ", "").lower()
 
-    def _processes_facts(self, listed: Sequence[tuple[int, int | None]] | None,
-                         from_message: Sequence[tuple[int, int | None]] = (),
-                         this_from_message: int | None = None, *, ours_expected: bool,
-                         ) -> tuple[int | None, tuple[ProcessUse, ...], bool]:
-        """(this process's bytes, the others, whether the others are unknown)."""
-        me = os.getpid()
-        if listed is None:
-            others = self._uses(from_message)
-            return this_from_message, others, not from_message and this_from_message is None
-        mine = [n for p, n in listed if p == me]
-        if not mine and (ours_expected or any(
-                not os.path.exists(f"/proc/{p}") for p, _ in listed)):
-            # PyTorch holds memory here, yet our PID is not listed, or the PIDs do not exist
-            # here: NVML shows another PID namespace (a container), so no listed process can
-            # be told apart from this one.
-            return None, (), True
-        this = sum(n or 0 for n in mine) if mine and None not in mine else None
-        others = self._uses([(p, n) for p, n in listed if p != me])
-        return this, others, False
-
-    def _uses(self, listed: Sequence[tuple[int, int | None]]) -> tuple[ProcessUse, ...]:
-        """The other processes, this kernel's children named as such. Read on demand (the
-        failed cell only): a few small /proc reads per listed process."""
-        tree = getattr(self.host.source, "processes", None)
-        children: dict[int, ChildProcess] = {}
-        if tree is not None and listed and all(os.path.exists(f"/proc/{p}") for p, _ in listed):
-            try:
-                children = {c.pid: c for c in tree.children_of(listed)}
-                unknown = roles_to_learn(children.values())
-                if unknown and tree.learn_roles(unknown):
-                    children = {c.pid: c for c in tree.children_of(listed)}
-            except Exception:
-                children = {}
-        return tuple(ProcessUse(p, n, describe_pid(p) if p not in children else "",
-                                child=children.get(p)) for p, n in listed)
 
     def _from_event(self, ev: OomEvent, msg: OomMessage) -> _Pieces:
         r = ev.reading
@@ -711,8 +615,8 @@ class OomWatch:
         if fraction is not None and fraction < 1.0:
             allowed = ev.limit_bytes
         t = self.clock()
-        this, others, unknown = self._processes_facts(
-            ev.processes, msg.other_processes, msg.this_process_bytes,
+        this, others, unknown = processes_facts(
+            self.host, ev.processes, msg.other_processes, msg.this_process_bytes,
             ours_expected=bool(r and r.reserved_bytes))
         named_s = self.clock() - t
         holders = ev.holders
@@ -739,7 +643,7 @@ class OomWatch:
         stages["children"] = named_s  # naming the other processes (this kernel's children)
         return _Pieces(facts=facts, holders=tuple(holders), judged=tuple(holders),
                        source="Measured at the failure by the allocator's OOM observer",
-                       observer_s=ev.cost_s, notes=self._unknown_note(unknown),
+                       observer_s=ev.cost_s, notes=unknown_note(unknown),
                        stage_s=stages)
 
     def _from_message(self, msg: OomMessage, previous_error: str,
@@ -754,11 +658,11 @@ class OomWatch:
         backend = self.torch.allocator_backend() or (
             "cudaMallocAsync" if msg.form == FORM_ASYNC else "native")
         t = self.clock()
-        listed = self._processes(device)
+        listed = listed_processes(self.host, device)
         stages["processes"] = self.clock() - t
         t = self.clock()
-        this, others, unknown = self._processes_facts(
-            listed, msg.other_processes, msg.this_process_bytes,
+        this, others, unknown = processes_facts(
+            self.host, listed, msg.other_processes, msg.this_process_bytes,
             ours_expected=bool(al and al.reserved_bytes))
         stages["children"] = self.clock() - t
         if this is None and d is not None and d.nvml is not None:
@@ -819,18 +723,11 @@ class OomWatch:
             **_cell_facts(self._cell_start(device), allocated))
         why = f"OOM observer {self.observer_status}" \
             if self.observer_status != "attached" else "the OOM observer did not see this one"
-        notes = self._unknown_note(unknown)
+        notes = unknown_note(unknown)
         return _Pieces(facts=facts, holders=holders, judged=judged,
                        source=f"From the error message and readings after it ({why})",
                        notes=notes, sample=now, stage_s=stages)
 
-    @staticmethod
-    def _unknown_note(unknown: bool) -> list[str]:
-        if not unknown:
-            return []
-        return ["NVML could not attribute GPU memory to processes here (another PID "
-                "namespace, such as a container, or no NVML), so other processes and memory "
-                "outside PyTorch are not shown."]
 
     def no_oom_line(self) -> str:
         self.ensure_attached()  # the status as of now: CUDA may have started in this cell
