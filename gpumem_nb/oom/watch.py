@@ -19,7 +19,6 @@ from .. import userexc
 from ..analysis import holder_advice
 from ..cleanup import CleanupRequest
 from ..errtext import error_str
-from ..holders import exception_chain, last_value
 from ..ledger import workspace_blocks_bytes, workspaces_in_remainder
 from ..model import (
     AllocatorReading,
@@ -54,6 +53,14 @@ from .message import (
     find_cuda_oom,
     first_line,
     parse_oom_message,
+)
+from .pieces import (
+    Pieces,
+    any_capped,
+    cell_facts,
+    failed_call_apart,
+    unaccounted_at_start,
+    with_collections,
 )
 from .processes import listed_processes, processes_facts, unknown_note
 from .scans import (
@@ -120,21 +127,6 @@ def with_counted_ooms(sample: Sample, counts: Mapping[int, int]) -> Sample:
             d = replace(d, allocator=replace(d.allocator, num_ooms=n))
         devices.append(d)
     return replace(sample, devices=tuple(devices))
-
-
-@dataclass
-class _Pieces:
-    """Everything read for one explanation, gathered before classifying."""
-
-    facts: OomFacts
-    holders: tuple[Holder, ...]  # as scanned (the dry run reuses them)
-    source: str
-    # As judged: the failing call's own traceback set apart (kind KIND_FAILED_CALL).
-    judged: tuple[Holder, ...] = ()
-    observer_s: float = 0.0
-    notes: list[str] = field(default_factory=list)
-    sample: Sample | None = None  # a full reading made after the failure, for the dry run
-    stage_s: dict[str, float] = field(default_factory=dict)
 
 
 class OomWatch:
@@ -414,7 +406,7 @@ class OomWatch:
             pieces.facts = replace(pieces.facts, earlier_errors=earlier_errors)
         window = self._window
         if event is not None and window is not None and window.generation == event.generation:
-            pieces.facts = _with_collections(pieces.facts, window)
+            pieces.facts = with_collections(pieces.facts, window)
         elif event is None and generation is not None and not self._closed:
             # Seen only now (no observer): collections from here on are still reported.
             self._open_window(pieces.facts.device, generation)
@@ -491,7 +483,7 @@ class OomWatch:
         with contextlib.suppress(Exception):
             self.show(f"gpumem: {line}")
 
-    def _check_cuts(self, pieces: _Pieces, device: int) -> None:
+    def _check_cuts(self, pieces: Pieces, device: int) -> None:
         """Each large held holder whose advice is a ``del`` line, that line checked against
         the retention graph (``holders/verify.py``): a module's global, a running thread or
         cycles that also keep the bytes join the line or say why no line frees them. After
@@ -515,7 +507,7 @@ class OomWatch:
         pieces.judged = tuple(done.get(h.name, h) for h in pieces.judged)
         pieces.holders = tuple(done.get(h.name, h) for h in pieces.holders)
 
-    def _add_searched(self, pieces: _Pieces) -> None:
+    def _add_searched(self, pieces: Pieces) -> None:
         """With the observer (whose walk ran before the exception unwound): what the walk
         from the names cannot reach, found up from the tensors themselves
         (``holders/retention.py``): a module's global, a class attribute, a queue or a data
@@ -558,7 +550,7 @@ class OomWatch:
         finally:
             stages["extra"] = self.clock() - t
 
-    def _dry_run_request(self, pieces: _Pieces, event: OomEvent | None) -> CleanupRequest:
+    def _dry_run_request(self, pieces: Pieces, event: OomEvent | None) -> CleanupRequest:
         """The in-cell ``cleanup --dry-run``, reusing what was already read after the failure.
 
         Without the observer, the scan and the full reading were both made after the failure,
@@ -606,7 +598,7 @@ class OomWatch:
         return "expandable_segments:true" in alloc_conf()[0].replace(" ", "").lower()
 
 
-    def _from_event(self, ev: OomEvent, msg: OomMessage) -> _Pieces:
+    def _from_event(self, ev: OomEvent, msg: OomMessage) -> Pieces:
         r = ev.reading
         total = self.torch.device_total_bytes(ev.device) or msg.total_bytes
         fraction = self.torch.memory_fraction(ev.device)
@@ -625,7 +617,7 @@ class OomWatch:
         facts = OomFacts(
             device=ev.device, requested_bytes=ev.requested_bytes, total_bytes=total,
             free_bytes=ev.free_bytes, allowed_bytes=allowed,
-            unreachable_bytes=_unaccounted_at_start(ev.cell, holders, ev.device),
+            unreachable_bytes=unaccounted_at_start(ev.cell, holders, ev.device),
             allocated_bytes=r.allocated_bytes if r else msg.allocated_bytes,
             reserved_bytes=r.reserved_bytes if r else msg.reserved_total_bytes,
             this_process_bytes=this, other_processes=others, others_unknown=unknown,
@@ -634,19 +626,19 @@ class OomWatch:
             largest_free_block_bytes=ev.largest_free_block_bytes,
             idle_segments_bytes=ev.idle_segments_bytes,
             private_pool_bytes=msg.private_pool_bytes, measured_at="failure", pools=ev.pools,
-            walk_capped=_capped(holders), workspaces_bytes=ev.workspaces_bytes,
+            walk_capped=any_capped(holders), workspaces_bytes=ev.workspaces_bytes,
             grad_enabled=ev.grad_enabled, idle_process_bytes=self._idle_bytes(ev.device),
-            **_cell_facts(ev.cell, r.allocated_bytes if r else msg.allocated_bytes))
+            **cell_facts(ev.cell, r.allocated_bytes if r else msg.allocated_bytes))
         stages = {"observer": ev.cost_s}
         stages.update(ev.stage_s)
         stages["children"] = named_s  # naming the other processes (this kernel's children)
-        return _Pieces(facts=facts, holders=tuple(holders), judged=tuple(holders),
+        return Pieces(facts=facts, holders=tuple(holders), judged=tuple(holders),
                        source="Measured at the failure by the allocator's OOM observer",
                        observer_s=ev.cost_s, notes=unknown_note(unknown),
                        stage_s=stages)
 
     def _from_message(self, msg: OomMessage, previous_error: str,
-                      error: BaseException) -> _Pieces:
+                      error: BaseException) -> Pieces:
         device = msg.device if msg.device is not None else 0
         stages: dict[str, float] = {}
         t = self.clock()
@@ -686,7 +678,7 @@ class OomWatch:
         holders = tuple(h for h in scanned if not h.searched) + searched_holders(
             scanned, device, bool(previous_error))
         stages["scan"] = self.clock() - t
-        judged = _failed_call_apart(holders, error)
+        judged = failed_call_apart(holders, error)
         failed = [h for h in judged if h.kind == KIND_FAILED_CALL
                   and h.device in (f"cuda:{device}", "cuda")]
         computation = sum(h.held_bytes for h in failed) if failed else None
@@ -716,14 +708,14 @@ class OomWatch:
             private_pool_bytes=msg.private_pool_bytes, precision_bytes=msg.precision_bytes,
             measured_at="after", released_since_bytes=released,
             unreachable_bytes=unreachable, previous_error=previous_error,
-            computation_bytes=computation, grad_enabled=grad, walk_capped=_capped(holders),
+            computation_bytes=computation, grad_enabled=grad, walk_capped=any_capped(holders),
             pools=pools_now, workspaces_bytes=workspaces_now,
             idle_process_bytes=self._idle_bytes(device),
-            **_cell_facts(self._cell_start(device), allocated))
+            **cell_facts(self._cell_start(device), allocated))
         why = f"OOM observer {self.observer_status}" \
             if self.observer_status != "attached" else "the OOM observer did not see this one"
         notes = unknown_note(unknown)
-        return _Pieces(facts=facts, holders=holders, judged=judged,
+        return Pieces(facts=facts, holders=holders, judged=judged,
                        source=f"From the error message and readings after it ({why})",
                        notes=notes, sample=now, stage_s=stages)
 
@@ -763,58 +755,3 @@ def collected_line(nbytes: int, collections: int, *, after_explanation: bool) ->
             "weakref) or call gc.collect() in the loop that makes them.")
 
 
-def _with_collections(f: OomFacts, w: Collections) -> OomFacts:
-    """The facts, with what collections freed since the failure: it was garbage then, not
-    part of what the holders or the session's remainder hold."""
-    if not w.freed_bytes:
-        return replace(f, collected_bytes=0, collections=w.collections)
-    unreachable = f.unreachable_bytes
-    if unreachable is not None:
-        unreachable = max(unreachable - w.freed_bytes, 0)
-    return replace(f, collected_bytes=w.freed_bytes, collections=w.freeing,
-                   unreachable_bytes=unreachable)
-
-
-def _cell_facts(cell: CellStart | None, allocated: int | None) -> dict[str, Any]:
-    """The failing cell's working-set facts, from its start and PyTorch's allocated bytes at
-    the failure."""
-    if cell is None:
-        return {}
-    own = None
-    if cell.allocated_bytes is not None and allocated is not None:
-        own = max(allocated - cell.allocated_bytes, 0)
-    return {"cell_bytes": own, "cell_start_bytes": cell.allocated_bytes,
-            "cell_previous_peak_bytes": cell.previous_peak_bytes,
-            "cell_previous_peak_exact": cell.previous_peak_exact}
-
-
-def _unaccounted_at_start(cell: CellStart | None, holders: Sequence[Holder],
-                          device: int) -> int | None:
-    """At the failure: what PyTorch had allocated when the failing cell started that none of
-    the session's holders keeps (they are scanned at the failure, so they also hold what the
-    cell stored: that can only make this smaller). Unknown when a holder's graph was not
-    sized in full, which would make it larger than it is."""
-    if cell is None or cell.allocated_bytes is None:
-        return None
-    held = held_holders(holders, device)
-    if _capped(held):
-        return None
-    return max(cell.allocated_bytes - sum(h.held_bytes for h in held), 0)
-
-
-def _capped(holders: Sequence[Holder]) -> bool:
-    return any(h.walk_capped or h.graph_bytes_capped or h.graph_unsized
-               or (h.holds_graph and h.graph_bytes is None) for h in holders)
-
-
-def _failed_call_apart(holders: Sequence[Holder], error: BaseException) -> tuple[Holder, ...]:
-    """The holders, with the failing call's own traceback marked as such: when the stored
-    exception is this error, its frames' locals are the computation's working set (under
-    cudaMallocAsync the explanation comes after the exception unwound), not memory the
-    session keeps."""
-    stored = last_value()
-    if not isinstance(stored, BaseException) or not any(
-            e is error for e in exception_chain(stored)):
-        return tuple(holders)
-    return tuple(replace(h, kind=KIND_FAILED_CALL) if h.kind == "traceback" else h
-                 for h in holders)
