@@ -1,8 +1,8 @@
-"""The runtime: PyTorch's OOM observer (registered once per process, never creating a CUDA
-context, kept across ``%reload_ext``; queued on torch's CUDA start-up as soon as torch is
-imported, so that it sees an OOM in the very cell that starts CUDA), the allocator's state at
-the failure, when every tensor is still alive, and turning a failing cell into an
-``OomExplanation``. Ordinary cells cost one attribute check."""
+"""The runtime: PyTorch's OOM observer (``observer.py``: registered once per process, never
+creating a CUDA context, kept across ``%reload_ext``; queued on torch's CUDA start-up as soon
+as torch is imported, so that it sees an OOM in the very cell that starts CUDA), the
+allocator's state at the failure, when every tensor is still alive, and turning a failing
+cell into an ``OomExplanation``. Ordinary cells cost one attribute check."""
 
 from __future__ import annotations
 
@@ -27,8 +27,6 @@ from ..model import (
     Sample,
 )
 from ..sources.torch import (
-    TORCH_INITIALIZED,
-    TORCH_NOT_IMPORTED,
     TorchDebug,
     alloc_conf,
 )
@@ -50,10 +48,10 @@ from .message import (
     FORM_ASYNC,
     FORM_UNKNOWN,
     OomMessage,
-    find_cuda_oom,
     first_line,
     parse_oom_message,
 )
+from .observer import ObserverAttachment
 from .pieces import (
     Pieces,
     any_capped,
@@ -72,24 +70,6 @@ from .scans import (
 )
 from .segments import _segment_facts, graph_trees_loaded, named_pools, pools_in
 from .site import failure_site, mark_running
-
-
-class _Trampoline:
-    """What PyTorch holds as the OOM observer: forwards to whichever handler the current load
-    of gpumem_nb installed. PyTorch cannot detach observers, so this one object is registered
-    once per process and only its ``handler`` changes across loads and reloads. Kept trivial
-    on purpose: an instance made by an older copy of this module must keep working."""
-
-    def __init__(self) -> None:
-        self.handler: Callable[[int, int, int, int], None] | None = None
-
-    def __call__(self, device: int, alloc: int, limit: int, free: int) -> None:
-        handler = self.handler
-        if handler is None:
-            return
-        # Raising here would replace the user's OOM with our error.
-        with contextlib.suppress(BaseException):
-            handler(device, alloc, limit, free)
 
 
 @dataclass
@@ -129,7 +109,7 @@ def with_counted_ooms(sample: Sample, counts: Mapping[int, int]) -> Sample:
     return replace(sample, devices=tuple(devices))
 
 
-class OomWatch:
+class OomWatch(ObserverAttachment):
     """One loaded extension's OOM explainer. ``on_cell_result`` is the only per-cell call."""
 
     def __init__(self, host: OomHost, torch: TorchDebug | None = None,
@@ -162,89 +142,6 @@ class OomWatch:
         # allocator what-if of a traced cell). Given the facts; a hook that fails adds none.
         self.extra_lines: Callable[[OomFacts], Sequence[str]] | None = None
 
-    # -- the observer ------------------------------------------------------------------------
-    def arm(self) -> None:
-        """At load and at each cell's start: once torch is imported, queue the observer on
-        torch's CUDA start-up (``TorchDebug.queue_oom_observer``), so that it is attached
-        before the call that starts CUDA allocates, and an OOM in that very cell is seen.
-        A dict lookup while torch is not imported, one attribute check once tried. Starts
-        nothing and imports nothing."""
-        if self._armed or self._closed or "torch" not in self._modules:
-            return
-        self._arm()
-
-    def _arm(self) -> None:
-        self._armed = True  # once: a queue that failed is not tried again every cell
-        queue = getattr(self.torch, "queue_oom_observer", None)
-        if queue is None:  # a stand-in for TorchDebug: attached once CUDA is up, as before
-            return
-        observer, why = queue(_Trampoline)
-        if observer is not None:
-            # The process's trampoline, queued or attached: it calls this load from now on,
-            # and stops at ``close``.
-            observer.handler = self._on_oom
-            self._observer = observer
-            self.observer_status = "attached" if self.torch.oom_observer_attached() else \
-                "queued: attaches when CUDA starts"
-        elif why == TORCH_NOT_IMPORTED:
-            self._armed = False
-        elif why == TORCH_INITIALIZED:
-            self._attach_now()  # CUDA was up already: attached as before
-        else:
-            # cudaMallocAsync (its attachment would make CUDA's start fail), or no queue in
-            # this build: tried again, directly, once CUDA is up.
-            self.observer_status = f"not queued: {why}"
-            self._watch_handling()
-
-    def ensure_attached(self) -> None:
-        """At each cell's end: queue the observer if torch was imported meanwhile (``arm``),
-        and once CUDA is up, see that it is attached (by the queue, as CUDA started, or now);
-        a no-op afterwards (one attribute check).
-        Never after ``close``: the process-wide observer would keep an unloaded monitor
-        alive (a ``%%gpumem`` cell that ran ``%unload_ext`` explains its own result after)."""
-        if self._attach_tried or self._closed:
-            return
-        if not self._armed:
-            if "torch" not in self._modules:
-                return
-            self._arm()  # attached already if CUDA was up
-        if not self._attach_tried and self.torch.initialized:
-            self._attach_now()
-
-    def _attach_now(self) -> None:
-        self._attach_tried = True
-        self._armed = True
-        observer, why = self.torch.oom_observer(_Trampoline)
-        if observer is None:
-            # torch's reason, up to its first sentence ("cudaMallocAsync does not yet
-            # support attachOutOfMemoryObserver.")
-            self.observer_status = f"not available: {why.split('. ')[0].rstrip('.')}"
-            self._watch_handling()
-            return
-        observer.handler = self._on_oom
-        self._observer = observer
-        self.observer_status = "attached"
-
-    def _watch_handling(self) -> None:
-        """No observer: measure the collections that run while an OOM is being handled
-        (IPython's traceback display, before the cell's end explains it)."""
-        if self._handled is not None or self._closed:
-            return
-        devices: dict[int, int] = {}
-
-        def read(exc: BaseException) -> int | None:
-            device = devices.get(id(exc))
-            if device is None:
-                oom = find_cuda_oom(exc)
-                msg = parse_oom_message(error_str(oom)) if oom is not None else None
-                device = msg.device if msg is not None and msg.device is not None else 0
-                devices.clear()
-                devices[id(exc)] = device
-            r = self.torch.read(device)
-            return r.allocated_bytes if r is not None else None
-
-        self._handled = WhileHandled(read, lambda e: find_cuda_oom(e) is not None)
-        self._handled.start()
 
     def close(self) -> None:
         """Unload: the process keeps the registered observer; it stops calling us."""
