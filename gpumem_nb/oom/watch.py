@@ -16,7 +16,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import userexc
-from ..analysis import holder_advice
 from ..cleanup import CleanupRequest
 from ..errtext import error_str
 from ..ledger import workspace_blocks_bytes, workspaces_in_remainder
@@ -64,6 +63,8 @@ from .processes import listed_processes, processes_facts, unknown_note
 from .scans import (
     EXPLAIN_GRAPH_BUDGET_S,
     OomHost,
+    add_searched,
+    check_cuts,
     rest_min_bytes,
     scan_rest,
     searched_holders,
@@ -310,10 +311,10 @@ class OomWatch(ObserverAttachment):
         stages = pieces.stage_s
         if event is not None:
             t = self.clock()
-            self._add_searched(pieces)
+            add_searched(self.host, self.torch, pieces)
             stages["search"] = self.clock() - t
         t = self.clock()
-        self._check_cuts(pieces, pieces.facts.device)
+        check_cuts(self.host, pieces, pieces.facts.device)
         stages["cuts"] = self.clock() - t
         t = self.clock()
         ns = getattr(getattr(self.host, "shell", None), "user_ns", None)
@@ -379,61 +380,6 @@ class OomWatch(ObserverAttachment):
         self.last = replace(last, notes=(*last.notes, line))
         with contextlib.suppress(Exception):
             self.show(f"gpumem: {line}")
-
-    def _check_cuts(self, pieces: Pieces, device: int) -> None:
-        """Each large held holder whose advice is a ``del`` line, that line checked against
-        the retention graph (``holders/verify.py``): a module's global, a running thread or
-        cycles that also keep the bytes join the line or say why no line frees them. After
-        the failure: the holders lived through it."""
-        check = getattr(self.host, "check_cuts", None)
-        if check is None:
-            return
-        lines: dict[str, str] = {}
-        for h in held_holders(pieces.judged, device)[:5]:
-            if h.kind not in ("variable", "container") or h.held_bytes < CUT_CHECK_MIN_BYTES:
-                continue
-            code = holder_advice(h).code
-            if code.startswith("del "):
-                lines[h.name] = code
-        if not lines:
-            return
-        try:
-            done = {h.name: h for h in check(pieces.judged, lines) if h.name in lines}
-        except Exception:
-            return  # the advice stays as the walk gave it
-        pieces.judged = tuple(done.get(h.name, h) for h in pieces.judged)
-        pieces.holders = tuple(done.get(h.name, h) for h in pieces.holders)
-
-    def _add_searched(self, pieces: Pieces) -> None:
-        """With the observer (whose walk ran before the exception unwound): what the walk
-        from the names cannot reach, found up from the tensors themselves
-        (``holders/retention.py``): a module's global, a class attribute, a queue or a data
-        frame's object column, a live thread's locals, garbage in reference cycles. Searched
-        after the failure, when only the computation's temporaries are gone: whatever it
-        finds lived through the failure. Run when what PyTorch has allocated now is more
-        than the walk accounts for by ``REST_SHARE`` of what was allocated at the failure."""
-        f = pieces.facts
-        if f.allocated_bytes is None:
-            return
-        now = self.torch.read(f.device)
-        # cuBLAS's workspaces are allocated blocks no Python object holds: a search for their
-        # holder walked the whole heap for nothing (2.5 s beside CuPy on the H100).
-        found = scan_rest(self.host, rest_min_bytes(f.allocated_bytes),
-                           now.allocated_bytes - f.workspaces_bytes if now is not None
-                           else None)
-        known = {h.name for h in pieces.judged}
-        extra = tuple(h for h in searched_holders(found, f.device, bool(f.previous_error))
-                      if h.name not in known)
-        if not extra:
-            return
-        pieces.holders = (*pieces.holders, *extra)
-        pieces.judged = (*pieces.judged, *extra)
-        if f.unreachable_bytes is not None:
-            # What only something unseen keeps stays "reachable from nothing the scan
-            # walks" for the cause; the ledger names it apart.
-            pieces.facts = replace(f, unreachable_bytes=max(
-                f.unreachable_bytes - sum(h.held_bytes for h in extra if h.kind != "unseen"),
-                0))
 
     def _extra_lines(self, facts: OomFacts, stages: dict[str, float]) -> tuple[str, ...]:
         hook = self.extra_lines
@@ -569,7 +515,7 @@ class OomWatch(ObserverAttachment):
             al.allocated_bytes if al else None)
         pools_now, workspaces_now = self._segments_now(device, backend)
         scanned = scan_rest(self.host, rest_min_bytes(base) if base is not None else None,
-                             al.allocated_bytes - workspaces_now if al is not None else None)
+                            al.allocated_bytes - workspaces_now if al is not None else None)
         # What the search found that the explanation does not name (unseen, not searched;
         # garbage that a replaced traceback's story names) stays out of every figure.
         holders = tuple(h for h in scanned if not h.searched) + searched_holders(
@@ -625,7 +571,6 @@ class OomWatch(ObserverAttachment):
                 f"OOM observer: {self.observer_status}.")
 
 
-CUT_CHECK_MIN_BYTES = 256 << 20  # a holder smaller than this is not worth the search
 GC_NOTE_BYTES = 256 << 20  # a collection's freed bytes worth a line after the explanation
 
 
