@@ -35,7 +35,6 @@ import contextvars
 import functools
 import gc
 import operator
-import re
 import sys
 import time
 import types
@@ -46,6 +45,7 @@ from dataclasses import dataclass, field
 from itertools import compress, repeat
 from typing import Any
 
+from .pathtext import _EXPRESSION, _IDENT, _describe, _key_text, _render, _Step, _unquote
 from .reading import UNDERS, running_frame_ids, static_attribute, type_name
 
 # An lru_cache's results (and the arguments it keys them on, `self` for a method) are freed by
@@ -89,11 +89,6 @@ MAX_LEVELS = 40
 OBJECT_CAP = 500_000
 BUDGET_S = 1.0
 
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# What an advice line may name: names, attributes, and int or plain str subscripts.
-_EXPRESSION = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*|\[-?\d+\]|\['[\w .-]*'\])*")
-_MODULES_ITEM = re.compile(r"\._modules\['([^']*)'\]")
-_PARAMS_ITEM = re.compile(r"\._(?:parameters|buffers)\['([A-Za-z_][A-Za-z0-9_]*)'\]")
 _DICT_DESC = type.__dict__["__dict__"]
 _MODULE_DICT: Any = vars(types.ModuleType)["__dict__"]
 
@@ -157,49 +152,6 @@ class Outcome:
     levels: int = 0
     objects: int = 0  # objects the search entered
     cut: str = ""  # the bound that cut it, if one did
-
-
-class _Step:
-    """An edge's label, rendered once the whole path is known."""
-
-    __slots__ = ("kind", "text")
-
-    def __init__(self, kind: str, text: str) -> None:
-        self.kind = kind  # "key", "index", "attr", "dict", "text"
-        self.text = text
-
-
-def _key_text(key: Any) -> str:
-    if type(key) in (str, int, float, bool, bytes) or key is None:
-        text = repr(key)
-        return text if len(text) <= 40 else text[:37] + "…"
-    return "…"
-
-
-def _render(root: Root, steps: Sequence[_Step]) -> str:
-    """``root.name`` and the steps below it: an object's ``__dict__`` makes its keys
-    attributes; torch's module dicts are said as attributes and indexes."""
-    out = [root.name]
-    attr_next = False
-    for s in steps:
-        if s.kind == "dict":
-            attr_next = True
-            continue
-        if s.kind == "key":
-            if attr_next and _IDENT.match(s.text.strip("'")) and s.text.startswith("'"):
-                out.append("." + s.text.strip("'"))
-            else:
-                out.append(f"[{s.text}]")
-        elif s.kind == "attr":
-            out.append("." + s.text)
-        elif s.kind == "index":
-            out.append(f"[{s.text}]")
-        else:
-            out.append(s.text)
-        attr_next = False
-    text = "".join(out)
-    text = _MODULES_ITEM.sub(lambda m: f"[{m[1]}]" if m[1].isdigit() else f".{m[1]}", text)
-    return _PARAMS_ITEM.sub(lambda m: f".{m[1]}", text)
 
 
 def _library_module(name: str, module: Any) -> bool:
@@ -934,7 +886,7 @@ class Search:
                     for root, step in roots_of.get(oid, ()):
                         roots.add(root)
                         path = [step, *steps] if step is not None else steps
-                        text = _render(root, path)
+                        text = _render(root.name, path)
                         if best is None or (len(path), text) < best[:2]:
                             best = (len(path), text, root.kind)
                         if nearest is None:
@@ -967,7 +919,7 @@ class Search:
                     # Named by the object that something unseen holds (a C extension's
                     # registry, a running frame), and the path from it down.
                     what = Root(STATE_UNSEEN, f"({_describe(alive[top[0]])})")
-                    r.path = _render(what, top[1])
+                    r.path = _render(what.name, top[1])
             else:
                 r.state = STATE_GARBAGE
                 r.classes = self._cycle_classes(ancestors, alive, set(members[key]))
@@ -1001,7 +953,7 @@ class Search:
                 continue
             if k + offset == 0 and type(obj) in (list, dict, set):
                 return ""  # the root's own builtin container: its line says so already
-            expr = _render(root, path[:k + offset])
+            expr = _render(root.name, path[:k + offset])
             if not _EXPRESSION.fullmatch(expr) or "._" in expr or \
                     not self._dominates(chain[k], chain[-1], parents, roots_of):
                 return ""
@@ -1073,21 +1025,6 @@ class Search:
         return tuple(sorted(classes))
 
 
-def _describe(obj: Any) -> str:
-    """What an object is, in a few words, read through C attributes only: ``a
-    functools.partial of save``, ``the function make.<locals>.hook``, ``a Frame``."""
-    t = type(obj)
-    try:
-        if t is types.FunctionType or t is types.MethodType:
-            name = obj.__qualname__ if t is types.FunctionType else obj.__func__.__qualname__
-            return f"the function {name}" if type(name) is str else "a function"
-        if t is functools.partial:
-            return f"a functools.partial of {_describe(obj.func).removeprefix('the function ')}"
-    except Exception:
-        pass
-    return f"a {type_name(t)}"
-
-
 def _has_cycle(ids: set[int], parents: Mapping[int, list[tuple[int, _Step]]]) -> bool:
     """Whether the references among these objects (each one's referrers in ``parents``) close
     a cycle: a depth-first search that meets an object still on its path."""
@@ -1113,14 +1050,6 @@ def _has_cycle(ids: set[int], parents: Mapping[int, list[tuple[int, _Step]]]) ->
                 state[oid] = 2
                 stack.pop()
     return False
-
-
-def _unquote(text: str, d: Any, child: Any) -> Any:
-    """The dict key whose value is ``child`` (the rendered text is for display only)."""
-    for k, v in dict.items(d):
-        if v is child:
-            return k
-    return text
 
 
 # numpy's ``ndarray.base`` descriptor, per ndarray class (read through it: no subclass code).
