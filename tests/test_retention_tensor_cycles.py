@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gpumem_nb.analysis import holder_advice
-from gpumem_nb.holders import edges, retention
+from gpumem_nb.holders import edges, retention, untracked
 from gpumem_nb.holders.named import holders_from
 from gpumem_nb.holders.retention import STATE_GARBAGE, STATE_UNSEEN, RootContext, Search
 from gpumem_nb.oom import CAUSE_GARBAGE
@@ -29,7 +29,7 @@ def _is_tensor(o: Any) -> bool:
 def _traverse_as_torch(monkeypatch: Any) -> None:
     """Every module of the retention search that reads the collector's traversal sees torch's."""
     fake = TorchTraverseGc(_is_tensor)
-    for module in (retention, edges):
+    for module in (retention, edges, untracked):
         monkeypatch.setattr(module, "gc", fake)
 
 
