@@ -31,7 +31,6 @@ cut it is "not searched", with the reason: never "found".
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import gc
 import sys
 import time
@@ -39,27 +38,57 @@ import types
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from .edges import _MODULE_DICT, _class_dict, _instance_dict
-from .pathtext import _EXPRESSION, _IDENT, _describe, _key_text, _render, _Step, _unquote
-from .reading import UNDERS, running_frame_ids, static_attribute, type_name
+from .edges import _instance_dict
+from .pathtext import _EXPRESSION, _describe, _render, _Step, _unquote
+from .reading import running_frame_ids, static_attribute, type_name
+from .roots import (
+    ROOT_CLASS,
+    ROOT_CONTEXT,
+    ROOT_EXCEPTION,
+    ROOT_HOOK,
+    ROOT_MODULE,
+    ROOT_OUTPUT,
+    ROOT_SHELL,
+    ROOT_SIGNAL,
+    ROOT_THREAD,
+    ROOT_VARIABLE,
+    Root,
+    RootContext,
+    RootIndex,
+)
 from .untracked import _UNTRACKED_LEVELS, UntrackedPass
 
-# What a root is: how the user reaches the reference, and so what removes it.
-ROOT_VARIABLE = "variable"
-ROOT_OUTPUT = "output cache"
-ROOT_EXCEPTION = "stored exception"
-ROOT_MODULE = "module global"
-ROOT_CLASS = "class attribute"
-ROOT_THREAD = "thread"
-ROOT_CONTEXT = "context variable"  # the running context's variables (contextvars)
-ROOT_SHELL = "the shell"
-# A reference the interpreter keeps in C, read through its own API: a signal handler, the
-# trace and profile functions. No referrer search reaches them.
-ROOT_SIGNAL = "signal handler"
-ROOT_HOOK = "interpreter hook"
+# The search's public names; the roots' (``Root``, ``RootContext``, ``ROOT_*``) are defined in
+# ``roots.py`` and given from here, where the modules that ask the search import them.
+__all__ = [
+    "BUDGET_S",
+    "MAX_LEVELS",
+    "OBJECT_CAP",
+    "ROOT_CLASS",
+    "ROOT_CONTEXT",
+    "ROOT_EXCEPTION",
+    "ROOT_HOOK",
+    "ROOT_MODULE",
+    "ROOT_OUTPUT",
+    "ROOT_SHELL",
+    "ROOT_SIGNAL",
+    "ROOT_THREAD",
+    "ROOT_VARIABLE",
+    "STATE_FREED",
+    "STATE_GARBAGE",
+    "STATE_NOT_SEARCHED",
+    "STATE_ROOTED",
+    "STATE_UNSEEN",
+    "Outcome",
+    "Retained",
+    "Root",
+    "RootContext",
+    "Search",
+]
+
 # Outcomes for a tensor no root reaches.
 STATE_ROOTED = "rooted"
 STATE_GARBAGE = "garbage"  # only reference cycles keep it: the next gc.collect() frees it
@@ -75,21 +104,6 @@ _SMALL_FRONTIER = 256
 MAX_LEVELS = 40
 OBJECT_CAP = 500_000
 BUDGET_S = 1.0
-
-
-@dataclass(frozen=True, order=True)
-class Root:
-    """One reference a user can remove, and how."""
-
-    kind: str
-    name: str  # as typed: "featcache.store", "dl", "Out[3]", "Trainer.cache"
-    code: str = ""  # what removes it ("del dl"); "" where no line of code does
-    # The object the reference points at is a builtin container: emptying it is a fix that
-    # keeps the name (``featcache.store.clear()``).
-    container: bool = False
-    # It points at a class: a class lives in reference cycles of its own (its ``__mro__``
-    # holds it), so removing the name frees nothing until a collection.
-    cyclic: bool = False
 
 
 @dataclass
@@ -115,21 +129,6 @@ class Retained:
 
 
 @dataclass
-class RootContext:
-    """Where the roots are, for one search. Built by the caller (the monitor knows the shell);
-    everything is optional, so the search also runs on a bare interpreter."""
-
-    user_ns: Mapping[Any, Any] | None = None
-    out: Mapping[Any, Any] | None = None  # the output cache's dict (``Out``)
-    output_names: frozenset[str] = frozenset()  # ``_``, ``_3``: the cache's own names
-    shell: Any = None
-    stored_exceptions: Sequence[BaseException] = ()
-    modules: Mapping[str, Any] | None = None  # sys.modules
-    # Live threads' frame locals: id(value) -> the root that names it (threads.py).
-    thread_locals: Mapping[int, Root] = field(default_factory=dict)
-
-
-@dataclass
 class Outcome:
     retained: list[Retained]
     elapsed_s: float = 0.0
@@ -138,18 +137,7 @@ class Outcome:
     cut: str = ""  # the bound that cut it, if one did
 
 
-def _library_module(name: str, module: Any) -> bool:
-    """The standard library's or an installed package's module, not one the user wrote."""
-    if name.partition(".")[0] in sys.stdlib_module_names:
-        return True
-    try:
-        path = _MODULE_DICT.__get__(module).get("__file__")
-    except Exception:
-        return False
-    return type(path) is str and ("site-packages" in path or "dist-packages" in path)
-
-
-class Search(UntrackedPass):
+class Search(RootIndex, UntrackedPass):
     """One search over the heap as it is now. Not thread-safe; call on the main thread."""
 
     def __init__(self, storage_of: Callable[[Any], tuple[str, int, tuple[str, int]] | None],
@@ -192,169 +180,6 @@ class Search(UntrackedPass):
         # target does not show that dict (the explicit edge up from the dict).
         self._hidden_dicts: dict[int, Any] = {}
 
-    # -- roots -------------------------------------------------------------------------------
-    def _index_roots(self) -> None:
-        ctx = self.ctx
-        mods = ctx.modules if ctx.modules is not None else sys.modules
-        ns = ctx.user_ns
-        user_names: dict[int, str] = {}
-        if isinstance(ns, dict):
-            self._named[id(ns)] = (ROOT_VARIABLE, "", ns)
-            for name, value in list(dict.items(ns)):
-                if type(name) is str and type(value) is types.ModuleType:
-                    user_names.setdefault(id(value), name)
-        self._module_alias = user_names
-        if isinstance(ctx.out, dict):
-            self._named[id(ctx.out)] = (ROOT_OUTPUT, "Out", ctx.out)
-        for name, module in list(mods.items()):
-            if type(module) is not types.ModuleType or type(name) is not str:
-                continue
-            try:
-                d = _MODULE_DICT.__get__(module)
-            except Exception:
-                continue
-            if type(d) is not dict or id(d) in self._named:
-                continue
-            self._named[id(d)] = (ROOT_MODULE, name, module)
-            self._index_classes(name, module, d)
-        self._index_context(ns)
-        self._index_interpreter_hooks()
-        if ctx.shell is not None:
-            self._root_objects[id(ctx.shell)] = Root(ROOT_SHELL, "get_ipython()")
-        for exc in ctx.stored_exceptions:
-            self._root_objects[id(exc)] = Root(ROOT_EXCEPTION, "the stored exception",
-                                               "%gpumem cleanup")
-
-    def _index_interpreter_hooks(self) -> None:
-        """What the interpreter holds in C and says through its own API: each signal's
-        handler (``signal.signal(SIGTERM, partial(save, snapshot=...))`` kept 21 GiB that no
-        referrer search reached), the trace and profile functions."""
-        signal = sys.modules.get("signal")
-        if signal is not None:
-            try:
-                signals = list(signal.valid_signals())
-            except Exception:
-                signals = []
-            plain = {id(signal.SIG_DFL), id(signal.SIG_IGN), id(signal.default_int_handler)}
-            for sig in signals:
-                try:
-                    handler = signal.getsignal(sig)
-                    name = signal.Signals(sig).name
-                except Exception:
-                    continue
-                if handler is None or id(handler) in plain or type(handler) is int or \
-                        id(handler) in self._root_objects:
-                    continue
-                back = "signal.default_int_handler" if name == "SIGINT" else "signal.SIG_DFL"
-                self._root_objects[id(handler)] = Root(
-                    ROOT_SIGNAL, f"the {name} handler (signal.getsignal(signal.{name}))",
-                    f"import signal; signal.signal(signal.{name}, {back})")
-            handler = None
-        for fn, name in ((sys.gettrace(), "sys.gettrace()"),
-                         (sys.getprofile(), "sys.getprofile()")):
-            if fn is not None and id(fn) not in self._root_objects:
-                # A debugger's or profiler's: named, never switched off by a line of ours.
-                self._root_objects[id(fn)] = Root(ROOT_HOOK, f"the function {name} returns")
-        fn = None
-
-    def _index_classes(self, name: str, module: Any, d: dict[Any, Any]) -> None:
-        """Each class a module defines at its top level: its own dict is a root, so that a
-        class attribute is named ``module.Class.attr`` and fixed there."""
-        for cname, klass in list(d.items()):
-            if type(cname) is not str or not isinstance(klass, type):
-                continue
-            if static_attribute(klass, "__module__") != name:
-                continue  # imported from elsewhere: indexed under its own module
-            cd = _class_dict(klass)
-            if cd is not None and id(cd) not in self._named:
-                self._named[id(cd)] = (ROOT_CLASS, f"{name}\0{cname}", module)
-
-    def _class_root(self, prefix: str, module: Any, key: Any, value: Any) -> Root:
-        modname, _, cname = prefix.partition("\0")
-        if modname == "__main__":
-            base = cname
-        else:
-            alias = self._module_alias.get(id(module))
-            base = f"{alias or modname}.{cname}"
-        label = f"{base}.{key}" if type(key) is str else f"{base}[{_key_text(key)}]"
-        container = type(value) in (list, dict, set, deque)
-        code = "" if type(key) is not str or not _IDENT.match(key) else (
-            f"{label}.clear()" if container else f"{label} = None")
-        if code and modname != "__main__" and not self._module_alias.get(id(module)):
-            code = f"import {modname}; {code}"
-        if code and _library_module(modname, module):
-            # A library class's own state (logging.Logger.manager): setting it to None breaks
-            # the library; the advice names it and leaves the line out.
-            code = ""
-        return Root(ROOT_CLASS, label, code, container)
-
-    def _module_root(self, name: str, module: Any, key: Any, value: Any) -> Root:
-        if name == "threading" and key in ("_active", "_limbo"):
-            # threading's registry of running threads: what a live thread object keeps goes
-            # when the thread ends, never by editing the registry.
-            return Root(ROOT_THREAD, "a live thread (threading's registry of running threads)")
-        if name == "sys" and key in ("last_value", "last_exc", "last_traceback", "last_type"):
-            return Root(ROOT_EXCEPTION, f"the stored exception (sys.{key})", "%gpumem cleanup")
-        if name == "builtins" and key in UNDERS:
-            return Root(ROOT_OUTPUT, str(key), "%gpumem cleanup --out")
-        if name == "__main__":
-            prefix = ""
-        else:
-            alias = self._module_alias.get(id(module))
-            prefix = f"{alias}." if alias else f"{name}."
-        label = f"{prefix}{key}" if type(key) is str else f"{prefix.rstrip('.')}[{_key_text(key)}]"
-        container = type(value) in (list, dict, set, deque)
-        if type(key) is not str or not _IDENT.match(key):
-            code = ""
-        elif container:
-            code = f"{label}.clear()"
-        else:
-            code = f"{label} = None"
-        if code and prefix and not self._module_alias.get(id(module)):
-            code = f"import {name}; {code}"
-        if code and _library_module(name, module):
-            # A library's own state (logging's handlers, weakref.finalize's registry, a
-            # package's caches): editing it breaks the library, or is undone by it; the advice
-            # names it and leaves the line out.
-            code = ""
-        return Root(ROOT_MODULE, label, code, container)
-
-    def _index_context(self, ns: Any) -> None:
-        try:
-            items = list(contextvars.copy_context().items())
-        except Exception:
-            return
-        names = {id(v): k for k, v in dict.items(ns) if type(k) is str} \
-            if isinstance(ns, dict) else {}
-        for var, value in items:
-            key = f"{var.name}" if type(var.name) is str else "?"
-            if key in self._context or value is None:
-                continue
-            self._context[key] = value
-            user = names.get(id(var))
-            self._context_code[key] = f"{user}.set(None)" if user and _IDENT.match(user) else ""
-        if self._context:
-            self._named[id(self._context)] = (ROOT_CONTEXT, "", self._context_code)
-
-    def _named_root(self, kind: str, prefix: str, owner: Any, key: Any, value: Any) -> Root:
-        if kind == ROOT_CONTEXT:
-            return Root(ROOT_CONTEXT, f"the context variable {key!r}", owner.get(key, ""))
-        if kind == ROOT_MODULE:
-            return self._module_root(prefix, owner, key, value)
-        if kind == ROOT_CLASS:
-            return self._class_root(prefix, owner, key, value)
-        if kind == ROOT_OUTPUT:
-            return Root(ROOT_OUTPUT, f"Out[{_key_text(key)}]", "%gpumem cleanup --out")
-        # The notebook's namespace.
-        if type(key) is not str:
-            return Root(ROOT_VARIABLE, f"globals()[{_key_text(key)}]")
-        if key in self.ctx.output_names:
-            return Root(ROOT_OUTPUT, key, "%gpumem cleanup --out")
-        if key in (*UNDERS, "Out", "_oh"):
-            return Root(ROOT_OUTPUT, key, "%gpumem cleanup --out")
-        return Root(ROOT_VARIABLE, key, f"del {key}" if _IDENT.match(key) else "",
-                    type(value) in (list, dict, set, deque), issubclass(type(value), type))
-
     # -- one level: who refers to the frontier -----------------------------------------------
     def _referrers(self, frontier: list[Any], heap: list[Any] | None) -> list[Any]:
         if len(frontier) <= _SMALL_FRONTIER or heap is None:
@@ -369,7 +194,6 @@ class Search(UntrackedPass):
                     found.append(x)
         self._scaffold.add(id(found))
         return found
-
 
     # -- the search ----------------------------------------------------------------------------
     def run(self, targets: Iterable[Any], *, ignore: Iterable[int] = (),
@@ -565,17 +389,6 @@ class Search(UntrackedPass):
             self._own_types[id(t)] = (weakref.ref(t), ours)
         return ours
 
-    def _thread_roots(self, frontier: list[Any],
-                      roots_of: dict[int, list[tuple[Root, _Step | None]]]) -> None:
-        locals_ = self.ctx.thread_locals
-        if not locals_:
-            return
-        for o in frontier:
-            root = locals_.get(id(o))
-            if root is not None:
-                roots_of.setdefault(id(o), []).append((root, None))
-
-
     # -- paths, root sets and what nothing reaches ---------------------------------------------
     def _resolve(self, retained: dict[tuple[str, int], Retained],
                  members: dict[tuple[str, int], list[int]], alive: dict[int, Any],
@@ -765,4 +578,3 @@ def _has_cycle(ids: set[int], parents: Mapping[int, list[tuple[int, _Step]]]) ->
                 state[oid] = 2
                 stack.pop()
     return False
-
