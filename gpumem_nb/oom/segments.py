@@ -110,4 +110,3 @@ def named_pools(pools: tuple[PoolUse, ...], user_ns: Any) -> tuple[PoolUse, ...]
             except Exception:
                 continue
     return tuple(replace(p, owner=owners.get(p.pool_id, "")) for p in pools)
-

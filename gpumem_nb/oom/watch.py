@@ -143,7 +143,6 @@ class OomWatch(ObserverAttachment):
         # allocator what-if of a traced cell). Given the facts; a hook that fails adds none.
         self.extra_lines: Callable[[OomFacts], Sequence[str]] | None = None
 
-
     def close(self) -> None:
         """Unload: the process keeps the registered observer; it stops calling us."""
         self._closed = True
@@ -440,7 +439,6 @@ class OomWatch(ObserverAttachment):
             return seen
         return "expandable_segments:true" in alloc_conf()[0].replace(" ", "").lower()
 
-
     def _from_event(self, ev: OomEvent, msg: OomMessage) -> Pieces:
         r = ev.reading
         total = self.torch.device_total_bytes(ev.device) or msg.total_bytes
@@ -562,7 +560,6 @@ class OomWatch(ObserverAttachment):
                        source=f"From the error message and readings after it ({why})",
                        notes=notes, sample=now, stage_s=stages)
 
-
     def no_oom_line(self) -> str:
         self.ensure_attached()  # the status as of now: CUDA may have started in this cell
         seen = sum(self.counts.values())
@@ -595,5 +592,3 @@ def collected_line(nbytes: int, collections: int, *, after_explanation: bool) ->
             "counted against the request: PyTorch does not run the collector before it "
             "raises. Break the cycle (set the back-reference to None, or hold it through "
             "weakref) or call gc.collect() in the loop that makes them.")
-
-
