@@ -143,6 +143,7 @@ class OomWatch(ObserverAttachment):
         # allocator what-if of a traced cell). Given the facts; a hook that fails adds none.
         self.extra_lines: Callable[[OomFacts], Sequence[str]] | None = None
 
+    # -- the observer (attached by ``ObserverAttachment``) -------------------------------------
     def close(self) -> None:
         """Unload: the process keeps the registered observer; it stops calling us."""
         self._closed = True
