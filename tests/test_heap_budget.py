@@ -114,10 +114,10 @@ def _array_held_tensor_under_young_junk(junk_lists: int) -> tuple[dict[str, Any]
 
 def test_a_search_cut_in_its_untracked_pass_says_how_much_of_the_heap_was_not_searched(
         monkeypatch):
-    from gpumem_nb.holders import retention
+    from gpumem_nb.holders import untracked
     from gpumem_nb.holders.retention import RootContext, Search
 
-    monkeypatch.setattr(retention, "UNTRACKED_CHUNK", 1000)
+    monkeypatch.setattr(untracked, "UNTRACKED_CHUNK", 1000)
     try:
         ns, tensor, junk = _array_held_tensor_under_young_junk(5000)
         now = [0.0]
@@ -140,10 +140,10 @@ def test_a_search_cut_in_its_untracked_pass_says_how_much_of_the_heap_was_not_se
 
 
 def test_an_object_array_past_the_first_chunk_of_the_heap_is_still_found(monkeypatch):
-    from gpumem_nb.holders import retention
+    from gpumem_nb.holders import untracked
     from gpumem_nb.holders.retention import RootContext, Search
 
-    monkeypatch.setattr(retention, "UNTRACKED_CHUNK", 1000)
+    monkeypatch.setattr(untracked, "UNTRACKED_CHUNK", 1000)
     try:
         ns, tensor, junk = _array_held_tensor_under_young_junk(5000)
         (r,) = Search(_storage, RootContext(user_ns=ns), budget_s=60.0).run([tensor]).retained
@@ -158,10 +158,10 @@ def test_a_cleanup_whose_search_runs_out_in_the_untracked_pass_says_not_checked(
     import time
 
     import gpumem_nb.cleanup as cleanup
-    from gpumem_nb.holders import retention
+    from gpumem_nb.holders import retention, untracked
 
     monkeypatch.setattr(cleanup, "_HELD_BUDGET_S", 0.5)
-    monkeypatch.setattr(retention, "UNTRACKED_CHUNK", 1000)
+    monkeypatch.setattr(untracked, "UNTRACKED_CHUNK", 1000)
     real = retention.Search._untracked_in
 
     def slow(self: Any, level: list[Any], out: list[Any]) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gpumem_nb.analysis import holder_advice
-from gpumem_nb.holders import retention
+from gpumem_nb.holders import edges, retention, untracked
 from gpumem_nb.holders.named import holders_from
 from gpumem_nb.holders.retention import STATE_GARBAGE, STATE_UNSEEN, RootContext, Search
 from gpumem_nb.oom import CAUSE_GARBAGE
@@ -26,9 +26,16 @@ def _is_tensor(o: Any) -> bool:
     return type(o) is FakeTensor
 
 
+def _traverse_as_torch(monkeypatch: Any) -> None:
+    """Every module of the retention search that reads the collector's traversal sees torch's."""
+    fake = TorchTraverseGc(_is_tensor)
+    for module in (retention, edges, untracked):
+        monkeypatch.setattr(module, "gc", fake)
+
+
 @pytest.fixture
 def torch_traverse(monkeypatch: Any) -> None:
-    monkeypatch.setattr(retention, "gc", TorchTraverseGc(_is_tensor))
+    _traverse_as_torch(monkeypatch)
 
 
 @pytest.fixture
@@ -113,7 +120,7 @@ PARENT_LOOP = ("import gc\ngc.disable()\n"
 @pytest.mark.parametrize("loop", [META_LOOP, PARENT_LOOP], ids=["tensor_meta", "module_parent"])
 def test_cycles_made_in_the_failing_loop_through_tensors_are_garbage_and_collecting_frees_them(
         oomworld: Any, monkeypatch: Any, loop: str) -> None:  # noqa: F811
-    monkeypatch.setattr(retention, "gc", TorchTraverseGc(_is_tensor))
+    _traverse_as_torch(monkeypatch)
     shell = oomworld.shell
     try:
         run(shell, loop)

@@ -69,6 +69,9 @@ from .message import (
     is_cuda_oom,
     parse_oom_message,
 )
+from .processes import describe_pid
+from .scans import EXPLAIN_GRAPH_BUDGET_S, OomHost
+from .segments import pool_id_of, pools_in
 from .site import (
     CacheUse,
     FailureSite,
@@ -77,13 +80,8 @@ from .site import (
     module_paths,
 )
 from .watch import (
-    EXPLAIN_GRAPH_BUDGET_S,
     OomEvent,
-    OomHost,
     OomWatch,
-    describe_pid,
-    pool_id_of,
-    pools_in,
     with_counted_ooms,
 )
 

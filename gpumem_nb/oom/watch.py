@@ -1,99 +1,76 @@
-"""The runtime: PyTorch's OOM observer (registered once per process, never creating a CUDA
-context, kept across ``%reload_ext``; queued on torch's CUDA start-up as soon as torch is
-imported, so that it sees an OOM in the very cell that starts CUDA), the allocator's state at
-the failure, when every tensor is still alive, and turning a failing cell into an
-``OomExplanation``. Ordinary cells cost one attribute check."""
+"""The runtime: PyTorch's OOM observer (``observer.py``: registered once per process, never
+creating a CUDA context, kept across ``%reload_ext``; queued on torch's CUDA start-up as soon
+as torch is imported, so that it sees an OOM in the very cell that starts CUDA), the
+allocator's state at the failure, when every tensor is still alive, and turning a failing
+cell into an ``OomExplanation``. Ordinary cells cost one attribute check."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 from .. import userexc
-from ..analysis import holder_advice
-from ..cleanup import CleanupReport, CleanupRequest
+from ..cleanup import CleanupRequest
 from ..errtext import error_str
-from ..holders import exception_chain, last_value, static_attribute, type_name
-from ..ledger import Ledger, ledger, workspace_blocks_bytes, workspaces_in_remainder
+from ..ledger import workspace_blocks_bytes, workspaces_in_remainder
 from ..model import (
     AllocatorReading,
     CellStart,
-    ChildProcess,
     Holder,
     Sample,
 )
-from ..sources.processes import roles_to_learn
 from ..sources.torch import (
-    TORCH_INITIALIZED,
-    TORCH_NOT_IMPORTED,
     TorchDebug,
     alloc_conf,
 )
-from ..units import format_bytes, printable
+from ..units import format_bytes
 from .advice import Action, OomExplanation, SiteAtFailure, next_steps
 from .causes import (
     CAUSE_UNKNOWN,
     CAUSE_WORKING_SET,
     KIND_FAILED_CALL,
-    cell_working_set_bytes,
     classify,
     garbage_holders,
     held_holders,
-    pool_owner_text,
 )
-from .facts import POOL_GRAPH, POOL_USER, OomFacts, PoolUse, ProcessUse
+from .facts import OomFacts, PoolUse
 from .forms import OomForm, find_oom, oom_form
 from .gcwindow import Collections, WhileHandled
+from .ledgerparts import explanation_ledger, pool_parts
 from .message import (
     FORM_ASYNC,
     FORM_UNKNOWN,
     OomMessage,
-    find_cuda_oom,
     first_line,
     parse_oom_message,
 )
+from .observer import ObserverAttachment
+from .pieces import (
+    Pieces,
+    any_capped,
+    cell_facts,
+    failed_call_apart,
+    unaccounted_at_start,
+    with_collections,
+)
+from .processes import listed_processes, processes_facts, unknown_note
+from .scans import (
+    EXPLAIN_GRAPH_BUDGET_S,
+    OomHost,
+    add_searched,
+    check_cuts,
+    rest_min_bytes,
+    scan_rest,
+    searched_holders,
+)
+from .segments import _segment_facts, graph_trees_loaded, named_pools, pools_in
 from .site import failure_site, mark_running
-
-
-class OomHost(Protocol):
-    """What the explainer needs from the monitor."""
-
-    shell: Any
-    source: Any
-
-    def scan(self, include_gc: bool = False,
-             graph_budget_s: float | None = None,
-             rest_min_bytes: int | None = None,
-             allocated_bytes: int | None = None) -> list[Holder]: ...
-
-    def read(self) -> Sample: ...
-
-    def cleanup(self, request: CleanupRequest) -> CleanupReport: ...
-
-
-class _Trampoline:
-    """What PyTorch holds as the OOM observer: forwards to whichever handler the current load
-    of gpumem_nb installed. PyTorch cannot detach observers, so this one object is registered
-    once per process and only its ``handler`` changes across loads and reloads. Kept trivial
-    on purpose: an instance made by an older copy of this module must keep working."""
-
-    def __init__(self) -> None:
-        self.handler: Callable[[int, int, int, int], None] | None = None
-
-    def __call__(self, device: int, alloc: int, limit: int, free: int) -> None:
-        handler = self.handler
-        if handler is None:
-            return
-        # Raising here would replace the user's OOM with our error.
-        with contextlib.suppress(BaseException):
-            handler(device, alloc, limit, free)
 
 
 @dataclass
@@ -121,26 +98,6 @@ class OomEvent:
     stage_s: dict[str, float] = field(default_factory=dict)
 
 
-def describe_pid(pid: int) -> str:
-    """A few words about a process from /proc (same PID namespace only); "" if unknown."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            argv = [a.decode(errors="replace") for a in fh.read().split(b"\0") if a]
-    except OSError:
-        return ""
-    if not argv:
-        return ""
-    joined = " ".join(argv)
-    if "ipykernel" in joined:
-        conn = next((a for a in argv if a.endswith(".json")), "")
-        name = os.path.basename(conn)[: -len(".json")] if conn else ""
-        return "a Jupyter kernel" + (f" {name}" if name else "")
-    # One line: a ``python -c`` script's newlines would break the explanation's lines; any
-    # other control character (a terminal escape) is printed as its escape.
-    text = printable(" ".join(" ".join([os.path.basename(argv[0]), *argv[1:3]]).split()))
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def with_counted_ooms(sample: Sample, counts: Mapping[int, int]) -> Sample:
     """``sample`` with each device's OOM count at least what gpumem_nb counted itself: the
     cudaMallocAsync backend leaves ``num_ooms`` at 0."""
@@ -153,27 +110,7 @@ def with_counted_ooms(sample: Sample, counts: Mapping[int, int]) -> Sample:
     return replace(sample, devices=tuple(devices))
 
 
-@dataclass
-class _Pieces:
-    """Everything read for one explanation, gathered before classifying."""
-
-    facts: OomFacts
-    holders: tuple[Holder, ...]  # as scanned (the dry run reuses them)
-    source: str
-    # As judged: the failing call's own traceback set apart (kind KIND_FAILED_CALL).
-    judged: tuple[Holder, ...] = ()
-    observer_s: float = 0.0
-    notes: list[str] = field(default_factory=list)
-    sample: Sample | None = None  # a full reading made after the failure, for the dry run
-    stage_s: dict[str, float] = field(default_factory=dict)
-
-
-# How long the explanation waits for NVML's process listing (an H200's first listing takes well
-# under 10 ms): past it, the other processes read as unknown rather than the cell hanging.
-PROCESSES_WAIT_S = 0.5
-
-
-class OomWatch:
+class OomWatch(ObserverAttachment):
     """One loaded extension's OOM explainer. ``on_cell_result`` is the only per-cell call."""
 
     def __init__(self, host: OomHost, torch: TorchDebug | None = None,
@@ -206,90 +143,7 @@ class OomWatch:
         # allocator what-if of a traced cell). Given the facts; a hook that fails adds none.
         self.extra_lines: Callable[[OomFacts], Sequence[str]] | None = None
 
-    # -- the observer ------------------------------------------------------------------------
-    def arm(self) -> None:
-        """At load and at each cell's start: once torch is imported, queue the observer on
-        torch's CUDA start-up (``TorchDebug.queue_oom_observer``), so that it is attached
-        before the call that starts CUDA allocates, and an OOM in that very cell is seen.
-        A dict lookup while torch is not imported, one attribute check once tried. Starts
-        nothing and imports nothing."""
-        if self._armed or self._closed or "torch" not in self._modules:
-            return
-        self._arm()
-
-    def _arm(self) -> None:
-        self._armed = True  # once: a queue that failed is not tried again every cell
-        queue = getattr(self.torch, "queue_oom_observer", None)
-        if queue is None:  # a stand-in for TorchDebug: attached once CUDA is up, as before
-            return
-        observer, why = queue(_Trampoline)
-        if observer is not None:
-            # The process's trampoline, queued or attached: it calls this load from now on,
-            # and stops at ``close``.
-            observer.handler = self._on_oom
-            self._observer = observer
-            self.observer_status = "attached" if self.torch.oom_observer_attached() else \
-                "queued: attaches when CUDA starts"
-        elif why == TORCH_NOT_IMPORTED:
-            self._armed = False
-        elif why == TORCH_INITIALIZED:
-            self._attach_now()  # CUDA was up already: attached as before
-        else:
-            # cudaMallocAsync (its attachment would make CUDA's start fail), or no queue in
-            # this build: tried again, directly, once CUDA is up.
-            self.observer_status = f"not queued: {why}"
-            self._watch_handling()
-
-    def ensure_attached(self) -> None:
-        """At each cell's end: queue the observer if torch was imported meanwhile (``arm``),
-        and once CUDA is up, see that it is attached (by the queue, as CUDA started, or now);
-        a no-op afterwards (one attribute check).
-        Never after ``close``: the process-wide observer would keep an unloaded monitor
-        alive (a ``%%gpumem`` cell that ran ``%unload_ext`` explains its own result after)."""
-        if self._attach_tried or self._closed:
-            return
-        if not self._armed:
-            if "torch" not in self._modules:
-                return
-            self._arm()  # attached already if CUDA was up
-        if not self._attach_tried and self.torch.initialized:
-            self._attach_now()
-
-    def _attach_now(self) -> None:
-        self._attach_tried = True
-        self._armed = True
-        observer, why = self.torch.oom_observer(_Trampoline)
-        if observer is None:
-            # torch's reason, up to its first sentence ("cudaMallocAsync does not yet
-            # support attachOutOfMemoryObserver.")
-            self.observer_status = f"not available: {why.split('. ')[0].rstrip('.')}"
-            self._watch_handling()
-            return
-        observer.handler = self._on_oom
-        self._observer = observer
-        self.observer_status = "attached"
-
-    def _watch_handling(self) -> None:
-        """No observer: measure the collections that run while an OOM is being handled
-        (IPython's traceback display, before the cell's end explains it)."""
-        if self._handled is not None or self._closed:
-            return
-        devices: dict[int, int] = {}
-
-        def read(exc: BaseException) -> int | None:
-            device = devices.get(id(exc))
-            if device is None:
-                oom = find_cuda_oom(exc)
-                msg = parse_oom_message(error_str(oom)) if oom is not None else None
-                device = msg.device if msg is not None and msg.device is not None else 0
-                devices.clear()
-                devices[id(exc)] = device
-            r = self.torch.read(device)
-            return r.allocated_bytes if r is not None else None
-
-        self._handled = WhileHandled(read, lambda e: find_cuda_oom(e) is not None)
-        self._handled.start()
-
+    # -- the observer (attached by ``ObserverAttachment``) -------------------------------------
     def close(self) -> None:
         """Unload: the process keeps the registered observer; it stops calling us."""
         self._closed = True
@@ -320,7 +174,7 @@ class OomWatch:
         event.cell = self._cell_start(device)
         t = self.clock()
         event.stage_s["observer_read"] = t - t0
-        event.processes = self._processes(device)
+        event.processes = listed_processes(self.host, device)
         event.stage_s["observer_processes"] = self.clock() - t
         if scan:
             t = self.clock()
@@ -340,7 +194,7 @@ class OomWatch:
                 (event.largest_free_block_bytes, event.expandable_segments,
                  event.idle_segments_bytes) = _segment_facts(snap, device)
                 event.pools = self._named_pools(pools_in(snap.get("segments", ()), device,
-                                                         _graph_trees_loaded()))
+                                                         graph_trees_loaded()))
                 event.workspaces_bytes = workspace_blocks_bytes(snap.get("segments", ()),
                                                                 device)
             event.stage_s["observer_segments"] = self.clock() - t
@@ -358,7 +212,7 @@ class OomWatch:
             segs, _ = self.torch.segments_snapshot()
         except Exception:
             return (), 0
-        return (self._named_pools(pools_in(segs or (), device, _graph_trees_loaded())),
+        return (self._named_pools(pools_in(segs or (), device, graph_trees_loaded())),
                 workspace_blocks_bytes(segs or (), device))
 
     def ledger_pools(self, holders: Sequence[Holder]) -> dict[int, tuple[tuple[str, int], ...]]:
@@ -375,35 +229,14 @@ class OomWatch:
         out: dict[int, tuple[tuple[str, int], ...]] = {}
         for device in devices:
             if isinstance(device, int):
-                pools = self._named_pools(pools_in(segs or (), device, _graph_trees_loaded()))
+                pools = self._named_pools(pools_in(segs or (), device, graph_trees_loaded()))
                 if pools:
                     out[device] = pool_parts(pools, holders)
         return out
 
     def _named_pools(self, pools: tuple[PoolUse, ...]) -> tuple[PoolUse, ...]:
-        """Each pool with the user variable that owns it, where one is found at the top of
-        the namespace (a ``CUDAGraph``'s ``pool()``, a ``MemPool``'s ``id``: torch's own
-        methods, read guarded)."""
-        if not pools:
-            return pools
-        owners: dict[tuple[int, int], str] = {}
-        ns = getattr(getattr(self.host, "shell", None), "user_ns", None)
-        if isinstance(ns, dict):
-            for name, obj in list(ns.items()):
-                # Read through type's own descriptors: a user's metaclass runs no code here,
-                # and a user's class of the same name is not torch's (its pool() is theirs).
-                cls = type_name(type(obj))
-                if cls not in ("CUDAGraph", "MemPool") or type(name) is not str:
-                    continue
-                module = static_attribute(type(obj), "__module__")
-                if type(module) is not str or not module.startswith("torch."):
-                    continue
-                try:
-                    raw = obj.pool() if cls == "CUDAGraph" else obj.id
-                    owners.setdefault((int(raw[0]), int(raw[1])), name)
-                except Exception:
-                    continue
-        return tuple(replace(p, owner=owners.get(p.pool_id, "")) for p in pools)
+        """Each pool with the user variable that owns it (``segments.named_pools``)."""
+        return named_pools(pools, getattr(getattr(self.host, "shell", None), "user_ns", None))
 
     def _cell_start(self, device: int) -> CellStart | None:
         fn = getattr(self.host, "cell_start", None)
@@ -414,40 +247,6 @@ class OomWatch:
             return start
         except Exception:
             return None
-
-    def _processes(self, device: int) -> list[tuple[int, int | None]] | None:
-        src = self.host.source
-        nvml = getattr(src, "nvml", None)
-        ids = src.device_ids() if hasattr(src, "device_ids") else []
-        if nvml is None or not hasattr(nvml, "processes") or device >= len(ids):
-            return None
-        gate = getattr(self.host, "read_gate", None)
-        if gate is None:
-            try:
-                result: list[tuple[int, int | None]] | None = nvml.processes(ids[device])
-                return result
-            except Exception:
-                return None
-        # NVML can hang with nothing else inside the gate yet (the sampler stopped, or just
-        # started its reading): the listing runs on a helper thread under the gate, and the
-        # cell waits a bounded time for it, as Monitor.read does; a hung one stays the only
-        # stuck thread, and the explanation goes on with the processes unknown.
-        if not gate.enter(wait_s=PROCESSES_WAIT_S):
-            return None
-        box: list[list[tuple[int, int | None]] | None] = []
-
-        def work() -> None:
-            try:
-                box.append(nvml.processes(ids[device]))
-            except Exception:
-                box.append(None)
-            finally:
-                gate.leave()
-
-        worker = threading.Thread(target=work, name="gpumem_nb-oom-processes", daemon=True)
-        worker.start()
-        worker.join(PROCESSES_WAIT_S)
-        return box[0] if box else None
 
     # -- per cell ----------------------------------------------------------------------------
     def on_cell_result(self, result: Any,
@@ -505,17 +304,17 @@ class OomWatch:
             pieces.facts = replace(pieces.facts, earlier_errors=earlier_errors)
         window = self._window
         if event is not None and window is not None and window.generation == event.generation:
-            pieces.facts = _with_collections(pieces.facts, window)
+            pieces.facts = with_collections(pieces.facts, window)
         elif event is None and generation is not None and not self._closed:
             # Seen only now (no observer): collections from here on are still reported.
             self._open_window(pieces.facts.device, generation)
         stages = pieces.stage_s
         if event is not None:
             t = self.clock()
-            self._add_searched(pieces)
+            add_searched(self.host, self.torch, pieces)
             stages["search"] = self.clock() - t
         t = self.clock()
-        self._check_cuts(pieces, pieces.facts.device)
+        check_cuts(self.host, pieces, pieces.facts.device)
         stages["cuts"] = self.clock() - t
         t = self.clock()
         ns = getattr(getattr(self.host, "shell", None), "user_ns", None)
@@ -582,61 +381,6 @@ class OomWatch:
         with contextlib.suppress(Exception):
             self.show(f"gpumem: {line}")
 
-    def _check_cuts(self, pieces: _Pieces, device: int) -> None:
-        """Each large held holder whose advice is a ``del`` line, that line checked against
-        the retention graph (``holders/verify.py``): a module's global, a running thread or
-        cycles that also keep the bytes join the line or say why no line frees them. After
-        the failure: the holders lived through it."""
-        check = getattr(self.host, "check_cuts", None)
-        if check is None:
-            return
-        lines: dict[str, str] = {}
-        for h in held_holders(pieces.judged, device)[:5]:
-            if h.kind not in ("variable", "container") or h.held_bytes < CUT_CHECK_MIN_BYTES:
-                continue
-            code = holder_advice(h).code
-            if code.startswith("del "):
-                lines[h.name] = code
-        if not lines:
-            return
-        try:
-            done = {h.name: h for h in check(pieces.judged, lines) if h.name in lines}
-        except Exception:
-            return  # the advice stays as the walk gave it
-        pieces.judged = tuple(done.get(h.name, h) for h in pieces.judged)
-        pieces.holders = tuple(done.get(h.name, h) for h in pieces.holders)
-
-    def _add_searched(self, pieces: _Pieces) -> None:
-        """With the observer (whose walk ran before the exception unwound): what the walk
-        from the names cannot reach, found up from the tensors themselves
-        (``holders/retention.py``): a module's global, a class attribute, a queue or a data
-        frame's object column, a live thread's locals, garbage in reference cycles. Searched
-        after the failure, when only the computation's temporaries are gone: whatever it
-        finds lived through the failure. Run when what PyTorch has allocated now is more
-        than the walk accounts for by ``REST_SHARE`` of what was allocated at the failure."""
-        f = pieces.facts
-        if f.allocated_bytes is None:
-            return
-        now = self.torch.read(f.device)
-        # cuBLAS's workspaces are allocated blocks no Python object holds: a search for their
-        # holder walked the whole heap for nothing (2.5 s beside CuPy on the H100).
-        found = _scan_rest(self.host, rest_min_bytes(f.allocated_bytes),
-                           now.allocated_bytes - f.workspaces_bytes if now is not None
-                           else None)
-        known = {h.name for h in pieces.judged}
-        extra = tuple(h for h in searched_holders(found, f.device, bool(f.previous_error))
-                      if h.name not in known)
-        if not extra:
-            return
-        pieces.holders = (*pieces.holders, *extra)
-        pieces.judged = (*pieces.judged, *extra)
-        if f.unreachable_bytes is not None:
-            # What only something unseen keeps stays "reachable from nothing the scan
-            # walks" for the cause; the ledger names it apart.
-            pieces.facts = replace(f, unreachable_bytes=max(
-                f.unreachable_bytes - sum(h.held_bytes for h in extra if h.kind != "unseen"),
-                0))
-
     def _extra_lines(self, facts: OomFacts, stages: dict[str, float]) -> tuple[str, ...]:
         hook = self.extra_lines
         if hook is None:
@@ -649,7 +393,7 @@ class OomWatch:
         finally:
             stages["extra"] = self.clock() - t
 
-    def _dry_run_request(self, pieces: _Pieces, event: OomEvent | None) -> CleanupRequest:
+    def _dry_run_request(self, pieces: Pieces, event: OomEvent | None) -> CleanupRequest:
         """The in-cell ``cleanup --dry-run``, reusing what was already read after the failure.
 
         Without the observer, the scan and the full reading were both made after the failure,
@@ -696,43 +440,7 @@ class OomWatch:
             return seen
         return "expandable_segments:true" in alloc_conf()[0].replace(" ", "").lower()
 
-    def _processes_facts(self, listed: Sequence[tuple[int, int | None]] | None,
-                         from_message: Sequence[tuple[int, int | None]] = (),
-                         this_from_message: int | None = None, *, ours_expected: bool,
-                         ) -> tuple[int | None, tuple[ProcessUse, ...], bool]:
-        """(this process's bytes, the others, whether the others are unknown)."""
-        me = os.getpid()
-        if listed is None:
-            others = self._uses(from_message)
-            return this_from_message, others, not from_message and this_from_message is None
-        mine = [n for p, n in listed if p == me]
-        if not mine and (ours_expected or any(
-                not os.path.exists(f"/proc/{p}") for p, _ in listed)):
-            # PyTorch holds memory here, yet our PID is not listed, or the PIDs do not exist
-            # here: NVML shows another PID namespace (a container), so no listed process can
-            # be told apart from this one.
-            return None, (), True
-        this = sum(n or 0 for n in mine) if mine and None not in mine else None
-        others = self._uses([(p, n) for p, n in listed if p != me])
-        return this, others, False
-
-    def _uses(self, listed: Sequence[tuple[int, int | None]]) -> tuple[ProcessUse, ...]:
-        """The other processes, this kernel's children named as such. Read on demand (the
-        failed cell only): a few small /proc reads per listed process."""
-        tree = getattr(self.host.source, "processes", None)
-        children: dict[int, ChildProcess] = {}
-        if tree is not None and listed and all(os.path.exists(f"/proc/{p}") for p, _ in listed):
-            try:
-                children = {c.pid: c for c in tree.children_of(listed)}
-                unknown = roles_to_learn(children.values())
-                if unknown and tree.learn_roles(unknown):
-                    children = {c.pid: c for c in tree.children_of(listed)}
-            except Exception:
-                children = {}
-        return tuple(ProcessUse(p, n, describe_pid(p) if p not in children else "",
-                                child=children.get(p)) for p, n in listed)
-
-    def _from_event(self, ev: OomEvent, msg: OomMessage) -> _Pieces:
+    def _from_event(self, ev: OomEvent, msg: OomMessage) -> Pieces:
         r = ev.reading
         total = self.torch.device_total_bytes(ev.device) or msg.total_bytes
         fraction = self.torch.memory_fraction(ev.device)
@@ -740,8 +448,8 @@ class OomWatch:
         if fraction is not None and fraction < 1.0:
             allowed = ev.limit_bytes
         t = self.clock()
-        this, others, unknown = self._processes_facts(
-            ev.processes, msg.other_processes, msg.this_process_bytes,
+        this, others, unknown = processes_facts(
+            self.host, ev.processes, msg.other_processes, msg.this_process_bytes,
             ours_expected=bool(r and r.reserved_bytes))
         named_s = self.clock() - t
         holders = ev.holders
@@ -751,7 +459,7 @@ class OomWatch:
         facts = OomFacts(
             device=ev.device, requested_bytes=ev.requested_bytes, total_bytes=total,
             free_bytes=ev.free_bytes, allowed_bytes=allowed,
-            unreachable_bytes=_unaccounted_at_start(ev.cell, holders, ev.device),
+            unreachable_bytes=unaccounted_at_start(ev.cell, holders, ev.device),
             allocated_bytes=r.allocated_bytes if r else msg.allocated_bytes,
             reserved_bytes=r.reserved_bytes if r else msg.reserved_total_bytes,
             this_process_bytes=this, other_processes=others, others_unknown=unknown,
@@ -760,19 +468,19 @@ class OomWatch:
             largest_free_block_bytes=ev.largest_free_block_bytes,
             idle_segments_bytes=ev.idle_segments_bytes,
             private_pool_bytes=msg.private_pool_bytes, measured_at="failure", pools=ev.pools,
-            walk_capped=_capped(holders), workspaces_bytes=ev.workspaces_bytes,
+            walk_capped=any_capped(holders), workspaces_bytes=ev.workspaces_bytes,
             grad_enabled=ev.grad_enabled, idle_process_bytes=self._idle_bytes(ev.device),
-            **_cell_facts(ev.cell, r.allocated_bytes if r else msg.allocated_bytes))
+            **cell_facts(ev.cell, r.allocated_bytes if r else msg.allocated_bytes))
         stages = {"observer": ev.cost_s}
         stages.update(ev.stage_s)
         stages["children"] = named_s  # naming the other processes (this kernel's children)
-        return _Pieces(facts=facts, holders=tuple(holders), judged=tuple(holders),
+        return Pieces(facts=facts, holders=tuple(holders), judged=tuple(holders),
                        source="Measured at the failure by the allocator's OOM observer",
-                       observer_s=ev.cost_s, notes=self._unknown_note(unknown),
+                       observer_s=ev.cost_s, notes=unknown_note(unknown),
                        stage_s=stages)
 
     def _from_message(self, msg: OomMessage, previous_error: str,
-                      error: BaseException) -> _Pieces:
+                      error: BaseException) -> Pieces:
         device = msg.device if msg.device is not None else 0
         stages: dict[str, float] = {}
         t = self.clock()
@@ -783,11 +491,11 @@ class OomWatch:
         backend = self.torch.allocator_backend() or (
             "cudaMallocAsync" if msg.form == FORM_ASYNC else "native")
         t = self.clock()
-        listed = self._processes(device)
+        listed = listed_processes(self.host, device)
         stages["processes"] = self.clock() - t
         t = self.clock()
-        this, others, unknown = self._processes_facts(
-            listed, msg.other_processes, msg.this_process_bytes,
+        this, others, unknown = processes_facts(
+            self.host, listed, msg.other_processes, msg.this_process_bytes,
             ours_expected=bool(al and al.reserved_bytes))
         stages["children"] = self.clock() - t
         if this is None and d is not None and d.nvml is not None:
@@ -805,14 +513,14 @@ class OomWatch:
         base = msg.allocated_bytes if msg.allocated_bytes is not None else (
             al.allocated_bytes if al else None)
         pools_now, workspaces_now = self._segments_now(device, backend)
-        scanned = _scan_rest(self.host, rest_min_bytes(base) if base is not None else None,
-                             al.allocated_bytes - workspaces_now if al is not None else None)
+        scanned = scan_rest(self.host, rest_min_bytes(base) if base is not None else None,
+                            al.allocated_bytes - workspaces_now if al is not None else None)
         # What the search found that the explanation does not name (unseen, not searched;
         # garbage that a replaced traceback's story names) stays out of every figure.
         holders = tuple(h for h in scanned if not h.searched) + searched_holders(
             scanned, device, bool(previous_error))
         stages["scan"] = self.clock() - t
-        judged = _failed_call_apart(holders, error)
+        judged = failed_call_apart(holders, error)
         failed = [h for h in judged if h.kind == KIND_FAILED_CALL
                   and h.device in (f"cuda:{device}", "cuda")]
         computation = sum(h.held_bytes for h in failed) if failed else None
@@ -842,24 +550,16 @@ class OomWatch:
             private_pool_bytes=msg.private_pool_bytes, precision_bytes=msg.precision_bytes,
             measured_at="after", released_since_bytes=released,
             unreachable_bytes=unreachable, previous_error=previous_error,
-            computation_bytes=computation, grad_enabled=grad, walk_capped=_capped(holders),
+            computation_bytes=computation, grad_enabled=grad, walk_capped=any_capped(holders),
             pools=pools_now, workspaces_bytes=workspaces_now,
             idle_process_bytes=self._idle_bytes(device),
-            **_cell_facts(self._cell_start(device), allocated))
+            **cell_facts(self._cell_start(device), allocated))
         why = f"OOM observer {self.observer_status}" \
             if self.observer_status != "attached" else "the OOM observer did not see this one"
-        notes = self._unknown_note(unknown)
-        return _Pieces(facts=facts, holders=holders, judged=judged,
+        notes = unknown_note(unknown)
+        return Pieces(facts=facts, holders=holders, judged=judged,
                        source=f"From the error message and readings after it ({why})",
                        notes=notes, sample=now, stage_s=stages)
-
-    @staticmethod
-    def _unknown_note(unknown: bool) -> list[str]:
-        if not unknown:
-            return []
-        return ["NVML could not attribute GPU memory to processes here (another PID "
-                "namespace, such as a container, or no NVML), so other processes and memory "
-                "outside PyTorch are not shown."]
 
     def no_oom_line(self) -> str:
         self.ensure_attached()  # the status as of now: CUDA may have started in this cell
@@ -869,7 +569,6 @@ class OomWatch:
                 f"OOM observer: {self.observer_status}.")
 
 
-CUT_CHECK_MIN_BYTES = 256 << 20  # a holder smaller than this is not worth the search
 GC_NOTE_BYTES = 256 << 20  # a collection's freed bytes worth a line after the explanation
 
 
@@ -894,215 +593,3 @@ def collected_line(nbytes: int, collections: int, *, after_explanation: bool) ->
             "counted against the request: PyTorch does not run the collector before it "
             "raises. Break the cycle (set the back-reference to None, or hold it through "
             "weakref) or call gc.collect() in the loop that makes them.")
-
-
-def _with_collections(f: OomFacts, w: Collections) -> OomFacts:
-    """The facts, with what collections freed since the failure: it was garbage then, not
-    part of what the holders or the session's remainder hold."""
-    if not w.freed_bytes:
-        return replace(f, collected_bytes=0, collections=w.collections)
-    unreachable = f.unreachable_bytes
-    if unreachable is not None:
-        unreachable = max(unreachable - w.freed_bytes, 0)
-    return replace(f, collected_bytes=w.freed_bytes, collections=w.freeing,
-                   unreachable_bytes=unreachable)
-
-
-def _scan_rest(host: OomHost, rest_min_bytes: int | None,
-               allocated_bytes: int | None) -> list[Holder]:
-    """The host's scan with the retention search for what the walk leaves unexplained; a
-    stand-in host that takes no such arguments scans as before."""
-    try:
-        return host.scan(graph_budget_s=EXPLAIN_GRAPH_BUDGET_S, rest_min_bytes=rest_min_bytes,
-                         allocated_bytes=allocated_bytes)
-    except TypeError:
-        return host.scan(graph_budget_s=EXPLAIN_GRAPH_BUDGET_S)
-
-
-def searched_holders(found: Iterable[Holder], device: int,
-                     previous_error: bool) -> tuple[Holder, ...]:
-    """The search's finds that the explanation names on the failing GPU. Not what it could
-    not search; what only something unseen keeps is named in the split, never a cause
-    (``causes._NOT_HELD``); not garbage where the previous error's replaced traceback
-    explains it (IPython's frames keep that in a reference cycle: ``causes._held`` tells its
-    story)."""
-    skip = ("not searched",) + (("garbage",) if previous_error else ())
-    return tuple(h for h in found if h.searched and h.kind not in skip
-                 and h.device in (f"cuda:{device}", "cuda"))
-
-
-def pool_id_of(seg: Mapping[str, Any]) -> tuple[int, int]:
-    """A segment's ``segment_pool_id`` (``(0, 0)``: the default pool), as
-    ``torch/csrc/cuda/Module.cpp`` writes it from ``SegmentInfo.owner_private_pool_id``."""
-    raw = seg.get("segment_pool_id", (0, 0))
-    try:
-        a, b = raw
-        return int(a), int(b)
-    except (TypeError, ValueError):
-        return (0, 0)
-
-
-def pools_in(segments: Iterable[Mapping[str, Any]], device: int,
-             graph_trees: bool = False) -> tuple[PoolUse, ...]:
-    """Each non-default pool's reserved and allocated bytes on ``device``."""
-    sizes: dict[tuple[int, int], list[int]] = {}
-    ranges: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for seg in segments:
-        if seg.get("device", device) != device:
-            continue
-        pid = pool_id_of(seg)
-        if pid == (0, 0):
-            continue
-        total = int(seg.get("total_size", 0) or 0)
-        allocated = seg.get("allocated_size")
-        if allocated is None:
-            allocated = sum(int(b.get("size", 0)) for b in seg.get("blocks", ())
-                            if b.get("state") == "active_allocated")
-        entry = sizes.setdefault(pid, [0, 0])
-        entry[0] += total
-        entry[1] += int(allocated)
-        address = seg.get("address")
-        if isinstance(address, int):
-            ranges.setdefault(pid, []).append((address, total))
-    return tuple(PoolUse(pid, POOL_USER if pid[0] == 0 else POOL_GRAPH, r, a,
-                         graph_trees=graph_trees and pid[0] != 0,
-                         ranges=tuple(ranges.get(pid, ())))
-                 for pid, (r, a) in sizes.items())
-
-
-def _segment_facts(snapshot: Mapping[str, Any],
-                   device: int) -> tuple[int | None, bool | None, int]:
-    """(largest free block inside PyTorch's default pool's segments, expandable segments on,
-    the default pool's segments with no block allocated) from a snapshot taken at the
-    failure. A private pool's free blocks are not fragmentation: only that pool can use them
-    (``pools_in``)."""
-    largest: int | None = None
-    expandable: bool | None = None
-    idle = 0
-    for seg in snapshot.get("segments", ()):
-        if seg.get("device", device) != device:
-            continue
-        if seg.get("is_expandable"):
-            expandable = True
-        if pool_id_of(seg) != (0, 0):
-            continue
-        allocated = False
-        for b in seg.get("blocks", ()):
-            if b.get("state") == "inactive":
-                largest = max(largest or 0, int(b.get("size", 0)))
-            elif b.get("state") == "active_allocated":
-                allocated = True
-        if not allocated:
-            idle += int(seg.get("total_size", 0))
-    settings = snapshot.get("allocator_settings")
-    if isinstance(settings, Mapping) and "expandable_segments" in settings:
-        expandable = bool(settings["expandable_segments"]) or bool(expandable)
-    return largest, expandable, idle
-
-
-# The explainer's two scans (in the observer, then the dry run after the failure) each get this
-# long for autograd graphs, so that the whole explanation stays within its 50 ms.
-EXPLAIN_GRAPH_BUDGET_S = 0.015
-# The retention search runs at an OOM when the GPU tensors the walk did not reach come to more
-# than this share of what was allocated (the explanation's "not found" bound).
-REST_SHARE = 0.02
-# ... and to at least this much. With next to nothing allocated (an impossible request, other
-# processes or another library holding the GPU), 2% of it is a few bytes, and the search
-# walked the whole heap for them: 210-400 ms on the H200 in a bare torch process
-# (benchmarks/results/gpu_tests_b_f6f6186_h200.log), where the walk alone takes 1 ms. No
-# holder this small is what ran a GPU out of memory.
-REST_FLOOR_BYTES = 64 << 20
-
-
-def rest_min_bytes(allocated_bytes: int) -> int:
-    """What the GPU tensors the walk did not reach must come to for the retention search to
-    run at an OOM."""
-    return max(int(REST_SHARE * allocated_bytes), REST_FLOOR_BYTES)
-
-
-def _cell_facts(cell: CellStart | None, allocated: int | None) -> dict[str, Any]:
-    """The failing cell's working-set facts, from its start and PyTorch's allocated bytes at
-    the failure."""
-    if cell is None:
-        return {}
-    own = None
-    if cell.allocated_bytes is not None and allocated is not None:
-        own = max(allocated - cell.allocated_bytes, 0)
-    return {"cell_bytes": own, "cell_start_bytes": cell.allocated_bytes,
-            "cell_previous_peak_bytes": cell.previous_peak_bytes,
-            "cell_previous_peak_exact": cell.previous_peak_exact}
-
-
-def _unaccounted_at_start(cell: CellStart | None, holders: Sequence[Holder],
-                          device: int) -> int | None:
-    """At the failure: what PyTorch had allocated when the failing cell started that none of
-    the session's holders keeps (they are scanned at the failure, so they also hold what the
-    cell stored: that can only make this smaller). Unknown when a holder's graph was not
-    sized in full, which would make it larger than it is."""
-    if cell is None or cell.allocated_bytes is None:
-        return None
-    held = held_holders(holders, device)
-    if _capped(held):
-        return None
-    return max(cell.allocated_bytes - sum(h.held_bytes for h in held), 0)
-
-
-def explanation_ledger(f: OomFacts, judged: Sequence[Holder]) -> Ledger | None:
-    """The failure's split of allocated bytes: every holder on the GPU (the session's, the
-    running backward's, the failed call's), the failing cell's own working set beyond them
-    (at the failure), and each private pool's tensors."""
-    if f.allocated_bytes is None:
-        return None
-    device = f"cuda:{f.device}"
-    computation = 0
-    if f.measured_at == "failure":
-        computation = cell_working_set_bytes(f, judged) or 0
-        # What the running backward's inputs hold is listed among the holders already.
-    elif not f.previous_error:
-        # Explained after the fact: what was allocated at the failure and is free now was
-        # freed by the failing computation as its frames unwound (its temporaries), or by a
-        # collection measured while the error was handled (garbage); no other code ran in
-        # between, and no earlier traceback was replaced that could have held it. The failed
-        # call's locals are among the holders already (kind "failed call").
-        computation = max((f.released_since_bytes or 0) - (f.collected_bytes or 0), 0)
-    on_gpu = [h for h in judged if h.device.startswith("cuda")]
-    parts = pool_parts(f.pools, on_gpu)
-    if f.collected_bytes and (f.measured_at == "failure" or not f.previous_error):
-        # Allocated at the failure, gone before anything looked: what a collection freed.
-        parts = (*parts, ("reference cycles that a collection freed after the failure "
-                          "(garbage)", f.collected_bytes))
-    return ledger(device, f.allocated_bytes, on_gpu, computation_bytes=computation,
-                  pools=parts, workspaces_bytes=f.workspaces_bytes)
-
-
-def pool_parts(pools: Iterable[PoolUse], holders: Sequence[Holder]) -> tuple[tuple[str, int], ...]:
-    """Each pool's part of the ledger: its allocated bytes less what the holders keep in it.
-    A pool's tensors that a holder keeps (a CUDA graph's static outputs, kept in a variable)
-    are that holder's: counted under both, the parts added up to more than was allocated."""
-    return tuple((f"the pool of {pool_owner_text(p)}",
-                  max(p.allocated_bytes - sum(n for h in holders for a, n in h.storages
-                                              if p.holds(a)), 0))
-                 for p in pools)
-
-
-def _graph_trees_loaded() -> bool:
-    """Whether torch.compile's CUDA graph trees have been imported (mode="reduce-overhead")."""
-    return "torch._inductor.cudagraph_trees" in sys.modules
-
-
-def _capped(holders: Sequence[Holder]) -> bool:
-    return any(h.walk_capped or h.graph_bytes_capped or h.graph_unsized
-               or (h.holds_graph and h.graph_bytes is None) for h in holders)
-
-
-def _failed_call_apart(holders: Sequence[Holder], error: BaseException) -> tuple[Holder, ...]:
-    """The holders, with the failing call's own traceback marked as such: when the stored
-    exception is this error, its frames' locals are the computation's working set (under
-    cudaMallocAsync the explanation comes after the exception unwound), not memory the
-    session keeps."""
-    stored = last_value()
-    if not isinstance(stored, BaseException) or not any(
-            e is error for e in exception_chain(stored)):
-        return tuple(holders)
-    return tuple(replace(h, kind=KIND_FAILED_CALL) if h.kind == "traceback" else h
-                 for h in holders)
