@@ -97,7 +97,8 @@ def leaks(before: State) -> list[Leak]:
     for cb in _new(gc.callbacks, before.gc_callbacks):
         if getattr(cb, "__module__", "").startswith(PROCESS_WIDE_GC_CALLBACKS):
             continue
-        found.append(Leak(f"gc.callbacks entry {cb!r}", lambda cb=cb: _remove_all(gc.callbacks, cb)))
+        found.append(Leak(f"gc.callbacks entry {cb!r}",
+                          lambda cb=cb: _remove_all(gc.callbacks, cb)))
     for finder in _new(sys.meta_path, before.meta_path):
         found.append(Leak(f"sys.meta_path entry {finder!r}",
                           lambda f=finder: _remove_all(sys.meta_path, f)))
