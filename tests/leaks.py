@@ -26,6 +26,10 @@ THREAD_END_WAIT_S = 2.0
 # Libraries that install a gc callback once for the life of the process, on first use:
 # hypothesis times collections to leave them out of its deadline. Not a test's leak.
 PROCESS_WIDE_GC_CALLBACKS = ("hypothesis.",)
+# Import finders are watched only where ours: a library adds its own on first import, for the
+# life of the process (importlib_metadata's, toolz's tlz), and taking one back broke every
+# later test that reads entry points (jupyter_client's kernel provisioners).
+OWN_FINDERS = ("gpumem_nb", "tests")
 EVENTS = ("pre_execute", "pre_run_cell", "post_execute", "post_run_cell", "shell_initialized")
 
 _HOOKS: dict[str, Any] = {
@@ -36,6 +40,10 @@ _HOOKS: dict[str, Any] = {
     "sys.setprofile": sys.getprofile,
     "threading.settrace": threading.gettrace,
     "threading.setprofile": threading.getprofile,
+    # A test that disables the collector and fails before it enables it again leaves every
+    # later test without automatic collections: gc windows stay open, cycles pile up.
+    "gc.isenabled": gc.isenabled,
+    "gc.get_threshold": gc.get_threshold,
 }
 # (sys.unraisablehook and threading.excepthook are pytest's own, swapped around each phase.)
 _SETTERS: dict[str, Any] = {
@@ -43,6 +51,8 @@ _SETTERS: dict[str, Any] = {
     "sys.setprofile": sys.setprofile,
     "threading.settrace": threading.settrace,
     "threading.setprofile": threading.setprofile,
+    "gc.isenabled": lambda on: gc.enable() if on else gc.disable(),
+    "gc.get_threshold": lambda t: gc.set_threshold(*t),
 }
 
 
@@ -100,6 +110,8 @@ def leaks(before: State) -> list[Leak]:
         found.append(Leak(f"gc.callbacks entry {cb!r}",
                           lambda cb=cb: _remove_all(gc.callbacks, cb)))
     for finder in _new(sys.meta_path, before.meta_path):
+        if not type(finder).__module__.startswith(OWN_FINDERS):
+            continue
         found.append(Leak(f"sys.meta_path entry {finder!r}",
                           lambda f=finder: _remove_all(sys.meta_path, f)))
     for name, get in _HOOKS.items():
