@@ -44,6 +44,9 @@ _HOOKS: dict[str, Any] = {
     # later test without automatic collections: gc windows stay open, cycles pile up.
     "gc.isenabled": gc.isenabled,
     "gc.get_threshold": gc.get_threshold,
+    # Frozen objects are outside the generations gc.get_referrers reads: a freeze left on
+    # hides referrers from the retention search ("unseen").
+    "gc.freeze": lambda: gc.get_freeze_count() > 0,
 }
 # (sys.unraisablehook and threading.excepthook are pytest's own, swapped around each phase.)
 _SETTERS: dict[str, Any] = {
@@ -53,6 +56,7 @@ _SETTERS: dict[str, Any] = {
     "threading.setprofile": threading.setprofile,
     "gc.isenabled": lambda on: gc.enable() if on else gc.disable(),
     "gc.get_threshold": lambda t: gc.set_threshold(*t),
+    "gc.freeze": lambda frozen: None if frozen else gc.unfreeze(),
 }
 
 
@@ -134,7 +138,7 @@ def _ipython_leaks(before: State) -> list[Leak]:
     for event, callbacks in _events(shell).items():
         for cb in _new(callbacks, before.events.get(event, [])):
             found.append(Leak(f"IPython {event} callback {cb!r}",
-                              lambda e=event, cb=cb: shell.events.unregister(e, cb)))
+                              lambda e=event, cb=cb: _unregister(shell, e, cb)))
     return found
 
 
@@ -147,6 +151,12 @@ def _thread_leaks(before: State) -> list[Leak]:
         t.join(max(0.0, deadline - time.monotonic()))
     return [Leak(f"thread {t.name!r} (daemon={t.daemon}) still running", lambda: None)
             for t in new if t.is_alive()]
+
+
+def _unregister(shell: Any, event: str, callback: Any) -> None:
+    # Unloading the extension (taken back first) may have unregistered it already.
+    if any(cb is callback for cb in shell.events.callbacks.get(event, ())):
+        shell.events.unregister(event, callback)
 
 
 def _remove_all(items: list[Any], x: Any) -> None:
