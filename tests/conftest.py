@@ -10,6 +10,7 @@ from gpumem_nb.kernel import monitor as monitor_mod
 from gpumem_nb.sources.live import LiveSource
 from gpumem_nb.sources.nvml import NvmlSource
 
+from . import leaks
 from .fakes import FakeCuda, FakeCudaDevice, FakeGpu, FakePynvml, GiB, MiB, fake_torch
 
 
@@ -26,6 +27,22 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
         for item in items:
             if marker in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def left_as_found() -> Any:
+    """Each test leaves the process as it found it: no gc callback, thread, sys or threading
+    hook, import finder or IPython callback of its own left behind (``tests/leaks.py``). A
+    leak fails the test that left it, named, and is taken back so that the next test starts
+    clean. First of the autouse fixtures: set up before, and torn down after, the others."""
+    before = leaks.snapshot()
+    yield
+    found = leaks.leaks(before)
+    if found:
+        stuck = leaks.clean_up(found)
+        pytest.fail("the test left behind: " + "; ".join(leak.what for leak in found)
+                    + ("; could not take back: " + "; ".join(stuck) if stuck else ""),
+                    pytrace=False)
 
 
 @pytest.fixture(autouse=True)
