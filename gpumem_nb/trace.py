@@ -80,8 +80,8 @@ class Site:
     line: int
     function: str
     via: str = ""  # the cell line that led there, when the site is inside a function
-    # The line as written, when the site is in the traced cell (``CellText``); None: read
-    # through linecache. Not part of the site's identity.
+    # The line as written, when the site is in a cell whose text is kept (``CellText``);
+    # None: read through linecache. Not part of the site's identity.
     written: str | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -413,7 +413,7 @@ def analyze(entries: Sequence[Mapping[str, Any]], *, device: int = 0,
     counts it); ``free_completed`` only when no request was seen (histories recorded
     with that action skipped). Frees of allocations made before the window are ignored.
 
-    ``cell``: the traced cell's own text, which its sites' lines are read from (linecache
+    ``cell``: cells' own texts, which their sites' lines are read from (linecache
     misnumbers a cell's lines after a form feed, VT, NEL or U+2028; see ``celltext``).
 
     Entries that are not what torch writes (not a dict, a size, line or time that is not a
@@ -732,9 +732,9 @@ class CellTracer:
             self._timed_record(False)
 
     def stop(self, *, top: int = TOP_DEFAULT, save: str | None = None,
-             cell_text: str | None = None) -> TraceResult:
+             cells: CellText | None = None) -> TraceResult:
         """Snapshot, switch the recording back off (if it was ours), analyse, save.
-        ``cell_text``: the cell as compiled, which its lines are labelled from."""
+        ``cells``: the cells' texts as compiled, which their lines are labelled from."""
         t0 = self.clock()
         try:
             snap, why = self.torch.memory_snapshot()
@@ -749,7 +749,6 @@ class CellTracer:
             notes.append(f"No snapshot: {why}.")
         else:
             skip = library_dirs(self.torch._modules)
-            cell = CellText(cell_text) if cell_text is not None else None
             since = None if ours else self._since_us
             if self._start_state:
                 try:
@@ -769,7 +768,7 @@ class CellTracer:
                     notes.append("These history entries carry no timestamps, so this cell's "
                                  "cannot be told apart from earlier ones: all are shown.")
                     since = None
-                d = analyze(trace, device=i, since_us=since, top=top, skip=skip, cell=cell)
+                d = analyze(trace, device=i, since_us=since, top=top, skip=skip, cell=cells)
                 entries += d.entries
                 if d.allocations:
                     devices.append(d)

@@ -89,10 +89,6 @@ def _clear_user(shell: Any, *names: str) -> None:
         shell.user_ns.pop(name, None)
 
 
-@pytest.mark.xfail(strict=True, reason="only the traced cell's own lines are read from its "
-                   "text: an earlier cell is read through linecache, which IPython split with "
-                   "str.splitlines(), so a U+2028 above a function shifts its label by a line "
-                   "('cell line 3 in make: def make():')")
 def test_a_function_from_an_earlier_cell_with_a_u2028_is_labelled_with_its_own_line(loaded):
     loaded.run_cell("s = '\u2028'\n"
                     "def make():\n"
@@ -104,9 +100,6 @@ def test_a_function_from_an_earlier_cell_with_a_u2028_is_labelled_with_its_own_l
     _clear_user(loaded, "s", "make", "m")
 
 
-@pytest.mark.xfail(strict=True, reason="a %%gpumem --trace cell nested in a traced cell is "
-                   "another cell file: the outer report reads it through linecache, and after "
-                   "its U+2028 labels its line 2 with the string's tail (\"cell line 2: '\")")
 def test_a_nested_traced_cells_lines_are_labelled_as_written_in_the_outer_report(loaded):
     sites = _traced_sites(loaded, "%%gpumem --trace -q --top 20\n"
                                   "s = '\u2028'\n"
@@ -147,9 +140,6 @@ def test_traced_lines_of_100000_characters_keep_the_report_small(loaded):
     _clear_user(loaded, "s", *(f"a{i}" for i in range(5)))
 
 
-@pytest.mark.xfail(strict=True, reason="the hook is removed from the list it was put in: a "
-                   "body that rebinds input_transformers_post (a copy of the list) leaves it "
-                   "installed for every later cell, holding the traced cell's text")
 def test_a_body_that_rebinds_the_transformer_list_leaves_no_transformer_behind(loaded):
     before = list(loaded.input_transformers_post)
     try:
