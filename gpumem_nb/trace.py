@@ -36,7 +36,7 @@ from .cellnames import is_cell_top
 from .celltext import CellText
 from .report import Shown, html_table, text_table
 from .sources.torch import TorchDebug
-from .units import format_bytes
+from .units import cut, format_bytes, printable
 from .whatif.snapshot import START_KEY
 
 __all__ = [
@@ -63,6 +63,14 @@ TOP_DEFAULT = 5
 _TIMELINE_SITES = 8
 MiB = 1 << 20
 _MAX_POINTS = 1500
+# A site's label as shown, cut where it ends in "…" (``units.cut``) and each control character
+# written as its escape (``units.printable``, as the flag and replay messages write them): the
+# label holds a traced line as written, and five lines of 100,000 characters made a 1.4 MB
+# report. The timeline's legend keeps 70 characters and its hover 50; the report's table,
+# whose column wraps, keeps 200, so that the file, the line and "(from cell line N)" stay.
+_LEGEND_CHARS = 70
+_HOVER_CHARS = 50
+_TABLE_LABEL_CHARS = 200
 _PICKLE_PROTOCOL = 4  # memory_viz's JavaScript unpickler rejects protocol 5
 # Frames from these packages are never "the site": the user's line is what called them.
 _LIBRARY_MODULES = ("torch", "gpumem_nb", "IPython", "ipykernel", "tornado", "zmq",
@@ -872,7 +880,8 @@ class TraceReport(Shown):
 
 
 def _rows(sites: Iterable[SiteBytes]) -> list[list[str]]:
-    return [[format_bytes(s.nbytes), str(s.allocations), s.label] for s in sites]
+    return [[format_bytes(s.nbytes), str(s.allocations), _shown(s.label, _TABLE_LABEL_CHARS)]
+            for s in sites]
 
 
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
@@ -900,11 +909,11 @@ class TraceTimeline:
     def figure(self) -> dict[str, Any]:
         d = self.device
         data = [{
-            "type": "scatter", "mode": "lines", "name": _clip(s.label, 70),
+            "type": "scatter", "mode": "lines", "name": _shown(s.label, _LEGEND_CHARS),
             "x": list(d.times_ms), "y": [round(v, 3) for v in s.mib],
             "stackgroup": "live", "line": {"shape": "hv", "width": 0.5,
                                             "color": _PALETTE[i % len(_PALETTE)]},
-            "hovertemplate": "%{y:.1f} MiB<extra>" + html.escape(_clip(s.label, 50))
+            "hovertemplate": "%{y:.1f} MiB<extra>" + html.escape(_shown(s.label, _HOVER_CHARS))
                              + "</extra>",
         } for i, s in enumerate(d.series)]
         marks = self._marks()
@@ -967,8 +976,9 @@ class TraceTimeline:
         return bundle
 
 
-def _clip(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
+def _shown(label: str, n: int) -> str:
+    """A site's label as every view shows it: cut to ``n`` characters, then printable."""
+    return printable(cut(label, n))
 
 
 def views(result: TraceResult, cell: Any = None) -> list[Any]:

@@ -108,9 +108,6 @@ def test_a_nested_traced_cells_lines_are_labelled_as_written_in_the_outer_report
     _clear_user(loaded, "s", "x")
 
 
-@pytest.mark.xfail(strict=True, reason="the trace report puts a traced line into text/plain "
-                   "and text/html as written: a raw ESC in a string reaches the terminal (the "
-                   "flag and replay messages escape it)")
 def test_a_traced_line_holding_an_escape_sequence_is_shown_printable(loaded):
     from gpumem_nb import trace
     from gpumem_nb.kernel import current_monitor
@@ -124,9 +121,6 @@ def test_a_traced_line_holding_an_escape_sequence_is_shown_printable(loaded):
     _clear_user(loaded, "a1", "s")
 
 
-@pytest.mark.xfail(strict=True, reason="a site's label is the whole traced line: five lines "
-                   "holding a 100,000-character literal made a 1.4 MB text/plain report and a "
-                   "1.0 MB text/html one (the timeline cuts labels at 70)")
 def test_traced_lines_of_100000_characters_keep_the_report_small(loaded):
     from gpumem_nb import trace
     from gpumem_nb.kernel import current_monitor

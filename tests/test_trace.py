@@ -563,6 +563,18 @@ def test_a_traced_cell_leaves_no_input_transformer_behind(loaded):
     _clear_user(loaded, "x")
 
 
+def test_a_traced_line_holding_a_noncharacter_or_a_bidi_override_is_shown_escaped(loaded):
+    from gpumem_nb import trace
+
+    loaded.run_cell("%%gpumem --trace -q\n"
+                    "a1 = cuda.tensor(64 * MiB); s = '\ufffe\u202e'\n", store_history=True)
+    report = trace.views(current_monitor(loaded).last_trace)[0]
+    for text in (str(report), report._repr_html_()):
+        assert "\\ufffe\\u202e" in text
+        assert "\ufffe" not in text and "\u202e" not in text
+    _clear_user(loaded, "a1", "s")
+
+
 def _ours(shell: Any) -> list[Any]:
     return [t for t in shell.input_transformers_post
             if getattr(t, "__qualname__", "") == "CompiledTexts._see"]
