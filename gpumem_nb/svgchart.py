@@ -277,14 +277,10 @@ def describe(data: ChartData) -> str:
 # nor U+FFFF; html.escape leaves them all, and one of them (a raw ESC in a traced line, a
 # replayed GPU's name) made the whole picture no XML: a broken image wherever it is shown.
 # Every text is written as the text outputs write it (``units.printable``: each control
-# character as its escape, ``\x1b``), and the two noncharacters likewise.
-_NONCHARACTERS = re.compile("[\ufffe\uffff]")
-
-
+# character and noncharacter as its escape, ``\x1b``, ``\ufffe``).
 def _xml(value: str) -> str:
     """``value`` as an SVG text or attribute value: well-formed XML whatever it holds."""
-    text = _NONCHARACTERS.sub(lambda m: repr(m.group())[1:-1], printable(value))
-    return html.escape(text, quote=True)
+    return html.escape(printable(value), quote=True)
 
 
 # -- any chart: lines, areas, marks and one level ----------------------------------------------

@@ -36,7 +36,7 @@ from .cellnames import is_cell_top
 from .celltext import CellText
 from .report import Shown, html_table, text_table
 from .sources.torch import TorchDebug
-from .units import format_bytes
+from .units import cut, format_bytes, printable
 from .whatif.snapshot import START_KEY
 
 __all__ = [
@@ -63,6 +63,14 @@ TOP_DEFAULT = 5
 _TIMELINE_SITES = 8
 MiB = 1 << 20
 _MAX_POINTS = 1500
+# A site's label as shown, cut where it ends in "…" (``units.cut``) and each control character
+# written as its escape (``units.printable``, as the flag and replay messages write them): the
+# label holds a traced line as written, and five lines of 100,000 characters made a 1.4 MB
+# report. The timeline's legend keeps 70 characters and its hover 50; the report's table,
+# whose column wraps, keeps 200, so that the file, the line and "(from cell line N)" stay.
+_LEGEND_CHARS = 70
+_HOVER_CHARS = 50
+_TABLE_LABEL_CHARS = 200
 _PICKLE_PROTOCOL = 4  # memory_viz's JavaScript unpickler rejects protocol 5
 # Frames from these packages are never "the site": the user's line is what called them.
 _LIBRARY_MODULES = ("torch", "gpumem_nb", "IPython", "ipykernel", "tornado", "zmq",
@@ -80,8 +88,8 @@ class Site:
     line: int
     function: str
     via: str = ""  # the cell line that led there, when the site is inside a function
-    # The line as written, when the site is in the traced cell (``CellText``); None: read
-    # through linecache. Not part of the site's identity.
+    # The line as written, when the site is in a cell whose text is kept (``CellText``);
+    # None: read through linecache. Not part of the site's identity.
     written: str | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -413,7 +421,7 @@ def analyze(entries: Sequence[Mapping[str, Any]], *, device: int = 0,
     counts it); ``free_completed`` only when no request was seen (histories recorded
     with that action skipped). Frees of allocations made before the window are ignored.
 
-    ``cell``: the traced cell's own text, which its sites' lines are read from (linecache
+    ``cell``: cells' own texts, which their sites' lines are read from (linecache
     misnumbers a cell's lines after a form feed, VT, NEL or U+2028; see ``celltext``).
 
     Entries that are not what torch writes (not a dict, a size, line or time that is not a
@@ -732,9 +740,9 @@ class CellTracer:
             self._timed_record(False)
 
     def stop(self, *, top: int = TOP_DEFAULT, save: str | None = None,
-             cell_text: str | None = None) -> TraceResult:
+             cells: CellText | None = None) -> TraceResult:
         """Snapshot, switch the recording back off (if it was ours), analyse, save.
-        ``cell_text``: the cell as compiled, which its lines are labelled from."""
+        ``cells``: the cells' texts as compiled, which their lines are labelled from."""
         t0 = self.clock()
         try:
             snap, why = self.torch.memory_snapshot()
@@ -749,7 +757,6 @@ class CellTracer:
             notes.append(f"No snapshot: {why}.")
         else:
             skip = library_dirs(self.torch._modules)
-            cell = CellText(cell_text) if cell_text is not None else None
             since = None if ours else self._since_us
             if self._start_state:
                 try:
@@ -769,7 +776,7 @@ class CellTracer:
                     notes.append("These history entries carry no timestamps, so this cell's "
                                  "cannot be told apart from earlier ones: all are shown.")
                     since = None
-                d = analyze(trace, device=i, since_us=since, top=top, skip=skip, cell=cell)
+                d = analyze(trace, device=i, since_us=since, top=top, skip=skip, cell=cells)
                 entries += d.entries
                 if d.allocations:
                     devices.append(d)
@@ -873,7 +880,8 @@ class TraceReport(Shown):
 
 
 def _rows(sites: Iterable[SiteBytes]) -> list[list[str]]:
-    return [[format_bytes(s.nbytes), str(s.allocations), s.label] for s in sites]
+    return [[format_bytes(s.nbytes), str(s.allocations), _shown(s.label, _TABLE_LABEL_CHARS)]
+            for s in sites]
 
 
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
@@ -901,11 +909,11 @@ class TraceTimeline:
     def figure(self) -> dict[str, Any]:
         d = self.device
         data = [{
-            "type": "scatter", "mode": "lines", "name": _clip(s.label, 70),
+            "type": "scatter", "mode": "lines", "name": _shown(s.label, _LEGEND_CHARS),
             "x": list(d.times_ms), "y": [round(v, 3) for v in s.mib],
             "stackgroup": "live", "line": {"shape": "hv", "width": 0.5,
                                             "color": _PALETTE[i % len(_PALETTE)]},
-            "hovertemplate": "%{y:.1f} MiB<extra>" + html.escape(_clip(s.label, 50))
+            "hovertemplate": "%{y:.1f} MiB<extra>" + html.escape(_shown(s.label, _HOVER_CHARS))
                              + "</extra>",
         } for i, s in enumerate(d.series)]
         marks = self._marks()
@@ -968,8 +976,9 @@ class TraceTimeline:
         return bundle
 
 
-def _clip(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
+def _shown(label: str, n: int) -> str:
+    """A site's label as every view shows it: cut to ``n`` characters, then printable."""
+    return printable(cut(label, n))
 
 
 def views(result: TraceResult, cell: Any = None) -> list[Any]:

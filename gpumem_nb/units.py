@@ -99,10 +99,11 @@ def parse_size(text: str) -> int:
 # What must not reach a terminal or a plain-text output raw: C0 and C1 controls (a clear-screen
 # escape, a bell, a newline forging a row of its own), DEL, the bidirectional overrides and
 # isolates that make text read backwards, the line and paragraph separators (a terminal or a
-# notebook breaks the line there, as at a newline), and lone surrogates (``print`` itself would
-# raise).
+# notebook breaks the line there, as at a newline), lone surrogates (``print`` itself would
+# raise), and the noncharacters U+FFFE and U+FFFF (no XML may hold them: an SVG picture or a
+# saved notebook's page with one is broken).
 _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029"
-                          "\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+                          "\u202a-\u202e\u2066-\u2069\ud800-\udfff\ufffe\uffff]")
 
 
 def cut(text: str, limit: int) -> str:

@@ -531,8 +531,8 @@ def test_a_traced_cell_with_windows_line_ends_counts_each_crlf_as_one_line(loade
 
 def test_lines_in_an_earlier_cell_and_a_module_keep_their_own_labels_beside_a_u2028_cell(
         loaded, tmp_path, monkeypatch):
-    # Only the traced cell's own lines are read from its text: a function from an earlier
-    # cell, or from a module, is labelled from its own file as before.
+    # A function from an earlier cell is labelled from that cell's own text, one from a
+    # module from its own file, as before.
     pkg = tmp_path / "mypkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
@@ -561,6 +561,71 @@ def test_a_traced_cell_leaves_no_input_transformer_behind(loaded):
                     store_history=True)
     assert loaded.input_transformers_post == before
     _clear_user(loaded, "x")
+
+
+def test_a_traced_line_holding_a_noncharacter_or_a_bidi_override_is_shown_escaped(loaded):
+    from gpumem_nb import trace
+
+    loaded.run_cell("%%gpumem --trace -q\n"
+                    "a1 = cuda.tensor(64 * MiB); s = '\ufffe\u202e'\n", store_history=True)
+    report = trace.views(current_monitor(loaded).last_trace)[0]
+    for text in (str(report), report._repr_html_()):
+        assert "\\ufffe\\u202e" in text
+        assert "\ufffe" not in text and "\u202e" not in text
+    _clear_user(loaded, "a1", "s")
+
+
+def _ours(shell: Any) -> list[Any]:
+    return [t for t in shell.input_transformers_post
+            if getattr(t, "__qualname__", "") == "CompiledTexts._see"]
+
+
+def test_the_cell_text_transformer_is_one_while_loaded_and_gone_after_unload_and_reload(shell):
+    # Observing changes nothing: one transformer while loaded, none after %unload_ext, one
+    # again (not two) after %reload_ext, and the lines it is given come back as they were.
+    others = [t for t in shell.input_transformers_post if t not in _ours(shell)]
+    shell.run_cell("%load_ext gpumem_nb", store_history=False)
+    (hook,) = _ours(shell)
+    lines = ["a = 1\n", "b = 2\n"]
+    assert hook(lines) is lines and lines == ["a = 1\n", "b = 2\n"]
+    shell.run_cell("%reload_ext gpumem_nb", store_history=False)
+    assert len(_ours(shell)) == 1 and _ours(shell)[0] is not hook
+    shell.run_cell("%unload_ext gpumem_nb", store_history=False)
+    assert _ours(shell) == []
+    assert shell.input_transformers_post == others
+
+
+def test_a_rebound_transformer_list_loses_the_transformer_at_unload(shell):
+    original = shell.input_transformers_post
+    shell.run_cell("%load_ext gpumem_nb", store_history=False)
+    try:
+        shell.run_cell("ip = get_ipython()\n"
+                       "ip.input_transformers_post = list(ip.input_transformers_post)\n",
+                       store_history=False)
+        rebound = shell.input_transformers_post
+        shell.run_cell("%unload_ext gpumem_nb", store_history=False)
+        assert _ours(shell) == [] and rebound is shell.input_transformers_post
+        assert not any(getattr(t, "__qualname__", "") == "CompiledTexts._see"
+                       for t in original)
+    finally:
+        shell.input_transformers_post = original
+        shell.user_ns.pop("ip", None)
+
+
+def test_the_cell_text_store_keeps_the_last_cells_and_skips_huge_ones():
+    from gpumem_nb.celltext import CellTexts
+
+    store = CellTexts(max_texts=3, max_text_chars=10, max_total_chars=25)
+    for text in ("a = 1\n", "b = 2\n", "c = 3\n", "d = 4\n"):
+        store.add_lines([text])
+    assert store.reader().texts == ("b = 2\n", "c = 3\n", "d = 4\n")  # the oldest went
+    store.add_lines(["b = 2\n"])  # seen again: now the newest, kept once
+    assert store.reader().texts == ("c = 3\n", "d = 4\n", "b = 2\n")
+    store.add_lines(["x" * 11])  # over the per-text bound: not kept, nothing evicted
+    assert len(store) == 3
+    store.add_lines(["y" * 10, "\n"][:1])
+    store.add_lines(["z" * 10])
+    assert store._chars <= 25 and store.reader().texts[-1] == "z" * 10
 
 
 def test_cell_text_reads_no_file_but_the_cell_it_was_compiled_as():

@@ -1,45 +1,46 @@
-"""The text IPython compiles for a cell run from code (``%%gpumem``'s body), seen where
-IPython's input transforms end: a traced cell's lines are labelled from it (``celltext``)."""
+"""The text IPython compiles for each cell, seen where IPython's input transforms end: cells'
+lines are labelled from it (``celltext``). Installed for the extension's lifetime."""
 
 from __future__ import annotations
 
-from types import TracebackType
+import contextlib
 from typing import Any
 
-__all__ = ["CompiledText"]
+from ..celltext import CellTexts
+
+__all__ = ["CompiledTexts"]
 
 
-class CompiledText:
-    """While entered, an input transformer of the shell's own kind, run after IPython's and
-    returning the lines unchanged, keeps the first cell's text it is given: the text that
-    cell is compiled from (a cell run inside it is not the one traced)."""
+class CompiledTexts:
+    """An input transformer of the shell's own kind, run after IPython's, that returns the
+    lines unchanged (the same list) and keeps the text in ``texts``: the text each cell is
+    compiled from, nested ``run_cell`` calls (a ``%%gpumem`` body) included."""
 
-    def __init__(self, shell: Any) -> None:
+    def __init__(self, shell: Any, texts: CellTexts) -> None:
         self.shell = shell
-        self.text: str | None = None
-        self._posts: list[Any] | None = None
+        self.texts = texts
+        self._posts: list[Any] | None = None  # the list it was put in
         self._hook = self._see  # one bound method, found again by identity
 
     def _see(self, lines: list[str]) -> list[str]:
-        if self.text is None:
-            self.text = "".join(lines)
+        with contextlib.suppress(Exception):  # observing never stops a cell from running
+            self.texts.add_lines(lines)
         return lines
 
-    def seen(self) -> str | None:
-        return self.text
-
-    def __enter__(self) -> CompiledText:
+    def install(self) -> None:
         posts = getattr(self.shell, "input_transformers_post", None)
-        if isinstance(posts, list):  # a shell without the hook: labels come from linecache
-            posts.append(self._hook)
+        if isinstance(posts, list):  # a shell without the hook: cells are read from linecache
+            if not any(t is self._hook for t in posts):
+                posts.append(self._hook)
             self._posts = posts
-        return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def remove(self) -> None:
+        """Taken out of the list the shell holds now and of the one it was put in: user code
+        may have rebound ``input_transformers_post`` (to a copy holding it) since."""
         posts, self._posts = self._posts, None
-        if posts is not None:
-            for i in range(len(posts) - 1, -1, -1):
-                if posts[i] is self._hook:
-                    del posts[i]
-                    break
+        current = getattr(self.shell, "input_transformers_post", None)
+        for held in (current, posts):
+            if isinstance(held, list):
+                for i in range(len(held) - 1, -1, -1):
+                    if held[i] is self._hook:
+                        del held[i]

@@ -23,6 +23,7 @@ from ..kernel.monitor import SHELL_ATTR
 from ..settings import DeviceChoice, load_settings
 from . import completion
 from .commands.watch import show_chart
+from .compiled import CompiledTexts
 from .magics import GpumemMagics
 
 __all__ = ["current_monitor", "load", "show_chart", "unload"]
@@ -33,6 +34,7 @@ _RECORDED_ATTR = "_gpumem_nb_recorded_session"  # a session kept across %reload_
 _SESSION_KEYS_ATTR = "_gpumem_nb_session_keys"  # settings changed since the kernel started
 _MAGICS_ATTR = "_gpumem_nb_magics"
 _TRAITS_ATTR = "_gpumem_nb_traits"  # the GpumemNb configurable (%config GpumemNb)
+_COMPILED_ATTR = "_gpumem_nb_compiled"  # the input transformer keeping cells' texts
 
 
 def _stop_at_exit(ref: Any) -> None:
@@ -68,8 +70,11 @@ def load(shell: Any) -> None:
         monitor.session = kept
         delattr(shell, _RECORDED_ATTR)
     magics: GpumemMagics | None = None
+    compiled = CompiledTexts(shell, monitor.traces.cell_texts)
     try:
         line = monitor.start()
+        compiled.install()
+        setattr(shell, _COMPILED_ATTR, compiled)
         shell.events.register("pre_run_cell", monitor.pre_run_cell)
         shell.events.register("post_run_cell", monitor.post_run_cell)
         # ipykernel sets exit_now while it handles a shutdown or restart request, before it
@@ -123,6 +128,12 @@ def unload(shell: Any) -> None:
 def _teardown(shell: Any, monitor: Monitor, magics: GpumemMagics | None) -> None:
     """Undo a load, every step on its own: what one step failed to undo must not keep the
     next from running. Leaves nothing that references ``monitor``."""
+    compiled = getattr(shell, _COMPILED_ATTR, None)
+    if isinstance(compiled, CompiledTexts) and compiled.texts is monitor.traces.cell_texts:
+        with contextlib.suppress(Exception):
+            compiled.remove()
+        with contextlib.suppress(Exception):
+            delattr(shell, _COMPILED_ATTR)
     with contextlib.suppress(Exception):
         completion.unregister(shell)
     for event, fn in (("pre_run_cell", monitor.pre_run_cell),

@@ -35,6 +35,7 @@ from ..analysis import (
     verdict_message,
 )
 from ..cellnames import CellNames, counts_ahead_at_start
+from ..celltext import CellText
 from ..cudastart import CudaStartWatch, launcher_refusal, refusal_advice
 from ..errtext import error_str, one_read_per_error
 from ..holders import CellException
@@ -97,12 +98,12 @@ class _Done:
 @dataclass(frozen=True)
 class TraceAsk:
     """``%%gpumem --trace``'s request: how many sites to list, the file to save to, and
-    the cell's text as compiled, once it has run (None when not seen): its lines' labels
-    are read from it."""
+    the cells' texts as compiled, read once the cell has run (None: none kept): the lines'
+    labels of any cell are read from them."""
 
     top: int
     save: str | None = None
-    cell_text: Callable[[], str | None] | None = None
+    cell_texts: Callable[[], CellText | None] | None = None
 
 
 @dataclass
@@ -434,8 +435,8 @@ class CellRecorder:
         traced = None
         if tracer is not None and trace is not None:
             try:
-                traced = tracer.stop(top=trace.top, save=trace.save, cell_text=(
-                    trace.cell_text() if trace.cell_text is not None else None))
+                traced = tracer.stop(top=trace.top, save=trace.save, cells=(
+                    trace.cell_texts() if trace.cell_texts is not None else None))
             except Exception as e:
                 self.failures.contain("%%gpumem --trace", e)
                 print(f"gpumem --trace: the trace could not be read ({type(e).__name__}).")

@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from ..celltext import CellTexts
+
 if TYPE_CHECKING:  # both load when first used: a kernel that never traces imports neither
     from ..oom.facts import OomFacts
     from ..session import SessionRecorder
@@ -30,6 +32,9 @@ class TraceState:
         self.last_trace: TraceResult | None = None
         self._explaining: dict[str, Any] | None = None  # the traced cell being explained
         self.cell_number: Callable[[], int | None] = lambda: None  # the cell running now
+        # The recent cells' texts as compiled (an input transformer fills it while loaded):
+        # a traced cell's sites in any cell are labelled from them.
+        self.cell_texts = CellTexts()
 
     def recorder(self) -> SessionRecorder:
         """The session recorder, made on first use."""

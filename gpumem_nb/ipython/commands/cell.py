@@ -18,7 +18,6 @@ from ...kernel.cells import TraceAsk
 from ...settings import SettingsError
 from ...units import quoted
 from ...views import CellReport
-from ..compiled import CompiledText
 from ..grammar import Parser, device_arg, parse
 
 __all__ = ["build_cell_parser", "measured_cell"]
@@ -70,16 +69,13 @@ def _measured_cell(m: Monitor, shell: InteractiveShell, parser: Parser, argv: li
     if args.top is not None and args.top <= 0:
         raise UsageError("--top must be a positive number of sites")
     save = _save_target(args.save) if args.save is not None else None
-    compiled = CompiledText(shell)
 
     def run() -> Any:
-        with compiled:
-            return shell.run_cell(cell, store_history=False)
+        return shell.run_cell(cell, store_history=False)
 
-    measured = m.measure(
-        cell, run, reset_peak=args.reset_peak,
-        trace=TraceAsk(args.top or trace.TOP_DEFAULT, save, compiled.seen) if args.trace
-        else None, quiet=args.q)
+    ask = TraceAsk(args.top or trace.TOP_DEFAULT, save, m.traces.cell_texts.reader) \
+        if args.trace else None
+    measured = m.measure(cell, run, reset_peak=args.reset_peak, trace=ask, quiet=args.q)
     rec = measured.record
     if rec is None:
         return None
