@@ -943,6 +943,22 @@ class DeviceCachingAllocator:
         self._va_down = min(self._va_down, *(b.ptr for b in chain))
         self._va_up = max(self._va_up, *(b.ptr + b.size for b in chain))
 
+    def dismantle(self, *held: Iterable[Block | None]) -> None:
+        """Unlink every block from its neighbours and its pool, ``held`` being the blocks
+        handed out (which no pool holds): a finished replay's blocks are then freed by
+        reference counting as soon as the model is dropped, not left to the cycle collector
+        as a million cycles. The model holds no blocks after."""
+        for group in (*held, self.pending.values(),
+                      *(p.blocks.values() for p in self.pools.values()),
+                      *(p.unmapped.values() for p in self.pools.values())):
+            for b in group:
+                if b is not None:
+                    b.prev = b.next = None
+        for p in self.pools.values():
+            p.blocks.clear()
+            p.unmapped.clear()
+        self.pending.clear()
+
     # -- what the property tests check -----------------------------------------------------
     def segments(self, allocated: Iterable[Block] = ()) -> list[list[Block]]:
         """Every segment's blocks in address order, found from the free, unmapped and
