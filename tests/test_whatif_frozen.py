@@ -159,3 +159,18 @@ def test_a_fit_finds_the_minimum_the_frozen_search_found(name, setting):
     h, segments = _HISTORIES[name]
     got = _min_room(fit_now, replay_now, h, segments, setting)
     assert got == _min_room(fit_then, replay_then, h, segments, setting)
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+@pytest.mark.parametrize("name", ["training_0", "random_sizes_1", "mixed_2", "mixed_3"])
+def test_the_inline_loops_replay_as_the_models_methods_do(name, setting):
+    # An on_event replay takes each event through the model's own methods.
+    h, segments = _HISTORIES[name]
+    s = parse_settings(setting)
+    trace = compile_trace(h.entries)
+    for limits in (None, Limits(allowed_bytes=600 * MiB, capacity_bytes=700 * MiB)):
+        inline = replay(trace, s, limits=limits, start_segments=segments,
+                        device_total_bytes=80 * GiB)
+        methods = replay(trace, s, limits=limits, start_segments=segments,
+                         device_total_bytes=80 * GiB, on_event=lambda i, m, live: None)
+        assert _fields(inline) == _fields(methods)

@@ -26,7 +26,7 @@ from typing import Any
 from .allocator import Block, DeviceCachingAllocator, Limits
 from .config import AllocatorSettings
 from .fields import SIZE_T_END, finite, plain, uint
-from .plainloop import LoopState, run_plain
+from .plainloop import LoopState, run_expandable, run_plain
 from .progress import TICK
 from .rules import kLargeBuffer
 
@@ -300,9 +300,11 @@ def _replay(trace: CompiledTrace, settings: AllocatorSettings, limits: Limits,
             pending[k] = b
     n_events = len(trace.events)
     view = _LiveView(live, trace.addresses, unnamed)
-    if model._plain and on_event is None:
-        # Ordinary segments without GC: the inline loop, in chunks between progress reports
-        # (after events 0, TICK, 2 * TICK, ... as below).
+    loop = None if on_event is not None else run_plain if model._plain else \
+        run_expandable if settings.expandable_segments and not model.gc_active else None
+    if loop is not None:
+        # No GC: an inline loop, in chunks between progress reports (after events 0, TICK,
+        # 2 * TICK, ... as the per-event loop makes them).
         state = LoopState()
         events = trace.events
         i = 0
@@ -310,7 +312,7 @@ def _replay(trace: CompiledTrace, settings: AllocatorSettings, limits: Limits,
             # Up to and with the next event whose index is a multiple of TICK.
             end = n_events if progress is None else \
                 min(n_events, (i + TICK - 1) // TICK * TICK + 1)
-            i = run_plain(model, events, i, end, live, pending, deferred, stop_at_oom, state)
+            i = loop(model, events, i, end, live, pending, deferred, stop_at_oom, state)
             if progress is not None and not (i - 1) % TICK:
                 progress(i - 1, n_events)
             if stop_at_oom and state.oom_event is not None:
