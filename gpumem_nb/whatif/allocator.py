@@ -181,7 +181,7 @@ class SortedKeys:
 class BlockPool:
     """One stream's free blocks of the small or the large pool."""
 
-    __slots__ = ("blocks", "room_hint", "small", "sorted", "stream", "unmapped",
+    __slots__ = ("blocks", "parts", "room_hint", "small", "sorted", "stream", "unmapped",
                  "unmapped_ptrs")
 
     def __init__(self, small: bool, stream: int) -> None:
@@ -195,6 +195,8 @@ class BlockPool:
         # (size, ptr): below ptr no unmapped range has room for size bytes (see
         # find_expandable_block); None when unknown.
         self.room_hint: tuple[int, int] | None = None
+        # What the replay's inline loops read of it on each free, in one read.
+        self.parts = (self.sorted, self.blocks, self.sorted._maxes, self.sorted._lists)
 
     @property
     def keys(self) -> list[int]:

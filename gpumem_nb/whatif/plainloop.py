@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Sequence
+from itertools import islice
 
 from .allocator import _KEY_SHIFT, _LOAD, _VA_ALIGN, Block, DeviceCachingAllocator
 from .rules import get_allocation_size, kMinBlockSize, kSmallSize, round_size
@@ -56,9 +57,7 @@ def run_plain(model: DeviceCachingAllocator, events: Sequence[tuple[int, int, in
     allocated = model.allocated
     peak_allocated = model.peak_allocated
     inactive_split = model.inactive_split
-    i = first
-    while i < stop:
-        code, slot, size, stream = events[i]
+    for i, (code, slot, size, stream) in enumerate(islice(events, first, stop), first):
         if code == ALLOC and live[slot] is None:
             req = requests.get(size if not stream else (size, stream))
             if req is None:
@@ -148,7 +147,6 @@ def run_plain(model: DeviceCachingAllocator, events: Sequence[tuple[int, int, in
                     if allocated > peak_allocated:
                         peak_allocated = allocated
                     live[slot] = block
-                    i += 1
                     continue
             if unlimited:
                 # alloc_block: a new segment (no limit to check), then alloc_found_block.
@@ -204,7 +202,6 @@ def run_plain(model: DeviceCachingAllocator, events: Sequence[tuple[int, int, in
                 if new_peak:
                     model.inactive_split_at_peak = inactive_split
                 live[slot] = block
-                i += 1
                 continue
         elif code == FREE or (code == FREE_REQUESTED and not deferred):
             held = live[slot]
@@ -215,10 +212,7 @@ def run_plain(model: DeviceCachingAllocator, events: Sequence[tuple[int, int, in
                 # back in its pool.
                 block.allocated = False
                 allocated -= block.size
-                pool = block.pool
-                srt = pool.sorted
-                blocks = pool.blocks
-                maxes, lists = srt._maxes, srt._lists
+                srt, blocks, maxes, lists = block.pool.parts
                 prev, nxt = block.prev, block.next
                 if prev is not None and not prev.allocated and not prev.pending:
                     key = prev.key  # SortedKeys.remove, inline
@@ -278,7 +272,6 @@ def run_plain(model: DeviceCachingAllocator, events: Sequence[tuple[int, int, in
                 inactive_split += nonrel
             else:
                 state.unmatched += 1
-            i += 1
             continue
         # Anything else takes the model's own methods, its counters written back first.
         model.allocated, model.inactive_split = allocated, inactive_split
@@ -288,14 +281,13 @@ def run_plain(model: DeviceCachingAllocator, events: Sequence[tuple[int, int, in
                                state)
         allocated, inactive_split = model.allocated, model.inactive_split
         peak_allocated = model.peak_allocated
-        i += 1
         if oom_at and state.oom_event is None:
-            state.oom_event, state.oom_size = i - 1, size
+            state.oom_event, state.oom_size = i, size
             if stop_at_oom:
-                break
+                return i + 1  # the model's counters are the loop's
     model.allocated, model.inactive_split = allocated, inactive_split
     model.peak_allocated = peak_allocated
-    return i
+    return stop
 
 
 def _sizing(model: DeviceCachingAllocator, size: int) -> tuple[int, bool, int]:
@@ -355,9 +347,7 @@ def run_expandable(model: DeviceCachingAllocator,
     allocated = model.allocated
     peak_allocated = model.peak_allocated
     inactive_split = model.inactive_split
-    i = first
-    while i < stop:
-        code, slot, size, stream = events[i]
+    for i, (code, slot, size, stream) in enumerate(islice(events, first, stop), first):
         if code == ALLOC and live[slot] is None:
             req = requests.get(size if not stream else (size, stream))
             if req is None:
@@ -458,7 +448,6 @@ def run_expandable(model: DeviceCachingAllocator,
                     if allocated > peak_allocated:
                         peak_allocated = allocated
                     live[slot] = block
-                    i += 1
                     continue
         elif code == FREE or (code == FREE_REQUESTED and not deferred):
             held = live[slot]
@@ -473,9 +462,7 @@ def run_expandable(model: DeviceCachingAllocator,
                 es = block.es
                 if es is not None:
                     pool.room_hint = None  # a free block can make room below the hint
-                srt = pool.sorted
-                blocks = pool.blocks
-                maxes, lists = srt._maxes, srt._lists
+                srt, blocks, maxes, lists = pool.parts
                 prev, nxt = block.prev, block.next
                 if prev is not None and not prev.allocated and not prev.pending and \
                         prev.mapped:
@@ -542,7 +529,6 @@ def run_expandable(model: DeviceCachingAllocator,
                 inactive_split += nonrel
             else:
                 state.unmatched += 1
-            i += 1
             continue
         model.allocated, model.inactive_split = allocated, inactive_split
         model.peak_allocated = peak_allocated
@@ -551,11 +537,10 @@ def run_expandable(model: DeviceCachingAllocator,
                                state)
         allocated, inactive_split = model.allocated, model.inactive_split
         peak_allocated = model.peak_allocated
-        i += 1
         if oom_at and state.oom_event is None:
-            state.oom_event, state.oom_size = i - 1, size
+            state.oom_event, state.oom_size = i, size
             if stop_at_oom:
-                break
+                return i + 1  # the model's counters are the loop's
     model.allocated, model.inactive_split = allocated, inactive_split
     model.peak_allocated = peak_allocated
-    return i
+    return stop
