@@ -54,6 +54,7 @@ def run_plain(model: DeviceCachingAllocator, events: Sequence[tuple[int, int, in
     # (size, stream) -> the request's rounded size, pool, and what decides a found block's
     # use and split (malloc's conditions, precomputed).
     requests: dict[int | tuple[int, int], tuple] = {}
+    full = 2 * _LOAD  # a chunk that takes no more keys without being split
     allocated = model.allocated
     peak_allocated = model.peak_allocated
     inactive_split = model.inactive_split
@@ -115,14 +116,14 @@ def run_plain(model: DeviceCachingAllocator, events: Sequence[tuple[int, int, in
                                 maxes[c] = keys[-1]
                             c = bisect_left(maxes, new_key)
                             if c < len(maxes):
-                                if len(lists[c]) < 2 * _LOAD:
+                                if len(lists[c]) < full:
                                     insort(lists[c], new_key)
                                 else:
                                     srt.add(new_key)
                             elif not maxes:
                                 lists.append([new_key])
                                 maxes.append(new_key)
-                            elif len(lists[-1]) < 2 * _LOAD:
+                            elif len(lists[-1]) < full:
                                 lists[-1].append(new_key)
                                 maxes[-1] = new_key
                             else:
@@ -178,14 +179,14 @@ def run_plain(model: DeviceCachingAllocator, events: Sequence[tuple[int, int, in
                     rest.key = key = ((alloc_size - rsize) << _KEY_SHIFT) | (ptr + rsize)
                     c = bisect_left(maxes, key)  # SortedKeys.add, inline but for a split
                     if c < len(maxes):
-                        if len(lists[c]) < 2 * _LOAD:
+                        if len(lists[c]) < full:
                             insort(lists[c], key)
                         else:
                             srt.add(key)
                     elif not maxes:
                         lists.append([key])
                         maxes.append(key)
-                    elif len(lists[-1]) < 2 * _LOAD:
+                    elif len(lists[-1]) < full:
                         lists[-1].append(key)
                         maxes[-1] = key
                     else:
@@ -211,7 +212,9 @@ def run_plain(model: DeviceCachingAllocator, events: Sequence[tuple[int, int, in
                 # free_now and _free_plain, inline: merged with its free neighbours, then
                 # back in its pool.
                 block.allocated = False
-                allocated -= block.size
+                bsize = block.size
+                allocated -= bsize
+                ptr = block.ptr
                 srt, blocks, maxes, lists = block.pool.parts
                 prev, nxt = block.prev, block.next
                 if prev is not None and not prev.allocated and not prev.pending:
@@ -227,11 +230,12 @@ def run_plain(model: DeviceCachingAllocator, events: Sequence[tuple[int, int, in
                         maxes[c] = lst[-1]
                     del blocks[key]
                     inactive_split -= prev.nonrel
-                    block.ptr = prev.ptr
+                    block.ptr = ptr = prev.ptr
                     block.prev = pp = prev.prev
                     if pp is not None:
                         pp.next = block
-                    block.size += prev.size
+                    bsize += prev.size
+                    prev = pp
                 if nxt is not None and not nxt.allocated and not nxt.pending:
                     key = nxt.key
                     c = bisect_left(maxes, key)
@@ -248,26 +252,27 @@ def run_plain(model: DeviceCachingAllocator, events: Sequence[tuple[int, int, in
                     block.next = nn = nxt.next
                     if nn is not None:
                         nn.prev = block
-                    block.size += nxt.size
-                block.key = key = (block.size << _KEY_SHIFT) | block.ptr
+                    bsize += nxt.size
+                    nxt = nn
+                block.size = bsize
+                block.key = key = (bsize << _KEY_SHIFT) | ptr
                 c = bisect_left(maxes, key)  # SortedKeys.add, inline but for a split
                 if c < len(maxes):
-                    if len(lists[c]) < 2 * _LOAD:
+                    if len(lists[c]) < full:
                         insort(lists[c], key)
                     else:
                         srt.add(key)
                 elif not maxes:
                     lists.append([key])
                     maxes.append(key)
-                elif len(lists[-1]) < 2 * _LOAD:
+                elif len(lists[-1]) < full:
                     lists[-1].append(key)
                     maxes[-1] = key
                 else:
                     srt.add(key)
                 blocks[key] = block
                 # gc_base stays 0: without GC, get_free_block counts no calls.
-                nonrel = block.size if (block.prev is not None or block.next is not None) \
-                    else 0
+                nonrel = bsize if (prev is not None or nxt is not None) else 0
                 block.nonrel = nonrel
                 inactive_split += nonrel
             else:
