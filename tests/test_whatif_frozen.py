@@ -38,27 +38,34 @@ START_BASE = 0x7E00_0000_0000
 
 def mixed(seed: int, n: int = 3000) -> tuple[History, list[dict[str, Any]]]:
     """Random sizes on two streams, frees at once or waiting on an event, ``oom`` entries,
-    ``empty_cache``, and frees of blocks in the start segments (returned with it)."""
+    ``empty_cache``, allocations at an address still live (an entry lost), and start
+    segments (returned with it; some expandable, some blocks waiting on an event) whose
+    blocks the history frees and completes."""
     rng = random.Random(seed)
     h = History()
     segments: list[dict[str, Any]] = []
     start_live: list[tuple[int, int]] = []
+    start_waiting: list[tuple[int, int]] = []
     if seed % 2:
         for k in range(rng.randrange(1, 5)):
             base = START_BASE + (k << 32)
             small = rng.random() < 0.3
-            total = (2 * MiB) if small else rng.choice((20, 40, 64)) * MiB
+            expandable = not small and seed % 4 == 3 and k == 0
+            total = (2 * MiB) if small else rng.choice((20, 40, 60)) * MiB
             blocks, at = [], base
             while at < base + total:
                 size = min(rng.choice((512, 4096, MiB // 2, 2 * MiB, 6 * MiB)), base + total - at)
-                state = rng.choice(("active_allocated", "inactive", "active_allocated"))
+                state = rng.choice(("active_allocated", "inactive", "active_allocated",
+                                    "active_pending_free"))
                 blocks.append({"address": at, "size": size, "state": state})
                 if state == "active_allocated":
                     start_live.append((at, size))
+                elif state == "active_pending_free":
+                    start_waiting.append((at, size))
                 at += size
             segments.append({"address": base, "total_size": total, "stream": 0, "device": 0,
                              "segment_type": "small" if small else "large",
-                             "blocks": blocks})
+                             "is_expandable": expandable, "blocks": blocks})
     live: list[tuple[int, int]] = []
     waiting: list[tuple[int, int]] = []
     sizes = (512, 3000, 65536, 700_000, MiB + 512, 3 * MiB, 12 * MiB, 25 * MiB, 150 * MiB)
@@ -79,6 +86,12 @@ def mixed(seed: int, n: int = 3000) -> tuple[History, list[dict[str, Any]]]:
             h.free(addr)
         elif r < 0.385:
             h.empty_cache(MiB)
+        elif r < 0.387 and start_waiting:
+            addr, size = start_waiting.pop(rng.randrange(len(start_waiting)))
+            h._entry("free_completed", addr, size, 0)
+        elif r < 0.389 and live:
+            addr, stream = live[rng.randrange(len(live))]
+            h._entry("alloc", addr, rng.choice(sizes), stream)
         elif r < 0.39:
             h._entry("oom", 0, rng.choice(sizes), 0)
         else:
