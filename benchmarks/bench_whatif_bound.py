@@ -71,12 +71,19 @@ def load_avg() -> float:
     return round(os.getloadavg()[0], 2)
 
 
+CPU_RUNS: list[float] = []  # each best_of's CPU times (process_time), read by measure()
+
+
 def best_of(n: int, fn: Any) -> tuple[float, list[float], list[float], Any]:
+    """Wall time, best of ``n``; the CPU times (``time.process_time``: what the process
+    itself spent, less what the shared machine's other jobs took) go to ``CPU_RUNS``."""
     runs, loads, out = [], [], None
+    CPU_RUNS.clear()
     for _ in range(n):
         loads.append(load_avg())
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = fn()
+        CPU_RUNS.append(round(time.process_time() - c0, 3))
         runs.append(round(time.perf_counter() - t0, 3))
     return min(runs), runs, loads, out
 
@@ -98,6 +105,7 @@ def measure(name: str, entries: list[dict[str, Any]], repeats: int = 3,
             return ti, compile_trace(ti.entries)
 
         read_s, read_runs, read_loads, (ti, trace) = best_of(repeats, prepare)
+        read_cpu = list(CPU_RUNS)
         defaults = parse_settings("")
         st = ti.start
 
@@ -105,13 +113,15 @@ def measure(name: str, entries: list[dict[str, Any]], repeats: int = 3,
             return replay(trace, defaults, start_segments=st.segments, device=ti.device)
 
         replay_s, replay_runs, replay_loads, r = best_of(repeats, one)
+        replay_cpu = list(CPU_RUNS)
         out: dict[str, Any] = {
             "history": name, "entries": len(entries), "file_mb": file_mb,
             "events": len(trace.events),
             "read_and_prepare_s": read_s, "read_runs_s": read_runs, "read_loads": read_loads,
-            "read_target_s": 3.0,
+            "read_target_s": 3.0, "read_cpu_s": min(read_cpu), "read_cpu_runs_s": read_cpu,
             "replay_one_setting_s": replay_s, "replay_runs_s": replay_runs,
             "replay_loads": replay_loads, "replay_target_s": 2.0,
+            "replay_cpu_s": min(replay_cpu), "replay_cpu_runs_s": replay_cpu,
             "peak_reserved_mib": r.peak_reserved_bytes / MiB,
         }
         if fit:
@@ -121,7 +131,8 @@ def measure(name: str, entries: list[dict[str, Any]], repeats: int = 3,
             fit_s, fit_runs, fit_loads, w = best_of(repeats, fitted)
             out.update({
                 "fit_4_settings_s": fit_s, "fit_runs_s": fit_runs, "fit_loads": fit_loads,
-                "fit_target_s": 20.0,
+                "fit_target_s": 20.0, "fit_cpu_s": min(CPU_RUNS),
+                "fit_cpu_runs_s": list(CPU_RUNS),
                 "fit_rows": [{"setting": f.label, "min_mib": (f.min_bytes or 0) / MiB,
                               "replays": f.replays} for f in w.fit.rows]})
         return out
@@ -155,12 +166,14 @@ def main() -> None:
     if "oomline" in which:
         emit("bench_whatif_oom_line", oom_line())
     results = []
+    start_load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     if "review" in which:
         results.append(measure("review (5 sizes, a third freed)", review_history(), repeats))
     if "training" in which:
         results.append(measure("training loop", training_history(ENTRIES), repeats))
     emit("bench_whatif_bound", {"cpus": os.cpu_count(), "python": sys.version.split()[0],
-                                "results": results})
+                                "results": results, "load_at_start_end": [
+                                    start_load, " ".join(f"{x:.2f}" for x in os.getloadavg())]})
 
 
 if __name__ == "__main__":

@@ -181,7 +181,7 @@ class SortedKeys:
 class BlockPool:
     """One stream's free blocks of the small or the large pool."""
 
-    __slots__ = ("blocks", "room_hint", "small", "sorted", "stream", "unmapped",
+    __slots__ = ("blocks", "parts", "room_hint", "small", "sorted", "stream", "unmapped",
                  "unmapped_ptrs")
 
     def __init__(self, small: bool, stream: int) -> None:
@@ -195,6 +195,8 @@ class BlockPool:
         # (size, ptr): below ptr no unmapped range has room for size bytes (see
         # find_expandable_block); None when unknown.
         self.room_hint: tuple[int, int] | None = None
+        # What the replay's inline loops read of it on each free, in one read.
+        self.parts = (self.sorted, self.blocks, self.sorted._maxes, self.sorted._lists)
 
     @property
     def keys(self) -> list[int]:
@@ -942,6 +944,22 @@ class DeviceCachingAllocator:
         self.peak_allocated = max(self.peak_allocated, self.allocated)
         self._va_down = min(self._va_down, *(b.ptr for b in chain))
         self._va_up = max(self._va_up, *(b.ptr + b.size for b in chain))
+
+    def dismantle(self, *held: Iterable[Block | None]) -> None:
+        """Unlink every block from its neighbours and its pool, ``held`` being the blocks
+        handed out (which no pool holds): a finished replay's blocks are then freed by
+        reference counting as soon as the model is dropped, not left to the cycle collector
+        as a million cycles. The model holds no blocks after."""
+        for group in (*held, self.pending.values(),
+                      *(p.blocks.values() for p in self.pools.values()),
+                      *(p.unmapped.values() for p in self.pools.values())):
+            for b in group:
+                if b is not None:
+                    b.prev = b.next = None
+        for p in self.pools.values():
+            p.blocks.clear()
+            p.unmapped.clear()
+        self.pending.clear()
 
     # -- what the property tests check -----------------------------------------------------
     def segments(self, allocated: Iterable[Block] = ()) -> list[list[Block]]:

@@ -1,0 +1,189 @@
+"""A faster replay that predicts something else would be checked against real GPUs no more:
+the replay and the fit search are held, every field of every replay (each change of
+reserved, each limit check's demand record) and every fit's minimum, to a frozen copy of
+the model as it was before its hot loop was inlined (``tests/whatif_frozen``), on many
+generated histories: training loops with a side stream and ``empty_cache``, random sizes,
+``torch.cat`` growth, random mixes with OOM entries and frees of allocations made before
+the history, from an empty GPU and from start segments; unlimited, capped (through the
+free-the-cache-and-retry path), stopped at the first OOM, and with progress reported."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import random
+from typing import Any
+
+import pytest
+
+from gpumem_nb.whatif import fit as fit_now
+from gpumem_nb.whatif.allocator import Limits
+from gpumem_nb.whatif.config import parse_settings
+from gpumem_nb.whatif.replay import compile_trace, replay
+
+from .whatif_expected import cat_growth, random_sizes, training
+from .whatif_frozen import fit as fit_then
+from .whatif_frozen import replay as replay_then
+from .whatif_history import History
+
+MiB = 1 << 20
+GiB = 1 << 30
+SETTINGS = ("", "expandable_segments:True", "max_split_size_mb:64", "max_split_size_mb:128",
+            "roundup_power2_divisions:4", "roundup_power2_divisions:[256:2,>:8]",
+            "max_non_split_rounding_mb:64,max_split_size_mb:40",
+            "garbage_collection_threshold:0.6,per_process_memory_fraction:0.8",
+            "max_split_size_mb:32,expandable_segments:True")
+START_BASE = 0x7E00_0000_0000
+
+
+def mixed(seed: int, n: int = 3000) -> tuple[History, list[dict[str, Any]]]:
+    """Random sizes on two streams, frees at once or waiting on an event, ``oom`` entries,
+    ``empty_cache``, allocations at an address still live (an entry lost), and start
+    segments (returned with it; some expandable, some blocks waiting on an event) whose
+    blocks the history frees and completes."""
+    rng = random.Random(seed)
+    h = History()
+    segments: list[dict[str, Any]] = []
+    start_live: list[tuple[int, int]] = []
+    start_waiting: list[tuple[int, int]] = []
+    if seed % 2:
+        for k in range(rng.randrange(1, 5)):
+            base = START_BASE + (k << 32)
+            small = rng.random() < 0.3
+            expandable = not small and seed % 4 == 3 and k == 0
+            total = (2 * MiB) if small else rng.choice((20, 40, 60)) * MiB
+            blocks, at = [], base
+            while at < base + total:
+                size = min(rng.choice((512, 4096, MiB // 2, 2 * MiB, 6 * MiB)), base + total - at)
+                state = rng.choice(("active_allocated", "inactive", "active_allocated",
+                                    "active_pending_free"))
+                blocks.append({"address": at, "size": size, "state": state})
+                if state == "active_allocated":
+                    start_live.append((at, size))
+                elif state == "active_pending_free":
+                    start_waiting.append((at, size))
+                at += size
+            segments.append({"address": base, "total_size": total, "stream": 0, "device": 0,
+                             "segment_type": "small" if small else "large",
+                             "is_expandable": expandable, "blocks": blocks})
+    live: list[tuple[int, int]] = []
+    waiting: list[tuple[int, int]] = []
+    sizes = (512, 3000, 65536, 700_000, MiB + 512, 3 * MiB, 12 * MiB, 25 * MiB, 150 * MiB)
+    while len(h.entries) < n:
+        r = rng.random()
+        if r < 0.3 and live:
+            addr, stream = live.pop(rng.randrange(len(live)))
+            if stream and rng.random() < 0.6:
+                h.free(addr, stream, completed=False)
+                waiting.append((addr, stream))
+            else:
+                h.free(addr, stream)
+        elif r < 0.36 and waiting:
+            h.complete(*waiting.pop(rng.randrange(len(waiting))))
+        elif r < 0.38 and start_live:
+            addr, size = start_live.pop(rng.randrange(len(start_live)))
+            h._sizes[addr] = size
+            h.free(addr)
+        elif r < 0.385:
+            h.empty_cache(MiB)
+        elif r < 0.387 and start_waiting:
+            addr, size = start_waiting.pop(rng.randrange(len(start_waiting)))
+            h._entry("free_completed", addr, size, 0)
+        elif r < 0.389 and live:
+            addr, stream = live[rng.randrange(len(live))]
+            h._entry("alloc", addr, rng.choice(sizes), stream)
+        elif r < 0.39:
+            h._entry("oom", 0, rng.choice(sizes), 0)
+        else:
+            stream = 7 if rng.random() < 0.15 else 0
+            live.append((h.alloc(rng.choice(sizes) + rng.randrange(0, 4096, 512), stream),
+                         stream))
+    return h, segments
+
+
+def _histories() -> dict[str, tuple[History, list[dict[str, Any]]]]:
+    out: dict[str, tuple[History, list[dict[str, Any]]]] = {}
+    for seed in range(3):
+        out[f"training_{seed}"] = (training(seed + 10, 3000), [])
+        out[f"random_sizes_{seed}"] = (random_sizes(seed + 10, 3000), [])
+    for seed in range(6):
+        out[f"mixed_{seed}"] = mixed(seed)
+    out["cat_growth"] = (cat_growth(64 * MiB + 123 * 512, 40, 3 * MiB), [])
+    return out
+
+
+_HISTORIES = _histories()
+
+
+def _fields(r: Any) -> dict[str, Any]:
+    # Every field, demand_records too (left out of the dataclass's ==).
+    return {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
+
+
+def _both(h: History, segments: list[dict[str, Any]], setting: str, **kw: Any,
+          ) -> tuple[dict[str, Any], dict[str, Any]]:
+    s = parse_settings(setting)
+    now = replay(compile_trace(h.entries), s, start_segments=segments,
+                 device_total_bytes=80 * GiB, **kw)
+    then = replay_then.replay(replay_then.compile_trace(h.entries), s, start_segments=segments,
+                              device_total_bytes=80 * GiB, **kw)
+    return _fields(now), _fields(then)
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+@pytest.mark.parametrize("name", sorted(_HISTORIES))
+def test_a_replay_gives_every_figure_the_frozen_model_gave(name, setting):
+    h, segments = _HISTORIES[name]
+    now, then = _both(h, segments, setting)
+    assert now == then
+    peak = now["peak_reserved_bytes"]
+    ticks: list[tuple[int, int]] = []
+    for cap in (0.5, 0.7, 0.9):
+        room = int(peak * cap)
+        limits = Limits(allowed_bytes=room, capacity_bytes=room)
+        now, then = _both(h, segments, setting, limits=limits)
+        assert now == then
+        now, then = _both(h, segments, setting, limits=limits, stop_at_oom=True,
+                          progress=lambda i, n: ticks.append((i, n)))
+        assert now == then
+
+
+def _min_room(module: Any, replay_of: Any, h: History, segments: list[dict[str, Any]],
+              setting: str) -> tuple[int | None, int]:
+    s = parse_settings(setting)
+    trace = replay_of.compile_trace(h.entries)
+    r = replay_of.replay(trace, s, start_segments=segments, device_total_bytes=80 * GiB)
+    return module.min_room(trace, s, start_segments=segments, device=0,
+                           start_page_bytes=s.large_segment_size,
+                           unlimited_peak_bytes=r.peak_reserved_bytes,
+                           peak_allocated_bytes=r.peak_allocated_bytes,
+                           device_total_bytes=80 * GiB,
+                           unlimited_max_demand_bytes=r.max_demand_bytes,
+                           demand_records=r.demand_records)
+
+
+@pytest.mark.parametrize("setting", ("", "expandable_segments:True",
+                                     "roundup_power2_divisions:4", "max_split_size_mb:64"))
+@pytest.mark.parametrize("name", ["training_0", "random_sizes_0", "mixed_0", "mixed_1",
+                                  "cat_growth"])
+def test_a_fit_finds_the_minimum_the_frozen_search_found(name, setting):
+    # The package's ``replay`` is the function: the module is read from sys.modules.
+    replay_now = importlib.import_module("gpumem_nb.whatif.replay")
+    h, segments = _HISTORIES[name]
+    got = _min_room(fit_now, replay_now, h, segments, setting)
+    assert got == _min_room(fit_then, replay_then, h, segments, setting)
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+@pytest.mark.parametrize("name", ["training_0", "random_sizes_1", "mixed_2", "mixed_3"])
+def test_the_inline_loops_replay_as_the_models_methods_do(name, setting):
+    # An on_event replay takes each event through the model's own methods.
+    h, segments = _HISTORIES[name]
+    s = parse_settings(setting)
+    trace = compile_trace(h.entries)
+    for limits in (None, Limits(allowed_bytes=600 * MiB, capacity_bytes=700 * MiB)):
+        inline = replay(trace, s, limits=limits, start_segments=segments,
+                        device_total_bytes=80 * GiB)
+        methods = replay(trace, s, limits=limits, start_segments=segments,
+                         device_total_bytes=80 * GiB, on_event=lambda i, m, live: None)
+        assert _fields(inline) == _fields(methods)

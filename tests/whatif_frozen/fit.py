@@ -1,0 +1,168 @@
+"""The smallest GPU each setting needs: the recorded work replayed at smaller and smaller
+memory until it runs out (bisection on what PyTorch may reserve).
+
+What PyTorch may reserve is checked as ``set_per_process_memory_fraction``'s cap is (the
+same check the allocator makes, with its free-the-cache-and-retry before giving up), so a
+real run capped at the minimum found fits and one a little under it runs out. The search
+assumes that more memory never makes a run fail; the model's allocator frees its cache and
+retries before an OOM, as PyTorch's does, which is what makes that hold. It starts from the
+unlimited replay's peak, and doubles past it when a run needs more room than its peak (the
+cap is checked against a whole request before the pages it needs are mapped).
+
+A GPU size's row ("fits on 40 GB") takes an N GB GPU as N GiB, less what the CUDA context
+and the libraries hold outside PyTorch's cache: this process's own, measured (NVML's line
+less what PyTorch reserved) when the replayed work is this process's, else ``CONTEXT_BYTES``,
+said to be assumed. A fixed 512 MiB was under every context the H200 tutorials measured
+(522-742 MiB), and so called a 6 GB GPU enough for 5.36 GiB.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gpumem_nb.whatif.config import AllocatorSettings
+
+from .allocator import Limits
+from .replay import CompiledTrace, replay
+
+GiB = 1 << 30
+MiB = 1 << 20
+GPU_SIZES_GB = (24, 40, 48, 80, 94, 141)
+CONTEXT_BYTES = 512 * MiB  # CUDA context and workspaces: not PyTorch's to reserve
+STEP_BYTES = 2 * MiB  # the search stops this close to the minimum (a large segment's size)
+STEP_FRACTION = 0.005  # or within 0.5% of it: a real run 2% under the minimum runs out
+
+
+@dataclass(frozen=True)
+class FitRow:
+    label: str
+    setting: str
+    min_bytes: int | None  # smallest memory PyTorch may use in which nothing runs out
+    replays: int = 0
+    note: str = ""
+
+    def fits(self, gpu_gb: float, context_bytes: int = CONTEXT_BYTES) -> bool | None:
+        if self.min_bytes is None:
+            return None
+        return self.min_bytes <= usable_bytes(gpu_gb, context_bytes)
+
+
+def usable_bytes(gpu_gb: float, context_bytes: int = CONTEXT_BYTES) -> int:
+    """What PyTorch can reserve on an N GB GPU (N GiB less the context)."""
+    return int(gpu_gb * GiB) - context_bytes
+
+
+def _room_limits(settings: AllocatorSettings, room: int) -> Limits:
+    """The limits of a GPU leaving ``room`` bytes to PyTorch, under ``settings``'s own
+    fraction if it has one (its cap is the fraction of the room)."""
+    f = settings.per_process_memory_fraction
+    allowed = int(f * room) if f is not None and f < 1.0 else room
+    return Limits(allowed_bytes=allowed, capacity_bytes=room)
+
+
+class DemandRecords:
+    """What an unlimited replay's limit checks say of the same replay capped at ``cap``
+    bytes, without replaying it (``DeviceCachingAllocator.demand_records``): the capped
+    replay is the unlimited one up to the first check that asks more than ``cap``; there the
+    allocator gives back every cached whole segment and retries, and runs out when the retry
+    still asks more than ``cap``. A cap at least the largest demand is the unlimited replay,
+    which fitted."""
+
+    def __init__(self, flat: Sequence[int]) -> None:
+        self.demands = list(flat[0::2])  # increasing
+        self.retries = list(flat[1::2])  # -1: not known without replaying
+
+    def fits(self, cap: int) -> bool | None:
+        """Whether a replay capped at ``cap`` fits; None when only a replay can say."""
+        j = bisect_right(self.demands, cap)
+        if j == len(self.demands):
+            return True
+        return False if self.retries[j] > cap else None
+
+    def largest_failing(self) -> int | None:
+        """The largest cap ``fits`` says runs out: caps from the check before's demand up
+        to the one of check j first fail at check j, and run out under its retry's."""
+        d, r = self.demands, self.retries
+        for j in range(len(d) - 1, -1, -1):
+            top = min(d[j], r[j]) - 1
+            if top >= (d[j - 1] if j else 0):
+                return top
+        return None
+
+
+def min_room(trace: CompiledTrace, settings: AllocatorSettings, *, start_segments: Sequence,
+             device: int, start_page_bytes: int, unlimited_peak_bytes: int,
+             peak_allocated_bytes: int, device_total_bytes: int | None = None,
+             unlimited_max_demand_bytes: int | None = None,
+             demand_records: Sequence[int] | None = None,
+             progress: Callable[[int, int], None] | None = None) -> tuple[int | None, int]:
+    """(the smallest room in which the replay has no OOM, replays made). The GPU's own size
+    stays what it is (an expandable segment's address space is sized from it): only what
+    PyTorch may reserve shrinks, as a memory fraction shrinks it.
+
+    The search stops once the room that fits is within ``STEP_BYTES`` or ``STEP_FRACTION``
+    of it of one that does not, that fraction taken of the room found, not of where the
+    search began: taken of the unlimited peak (a ``torch.cat`` growth session caches 2-4
+    times what it needs), it stopped up to 2% above the minimum, and real runs capped 2%
+    under it fitted. ``unlimited_max_demand_bytes``: the most the unlimited replay's limit
+    checks asked for; with no GC, a room whose limits reach it is that replay, which fitted,
+    so the unlimited peak needs no replay of its own when it is that room. The first room
+    tried then is one step under it: a history that needs its whole unlimited peak (nothing
+    cached can be given back) is settled by that one replay.
+
+    ``demand_records``: the unlimited replay's (``DemandRecords``), with no GC: a room they
+    decide is not replayed, and the largest room they say runs out is where the search
+    starts from (a history that runs out at the first check past its cap needs no replay)."""
+    f = settings.per_process_memory_fraction
+    records = DemandRecords(demand_records) if demand_records is not None and \
+        not settings.garbage_collection_threshold else None
+    n = 0
+
+    def fits(room: int) -> bool:
+        nonlocal n
+        lim = _room_limits(settings, room)
+        if records is not None:
+            known = records.fits(min(lim.allowed_bytes or 0, lim.capacity_bytes or 0))
+            if known is not None:
+                return known
+        n += 1
+        r = replay(trace, settings, limits=lim,
+                   start_segments=start_segments, device=device,
+                   device_total_bytes=device_total_bytes,
+                   start_page_bytes=start_page_bytes, stop_at_oom=True, progress=progress)
+        return not r.oom
+
+    def step(hi: int) -> int:
+        return max(STEP_BYTES, int(hi * STEP_FRACTION))
+
+    scale = 1.0 / f if f is not None and 0 < f < 1.0 else 1.0
+    hi = max(int(unlimited_peak_bytes * scale) + 1, 1)
+    lo = max(int(peak_allocated_bytes * scale) - 1, 0)  # live bytes alone do not fit below
+    if records is not None and scale == 1.0:
+        failing = records.largest_failing()
+        if failing is not None and lo < failing < hi:
+            lo = failing
+    # Whether a room of ``hi`` is known to fit without replaying it (see above).
+    proved = False
+    demand = unlimited_max_demand_bytes
+    if demand is not None and not settings.garbage_collection_threshold:
+        lim = _room_limits(settings, hi)
+        proved = (lim.allowed_bytes or 0) >= demand and (lim.capacity_bytes or 0) >= demand
+    first = True
+    while True:
+        while hi - lo > step(hi):
+            mid = hi - step(hi) if first and proved else (lo + hi) // 2
+            first = False
+            if fits(mid):
+                hi, proved = mid, True
+            else:
+                lo = mid
+        if proved or fits(hi):
+            return hi, n
+        # The cap is checked against a whole request before the pages it needs are mapped
+        # (an expandable segment's check): a run can need more room than its unlimited peak.
+        if hi > 1 << 50:
+            return None, n
+        lo, hi = hi, hi * 2
