@@ -12,6 +12,7 @@ something changed.
 from __future__ import annotations
 
 import gc
+import re
 import sys
 import threading
 import time
@@ -101,8 +102,16 @@ def _new(after: list[Any], before: list[Any]) -> list[Any]:
     return [x for x in after if not any(x is y for y in before)]
 
 
+# An event loop's default executor names its workers "asyncio_N": idle pool threads the loop
+# (a library's: the browser tests' server and kernel clients) owns until it is closed, made
+# once per process, not a test's leftover.
+_LOOP_WORKER = re.compile(r"asyncio_\d+")
+
+
 def _watched(t: threading.Thread) -> bool:
-    return not t.daemon or t.name.startswith(PRODUCT_THREAD_PREFIX)
+    if t.name.startswith(PRODUCT_THREAD_PREFIX):
+        return True
+    return not t.daemon and not _LOOP_WORKER.fullmatch(t.name)
 
 
 def leaks(before: State) -> list[Leak]:
