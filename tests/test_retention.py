@@ -863,3 +863,20 @@ def test_a_stored_exceptions_cycle_never_puts_python_after_a_magic_on_one_line()
     del t
     (h,) = holders_from(out.retained)
     assert h.code == "%gpumem cleanup", (h.name, h.code)
+
+
+def test_a_holder_on_two_devices_keeps_its_gpu_bytes_through_the_del_check(oomworld):
+    """H200, lr_scheduler_keeps_deleted_optimizer: `sched` was a holder on the GPU (the
+    optimizer's state) and one on the CPU (its step counts); the `del` check replaced holders
+    by name, the CPU one's copy took the GPU one's place, and 34 GiB fell to "not found"."""
+    shell = oomworld.shell
+    shell.user_ns["cpu_step"] = FakeTensor(4, device="cpu")
+    run(shell, "class Sched:\n"
+               "    pass\n"
+               "sched = Sched()\n"
+               "sched.state = {'exp_avg': cuda.tensor(20 * GiB), 'step': cpu_step}\n"
+               "del cpu_step")
+    run(shell, "y = cuda.tensor(130 * GiB)")
+    e = last(shell)
+    assert e.ledger is not None and e.ledger.holders_bytes >= 20 * GiB, str(e)
+    assert _held_action(e, "sched").code.startswith("del sched"), str(e)

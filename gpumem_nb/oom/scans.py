@@ -95,11 +95,16 @@ def check_cuts(host: OomHost, pieces: Pieces, device: int) -> None:
     if not lines:
         return
     try:
-        done = {h.name: h for h in check(pieces.judged, lines) if h.name in lines}
+        # Keyed by name and device: one variable is a holder per device (an optimizer's
+        # CUDA state and its step counts on the CPU), and by name alone the CPU holder's
+        # checked copy replaced the CUDA one: 34 GiB of `sched.optimizer`'s state fell out
+        # of the H200's explanation as "not found".
+        done = {(h.name, h.device): h for h in check(pieces.judged, lines)
+                if h.name in lines}
     except Exception:
         return  # the advice stays as the walk gave it
-    pieces.judged = tuple(done.get(h.name, h) for h in pieces.judged)
-    pieces.holders = tuple(done.get(h.name, h) for h in pieces.holders)
+    pieces.judged = tuple(done.get((h.name, h.device), h) for h in pieces.judged)
+    pieces.holders = tuple(done.get((h.name, h.device), h) for h in pieces.holders)
 
 
 def add_searched(host: OomHost, torch: TorchDebug, pieces: Pieces) -> None:
