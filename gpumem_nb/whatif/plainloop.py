@@ -22,7 +22,9 @@ from itertools import islice
 from .allocator import _KEY_SHIFT, _LOAD, _VA_ALIGN, Block, DeviceCachingAllocator
 from .rules import get_allocation_size, kMinBlockSize, kSmallSize, round_size
 
-ALLOC, FREE_REQUESTED, FREE = 0, 1, 5  # replay.py's codes
+# The compiled history's event codes (``replay.compile_trace`` writes them; replay imports
+# them from here, the lower of the two modules).
+ALLOC, FREE_REQUESTED, FREE_COMPLETED, OOM, EMPTY_CACHE, FREE = range(6)
 _NEVER = 1 << 128  # a split threshold no remainder reaches
 
 
@@ -306,8 +308,6 @@ def _general_step(model: DeviceCachingAllocator, code: int, slot: int, size: int
                   deferred: bool, state: LoopState) -> bool:
     """One event through the model's methods, as ``replay``'s per-event loop takes it;
     whether it was a request that ran out."""
-    from .replay import FREE_COMPLETED, OOM
-
     if code == ALLOC:
         old = live[slot]
         if old is not None:  # a second alloc at a live address: an entry went missing

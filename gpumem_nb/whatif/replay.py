@@ -26,11 +26,20 @@ from typing import Any
 from .allocator import Block, DeviceCachingAllocator, Limits
 from .config import AllocatorSettings
 from .fields import SIZE_T_END, finite, plain, uint
-from .plainloop import LoopState, run_expandable, run_plain
+from .plainloop import (
+    ALLOC,
+    EMPTY_CACHE,
+    FREE,
+    FREE_COMPLETED,
+    FREE_REQUESTED,
+    OOM,
+    LoopState,
+    run_expandable,
+    run_plain,
+)
 from .progress import TICK
 from .rules import kLargeBuffer
 
-ALLOC, FREE_REQUESTED, FREE_COMPLETED, OOM, EMPTY_CACHE, FREE = range(6)
 _SEGMENT_GROW = {"segment_alloc": 1, "segment_map": 1}
 _SEGMENT_SHRINK = {"segment_free": -1, "segment_unmap": -1}
 _INTERNAL_AFTER = frozenset({"segment_alloc", "segment_map", "oom"})
