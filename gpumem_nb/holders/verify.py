@@ -53,7 +53,7 @@ class CutCheck:
 def check_cuts(tensors: Mapping[str, Sequence[Any]], cuts: Mapping[str, Iterable[str]],
                context: RootContext,
                storage_of: Callable[[Any], tuple[str, int, tuple[str, int]] | None], *,
-               budget_s: float = BUDGET_S,
+               budget_s: float | None = None,
                modules: Any = None) -> dict[str, CutCheck]:
     """For each holder (by name): its tensors, and the namespace names its cut deletes.
     One search: the namespace stands without every cut name, so a tensor two checked
@@ -63,6 +63,8 @@ def check_cuts(tensors: Mapping[str, Sequence[Any]], cuts: Mapping[str, Iterable
     ns = context.user_ns
     if not isinstance(ns, dict) or not tensors:
         return {}
+    # Read at each check, not bound at import (as the retention search's own budget).
+    budget_s = BUDGET_S if budget_s is None else budget_s
     out: dict[str, CutCheck] = {}
     proof = SoleProof.of(sys.modules if modules is None else modules)
     if proof is not None:
