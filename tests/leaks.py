@@ -129,12 +129,22 @@ def leaks(before: State) -> list[Leak]:
                           lambda f=finder: _remove_all(sys.meta_path, f)))
     for name, get in _HOOKS.items():
         was, now = before.hooks[name], get()
-        if now is not was and now != was:
+        if now is not was and now != was and not _process_wide(now):
             found.append(Leak(f"{name} is {now!r}, was {was!r}",
                               lambda name=name, was=was: _restore(name, was)))
     found.extend(_ipython_leaks(before))
     found.extend(_thread_leaks(before))
     return found
+
+
+# A debugger's hooks, set once per process when ipykernel 6 imports debugpy in a test's
+# kernel machinery: a library's, as hypothesis's gc callback is, not a test's leftover.
+_PROCESS_WIDE_HOOKS = ("debugpy", "_pydevd", "pydevd")
+
+
+def _process_wide(hook: Any) -> bool:
+    module = getattr(hook, "__module__", None)
+    return type(module) is str and module.startswith(_PROCESS_WIDE_HOOKS)
 
 
 def _ipython_leaks(before: State) -> list[Leak]:
