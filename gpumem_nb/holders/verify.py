@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..model import Holder
-from .named import cut_code
+from .named import GC_COLLECT, cut_code
 from .retention import (
     STATE_GARBAGE,
     STATE_NOT_SEARCHED,
@@ -37,7 +37,6 @@ from .retention import (
 from .sole import SoleProof
 
 BUDGET_S = 0.3  # for every checked holder together, at an OOM (after the cell)
-GC_COLLECT = "import gc; gc.collect()"
 
 
 @dataclass(frozen=True)
