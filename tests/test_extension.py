@@ -37,8 +37,8 @@ def test_load_prints_one_line_that_says_there_is_no_gpu(shell, no_gpu, capsys):
     run(shell, "%load_ext gpumem_nb")
     out = capsys.readouterr().out.strip().splitlines()
     assert out == [
-        "gpumem_nb 0.1.0: no GPU visible (no NVIDIA driver on this machine "
-        "(libnvidia-ml not found)); tracking host RAM. %gpumem? for help."
+        "gpumem_nb 0.1.0: no GPU visible: no NVIDIA driver on this machine "
+        "(libnvidia-ml not found); tracking host RAM. %gpumem? for help."
     ]
 
 

@@ -101,6 +101,16 @@ def test_torch_imported_after_loading_is_queued_before_the_cell_that_starts_cuda
     assert watch.last is not None and watch.last.source.startswith(OBSERVED)
 
 
+def test_oom_status_before_torch_is_imported_does_not_read_as_a_cuda_fault(shell, monkeypatch):
+    # A newcomer without torch read "not attached: CUDA is not initialized yet" as something
+    # to fix; before torch is imported there is nothing to attach to, and it queues itself.
+    w = world(monkeypatch, imported=False)
+    watch = load(shell, w)
+    line = watch.no_oom_line()
+    assert "torch is not imported" in line and "CUDA is not initialized" not in line
+    assert not w.cuda.initialized and len(ours(w)) == 0
+
+
 def test_loading_with_torch_imported_queues_the_observer_without_starting_cuda(
         shell, monkeypatch):
     # Queueing must not start CUDA (a fork-based launcher would then refuse to run) nor

@@ -220,7 +220,7 @@ class Monitor:
         st = self.source.status()
         head = f"gpumem_nb {__version__}"
         if not st.has_gpu:
-            return f"{head}: no GPU visible ({st.nvml}); tracking host RAM. %gpumem? for help."
+            return f"{head}: no GPU visible: {st.nvml}; tracking host RAM. %gpumem? for help."
         latest = self.sampler.latest() or self.read()
         names = ", ".join(
             f"{d.index}: {shown_name(d.nvml.name or 'GPU')} {format_bytes(d.nvml.total_bytes)}"

@@ -565,8 +565,13 @@ class OomWatch(ObserverAttachment):
         self.ensure_attached()  # the status as of now: CUDA may have started in this cell
         seen = sum(self.counts.values())
         caught = f" ({seen} caught by your own code, none reached a cell)" if seen else ""
+        status = self.observer_status
+        if not self._armed and "torch" not in self._modules:
+            # "CUDA is not initialized yet" reads as a fault where torch is not even imported
+            status = ("not attached: torch is not imported; it is queued once torch is, "
+                      "and attaches as CUDA starts")
         return (f"gpumem: no CUDA out-of-memory error has reached a cell yet{caught}. "
-                f"OOM observer: {self.observer_status}.")
+                f"OOM observer: {status}.")
 
 
 GC_NOTE_BYTES = 256 << 20  # a collection's freed bytes worth a line after the explanation
