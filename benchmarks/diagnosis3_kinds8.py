@@ -148,7 +148,8 @@ KINDS8: list[Kind] = [
          written=WRITTEN8),
     # ---- functions and copies ----------------------------------------------------------------
     # The Stack Overflow recipe that keeps a function's locals after it returns: a profile
-    # hook (sys.setprofile) copies the frame's locals on the 'return' event.
+    # hook (sys.setprofile) copies the frame's locals on the 'return' event. Composite: the
+    # answer shows the recipe; here the locals it keeps are an encoder's CUDA activations.
     Kind("setprofile_kept_locals_of_last_call",
          "https://coderapp.vercel.app/answer/14124861",
          "held by your session",
@@ -210,7 +211,8 @@ KINDS8: list[Kind] = [
          written=WRITTEN8),
     # ---- reference cycles left to the collector ----------------------------------------------
     # An expiring cache of LRU caches left orphaned linked-list nodes: a doubly linked list is
-    # a cycle, freed only by the collector.
+    # a cycle, freed only by the collector. Composite: here the cached values are CUDA tables
+    # and a new cache is made each epoch.
     Kind("linked_lru_rings_in_loop",
          "https://github.com/matrix-org/synapse/pull/10205",
          "garbage in reference cycles",
@@ -248,7 +250,8 @@ KINDS8: list[Kind] = [
          written=WRITTEN8),
     # ---- control: a broadcast loss ------------------------------------------------------------
     # Subtracting an (n,) target from an (n, 1) prediction gave a memory error for n over
-    # 100,000: the difference is (n, n).
+    # 100,000: the difference is (n, n). Composite: the report's arrays were NumPy's; here a
+    # PyTorch loss on the GPU.
     Kind("broadcast_loss_pairwise_working_set",
          "https://github.com/zygmuntz/hyperband/issues/17",
          "working set",
