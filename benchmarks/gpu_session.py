@@ -549,7 +549,8 @@ def fc_real(name: str, setting: str, fraction: float, timeout_s: float) -> dict[
     return _python(code, env, timeout_s=timeout_s)
 
 
-def first_cell(out: Path, budget_s: float, dry: bool = False) -> dict[str, Any]:
+def first_cell(out: Path, budget_s: float, dry: bool = False,
+               names: list[str] | None = None) -> dict[str, Any]:
     """Each session recorded from its first cell, then its real runs, one process at a time
     (processes sharing the GPU lower each other's peaks): uncapped under each setting, then
     capped at the predicted minimum +2% (must fit) and -2% (must run out). Stops starting
@@ -569,7 +570,7 @@ def first_cell(out: Path, budget_s: float, dry: bool = False) -> dict[str, Any]:
     def save() -> None:
         path.write_text(json.dumps(doc, indent=1))
 
-    for name in FIRST_CELL_SESSIONS:
+    for name in names or FIRST_CELL_SESSIONS:
         if left() < per_job_s:
             doc["skipped"].append(f"{name}: recording (budget)")
             continue
@@ -639,6 +640,8 @@ def main() -> int:
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--budget-s", type=float, default=520.0,
                     help="--only firstcell: start no process past this (default 520)")
+    ap.add_argument("--sessions", default="",
+                    help="--only firstcell: these sessions only (comma-separated names)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -650,7 +653,11 @@ def main() -> int:
             for src in (FC_REAL.format(prelude="", cells=[], fraction=0.5), CARD,
                         FC_RECORD.format(root="", prelude="", cells=[], confs="", dry="")):
                 compile(src, "<src>", "exec")
-        first_cell(out, args.budget_s, dry=args.dry_run)
+        names = [n for n in args.sessions.split(",") if n]
+        unknown = sorted(set(names) - set(FIRST_CELL_SESSIONS))
+        if unknown:
+            ap.error(f"no such session: {', '.join(unknown)}")
+        first_cell(out, args.budget_s, dry=args.dry_run, names=names)
         return 0
     if args.dry_run:
         for cells in SESSIONS.values():
