@@ -92,7 +92,8 @@ model = build(LAYERS, WIDTH, device="cuda")
 PATH = os.path.join(folder, "model.pt")
 torch.save(model.state_dict(), PATH)
 # Two entries of the weights, read back after every load below to show it loaded these.
-CHECK = [float(model[0].weight[0, :8].sum()), float(model[-1].weight[-1, -8:].sum())]
+CHECK = [float(model[0].weight.detach()[0, :8].sum()),
+         float(model[-1].weight.detach()[-1, -8:].sum())]
 del model
 torch.cuda.empty_cache()
 file_bytes = os.path.getsize(PATH)
@@ -265,7 +266,8 @@ print(json.dumps({
     "anon_peak": peak["RssAnon"] - start["RssAnon"],
     "file_peak": peak["RssFile"] - start["RssFile"],
     "device": str(model[0].weight.device),
-    "check": [float(model[0].weight[0, :8].sum()), float(model[-1].weight[-1, -8:].sum())]}))
+    "check": [float(model[0].weight.detach()[0, :8].sum()),
+         float(model[-1].weight.detach()[-1, -8:].sum())]}))
 '''
 WAYS = ["cpu then .cuda()", "GPU, as saved", "map_location='cpu'",
         "map_location='cpu', mmap=True", "meta, to_empty()", "meta, assign=True"]
