@@ -18,7 +18,8 @@
 # **The question:** how much GPU memory does fine-tuning take, once the weights are bf16, most
 # of them are frozen behind LoRA adapters, and the optimizer is not AdamW?
 #
-# Notebook 6 budgets float32 training with AdamW: 16 bytes per parameter before activations.
+# Notebook 6 budgets float32 training with AdamW: four float32 numbers per parameter before
+# activations.
 # The calculators learners use start elsewhere: weights in bf16, and often only small adapters
 # trained. This notebook writes each rule as a formula, prints what it predicts, and measures
 # it: the weights and gradients in float32 and bf16, the state each optimizer keeps (SGD, SGD
@@ -140,9 +141,9 @@ claim(f32_w == f32_g == 4 * N and bf_w == bf_g == 2 * N,
 # - **8-bit Adam** (`bitsandbytes`) keeps its two moments in one byte each, plus a scale per
 #   block.
 #
-# Each tensor is rounded up to the allocator's 512 bytes. The cell prints each prediction from
-# those rules, then measures the state as the growth of `allocated` across the first step, and
-# the step's temporaries as its peak above what it left.
+# Each tensor is rounded up to the allocator's block size (`round512` above). The cell prints
+# each prediction from those rules, then measures the state as the growth of `allocated` across
+# the first step, and the step's temporaries as its peak above what it left.
 
 # %% id="14-05"
 def state_rule(name, params):
@@ -244,8 +245,8 @@ else:
 # with `A` of shape `r × in` and `B` of shape `out × r`. Only `A` and `B` get gradients and
 # optimizer state. The adapter below is written by hand for this notebook; its adapters are
 # kept in float32 while the frozen model is bf16 (as peft does by default), so its rule is:
-# the model's weights at 2 bytes a parameter, and 4 + 4 + 8 bytes per adapter parameter
-# (weights, gradients, AdamW's two moments).
+# the model's weights in bf16, and for each adapter parameter four float32 numbers (its weight,
+# its gradient, AdamW's two moments).
 
 # %% id="14-09"
 RANK = 16

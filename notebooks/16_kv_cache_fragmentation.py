@@ -19,7 +19,7 @@
 # memory with gigabytes still free?
 #
 # Two answers, each measured. First the formula itself: models with *grouped-query attention*
-# (GQA: Llama 2 70B, Llama 3, Mistral and most recent models) keep fewer key and value heads
+# (GQA: Llama 3, Mistral and most recent models) keep fewer key and value heads
 # than query heads, so the cache per token is `2 × layers × batch × n_kv_heads × head_dim ×
 # bytes`, not `... × width`: with the width, the estimate is too large by `n_heads /
 # n_kv_heads`. Then the growth: a cache grown with `torch.cat` at every token (as
