@@ -317,6 +317,14 @@ claim(total == 64 * MiB // 4, "`result` itself is untouched: still bound, every 
 # - [`11_generation_kv_cache.ipynb`](11_generation_kv_cache.ipynb): a KV cache growing during
 #   generation, and its OOM;
 # - [`12_more_than_one_process.ipynb`](12_more_than_one_process.ipynb): memory held by other
-#   processes on the same GPU.
+#   processes on the same GPU;
+# - [`13_loading_a_checkpoint.ipynb`](13_loading_a_checkpoint.ipynb): loading a checkpoint
+#   without holding the weights twice (`map_location`, `mmap`, the meta device);
+# - [`14_fine_tuning_budgets.ipynb`](14_fine_tuning_budgets.ipynb): bf16 weights, each
+#   optimizer's state, and LoRA adapters;
+# - [`15_compile_and_shapes.ipynb`](15_compile_and_shapes.ipynb): `torch.compile`'s recompiles
+#   and CUDA graph pools per input shape;
+# - [`16_kv_cache_fragmentation.ipynb`](16_kv_cache_fragmentation.ipynb): a KV cache grown by
+#   `torch.cat` against a preallocated one, and its size under grouped-query attention.
 #
 # `%gpumem?` lists every command.
