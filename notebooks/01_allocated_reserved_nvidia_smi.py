@@ -15,6 +15,10 @@
 # %% [markdown] id="01-00"
 # # 1. Allocated, reserved, and what nvidia-smi sees
 #
+# > **To run it you need an NVIDIA GPU and PyTorch.** Anywhere else, read it as it is: its
+# > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
+# > any other cell runs and replaces them.
+#
 # "I deleted everything and nvidia-smi still says the GPU is full." This notebook shows why, one
 # step at a time, with PyTorch's caching allocator and NVML (the library `nvidia-smi` reads)
 # side by side. It also settles a few claims that circulate in blog posts, each with a measured
@@ -28,6 +32,9 @@
 # > quoted from the output right above or below it.
 
 # %% id="01-01"
+from gpumem_nb.tutorial import require_gpu
+
+require_gpu()  # without an NVIDIA GPU and PyTorch: one sentence, and Run All stops here
 # %load_ext gpumem_nb
 
 # %% [markdown] id="01-02"

@@ -15,6 +15,10 @@
 # %% [markdown] id="02-00"
 # # 2. Re-running a cell quietly eats memory
 #
+# > **To run it you need an NVIDIA GPU and PyTorch.** Anywhere else, read it as it is: its
+# > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
+# > any other cell runs and replaces them.
+#
 # Re-running a cell should cost nothing extra: it rebinds the same names. Three things break that,
 # and gpumem_nb names each one: results kept alive by IPython's output cache (`Out[n]`, `_`), a
 # stored traceback that keeps a failed cell's frames, and tensors that carry their autograd
@@ -28,6 +32,9 @@
 # > quoted from the output right above or below it.
 
 # %% id="02-01"
+from gpumem_nb.tutorial import require_gpu
+
+require_gpu()  # without an NVIDIA GPU and PyTorch: one sentence, and Run All stops here
 # %load_ext gpumem_nb
 import torch
 from claims import claim

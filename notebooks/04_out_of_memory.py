@@ -15,6 +15,10 @@
 # %% [markdown] id="04-00"
 # # 4. Out of memory, explained
 #
+# > **To run it you need an NVIDIA GPU and PyTorch.** Anywhere else, read it as it is: its
+# > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
+# > any other cell runs and replaces them.
+#
 # `CUDA out of memory` is the error everyone meets. This notebook takes the message apart, shows
 # what the allocator tries before it gives up, how to catch the error without leaking, and then
 # runs out of memory on purpose, once for each common cause, with gpumem_nb's explanation under
@@ -37,6 +41,9 @@
 # > quoted from the output right above or below it.
 
 # %% id="04-01"
+from gpumem_nb.tutorial import require_gpu
+
+require_gpu()  # without an NVIDIA GPU and PyTorch: one sentence, and Run All stops here
 # %load_ext gpumem_nb
 import sys
 

@@ -15,6 +15,10 @@
 # %% [markdown] id="05-00"
 # # 5. Allocator settings, measured side by side
 #
+# > **To run it you need an NVIDIA GPU and PyTorch.** Anywhere else, read it as it is: its
+# > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
+# > any other cell runs and replaces them.
+#
 # PyTorch's CUDA allocator is configured with one environment variable, `PYTORCH_ALLOC_CONF`
 # (the older name `PYTORCH_CUDA_ALLOC_CONF` still works), holding comma-separated `key:value`
 # pairs. This notebook says what each setting changes, which backend honours it and when it is
@@ -29,6 +33,9 @@
 # > quoted from the output right above or below it.
 
 # %% id="05-01"
+from gpumem_nb.tutorial import require_gpu
+
+require_gpu()  # without an NVIDIA GPU and PyTorch: one sentence, and Run All stops here
 # %load_ext gpumem_nb
 import os
 

@@ -15,6 +15,10 @@
 # %% [markdown] id="06-00"
 # # 6. Budgeting training memory
 #
+# > **To run it you need an NVIDIA GPU and PyTorch.** Anywhere else, read it as it is: its
+# > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
+# > any other cell runs and replaces them.
+#
 # Before a run you want to know whether it fits. The usual estimate adds four parts:
 #
 # - **parameters**: one float32 each (the first output below prints its size);
@@ -38,6 +42,9 @@
 # > quoted from the output right above or below it.
 
 # %% id="06-01"
+from gpumem_nb.tutorial import require_gpu
+
+require_gpu()  # without an NVIDIA GPU and PyTorch: one sentence, and Run All stops here
 # %load_ext gpumem_nb
 import contextlib
 import copy

@@ -15,6 +15,10 @@
 # %% [markdown] id="08-00"
 # # 8. Which allocator setting for my workload?
 #
+# > **To run it you need an NVIDIA GPU and PyTorch.** Anywhere else, read it as it is: its
+# > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
+# > any other cell runs and replaces them.
+#
 # PyTorch's out-of-memory message (the native allocator's) ends with the same advice every
 # time: "try setting `expandable_segments:True`". It says so even when nothing is reserved but
 # unallocated (notebook 4 prints it so) and even when the setting is already on
@@ -39,6 +43,9 @@
 # > quoted from the output right above or below it.
 
 # %% id="08-01"
+from gpumem_nb.tutorial import require_gpu
+
+require_gpu()  # without an NVIDIA GPU and PyTorch: one sentence, and Run All stops here
 # %load_ext gpumem_nb
 import os
 import tempfile

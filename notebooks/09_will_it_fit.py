@@ -15,6 +15,10 @@
 # %% [markdown] id="09-00"
 # # 9. Will it fit on a smaller GPU?
 #
+# > **To run it you need an NVIDIA GPU and PyTorch.** Anywhere else, read it as it is: its
+# > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
+# > any other cell runs and replaces them.
+#
 # "It trains on the big GPU; will it fit on the smaller one?" The peak `reserved` of a run with
 # room to spare does not answer that: when a `cudaMalloc` fails, the native allocator frees its
 # cache and retries before it raises (notebook 4 measures the retry), so a run can fit in less
@@ -37,6 +41,9 @@
 # > quoted from the output right above or below it.
 
 # %% id="09-01"
+from gpumem_nb.tutorial import require_gpu
+
+require_gpu()  # without an NVIDIA GPU and PyTorch: one sentence, and Run All stops here
 # %load_ext gpumem_nb
 import gc
 

@@ -15,6 +15,10 @@
 # %% [markdown] id="11-00"
 # # 11. Generation: the KV cache, token by token
 #
+# > **To run it you need an NVIDIA GPU and PyTorch.** Anywhere else, read it as it is: its
+# > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
+# > any other cell runs and replaces them.
+#
 # Training memory is set by the batch; generation memory keeps growing while it runs. Each new
 # token attends to every token before it, so `generate()` keeps the keys and values of every
 # layer for every token so far: the *KV cache*. It grows by the same amount with each generated
@@ -33,6 +37,9 @@
 # > quoted from the output right above or below it.
 
 # %% id="11-01"
+from gpumem_nb.tutorial import require_gpu
+
+require_gpu()  # without an NVIDIA GPU and PyTorch: one sentence, and Run All stops here
 # %load_ext gpumem_nb
 import re
 import sys
