@@ -189,7 +189,7 @@ class WhatIfChart:
                for i, row in enumerate(x for x in r.rows if x.modelled and x.series)]
         if len(r.recorded_series) > 1:
             out.append(_ChartLine("recorded (the history's own segments)", r.recorded_series,
-                                  "#444", 1.0, recorded=True))
+                                  plotlyjson.NEUTRAL, 1.0, recorded=True))
         return out
 
     def _x_title(self) -> str:
