@@ -149,6 +149,18 @@ def test_a_capacity_far_above_the_predictions_is_named_but_not_drawn():
     assert max(y_ticks(root)) < 200  # MiB: the predictions fill the height
 
 
+def test_a_history_torch_recorded_alone_is_timed_from_its_first_entry():
+    """A _dump_snapshot pickle has no start of gpumem_nb's: neither a cell nor a session
+    began its clock."""
+    h = History()
+    a = h.alloc(16 * MiB)
+    h.free(a)
+    chart = WhatIfChart(api.whatif(h.snapshot(recorded_start=False), [""]))
+    says = "ms since the history's first entry"
+    assert chart.figure()["layout"]["xaxis"]["title"]["text"] == says
+    assert chart.plot().x_title == says
+
+
 # -- the plotly figures in JupyterLab's light and dark themes ---------------------------------
 # JupyterLab's page behind an output, in its light and its dark theme.
 THEME_BACKGROUNDS = {"light": (255, 255, 255), "dark": (17, 17, 17)}
