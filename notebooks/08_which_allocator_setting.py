@@ -263,7 +263,9 @@ claim(all(real_by[c]["peak_reserved"] > real_by[""]["peak_reserved"]
 # checked as `set_per_process_memory_fraction`'s cap is (with the allocator's free-the-cache-
 # and-retry before an OOM), until it runs out: the smallest cap that still fits is the memory
 # each setting needs. Its table also says which common GPU sizes that fits on (an N GB GPU
-# taken as N GiB less what the CUDA context holds).
+# taken as N GiB less what the CUDA context holds: this leaves out what the driver reserves for
+# itself, several hundred MiB on the H200 (notebook 1), so a size within that much of the
+# answer is a borderline case that only a run on that GPU settles).
 
 # %% id="08-18"
 # %gpumem whatif --trace last --fit {ALTERNATIVES}
