@@ -54,8 +54,11 @@ def hints(sample: Sample, info: AllocatorInfo | None, device: int) -> list[str]:
         out.append(f"{al.num_ooms} out-of-memory error(s) so far in this process.")
     cached = al.reserved_bytes - al.allocated_bytes
     if cached > _CACHE_HINT_MIN_BYTES:
-        text = (f"{format_bytes(cached)} is cached but free. Your process reuses it without "
-                "asking the driver; other processes cannot use it until it is released "
+        # PyTorch's own requests reuse it, and its allocator empties the cache itself before
+        # an OOM; what cannot use it is everything outside that cache.
+        text = (f"{format_bytes(cached)} is cached but free. PyTorch reuses it without "
+                "asking the driver; nothing outside its cache (other processes, other "
+                "libraries in this one) can use it until it is released "
                 "(%gpumem cleanup calls empty_cache)")
         returnable = from_stats(al)
         kept = cached - returnable

@@ -901,7 +901,7 @@ class TraceTimeline:
 
     def _marks(self) -> list[tuple[float, str, str]]:
         d = self.device
-        marks = [(d.peak_ms, "peak", "#444")]
+        marks = [(d.peak_ms, "peak", plotlyjson.NEUTRAL)]
         if d.oom_ms is not None:
             marks.append((d.oom_ms, "OOM", _OOM_COLOR))
         return marks

@@ -78,7 +78,8 @@ print("GPU:", torch.cuda.get_device_name(0) if GPU else
 #   in this recording, so the two NVML lines nearly coincide);
 # - **reserved (PyTorch cache)**: what PyTorch's caching allocator holds from the driver, live
 #   tensors plus its cache;
-# - **allocated (live tensors)**: live tensors only;
+# - **allocated (live tensors)**: what PyTorch's allocator has handed out: live tensors, and
+#   library workspaces such as cuBLAS's;
 # - **host RAM (RSS)**: this process's resident memory, in the live chart's legend (drawn by
 #   default where there is no GPU);
 # - the gap between *this process* and *reserved* is memory outside PyTorch's allocator: mostly
@@ -302,8 +303,8 @@ claim(total == 64 * MiB // 4, "`result` itself is untouched: still bound, every 
 #   fragmentation, `expandable_segments`, the live chart;
 # - [`04_out_of_memory.ipynb`](04_out_of_memory.ipynb): the OOM message, the allocator's retry,
 #   the explainer;
-# - [`05_allocator_settings.ipynb`](05_allocator_settings.ipynb): every allocator setting,
-#   measured side by side;
+# - [`05_allocator_settings.ipynb`](05_allocator_settings.ipynb): the five allocator settings
+#   most often tuned, measured side by side, and the others named;
 # - [`06_training_memory_budget.ipynb`](06_training_memory_budget.ipynb): parameters, gradients,
 #   AdamW, activations;
 # - [`07_traces_and_snapshots.ipynb`](07_traces_and_snapshots.ipynb): which line allocated what,

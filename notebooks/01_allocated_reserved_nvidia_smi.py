@@ -15,6 +15,10 @@
 # %% [markdown] id="01-00"
 # # 1. Allocated, reserved, and what nvidia-smi sees
 #
+# > **To run it you need an NVIDIA GPU and PyTorch.** Anywhere else, read it as it is: its
+# > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
+# > any other cell runs and replaces them.
+#
 # "I deleted everything and nvidia-smi still says the GPU is full." This notebook shows why, one
 # step at a time, with PyTorch's caching allocator and NVML (the library `nvidia-smi` reads)
 # side by side. It also settles a few claims that circulate in blog posts, each with a measured
@@ -28,6 +32,9 @@
 # > quoted from the output right above or below it.
 
 # %% id="01-01"
+from gpumem_nb.tutorial import require_gpu
+
+require_gpu()  # without an NVIDIA GPU and PyTorch: one sentence, and Run All stops here
 # %load_ext gpumem_nb
 
 # %% [markdown] id="01-02"
@@ -110,19 +117,22 @@ claim(torch.cuda.is_initialized() and this_process() is None,
 # The first allocation creates the context: most of it is the driver's per-process state. It
 # is this process's memory, but PyTorch's allocator does not manage it, so it appears as
 # **outside PyTorch** and never as `reserved`. The first allocation below is `torch.zeros`,
-# which also launches a kernel (the fill with zeros), so the code that first launch loads is
-# in the figure too: a process whose first allocation is `torch.empty`, which launches
-# nothing, starts smaller (notebook 12's processes start that way).
+# which also launches a kernel (the fill with zeros), and a process's first kernel launch adds
+# a one-off amount outside PyTorch: notebook 12's processes, whose first allocation is
+# `torch.empty` (which launches nothing), start smaller than its processes that launched a
+# kernel first. That amount is not the fill kernel's code: the six kernels launched for the
+# first time further down add nothing NVML shows. What it holds, this run does not show.
 #
 # Most GPU code is not loaded with it. CUDA loads a kernel's code the first time that kernel is
 # launched (*lazy loading*), so a kernel launched for the first time, PyTorch's own as much as
 # a library's, can grow the context: six small kernels below grow it by nothing NVML shows,
 # the first matrix product further down by tens of MiB. Who asks for lazy loading depends on
-# the versions:
-# PyTorch 1.13 and later set `CUDA_MODULE_LOADING=LAZY` when you had not set it (pytorch#86509),
-# and CUDA 12.2 and later load lazily on Linux without being asked (CUDA's programming guide,
-# "Lazy Loading"). The H200 run below prints what its PyTorch left in the variable. The two
-# cells after the next one measure what lazy loading saves.
+# the versions. PyTorch used to set `CUDA_MODULE_LOADING=LAZY` when you had not set it (from
+# 1.13, pytorch#86509); since pytorch#152695 it does so only for drivers older than CUDA 12.2,
+# whose default is eager. CUDA 12.2 and later load lazily on Linux without being asked (CUDA's
+# programming guide, "Lazy Loading"). The run below prints what its PyTorch left in the
+# variable: with a driver of CUDA 12.2 or later, unset, and the driver's default, lazy,
+# applies. The two cells after the next one measure what lazy loading saves.
 
 # %% id="01-09"
 t = torch.zeros(1, device="cuda")
@@ -399,9 +409,12 @@ reserved_before, nvml_before = torch.cuda.memory_reserved(), nvml_used()
 #
 # `torch.cuda.empty_cache()` hands cached memory back to the driver, and NVML drops by the same
 # amount (one article claims it gives nothing back: the `NVML freed` column below and the check
-# after it say otherwise). Other processes can then use that memory; yours gains nothing,
-# because it would have reused the cache anyway. `%gpumem cleanup` calls it for you and reports
-# what each step freed.
+# after it say otherwise). Everything that allocates outside PyTorch's cache can then use
+# that memory: other processes, and in this process other libraries (notebook 4's CuPy, NCCL)
+# and kernel code loaded later (the first matrix product below grows memory
+# outside PyTorch). PyTorch's own requests gain nothing: its allocator reuses the cache, and
+# before it reports out of memory it frees the cache itself. `%gpumem cleanup` calls it for you
+# and reports what each step freed.
 #
 # With the native allocator's default segments (this notebook's), it can only return whole
 # segments. A segment is one `cudaMalloc`, and `cudaFree` takes the segment's start address
@@ -521,8 +534,9 @@ claim(nothing_ms < 10, "with nothing to free, it returned at once (< 10 ms)")
 # Its docstring gives it one more purpose: it "may help reduce fragmentation". Returning whole
 # free segments lets a later, larger request be served by a fresh `cudaMalloc` instead of
 # failing to fit in the cached pieces. The allocator already does this itself, once, when a
-# `cudaMalloc` fails (notebook 4 measures that retry), so for your own process calling it is
-# rarely needed; it matters when *another* process needs the memory.
+# `cudaMalloc` fails (notebook 4 measures that retry), so PyTorch's own requests rarely need
+# it; it matters when memory is wanted outside PyTorch's cache: by another process, or by
+# another library or kernel code loaded later in this one (notebook 4's CuPy section).
 #
 # ## What a cleanup cannot free
 #

@@ -15,6 +15,10 @@
 # %% [markdown] id="02-00"
 # # 2. Re-running a cell quietly eats memory
 #
+# > **To run it you need an NVIDIA GPU and PyTorch.** Anywhere else, read it as it is: its
+# > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
+# > any other cell runs and replaces them.
+#
 # Re-running a cell should cost nothing extra: it rebinds the same names. Three things break that,
 # and gpumem_nb names each one: results kept alive by IPython's output cache (`Out[n]`, `_`), a
 # stored traceback that keeps a failed cell's frames, and tensors that carry their autograd
@@ -28,6 +32,9 @@
 # > quoted from the output right above or below it.
 
 # %% id="02-01"
+from gpumem_nb.tutorial import require_gpu
+
+require_gpu()  # without an NVIDIA GPU and PyTorch: one sentence, and Run All stops here
 # %load_ext gpumem_nb
 import torch
 from claims import claim
@@ -202,9 +209,11 @@ claim(second.reserved_delta_bytes > 0 and third.reserved_delta_bytes == 0,
 #
 # `who` lists Python objects that hold tensors, and the tensors their autograd graphs saved. One
 # thing holds GPU memory without being such an object: the matrix libraries' workspaces. ATen
-# keeps one per handle and stream for each of two libraries (`CublasHandlePool.cpp`): cuBLAS's,
-# for plain products such as `y @ y` above, and cuBLASLt's, for products fused with a bias add,
-# the path `nn.Linear` takes. Notebook 1 ran only a bare `a @ a`, so it made cuBLAS's alone;
+# keeps them per handle and stream (`CublasHandlePool.cpp`). The first product on a new
+# (handle, stream) allocates cuBLAS's workspace, whichever path it takes: on CUDA the cuBLASLt
+# handle is the cuBLAS handle, so a bias-fused product (`nn.Linear`, `addmm`) attaches it too.
+# The bias-fused path then adds cuBLASLt's own, smaller one. In a trace, cuBLAS's is charged to
+# whichever product ran first. Notebook 1 ran only a bare `a @ a`, so it made cuBLAS's alone;
 # here both exist (so far only forward passes have run). The next cell accounts for
 # `allocated` in full: what `who` lists, what deleting `loss` frees (its graph), and what
 # dropping the workspaces frees; the cell after it reads the two workspaces from a trace.
@@ -239,11 +248,12 @@ claim(workspaces > 0 and 0 <= allocated - listed - workspaces < 512 and still ==
 # ### The two workspaces, read from a trace
 #
 # The next cell records the allocator's history around two calls, right after the workspaces
-# were dropped: a plain product of a square matrix (no bias: cuBLAS), then one forward pass of
-# the model (`nn.Linear`'s bias-fused products: cuBLASLt). Neither keeps its result. What is
-# still allocated at the end, and was allocated during the recording, is what the two calls
-# recreated and no tensor holds: one block per library, each with the innermost Python line
-# in its stack, where the trace names one (the library allocates it from C++, whose frames the
+# were dropped: a plain product of a square matrix first, then one forward pass of the model
+# (`nn.Linear`'s bias-fused products). Neither keeps its result. What is still allocated at the
+# end, and was allocated during the recording, is what the two calls recreated and no tensor
+# holds: one block per library, cuBLAS's charged to the plain product because it ran first
+# (the model alone makes it too: the first run above), each with the innermost Python line in
+# its stack, where the trace names one (the library allocates it from C++, whose frames the
 # trace may not name: it prints those as `??`). It drops them again after, so the cells below
 # start as before.
 
@@ -278,8 +288,8 @@ def python_line(block):
 
 for b in sorted(recreated, key=lambda b: -b["size"]):
     where = python_line(b)
-    who = "the model (nn.Linear: cuBLASLt)" if made_by_linear(b) else \
-        "the plain product (cuBLAS)"
+    who = "the model (bias-fused: cuBLASLt's own)" if made_by_linear(b) else \
+        "the plain product, which ran first (cuBLAS's)"
     print(f"{fmt(b['size']):>10}  allocated by {who}, at {where}")
 total = sum(b["size"] for b in recreated)
 print(f"together {fmt(total)}; dropping the workspaces above freed {fmt(workspaces)}")
@@ -287,8 +297,9 @@ claim(len(recreated) == 2 and total == workspaces,
       "the two calls recreated two blocks that no tensor holds, together the workspaces "
       "dropped above", blocks=len(recreated), together=fmt(total), workspaces=fmt(workspaces))
 claim(sorted(map(made_by_linear, recreated)) == [False, True],
-      "the plain product made one, cuBLAS's, and nn.Linear's bias-fused products the other, "
-      "cuBLASLt's", by_linear=fmt(sum(b["size"] for b in recreated if made_by_linear(b))),
+      "the plain product, run first, was charged with cuBLAS's workspace, and nn.Linear's "
+      "bias-fused products added cuBLASLt's own",
+      by_linear=fmt(sum(b["size"] for b in recreated if made_by_linear(b))),
       by_plain_product=fmt(sum(b["size"] for b in recreated if not made_by_linear(b))))
 torch._C._cuda_clearCublasWorkspaces()  # as before this cell
 

@@ -15,6 +15,10 @@
 # %% [markdown] id="03-00"
 # # 3. Peaks, fragmentation, and the live chart
 #
+# > **To run it you need an NVIDIA GPU and PyTorch.** Anywhere else, read it as it is: its
+# > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
+# > any other cell runs and replaces them.
+#
 # An OOM "out of nowhere" is usually a short peak, or memory the allocator holds but cannot hand
 # out. This notebook measures both, compares the allocator with `expandable_segments` honestly,
 # and shows the live chart during a long cell.
@@ -27,6 +31,9 @@
 # > quoted from the output right above or below it.
 
 # %% id="03-01"
+from gpumem_nb.tutorial import require_gpu
+
+require_gpu()  # without an NVIDIA GPU and PyTorch: one sentence, and Run All stops here
 # %load_ext gpumem_nb
 import torch
 from claims import claim

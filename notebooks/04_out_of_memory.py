@@ -15,6 +15,10 @@
 # %% [markdown] id="04-00"
 # # 4. Out of memory, explained
 #
+# > **To run it you need an NVIDIA GPU and PyTorch.** Anywhere else, read it as it is: its
+# > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
+# > any other cell runs and replaces them.
+#
 # `CUDA out of memory` is the error everyone meets. This notebook takes the message apart, shows
 # what the allocator tries before it gives up, how to catch the error without leaking, and then
 # runs out of memory on purpose, once for each common cause, with gpumem_nb's explanation under
@@ -37,6 +41,9 @@
 # > quoted from the output right above or below it.
 
 # %% id="04-01"
+from gpumem_nb.tutorial import require_gpu
+
+require_gpu()  # without an NVIDIA GPU and PyTorch: one sentence, and Run All stops here
 # %load_ext gpumem_nb
 import sys
 
@@ -115,14 +122,17 @@ claim(verdict() == "impossible", "gpumem_nb calls a request for twice the GPU im
 # - **this process has … in use**: everything of this process on the GPU, including the CUDA
 #   context and other libraries; "Process N has … in use" lines name other processes when the
 #   driver lists them.
-# - **allocated by PyTorch**: live tensors.
+# - **allocated by PyTorch**: every block the caching allocator has handed out: tensors, and
+#   library workspaces such as cuBLAS's (above, all of it is workspace). In this message it also
+#   counts the free blocks of CUDA-graph private pools (notebook 10).
 # - **reserved by PyTorch but unallocated**: what the cache still held *after* the allocator
 #   had already returned every whole free segment it could (see the retry below). What is left
 #   sits inside partly used segments: when it is large, that is fragmentation. The message's
 #   next sentence suggests `expandable_segments` for that case, but it prints the sentence
 #   every time: above, with nothing reserved but unallocated, and even when the setting is
 #   already on (notebook 8).
-# - **allowed**: appears only under a cap set with `torch.cuda.set_per_process_memory_fraction`.
+# - **allowed**: appears only under a cap, set with `torch.cuda.set_per_process_memory_fraction`
+#   or, in torch 2.11, with the `per_process_memory_fraction` key of `PYTORCH_ALLOC_CONF`.
 #
 # `%gpumem oom` shows gpumem_nb's last explanation again (`-o` returns it as an object):
 
@@ -322,8 +332,10 @@ del mlp, losses, x  # x: the loop's last batch, which would pin a segment of the
 # The cleanup's `last exception` row frees more than the explanation's dry-run estimate of what
 # the traceback held. The estimate was made at the failure, when the traceback was the only
 # holder of the failed forward pass's input and its graph; `del mlp, losses, x` just before the
-# cleanup made it the last holder of `mlp`'s weights too (the failed frames' `self`), so
-# dropping it freed those as well.
+# cleanup made it the last holder of `mlp`'s weights too (the failed frames' `self`) and of the
+# loop's last batch `x` (the argument of the failed `mlp(x)` call), so dropping it freed those
+# as well: the estimate, `mlp` and `x`, each as the explanation above lists it, add up to the
+# row's 4.00 GiB.
 #
 # ### Fragmentation
 #
@@ -542,9 +554,10 @@ claim(verdict() == "held by your session"
 # %% [markdown] id="04-34"
 # `empty_cache()` did not help, and could not: the first request's memory was not *cached*, it
 # was *allocated*, held by `results` (read the explanation above). A cached block is reused by
-# the same process anyway; emptying the cache only gives memory to other processes, and costs a
-# synchronization. The fix is to keep only what the caller needs, and not to build a graph at
-# all when serving:
+# PyTorch's own requests anyway, and its allocator empties the cache itself before it raises;
+# emptying the cache helps only what allocates outside that cache (other processes, or another
+# library in this one, as the CuPy section above showed), and costs a synchronization. The
+# fix is to keep only what the caller needs, and not to build a graph at all when serving:
 
 # %% id="04-35"
 results.clear()

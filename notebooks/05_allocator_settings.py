@@ -15,11 +15,17 @@
 # %% [markdown] id="05-00"
 # # 5. Allocator settings, measured side by side
 #
+# > **To run it you need an NVIDIA GPU and PyTorch.** Anywhere else, read it as it is: its
+# > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
+# > any other cell runs and replaces them.
+#
 # PyTorch's CUDA allocator is configured with one environment variable, `PYTORCH_ALLOC_CONF`
 # (the older name `PYTORCH_CUDA_ALLOC_CONF` still works), holding comma-separated `key:value`
-# pairs. This notebook says what each setting changes, which backend honours it and when it is
-# read; it then runs one workload under each setting, in fresh processes, and compares them in
-# one table. It ends with `torch.cuda.memory_summary()`, read line by line.
+# pairs. This notebook takes the five settings most often tuned, of the fourteen keys torch
+# 2.11's parser accepts (the others are listed after them): it says what each changes, which
+# backend honours it and when it is read; it then runs one workload under each setting, in
+# fresh processes, and compares them in one table. It ends with `torch.cuda.memory_summary()`,
+# read line by line.
 #
 # > The outputs were produced by running this notebook on an NVIDIA H200; its metadata
 # > (`gpumem_nb` key) records the GPU, driver, CUDA, torch and gpumem_nb versions, the commit
@@ -29,6 +35,9 @@
 # > quoted from the output right above or below it.
 
 # %% id="05-01"
+from gpumem_nb.tutorial import require_gpu
+
+require_gpu()  # without an NVIDIA GPU and PyTorch: one sentence, and Run All stops here
 # %load_ext gpumem_nb
 import os
 
@@ -69,6 +78,24 @@ claim(torch.cuda.get_allocator_backend() == "native"
 #   `torch.cuda.set_per_process_memory_fraction`, once reserved memory passes the fraction F of
 #   the cap, the allocator frees cached blocks that have not been reused before asking for more,
 #   rather than waiting for a failed `cudaMalloc`. *Native only; read when CUDA starts.*
+#
+# The other keys torch 2.11 accepts (`c10/core/AllocatorConfig.h` and
+# `c10/cuda/CUDAAllocatorConfig.h`; this notebook does not measure them):
+#
+# - **`per_process_memory_fraction`**: the cap of `torch.cuda.set_per_process_memory_fraction`,
+#   set from the environment (the cap that `garbage_collection_threshold` above and notebook 9's
+#   capped runs work under);
+# - **`large_segment_size_mb`**: the size of the segments large requests are packed into (the
+#   large segment in notebook 1's table);
+# - **`max_non_split_rounding_mb`**: how much larger than a request an oversize cached block may
+#   be and still serve it (the "cached block of about its own size" in notebook 8);
+# - **`pinned_use_background_threads`**, **`pinned_use_cuda_host_register`**,
+#   **`pinned_num_register_threads`** and **`pinned_reserve_segment_size_mb`**: pinned host
+#   memory;
+# - **`release_lock_on_cudamalloc`**: whether the allocator's lock is released around
+#   `cudaMalloc`;
+# - **`graph_capture_record_stream_reuse`**: block reuse across streams during CUDA-graph
+#   capture.
 #
 # `cudaMallocAsync` has none of the native allocator's segments and blocks, so these options
 # mean nothing to it, and in torch 2.11 it says nothing about `max_split_size_mb`: PyTorch's

@@ -15,6 +15,10 @@
 # %% [markdown] id="06-00"
 # # 6. Budgeting training memory
 #
+# > **To run it you need an NVIDIA GPU and PyTorch.** Anywhere else, read it as it is: its
+# > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
+# > any other cell runs and replaces them.
+#
 # Before a run you want to know whether it fits. The usual estimate adds four parts:
 #
 # - **parameters**: one float32 each (the first output below prints its size);
@@ -38,6 +42,9 @@
 # > quoted from the output right above or below it.
 
 # %% id="06-01"
+from gpumem_nb.tutorial import require_gpu
+
+require_gpu()  # without an NVIDIA GPU and PyTorch: one sentence, and Run All stops here
 # %load_ext gpumem_nb
 import contextlib
 import copy
@@ -396,7 +403,7 @@ claim(0.5 * f32["layers"] < bf16["layers"] < 0.75 * f32["layers"],
       "autocast shrinks the layers' saved activations by more than a quarter, not by half",
       bf16=fmt(bf16["layers"]), float32=fmt(f32["layers"]))
 claim(bf16["norm"] > f32["norm"],
-      "the head and loss part does not shrink, it grows a little: the loss is in float32",
+      "the head and loss part does not shrink (the loss is in float32), it grows a little",
       bf16=fmt(bf16["norm"]), float32=fmt(f32["norm"]))
 claim(near(variants["fp16 autocast + GradScaler"][1], variants["bf16 autocast"][1], rel=0.01)
       and near(variants["fp16 autocast + GradScaler"][2], variants["bf16 autocast"][2],
@@ -409,9 +416,10 @@ claim(variants["float32, checkpointing"][1] < variants["float32"][1],
 # - **Autocast** (bf16 or fp16) runs matrix products in 16-bit, so the layers' saved
 #   activations shrink (the `layers` column), though not to half: the layer norms run, and
 #   save their inputs, in float32, and the graph also keeps the 16-bit copies of the weights
-#   that autocast makes for each forward pass. The head and loss
-#   part does not shrink, it even grows a little: the loss is computed in float32
-#   (`.float()` in `loss_fn`).
+#   that autocast makes for each forward pass. The head and loss part does not shrink,
+#   because the loss is computed in float32 (`.float()` in `loss_fn`), and it even grows a
+#   little: the head's 16-bit input is smaller, but its graph also keeps autocast's 16-bit copy
+#   of the head's weight, which is the embedding (the two are tied), for the head's backward.
 #   Parameters, gradients and AdamW state stay float32.
 # - **fp16** needs a `GradScaler` (fp16's narrow range makes small gradients vanish without
 #   it). The scaler keeps only a few scalars: its row matches bf16's. bf16 needs no scaler.

@@ -15,6 +15,10 @@
 # %% [markdown] id="07-00"
 # # 7. Where did my memory go? Per-cell traces and snapshots
 #
+# > **To run it you need an NVIDIA GPU and PyTorch.** Anywhere else, read it as it is: its
+# > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
+# > any other cell runs and replaces them.
+#
 # `allocated` says how much; it does not say which line. PyTorch can record every allocation
 # with the Python stack that made it (its *allocation history*). `%%gpumem --trace` switches that
 # recording on for one cell only, then shows the lines that held the most memory at the cell's
@@ -29,6 +33,9 @@
 # > quoted from the output right above or below it.
 
 # %% id="07-01"
+from gpumem_nb.tutorial import require_gpu
+
+require_gpu()  # without an NVIDIA GPU and PyTorch: one sentence, and Run All stops here
 # %load_ext gpumem_nb
 import os
 import re

@@ -15,6 +15,10 @@
 # %% [markdown] id="08-00"
 # # 8. Which allocator setting for my workload?
 #
+# > **To run it you need an NVIDIA GPU and PyTorch.** Anywhere else, read it as it is: its
+# > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
+# > any other cell runs and replaces them.
+#
 # PyTorch's out-of-memory message (the native allocator's) ends with the same advice every
 # time: "try setting `expandable_segments:True`". It says so even when nothing is reserved but
 # unallocated (notebook 4 prints it so) and even when the setting is already on
@@ -39,6 +43,9 @@
 # > quoted from the output right above or below it.
 
 # %% id="08-01"
+from gpumem_nb.tutorial import require_gpu
+
+require_gpu()  # without an NVIDIA GPU and PyTorch: one sentence, and Run All stops here
 # %load_ext gpumem_nb
 import os
 import tempfile
@@ -256,7 +263,9 @@ claim(all(real_by[c]["peak_reserved"] > real_by[""]["peak_reserved"]
 # checked as `set_per_process_memory_fraction`'s cap is (with the allocator's free-the-cache-
 # and-retry before an OOM), until it runs out: the smallest cap that still fits is the memory
 # each setting needs. Its table also says which common GPU sizes that fits on (an N GB GPU
-# taken as N GiB less what the CUDA context holds).
+# taken as N GiB less what the CUDA context holds: this leaves out what the driver reserves for
+# itself, several hundred MiB on the H200 (notebook 1), so a size within that much of the
+# answer is a borderline case that only a run on that GPU settles).
 
 # %% id="08-18"
 # %gpumem whatif --trace last --fit {ALTERNATIVES}

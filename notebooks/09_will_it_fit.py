@@ -15,6 +15,10 @@
 # %% [markdown] id="09-00"
 # # 9. Will it fit on a smaller GPU?
 #
+# > **To run it you need an NVIDIA GPU and PyTorch.** Anywhere else, read it as it is: its
+# > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
+# > any other cell runs and replaces them.
+#
 # "It trains on the big GPU; will it fit on the smaller one?" The peak `reserved` of a run with
 # room to spare does not answer that: when a `cudaMalloc` fails, the native allocator frees its
 # cache and retries before it raises (notebook 4 measures the retry), so a run can fit in less
@@ -37,6 +41,9 @@
 # > quoted from the output right above or below it.
 
 # %% id="09-01"
+from gpumem_nb.tutorial import require_gpu
+
+require_gpu()  # without an NVIDIA GPU and PyTorch: one sentence, and Run All stops here
 # %load_ext gpumem_nb
 import gc
 
@@ -124,8 +131,10 @@ except torch.OutOfMemoryError:
     oom = True
 print(json.dumps({"oom": oom, "peak_reserved": torch.cuda.max_memory_reserved()}))
 '''
-# What an N GB GPU leaves PyTorch: N GiB less this process's memory outside PyTorch (its CUDA
-# context and libraries), read now, as `--fit` below takes it.
+# What an N GB GPU leaves PyTorch, as `--fit` below takes it: N GiB less this process's memory
+# outside PyTorch (its CUDA context and libraries), read now. It leaves out what the driver
+# reserves for itself (NVML's total less CUDA's: notebook 1), so it overstates the room by that
+# much: an answer within that much of the room is borderline (the line below prints both).
 CONTEXT = gpumem_nb.snapshot().sample.devices[0].outside_pytorch_bytes or 512 * MiB
 ROOM = SMALLER_GB * GiB - CONTEXT
 (real,) = run_fresh_many(CAPPED, [""], extra_envs=[{"TUTORIAL_CAP": str(ROOM)}])
@@ -255,9 +264,10 @@ claim(session.fit.rows[0].fits(SMALLER_GB) == fits_for_real,
 #
 # - Peak `reserved` on a large GPU is an upper bound on what a run needs, not the answer: the
 #   allocator flushes its cache and retries before it raises.
-# - A run under `set_per_process_memory_fraction` is the ground truth, one setting and one size
-#   at a time, in a fresh process (the fraction caps this process only; the settings are read
-#   when CUDA starts).
+# - A run under `set_per_process_memory_fraction` answers for this GPU with that much memory,
+#   one setting and one size at a time, in a fresh process (the fraction caps this process only;
+#   the settings are read when CUDA starts). Another GPU model has its own context, driver
+#   reserve, workspace sizes and kernels: keep a margin there, or make one real run on it.
 # - `%gpumem whatif --fit` turns one traced cell into the least memory each setting needs;
 #   `%gpumem whatif --session --fit` does it for everything since `%gpumem record on`, as if
 #   restarted. The capped runs above are the proof, not a step you need.

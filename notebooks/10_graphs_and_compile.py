@@ -15,6 +15,10 @@
 # %% [markdown] id="10-00"
 # # 10. CUDA graphs and `torch.compile`: memory that `empty_cache` cannot give back
 #
+# > **To run it you need an NVIDIA GPU and PyTorch.** Anywhere else, read it as it is: its
+# > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
+# > any other cell runs and replaces them.
+#
 # A CUDA graph replays a captured sequence of kernels at fixed addresses, so the memory its
 # capture allocated must stay where it is: PyTorch gives each graph a *private memory pool*,
 # kept apart from the cache every other tensor shares. `torch.compile(mode="reduce-overhead")`
@@ -33,6 +37,9 @@
 # > quoted from the output right above or below it.
 
 # %% id="10-01"
+from gpumem_nb.tutorial import require_gpu
+
+require_gpu()  # without an NVIDIA GPU and PyTorch: one sentence, and Run All stops here
 # %load_ext gpumem_nb
 import gc
 

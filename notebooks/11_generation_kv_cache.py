@@ -15,6 +15,10 @@
 # %% [markdown] id="11-00"
 # # 11. Generation: the KV cache, token by token
 #
+# > **To run it you need an NVIDIA GPU and PyTorch.** Anywhere else, read it as it is: its
+# > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
+# > any other cell runs and replaces them.
+#
 # Training memory is set by the batch; generation memory keeps growing while it runs. Each new
 # token attends to every token before it, so `generate()` keeps the keys and values of every
 # layer for every token so far: the *KV cache*. It grows by the same amount with each generated
@@ -33,6 +37,9 @@
 # > quoted from the output right above or below it.
 
 # %% id="11-01"
+from gpumem_nb.tutorial import require_gpu
+
+require_gpu()  # without an NVIDIA GPU and PyTorch: one sentence, and Run All stops here
 # %load_ext gpumem_nb
 import re
 import sys
@@ -79,9 +86,11 @@ print("warmed up")
 # %% [markdown] id="11-02"
 # ## One token's worth, predicted
 #
-# Each layer keeps one key and one value vector per token, per sequence, each as wide as the
-# model (its heads side by side): `2 × layers × batch × width × bytes per number` for every
-# token, prompt tokens included.
+# Each layer keeps one key and one value vector per token, per sequence, for each key/value
+# head: `2 × layers × batch × KV heads × head size × bytes per number` for every token, prompt
+# tokens included. In GPT-2 every query head has its own key/value head, so `KV heads × head
+# size` is the model's width; models with grouped-query or multi-query attention keep fewer
+# key/value heads than query heads, and so a smaller cache than the width suggests.
 
 # %% id="11-03"
 BATCH, PROMPT = 8, 32
@@ -202,8 +211,9 @@ claim(left < 256 * MiB, "the cleanup freed the cache: little beyond the weights 
 # %% [markdown] id="11-13"
 # What to take away:
 #
-# - The KV cache costs `2 × layers × batch × width × bytes per number` per token, prompt
-#   included, and grows until the generation ends.
+# - The KV cache costs `2 × layers × batch × KV heads × head size × bytes per number` per
+#   token, prompt included (the width in place of `KV heads × head size` only where every query
+#   head has its own key/value head, as in GPT-2), and grows until the generation ends.
 # - Memory for generation is set by batch × (prompt + new tokens): lower either, use a smaller
 #   number type for the model and the cache, or a cache that keeps less on the GPU
 #   (`cache_implementation="offloaded"` or `"quantized"` in `generate()`).

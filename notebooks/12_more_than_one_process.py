@@ -15,6 +15,10 @@
 # %% [markdown] id="12-00"
 # # 12. More than one process on a GPU
 #
+# > **To run it you need an NVIDIA GPU and PyTorch.** Anywhere else, read it as it is: its
+# > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
+# > any other cell runs and replaces them.
+#
 # PyTorch's statistics are this process's. `nvidia-smi` (NVML) sees every process, and each
 # process that touches a GPU pays for a CUDA context of its own there, before it allocates
 # anything. So memory on "your" GPU can belong to:
@@ -36,6 +40,9 @@
 # > quoted from the output right above or below it.
 
 # %% id="12-01"
+from gpumem_nb.tutorial import require_gpu
+
+require_gpu()  # without an NVIDIA GPU and PyTorch: one sentence, and Run All stops here
 # %load_ext gpumem_nb
 import importlib
 import os

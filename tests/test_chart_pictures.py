@@ -149,6 +149,94 @@ def test_a_capacity_far_above_the_predictions_is_named_but_not_drawn():
     assert max(y_ticks(root)) < 200  # MiB: the predictions fill the height
 
 
+def test_a_history_torch_recorded_alone_is_timed_from_its_first_entry():
+    """A _dump_snapshot pickle has no start of gpumem_nb's: neither a cell nor a session
+    began its clock."""
+    h = History()
+    a = h.alloc(16 * MiB)
+    h.free(a)
+    chart = WhatIfChart(api.whatif(h.snapshot(recorded_start=False), [""]))
+    says = "ms since the history's first entry"
+    assert chart.figure()["layout"]["xaxis"]["title"]["text"] == says
+    assert chart.plot().x_title == says
+
+
+# -- the plotly figures in JupyterLab's light and dark themes ---------------------------------
+# JupyterLab's page behind an output, in its light and its dark theme.
+THEME_BACKGROUNDS = {"light": (255, 255, 255), "dark": (17, 17, 17)}
+
+
+def rgba(colour: str) -> tuple[float, float, float, float]:
+    """A plotly colour as written in our figures: #rrggbb or rgba(r,g,b,a)."""
+    if colour.startswith("#") and len(colour) == 7:
+        return (int(colour[1:3], 16), int(colour[3:5], 16), int(colour[5:7], 16), 1.0)
+    found = re.fullmatch(r"rgba\((\d+),\s*(\d+),\s*(\d+),\s*([\d.]+)\)", colour)
+    assert found, f"a colour this test cannot read: {colour!r}"
+    r, g, b, a = found.groups()
+    return (int(r), int(g), int(b), float(a))
+
+
+def contrast(colour: tuple[float, float, float], background: tuple[float, float, float]
+             ) -> float:
+    """WCAG's contrast ratio of two opaque colours."""
+    def lum(c: tuple[float, float, float]) -> float:
+        ch = [x / 255 for x in c]
+        lin = [x / 12.92 if x <= 0.03928 else ((x + 0.055) / 1.055) ** 2.4 for x in ch]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+    hi, lo = sorted((lum(colour), lum(background)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def texts_and_marks(fig: dict[str, Any]) -> dict[str, str]:
+    """Every colour the figure gives a text, an axis or a mark drawn on the page itself (not
+    inside the hover box), by where it is."""
+    lay = fig["layout"]
+    found = {"font": lay["font"]["color"]}
+    for axis in ("xaxis", "yaxis"):
+        found[f"{axis}.color"] = lay[axis]["color"]
+    for i, a in enumerate(lay.get("annotations", [])):
+        found[f"annotation {i} ({a['text']})"] = a.get("font", {}).get("color",
+                                                                       lay["font"]["color"])
+    for i, sh in enumerate(lay.get("shapes", [])):
+        found[f"shape {i}"] = sh["line"]["color"]
+    return found
+
+
+def theme_figures() -> list[tuple[str, dict[str, Any]]]:
+    return [("trace timeline", TraceTimeline(analyze(site_entries(3, oom=True), skip=SKIP))
+             .figure()),
+            ("what-if chart", WhatIfChart(whatif_result(80 * MiB)).figure())]
+
+
+@pytest.mark.parametrize("name", ["trace timeline", "what-if chart"])
+def test_the_plotly_figures_are_no_white_card_in_jupyterlabs_dark_theme(name):
+    """Browser review 2026-12-05: the plotly pictures of 07-09 were white cards in the dark
+    theme (plotly.js paints a white paper and plot area when a figure names none). Both
+    backgrounds are transparent, so the page's own shows through, and every text and mark on
+    it reads against the light and the dark page (contrast 3:1 at least, WCAG's bar for
+    graphics and large text)."""
+    fig = dict(theme_figures())[name]
+    lay = fig["layout"]
+    assert rgba(lay["paper_bgcolor"])[3] == 0 and rgba(lay["plot_bgcolor"])[3] == 0, lay
+    for axis in ("xaxis", "yaxis"):
+        assert rgba(lay[axis]["gridcolor"])[3] < 1, "a grid line would cover the lines"
+    for where, colour in texts_and_marks(fig).items():
+        r, g, b, a = rgba(colour)
+        assert a == 1, where
+        for theme, page in THEME_BACKGROUNDS.items():
+            assert contrast((r, g, b), page) >= 3, f"{name}: {where} ({colour}) on {theme}"
+    # The data's own palette (plotly's category10) is the same in both themes; each line
+    # stands out from either page, if less than a text must.
+    for t in fig["data"]:
+        for theme, page in THEME_BACKGROUNDS.items():
+            assert contrast(rgba(t["line"]["color"])[:3], page) >= 2, (t["name"], theme)
+    # The hover box is drawn over the lines: it keeps a background of its own, and its text
+    # reads on it.
+    box = lay["hoverlabel"]
+    assert rgba(box["bgcolor"])[3] == 1
+    assert contrast(rgba(box["font"]["color"])[:3], rgba(box["bgcolor"])[:3]) >= 4.5
+
+
 # -- no two texts overlap ---------------------------------------------------------------------
 def _font_px(e: ET.Element, parents: dict[ET.Element, ET.Element]) -> float:
     node: ET.Element | None = e

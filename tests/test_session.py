@@ -209,6 +209,25 @@ def test_a_session_begun_before_the_gpu_had_a_context_still_judges_its_fraction(
     del loaded.user_ns["a"], loaded.user_ns["b"]
 
 
+def test_the_session_charts_time_axis_counts_from_the_recording_not_a_cell(loaded, capsys):
+    """Browser review 2026-12-05 (09's session what-if): the axis said "ms since the cell
+    started" over a replay of many cells; its times count from %gpumem record on."""
+    from gpumem_nb.whatif.report import WhatIfChart
+
+    record(loaded, "on")
+    loaded.run_cell("a = cuda.tensor(GiB)")
+    loaded.run_cell("b = cuda.tensor(GiB)")
+    session = WhatIfChart(whatif(loaded, "--session --conf expandable_segments:True -o"))
+    loaded.run_cell("%%gpumem --trace\nc = cuda.tensor(GiB)")
+    cell = WhatIfChart(whatif(loaded, "--conf expandable_segments:True -o"))
+    record(loaded, "off")
+    del loaded.user_ns["a"], loaded.user_ns["b"], loaded.user_ns["c"]
+    for chart, says in ((session, "ms since the recording began"),
+                        (cell, "ms since the cell started")):
+        assert chart.figure()["layout"]["xaxis"]["title"]["text"] == says
+        assert chart.plot().x_title == says  # the saved picture's axis too
+
+
 def test_unloading_the_extension_switches_the_session_recording_off(loaded, capsys):
     record(loaded, "on")
     cuda = sys.modules["torch"].cuda

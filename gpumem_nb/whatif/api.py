@@ -290,7 +290,7 @@ def _run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: in
         recorded_series=tuple(rec), recorded_peak_reserved_bytes=max(v for _, v in rec),
         recorded_end_reserved_bytes=rec[-1][1],
         recorded_known=bool(trace.recorded) or bool(start_bytes),
-        time_unit="ms" if t0 is not None else "event",
+        time_unit="ms" if t0 is not None else "event", origin=ti.origin,
         fit=(Fit(tuple(fits), fit_gb, context_bytes=context_bytes, context_measured=True)
              if context_bytes is not None and context_bytes > 0 else Fit(tuple(fits), fit_gb))
         if fit else None,

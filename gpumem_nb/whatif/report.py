@@ -16,8 +16,13 @@ from typing import Any, overload
 from .. import plotlyjson, svgchart
 from ..report import Shown, html_table, text_table
 from ..units import cut, format_bytes, printable
+from .snapshot import ORIGIN_CELL, ORIGIN_HISTORY, ORIGIN_SESSION
 
 _MiB = float(1 << 20)
+# The x axis's origin, by what recorded the history (snapshot.ORIGIN_*): a session recording
+# spans many cells and starts at %gpumem record on.
+_SINCE = {ORIGIN_CELL: "the cell started", ORIGIN_SESSION: "the recording began",
+          ORIGIN_HISTORY: "the history's first entry"}
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
             "#17becf")
 
@@ -59,6 +64,8 @@ class WhatIf(Shown, Sequence[WhatIfRow]):
     recorded_peak_reserved_bytes: int
     recorded_end_reserved_bytes: int
     time_unit: str = "ms"
+    # What the times count from: snapshot.ORIGIN_CELL, ORIGIN_SESSION or ORIGIN_HISTORY.
+    origin: str = ORIGIN_CELL
     elapsed_s: float = 0.0
     # Whether the history says what its own allocator reserved (segment entries, or a
     # recorded start): a wrapped ring buffer or a hand-made history does not.
@@ -189,11 +196,13 @@ class WhatIfChart:
                for i, row in enumerate(x for x in r.rows if x.modelled and x.series)]
         if len(r.recorded_series) > 1:
             out.append(_ChartLine("recorded (the history's own segments)", r.recorded_series,
-                                  "#444", 1.0, recorded=True))
+                                  plotlyjson.NEUTRAL, 1.0, recorded=True))
         return out
 
     def _x_title(self) -> str:
-        return "ms since the cell started" if self.result.time_unit == "ms" else "history entry"
+        if self.result.time_unit != "ms":
+            return "history entry"
+        return f"ms since {_SINCE.get(self.result.origin, _SINCE[ORIGIN_HISTORY])}"
 
     def _title(self) -> str:
         return f"GPU {self.result.device}: predicted reserved memory per allocator setting"

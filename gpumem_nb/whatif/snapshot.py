@@ -233,6 +233,14 @@ class Start:
     since_us: float | None = None
 
 
+# Where a history's clock starts, by what recorded it: ``%%gpumem --trace`` (the cell),
+# ``%gpumem record`` (the session recording, across cells), or neither (a snapshot from
+# torch's own ``_record_memory_history``, timed from its first entry).
+ORIGIN_CELL = "cell"
+ORIGIN_SESSION = "session"
+ORIGIN_HISTORY = "history"
+
+
 @dataclass(frozen=True)
 class TraceInput:
     """One device's history and what the replay needs around it."""
@@ -242,6 +250,7 @@ class TraceInput:
     start: Start
     recorded_setting: str
     notes: tuple[str, ...]
+    origin: str = ORIGIN_CELL
 
     @property
     def capacity_bytes(self) -> int | None:
@@ -391,7 +400,16 @@ def trace_input(snapshot: Mapping[str, Any], device: int | None = None) -> Trace
         if why:
             notes.append(why)
     return TraceInput(device=device, entries=entries, start=start,
-                      recorded_setting=setting, notes=tuple(notes))
+                      recorded_setting=setting, notes=tuple(notes), origin=origin_of(snapshot))
+
+
+def origin_of(snapshot: Mapping[str, Any]) -> str:
+    """What recorded ``snapshot``'s history, so what its times count from."""
+    if isinstance(snapshot.get(SESSION_KEY), Mapping):
+        return ORIGIN_SESSION
+    if isinstance(snapshot.get(START_KEY), Mapping):
+        return ORIGIN_CELL
+    return ORIGIN_HISTORY
 
 
 def _since(e: Any, since: float) -> bool:
