@@ -15,6 +15,10 @@
 # %% [markdown] id="13-00"
 # # 13. Loading a checkpoint without holding the model twice
 #
+# > **To run it you need an NVIDIA GPU and PyTorch.** Anywhere else, read it as it is: its
+# > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
+# > any other cell runs and replaces them.
+#
 # **The question:** my model fits on the GPU, so why does loading its checkpoint run out of
 # memory?
 #
@@ -37,6 +41,9 @@
 # > quoted from the output right above or below it.
 
 # %% id="13-01"
+from gpumem_nb.tutorial import require_gpu
+
+require_gpu()  # without an NVIDIA GPU and PyTorch: one sentence, and Run All stops here
 # %load_ext gpumem_nb
 import os
 import shutil

@@ -15,6 +15,10 @@
 # %% [markdown] id="14-00"
 # # 14. Budgets for fine-tuning: bf16 weights, LoRA, and each optimizer's state
 #
+# > **To run it you need an NVIDIA GPU and PyTorch.** Anywhere else, read it as it is: its
+# > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
+# > any other cell runs and replaces them.
+#
 # **The question:** how much GPU memory does fine-tuning take, once the weights are bf16, most
 # of them are frozen behind LoRA adapters, and the optimizer is not AdamW?
 #
@@ -23,8 +27,7 @@
 # The calculators learners use start elsewhere: weights in bf16, and often only small adapters
 # trained. This notebook writes each rule as a formula, prints what it predicts, and measures
 # it: the weights and gradients in float32 and bf16, the state each optimizer keeps (SGD, SGD
-# with momentum, Adam, AdamW with `foreach` and with `fused`, Adafactor, and 8-bit Adam where
-# `bitsandbytes` is installed), then LoRA.
+# with momentum, Adam, AdamW with `foreach` and with `fused`, and Adafactor), then LoRA.
 #
 # The LoRA adapter here is **written by hand** (a dozen lines below), not the `peft` library's:
 # the same idea (a frozen weight plus a trainable low-rank product), with none of peft's
@@ -38,6 +41,9 @@
 # > quoted from the output right above or below it.
 
 # %% id="14-01"
+from gpumem_nb.tutorial import require_gpu
+
+require_gpu()  # without an NVIDIA GPU and PyTorch: one sentence, and Run All stops here
 # %load_ext gpumem_nb
 import importlib.util
 import math
@@ -137,9 +143,7 @@ claim(f32_w == f32_g == 4 * N and bf_w == bf_g == 2 * N,
 #   except with `fused=True`, where it is a one-number float32 tensor on the GPU;
 # - **Adafactor** keeps, for a matrix, one number per row and one per column (`row_var`,
 #   `col_var`), and a full tensor only for vectors (`variance`); its step counter is on the
-#   CPU;
-# - **8-bit Adam** (`bitsandbytes`) keeps its two moments in one byte each, plus a scale per
-#   block.
+#   CPU.
 #
 # Each tensor is rounded up to the allocator's block size (`round512` above). The cell prints
 # each prediction from those rules, then measures the state as the growth of `allocated` across
@@ -223,20 +227,6 @@ else:
 # all tensors with a few list operations, each making a list of intermediate results; the
 # `fused` AdamW does the update in one kernel per group of tensors. A budget needs the state
 # *and* the step's temporaries.
-
-# %% id="14-07"
-if importlib.util.find_spec("bitsandbytes") is None:
-    skipped("8-bit AdamW keeps about 2 bytes per parameter of state",
-            "bitsandbytes is not installed here")
-else:
-    import bitsandbytes as bnb
-
-    params, state, temporaries = first_step(lambda ps: bnb.optim.AdamW8bit(ps, lr=1e-4))
-    print(f"8-bit AdamW: {fmt(state)} of state, {state / N:.3f} B per parameter; "
-          f"2 bytes a parameter would be {fmt(2 * N)}")
-    claim(near(state, 2 * N, rel=0.05), "8-bit AdamW keeps about 2 bytes per parameter of state",
-          measured=fmt(state), two_bytes=fmt(2 * N))
-    del params
 
 # %% [markdown] id="14-08"
 # ## LoRA: freeze the model, train small adapters

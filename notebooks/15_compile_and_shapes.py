@@ -15,6 +15,10 @@
 # %% [markdown] id="15-00"
 # # 15. `torch.compile` and input shapes: recompiles, and pools that grow per shape
 #
+# > **To run it you need an NVIDIA GPU and PyTorch.** Anywhere else, read it as it is: its
+# > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
+# > any other cell runs and replaces them.
+#
 # **The question:** why does my compiled model get slower, and its memory grow, each time the
 # prompt length changes?
 #
@@ -36,6 +40,9 @@
 # > quoted from the output right above or below it.
 
 # %% id="15-01"
+from gpumem_nb.tutorial import require_gpu
+
+require_gpu()  # without an NVIDIA GPU and PyTorch: one sentence, and Run All stops here
 # %load_ext gpumem_nb
 import gc
 

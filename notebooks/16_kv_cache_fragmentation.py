@@ -15,6 +15,10 @@
 # %% [markdown] id="16-00"
 # # 16. The KV cache's own fragmentation, and its size under grouped-query attention
 #
+# > **To run it you need an NVIDIA GPU and PyTorch.** Anywhere else, read it as it is: its
+# > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
+# > any other cell runs and replaces them.
+#
 # **The question:** the KV cache should fit, by the formula, so why does generation run out of
 # memory with gigabytes still free?
 #
@@ -40,6 +44,9 @@
 # > quoted from the output right above or below it.
 
 # %% id="16-01"
+from gpumem_nb.tutorial import require_gpu
+
+require_gpu()  # without an NVIDIA GPU and PyTorch: one sentence, and Run All stops here
 # %load_ext gpumem_nb
 import torch
 import transformers

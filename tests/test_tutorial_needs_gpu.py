@@ -119,4 +119,4 @@ def test_each_gpu_tutorial_says_so_at_its_top_and_checks_before_anything_else(pa
 def test_the_quickstart_runs_anywhere_and_does_not_check():
     source = (NOTEBOOKS / "00_quickstart.py").read_text()
     assert CALL not in source
-    assert len(GPU_TUTORIALS) == 12, GPU_TUTORIALS
+    assert len(GPU_TUTORIALS) >= 12, GPU_TUTORIALS  # 01 onwards, each checked above
