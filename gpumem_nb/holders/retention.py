@@ -403,6 +403,9 @@ class Search(RootIndex, UntrackedPass):
             tops = False
             top: tuple[int, list[_Step]] | None = None  # the nearest object nothing seen holds
             clears: set[str] = set()
+            # The shortest path down from each ancestor to the storage: what names the object
+            # something unseen holds.
+            down: dict[int, list[_Step]] = {}
             for tid in members[key]:
                 # Breadth first up the parents: the first root met is the nearest.
                 q: deque[tuple[int, list[_Step], list[int]]] = deque([(tid, [], [tid])])
@@ -411,6 +414,7 @@ class Search(RootIndex, UntrackedPass):
                 while q:
                     oid, steps, chain = q.popleft()
                     ancestors.add(oid)
+                    down.setdefault(oid, steps)
                     for root, step in roots_of.get(oid, ()):
                         roots.add(root)
                         path = [step, *steps] if step is not None else steps
@@ -450,9 +454,14 @@ class Search(RootIndex, UntrackedPass):
                     r.path = _render(what.name, top[1])
             else:
                 r.state = STATE_GARBAGE
-                r.classes = self._cycle_classes(ancestors, alive, set(members[key]))
+                r.classes, held = self._cycle_classes(ancestors, alive, set(members[key]))
                 if r.classes is None:  # a reference from outside the cycle, unseen
                     r.state, r.classes = STATE_UNSEEN, ()
+                    if held in alive and held in down:
+                        # Named by the object whose references the cycle does not explain
+                        # (a hook C code keeps: torch's saved-tensor hooks' bound methods).
+                        what = Root(STATE_UNSEEN, f"({_describe(alive[held])})")
+                        r.path = _render(what.name, down[held])
                 elif not _has_cycle(ancestors, parents):
                     # Only the explained referrers kept it: the cut frees it at once.
                     r.state, r.classes = STATE_FREED, ()
@@ -505,10 +514,11 @@ class Search(RootIndex, UntrackedPass):
         return True
 
     def _cycle_classes(self, ids: set[int], alive: dict[int, Any],
-                       targets: set[int]) -> Any:
+                       targets: set[int]) -> tuple[Any, int]:
         """The classes of the objects in a closed set of referrers, if nothing outside it
         refers to them (each one's reference count is what the set's own edges explain);
-        None where something unseen does."""
+        None where something unseen does, with the id of the object it refers to (0 with
+        the classes)."""
         inside: dict[int, int] = dict.fromkeys(ids, 0)
         for oid in ids:
             obj = alive.get(oid)
@@ -541,7 +551,7 @@ class Search(RootIndex, UntrackedPass):
                 continue
             # Held here by ``alive`` and by getrefcount's own argument.
             if sys.getrefcount(alive[oid]) - 2 > inside[oid]:
-                return None
+                return None, oid
             t = type(alive[oid])
             if t not in (dict, list, tuple, set, types.CellType, types.FunctionType):
                 classes.add(type_name(t))
@@ -550,7 +560,7 @@ class Search(RootIndex, UntrackedPass):
                 # The cycle runs through the tensor's own attributes: its class is in it.
                 classes.add(type_name(type(owner)))
         owner = None
-        return tuple(sorted(classes))
+        return tuple(sorted(classes)), 0
 
 
 def _has_cycle(ids: set[int], parents: Mapping[int, list[tuple[int, _Step]]]) -> bool:

@@ -1,0 +1,98 @@
+"""The advice's cut, run dry on the retention graph before it is given: whatever line a holder's
+advice derives (a suspended generator's, a tensor with a graph's, a plain variable's), the bytes
+it says it frees are those that become unreachable once it runs. On the H100, KINDS7: `del
+reader` freed 0 (a generator in a cycle with its instance: the check said a collection was
+needed, and the generator's own advice ignored it), and `del tap, model` freed 0 of 36 GiB
+(autograd's C++ hook stack held the tap's bound methods, which the check saw as unexplained
+references and left the advice as the walk gave it)."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+
+from gpumem_nb.analysis import holder_advice
+from gpumem_nb.model import Holder
+
+from .fakes import GiB
+from .test_oom import last, run
+from .test_retention import _held_action, oomworld  # noqa: F401  (the fixture)
+
+
+def test_a_generator_in_a_cycle_with_its_instance_is_advised_a_collection_after_its_del(
+        oomworld):  # noqa: F811
+    shell = oomworld.shell
+    gc.disable()
+    try:
+        run(shell, "class ShardReader:\n"
+                   "    def __init__(self):\n"
+                   "        self._batches = self._read()\n"
+                   "        self.first = next(self._batches)\n"
+                   "    def _read(self):\n"
+                   "        while True:\n"
+                   "            batch = cuda.tensor(60 * GiB)\n"
+                   "            yield 1\n"
+                   "reader = ShardReader()")
+        run(shell, "y = cuda.tensor(100 * GiB)")
+        e = last(shell)
+        step = _held_action(e, "reader")
+        assert step.code == "del reader; import gc; gc.collect()", str(e)
+        before = oomworld.cuda.devices[0].allocated
+        run(shell, step.code)
+        assert before - oomworld.cuda.devices[0].allocated >= 0.95 * step.nbytes > 0
+    finally:
+        gc.enable()
+
+
+def test_what_c_code_keeps_through_a_bound_method_is_never_advised_as_freed_by_del(
+        oomworld):  # noqa: F811
+    """A hook C code keeps (here an extra reference as a C extension takes one; torch's
+    saved-tensor hooks in the H100's case) on a method of the holder: no `del` frees it, and
+    the advice says so, naming the object C code holds."""
+    shell = oomworld.shell
+    run(shell, "class ActivationTap:\n"
+               "    def __init__(self):\n"
+               "        self.saved = [cuda.tensor(60 * GiB)]\n"
+               "        self._hooks = (self._pack,)\n"
+               "    def _pack(self, t):\n"
+               "        self.saved.append(t)\n"
+               "        return t\n"
+               "tap = ActivationTap()")
+    hook = shell.user_ns["tap"]._hooks[0]
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(hook))
+    try:
+        run(shell, "y = cuda.tensor(100 * GiB)")
+        e = last(shell)
+        (a,) = [a for a in e.actions if "tap" in a.text]
+        assert not a.code.startswith("del "), a.text
+        assert "ActivationTap._pack" in a.text and "cannot see" in a.text, a.text
+        before = oomworld.cuda.devices[0].allocated
+        run(shell, "del tap; import gc; gc.collect()")
+        assert oomworld.cuda.devices[0].allocated == before  # indeed, nothing was freed
+    finally:
+        ctypes.pythonapi.Py_DecRef(ctypes.py_object(hook))
+        del hook
+        gc.collect()
+
+
+def test_a_checked_cut_that_frees_part_says_only_the_part_it_frees():
+    h = Holder(name="cache", kind="container", device="cuda:0", nbytes=40 * GiB,
+               code="del cache", cut_checked=True, cut_freed_bytes=10 * GiB,
+               cut_note="thread 't': f() local x also keeps them")
+    a = holder_advice(h)
+    assert (a.code, a.nbytes) == ("del cache", 10 * GiB), a
+    assert "10.00 GiB" in a.text and "thread 't'" in a.text, a.text
+
+
+def test_every_del_line_the_walk_derives_gives_way_to_the_checked_cut():
+    """A suspended generator's advice made its own `del` line, and the check's was lost."""
+    h = Holder(name="reader", kind="variable", device="cuda:0", nbytes=6 * GiB,
+               path=" → _batches suspended _read() locals (ShardReader)",
+               code="del reader; import gc; gc.collect()", cut_checked=True)
+    assert holder_advice(h).code == "del reader; import gc; gc.collect()"
+    h = Holder(name="tap", kind="variable", device="cuda:0", nbytes=6 * GiB,
+               holds_graph=True, graph_bytes=0, code="", cut_checked=False,
+               cut_note="(the function T._pack).__self__.saved[0] is also held from where "
+                        "Python cannot see")
+    a = holder_advice(h)
+    assert not a.code and "cannot see" in a.text, a
