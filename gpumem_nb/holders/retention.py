@@ -301,7 +301,12 @@ class Search(RootIndex, UntrackedPass):
         for r in refs:
             rid = id(r)
             if rid in explained_ids:
-                self._cut_children.update(id(child) for child, _ in self._edges(r, wanted))
+                children = {id(child) for child, _ in self._edges(r, wanted)}
+                self._cut_children.update(children)
+                # Found a referrer: no orphan to look for in untracked containers. (Taken
+                # for one, every object the cut names sent the search through the whole heap
+                # for untracked containers, and its budget ran out before the answer.)
+                got.update(children)
                 continue
             if rid in self._scaffold or rid in self._running or rid == id(refs) or \
                     self._ours(r):
