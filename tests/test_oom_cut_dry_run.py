@@ -66,7 +66,8 @@ def test_what_c_code_keeps_through_a_bound_method_is_never_advised_as_freed_by_d
         e = last(shell)
         (a,) = [a for a in e.actions if "tap" in a.text]
         assert not a.code.startswith("del "), a.text
-        assert "ActivationTap._pack" in a.text and "cannot see" in a.text, a.text
+        assert "(the method ActivationTap._pack).__self__.saved" in a.text and \
+            "cannot see" in a.text, a.text
         before = oomworld.cuda.devices[0].allocated
         run(shell, "del tap; import gc; gc.collect()")
         assert oomworld.cuda.devices[0].allocated == before  # indeed, nothing was freed
@@ -93,7 +94,7 @@ def test_every_del_line_the_walk_derives_gives_way_to_the_checked_cut():
     assert holder_advice(h).code == "del reader; import gc; gc.collect()"
     h = Holder(name="tap", kind="variable", device="cuda:0", nbytes=6 * GiB,
                holds_graph=True, graph_bytes=0, code="", cut_checked=False,
-               cut_note="(the function T._pack).__self__.saved[0] is also held from where "
+               cut_note="(the method T._pack).__self__.saved[0] is also held from where "
                         "Python cannot see")
     a = holder_advice(h)
     assert not a.code and "cannot see" in a.text, a

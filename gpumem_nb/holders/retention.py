@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import sys
 import time
 import types
@@ -41,6 +42,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .closure import local_referrers
 from .edges import _instance_dict
 from .pathtext import _EXPRESSION, _describe, _render, _Step, _unquote
 from .reading import running_frame_ids, static_attribute, type_name
@@ -179,9 +181,32 @@ class Search(RootIndex, UntrackedPass):
         # id(a target's own __dict__) -> the target, where the collector's traversal of the
         # target does not show that dict (the explicit edge up from the dict).
         self._hidden_dicts: dict[int, Any] = {}
+        # Levels found near the entered objects by reference counts, without a heap pass
+        # (``closure.py``); ``local_first`` False: every level by a heap pass.
+        self.local_first = True
+        self.local_levels = 0
+        # What the explained referrers hold that no root's dict holds: the values a cut
+        # deletes, whose objects mostly refer to each other (seeds of ``closure.py``).
+        self._cut_values: list[Any] = []
 
     # -- one level: who refers to the frontier -----------------------------------------------
-    def _referrers(self, frontier: list[Any], heap: list[Any] | None) -> list[Any]:
+    def _referrers(self, frontier: list[Any], heap: list[Any] | None,
+                   alive: dict[int, Any] | None = None) -> list[Any]:
+        if heap is None and alive is not None and self.local_first:
+            # Near the objects entered already, where reference counts prove it complete
+            # (``closure.py``): no heap pass. Never with a heap snapshot, whose slots would
+            # be references the counts do not explain.
+            held = dict.fromkeys(alive, 1)
+            for v in self._cut_values:
+                held[id(v)] = held.get(id(v), 0) + 1
+            v = None
+            found = local_referrers(frontier, itertools.chain(alive.values(), self._cut_values),
+                                    held, self._explained, self._root_ids())
+            held.clear()
+            if found is not None:
+                self.local_levels += 1
+                self._scaffold.add(id(found))
+                return found
         if len(frontier) <= _SMALL_FRONTIER or heap is None:
             found = gc.get_referrers(*frontier)  # C: one pass, each reference against each
         else:
@@ -194,6 +219,21 @@ class Search(RootIndex, UntrackedPass):
                     found.append(x)
         self._scaffold.add(id(found))
         return found
+
+    def _root_ids(self) -> set[int]:
+        return {*self._named, *self._root_objects}
+
+    def _find_cut_values(self) -> None:
+        """The objects the explained referrers hold and the variables' dict does not."""
+        self._cut_values = []
+        self._scaffold.add(id(self._cut_values))
+        if not self._explained:
+            return
+        ns = self.ctx.user_ns
+        kept = {id(v) for v in gc.get_referents(ns)} if ns is not None else set()
+        for e in self._explained:
+            self._cut_values.extend(v for v in gc.get_referents(e)
+                                    if id(v) not in kept and gc.is_tracked(v))
 
     # -- the search ----------------------------------------------------------------------------
     def run(self, targets: Iterable[Any], *, ignore: Iterable[int] = (),
@@ -238,6 +278,7 @@ class Search(RootIndex, UntrackedPass):
             alive[id(t)] = t
             frontier.append(t)
         self._index_hidden_dicts(alive)
+        self._find_cut_values()
         levels = 0
         cut = ""
         heap: list[Any] | None = None
@@ -274,11 +315,15 @@ class Search(RootIndex, UntrackedPass):
                 heap.clear()
             unresolved = {id(o) for o in frontier} | self._orphans_cut
             frontier.clear()
+            # Before any reference count is read: the cut's values held here are references
+            # nothing would explain.
+            self._cut_values.clear()
             self._resolve(retained, members, alive, parents, roots_of, unresolved, cut)
         finally:
             frontier.clear()
             alive.clear()
             self._hidden_dicts.clear()
+            self._cut_values.clear()
         return Outcome(list(retained.values()), elapsed_s=self.clock() - t0, levels=levels,
                        objects=len(parents), cut=cut)
 
@@ -293,7 +338,7 @@ class Search(RootIndex, UntrackedPass):
         self._arrays_looked = False
         self._orphans_cut = set()
         self._thread_roots(frontier, roots_of)
-        refs = self._referrers(frontier, heap)
+        refs = self._referrers(frontier, heap, alive)
         wanted = {id(o) for o in frontier}
         nxt: list[Any] = []
         self._scaffold.update((id(wanted), id(nxt)))
