@@ -128,3 +128,26 @@ def test_what_only_the_cut_names_hold_sends_the_dry_run_through_no_untracked_con
     del t
     assert [r.state for r in out.retained] == ["freed"], out
     assert search._untracked_cache is None  # the heap was never read for untracked containers
+
+
+def test_a_memo_two_copies_share_is_cut_with_every_reference_in_one_del(oomworld):  # noqa: F811
+    """H100, deepcopy_shared_memo_keeps_originals: `del copy_memo, teacher` freed 50%; the
+    copied optimizer also kept the teacher's parameters."""
+    shell = oomworld.shell
+    run(shell, "class Opt:\n"
+               "    def __init__(self, params):\n"
+               "        self.param_groups = [{'params': list(params)}]\n"
+               "copy_memo = {}\n"
+               "student = [cuda.tensor(20 * GiB), cuda.tensor(20 * GiB)]\n"
+               "teacher = [cuda.tensor(20 * GiB), cuda.tensor(20 * GiB)]\n"
+               "copy_memo.update({1: teacher[0], 2: teacher[1], 3: list(student)})\n"
+               "teacher_opt = Opt(teacher)\n"
+               "del student")
+    run(shell, "y = cuda.tensor(100 * GiB)")
+    e = last(shell)
+    step = _held_action(e, "copy_memo")
+    assert step.code.startswith("del ") and "; del" not in step.code, str(e)
+    assert set(step.code[4:].split(", ")) == {"copy_memo", "teacher", "teacher_opt"}, str(e)
+    before = oomworld.cuda.devices[0].allocated
+    run(shell, step.code)
+    assert before - oomworld.cuda.devices[0].allocated >= 0.95 * step.nbytes > 0

@@ -171,8 +171,11 @@ def checked(h: Holder, check: CutCheck, line: str) -> Holder:
                        cut_note="; ".join(kept))
     parts = [line] if line else []
     extra = cut_code([r for r in check.others if not _stuck(r)])
-    if extra:
-        parts.append(extra)
+    for part in extra.split("; ") if extra else ():
+        if part.startswith("del ") and parts and parts[0].startswith("del "):
+            parts[0] = f"{parts[0]}, {part[4:]}"  # one `del` for every name
+        else:
+            parts.append(part)
     if check.collect and GC_COLLECT not in parts:
         parts.append(GC_COLLECT)
     names = tuple(r.name for r in check.others
