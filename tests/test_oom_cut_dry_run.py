@@ -151,3 +151,45 @@ def test_a_memo_two_copies_share_is_cut_with_every_reference_in_one_del(oomworld
     before = oomworld.cuda.devices[0].allocated
     run(shell, step.code)
     assert before - oomworld.cuda.devices[0].allocated >= 0.95 * step.nbytes > 0
+
+
+def test_a_cut_that_a_live_thread_shares_in_part_says_only_the_bytes_it_frees():
+    """Storage by storage: the bytes a thread's local also keeps stay after the `del`; the
+    rest is what the line frees, and it says only that."""
+    import threading
+
+    from gpumem_nb.holders import Scanner
+    from gpumem_nb.holders.retention import RootContext
+    from gpumem_nb.holders.threads import thread_locals
+    from gpumem_nb.holders.verify import check_cuts, checked
+
+    from .fakes import FakeTensor, fake_torch
+
+    stop, ready = threading.Event(), threading.Event()
+    shared = FakeTensor(5 * GiB)
+    ns: dict[str, Any] = {"cache": [shared, FakeTensor(7 * GiB)]}
+
+    def worker(batch: Any) -> None:
+        ready.set()
+        stop.wait(30)
+
+    th = threading.Thread(target=worker, args=(shared,), name="loader", daemon=True)
+    th.start()
+    del shared
+    assert ready.wait(10)
+    try:
+        tensors = list(ns["cache"])
+        check = check_cuts({"cache": tensors}, {"cache": ["cache"]},
+                           RootContext(user_ns=ns, thread_locals=thread_locals()),
+                           Scanner({"torch": fake_torch()})._tensor_info,
+                           budget_s=30.0)["cache"]
+        tensors.clear()
+        assert (check.freed_bytes, check.kept_bytes) == (7 * GiB, 5 * GiB), check
+        h = checked(Holder(name="cache", kind="container", device="cuda:0",
+                           nbytes=12 * GiB), check, "del cache")
+        a = holder_advice(h)
+        assert (a.code, a.nbytes) == ("del cache", 7 * GiB), a
+        assert "thread 'loader'" in a.text, a.text
+    finally:
+        stop.set()
+        th.join(10)
