@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .closure import local_referrers
+from .closure import NEAR_CAP, local_referrers
 from .edges import _instance_dict
 from .pathtext import _EXPRESSION, _describe, _render, _Step, _unquote
 from .reading import running_frame_ids, static_attribute, type_name
@@ -103,6 +103,9 @@ STATE_FREED = "freed"
 # each reference with each of them: 0.3 ns a comparison); more by one Python pass over the
 # heap with a set of ids (about 0.6 s for a million objects on the development machine).
 _SMALL_FRONTIER = 256
+# A search stops trying levels near what it entered after this many in a row that reference
+# counts did not prove (each costs up to a few ms): the heap pass is what decides them.
+_LOCAL_MISSES = 3
 MAX_LEVELS = 40
 OBJECT_CAP = 500_000
 BUDGET_S = 1.0
@@ -185,6 +188,7 @@ class Search(RootIndex, UntrackedPass):
         # (``closure.py``); ``local_first`` False: every level by a heap pass.
         self.local_first = True
         self.local_levels = 0
+        self._local_misses = 0  # attempts in a row that the counts did not prove
         # What the explained referrers hold that no root's dict holds: the values a cut
         # deletes, whose objects mostly refer to each other (seeds of ``closure.py``).
         self._cut_values: list[Any] = []
@@ -192,7 +196,8 @@ class Search(RootIndex, UntrackedPass):
     # -- one level: who refers to the frontier -----------------------------------------------
     def _referrers(self, frontier: list[Any], heap: list[Any] | None,
                    alive: dict[int, Any] | None = None) -> list[Any]:
-        if heap is None and alive is not None and self.local_first:
+        if heap is None and alive is not None and self.local_first and \
+                self._local_misses < _LOCAL_MISSES and len(alive) < NEAR_CAP:
             # Near the objects entered already, where reference counts prove it complete
             # (``closure.py``): no heap pass. Never with a heap snapshot, whose slots would
             # be references the counts do not explain.
@@ -205,8 +210,10 @@ class Search(RootIndex, UntrackedPass):
             held.clear()
             if found is not None:
                 self.local_levels += 1
+                self._local_misses = 0
                 self._scaffold.add(id(found))
                 return found
+            self._local_misses += 1
         if len(frontier) <= _SMALL_FRONTIER or heap is None:
             found = gc.get_referrers(*frontier)  # C: one pass, each reference against each
         else:
@@ -279,6 +286,7 @@ class Search(RootIndex, UntrackedPass):
             frontier.append(t)
         self._index_hidden_dicts(alive)
         self._find_cut_values()
+        self._local_misses = 0
         levels = 0
         cut = ""
         heap: list[Any] | None = None
