@@ -96,3 +96,21 @@ def test_the_proof_fails_where_a_referrer_is_not_near() -> None:
     assert local_referrers(frontier, iter([far]), mine) == [far]
     assert local_referrers(frontier, iter([far]), {}) is None  # a reference not explained
     frontier.clear()
+
+
+def test_looking_near_runs_no_code_of_a_proxy_that_answers_for_its_class() -> None:
+    calls: list[str] = []
+
+    class Proxy:
+        @property  # type: ignore[misc]
+        def __class__(self) -> Any:
+            calls.append("__class__")
+            return type
+
+    p = Proxy()
+    x = Part()
+    p.x = x  # type: ignore[attr-defined]
+    frontier = [x]
+    assert local_referrers(frontier, iter([p]), {id(x): 1}) == [p]
+    frontier.clear()
+    assert calls == []

@@ -61,7 +61,8 @@ def local_referrers(frontier: list[Any], seeds: Iterable[Any], held: Mapping[int
                 near.append(x)
                 if len(near) >= NEAR_CAP:
                     break  # what was not reached is not among them: the counts will say
-                if id(x) in stop or isinstance(x, _NOT_FOLLOWED):
+                # By its real type: ``isinstance`` would ask a proxy's ``__class__``.
+                if id(x) in stop or issubclass(type(x), _NOT_FOLLOWED):
                     continue
                 nxt.extend(c for c in gc.get_referents(x) if gc.is_tracked(c))
             if len(near) >= NEAR_CAP:
