@@ -317,6 +317,9 @@ class Holder:
     # None, not checked. ``cut_note`` says what else keeps it, or why it was not checked.
     cut_checked: bool | None = None
     cut_note: str = ""
+    # What that cut frees where the check found less than all of its bytes freed (the rest
+    # kept by a thread, or from where Python cannot see); None: all of them, or not checked.
+    cut_freed_bytes: int | None = None
     # The public call that empties the container every path to its bytes runs through
     # (``reg.clear()`` for a registry, ``d.clear()`` for a deque): the fix that keeps the
     # object; "" where there is none (holders/retention.py).

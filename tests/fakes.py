@@ -506,6 +506,42 @@ class FakeTensor:
         return self._nbytes // 4
 
 
+class FakeStorage:
+    """Duck-types ``torch._C.StorageBase``: a bare storage object (``t.untyped_storage()``),
+    which keeps its memory with no tensor anywhere. Its facts are C descriptors on the real
+    base class; here a property and plain methods on the class (what the reader reads). Its
+    Python object refers to nothing the collector can see, as a real one does."""
+
+    __slots__ = ("__weakref__", "_device", "_nbytes", "_owner", "_ptr")
+
+    def __init__(self, nbytes: int, device: str = "cuda:0", owner: Any = None,
+                 of: FakeTensor | None = None) -> None:
+        self._nbytes = nbytes
+        # ``of``: the tensor whose storage this is (the same data pointer: FakeTensor's is its id).
+        self._ptr = id(of) if of is not None else id(self)
+        self._device = SimpleNamespace(type=device.split(":")[0],
+                                       index=int(device.split(":")[1]) if ":" in device
+                                       else None)
+        self._owner = owner
+        if owner is not None:
+            owner.allocate(self._device.index or 0, nbytes, addr=id(self))
+
+    @property
+    def device(self) -> Any:
+        return self._device
+
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    def data_ptr(self) -> int:
+        return self._ptr
+
+    def __del__(self) -> None:
+        if self._owner is not None:
+            with contextlib.suppress(Exception):  # interpreter shutdown
+                self._owner.free(self._device.index or 0, self._nbytes, addr=id(self))
+
+
 def fake_torch(cuda: FakeCuda | None = None) -> Any:
     cuda = cuda if cuda is not None else FakeCuda()
     mod = SimpleNamespace(
@@ -528,6 +564,8 @@ OutOfMemoryError.__module__ = "torch"
 
 class FakeTorchC:
     """The two ``torch._C`` calls the OOM explainer and the trace make."""
+
+    StorageBase = FakeStorage
 
     def __init__(self, cuda: FakeCuda) -> None:
         self._cuda = cuda

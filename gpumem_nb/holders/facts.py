@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from .peek import C_DESCRIPTORS, is_a
-from .reading import MISSING, static_attribute
+from .reading import MISSING, static_attribute, type_name
+from .storages import StorageReader
 from .tensors import TensorReader, sizes
 
 __all__ = ["TensorFacts", "TensorInfo"]
@@ -35,6 +36,10 @@ class TensorFacts:
         # A tensor's facts through torch.Tensor's own descriptors, never a subclass's code.
         self.reader = TensorReader.of(modules)
         self.tensor_type: Any = self.reader.base if self.reader is not None else None
+        # A bare storage object (``t.untyped_storage()`` kept after its tensors went) keeps its
+        # memory as a tensor does: the walk, the heap pass and the search take it as one.
+        self.storages = StorageReader.of(modules)
+        self.storage_type: Any = self.storages.base if self.storages is not None else None
         nn = getattr(torch, "nn", None) if torch else None
         optim = getattr(torch, "optim", None) if torch else None
         self.module_type: Any = getattr(nn, "Module", None) if nn else None
@@ -58,6 +63,8 @@ class TensorFacts:
             # torch.Tensor's own descriptors, with __torch_function__ off: a subclass's
             # override of `device` or `untyped_storage` never runs (tensors.py).
             return self.reader.info(t)
+        if self.storages is not None and is_a(t, self.storage_type):
+            return self.storages.info(t)
         plan = self.array_plan(type(t))
         if plan is None:
             return None
@@ -122,6 +129,8 @@ class TensorFacts:
         try:
             if self.reader is not None and is_a(t, self.tensor_type):
                 return self.reader.elements_bytes(t)
+            if self.storages is not None and is_a(t, self.storage_type):
+                return self.storages.info(t)[1]
             plan = self.array_plan(type(t))
             return int(plan[0].__get__(t, type(t))) if plan is not None else None
         except Exception:
@@ -133,6 +142,12 @@ class TensorFacts:
         read it already."""
         if self.reader is not None and is_a(t, self.tensor_type):
             return self.reader.describe(t, grad_fn)
+        if self.storages is not None and is_a(t, self.storage_type):
+            try:
+                nbytes: Any = self.storages.info(t)[1]
+            except Exception:
+                nbytes = "?"
+            return f"{type_name(type(t))}[{nbytes} bytes], no tensor"
         shape = self.shape_of(t)
         dims = list(shape) if shape is not None else ["?"]
         try:  # an array's dtype by the class's C descriptor (``array_plan`` checked it)
@@ -144,6 +159,10 @@ class TensorFacts:
         except Exception:
             text = "?"
         return f"{text}{dims}"
+
+    def is_torch(self, t: Any) -> bool:
+        """A torch tensor or a bare torch storage (not another library's array)."""
+        return is_a(t, self.tensor_type) or is_a(t, self.storage_type)
 
     def kind_of(self, obj: Any) -> str:
         """What a holder is, for its listing: a module, an optimizer's state, a container."""

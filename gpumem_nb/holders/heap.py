@@ -33,6 +33,8 @@ def unreached(facts: TensorFacts, seen: Container[tuple[str, int]], budget_s: fl
     judged: set[int] = set()
     keep: list[type] = []  # the judged classes, so that no other class takes their ids
     tensor_type, plan = facts.tensor_type, facts.array_plan
+    # A bare storage object keeps its memory with no tensor (``storages.py``).
+    kinds_of_torch = tuple(k for k in (tensor_type, facts.storage_type) if k is not None)
     try:
         for start in range(0, total, chunk_size):
             if start and time.perf_counter() - t0 > budget_s:
@@ -44,8 +46,7 @@ def unreached(facts: TensorFacts, seen: Container[tuple[str, int]], budget_s: fl
                 keep.append(t)
                 judged.add(tid)
                 try:
-                    if (tensor_type is not None and issubclass(t, tensor_type)) or \
-                            plan(t) is not None:
+                    if issubclass(t, kinds_of_torch) or plan(t) is not None:
                         wanted.add(tid)
                 except Exception:
                     continue

@@ -69,9 +69,11 @@ def _describe(obj: Any) -> str:
     try:
         if t is types.FunctionType or t is types.MethodType:
             name = obj.__qualname__ if t is types.FunctionType else obj.__func__.__qualname__
-            return f"the function {name}" if type(name) is str else "a function"
+            what = "function" if t is types.FunctionType else "method"
+            return f"the {what} {name}" if type(name) is str else f"a {what}"
         if t is functools.partial:
-            return f"a functools.partial of {_describe(obj.func).removeprefix('the function ')}"
+            inner = _describe(obj.func).removeprefix("the function ")
+            return f"a functools.partial of {inner.removeprefix('the method ')}"
     except Exception:
         pass
     return f"a {type_name(t)}"

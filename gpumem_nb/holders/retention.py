@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import sys
 import time
 import types
@@ -41,6 +42,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .closure import NEAR_CAP, local_referrers
 from .edges import _instance_dict
 from .pathtext import _EXPRESSION, _describe, _render, _Step, _unquote
 from .reading import running_frame_ids, static_attribute, type_name
@@ -101,6 +103,9 @@ STATE_FREED = "freed"
 # each reference with each of them: 0.3 ns a comparison); more by one Python pass over the
 # heap with a set of ids (about 0.6 s for a million objects on the development machine).
 _SMALL_FRONTIER = 256
+# A search stops trying levels near what it entered after this many in a row that reference
+# counts did not prove (each costs up to a few ms): the heap pass is what decides them.
+_LOCAL_MISSES = 3
 MAX_LEVELS = 40
 OBJECT_CAP = 500_000
 BUDGET_S = 1.0
@@ -179,9 +184,36 @@ class Search(RootIndex, UntrackedPass):
         # id(a target's own __dict__) -> the target, where the collector's traversal of the
         # target does not show that dict (the explicit edge up from the dict).
         self._hidden_dicts: dict[int, Any] = {}
+        # Levels found near the entered objects by reference counts, without a heap pass
+        # (``closure.py``); ``local_first`` False: every level by a heap pass.
+        self.local_first = True
+        self.local_levels = 0
+        self._local_misses = 0  # attempts in a row that the counts did not prove
+        # What the explained referrers hold that no root's dict holds: the values a cut
+        # deletes, whose objects mostly refer to each other (seeds of ``closure.py``).
+        self._cut_values: list[Any] = []
 
     # -- one level: who refers to the frontier -----------------------------------------------
-    def _referrers(self, frontier: list[Any], heap: list[Any] | None) -> list[Any]:
+    def _referrers(self, frontier: list[Any], heap: list[Any] | None,
+                   alive: dict[int, Any] | None = None) -> list[Any]:
+        if heap is None and alive is not None and self.local_first and \
+                self._local_misses < _LOCAL_MISSES and len(alive) < NEAR_CAP:
+            # Near the objects entered already, where reference counts prove it complete
+            # (``closure.py``): no heap pass. Never with a heap snapshot, whose slots would
+            # be references the counts do not explain.
+            held = dict.fromkeys(alive, 1)
+            for v in self._cut_values:
+                held[id(v)] = held.get(id(v), 0) + 1
+            v = None
+            found = local_referrers(frontier, itertools.chain(alive.values(), self._cut_values),
+                                    held, self._explained, self._root_ids())
+            held.clear()
+            if found is not None:
+                self.local_levels += 1
+                self._local_misses = 0
+                self._scaffold.add(id(found))
+                return found
+            self._local_misses += 1
         if len(frontier) <= _SMALL_FRONTIER or heap is None:
             found = gc.get_referrers(*frontier)  # C: one pass, each reference against each
         else:
@@ -194,6 +226,21 @@ class Search(RootIndex, UntrackedPass):
                     found.append(x)
         self._scaffold.add(id(found))
         return found
+
+    def _root_ids(self) -> set[int]:
+        return {*self._named, *self._root_objects}
+
+    def _find_cut_values(self) -> None:
+        """The objects the explained referrers hold and the variables' dict does not."""
+        self._cut_values = []
+        self._scaffold.add(id(self._cut_values))
+        if not self._explained:
+            return
+        ns = self.ctx.user_ns
+        kept = {id(v) for v in gc.get_referents(ns)} if ns is not None else set()
+        for e in self._explained:
+            self._cut_values.extend(v for v in gc.get_referents(e)
+                                    if id(v) not in kept and gc.is_tracked(v))
 
     # -- the search ----------------------------------------------------------------------------
     def run(self, targets: Iterable[Any], *, ignore: Iterable[int] = (),
@@ -238,6 +285,8 @@ class Search(RootIndex, UntrackedPass):
             alive[id(t)] = t
             frontier.append(t)
         self._index_hidden_dicts(alive)
+        self._find_cut_values()
+        self._local_misses = 0
         levels = 0
         cut = ""
         heap: list[Any] | None = None
@@ -274,11 +323,15 @@ class Search(RootIndex, UntrackedPass):
                 heap.clear()
             unresolved = {id(o) for o in frontier} | self._orphans_cut
             frontier.clear()
+            # Before any reference count is read: the cut's values held here are references
+            # nothing would explain.
+            self._cut_values.clear()
             self._resolve(retained, members, alive, parents, roots_of, unresolved, cut)
         finally:
             frontier.clear()
             alive.clear()
             self._hidden_dicts.clear()
+            self._cut_values.clear()
         return Outcome(list(retained.values()), elapsed_s=self.clock() - t0, levels=levels,
                        objects=len(parents), cut=cut)
 
@@ -293,7 +346,7 @@ class Search(RootIndex, UntrackedPass):
         self._arrays_looked = False
         self._orphans_cut = set()
         self._thread_roots(frontier, roots_of)
-        refs = self._referrers(frontier, heap)
+        refs = self._referrers(frontier, heap, alive)
         wanted = {id(o) for o in frontier}
         nxt: list[Any] = []
         self._scaffold.update((id(wanted), id(nxt)))
@@ -301,7 +354,12 @@ class Search(RootIndex, UntrackedPass):
         for r in refs:
             rid = id(r)
             if rid in explained_ids:
-                self._cut_children.update(id(child) for child, _ in self._edges(r, wanted))
+                children = {id(child) for child, _ in self._edges(r, wanted)}
+                self._cut_children.update(children)
+                # Found a referrer: no orphan to look for in untracked containers. (Taken
+                # for one, every object the cut names sent the search through the whole heap
+                # for untracked containers, and its budget ran out before the answer.)
+                got.update(children)
                 continue
             if rid in self._scaffold or rid in self._running or rid == id(refs) or \
                     self._ours(r):
@@ -403,6 +461,9 @@ class Search(RootIndex, UntrackedPass):
             tops = False
             top: tuple[int, list[_Step]] | None = None  # the nearest object nothing seen holds
             clears: set[str] = set()
+            # The shortest path down from each ancestor to the storage: what names the object
+            # something unseen holds.
+            down: dict[int, list[_Step]] = {}
             for tid in members[key]:
                 # Breadth first up the parents: the first root met is the nearest.
                 q: deque[tuple[int, list[_Step], list[int]]] = deque([(tid, [], [tid])])
@@ -411,6 +472,7 @@ class Search(RootIndex, UntrackedPass):
                 while q:
                     oid, steps, chain = q.popleft()
                     ancestors.add(oid)
+                    down.setdefault(oid, steps)
                     for root, step in roots_of.get(oid, ()):
                         roots.add(root)
                         path = [step, *steps] if step is not None else steps
@@ -450,9 +512,14 @@ class Search(RootIndex, UntrackedPass):
                     r.path = _render(what.name, top[1])
             else:
                 r.state = STATE_GARBAGE
-                r.classes = self._cycle_classes(ancestors, alive, set(members[key]))
+                r.classes, held = self._cycle_classes(ancestors, alive, set(members[key]))
                 if r.classes is None:  # a reference from outside the cycle, unseen
                     r.state, r.classes = STATE_UNSEEN, ()
+                    if held in alive and held in down:
+                        # Named by the object whose references the cycle does not explain
+                        # (a hook C code keeps: torch's saved-tensor hooks' bound methods).
+                        what = Root(STATE_UNSEEN, f"({_describe(alive[held])})")
+                        r.path = _render(what.name, down[held])
                 elif not _has_cycle(ancestors, parents):
                     # Only the explained referrers kept it: the cut frees it at once.
                     r.state, r.classes = STATE_FREED, ()
@@ -505,10 +572,11 @@ class Search(RootIndex, UntrackedPass):
         return True
 
     def _cycle_classes(self, ids: set[int], alive: dict[int, Any],
-                       targets: set[int]) -> Any:
+                       targets: set[int]) -> tuple[Any, int]:
         """The classes of the objects in a closed set of referrers, if nothing outside it
         refers to them (each one's reference count is what the set's own edges explain);
-        None where something unseen does."""
+        None where something unseen does, with the id of the object it refers to (0 with
+        the classes)."""
         inside: dict[int, int] = dict.fromkeys(ids, 0)
         for oid in ids:
             obj = alive.get(oid)
@@ -541,7 +609,7 @@ class Search(RootIndex, UntrackedPass):
                 continue
             # Held here by ``alive`` and by getrefcount's own argument.
             if sys.getrefcount(alive[oid]) - 2 > inside[oid]:
-                return None
+                return None, oid
             t = type(alive[oid])
             if t not in (dict, list, tuple, set, types.CellType, types.FunctionType):
                 classes.add(type_name(t))
@@ -550,7 +618,7 @@ class Search(RootIndex, UntrackedPass):
                 # The cycle runs through the tensor's own attributes: its class is in it.
                 classes.add(type_name(type(owner)))
         owner = None
-        return tuple(sorted(classes))
+        return tuple(sorted(classes)), 0
 
 
 def _has_cycle(ids: set[int], parents: Mapping[int, list[tuple[int, _Step]]]) -> bool:

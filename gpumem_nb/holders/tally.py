@@ -10,7 +10,7 @@ from typing import Any
 
 from ..model import Holder
 from .facts import TensorFacts, TensorInfo
-from .peek import is_a, top_module
+from .peek import top_module
 
 __all__ = ["HolderTally", "Tally", "cuda_bytes", "holder_of", "path_of"]
 
@@ -87,7 +87,7 @@ class Tally:
             f.view_bytes = own if own is not None and own < nbytes else None
         else:
             f.view_bytes = None
-        if is_a(t, facts.tensor_type):
+        if facts.is_torch(t):
             f.torch_tensors = True
             if device.startswith("cuda"):
                 f.storages.append((key[1], nbytes))

@@ -47,6 +47,13 @@ class CutCheck:
     collect: bool = False  # only reference cycles keep them then: a collection frees them
     unseen: bool = False  # something Python cannot see into keeps them
     why: str = ""  # not checked (the search's bound), or "" where it was
+    # The object something unseen holds and the path down from it to the bytes it keeps
+    # (``(the function ActivationTap._pack).__self__.saved[0]``); "" where none is known.
+    unseen_path: str = ""
+    # The bytes of its storages that stay reachable once the cut (with the roots it joins) is
+    # made: from a root with no line, or from where Python cannot see. 0: the cut frees all.
+    kept_bytes: int = 0
+    freed_bytes: int | None = None  # what the cut frees; None: all of its storages
 
 
 def check_cuts(tensors: Mapping[str, Sequence[Any]], cuts: Mapping[str, Iterable[str]],
@@ -115,44 +122,70 @@ def check_cuts(tensors: Mapping[str, Sequence[Any]], cuts: Mapping[str, Iterable
             out[name] = CutCheck(why=cut or "the search did not reach its tensors")
             continue
         others = {root for r in found if r.state == STATE_ROOTED for root in r.roots}
+        # The dry run, storage by storage: what stays reachable once the cut and every root
+        # it can join are gone (a root with no line of code, or something Python cannot
+        # see) is kept; the rest is what the advice may say it frees.
+        kept = [r for r in found if r.state == STATE_UNSEEN or (
+            r.state == STATE_ROOTED and any(_stuck(root) for root in r.roots))]
+        unseen = sorted(r.path for r in found if r.state == STATE_UNSEEN and r.path)
         out[name] = CutCheck(
             others=tuple(sorted(others)),
             collect=any(r.state == STATE_GARBAGE for r in found),
-            unseen=any(r.state == STATE_UNSEEN for r in found))
+            unseen=any(r.state == STATE_UNSEEN for r in found),
+            unseen_path=unseen[0] if unseen else "",
+            kept_bytes=sum(r.nbytes for r in kept),
+            freed_bytes=sum(r.nbytes for r in found if all(r is not k for k in kept)))
     return out
+
+
+def _stuck(root: Root) -> bool:
+    """A root no line of Python that joins the ``del`` removes (a live thread's local, a
+    magic's record)."""
+    return not root.code or root.code.startswith("%")
 
 
 def checked(h: Holder, check: CutCheck, line: str) -> Holder:
     """The holder with its advice's line made to free what it says (``code``, and
-    ``cut_checked`` True), or with no line where none can (``code`` "", ``cut_checked``
-    False); ``cut_note`` says what else keeps the bytes. Unchanged where not checked."""
+    ``cut_checked`` True, ``cut_freed_bytes`` what it frees where that is less than all),
+    or with no line where none frees anything (``code`` "", ``cut_checked`` False);
+    ``cut_note`` says what else keeps the bytes. Unchanged but for the note where not
+    checked."""
     if check.why:
         return replace(h, cut_note=f"not checked: {check.why}")
-    if check.unseen and not check.others:
-        # Nothing the search can name keeps them once cut, but their reference counts are
-        # not all explained (the caller's own references among them): left as the walk gave.
-        return h
     # A root with no line, or whose line is a magic (it cannot join a line of Python).
-    stuck = [r for r in check.others if not r.code or r.code.startswith("%")]
+    stuck = [r for r in check.others if _stuck(r)]
+    kept: list[str] = []
     if stuck:
         said = ", ".join(f"{r.name} (`{r.code}`)" if r.code else r.name for r in stuck)
-        return replace(h, code="", cut_checked=False,
-                       also_held_by=(*h.also_held_by, *(r.name for r in stuck
-                                                        if r.name not in h.also_held_by)),
-                       cut_note=f"{said} also keeps them, which no one line with the `del` "
-                                "removes: stop a thread (let its function return), or drop "
-                                "that reference too")
+        kept.append(f"{said} also keeps them, which no one line with the `del` removes: "
+                    "stop a thread (let its function return), or drop that reference too")
+    if check.unseen:
+        what = check.unseen_path or "what is left"
+        kept.append(f"{what} is also held from where Python cannot see (C code: a hook or "
+                    "registry inside a library such as torch's saved-tensor hooks, or a "
+                    "running frame), which no `del` reaches: undo what registered it")
+    also = (*h.also_held_by, *(r.name for r in stuck if r.name not in h.also_held_by))
+    freed = check.freed_bytes
+    if kept and not freed:
+        return replace(h, code="", cut_checked=False, also_held_by=also, cut_freed_bytes=0,
+                       cut_note="; ".join(kept))
     parts = [line] if line else []
-    extra = cut_code(check.others)
-    if extra:
-        parts.append(extra)
-    if check.collect:
+    extra = cut_code([r for r in check.others if not _stuck(r)])
+    for part in extra.split("; ") if extra else ():
+        if part.startswith("del ") and parts and parts[0].startswith("del "):
+            parts[0] = f"{parts[0]}, {part[4:]}"  # one `del` for every name
+        else:
+            parts.append(part)
+    if check.collect and GC_COLLECT not in parts:
         parts.append(GC_COLLECT)
-    names = tuple(r.name for r in check.others if r.name not in h.also_held_by)
+    names = tuple(r.name for r in check.others
+                  if r.name not in h.also_held_by and not _stuck(r))
     notes = []
     if names:
         notes.append(f"{', '.join(names)} also keep{'s' if len(names) == 1 else ''} them")
     if check.collect:
         notes.append("once the names go, only reference cycles keep them, until a collection")
+    notes.extend(kept)
     return replace(h, code="; ".join(parts), cut_checked=True,
-                   also_held_by=(*h.also_held_by, *names), cut_note="; ".join(notes))
+                   also_held_by=(*also, *names), cut_note="; ".join(notes),
+                   cut_freed_bytes=freed if kept else None)
