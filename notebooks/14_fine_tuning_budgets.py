@@ -45,7 +45,6 @@ from gpumem_nb.tutorial import require_gpu
 
 require_gpu()  # without an NVIDIA GPU and PyTorch: one sentence, and Run All stops here
 # %load_ext gpumem_nb
-import importlib.util
 import math
 
 import torch
