@@ -54,6 +54,14 @@ def test_a_gzipd_pickle_of_dup_opcodes_peaks_at_a_small_multiple_of_the_unpack_b
         for _ in range(15):
             f.write(packer.compress(b"2" * MiB))
         f.write(packer.compress(b"e.") + packer.flush())
+    # What a kernel that has run many cells (or this suite, after a few dozen files) holds:
+    # memory freed but still resident in the C heap, which the unpickler's growing stack can
+    # reuse without the RSS moving. Freeing a large block raises glibc's mmap threshold (to
+    # at most 32 MiB), as any earlier large buffer does, so blocks below it come from the heap.
+    large = bytearray(30 * MiB)
+    del large
+    freed = [bytes(200_000) for _ in range(1500)]
+    del freed
     tracemalloc.start()
     try:
         with pytest.raises(UsageError):

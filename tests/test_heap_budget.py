@@ -10,6 +10,8 @@ import gc
 import sys
 from typing import Any
 
+import pytest
+
 from gpumem_nb.holders import Scanner
 from gpumem_nb.holders import scan as scan_mod
 from gpumem_nb.holders.named import KIND_NOT_SEARCHED
@@ -139,6 +141,7 @@ def test_a_search_cut_in_its_untracked_pass_says_how_much_of_the_heap_was_not_se
     del junk
 
 
+@pytest.mark.slow  # reads the whole heap 1,000 objects at a time: 10 s in the loop
 def test_an_object_array_past_the_first_chunk_of_the_heap_is_still_found(monkeypatch):
     from gpumem_nb.holders import untracked
     from gpumem_nb.holders.retention import RootContext, Search

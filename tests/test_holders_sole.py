@@ -191,6 +191,7 @@ def test_a_proved_cut_skips_the_heap_search(monkeypatch: pytest.MonkeyPatch):
     assert [r.name for r in got["big"].others] == ["other"]
 
 
+@pytest.mark.slow  # builds a 400,000-object heap and searches it: 9 s in the loop
 def test_the_proof_costs_one_pass_not_a_search_on_a_large_heap():
     """The cost at an OOM: a bare torch process tracks ~400,000 objects."""
     import time

@@ -5,7 +5,7 @@ Two kinds of test:
   was shown, saved widget state. These read notebooks/0*.ipynb, which only the GPU machine
   can produce (notebooks/run_tutorials.py), so they fail until the tutorials are re-executed
   there with a chart that puts its picture in its display bundle;
-- the runner and the tables themselves, which run here.
+- the runner itself, which runs here.
 """
 
 from __future__ import annotations
@@ -19,9 +19,6 @@ from typing import Any
 import nbformat
 import pytest
 
-from gpumem_nb.model import CellDevice, CellRecord
-from gpumem_nb.records import DISPLAY_HEADERS, HistoryTable
-
 from .helpers import notebook_module
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +27,11 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 IMG_SVG = re.compile(r'<img src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)"')
 
+
+# The tutorial machinery, out of the contributor's loop: the runner imports jupytext, nbclient
+# and jupyter_server, and nbformat's jsonschema builds 130,000 objects that stay in the process
+# for every later heap scan to walk.
+pytestmark = pytest.mark.slow
 
 RUNNER = notebook_module("run_tutorials")
 
@@ -266,27 +268,3 @@ def test_a_trusted_saved_notebook_shows_the_ended_charts_picture_not_a_missing_w
         ".jp-OutputArea-output svg'))"
         ".map(i => i.getBoundingClientRect().width)")
     assert pictures and max(pictures) > 0, (pictures, output_texts(page)[:500])
-
-
-# -- tables in saved outputs -------------------------------------------------------------------
-def cell_record(raised: bool) -> CellRecord:
-    d = CellDevice(0, 0, 3 << 30, 0, 4 << 30, 3 << 30, True, 1 << 30, 5 << 30, 5 << 30,
-                   500 << 20, (4 << 30) + (500 << 20))
-    return CellRecord(7, "k", "x = torch.empty(3 * 2**30, dtype=torch.uint8)", 0.0, 0.25,
-                      (d,), 1 << 30, 1 << 30, raised=raised)
-
-
-def test_history_table_names_every_column_and_its_cells_never_wrap():
-    """The last column had no header, and JupyterLab wrapped "+3.00 GiB" (defect 6)."""
-    assert all(h.strip() for h in DISPLAY_HEADERS)
-    table = HistoryTable([cell_record(False), cell_record(True)], total=2)
-    page = table._repr_html_()
-    head = re.findall(r"<th(?: [^>]*)?>(.*?)</th>", page)
-    assert head == list(DISPLAY_HEADERS)
-    cells = re.findall(r"<t[hd]( [^>]*)?>", page)
-    assert cells and all("white-space:nowrap" in (attrs or "") for attrs in cells)
-    rows = table.rows()
-    assert [r[-1] for r in rows] == ["ok", "raised"]
-    assert all(len(r) == len(DISPLAY_HEADERS) for r in rows)
-    text = str(table).splitlines()
-    assert text[1].split()[-1] == DISPLAY_HEADERS[-1]
