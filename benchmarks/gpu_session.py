@@ -537,6 +537,55 @@ def fc_record(name: str, timeout_s: float, dry: bool = False) -> dict[str, Any]:
     return {"name": name, **_python(code, timeout_s=timeout_s)}
 
 
+# The same, in a real Jupyter kernel (``--kernel``): the cells a user types, one by one.
+FC_K_ARMED = """\
+import contextlib, io, json, sys
+_b = io.StringIO()
+with contextlib.redirect_stdout(_b):
+    get_ipython().run_line_magic("gpumem", "record status")
+print("@@" + json.dumps({"torch_imported_at_record_on": "torch" in sys.modules,
+                         "status_armed": _b.getvalue().strip()}))
+"""
+FC_K_WHATIF = """\
+import contextlib, io, json, time
+_b = io.StringIO()
+with contextlib.redirect_stdout(_b):
+    get_ipython().run_line_magic("gpumem", "record status")
+_t0 = time.perf_counter()
+r = get_ipython().run_line_magic("gpumem", "whatif --session {confs} --fit -o")
+print("@@" + json.dumps(dict(status_recording=_b.getvalue().strip(),
+    whatif_s=time.perf_counter() - _t0, total=_total, entries=r.entries, notes=list(r.notes),
+    start_reserved=r.baseline.start_reserved_bytes,
+    rows=[{{"setting": x.setting, "label": x.label, "peak": x.peak_reserved_bytes,
+            "oom": x.oom}} for x in r],
+    fit=[{{"setting": f.setting, "label": f.label, "min_bytes": f.min_bytes,
+           "replays": f.replays}} for f in r.fit.rows],
+    recorded_peak=torch.cuda.max_memory_reserved())))
+"""
+
+
+def fc_record_kernel(name: str, timeout_s: float, dry: bool = False) -> dict[str, Any]:
+    """``fc_record`` in a real Jupyter kernel: ``%load_ext`` and ``record on`` as the first
+    cells, before any cell imports torch."""
+    confs = " ".join(f"--conf {s}" for s in FC_SETTINGS if s)
+    cells = ["%load_ext gpumem_nb", "%gpumem record on", FC_K_ARMED]
+    if not dry:
+        cells += [FC_PRELUDE, *FIRST_CELL_SESSIONS[name], FC_K_WHATIF.format(confs=confs)]
+    res = _kernel({}, cells, timeout_s)
+    got: dict[str, Any] = {"name": name, "recorded_in": "jupyter kernel"}
+    armed = _payload(res[2]["output"]) if len(res) > 2 else None
+    got.update(armed or {"error": str(res[-1:])[-3000:]})
+    if dry:
+        return got
+    failed = [r for r in res[:-1] if r["status"] != "ok"]
+    last = _payload(res[-1]["output"]) if res else None
+    if failed or last is None:
+        got["error"] = str((failed or res)[-1])[-3000:]
+        return got
+    got.update(last)
+    return got
+
+
 # --dry-run (no torch here): the shell's part up to the armed recording, then stop.
 _FC_DRY = ('out["torch_imported_after_armed"] = "torch" in sys.modules\n'
            'print("@@" + json.dumps(out))\nraise SystemExit(0)')
@@ -550,7 +599,7 @@ def fc_real(name: str, setting: str, fraction: float, timeout_s: float) -> dict[
 
 
 def first_cell(out: Path, budget_s: float, dry: bool = False,
-               names: list[str] | None = None) -> dict[str, Any]:
+               names: list[str] | None = None, kernel: bool = False) -> dict[str, Any]:
     """Each session recorded from its first cell, then its real runs, one process at a time
     (processes sharing the GPU lower each other's peaks): uncapped under each setting, then
     capped at the predicted minimum +2% (must fit) and -2% (must run out). Stops starting
@@ -559,6 +608,7 @@ def first_cell(out: Path, budget_s: float, dry: bool = False,
     card = {"name": "dry run", "total": 80 * GiB} if dry else _python(CARD, timeout_s=120)
     slug = "dry" if dry else card_slug(str(card.get("name", "")))
     doc: dict[str, Any] = {"card": card, "settings": [s or "defaults" for s in FC_SETTINGS],
+                           "recorded_in": "jupyter kernel" if kernel else "IPython shell",
                            "budget_s": budget_s, "sessions": [], "compared": [],
                            "fit_checks": [], "skipped": []}
     path = out / f"whatif_session_{slug}.json"
@@ -574,7 +624,8 @@ def first_cell(out: Path, budget_s: float, dry: bool = False,
         if left() < per_job_s:
             doc["skipped"].append(f"{name}: recording (budget)")
             continue
-        rec = fc_record(name, min(per_job_s * 2, left()), dry)
+        record = fc_record_kernel if kernel else fc_record
+        rec = record(name, min(per_job_s * 2, left()), dry)
         doc["sessions"].append(rec)
         save()
         if dry or "rows" not in rec:
@@ -640,6 +691,8 @@ def main() -> int:
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--budget-s", type=float, default=520.0,
                     help="--only firstcell: start no process past this (default 520)")
+    ap.add_argument("--kernel", action="store_true",
+                    help="--only firstcell: record each session in a real Jupyter kernel")
     ap.add_argument("--sessions", default="",
                     help="--only firstcell: these sessions only (comma-separated names)")
     args = ap.parse_args()
@@ -651,13 +704,14 @@ def main() -> int:
                 for c in (FC_PRELUDE, *cells):
                     compile(c, "<cell>", "exec")
             for src in (FC_REAL.format(prelude="", cells=[], fraction=0.5), CARD,
-                        FC_RECORD.format(root="", prelude="", cells=[], confs="", dry="")):
+                        FC_RECORD.format(root="", prelude="", cells=[], confs="", dry=""),
+                        FC_K_ARMED, FC_K_WHATIF.format(confs="")):
                 compile(src, "<src>", "exec")
         names = [n for n in args.sessions.split(",") if n]
         unknown = sorted(set(names) - set(FIRST_CELL_SESSIONS))
         if unknown:
             ap.error(f"no such session: {', '.join(unknown)}")
-        first_cell(out, args.budget_s, dry=args.dry_run, names=names)
+        first_cell(out, args.budget_s, dry=args.dry_run, names=names, kernel=args.kernel)
         return 0
     if args.dry_run:
         for cells in SESSIONS.values():
