@@ -230,6 +230,16 @@ def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holde
                 out.append(Action("%gpumem cleanup runs gc.collect() first: it frees what a "
                                   "replaced traceback still holds, and reports how much.",
                                   c.nbytes))
+            if f.frozen_objects > 0:
+                # Advised, never done: observing changes nothing, and unfreezing undoes what
+                # the user froze on purpose (a fork's copy-on-write pages).
+                # What it frees is not known: the frozen objects may be live.
+                out.append(Action(
+                    "`import gc; gc.unfreeze(); gc.collect()` puts the "
+                    f"{f.frozen_objects:,} objects gc.freeze() froze back in the collector's "
+                    "view: it frees the garbage cycles among them, and %gpumem who --gc can "
+                    "then name the live ones.",
+                    None, code="import gc; gc.unfreeze(); gc.collect()"))
             out.append(Action("%gpumem who --gc also searches every object the garbage "
                               "collector tracks, and names what holds these tensors.",
                               c.nbytes))

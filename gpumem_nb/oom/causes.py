@@ -395,7 +395,9 @@ def _held(f: OomFacts, holders: Sequence[Holder],
         out.append(Cause(
             CAUSE_HELD, unreachable,
             head + " (your variables, Out, the stored traceback, the objects inside them "
-            "and the autograd graphs behind them): the scan did not find their holder, such "
+            "and the autograd graphs behind them): "
+            + (frozen_text(f.frozen_objects) if f.frozen_objects > 0 else "")
+            + "the scan did not find their holder, such "
             "as a class-level attribute, a module's globals, an exception kept in a "
             "variable, or a C extension's own references"
             + (", or the traceback of an earlier error that a later one replaced, waiting "
@@ -451,6 +453,16 @@ UNREACHABLE = ("allocated now, minus what your variables, Out, the stored traceb
 UNREACHABLE_AT_START = ("measured at the failure: allocated when this cell started, minus what "
                         "your variables, Out, the stored traceback and their autograd graphs "
                         "held")
+
+
+def frozen_text(count: int) -> str:
+    """Where unfound bytes most likely are when ``gc.freeze()`` has run: its objects are in
+    the permanent generation, which neither the collector nor the search (``gc.get_objects``,
+    ``gc.get_referrers``) sees. They may be garbage or live objects: either way only
+    ``gc.unfreeze()`` puts them back in view."""
+    return (f"the likely place is the {count:,} objects frozen by gc.freeze(), out of the "
+            "collector's and the search's view (gc.collect() never frees them, garbage "
+            "cycles among them included); else ")
 
 
 def garbage_plausible(f: OomFacts) -> bool:

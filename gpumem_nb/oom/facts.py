@@ -119,6 +119,10 @@ class OomFacts:
     site: Any = None
     # cuBLAS workspaces among the allocated bytes, from the allocator's snapshot (ledger.py).
     workspaces_bytes: int = 0
+    # Objects ``gc.freeze()`` moved to the permanent generation (``gc.get_freeze_count()``):
+    # neither the collector nor the holder search (``gc.get_objects``/``get_referrers``) sees
+    # them, so what they hold is "not found" and no ``gc.collect()`` frees it.
+    frozen_objects: int = 0
 
     @property
     def pools_free_bytes(self) -> int:

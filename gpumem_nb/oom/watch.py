@@ -7,6 +7,7 @@ cell into an ``OomExplanation``. Ordinary cells cost one attribute check."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import sys
 import threading
 import time
@@ -470,6 +471,7 @@ class OomWatch(ObserverAttachment):
             private_pool_bytes=msg.private_pool_bytes, measured_at="failure", pools=ev.pools,
             walk_capped=any_capped(holders), workspaces_bytes=ev.workspaces_bytes,
             grad_enabled=ev.grad_enabled, idle_process_bytes=self._idle_bytes(ev.device),
+            frozen_objects=gc.get_freeze_count(),
             **cell_facts(ev.cell, r.allocated_bytes if r else msg.allocated_bytes))
         stages = {"observer": ev.cost_s}
         stages.update(ev.stage_s)
@@ -552,7 +554,7 @@ class OomWatch(ObserverAttachment):
             unreachable_bytes=unreachable, previous_error=previous_error,
             computation_bytes=computation, grad_enabled=grad, walk_capped=any_capped(holders),
             pools=pools_now, workspaces_bytes=workspaces_now,
-            idle_process_bytes=self._idle_bytes(device),
+            idle_process_bytes=self._idle_bytes(device), frozen_objects=gc.get_freeze_count(),
             **cell_facts(self._cell_start(device), allocated))
         why = f"OOM observer {self.observer_status}" \
             if self.observer_status != "attached" else "the OOM observer did not see this one"
