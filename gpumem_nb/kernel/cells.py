@@ -416,9 +416,9 @@ class CellRecorder:
         read at both ends, traced when ``trace`` asks. A reading that fails is reported in
         one line and the cell still runs (unmeasured): the user's code comes first. The
         record is the caller's to show: it is not the history's (the outer cell's is)."""
-        from .. import trace as tracing
+        from ..trace.recorder import CellTracer
 
-        tracer = tracing.CellTracer(session=self.traces.session_active) \
+        tracer = CellTracer(session=self.traces.session_active) \
             if trace is not None else None
         why = tracer.start() if tracer is not None else ""
         if why:

@@ -56,7 +56,7 @@ from .traces import TraceState
 
 if TYPE_CHECKING:
     from ..session import SessionRecorder
-    from ..trace import TraceResult
+    from ..trace.recorder import TraceResult
 
 __all__ = [
     "REPLAY_ENV",

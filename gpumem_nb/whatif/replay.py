@@ -143,7 +143,7 @@ def compile_trace(entries: Sequence[Any], *, start_reserved_bytes: int | None = 
         else:
             t = finite(t)
             if t is not None and not 0 <= t < end_t:
-                t = None  # no clock's: the event is replayed, its time unknown (as trace.py's)
+                t = None  # no clock's: the event is replayed, its time unknown (as the trace's)
         code = model_code(action)
         if code is not None:
             addr = e.get("addr")
