@@ -63,7 +63,8 @@ from .holders.retention import (
 from .ledger import Ledger, PoolParts, ledgers_of
 from .model import Holder, Sample
 from .report import Shown, html_table, text_table
-from .sources.torch import TorchDebug, TorchSource
+from .sources.torch.debug import TorchDebug
+from .sources.torch.source import TorchSource
 from .units import format_bytes
 from .whatif.config import BACKEND_ASYNC, SettingError, parse_settings
 

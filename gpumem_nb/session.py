@@ -23,7 +23,8 @@ from types import FrameType
 from typing import Any
 
 from .importwatch import AfterImport
-from .sources.torch import CudaStartHook, TorchDebug
+from .sources.torch.debug import TorchDebug
+from .sources.torch.source import CudaStartHook
 from .whatif.snapshot import MAX_HISTORY_ENTRIES, SESSION_KEY, START_KEY
 
 __all__ = ["MAX_ENTRIES", "SessionRecorder", "SessionSnapshot", "max_entries_refusal"]

@@ -42,7 +42,7 @@ from ..oom import OomWatch
 from ..records import History
 from ..sampler import Sampler
 from ..settings import PEAK_RESET, Config
-from ..sources.torch import TorchSource
+from ..sources.torch.source import TorchSource
 from .callbacks import CellCallbacks
 from .cellqueue import MAX_QUEUED_CELLS, Done, Pending
 from .cellresult import (

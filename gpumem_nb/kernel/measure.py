@@ -16,7 +16,7 @@ from ..holders import CellException
 from ..model import CellRecord, Sample
 from ..oom import OomWatch, SiteAtFailure
 from ..settings import PEAK_RESET, Config
-from ..sources.torch import TorchSource
+from ..sources.torch.source import TorchSource
 from .cellqueue import CellQueue, Pending
 from .cellresult import error_text
 from .contain import FailureLog

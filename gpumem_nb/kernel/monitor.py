@@ -44,7 +44,7 @@ from ..records import History
 from ..sampler import Sampler
 from ..settings import Config, DeviceChoice
 from ..sources import Source, gate
-from ..sources.torch import TorchSource
+from ..sources.torch.source import TorchSource
 from ..units import format_bytes, shown_name
 from .callbacks import CellCallbacks
 from .cells import CellRecorder

@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import safeio
 from ..celltext import CellText
-from ..sources.torch import TorchDebug
+from ..sources.torch.debug import TorchDebug
 from ..whatif.snapshot import START_KEY
 from .entries import _as_list, _usable
 from .replay import TOP_DEFAULT, DeviceTrace, analyze
