@@ -30,7 +30,7 @@ from ..analysis import held_text
 from ..cleanup import CleanupReport, CleanupRequest
 from ..model import CellMark, CellRecord, Sample, SourceStatus, Verdict
 from ..settings import Config
-from ..svgchart import SeriesStyle, mark_label
+from ..svgchart.data import SeriesStyle, mark_label
 from ..timeline import ALL_DEVICES, SERIES, Timeline
 from ..units import format_bytes
 from .header import BANNER_STYLE

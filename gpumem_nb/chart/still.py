@@ -10,8 +10,8 @@ import threading
 from typing import Protocol
 
 from ..model import Sample
-from ..svgchart import chart_data
-from ..svgchart import static_bundle as svg_static_bundle
+from ..svgchart.data import chart_data
+from ..svgchart.liveplot import static_bundle as svg_static_bundle
 from ..timeline import GIB, Timeline
 from ..units import shown_name
 from ..views import Snapshot
