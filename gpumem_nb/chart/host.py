@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..cleanup import CleanupReport, CleanupRequest
+from ..cleanupreport import CleanupReport, CleanupRequest
 from ..model import CellMark, CellRecord, Sample, Verdict
 from ..records import History
 from ..sampler import Sampler

@@ -27,7 +27,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from ..analysis import held_text
-from ..cleanup import CleanupReport, CleanupRequest
+from ..cleanupreport import CleanupReport, CleanupRequest
 from ..model import CellMark, CellRecord, Sample, SourceStatus, Verdict
 from ..settings import Config
 from ..svgchart.data import SeriesStyle, mark_label
