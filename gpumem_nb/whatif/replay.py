@@ -23,7 +23,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from .allocator import Block, DeviceCachingAllocator, Limits
+from .allocator import DeviceCachingAllocator
+from .allocstate import Limits
+from .blocks import Block
 from .config import AllocatorSettings
 from .fields import SIZE_T_END, finite, plain, uint
 from .plainloop import (
