@@ -7,7 +7,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from ..model import Sample, SourceStatus
+from ..model import DeviceSample, Sample, SourceStatus
 from ..records import format_peak
 from ..sampler import Sampler
 from ..timeline import GIB, Timeline
@@ -84,7 +84,7 @@ class ChartHeader:
     def _replay_ended(self) -> bool:
         return self.replay is not None and bool(getattr(self.replay.source, "ended", False))
 
-    def _devices_shown(self, sample: Sample | None) -> list[Any]:
+    def _devices_shown(self, sample: Sample | None) -> list[DeviceSample]:
         if sample is None:
             return []
         if self.device is None:

@@ -4,6 +4,7 @@ Protocols, and the chart reaches it through them only.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -30,7 +31,7 @@ class ChartHost(Protocol):
     widget: Any
 
     @property
-    def marks(self) -> Any: ...  # a deque of CellMark
+    def marks(self) -> deque[CellMark]: ...
     @property
     def on_record(self) -> list[Callable[[CellRecord, Verdict | None], None]]: ...
     @property

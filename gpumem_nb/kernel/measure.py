@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import safeio
 from ..analysis import Watermark, build_record
@@ -22,6 +22,9 @@ from .cellresult import error_text
 from .contain import FailureLog
 from .readings import Readings
 from .traces import TraceState
+
+if TYPE_CHECKING:  # loaded on the first traced cell
+    from ..trace.recorder import TraceResult
 
 __all__ = ["CellMeasure", "Measured", "TraceAsk"]
 
@@ -44,7 +47,7 @@ class Measured:
 
     result: Any
     record: CellRecord | None
-    traced: Any = None  # a trace.TraceResult
+    traced: TraceResult | None = None
 
 
 class CellMeasure(CellQueue):

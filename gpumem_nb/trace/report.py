@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..report import Shown, html_table, text_table
 from ..units import format_bytes
@@ -13,6 +13,9 @@ from .recorder import TraceResult
 from .replay import SiteBytes
 from .sites import _TABLE_LABEL_CHARS, _shown
 from .timeline import TraceTimeline
+
+if TYPE_CHECKING:
+    from ..views import CellReport
 
 __all__ = ["TraceReport", "views"]
 
@@ -22,7 +25,7 @@ class TraceReport(Shown):
 
     HEADERS = ("bytes", "allocations", "site")
 
-    def __init__(self, result: TraceResult, cell: Any = None) -> None:
+    def __init__(self, result: TraceResult, cell: CellReport | None = None) -> None:
         self.result = result
         self.cell = cell  # the %%gpumem measurement (CellReport) of the same cell
 
@@ -78,8 +81,9 @@ def _rows(sites: Iterable[SiteBytes]) -> list[list[str]]:
             for s in sites]
 
 
-def views(result: TraceResult, cell: Any = None) -> list[Any]:
+def views(result: TraceResult,
+          cell: CellReport | None = None) -> list[TraceReport | TraceTimeline]:
     """What ``%%gpumem --trace`` displays: the report, then one timeline per GPU."""
-    out: list[Any] = [TraceReport(result, cell)]
+    out: list[TraceReport | TraceTimeline] = [TraceReport(result, cell)]
     out += [TraceTimeline(d) for d in result.devices if d.series]
     return out
