@@ -17,14 +17,14 @@ A Ctrl-C part-way is not swallowed: the caller gets the report of what was done 
 (``run``'s ``on_interrupt``), then the ``KeyboardInterrupt`` goes on.
 
 Nothing here imports torch or IPython: the shell is used through the attributes every IPython
-shell has, so a stand-in works too.
+shell has, so a stand-in works too. The request and the report are in ``cleanupreport``; which
+names are the user's, and the output cache, in ``cleanupnames``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import html
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -32,22 +32,26 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import emptycache, userexc
+from .cleanupnames import (
+    _clear_output,
+    _hidden,
+    _out,
+    _output_text,
+    _plan_output,
+    check_vars,
+    shell_owned,
+)
+from .cleanupreport import UNKNOWN, CleanupReport, CleanupRequest, Measure, StepResult, _freed
 from .holders import (
-    INPUT_ALIAS,
-    OUTPUT_ALIAS,
-    SHELL_NAMES,
-    UNDERS,
     CellException,
     Scanner,
     StoredException,
-    alias_order,
     cuda_bytes,
     exception_chain,
     frame_is_live,
     frames_of,
     is_function_frame,
     last_value,
-    output_cache_names,
     running_frame_ids,
     stored_cell_exception,
     traceback_links,
@@ -60,240 +64,28 @@ from .holders.retention import (
     Root,
     RootContext,
 )
-from .ledger import Ledger, PoolParts, ledgers_of
-from .model import Holder, Sample
-from .report import Shown, html_table, text_table
-from .sources.torch import TorchDebug, TorchSource
-from .units import format_bytes
+from .ledger import ledgers_of
+from .model import Sample
+from .sources.torch.debug import TorchDebug
+from .sources.torch.source import TorchSource
 from .whatif.config import BACKEND_ASYNC, SettingError, parse_settings
+
+__all__ = [
+    "CleanupReport",
+    "CleanupRequest",
+    "Measure",
+    "StepResult",
+    "allocator_segments",
+    "check_vars",
+    "run",
+    "shell_owned",
+]
 
 _LAST = ("last_exc", "last_type", "last_value", "last_traceback")
 # Climbing referrers to find who holds a stored exception: rounds, and objects per round.
 # The search for who else keeps a stored exception, at most this long.
 _HELD_BUDGET_S = 0.5
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
-@dataclass(frozen=True)
-class Measure:
-    allocated_bytes: int | None
-    reserved_bytes: int | None
-    nvml_used_bytes: int | None
-    rss_bytes: int | None
-
-    @classmethod
-    def of(cls, sample: Sample) -> Measure:
-        def total(values: Sequence[int | None]) -> int | None:
-            known = [v for v in values if v is not None]
-            return sum(known) if known else None
-
-        return cls(
-            allocated_bytes=total([d.allocator.allocated_bytes if d.allocator else None
-                                   for d in sample.devices]),
-            reserved_bytes=total([d.allocator.reserved_bytes if d.allocator else None
-                                  for d in sample.devices]),
-            nvml_used_bytes=total([d.nvml.used_bytes if d.nvml else None
-                                   for d in sample.devices]),
-            rss_bytes=sample.rss_bytes,
-        )
-
-
-UNKNOWN = Measure(None, None, None, None)
-
-
-def _freed(before: int | None, after: int | None) -> int | None:
-    return None if before is None or after is None else before - after
-
-
-@dataclass(frozen=True)
-class StepResult:
-    step: str
-    did: str
-    freed_allocated_bytes: int | None = None
-    freed_reserved_bytes: int | None = None
-    freed_nvml_bytes: int | None = None
-    freed_rss_bytes: int | None = None
-    brief: str = ""  # a dry run's estimate in a few words (the OOM explainer's line)
-
-
-@dataclass(frozen=True)
-class CleanupReport(Shown):
-    steps: tuple[StepResult, ...]
-    before: Measure
-    after: Measure
-    dry_run: bool = False
-    # The dry run's split of each GPU's allocated bytes, from the same scan (ledger.py).
-    ledgers: tuple[Ledger, ...] = ()
-    # Where a Ctrl-C stopped the run ("in its empty_cache step"; "" when it ran to its end):
-    # the rows are what was done until then, and the total runs to the last measurement.
-    interrupted: str = ""
-
-    HEADERS = ("step", "what it did", "allocated freed", "reserved freed", "NVML freed",
-               "host RAM freed")
-
-    def rows(self) -> list[list[str]]:
-        rows = [
-            [s.step, s.did, format_bytes(s.freed_allocated_bytes),
-             format_bytes(s.freed_reserved_bytes), format_bytes(s.freed_nvml_bytes),
-             format_bytes(s.freed_rss_bytes)]
-            for s in self.steps
-        ]
-        if not self.dry_run:
-            b, a = self.before, self.after
-            rows.append(["total so far" if self.interrupted else "total", "",
-                         format_bytes(_freed(b.allocated_bytes, a.allocated_bytes)),
-                         format_bytes(_freed(b.reserved_bytes, a.reserved_bytes)),
-                         format_bytes(_freed(b.nvml_used_bytes, a.nvml_used_bytes)),
-                         format_bytes(_freed(b.rss_bytes, a.rss_bytes))])
-        return rows
-
-    @property
-    def title(self) -> str:
-        if self.dry_run:
-            return "gpumem cleanup --dry-run: nothing was changed; estimates of what would go"
-        if self.interrupted:
-            return (f"gpumem cleanup: interrupted (Ctrl-C) {self.interrupted}; what each step "
-                    "did and freed until then")
-        return "gpumem cleanup: what each step freed"
-
-    def __str__(self) -> str:
-        return "\n".join([self.title, text_table(self.HEADERS, self.rows()),
-                          *(x.line() for x in self.ledgers)])
-
-    def _repr_html_(self) -> str:
-        return html_table(self.HEADERS, self.rows(), caption=self.title) + "".join(
-            f"<div>{html.escape(x.line())}</div>" for x in self.ledgers)
-
-    @property
-    def freed_nvml_bytes(self) -> int | None:
-        return _freed(self.before.nvml_used_bytes, self.after.nvml_used_bytes)
-
-
-@dataclass
-class CleanupRequest:
-    clear_traceback: bool = True
-    clear_output: bool = False
-    delete_vars: Sequence[str] = ()
-    dry_run: bool = False
-    # A dry run also says who else keeps the stored exception alive. That search collects
-    # garbage and walks the heap's referrers (tenths of a second in a large session), so it
-    # is asked for by the magic, not by the OOM explainer's in-cell estimate. A real run
-    # always searches: its report must not claim memory it could not free.
-    find_holders: bool = False
-    # The OOM explainer's in-cell dry run hands over what it already read and scanned after
-    # the failure: a second full read (NVML's process listing, on a thread) and a second scan
-    # of the namespace were most of the time it added to the failing cell. Dry run only.
-    reuse_sample: Sample | None = None
-    reuse_holders: Sequence[Holder] | None = None
-    graph_budget_s: float | None = None  # the dry run's scan: time for autograd graphs
-    # Each GPU's private pools for the dry run's ledger (the OOM explainer's reading).
-    pools: PoolParts | None = None
-
-
-# -- naming variables ----------------------------------------------------------------------------
-def _hidden(shell: Any) -> dict[str, Any]:
-    hidden = getattr(shell, "user_ns_hidden", None)
-    return hidden if isinstance(hidden, dict) else {}
-
-
-def _out(shell: Any) -> dict[int, Any]:
-    oh = shell.user_ns.get("_oh")
-    return oh if isinstance(oh, dict) else {}
-
-
-def shell_owned(name: str, shell: Any) -> str | None:
-    """Why ``name`` is the shell's and not the user's, or None when it is the user's."""
-    ns = shell.user_ns
-    if name in SHELL_NAMES:
-        return f"{SHELL_NAMES[name]}; deleting it would break the shell"
-    hidden = _hidden(shell)
-    hook = getattr(shell, "displayhook", None)
-    if OUTPUT_ALIAS.match(name) and name in output_cache_names(
-            {name: ns[name]}, _out(shell), hidden, hook):
-        return "output cache; --out clears it"
-    if name in hidden and hidden[name] is ns[name]:
-        if INPUT_ALIAS.match(name):
-            return "input history"
-        return "own: set by the shell or an extension, not by you"
-    return None
-
-
-def check_vars(names: Sequence[str], shell: Any) -> list[str]:
-    """The names to delete, each once, after refusing unknown names and the shell's own.
-    Raises ValueError before anything is touched."""
-    unique = list(dict.fromkeys(names))
-    missing = [n for n in unique if n not in shell.user_ns]
-    refused = [f"{n!r} is IPython's {why}" for n in unique if n not in missing
-               and (why := shell_owned(n, shell)) is not None]
-    problems = []
-    if missing:
-        problems.append(f"no variable named {', '.join(repr(m) for m in missing)} "
-                        "in this session")
-    problems += refused
-    if problems:
-        raise ValueError("; ".join(problems) + "; nothing was cleaned")
-    return unique
-
-
-# -- the output cache --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _OutputPlan:
-    entries: int
-    clear: list[str]  # `_`-names the cache wrote and still owns
-    kept: list[str]  # `_`-names the user assigned
-
-
-def _plan_output(shell: Any) -> _OutputPlan | None:
-    hook = getattr(shell, "displayhook", None)
-    if not getattr(hook, "do_full_cache", False):
-        return None
-    ns = shell.user_ns
-    owned = output_cache_names(ns, _out(shell), _hidden(shell), hook)
-    # Exact strs: a str subclass's `__hash__`/`__eq__` would run below (A4).
-    aliases = [k for k in ns if type(k) is str and OUTPUT_ALIAS.match(k)]
-    # A blank under is IPython's placeholder, whoever wrote it (``type is str``: a user's
-    # object's own ``__eq__`` is never called).
-    kept = [k for k in aliases if k not in owned
-            and not (k in UNDERS and type(ns[k]) is str and ns[k] == "")]
-    return _OutputPlan(entries=len(_out(shell)), clear=sorted(owned, key=alias_order),
-                       kept=sorted(kept, key=alias_order))
-
-
-def _clear_output(shell: Any, plan: _OutputPlan) -> None:
-    """What ``displayhook.flush()`` does, minus its two faults: it deletes every ``_N`` and
-    blanks ``_``, ``__``, ``___`` even when the user assigned them."""
-    ns = shell.user_ns
-    hidden = _hidden(shell)
-    for name in plan.clear:
-        if name in UNDERS:
-            ns[name] = ""
-        else:
-            ns.pop(name, None)
-    # The shell's own records of what it wrote: they would keep the old outputs alive.
-    for key in [k for k in hidden if type(k) is str and OUTPUT_ALIAS.match(k)]:
-        if key in UNDERS:
-            hidden[key] = ""
-        else:
-            del hidden[key]
-    hook = shell.displayhook
-    for name in UNDERS:
-        with contextlib.suppress(Exception):
-            setattr(hook, name, "")
-    _out(shell).clear()
-    result = getattr(shell, "last_execution_result", None)
-    if result is not None and getattr(result, "result", None) is not None:
-        result.result = None
-
-
-def _output_text(plan: _OutputPlan, dry_run: bool) -> str:
-    verb, keep = ("would clear", "would keep") if dry_run else ("cleared", "kept")
-    text = f"{verb} {plan.entries} Out entries"
-    if plan.clear:
-        text += f" and {', '.join(plan.clear)}"
-    if plan.kept:
-        text += f"; {keep} {', '.join(plan.kept)} (yours)"
-    return text
-
 
 # -- the stored exception ----------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -712,4 +504,3 @@ def _cache_estimate(sample: Sample | None,
         return emptycache.estimate(readings, backend=backend,
                                    expandable=settings.expandable_segments, segments=None,
                                    large_page_bytes=settings.large_segment_size)
-

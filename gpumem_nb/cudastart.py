@@ -44,7 +44,7 @@ from typing import Any
 from . import userexc
 from .cellnames import CellNames
 from .errtext import error_str
-from .sources.torch import CudaStartHook, TorchSource
+from .sources.torch.source import CudaStartHook, TorchSource
 
 __all__ = [
     "ACCELERATE",

@@ -12,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from .model import CellDevice, CellRecord, Verdict
-from .svgchart import Line, Mark, Plot, SeriesStyle, byte_axis, plot_bundle
+from .svgchart.bundle import plot_bundle
+from .svgchart.data import SeriesStyle
+from .svgchart.layout import byte_axis
+from .svgchart.render import Line, Mark, Plot
 
 __all__ = ["BAR_WIDTH", "STYLES", "history_plot", "history_plot_bundle"]
 

@@ -23,7 +23,8 @@ from types import FrameType
 from typing import Any
 
 from .importwatch import AfterImport
-from .sources.torch import CudaStartHook, TorchDebug
+from .sources.torch.debug import TorchDebug
+from .sources.torch.source import CudaStartHook
 from .whatif.snapshot import MAX_HISTORY_ENTRIES, SESSION_KEY, START_KEY
 
 __all__ = ["MAX_ENTRIES", "SessionRecorder", "SessionSnapshot", "max_entries_refusal"]
@@ -97,7 +98,7 @@ class SessionRecorder:
         self.since_cell: int | None = None  # the cell running when the recording began
         self.armed = False  # waiting for torch's import and CUDA's start
         self._import_watch: AfterImport | None = None
-        self._hook: Any = None  # the call queued on CUDA's start-up
+        self._hook: CudaStartHook | None = None  # the call queued on CUDA's start-up
         self._begun_text = ""
         self._why_not_armed = ""
 

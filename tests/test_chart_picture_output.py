@@ -213,10 +213,10 @@ def test_a_picture_that_stops_drawing_says_so_in_a_sentence_not_a_traceback_in_t
 
 def test_a_watch_whose_picture_cannot_be_drawn_still_shows_the_live_chart_without_an_error(
         in_a_kernel, fake_gpu, shown, monkeypatch, caplog):
-    import gpumem_nb.chart.live
     import gpumem_nb.chart.picture
+    import gpumem_nb.chart.still
 
-    monkeypatch.setattr(gpumem_nb.chart.live, "svg_static_bundle", broken)
+    monkeypatch.setattr(gpumem_nb.chart.still, "svg_static_bundle", broken)
     shell = in_a_kernel
     run(shell, "%load_ext gpumem_nb")
     result = run(shell, "%gpumem watch")
@@ -236,13 +236,13 @@ def test_a_watch_whose_picture_cannot_be_drawn_still_shows_the_live_chart_withou
 
 def test_a_chart_ending_without_a_new_picture_keeps_its_last_picture_so_the_export_shows_one(
         in_a_kernel, fake_gpu, shown, monkeypatch):
-    import gpumem_nb.chart.live
     import gpumem_nb.chart.picture
+    import gpumem_nb.chart.still
 
     shell = in_a_kernel
     w = watch(shell, fake_gpu)
     last = w.picture_handle.updates[-1] if w.picture_handle.updates else None
-    monkeypatch.setattr(gpumem_nb.chart.live, "svg_static_bundle", broken)
+    monkeypatch.setattr(gpumem_nb.chart.still, "svg_static_bundle", broken)
     del shown[:]
     assert run(shell, "%gpumem watch --stop").success
     # The picture's output is left as it was drawn (never emptied), and the view's output

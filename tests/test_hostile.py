@@ -27,8 +27,7 @@ from IPython.core.error import UsageError
 
 from gpumem_nb import safeio, settings, trace
 from gpumem_nb.ipython.grammar import MAX_MESSAGE_CHARS
-from gpumem_nb.kernel import Monitor, current_monitor
-from gpumem_nb.kernel import cells as cells_mod
+from gpumem_nb.kernel import Monitor, cellqueue, current_monitor
 from gpumem_nb.settings import Config, lock_path, read_config
 
 from .fakes import GiB, MiB, OutOfMemoryError
@@ -254,8 +253,8 @@ def test_a_stuck_sampler_never_lets_the_queue_of_cells_grow_without_bound(loaded
     for i in range(200):
         run(loaded, f"q = {i}")
     m = monitor(loaded)
-    assert len(m.cells._done) <= cells_mod.MAX_QUEUED_CELLS
-    assert len(m.cells.history) >= 200 - cells_mod.MAX_QUEUED_CELLS
+    assert len(m.cells._done) <= cellqueue.MAX_QUEUED_CELLS
+    assert len(m.cells.history) >= 200 - cellqueue.MAX_QUEUED_CELLS
 
 
 # --------------------------------------------------------------------------------------------

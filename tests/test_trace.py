@@ -17,6 +17,8 @@ from gpumem_nb import trace
 from gpumem_nb.kernel import current_monitor
 from gpumem_nb.sources.torch import TorchDebug
 from gpumem_nb.trace import CellTracer, TraceReport, TraceTimeline, analyze, site_of
+from gpumem_nb.trace.replay import _MAX_POINTS
+from gpumem_nb.trace.sites import _STDLIB
 
 from .fakes import FakeCuda, GiB, MiB, fake_torch
 from .helpers import hang_guard
@@ -74,7 +76,7 @@ def test_torch_frames_are_skipped_and_a_function_site_names_its_cell_line():
 
 
 def test_stdlib_frames_are_skipped_but_libraries_installed_beside_them_are_sites():
-    stdlib = trace._STDLIB
+    stdlib = _STDLIB
     lib = os.path.join(stdlib, "site-packages", "transformers", "modeling.py")
     s = site_of(frames((os.path.join(stdlib, "functools.py"), 10, "wrapper"),
                        (lib, 300, "attention"), (CELL, 2, "<module>")), SKIP)
@@ -136,7 +138,7 @@ def test_a_long_history_is_drawn_with_bounded_points_keeping_the_peak():
     d = analyze(entries, skip=SKIP)
     took = time.perf_counter() - start
     print(f"analyze: {len(entries)} entries in {took * 1e3:.0f} ms")
-    assert len(d.times_ms) <= trace._MAX_POINTS + 3
+    assert len(d.times_ms) <= _MAX_POINTS + 3
     assert d.peak_bytes == GiB + 2 * MiB
     total_at = [sum(s.mib[i] for s in d.series) for i in range(len(d.times_ms))]
     assert max(total_at) == pytest.approx((GiB + 2 * MiB) / MiB)

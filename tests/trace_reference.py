@@ -7,26 +7,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpumem_nb.trace import (
-    _CELL_FILE,
-    _MAX_LINE,
+from gpumem_nb.trace.entries import _MAX_LINE, _as_list, _count, _Malformed, _plain, _usable
+from gpumem_nb.trace.replay import (
     _MAX_POINTS,
     _TIMELINE_SITES,
     TOP_DEFAULT,
     DeviceTrace,
     MiB,
     Series,
-    Site,
     SiteBytes,
-    _as_list,
-    _count,
-    _is_library,
-    _is_outer,
-    _Malformed,
-    _plain,
     _ranked,
-    _usable,
 )
+from gpumem_nb.trace.sites import _CELL_FILE, Site, _is_library, _is_outer
 
 
 class _Replay:

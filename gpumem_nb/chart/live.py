@@ -18,103 +18,46 @@ widget: model not found", in JupyterLab, Notebook 7, nbconvert and GitHub alike.
 
 from __future__ import annotations
 
-import dataclasses
 import html
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import ipywidgets as widgets
 
 from ..analysis import held_text
-from ..cleanup import CleanupReport, CleanupRequest
+from ..cleanupreport import CleanupReport, CleanupRequest
 from ..model import CellMark, CellRecord, Sample, SourceStatus, Verdict
-from ..records import History, format_peak
-from ..sampler import Sampler
 from ..settings import Config
-from ..svgchart import SeriesStyle, chart_data, mark_label
-from ..svgchart import static_bundle as svg_static_bundle
-from ..timeline import ALL_DEVICES, GIB, SERIES, Timeline
-from ..units import format_bytes, shown_name
-from ..views import Snapshot, children_html, device_row
+from ..svgchart.data import SeriesStyle, mark_label
+from ..timeline import ALL_DEVICES, SERIES, Timeline
+from ..units import format_bytes
+from .header import BANNER_STYLE
+from .host import ChartHost
 from .livechart import LiveChart
 from .messages import CleanupAsked, DeviceAsked, done, read_request
 from .picture import HEADER_NO_LIVE, WIDGET_VIEW, ChartPicture
-from .series import ChartSeries, device_key, points
+from .series import ChartSeries, points
+from .still import MAX_MARKS, ChartStill
 
-__all__ = ["ChartHost", "MemoryWidget", "show"]
+__all__ = ["MemoryWidget", "show"]
 
-
-class ChartReplay(Protocol):
-    label: str
-    source: Any
-    sampler: Sampler
-
-
-class ChartHost(Protocol):
-    """What the chart needs from the monitor, and nothing more."""
-
-    config: Config
-    started_t_s: float
-    widget: Any
-
-    @property
-    def marks(self) -> Any: ...  # a deque of CellMark
-    @property
-    def on_record(self) -> list[Callable[[CellRecord, Verdict | None], None]]: ...
-    @property
-    def settings_listeners(self) -> list[Callable[[Config], None]]: ...
-    @property
-    def history(self) -> History: ...
-    @property
-    def feed(self) -> Sampler: ...
-    @property
-    def replay(self) -> ChartReplay | None: ...
-    @property
-    def cell_running(self) -> bool: ...
-    @property
-    def after_cell(self) -> list[Callable[[], None]]: ...
-    def gpu_count(self) -> int: ...
-    def read(self) -> Sample: ...
-    def marks_for_picture(self, last: int) -> list[CellMark]: ...
-    def cleanup(self, request: CleanupRequest,
-                on_interrupt: Callable[[CleanupReport], None] | None = None,
-                ) -> CleanupReport: ...
-    def configure(self, *, device: Any = ...) -> Config: ...
-
-
-# Cell labels closer than this fraction of the visible time span are thinned out in the static
-# picture; the live front end thins by pixels.
-MAX_MARKS = 100
 # The long, downsampled history is resent only every HISTORY_REFRESH_S; each tick resends just
 # the points since then, so live traffic stays at a few KB/s however long the session.
 HISTORY_REFRESH_S = 10.0
 # Per series: about two points per pixel of a wide chart, with every bucket's minimum and
 # maximum kept (timeline.keep_peaks), and few enough that a saved chart stays small.
 HISTORY_POINTS = 1200
-_HEADER = ("GPU", "used / total", "this process", "reserved", "allocated", "last cell peak",
-           "outside PyTorch")
-LIVE_X_TITLE = "seconds since %load_ext gpumem_nb"
-# The replay note and the accumulation banner: JupyterLab's theme colours, so a dark theme
-# gets a dark box with light text (a light box kept the theme's white text), with light
-# fallbacks where no theme defines them (nbconvert's HTML, other frontends).
-NOTE_STYLE = ("background:var(--jp-layout-color2,#e8f0fe);color:var(--jp-ui-font-color1,#111);"
-              "border-left:4px solid var(--jp-brand-color1,#1a73e8);padding:4px 8px;"
-              "margin:2px 0")
-BANNER_STYLE = ("background:var(--jp-layout-color2,#fff3cd);"
-                "color:var(--jp-ui-font-color1,#111);"
-                "border-left:4px solid var(--jp-warn-color1,#d39e00);padding:6px 10px")
-REPLAY_X_TITLE = "seconds into the recording"
-REPLAY_MARK = "replay here"  # where a replay that has not ended stood, on its picture
-MAX_TITLE_NAMES = 4  # the GPU names the picture's title lists, each cut (units.shown_name)
 
 
-class MemoryWidget:
+class MemoryWidget(ChartStill):
     """The live view: the ipywidgets box around the anywidget chart, its one writer (the
     sampler thread draws; everything else enqueues), and the controls' requests. Its data is
     ``series`` (``ChartSeries``) and its outputs ``picture`` (``ChartPicture``). Shown with
-    ``display`` and ended with ``close``, each safe to call again, under one lock."""
+    ``display`` and ended with ``close``, each safe to call again, under one lock. Its words
+    are read in ``ChartHeader`` (``header``), its still picture drawn in ``ChartStill``
+    (``still``)."""
 
     def __init__(self, monitor: ChartHost) -> None:
         self.monitor = monitor
@@ -176,11 +119,6 @@ class MemoryWidget:
         monitor.settings_listeners.append(self._on_settings)
         self._draw(self.feed.latest())
 
-    @property
-    def _t0_s(self) -> float:
-        # A replay's timeline holds the recording's own points at their times into it.
-        return self.t0_s if self.replay is None else 0.0
-
     # -- series --------------------------------------------------------------------------------
     @property
     def timelines(self) -> dict[int, Timeline]:
@@ -226,9 +164,6 @@ class MemoryWidget:
     def _drain(self) -> None:
         while self._inbox:
             self._inbox.popleft()()
-
-    def _timeline(self) -> Timeline | None:
-        return self.series.timeline(self.device)
 
     def _draw(self, sample: Sample | None) -> None:
         if self._closed:
@@ -312,88 +247,6 @@ class MemoryWidget:
         marks: list[CellMark] = list(self.monitor.marks)[-MAX_MARKS:]
         return [[round(m.t_s - t0, 3), mark_label(m)] for m in marks]
 
-    def _meta(self, sample: Sample | None) -> dict[str, Any]:
-        """Axis titles, the title line and the total/headroom note. The y axis follows the
-        data, not the device total: a 141 GiB axis would flatten a notebook's few GiB into
-        the floor; the total is drawn once it is in range and always named in the corner."""
-        total = self._total_gib(sample)
-        note = ""
-        if total and self.has_gpu:
-            note = (f"total {total:.1f} GiB · headroom "
-                    f"{max(total - self._used_gib(sample), 0):.1f} GiB")
-        title = ""
-        if self.replay is not None:
-            title = "REPLAY of a recorded session, not your GPU"
-            if self._replay_ended():
-                title += " · the recording ended"
-        return {"x_title": LIVE_X_TITLE if self.replay is None else REPLAY_X_TITLE,
-                "y_title": "GiB", "title": title, "note": note,
-                "total": round(total, 3) if total and self.has_gpu else None,
-                # The controls: a running cell holds the browser's requests back until it
-                # ends, which the page says when one is asked for meanwhile.
-                "busy": bool(self.monitor.cell_running),
-                # A replay's saved picture is the kernel's (livechart.js's snapshot).
-                "replay": self.replay is not None,
-                "devices": [list(o) for o in self.device_options] or None,
-                "device": device_key(self.device)}
-
-    def _replay_ended(self) -> bool:
-        return self.replay is not None and bool(getattr(self.replay.source, "ended", False))
-
-    def _devices_shown(self, sample: Sample | None) -> list[Any]:
-        if sample is None:
-            return []
-        if self.device is None:
-            return list(sample.devices)
-        d = sample.device(self.device)
-        return [d] if d is not None else []
-
-    def _total_gib(self, sample: Sample | None) -> float:
-        known = [d.nvml.total_bytes for d in self._devices_shown(sample)
-                 if d.nvml is not None and d.nvml.total_bytes]
-        return sum(known) / GIB if known else 0.0
-
-    def _used_gib(self, sample: Sample | None) -> float:
-        known = [d.nvml.used_bytes for d in self._devices_shown(sample)
-                 if d.nvml is not None and d.nvml.used_bytes is not None]
-        return sum(known) / GIB if known else 0.0
-
-    def _header_html(self, sample: Sample | None) -> str:
-        status = self.status
-        if sample is None:
-            return "<div class='gpumem-header'>waiting for the first reading…</div>"
-        if not sample.devices:
-            return (f"<div class='gpumem-header'><b>No GPU visible</b>: "
-                    f"{html.escape(status.nvml)}. Charting host RAM: "
-                    f"{format_bytes(sample.rss_bytes)}.</div>")
-        last = self.monitor.history.last() if self.replay is None else None
-        rows = []
-        for d in sample.devices:
-            r = device_row(d)
-            peak = "—" if self.replay is None else "(recording)"
-            if last is not None:
-                cd = next((c for c in last.devices if c.index == d.index), None)
-                peak = format_peak(cd) if cd else "—"
-            rows.append([r[0], r[1], r[2], r[4], r[3], peak, r[6]])
-        head = "".join(f"<th style='padding:0 8px'>{h}</th>" for h in _HEADER)
-        body = "".join(
-            "<tr>" + "".join(f"<td style='padding:0 8px'>{html.escape(c)}</td>" for c in row)
-            + "</tr>" for row in rows)
-        note = ""
-        if self.replay is not None:
-            ended = (" It has ended; <code>%gpumem watch --replay …</code> plays it again."
-                     if self._replay_ended() else "")
-            note = (f"<div class='gpumem-note' style='{NOTE_STYLE}'><b>REPLAY</b>: "
-                    f"{html.escape(self.replay.label)}. Not this machine's GPU: a demonstration"
-                    " of the chart. Your own cells are still measured live "
-                    "(<code>%gpumem history</code>); <code>%gpumem watch --live</code> "
-                    f"charts this machine.{ended}</div>")
-        paused = (" <b>(paused)</b>: the numbers and lines as they were; Resume follows "
-                  "the GPU again" if self.paused else "")
-        # The table scrolls on its own when the output is narrower than it, never the chart.
-        return (f"{note}<div class='gpumem-header-scroll' style='overflow-x:auto;"
-                f"max-width:100%'><table class='gpumem-header'><tr>{head}</tr>{body}</table>"
-                f"</div>{children_html(sample)}{paused}")
 
     # -- producers: enqueue, never draw ------------------------------------------------------
     def _post(self, fn: Callable[[], None]) -> None:
@@ -542,91 +395,6 @@ class MemoryWidget:
     def picture_handle(self, handle: Any) -> None:
         self.picture.picture_handle = handle
 
-    def plain_bundle(self) -> dict[str, str]:
-        """The chart without the widget: text, the picture (SVG) and the numbers."""
-        # A replay's picture is its whole recording, marked where the replay stood; its table
-        # is the reading there (``--stop`` freezes it where it was), and says so.
-        stood = self._replay_stood() if self.replay is not None else None
-        latest = stood or self.feed.latest() or self.monitor.read()
-        snap = Snapshot(status=self.status, sample=latest)
-        static = self.static_bundle(latest)
-        where = self._stood_text()
-        # The Clean up button's report stays with the picture: it was the user's only
-        # account of what was freed, and ``watch --stop`` used to wipe it with the chart.
-        report_html = self.report.value or ""
-        report_text = f"\n{self._report_text}" if report_html and self._report_text else ""
-        return {"text/plain": "gpumem_nb chart (a static picture; live with a kernel)\n"
-                              + (f"{where}\n" if where else "") + str(snap) + report_text,
-                "text/html": static["text/html"]
-                + (f"<div>{html.escape(where)}</div>" if where else "")
-                + snap._repr_html_() + report_html,
-                "image/svg+xml": static["image/svg+xml"]}
-
-    def static_bundle(self, sample: Sample | None) -> dict[str, str]:
-        """The chart as a static SVG: ``image/svg+xml`` and an ``<img>`` for ``text/html``.
-        A replay's picture is its whole recording: the story, however little has played."""
-        with self._lock:
-            tl = self._timeline()
-            marks = [] if self.replay is not None else self.monitor.marks_for_picture(MAX_MARKS)
-            t0 = self._t0_s
-            if self.replay is not None:
-                tl, t0 = self._recording_timeline()
-                # Named and totalled as the recording, not this machine: the picture plots
-                # the recorded GPU's lines, as the live chart's header names it.
-                sample = self._recording_end() or sample
-            total = self._total_gib(sample)
-            shown = self._devices_shown(sample)
-            where = (f"GPU {shown[0].index}" if len(shown) == 1
-                     else "all GPUs" if shown else "host RAM")
-            names = sorted({shown_name(d.nvml.name) for d in shown if d.nvml and d.nvml.name})
-            if len(names) > MAX_TITLE_NAMES:  # a recording of 3,000 GPUs, each named apart
-                names[MAX_TITLE_NAMES:] = [f"{len(names) - MAX_TITLE_NAMES} more"]
-            title = f"gpumem_nb chart: {where}" + (f" ({', '.join(names)})" if names else "")
-            data = chart_data(tl, t0, marks,
-                              total_bytes=int(total * GIB) if total else None, title=title,
-                              replay=self.replay.label if self.replay is not None else None,
-                              include_rss=not self.has_gpu,
-                              x_title=LIVE_X_TITLE if self.replay is None else REPLAY_X_TITLE)
-            stood_s = self._stood_s()
-            if stood_s is not None:
-                data = dataclasses.replace(data, marks=[*data.marks, (stood_s, REPLAY_MARK)])
-        return svg_static_bundle(data)
-
-    def _replay_stood(self) -> Sample | None:
-        """The reading the replay stood at: the last one played, the recording's end once
-        it has ended (or its first before any has played)."""
-        recording = getattr(self.replay.source if self.replay else None, "recording", None)
-        if self._replay_ended() or not recording:
-            return self._recording_end()
-        return self.feed.latest() or recording[0]
-
-    def _stood_s(self) -> float | None:
-        """Seconds into the recording where the replay stood; None once it has ended."""
-        if self.replay is None or self._replay_ended():
-            return None
-        return self.series.played_s or 0.0
-
-    def _stood_text(self) -> str:
-        recording = getattr(self.replay.source if self.replay else None, "recording", None)
-        if not recording:
-            return ""
-        span_s = recording[-1].t_s - recording[0].t_s
-        at = self._stood_s()
-        if at is None:
-            return f"REPLAY: the table is the recording's end, {span_s:.1f} s into it."
-        return (f"REPLAY: the table is where the replay stood, {at:.1f} s into the "
-                f"{span_s:.1f} s recording (the picture's mark \"replay here\").")
-
-    def _recording_end(self) -> Sample | None:
-        recording = getattr(self.replay.source if self.replay else None, "recording", None)
-        return recording[-1] if recording else None
-
-    def _recording_timeline(self) -> tuple[Timeline | None, float]:
-        recording = getattr(self.replay.source if self.replay else None, "recording", None)
-        if not recording:
-            return self._timeline(), self._t0_s
-        return self.series.recording_timeline(recording, self.device), recording[0].t_s
-
     def refresh_static(self) -> bool:
         """Update the displayed outputs' static picture to the chart as it is now, the chart
         staying live. Needs the handle ``%gpumem watch`` displayed the chart with."""
@@ -683,4 +451,3 @@ def show(monitor: ChartHost) -> MemoryWidget:
         monitor.widget = MemoryWidget(monitor)
     widget: MemoryWidget = monitor.widget
     return widget
-

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..model import Sample
-from ..svgchart import LEGEND_ORDER, STYLES, SeriesStyle
+from ..svgchart.data import LEGEND_ORDER, STYLES, SeriesStyle
 from ..timeline import ALL_DEVICES, GIB, SERIES, Timeline, values_by_device, values_of
 
 __all__ = [

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import __version__
+from .._version import __version__
 from ..units import cut
 from . import ROW_ERROR, ROW_NO_NVML, ROW_OK, WorkerGpu
 

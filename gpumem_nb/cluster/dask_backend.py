@@ -31,7 +31,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import __version__, userexc
+from .. import userexc
+from .._version import __version__
 from ..units import cut
 from . import (
     READING_CLOSED,

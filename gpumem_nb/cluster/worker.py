@@ -16,7 +16,7 @@ import socket
 import threading
 from typing import Any
 
-from .. import __version__
+from .._version import __version__
 from ..model import STATUS_OK
 
 _LOCK = threading.Lock()

@@ -7,7 +7,7 @@ queries.
 
 from __future__ import annotations
 
-from .cells import error_text
+from .cellresult import error_text
 from .configure import UNCHANGED
 from .monitor import Monitor, current_monitor
 

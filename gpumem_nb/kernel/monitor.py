@@ -44,19 +44,20 @@ from ..records import History
 from ..sampler import Sampler
 from ..settings import Config, DeviceChoice
 from ..sources import Source, gate
-from ..sources.torch import TorchSource
+from ..sources.torch.source import TorchSource
 from ..units import format_bytes, shown_name
 from .callbacks import CellCallbacks
-from .cells import CellRecorder, Measured, TraceAsk
+from .cells import CellRecorder
 from .configure import UNCHANGED, LiveSettings, SettingsListener, _Keep
 from .contain import FailureLog
 from .feeds import ChartFeeds, Replay
+from .measure import Measured, TraceAsk
 from .readings import ON_DEMAND_READ_TIMEOUT_S, Readings
 from .traces import TraceState
 
 if TYPE_CHECKING:
     from ..session import SessionRecorder
-    from ..trace import TraceResult
+    from ..trace.recorder import TraceResult
 
 __all__ = [
     "REPLAY_ENV",

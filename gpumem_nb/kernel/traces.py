@@ -17,7 +17,7 @@ from ..celltext import CellTexts
 if TYPE_CHECKING:  # both load when first used: a kernel that never traces imports neither
     from ..oom.facts import OomFacts
     from ..session import SessionRecorder
-    from ..trace import TraceResult
+    from ..trace.recorder import TraceResult
 
 __all__ = ["TraceState"]
 

@@ -25,7 +25,8 @@ from .devices import DeviceId, match_by_identity, torch_only_device
 from .host import HostSource
 from .nvml import NvmlSource
 from .processes import ProcessTree, split_children
-from .torch import ZERO_READING, TorchSource
+from .torch.source import TorchSource
+from .torch.stats import ZERO_READING
 
 STARTING = "NVML has not answered its start yet"
 

@@ -1,12 +1,12 @@
 """Allocator what-if: replay a recorded allocation history under other ``PYTORCH_ALLOC_CONF``
 settings and predict reserved memory, stranded bytes, ``cudaMalloc`` calls and OOMs.
 
-Pure: no torch, no GPU. ``rules.py`` and ``allocator.py`` model the native caching
-allocator; ``config.py`` reads settings as PyTorch does; ``snapshot.py`` reads snapshots;
-``replay.py`` drives the model; ``report.py`` shows the result; ``api.py`` ties them
-together. ``docs/whatif.md`` says what the model leaves out and how well it matched the real
-allocator. ``cudaMallocAsync`` lives inside the driver: it cannot be modelled, and is never
-guessed.
+Pure: no torch, no GPU. ``rules.py`` and ``allocator.py`` (with its parts: ``allocstate``,
+``blocks``, ``expandable``, ``release``, ``seeding``) model the native caching allocator;
+``config.py`` reads settings as PyTorch does; ``snapshot.py`` reads snapshots; ``replay.py``
+drives the model; ``report.py`` shows the result; ``api.py`` ties them together.
+``docs/whatif.md`` says what the model leaves out and how well it matched the real allocator.
+``cudaMallocAsync`` lives inside the driver: it cannot be modelled, and is never guessed.
 
 This module stays small because ``import gpumem_nb`` imports it (see there): the rest loads
 on first use.

@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..units import format_bytes
-from .allocator import Limits
+from .allocstate import Limits
 from .config import AllocatorSettings, SettingError, parse_settings, settings_of_snapshot
 from .fields import quoted
 from .fit import Fit, FitRow, min_room

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..units import format_bytes
-from .allocator import Limits
+from .allocstate import Limits
 from .config import AllocatorSettings
 from .replay import CompiledTrace, replay
 

@@ -19,7 +19,9 @@ from bisect import bisect_left, insort
 from collections.abc import Sequence
 from itertools import islice
 
-from .allocator import _KEY_SHIFT, _LOAD, _VA_ALIGN, Block, DeviceCachingAllocator
+from .allocator import DeviceCachingAllocator
+from .allocstate import _VA_ALIGN
+from .blocks import _KEY_SHIFT, _LOAD, Block
 from .rules import get_allocation_size, kMinBlockSize, kSmallSize, round_size
 
 # The compiled history's event codes (``replay.compile_trace`` writes them; replay imports

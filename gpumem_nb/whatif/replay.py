@@ -23,7 +23,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from .allocator import Block, DeviceCachingAllocator, Limits
+from .allocator import DeviceCachingAllocator
+from .allocstate import Limits
+from .blocks import Block
 from .config import AllocatorSettings
 from .fields import SIZE_T_END, finite, plain, uint
 from .plainloop import (
@@ -143,7 +145,7 @@ def compile_trace(entries: Sequence[Any], *, start_reserved_bytes: int | None = 
         else:
             t = finite(t)
             if t is not None and not 0 <= t < end_t:
-                t = None  # no clock's: the event is replayed, its time unknown (as trace.py's)
+                t = None  # no clock's: the event is replayed, its time unknown (as the trace's)
         code = model_code(action)
         if code is not None:
             addr = e.get("addr")

@@ -11,12 +11,15 @@ from __future__ import annotations
 import html
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from .. import plotlyjson, svgchart
 from ..report import Shown, html_table, text_table
 from ..units import cut, format_bytes, printable
 from .snapshot import ORIGIN_CELL, ORIGIN_HISTORY, ORIGIN_SESSION
+
+if TYPE_CHECKING:  # fit loads only when asked for
+    from .fit import Fit
 
 _MiB = float(1 << 20)
 # The x axis's origin, by what recorded the history (snapshot.ORIGIN_*): a session recording
@@ -70,7 +73,7 @@ class WhatIf(Shown, Sequence[WhatIfRow]):
     # Whether the history says what its own allocator reserved (segment entries, or a
     # recorded start): a wrapped ring buffer or a hand-made history does not.
     recorded_known: bool = True
-    fit: Any = None  # fit.Fit when asked for
+    fit: Fit | None = None  # when asked for
 
     @overload
     def __getitem__(self, i: int) -> WhatIfRow: ...

@@ -14,7 +14,7 @@ from IPython.display import display
 from ... import safeio, trace
 from ...errtext import one_read_per_error
 from ...kernel import Monitor
-from ...kernel.cells import TraceAsk
+from ...kernel.measure import TraceAsk
 from ...settings import SettingsError
 from ...units import quoted
 from ...views import CellReport

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
 
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
@@ -14,10 +14,14 @@ from ...units import quoted
 from ..grammar import Parser, Subcommand, short_message
 from .cluster import collector
 
+if TYPE_CHECKING:  # both load when first shown
+    from ...chart.compactview import CompactView
+    from ...chart.live import MemoryWidget
+
 __all__ = ["START", "STOP", "WATCH", "show_chart", "show_compact"]
 
 
-def show_chart(monitor: Monitor) -> Any:
+def show_chart(monitor: Monitor) -> MemoryWidget:
     """Display the kernel's chart: its live view and its picture (``MemoryWidget.display``).
     Every display of one chart shares their two display_ids, so when the chart ends each of
     them is replaced by its picture."""
@@ -28,14 +32,14 @@ def show_chart(monitor: Monitor) -> Any:
     return widget
 
 
-def show_compact(monitor: Monitor) -> Any:
+def show_compact(monitor: Monitor) -> CompactView:
     """Display the compact reading (``watch --compact``): one per kernel, shown again where
     it is asked for again."""
     from ...chart.compactview import CompactView
 
     if monitor.compact is None:
         monitor.compact = CompactView(monitor)
-    reading = monitor.compact
+    reading: CompactView = monitor.compact
     reading.display(display, monitor.shell)
     return reading
 
