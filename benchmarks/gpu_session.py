@@ -345,7 +345,8 @@ print("@@" + json.dumps({{"first_snapshot_ms": first * 1e3, "second_snapshot_ms"
     "entries": len(s["device_traces"][0]), "profile_top": buf.getvalue()[-4000:]}}))
 """
 PLAIN_CTX = "import contextlib\nctx = contextlib.nullcontext"
-OUR_CTX = ("sys.path.insert(0, {root!r})\nfrom gpumem_nb.sources.torch import inductor_lookup_skipped\n"
+OUR_CTX = ("sys.path.insert(0, {root!r})\n"
+           "from gpumem_nb.sources.torch import inductor_lookup_skipped\n"
            "ctx = lambda: inductor_lookup_skipped(sys.modules)")
 IMPORT_INDUCTOR = """\
 import json, time, torch
