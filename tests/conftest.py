@@ -273,9 +273,9 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Any:
 
 # -- opt-in: the heap each test file leaves behind --------------------------------------------
 # ``GPUMEM_TEST_HEAP=heap.txt pytest ...`` appends to heap.txt, after each test file, the
-# objects the collector tracks, the process's RSS, and the types that grew the most. The product's heap scans
-# (cleanup, the OOM explainer, the retention search, ``%reset -f``) walk every object, so a
-# file that leaves the heap bigger makes every later test slower.
+# objects the collector tracks, the process's RSS, and the types that grew the most. The
+# product's heap scans (cleanup, the OOM explainer, the retention search, ``%reset -f``) walk
+# every object, so a file that leaves the heap bigger makes every later test slower.
 _HEAP_REPORT = {"objects": 0, "types": None, "started_s": 0.0}
 
 
