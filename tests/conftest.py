@@ -269,3 +269,51 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Any:
     report = yield
     setattr(item, f"rep_{report.when}", report)
     return report
+
+
+# -- opt-in: the heap each test file leaves behind --------------------------------------------
+# ``GPUMEM_TEST_HEAP=heap.txt pytest ...`` appends to heap.txt, after each test file, the
+# objects the collector tracks, the process's RSS, and the types that grew the most. The
+# product's heap scans (cleanup, the OOM explainer, the retention search, ``%reset -f``) walk
+# every object, so a file that leaves the heap bigger makes every later test slower.
+_HEAP_REPORT = {"objects": 0, "types": None, "started_s": 0.0}
+
+
+def _heap_types() -> Any:
+    import collections
+    import gc
+
+    return collections.Counter(type(o).__name__ for o in gc.get_objects())
+
+
+def pytest_runtest_teardown(item: Any, nextitem: Any) -> None:
+    import os
+
+    if not os.environ.get("GPUMEM_TEST_HEAP"):
+        return
+    if nextitem is not None and nextitem.path == item.path:
+        return
+    import gc
+    import time
+
+    gc.collect()
+    types = _heap_types()
+    objects = sum(types.values())
+    rss_mib = 0.0
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            rss_mib = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        pass
+    now = time.perf_counter()
+    grown = ""
+    if _HEAP_REPORT["types"] is not None:
+        diff = types - _HEAP_REPORT["types"]
+        grown = " ".join(f"{name}+{n}" for name, n in diff.most_common(6))
+    took_s = now - _HEAP_REPORT["started_s"] if _HEAP_REPORT["started_s"] else 0.0
+    line = (f"HEAP {item.path.name} objects={objects} "
+            f"grew={objects - _HEAP_REPORT['objects']:+d} rss_mib={rss_mib:.0f} "
+            f"file_s={took_s:.1f} {grown}\n")
+    with open(os.environ["GPUMEM_TEST_HEAP"], "a", encoding="utf-8") as report:
+        report.write(line)
+    _HEAP_REPORT.update(objects=objects, types=types, started_s=time.perf_counter())

@@ -113,3 +113,27 @@ def replay_gpus_named(shell: Any, path: Any, names: list[str], *, samples: int =
     mon.replay.sampler.stop()
     mon.replay.sampler.tick()
     return mon
+
+
+def in_fresh_interpreter(script: str, payload: Any = None, timeout_s: float = 120.0) -> Any:
+    """Run ``script`` in a fresh Python that reads ``payload`` as JSON from ``sys.stdin`` and
+    prints its answer as JSON on its last line. For a check that needs nbformat or nbconvert:
+    imported here, their 170,000 objects (jsonschema's format grammars) would stay in the
+    suite's process, and every later cleanup, OOM explanation and retention search walks them."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", script], input=json.dumps(payload),
+                          capture_output=True, text=True, timeout=timeout_s, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def needs_installed(*names: str) -> None:
+    """``pytest.importorskip`` without the import: skip unless every module is installed."""
+    import importlib.util
+
+    missing = [name for name in names if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)}")

@@ -5,9 +5,21 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from IPython.core.completer import provisionalcompleter
 
 from gpumem_nb.ipython import completion
+
+
+@pytest.fixture(autouse=True)
+def no_parsed_stubs_left() -> Any:
+    """IPython's completer asks jedi, and parso keeps every module jedi parsed (builtins'
+    stubs: 200,000 objects) for the life of the process, where every later test's cleanup,
+    OOM explanation and retention search walked them. Dropped after each test."""
+    yield
+    import parso.cache
+
+    parso.cache.parser_cache.clear()
 
 
 def matches(ip: Any, line: str) -> list[str]:
