@@ -62,6 +62,7 @@ class ObserverAttachment:
         self._armed = True  # once: a queue that failed is not tried again every cell
         queue = getattr(self.torch, "queue_oom_observer", None)
         if queue is None:  # a stand-in for TorchDebug: attached once CUDA is up, as before
+            self.observer_status = "not attached: CUDA is not initialized yet"
             return
         observer, why = queue(_Trampoline)
         if observer is not None:

@@ -124,7 +124,9 @@ class OomWatch(ObserverAttachment):
         self.last: OomExplanation | None = None
         self.counts: dict[int, int] = {}
         self.events: deque[OomEvent] = deque(maxlen=32)
-        self.observer_status = "not attached: CUDA is not initialized yet"
+        # Until torch is imported there is nothing to attach to; ``arm`` says what comes next.
+        self.observer_status = ("not attached: torch is not imported; it is queued once torch "
+                                "is, and attaches as CUDA starts")
         self._observer: Any = None
         self._attach_tried = False
         self._armed = False  # queueing on CUDA's start-up was tried (or is moot)
@@ -567,13 +569,8 @@ class OomWatch(ObserverAttachment):
         self.ensure_attached()  # the status as of now: CUDA may have started in this cell
         seen = sum(self.counts.values())
         caught = f" ({seen} caught by your own code, none reached a cell)" if seen else ""
-        status = self.observer_status
-        if not self._armed and "torch" not in self._modules:
-            # "CUDA is not initialized yet" reads as a fault where torch is not even imported
-            status = ("not attached: torch is not imported; it is queued once torch is, "
-                      "and attaches as CUDA starts")
         return (f"gpumem: no CUDA out-of-memory error has reached a cell yet{caught}. "
-                f"OOM observer: {status}.")
+                f"OOM observer: {self.observer_status}.")
 
 
 GC_NOTE_BYTES = 256 << 20  # a collection's freed bytes worth a line after the explanation
