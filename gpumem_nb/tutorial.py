@@ -1,6 +1,6 @@
 """What the tutorials need before their first cell runs: an NVIDIA GPU and PyTorch.
 
-Tutorials 01 to 12 ship outputs from a GPU run. Run All on a laptop used to fail on the first
+Tutorials 01 onwards ship outputs from a GPU run. Run All on a laptop used to fail on the first
 code cell with a two-part traceback (``NVMLError_LibraryNotFound``, ``No module named
 'torch'``) after JupyterLab had replaced the shipped outputs of every cell it reached.
 ``require_gpu()``, the first line of each tutorial's first code cell, stops there with one

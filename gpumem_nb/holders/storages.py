@@ -14,12 +14,12 @@ torch is never imported: ``torch._C.StorageBase`` comes from the modules given.
 
 from __future__ import annotations
 
-import contextlib
 import types
 from collections.abc import Mapping
 from typing import Any
 
 from .reading import MISSING, static_attribute
+from .tensors import device_name
 
 __all__ = ["StorageReader"]
 
@@ -60,12 +60,5 @@ class StorageReader:
     def info(self, s: Any) -> tuple[str, int, tuple[str, int]]:
         """(device, bytes, storage key), as ``TensorReader.info`` says a tensor's: a tensor and
         its storage object share the key. Raises for what is no storage of this torch."""
-        dev = self._device.__get__(s, type(s))
-        try:
-            device = self._device_names[dev]
-        except (KeyError, TypeError):
-            index = dev.index
-            device = f"{dev.type}:{index}" if index is not None else str(dev.type)
-            with contextlib.suppress(TypeError):
-                self._device_names[dev] = device
+        device = device_name(self._device.__get__(s, type(s)), self._device_names)
         return device, int(self._nbytes(s)), (device, int(self._data_ptr(s)))

@@ -105,6 +105,20 @@ def _is_data_descriptor(desc: Any) -> bool:
         static_attribute(kind, "__delete__") is not MISSING
 
 
+
+def device_name(dev: Any, names: dict[Any, str]) -> str:
+    """``"cuda:0"`` for a torch device, named once per device in ``names``: graph walks ask
+    for every saved tensor's."""
+    try:
+        return names[dev]
+    except (KeyError, TypeError):  # TypeError: a device object that cannot be hashed
+        index = dev.index
+        name = f"{dev.type}:{index}" if index is not None else str(dev.type)
+        with contextlib.suppress(TypeError):
+            names[dev] = name
+        return name
+
+
 class TensorReader:
     """Reads tensors of one torch (its ``Tensor`` class, ``base``) through ``base``'s own
     descriptors, found once at construction. Each method may raise (an object that is no
@@ -207,14 +221,7 @@ class TensorReader:
             return self._info(t)
 
     def _info(self, t: Any) -> tuple[str, int, tuple[str, int]]:
-        dev = self._device(t)
-        try:  # named once per device: graph walks ask for every saved tensor
-            device = self._device_names[dev]
-        except (KeyError, TypeError):  # TypeError: a device object that cannot be hashed
-            index = dev.index
-            device = f"{dev.type}:{index}" if index is not None else str(dev.type)
-            with contextlib.suppress(TypeError):
-                self._device_names[dev] = device
+        device = device_name(self._device(t), self._device_names)
         storage_of = self._storage
         try:
             if storage_of is None:
