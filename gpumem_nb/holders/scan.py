@@ -58,6 +58,27 @@ HEAP_CHUNK = 1 << 16
 HEAP_CUT_NAME = "the rest of the heap"
 
 
+def _shell_objects(user_ns: Mapping[Any, Any], output_cache: Mapping[int, Any] | None,
+                   roots: RootContext | None) -> set[int]:
+    """The ids of the namespace, the output cache and the shell's own objects that the
+    namespace names (``get_ipython``'s shell, ``In``, ``Out``, ``exit``): roots of their own,
+    which no variable's walk goes through. The shell is found by the bound method's C
+    ``__self__`` (no code of it runs); keys compared only as exact strs."""
+    ids = {id(user_ns)}
+    if output_cache is not None:
+        ids.add(id(output_cache))
+    if roots is not None and roots.shell is not None:
+        ids.add(id(roots.shell))
+    if type(user_ns) is dict:
+        for key, obj in list(dict.items(user_ns)):
+            if type(key) is not str or key not in SHELL_NAMES or key.startswith("__"):
+                continue
+            ids.add(id(obj))
+            if type(obj) is types.MethodType:
+                ids.add(id(obj.__self__))
+    return ids
+
+
 class _Either:
     """In either of two key collections (the walk's and the heap pass's), without a copy."""
 
@@ -271,6 +292,7 @@ class Scanner(ObjectWalk):
             self.skipped += 1
         finally:
             self._forget()
+            self._boundary = set()  # ids of this scan's roots: another object's later
             # The tally stays with the scanner until its next scan: no graph it noted may
             # (a failure before the graphs were sized left their roots).
             for f in tally.found.values():
@@ -314,6 +336,7 @@ class Scanner(ObjectWalk):
         self.heap_cut = ""
         self._say_cut = include_gc  # `who --gc` lists it; the explainer's search does not
         self._reset_walk()
+        self._boundary = _shell_objects(user_ns, output_cache, roots)
         self.graph_s, self.graph_nodes = 0.0, 0
         out = exact_int_keys(output_cache)
         cached = output_cache_names(user_ns, out, hidden)
