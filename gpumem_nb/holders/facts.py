@@ -12,6 +12,7 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
+from .capsules import CAPSULE_TYPE, exported_tensor
 from .peek import C_DESCRIPTORS, is_a
 from .reading import MISSING, static_attribute, type_name
 from .storages import StorageReader
@@ -65,6 +66,8 @@ class TensorFacts:
             return self.reader.info(t)
         if self.storages is not None and is_a(t, self.storage_type):
             return self.storages.info(t)
+        if type(t) is CAPSULE_TYPE:
+            return capsule_info(t)
         plan = self.array_plan(type(t))
         if plan is None:
             return None
@@ -131,6 +134,8 @@ class TensorFacts:
                 return self.reader.elements_bytes(t)
             if self.storages is not None and is_a(t, self.storage_type):
                 return self.storages.info(t)[1]
+            if type(t) is CAPSULE_TYPE:
+                return (capsule_info(t) or ("", None))[1]
             plan = self.array_plan(type(t))
             return int(plan[0].__get__(t, type(t))) if plan is not None else None
         except Exception:
@@ -148,6 +153,10 @@ class TensorFacts:
             except Exception:
                 nbytes = "?"
             return f"{type_name(type(t))}[{nbytes} bytes], no tensor"
+        if type(t) is CAPSULE_TYPE:
+            found = exported_tensor(t)
+            return (f"DLPack capsule of {found.nbytes} bytes, not consumed, no tensor"
+                    if found is not None else "PyCapsule")
         shape = self.shape_of(t)
         dims = list(shape) if shape is not None else ["?"]
         try:  # an array's dtype by the class's C descriptor (``array_plan`` checked it)
@@ -161,8 +170,11 @@ class TensorFacts:
         return f"{text}{dims}"
 
     def is_torch(self, t: Any) -> bool:
-        """A torch tensor or a bare torch storage (not another library's array)."""
-        return is_a(t, self.tensor_type) or is_a(t, self.storage_type)
+        """A torch tensor, a bare torch storage or a DLPack capsule of a GPU tensor (not
+        another library's array): memory in PyTorch's allocator. A capsule's exporter is not
+        known from the struct; on a GPU that PyTorch allocates for, it is taken as PyTorch's."""
+        return is_a(t, self.tensor_type) or is_a(t, self.storage_type) or \
+            type(t) is CAPSULE_TYPE
 
     def kind_of(self, obj: Any) -> str:
         """What a holder is, for its listing: a module, an optimizer's state, a container."""
@@ -173,3 +185,14 @@ class TensorFacts:
         if is_a(obj, (dict, list, tuple, set, frozenset)):
             return "container"
         return "variable"
+
+
+def capsule_info(cap: Any) -> TensorInfo | None:
+    """An unconsumed DLPack capsule's (device, bytes, key): keyed by where its tensor's bytes
+    start, as a tensor is by its storage's data pointer, so that a capsule of a whole tensor
+    and that tensor, both alive, are one storage. A consumed capsule holds nothing: None."""
+    found = exported_tensor(cap)
+    if found is None:
+        return None
+    device = found.device
+    return device, found.nbytes, (device, found.address)

@@ -224,6 +224,15 @@ class Search(RootIndex, UntrackedPass):
             for x in heap:
                 if not ids.isdisjoint(map(id, referents(x))):
                     found.append(x)
+        # The namespace and Out as roots even when the collector does not track them (a dict
+        # of atoms and capsules only is untracked, and so unseen by a referrer search).
+        want = {id(o) for o in frontier}
+        for d in (self.ctx.user_ns, self.ctx.out):
+            if type(d) is dict and not gc.is_tracked(d) and \
+                    not want.isdisjoint(map(id, dict.values(d))):
+                found.append(d)
+        want.clear()
+        d = None
         self._scaffold.add(id(found))
         return found
 
@@ -324,8 +333,11 @@ class Search(RootIndex, UntrackedPass):
             unresolved = {id(o) for o in frontier} | self._orphans_cut
             frontier.clear()
             # Before any reference count is read: the cut's values held here are references
-            # nothing would explain.
+            # nothing would explain, and so are the untracked containers the pass kept (an
+            # untracked tuple of a name and a DLPack capsule looked held by something unseen).
             self._cut_values.clear()
+            if self._untracked_cache is not None:
+                self._untracked_cache.clear()
             self._resolve(retained, members, alive, parents, roots_of, unresolved, cut)
         finally:
             frontier.clear()

@@ -25,7 +25,7 @@ import sys
 import time
 import types
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -56,6 +56,37 @@ GRAPH_BUDGET_S = 0.03
 # this many at a time, checking its time between chunks.
 HEAP_CHUNK = 1 << 16
 HEAP_CUT_NAME = "the rest of the heap"
+
+
+def _shell_objects(user_ns: Mapping[Any, Any], output_cache: Mapping[int, Any] | None,
+                   roots: RootContext | None) -> set[int]:
+    """The ids of the namespace, the output cache and the shell's own objects that the
+    namespace names (``get_ipython``'s shell, ``In``, ``Out``, ``exit``): roots of their own,
+    which no variable's walk goes through. The shell is found by the bound method's C
+    ``__self__`` (no code of it runs); keys compared only as exact strs."""
+    ids = {id(user_ns)}
+    if output_cache is not None:
+        ids.add(id(output_cache))
+    if roots is not None and roots.shell is not None:
+        ids.add(id(roots.shell))
+    if type(user_ns) is dict:
+        for key, obj in list(dict.items(user_ns)):
+            if type(key) is not str or key not in SHELL_NAMES or key.startswith("__"):
+                continue
+            ids.add(id(obj))
+            if type(obj) is types.MethodType:
+                ids.add(id(obj.__self__))
+    return ids
+
+
+class _Either:
+    """In either of two key collections (the walk's and the heap pass's), without a copy."""
+
+    def __init__(self, a: Container[Any], b: Container[Any]) -> None:
+        self.a, self.b = a, b
+
+    def __contains__(self, k: object) -> bool:
+        return k in self.a or k in self.b
 
 
 class Scanner(ObjectWalk):
@@ -139,22 +170,45 @@ class Scanner(ObjectWalk):
                                                 HEAP_CHUNK)
         return tensors
 
-    def _search_rest(self, ctx: RootContext, min_bytes: int, budget_s: float | None) -> None:
+    def _exported(self, tensors: list[Any], sizes: dict[tuple[str, int], int],
+                  budget_s: float) -> None:
+        """The unconsumed DLPack capsules of GPU memory that no tensor found explains, added
+        to ``tensors`` (``heap.exported``), within half of ``budget_s``."""
+        caps, cut = heap.exported(self.facts, _Either(self.tally.seen, sizes),
+                                  max(budget_s / 2, 0.05), HEAP_CHUNK)
+        for c in caps:
+            info = self._tensor_info(c)
+            if info is not None and info[2] not in sizes:
+                sizes[info[2]] = info[1]
+                tensors.append(c)
+        caps.clear()
+        if cut and not self.heap_cut:
+            self.heap_cut = cut
+
+    def _search_rest(self, ctx: RootContext, min_bytes: int, budget_s: float | None,
+                     allocated_bytes: int | None = None) -> None:
         """The retention search for what the walk did not reach, each group of storages
         attributed under its path from a root (or as garbage, unseen, not searched)."""
         t0 = time.perf_counter()
         budget = retention.BUDGET_S if budget_s is None else budget_s
         tensors = self._unreached(budget)
-        # One bound for both passes: the search gets what the heap pass left of it, and at
-        # least half of it, so that a heap pass cut at its bound still leaves a search.
-        budget_s = max(budget - (time.perf_counter() - t0), budget / 2)
         try:
             sizes: dict[tuple[str, int], int] = {}
             for t in tensors:
                 info = self._tensor_info(t)
                 if info is not None:
                     sizes[info[2]] = info[1]
+            left = None if allocated_bytes is None else \
+                allocated_bytes - self.tally.gpu_bytes() - sum(sizes.values())
+            if left is None or left > min_bytes:
+                # Bytes no tensor explains: DLPack capsules, which the collector does not
+                # track, are looked for among what it tracks refers to (a pass over the
+                # heap's referents, so only then).
+                self._exported(tensors, sizes, budget - (time.perf_counter() - t0))
             self.unreached_bytes = sum(sizes.values())
+            # One bound for every pass: the search gets what the heap passes left of it, and
+            # at least half of it, so that a heap pass cut at its bound still leaves a search.
+            budget_s = max(budget - (time.perf_counter() - t0), budget / 2)
             if not tensors or self.unreached_bytes < min_bytes:
                 return
             if not ctx.thread_locals:
@@ -238,6 +292,7 @@ class Scanner(ObjectWalk):
             self.skipped += 1
         finally:
             self._forget()
+            self._boundary = set()  # ids of this scan's roots: another object's later
             # The tally stays with the scanner until its next scan: no graph it noted may
             # (a failure before the graphs were sized left their roots).
             for f in tally.found.values():
@@ -281,6 +336,7 @@ class Scanner(ObjectWalk):
         self.heap_cut = ""
         self._say_cut = include_gc  # `who --gc` lists it; the explainer's search does not
         self._reset_walk()
+        self._boundary = _shell_objects(user_ns, output_cache, roots)
         self.graph_s, self.graph_nodes = 0.0, 0
         out = exact_int_keys(output_cache)
         cached = output_cache_names(user_ns, out, hidden)
@@ -314,6 +370,6 @@ class Scanner(ObjectWalk):
                 user_ns=user_ns, out=output_cache,
                 stored_exceptions=[e for e in last_exception if userexc.is_exception(e)])
             self._search_rest(ctx, 0 if include_gc else rest_min_bytes or 0,
-                              search_budget_s)
+                              search_budget_s, allocated_bytes)
             self._size_graphs()  # the graphs of what the search found
         self._check_shared()

@@ -103,6 +103,10 @@ class ObjectWalk:
         # The tensor the walk last handed on, with its (device, bytes, key).
         self._last_info: tuple[Any, Any] = (MISSING, None)
         self._entered: set[int] = set()
+        # The roots themselves (the namespace, the output cache, the shell that keeps them):
+        # never walked into from a variable, or one variable took another's tensors through
+        # them (``pool._pool[0]._stderr.write`` closure 'self', the shell, its ``user_ns``).
+        self._boundary: set[int] = set()
         # Who entered each object, so that another holder reaching the same object is known
         # as a second reference to it: `del ds` alone frees nothing while `dl.dataset` is `ds`.
         self._entered_by: dict[int, str] = {}
@@ -145,6 +149,8 @@ class ObjectWalk:
         a function's closure cells) ``objdepth`` objects down, each starting the container
         levels afresh."""
         if id(type(obj)) in PLAIN_IDS:  # the common case, and never a tensor or module
+            if id(obj) in self._boundary:
+                return
             if depth > 0:
                 yield from self._items_in(obj, depth, path, objdepth)
             else:
@@ -292,7 +298,8 @@ class ObjectWalk:
 
     def _attributes_of(self, obj: Any, path: tuple[str, ...],
                        objdepth: int) -> Iterator[tuple[Any, tuple[str, ...]]]:
-        if (LRU_LINK is not None and type(obj) is LRU_LINK) or not self._enter(obj):
+        if (LRU_LINK is not None and type(obj) is LRU_LINK) or id(obj) in self._boundary or \
+                not self._enter(obj):
             return
         if id(type(obj)) in _SUSPENDABLE_IDS:
             yield from self._suspended_locals(obj, path, objdepth)
