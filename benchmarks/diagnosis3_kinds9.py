@@ -82,7 +82,9 @@ KINDS9: list[Kind] = [
                "_ip.user_ns_hidden.pop('merge_table', None)\n"
                "del _ip"),
           Step("user_ns_hidden", "none",
-               "get_ipython().user_ns_hidden.pop('vocab_table', None)")),
+               "_ip = get_ipython()\n"
+               "_ip.user_ns_hidden.pop('vocab_table', None)\n"
+               "del _ip")),
          written=WRITTEN9),
     # Objects that must be released get a `__del__` that only issues a ResourceWarning, as
     # asyncio and subprocess do (`source=self`). Composite: here the warnings are recorded by
@@ -171,7 +173,8 @@ KINDS9: list[Kind] = [
           "for step in range(5):\n"
           "    current_batch.set(torch.empty(frac(0.09), dtype=torch.uint8, device='cuda'))\n"
           "    replay.append(contextvars.copy_context())\n"
-          "current_batch.set(None)",),
+          "current_batch.set(None)\n"
+          "n_snapshots = len(replay)",),
          FAIL9,
          (del_step("replay"),),
          written=WRITTEN9),
