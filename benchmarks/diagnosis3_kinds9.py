@@ -185,7 +185,7 @@ KINDS9: list[Kind] = [
     Kind("parametrize_cache_held_by_suspended_generator",
          "https://github.com/lezcano/geotorch/issues/34",
          "held by your session",
-         # Three symmetric (parametrized) layers, evaluated by a generator inside
+         # Three symmetric (parametrized) layers, frozen, evaluated by a generator inside
          # `parametrize.cached()`; the notebook took the first score and stopped. Until the
          # generator ends, `torch.nn.utils.parametrize._cache` keeps each computed weight, as
          # large as the layer's own; the layers are `layers`. The parametrization's
@@ -200,6 +200,7 @@ KINDS9: list[Kind] = [
           "                              for _ in range(3)])\n"
           "for layer in layers:\n"
           "    parametrize.register_parametrization(layer, 'weight', Symmetric())\n"
+          "layers.requires_grad_(False)\n"
           "def evaluate(batches):\n"
           "    with parametrize.cached():\n"
           "        for x in batches:\n"
