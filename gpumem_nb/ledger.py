@@ -59,6 +59,13 @@ class Ledger:
     invisible_bytes: int = 0
     # The largest of those, by the object something unseen holds and the path down from it.
     invisible_name: str = ""
+    # Allocated blocks no tensor lies over whose addresses a module or a variable keeps as
+    # ints (raw allocations: ``rawpart.py``): named, out of "not found".
+    raw_bytes: int = 0
+    raw_text: str = ""
+    # Of "not found": blocks no tensor the search found lies over, no pointer to them found.
+    uncovered_bytes: int = 0
+    uncovered_text: str = ""
 
     @property
     def pools_bytes(self) -> int:
@@ -67,7 +74,8 @@ class Ledger:
     @property
     def attributed_bytes(self) -> int:
         return min(self.holders_bytes + self.graphs_bytes + self.computation_bytes
-                   + self.pools_bytes + self.workspaces_bytes + self.invisible_bytes,
+                   + self.pools_bytes + self.workspaces_bytes + self.invisible_bytes
+                   + self.raw_bytes,
                    self.allocated_bytes)
 
     @property
@@ -101,6 +109,8 @@ class Ledger:
             parts.append(f"{format_bytes(self.workspaces_bytes)} cuBLAS workspaces "
                          "(torch._C._cuda_clearCublasWorkspaces() frees them until the next "
                          "matmul)")
+        if self.raw_bytes:
+            parts.append(f"{format_bytes(self.raw_bytes)} in {self.raw_text}")
         text = (f"Of {format_bytes(self.allocated_bytes)} allocated on {self.device}: "
                 + ", ".join(parts))
         if self.shows_not_found:
@@ -109,6 +119,9 @@ class Ledger:
                      + (", which the cut walk may not have reached" if self.capped else
                         ": `%gpumem who --gc` also searches every object the garbage "
                         "collector tracks"))
+            if self.uncovered_bytes:
+                text += (f"; of it, {format_bytes(self.uncovered_bytes)} in "
+                         f"{self.uncovered_text}")
         if self.arrays_bytes:
             text += (f"; besides, {format_bytes(self.arrays_bytes)} in the holders' arrays on a "
                      "GPU (CuPy-like), outside PyTorch's allocator")

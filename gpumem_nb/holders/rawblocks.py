@@ -73,15 +73,22 @@ def uncovered_blocks(segments: Iterable[Mapping[str, Any]], device: int,
                      covered: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     """The allocated blocks on ``device`` with no byte of any ``covered`` (start, bytes)
     range (the tensors', storages' and capsules' found) inside them, largest first."""
-    ranges = sorted((int(s), int(s) + max(int(n), 1)) for s, n in covered)
-    starts = [r[0] for r in ranges]
+    # Merged into disjoint ranges, sorted: their ends rise with their starts, so the last one
+    # that starts before a block's end is the only one that can reach past the block's start
+    # (one bisection a block: 20,000 blocks and storages cost milliseconds, not a second).
+    starts: list[int] = []
+    ends: list[int] = []
+    for s, e in sorted((int(s), int(s) + max(int(n), 1)) for s, n in covered):
+        if ends and s <= ends[-1]:
+            ends[-1] = max(ends[-1], e)
+        else:
+            starts.append(s)
+            ends.append(e)
     out = []
     for addr, size in allocated_blocks(segments, device):
-        end = addr + size
-        # A range that starts before the block's end and ends after its start overlaps it.
-        i = bisect.bisect_left(starts, end)
-        if any(ranges[j][1] > addr for j in range(max(0, i - 64), i)):
-            continue
+        i = bisect.bisect_left(starts, addr + size)
+        if i and ends[i - 1] > addr:
+            continue  # a range that starts before the block's end ends after its start
         out.append((addr, size))
     out.sort(key=lambda b: (-b[1], b[0]))
     return out

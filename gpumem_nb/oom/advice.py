@@ -15,6 +15,7 @@ from ..model import (
     ChildProcess,
     Holder,
 )
+from ..rawpart import raw_lines
 from ..report import Shown, html_table
 from ..units import format_bytes
 from .causes import (
@@ -31,6 +32,7 @@ from .causes import (
     CAUSE_UNKNOWN,
     CAUSE_WORKING_SET,
     OTHER_POOL_CACHE,
+    RAW_POINTERS,
     UNREACHABLE,
     UNREACHABLE_AT_START,
     Cause,
@@ -243,6 +245,9 @@ def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holde
             out.append(Action("%gpumem who --gc also searches every object the garbage "
                               "collector tracks, and names what holds these tensors.",
                               c.nbytes))
+        elif c.kind == CAUSE_HELD and c.details[:1] == (RAW_POINTERS,):
+            out.extend(Action(line.text, line.nbytes, code=line.code)
+                       for line in raw_lines(f.raw_blocks))
         elif c.kind == CAUSE_HELD and c.details and c.details[0].startswith("measured after"):
             what = ("%gpumem cleanup runs gc.collect(), which frees what the replaced "
                     "traceback still holds; then run the cell again."
@@ -270,7 +275,7 @@ def next_steps(facts: OomFacts, causes: Sequence[Cause], holders: Sequence[Holde
                 x.covers for x in causes[1:]):
             out.append(_workload_action(f))
     if not any(c.kind == CAUSE_HELD and c.details
-               and c.details[0] not in (UNREACHABLE, UNREACHABLE_AT_START)
+               and c.details[0] not in (UNREACHABLE, UNREACHABLE_AT_START, RAW_POINTERS)
                and not c.details[0].startswith("measured after") for c in causes):
         out.extend(_held_actions(holders, f.device))  # small holders, still worth a line
     split = f.unallocated_bytes or 0

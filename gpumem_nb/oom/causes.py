@@ -409,6 +409,21 @@ def _held(f: OomFacts, holders: Sequence[Holder],
             # An uncounted remainder is never the verdict (issue 24, point 4).
             covers=covers(unreachable) and not f.walk_capped,
             details=(UNREACHABLE_AT_START if at_start else UNREACHABLE,)))
+    named = [b for b in f.raw_blocks if b.path]
+    raw = sum(b.size_bytes for b in named)
+    if named and (covers(raw) or raw >= _NOTABLE_BYTES):
+        where = sorted({b.path for b in named})
+        out.append(Cause(
+            CAUSE_HELD, raw,
+            f"{format_bytes(raw)} is in {len(named)} raw allocation"
+            f"{'s' if len(named) != 1 else ''} that the allocator still holds: blocks no "
+            "tensor lies over, whose addresses are kept as ints in "
+            + ", ".join(where[:3]) + (f" and {len(where) - 3} more" if len(where) > 3 else "")
+            + " (torch.cuda.caching_allocator_alloc, or an extension using PyTorch's "
+            "allocator). Only torch.cuda.caching_allocator_delete frees them.",
+            covers=covers(raw),
+            details=(RAW_POINTERS, *(f"{b.address:#x}: {format_bytes(b.size_bytes)}, its "
+                                     f"address kept in {b.path}" for b in named[:10]))))
     garbage = garbage_holders(holders, f.device)
     collected = f.collected_bytes or 0
     waste = sum(h.held_bytes for h in garbage) + collected
@@ -450,6 +465,8 @@ def _held(f: OomFacts, holders: Sequence[Holder],
 
 UNREACHABLE = ("allocated now, minus what your variables, Out, the stored traceback and their "
                "autograd graphs hold")
+RAW_POINTERS = ("from the allocator's segments after the failure: allocated blocks that no "
+                "tensor, storage or capsule lies over, with an int equal to each one's address")
 UNREACHABLE_AT_START = ("measured at the failure: allocated when this cell started, minus what "
                         "your variables, Out, the stored traceback and their autograd graphs "
                         "held")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..holders.rawblocks import RawBlock
 from ..model import (
     ChildProcess,
 )
@@ -123,6 +124,10 @@ class OomFacts:
     # neither the collector nor the holder search (``gc.get_objects``/``get_referrers``) sees
     # them, so what they hold is "not found" and no ``gc.collect()`` frees it.
     frozen_objects: int = 0
+    # Read after the failure where the holders left bytes "not found": the default pool's
+    # allocated blocks no tensor lies over, each with where its pointer is kept if anywhere
+    # (``rawpart.py``).
+    raw_blocks: tuple[RawBlock, ...] = ()
 
     @property
     def pools_free_bytes(self) -> int:

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 
 from ..ledger import Ledger, ledger
 from ..model import Holder
+from ..rawpart import with_raw_blocks
 from .causes import cell_working_set_bytes, pool_owner_text
 from .facts import OomFacts, PoolUse
 
@@ -36,8 +37,9 @@ def explanation_ledger(f: OomFacts, judged: Sequence[Holder]) -> Ledger | None:
         # Allocated at the failure, gone before anything looked: what a collection freed.
         parts = (*parts, ("reference cycles that a collection freed after the failure "
                           "(garbage)", f.collected_bytes))
-    return ledger(device, f.allocated_bytes, on_gpu, computation_bytes=computation,
-                  pools=parts, workspaces_bytes=f.workspaces_bytes)
+    led = ledger(device, f.allocated_bytes, on_gpu, computation_bytes=computation,
+                 pools=parts, workspaces_bytes=f.workspaces_bytes)
+    return with_raw_blocks(led, f.raw_blocks) if f.raw_blocks else led
 
 
 def pool_parts(pools: Iterable[PoolUse], holders: Sequence[Holder]) -> tuple[tuple[str, int], ...]:

@@ -26,6 +26,7 @@ from ..model import (
     Holder,
     Sample,
 )
+from ..rawpart import find_raw_blocks
 from ..sources.torch import (
     TorchDebug,
     alloc_conf,
@@ -218,6 +219,39 @@ class OomWatch(ObserverAttachment):
         return (self._named_pools(pools_in(segs or (), device, graph_trees_loaded())),
                 workspace_blocks_bytes(segs or (), device))
 
+    def _add_raw_blocks(self, pieces: Pieces) -> bool:
+        """Where the ledger leaves more than its threshold "not found": the allocated blocks no
+        holder's storage lies over, read from the segments after the failure (the blocks that
+        lived through it), and where an int equal to one's address is kept. None under
+        cudaMallocAsync, which has no segments. Whether it ran."""
+        f = pieces.facts
+        if f.backend == "cudaMallocAsync" or f.allocated_bytes is None:
+            return False
+        led = explanation_ledger(f, pieces.judged)
+        if led is None or not led.shows_not_found:
+            return False
+        try:
+            segs, _ = self.torch.segments_snapshot()
+        except Exception:
+            return False
+        if not segs:
+            return False
+        ns = getattr(getattr(self.host, "shell", None), "user_ns", None)
+        try:
+            blocks = find_raw_blocks(segs, f.device, (*pieces.holders, *pieces.judged),
+                                     ns if isinstance(ns, Mapping) else None, self._modules)
+        except Exception:
+            return True  # segments of another shape: the explanation stays as it was
+        if not blocks:
+            return True
+        named = min(sum(b.size_bytes for b in blocks if b.path), led.not_found_bytes)
+        unreachable = f.unreachable_bytes
+        if unreachable is not None and named:
+            # What a raw pointer keeps is named: not "reachable from nothing the scan walks".
+            unreachable = max(unreachable - named, 0)
+        pieces.facts = replace(f, raw_blocks=blocks, unreachable_bytes=unreachable)
+        return True
+
     def ledger_pools(self, holders: Sequence[Holder]) -> dict[int, tuple[tuple[str, int], ...]]:
         """Every GPU's private pools as ledger parts, for `who` and `cleanup --dry-run`: one
         reading of the segments (cheap, no history), none before CUDA is up."""
@@ -319,6 +353,9 @@ class OomWatch(ObserverAttachment):
         t = self.clock()
         check_cuts(self.host, pieces, pieces.facts.device)
         stages["cuts"] = self.clock() - t
+        t = self.clock()
+        if self._add_raw_blocks(pieces):
+            stages["raw_blocks"] = self.clock() - t
         t = self.clock()
         ns = getattr(getattr(self.host, "shell", None), "user_ns", None)
         site = failure_site(exc, ns if isinstance(ns, Mapping) else {}, holders=pieces.judged)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -12,6 +13,7 @@ from IPython.display import display
 from ... import cleanup as cleaning
 from ...kernel import Monitor
 from ...ledger import ledgers_of
+from ...rawpart import ledgers_with_raw_blocks
 from ...units import quoted
 from ...views import WhoReport
 from ..grammar import Parser, Subcommand, short_message
@@ -31,8 +33,13 @@ def who(m: Monitor, shell: InteractiveShell, args: argparse.Namespace) -> Any:
         raise UsageError("-n must be a positive number of holders")
     holders = m.scan(include_gc=args.gc)
     try:
-        ledgers = ledgers_of(m.read_hot(), holders, cleaning.allocator_segments(),
-                             m.ledger_pools)
+        segments = cleaning.allocator_segments()
+        ledgers = ledgers_of(m.read_hot(), holders, segments, m.ledger_pools)
+        if args.gc:
+            # What the whole search left "not found": the blocks no tensor lies over, and
+            # the ints that point at them (the OOM explanation's part).
+            ledgers = ledgers_with_raw_blocks(ledgers, segments, holders,
+                                              getattr(shell, "user_ns", None), sys.modules)
     except Exception:  # a reading that fails leaves the table as it is
         ledgers = ()
     report = WhoReport(holders[: args.n], total=len(holders), ledgers=ledgers)
