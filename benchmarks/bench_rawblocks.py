@@ -1,4 +1,4 @@
-"""What the raw-block pass of the OOM explanation costs (``rawpart.py``): on a heap of
+"""What the raw-block pass of the OOM explanation costs (``oom/rawpart.py``): on a heap of
 1,000,000 tracked objects, with fake segments of many blocks, holders with many storages, this
 process's own modules (IPython and the project loaded) and a helper module keeping raw
 pointers. The pass reads no object of the heap: its cost is the segments' blocks, the holders'
@@ -25,7 +25,7 @@ def main() -> None:
     import gpumem_nb  # noqa: F401
     from gpumem_nb.ledger import ledger
     from gpumem_nb.model import Holder
-    from gpumem_nb.rawpart import find_raw_blocks, raw_lines, with_raw_blocks
+    from gpumem_nb.oom.rawpart import find_raw_blocks, raw_lines, with_raw_blocks
 
     heap = [{"i": i} for i in range(1_000_000)]  # the tracked objects a session carries
     # 2,000 segments of 10 blocks of 2 MiB: 20,000 allocated blocks, 19,990 under tensors.

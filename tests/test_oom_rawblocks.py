@@ -159,7 +159,7 @@ def test_nothing_is_read_when_the_holders_explain_the_allocated_bytes():
 
 def test_who_gc_shows_the_same_part_from_the_segments():
     from gpumem_nb.ledger import ledger
-    from gpumem_nb.rawpart import ledgers_with_raw_blocks
+    from gpumem_nb.oom.rawpart import ledgers_with_raw_blocks
 
     mod = _kernels(attn0=BASE + GiB)
     weights = Holder(name="weights", kind="variable", device="cuda:0", nbytes=GiB,

@@ -15,7 +15,6 @@ from ..model import (
     ChildProcess,
     Holder,
 )
-from ..rawpart import raw_lines
 from ..report import Shown, html_table
 from ..units import format_bytes
 from .causes import (
@@ -41,6 +40,7 @@ from .causes import (
     held_holders,
 )
 from .facts import POOL_USER, OomFacts, PoolUse
+from .rawpart import raw_lines
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ from collections.abc import Iterable, Sequence
 
 from ..ledger import Ledger, ledger
 from ..model import Holder
-from ..rawpart import with_raw_blocks
 from .causes import cell_working_set_bytes, pool_owner_text
 from .facts import OomFacts, PoolUse
+from .rawpart import with_raw_blocks
 
 
 def explanation_ledger(f: OomFacts, judged: Sequence[Holder]) -> Ledger | None:

@@ -26,7 +26,6 @@ from ..model import (
     Holder,
     Sample,
 )
-from ..rawpart import find_raw_blocks
 from ..sources.torch import (
     TorchDebug,
     alloc_conf,
@@ -62,6 +61,7 @@ from .pieces import (
     with_collections,
 )
 from .processes import listed_processes, processes_facts, unknown_note
+from .rawpart import find_raw_blocks
 from .scans import (
     EXPLAIN_GRAPH_BUDGET_S,
     OomHost,

@@ -13,7 +13,7 @@ from IPython.display import display
 from ... import cleanup as cleaning
 from ...kernel import Monitor
 from ...ledger import ledgers_of
-from ...rawpart import ledgers_with_raw_blocks
+from ...oom.rawpart import ledgers_with_raw_blocks
 from ...units import quoted
 from ...views import WhoReport
 from ..grammar import Parser, Subcommand, short_message

@@ -18,10 +18,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .holders.rawblocks import RawBlock, raw_blocks
-from .ledger import Ledger, cublas_workspace_sizes
-from .model import Holder
-from .units import format_bytes
+from ..holders.rawblocks import RawBlock, raw_blocks
+from ..ledger import Ledger, cublas_workspace_sizes
+from ..model import Holder
+from ..units import format_bytes
 
 __all__ = ["RawLine", "find_raw_blocks", "ledgers_with_raw_blocks", "raw_lines",
            "with_raw_blocks"]
