@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gpumem_nb.whatif import fit as fit_now
-from gpumem_nb.whatif.allocator import Limits
+from gpumem_nb.whatif.allocator import DeviceCachingAllocator, Limits
 from gpumem_nb.whatif.config import parse_settings
 from gpumem_nb.whatif.replay import compile_trace, replay
 
@@ -26,6 +26,9 @@ from .whatif_frozen import capped as capped_frozen
 from .whatif_frozen import fit as fit_then
 from .whatif_frozen import replay as replay_then
 from .whatif_history import History
+
+# The package's ``replay`` is the function: the module is read from sys.modules.
+replay_module = importlib.import_module("gpumem_nb.whatif.replay")
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -259,3 +262,43 @@ def test_the_capped_cases_run_out_many_times_and_give_segments_back():
     assert ooms[len(ooms) // 4] >= 20
     assert sum(v["ooms"] >= 100 for v in _CAPPED.values()) >= len(_CAPPED) // 3
     assert sum(v["segment_frees"] > 0 for v in _CAPPED.values()) >= len(_CAPPED) * 3 // 4
+
+
+class _Checked(DeviceCachingAllocator):
+    """The model, checking at each general step (a request no free block served, a
+    deferred free, ``empty_cache``) that each pool's releasable keys are those a walk of
+    all its free blocks finds: the inline loops keep them too."""
+
+    checks = 0
+
+    def _check(self) -> None:
+        for pool in self.pools.values():
+            assert pool.releasable == {k for k, b in pool.blocks.items()
+                                       if b.nonrel < b.size}
+        _Checked.checks += 1
+
+    def _malloc(self, *args: Any) -> Any:
+        self._check()
+        got = super()._malloc(*args)
+        self._check()
+        return got
+
+    def release_cached_blocks(self) -> None:
+        self._check()
+        super().release_cached_blocks()
+        self._check()
+
+
+@pytest.mark.parametrize("path", ("inline", "methods"))
+@pytest.mark.parametrize("setting", CAPPED_SETTINGS)
+@pytest.mark.parametrize("name", ("training_0", "random_sizes_0", "mixed_2", "mixed_3"))
+def test_each_pool_knows_its_releasable_blocks_on_every_path(name, setting, path, monkeypatch):
+    monkeypatch.setattr(replay_module, "DeviceCachingAllocator", _Checked)
+    h, segments = _HISTORIES[name]
+    before = _Checked.checks
+    for room in (None, 300 * MiB):
+        _capped_run(name, setting, room, "both", path)() if room else replay(
+            compile_trace(h.entries), parse_settings(setting), start_segments=segments,
+            device_total_bytes=80 * GiB,
+            **({"on_event": lambda i, m, live: None} if path == "methods" else {}))
+    assert _Checked.checks > before

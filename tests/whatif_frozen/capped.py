@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from gpumem_nb.whatif import replay as replay_module
 from gpumem_nb.whatif.allocator import DeviceCachingAllocator
 
+# The package's ``replay`` is the function: the module is read from sys.modules.
+replay_module = importlib.import_module("gpumem_nb.whatif.replay")
 OUTCOMES = Path(__file__).with_name("capped_outcomes.json")
 
 
