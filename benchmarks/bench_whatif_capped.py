@@ -58,6 +58,8 @@ def main() -> None:
             ("capped 80 GiB, defaults", "", cap, capped_repeats),
             ("capped 80 GiB, garbage_collection_threshold:0.6",
              "garbage_collection_threshold:0.6", cap, capped_repeats)):
+        if not n:
+            continue  # BENCH_CAPPED_REPEATS=0: the uncapped replay only
         s = parse_settings(setting)
         got = timed(n, lambda s=s, limits=limits: replay(
             trace, s, limits=limits, device_total_bytes=CAP_BYTES))
