@@ -17,14 +17,18 @@ from typing import Any
 import pytest
 
 from gpumem_nb.whatif import fit as fit_now
-from gpumem_nb.whatif.allocator import Limits
+from gpumem_nb.whatif.allocator import DeviceCachingAllocator, Limits
 from gpumem_nb.whatif.config import parse_settings
 from gpumem_nb.whatif.replay import compile_trace, replay
 
 from .whatif_expected import cat_growth, random_sizes, training
+from .whatif_frozen import capped as capped_frozen
 from .whatif_frozen import fit as fit_then
 from .whatif_frozen import replay as replay_then
 from .whatif_history import History
+
+# The package's ``replay`` is the function: the module is read from sys.modules.
+replay_module = importlib.import_module("gpumem_nb.whatif.replay")
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -187,3 +191,114 @@ def test_the_inline_loops_replay_as_the_models_methods_do(name, setting):
         methods = replay(trace, s, limits=limits, start_segments=segments,
                          device_total_bytes=80 * GiB, on_event=lambda i, m, live: None)
         assert _fields(inline) == _fields(methods)
+
+
+# -- capped far below the peak: many OOMs, each with its last retry ------------------------
+# Each case runs out again and again (the replay carries on past each OOM), so the release
+# pass before each one (``release_cached_blocks``), ``release_available_cached_blocks`` and
+# the GC run hundreds of times over pools of split blocks. Their outcomes were frozen from
+# the model before its release pass kept its releasable blocks apart
+# (``whatif_frozen/capped.py``).
+CAPPED_SETTINGS = ("", "expandable_segments:True", "max_split_size_mb:64",
+                   "garbage_collection_threshold:0.6", "roundup_power2_divisions:4",
+                   "garbage_collection_threshold:0.6,expandable_segments:True",
+                   "garbage_collection_threshold:0.8,max_split_size_mb:64",
+                   "max_split_size_mb:32,expandable_segments:True")
+CAPPED_HISTORIES = ("training_0", "random_sizes_0", "random_sizes_1", "mixed_1", "mixed_2",
+                    "mixed_3", "cat_growth")
+# (the cap as a fraction of the unlimited peak, which limits it sets)
+CAPS = ((0.25, "both"), (0.5, "both"), (0.3, "capacity"))
+
+
+def _capped_run(name: str, setting: str, room: int, which: str, path: str) -> Any:
+    h, segments = _HISTORIES[name]
+    limits = Limits(allowed_bytes=None if which == "capacity" else room, capacity_bytes=room)
+    kw: dict[str, Any] = {}
+    if path == "methods":
+        kw["on_event"] = lambda i, m, live: None
+    elif path == "chunks":
+        kw["progress"] = lambda i, n: None
+    return lambda: replay(compile_trace(h.entries), parse_settings(setting), limits=limits,
+                          start_segments=segments, device_total_bytes=80 * GiB, **kw)
+
+
+def _capped_cases() -> Any:
+    for name in CAPPED_HISTORIES:
+        for setting in CAPPED_SETTINGS:
+            for frac, which in CAPS:
+                yield f"{name}|{setting}|{frac}|{which}", name, setting, frac, which
+
+
+def freeze_capped() -> None:
+    """Write ``whatif_frozen/capped_outcomes.json`` from the model as it is (see there)."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, name, setting, frac, which in _capped_cases():
+        h, segments = _HISTORIES[name]
+        peak = replay(compile_trace(h.entries), parse_settings(setting),
+                      start_segments=segments, device_total_bytes=80 * GiB).peak_reserved_bytes
+        room = int(peak * frac)
+        got = capped_frozen.outcome(_capped_run(name, setting, room, which, "inline"))
+        out[key] = {"room_bytes": room, **got}
+    capped_frozen.write(out)
+
+
+_CAPPED = capped_frozen.load()
+
+
+@pytest.mark.parametrize("path", ("inline", "methods", "chunks"))
+@pytest.mark.parametrize("key", sorted(_CAPPED))
+def test_a_replay_past_many_ooms_gives_what_the_frozen_model_gave(key, path):
+    name, setting, _frac, which = key.split("|")
+    want = _CAPPED[key]
+    got = capped_frozen.outcome(_capped_run(name, setting, want["room_bytes"], which, path))
+    assert {"room_bytes": want["room_bytes"], **got} == want
+
+
+def test_the_capped_cases_run_out_many_times_and_give_segments_back():
+    # A case that never ran out, or whose retries never freed anything, would hold the
+    # release paths to nothing.
+    assert len(_CAPPED) == len(list(_capped_cases()))
+    ooms = sorted(v["ooms"] for v in _CAPPED.values())
+    assert ooms[len(ooms) // 4] >= 20
+    assert sum(v["ooms"] >= 100 for v in _CAPPED.values()) >= len(_CAPPED) // 3
+    assert sum(v["segment_frees"] > 0 for v in _CAPPED.values()) >= len(_CAPPED) * 3 // 4
+
+
+class _Checked(DeviceCachingAllocator):
+    """The model, checking at each general step (a request no free block served, a
+    deferred free, ``empty_cache``) that each pool's releasable keys are those a walk of
+    all its free blocks finds: the inline loops keep them too."""
+
+    checks = 0
+
+    def _check(self) -> None:
+        for pool in self.pools.values():
+            assert pool.releasable == {k for k, b in pool.blocks.items()
+                                       if b.nonrel < b.size}
+        _Checked.checks += 1
+
+    def _malloc(self, *args: Any) -> Any:
+        self._check()
+        got = super()._malloc(*args)
+        self._check()
+        return got
+
+    def release_cached_blocks(self) -> None:
+        self._check()
+        super().release_cached_blocks()
+        self._check()
+
+
+@pytest.mark.parametrize("path", ("inline", "methods"))
+@pytest.mark.parametrize("setting", CAPPED_SETTINGS)
+@pytest.mark.parametrize("name", ("training_0", "random_sizes_0", "mixed_2", "mixed_3"))
+def test_each_pool_knows_its_releasable_blocks_on_every_path(name, setting, path, monkeypatch):
+    monkeypatch.setattr(replay_module, "DeviceCachingAllocator", _Checked)
+    h, segments = _HISTORIES[name]
+    before = _Checked.checks
+    for room in (None, 300 * MiB):
+        _capped_run(name, setting, room, "both", path)() if room else replay(
+            compile_trace(h.entries), parse_settings(setting), start_segments=segments,
+            device_total_bytes=80 * GiB,
+            **({"on_event": lambda i, m, live: None} if path == "methods" else {}))
+    assert _Checked.checks > before

@@ -581,6 +581,7 @@ def check_invariants(i, model, live):
     for pool in model.pools.values():
         assert pool.keys == sorted(pool.keys) and len(pool.keys) == len(pool.blocks)
         assert all(not b.allocated and not b.pending and b.mapped for b in pool.blocks.values())
+        assert pool.releasable == {k for k, b in pool.blocks.items() if b.nonrel < b.size}
 
 
 @settings(max_examples=150, deadline=None)

@@ -103,11 +103,15 @@ class DeviceCachingAllocator(SegmentLoader, CacheRelease):
                         del blocks[key]
                         blocks[new_key] = b
                         b.key = new_key
+                        if not b.nonrel:  # it was a whole segment: split now
+                            pool.releasable.discard(key)
                         self.inactive_split += remaining - b.nonrel
                         b.nonrel = remaining
                     else:
                         srt.remove_at(c, i)
                         del blocks[key]
+                        if not b.nonrel:
+                            pool.releasable.discard(key)
                         self.inactive_split -= b.nonrel
                         block = b
                     block.allocated = True
@@ -221,9 +225,12 @@ class DeviceCachingAllocator(SegmentLoader, CacheRelease):
             srt.add(key)
         blocks[key] = block
         block.gc_base = self.gc_calls[pool.small]
+        # Its neighbours, split, were not releasable; it is when it is a whole segment now.
         nonrel = block.size if (block.prev is not None or block.next is not None) else 0
         block.nonrel = nonrel
         self.inactive_split += nonrel
+        if not nonrel:
+            pool.releasable.add(key)
 
     def empty_cache(self) -> None:
         self.release_cached_blocks()
@@ -278,6 +285,8 @@ class DeviceCachingAllocator(SegmentLoader, CacheRelease):
             return None  # an oversized block may be rounded up, but within a limit
         srt.remove_at(c, i)
         del blocks[b.key]
+        if b.nonrel < b.size:
+            pool.releasable.discard(b.key)
         self.inactive_split -= b.nonrel
         return b
 

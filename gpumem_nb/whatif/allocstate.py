@@ -128,11 +128,14 @@ class AllocatorState:
             pages = (off + b.size) // es.page - (-(-off // es.page))
             b.nonrel = b.size - max(pages, 0) * es.page
         self.inactive_split += b.nonrel
+        if b.nonrel < b.size:
+            pool.releasable.add(key)
 
     def erase_from_blocks(self, b: Block) -> None:
         pool = b.pool
         pool.sorted.remove(b.key)
         del pool.blocks[b.key]
+        pool.releasable.discard(b.key)
         self.inactive_split -= b.nonrel
 
     def _insert_unmapped(self, b: Block) -> None:

@@ -146,8 +146,8 @@ class SortedKeys:
 class BlockPool:
     """One stream's free blocks of the small or the large pool."""
 
-    __slots__ = ("blocks", "parts", "room_hint", "small", "sorted", "stream", "unmapped",
-                 "unmapped_ptrs")
+    __slots__ = ("blocks", "parts", "releasable", "room_hint", "small", "sorted", "stream",
+                 "unmapped", "unmapped_ptrs")
 
     def __init__(self, small: bool, stream: int) -> None:
         self.small = small
@@ -155,13 +155,20 @@ class BlockPool:
         # (size << 64) | ptr of the free mapped blocks, sorted (BlockComparatorSize).
         self.sorted = SortedKeys()
         self.blocks: dict[int, Block] = {}
+        # The keys of the free blocks that releasing the cache gives back memory from: a
+        # whole ordinary segment, or an expandable block covering a whole page; those
+        # whose ``nonrel`` (the bytes it cannot give back) is less than their size. The
+        # last retry before each OOM releases them; a capped replay runs out thousands of
+        # times over pools of thousands of split blocks, none of which it can give back.
+        self.releasable: set[int] = set()
         self.unmapped_ptrs: list[int] = []  # expandable segments' unmapped ranges, by address
         self.unmapped: dict[int, Block] = {}
         # (size, ptr): below ptr no unmapped range has room for size bytes (see
         # find_expandable_block); None when unknown.
         self.room_hint: tuple[int, int] | None = None
         # What the replay's inline loops read of it on each free, in one read.
-        self.parts = (self.sorted, self.blocks, self.sorted._maxes, self.sorted._lists)
+        self.parts = (self.sorted, self.blocks, self.sorted._maxes, self.sorted._lists,
+                      self.releasable)
 
     @property
     def keys(self) -> list[int]:

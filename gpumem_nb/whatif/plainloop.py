@@ -77,10 +77,11 @@ def run_plain(model: DeviceCachingAllocator, events: Sequence[tuple[int, int, in
                 req = (rsize, small, alloc_size, pool, pool.sorted, pool.sorted._maxes,
                        pool.sorted._lists, pool.blocks, rsize << _KEY_SHIFT,
                        mss if under else rsize + mnsr,
-                       kMinBlockSize if small else (kSmallSize + 1 if under else _NEVER))
+                       kMinBlockSize if small else (kSmallSize + 1 if under else _NEVER),
+                       pool.releasable)
                 requests[size if not stream else (size, stream)] = req
             (rsize, small, alloc_size, pool, srt, maxes, lists, blocks, search, limit,
-             split_at) = req
+             split_at, releasable) = req
             # get_free_block: the smallest free block of at least rsize bytes.
             c = bisect_left(maxes, search)
             if c < len(maxes):
@@ -135,7 +136,10 @@ def run_plain(model: DeviceCachingAllocator, events: Sequence[tuple[int, int, in
                         del blocks[key]
                         blocks[new_key] = b
                         b.key = new_key
-                        inactive_split += remaining - b.nonrel
+                        nonrel = b.nonrel
+                        if not nonrel:  # it was a whole segment: split now
+                            releasable.discard(key)
+                        inactive_split += remaining - nonrel
                         b.nonrel = remaining
                     else:
                         del keys[j]  # SortedKeys.remove_at, inline
@@ -145,7 +149,10 @@ def run_plain(model: DeviceCachingAllocator, events: Sequence[tuple[int, int, in
                         elif j == len(keys):
                             maxes[c] = keys[-1]
                         del blocks[key]
-                        inactive_split -= b.nonrel
+                        nonrel = b.nonrel
+                        if not nonrel:
+                            releasable.discard(key)
+                        inactive_split -= nonrel
                         block = b
                     block.allocated = True
                     allocated += block.size
@@ -219,7 +226,7 @@ def run_plain(model: DeviceCachingAllocator, events: Sequence[tuple[int, int, in
                 bsize = block.size
                 allocated -= bsize
                 ptr = block.ptr
-                srt, blocks, maxes, lists = block.pool.parts
+                srt, blocks, maxes, lists, releasable = block.pool.parts
                 prev, nxt = block.prev, block.next
                 if prev is not None and not prev.allocated and not prev.pending:
                     key = prev.key  # SortedKeys.remove, inline
@@ -276,9 +283,13 @@ def run_plain(model: DeviceCachingAllocator, events: Sequence[tuple[int, int, in
                     srt.add(key)
                 blocks[key] = block
                 # gc_base stays 0: without GC, get_free_block counts no calls.
-                nonrel = bsize if (prev is not None or nxt is not None) else 0
-                block.nonrel = nonrel
-                inactive_split += nonrel
+                # Its neighbours, split, were not releasable; it is when it is whole now.
+                if prev is not None or nxt is not None:
+                    block.nonrel = bsize
+                    inactive_split += bsize
+                else:
+                    block.nonrel = 0
+                    releasable.add(key)
             else:
                 state.unmatched += 1
             continue
@@ -366,9 +377,9 @@ def run_expandable(model: DeviceCachingAllocator,
                 if pool is None:
                     pool = model._pool(small, stream)
                 req = (rsize, pool, pool.sorted, pool.sorted._maxes, pool.sorted._lists,
-                       pool.blocks, rsize << _KEY_SHIFT)
+                       pool.blocks, rsize << _KEY_SHIFT, pool.releasable)
                 requests[size if not stream else (size, stream)] = req
-            rsize, pool, srt, maxes, lists, blocks, search = req
+            rsize, pool, srt, maxes, lists, blocks, search, releasable = req
             c = bisect_left(maxes, search)
             if c < len(maxes):
                 keys = lists[c]
@@ -406,6 +417,8 @@ def run_expandable(model: DeviceCachingAllocator,
                     elif j == len(keys):
                         maxes[c] = keys[-1]
                     del blocks[b.key]
+                    if b.nonrel < bsize:
+                        releasable.discard(b.key)
                     inactive_split -= b.nonrel
                     if bsize - rsize >= kMinBlockSize:
                         # alloc_found_block's split: the found block stays free as the
@@ -448,6 +461,8 @@ def run_expandable(model: DeviceCachingAllocator,
                             nonrel = rest_size - (pages * page if pages > 0 else 0)
                         rest.nonrel = nonrel
                         inactive_split += nonrel
+                        if nonrel < rest_size:
+                            releasable.add(key)
                     else:
                         block = b
                     block.allocated = True
@@ -469,7 +484,7 @@ def run_expandable(model: DeviceCachingAllocator,
                 es = block.es
                 if es is not None:
                     pool.room_hint = None  # a free block can make room below the hint
-                srt, blocks, maxes, lists = pool.parts
+                srt, blocks, maxes, lists, releasable = pool.parts
                 prev, nxt = block.prev, block.next
                 if prev is not None and not prev.allocated and not prev.pending and \
                         prev.mapped:
@@ -484,6 +499,8 @@ def run_expandable(model: DeviceCachingAllocator,
                     elif j == len(lst):
                         maxes[c] = lst[-1]
                     del blocks[key]
+                    if prev.nonrel < prev.size:
+                        releasable.discard(key)
                     inactive_split -= prev.nonrel
                     block.ptr = prev.ptr
                     block.prev = pp = prev.prev
@@ -502,6 +519,8 @@ def run_expandable(model: DeviceCachingAllocator,
                     elif j == len(lst):
                         maxes[c] = lst[-1]
                     del blocks[key]
+                    if nxt.nonrel < nxt.size:
+                        releasable.discard(key)
                     inactive_split -= nxt.nonrel
                     block.next = nn = nxt.next
                     if nn is not None:
@@ -534,6 +553,8 @@ def run_expandable(model: DeviceCachingAllocator,
                     nonrel = bsize - (pages * page if pages > 0 else 0)
                 block.nonrel = nonrel
                 inactive_split += nonrel
+                if nonrel < bsize:
+                    releasable.add(key)
             else:
                 state.unmatched += 1
             continue

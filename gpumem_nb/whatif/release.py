@@ -60,8 +60,16 @@ class CacheRelease(ExpandableSegments):
                     self.release_blocks(pool)
 
     def release_blocks(self, pool: BlockPool) -> None:
+        """PyTorch walks every free block of the pool, in its order, giving back the whole
+        segments, then unmapping the expandable blocks' whole pages. The others (split
+        blocks, expandable blocks within a page) it passes over untouched: only the
+        releasable ones are walked, in the same order. A capped replay's last retry before
+        each OOM releases the whole cache: walking each pool's thousands of split free
+        blocks every time made a replay far past its cap quadratic."""
+        if not pool.releasable:
+            return
         to_unmap = []
-        for b in [pool.blocks[k] for k in pool.sorted]:
+        for b in [pool.blocks[k] for k in sorted(pool.releasable)]:
             if b.es is not None:
                 to_unmap.append(b)
             elif b.prev is None and b.next is None:
@@ -86,7 +94,9 @@ class CacheRelease(ExpandableSegments):
         target = self.reserved - threshold
         calls = self.gc_calls[False]
         large = [p for (small, _), p in self.pools.items() if not small]
-        freeable = [b for p in large for b in p.blocks.values() if not b.is_split()]
+        # An unsplit free block is releasable (a whole segment, ordinary or expandable).
+        freeable = [b for p in large for b in map(p.blocks.__getitem__, p.releasable)
+                    if not b.is_split()]
         if not freeable:
             return
         total_age = sum(calls - b.gc_base for b in freeable)
@@ -97,7 +107,7 @@ class CacheRelease(ExpandableSegments):
             age_threshold = total_age / count
             freed = False
             for p in large:
-                for b in [p.blocks[k] for k in p.sorted]:
+                for b in [p.blocks[k] for k in sorted(p.releasable)]:
                     age = calls - b.gc_base
                     if not b.is_split() and b.es is None and age >= age_threshold:
                         freed = True

@@ -146,6 +146,7 @@ class SegmentLoader(AllocatorState):
                     b.prev = b.next = None
         for p in self.pools.values():
             p.blocks.clear()
+            p.releasable.clear()
             p.unmapped.clear()
         self.pending.clear()
 
