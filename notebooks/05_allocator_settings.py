@@ -319,3 +319,16 @@ for line in summary.splitlines():
 # %% id="05-12"
 del b, small
 # %gpumem cleanup
+
+# %% [markdown] id="05-13"
+# What to take away:
+#
+# - With nothing set the backend is `native`, PyTorch's own caching allocator.
+# - A setting the backend does not honour is ignored without a word: under `cudaMallocAsync`,
+#   `max_split_size_mb` changes nothing and nothing warns.
+# - Each setting changes what the statistics show: `roundup_power2_divisions` hands out blocks
+#   bigger than the requests, `max_split_size_mb` makes oversize blocks, and expandable
+#   segments let `empty_cache()` return more while tensors are alive.
+# - The settings count only when set before CUDA starts (the backend before `import torch`).
+# - `memory_summary()` counts sizes and blocks, not operations; `%gpumem summary` says the
+#   important ones in words, and a trace (notebook 7) says which line allocated what.
