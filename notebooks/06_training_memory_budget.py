@@ -483,5 +483,5 @@ claim(near(half_bytes, params_measured / 2, within=2**20), ".half() halves the w
 # - The parts do not simply add up: the step's peak is set by one phase, and its temporaries
 #   push it up. Budget with the measured peak of one real step.
 # - Autocast shrinks the layers' saved activations but not by half, and leaves parameters,
-#   gradients and AdamW state in float32; checkpointing keeps fewer activations; under `no_grad` and
-#   `inference_mode` nothing is saved for backward, only the output stays.
+#   gradients and AdamW state in float32; checkpointing keeps fewer activations; under
+#   `no_grad` and `inference_mode` nothing is saved for backward, only the output stays.
