@@ -117,8 +117,8 @@ del scratch
 
 # %% [markdown] id="00-08"
 # On a GPU the peak includes the temporary, although neither the start nor the end of the cell
-# shows it (checked at the end of this notebook). Every cell is measured even without `%%gpumem`; `%gpumem history`
-# lists them.
+# shows it (checked at the end of this notebook). Every cell is measured even without
+# `%%gpumem`; `%gpumem history` lists them.
 #
 # ## 3. Re-running a cell
 #
@@ -177,11 +177,12 @@ result * 2
 # %% [markdown] id="00-22"
 # ## Checks
 #
-# The lesson ends here; the checks are for the curious, and what to take away and which
-# tutorial to read next follow them. Each sentence above about what the chart or a cell showed
-# is checked by one of the cells below, in the order of the sections, and a run that
-# contradicts the text stops there instead of saving it: the ✓ lines are those checks. They only read what the cells above recorded (the replay's samples, the history, the
-# allocator's state after the cleanup), so running them here changes nothing they check.
+# The lesson ends here; the checks are for the curious, and what to take away and which tutorial to
+# read next follow them. Each sentence above about what the chart or a cell showed is checked by one
+# of the cells below, in the order of the sections, and a run that contradicts the text stops there
+# instead of saving it: the ✓ lines are those checks. They only read what the cells above recorded
+# (the replay's samples, the history, the allocator's state after the cleanup), so running them here
+# changes nothing they check.
 
 # %% id="00-17"
 # The chart's story (section 1), checked against the recorded samples (the replay's data).
@@ -322,13 +323,17 @@ claim(total == 64 * MiB // 4, "`result` itself is untouched: still bound, every 
 # ## Next
 #
 # - [`01_allocated_reserved_nvidia_smi.ipynb`](01_allocated_reserved_nvidia_smi.ipynb): the CUDA
-#   context, allocated vs reserved vs NVML, `empty_cache`;
+#   context, allocated vs reserved vs NVML, `del`;
+# - [`01_empty_cache_and_workspaces.ipynb`](01_empty_cache_and_workspaces.ipynb): what
+#   `empty_cache` gives back and costs, and the workspace no cleanup frees;
 # - [`02_rerun_accumulation.ipynb`](02_rerun_accumulation.ipynb): `Out[n]`, a failed cell's
 #   traceback, a stored loss and its graph;
 # - [`03_peaks_fragmentation_live.ipynb`](03_peaks_fragmentation_live.ipynb): exact peaks,
 #   fragmentation, `expandable_segments`, the live chart;
 # - [`04_out_of_memory.ipynb`](04_out_of_memory.ipynb): the OOM message, the allocator's retry,
-#   the explainer;
+#   catching the error without leaking;
+# - [`04_out_of_memory_causes.ipynb`](04_out_of_memory_causes.ipynb): one OOM per common cause,
+#   each with gpumem_nb's explanation;
 # - [`05_allocator_settings.ipynb`](05_allocator_settings.ipynb): the five allocator settings
 #   most often tuned, measured side by side, and the others named;
 # - [`06_training_memory_budget.ipynb`](06_training_memory_budget.ipynb): parameters, gradients,
