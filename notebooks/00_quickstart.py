@@ -245,7 +245,7 @@ import gpumem_nb
 
 if GPU:  # without a GPU the peak is not measured: its line shows `—`
     rows = gpumem_nb.history()
-    cell = rows[rows.source.str.contains("scratch = big_array(512)", regex=False)].iloc[0]
+    cell = rows[rows.source.str.startswith("%%gpumem")].iloc[0]  # a row's source: its first line
     claim(cell.peak_exact and cell.peak_allocated_bytes >= (256 + 512) * MiB,
           "the exact peak includes the temporary",
           peak=fmt(int(cell.peak_allocated_bytes)), exact=cell.peak_exact)
