@@ -464,5 +464,6 @@ claim(native["message"].split(".")[0] != pool["message"].split(".")[0]
 #   `expandable_segments:True`.
 # - Another process, or another library in this one, is outside PyTorch's counters: NVML sees
 #   it, the explanation names it, and only its owner frees it.
-# - `empty_cache()` does not cure an OOM of PyTorch's own requests: the allocator empties its
-#   cache itself before it raises.
+# - `empty_cache()` frees only what is cached: in the "second request" story the memory was
+#   allocated, held by `results`, and the allocator empties its cache itself before it raises
+#   (part 1). Keep only what the caller needs, and serve under `inference_mode`.
