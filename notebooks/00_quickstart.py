@@ -15,6 +15,9 @@
 # %% [markdown] id="00-00"
 # # 0. Quickstart: gpumem_nb in five minutes
 #
+# **The question:** what is using the GPU's memory while I work in a notebook, and how do I
+# get it back without restarting the kernel?
+#
 # gpumem_nb watches memory while you work in a notebook: NVML's view of the GPU (what
 # `nvidia-smi` shows), PyTorch's allocator (`allocated`, `reserved`), and host RAM. It measures
 # every cell, notices when re-running a cell keeps eating memory, says who holds it, and frees
@@ -177,12 +180,12 @@ result * 2
 # %% [markdown] id="00-22"
 # ## Checks
 #
-# The lesson ends here; the checks are for the curious, and what to take away and which tutorial to
-# read next follow them. Each sentence above about what the chart or a cell showed is checked by one
-# of the cells below, in the order of the sections, and a run that contradicts the text stops there
-# instead of saving it: the ✓ lines are those checks. They only read what the cells above recorded
-# (the replay's samples, the history, the allocator's state after the cleanup), so running them here
-# changes nothing they check.
+# The lesson ends here; the checks are for the curious, and what to take away and which
+# tutorial to read next follow them. Each sentence above about what the chart or a cell showed
+# is checked by one of the cells below, in the order of the sections, and a run that
+# contradicts the text stops there instead of saving it: the ✓ lines are those checks. They
+# only read what the cells above recorded (the replay's samples, the history, the allocator's
+# state after the cleanup), so running them here changes nothing they check.
 
 # %% id="00-17"
 # The chart's story (section 1), checked against the recorded samples (the replay's data).

@@ -19,12 +19,13 @@
 # > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
 # > any other cell runs and replaces them.
 #
-# "I deleted everything and nvidia-smi still says the GPU is full." Where does a process's GPU
-# memory go, and why does deleting a tensor not give it back? This notebook shows it one step
-# at a time, with PyTorch's caching allocator and NVML (the library `nvidia-smi` reads) side by
-# side: the CUDA context, how `allocated` and `reserved` round a request, NVML's two totals, and
-# what `del` does. It also settles a few claims that circulate in blog posts, each with a
-# measured cell. Its second part,
+# **The question:** "I deleted everything and nvidia-smi still says the GPU is full." Where does
+# a process's GPU memory go, and why does deleting a tensor not give it back?
+#
+# This notebook shows it one step at a time, with PyTorch's caching allocator and NVML (the
+# library `nvidia-smi` reads) side by side: the CUDA context, how `allocated` and `reserved`
+# round a request, NVML's two totals, and what `del` does. It also settles a few claims that
+# circulate in blog posts, each with a measured cell. Its second part,
 # [`01_empty_cache_and_workspaces.ipynb`](01_empty_cache_and_workspaces.ipynb), gives the
 # memory back with `empty_cache()` and measures what that costs and what stays.
 #
@@ -128,15 +129,15 @@ claim(torch.cuda.is_initialized() and this_process() is None,
 # first time further down add nothing NVML shows. What it holds, this run does not show.
 #
 # Most GPU code is not loaded with it. CUDA loads a kernel's code the first time that kernel is
-# launched (*lazy loading*), so a kernel launched for the first time, PyTorch's own as much as a
-# library's, can grow the context: six small kernels below grow it by nothing NVML shows, the first
-# matrix product (part 2 of this lesson) by tens of MiB. Who asks for lazy loading depends on the
-# versions. PyTorch used to set `CUDA_MODULE_LOADING=LAZY` when you had not set it (from 1.13,
-# pytorch#86509); since pytorch#152695 it does so only for drivers older than CUDA 12.2, whose
-# default is eager. CUDA 12.2 and later load lazily on Linux without being asked (CUDA's programming
-# guide, "Lazy Loading"). The run below prints what its PyTorch left in the variable: with a driver
-# of CUDA 12.2 or later, unset, and the driver's default, lazy, applies. The two cells after the
-# next one measure what lazy loading saves.
+# launched (*lazy loading*), so a kernel launched for the first time, PyTorch's own as much as
+# a library's, can grow the context: six small kernels below grow it by nothing NVML shows, the
+# first matrix product (part 2 of this lesson) by tens of MiB. Who asks for lazy loading
+# depends on the versions. PyTorch used to set `CUDA_MODULE_LOADING=LAZY` when you had not set
+# it (from 1.13, pytorch#86509); since pytorch#152695 it does so only for drivers older than
+# CUDA 12.2, whose default is eager. CUDA 12.2 and later load lazily on Linux without being
+# asked (CUDA's programming guide, "Lazy Loading"). The run below prints what its PyTorch left
+# in the variable: with a driver of CUDA 12.2 or later, unset, and the driver's default, lazy,
+# applies. The two cells after the next one measure what lazy loading saves.
 
 # %% id="01-09"
 t = torch.zeros(1, device="cuda")

@@ -19,12 +19,14 @@
 # > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
 # > any other cell runs and replaces them.
 #
-# "I deleted my tensors: should I call `torch.cuda.empty_cache()`?" Part 1
-# ([`01_allocated_reserved_nvidia_smi.ipynb`](01_allocated_reserved_nvidia_smi.ipynb)) showed
-# that a deleted tensor's memory stays *reserved*: PyTorch's allocator caches its block for the
-# next tensor, and NVML still counts it. This notebook gives that memory back and measures to
-# whom it goes, what the call costs while the GPU is busy, and what even a full cleanup leaves
-# allocated: the first matrix product's workspace.
+# **The question:** I deleted my tensors; should I call `torch.cuda.empty_cache()`, and what
+# does it cost?
+#
+# Part 1 ([`01_allocated_reserved_nvidia_smi.ipynb`](01_allocated_reserved_nvidia_smi.ipynb))
+# showed that a deleted tensor's memory stays *reserved*: PyTorch's allocator caches its block
+# for the next tensor, and NVML still counts it. This notebook gives that memory back and
+# measures to whom it goes, what the call costs while the GPU is busy, and what even a full
+# cleanup leaves allocated: the first matrix product's workspace.
 #
 # > The outputs were produced by running this notebook on an NVIDIA H200; its metadata
 # > (`gpumem_nb` key) records the GPU, driver, CUDA, torch and gpumem_nb versions, the commit

@@ -19,6 +19,9 @@
 # > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
 # > any other cell runs and replaces them.
 #
+# **The question:** why does memory keep growing when I re-run a cell that only rebinds
+# the same names?
+#
 # Re-running a cell should cost nothing extra: it rebinds the same names. Three things break that,
 # and gpumem_nb names each one: results kept alive by IPython's output cache (`Out[n]`, `_`), a
 # stored traceback that keeps a failed cell's frames, and tensors that carry their autograd

@@ -19,6 +19,9 @@
 # > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
 # > any other cell runs and replaces them.
 #
+# **The question:** why did a cell run out of memory when, before it and after it,
+# there seemed to be plenty free?
+#
 # An OOM "out of nowhere" is usually a short peak, or memory the allocator holds but cannot hand
 # out. This notebook measures both, compares the allocator with `expandable_segments` honestly,
 # and shows the live chart during a long cell.

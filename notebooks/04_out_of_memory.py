@@ -19,9 +19,11 @@
 # > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
 # > any other cell runs and replaces them.
 #
-# `CUDA out of memory` is the error everyone meets. What does its message say, what has the
-# allocator already tried when you see it, and how do you catch it without leaking? This
-# notebook takes the message apart, makes the allocator retry, and catches the error twice: the
+# **The question:** `CUDA out of memory` is the error everyone meets. What does its message
+# say, what has the allocator already tried when you see it, and how do I catch it without
+# leaking?
+#
+# This notebook takes the message apart, makes the allocator retry, and catches the error twice: the
 # usual way, which keeps the failed attempt's memory, and a way that does not. Its second part,
 # [`04_out_of_memory_causes.ipynb`](04_out_of_memory_causes.ipynb), runs out of memory on
 # purpose once for each common cause, with gpumem_nb's explanation under each error.

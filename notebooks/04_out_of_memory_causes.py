@@ -19,13 +19,15 @@
 # > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
 # > any other cell runs and replaces them.
 #
-# Why did *this* cell run out of memory, and what frees enough for it? This notebook runs out of
-# memory on purpose, once for each common cause, with gpumem_nb's explanation under each error: a
-# batch too big for the GPU, a list of losses that keeps their graphs, fragmentation, a child
-# process of this kernel, another library in this process (CuPy), and memory your session holds. It
-# ends with the "second request fails" story from a popular article, measured, and with the message
-# of the `cudaMallocAsync` backend. Part 1, [`04_out_of_memory.ipynb`](04_out_of_memory.ipynb),
-# takes PyTorch's message apart and shows what the allocator tries before it raises.
+# **The question:** why did *this* cell run out of memory, and what frees enough for it?
+#
+# This notebook runs out of memory on purpose, once for each common cause, with gpumem_nb's
+# explanation under each error: a batch too big for the GPU, a list of losses that keeps their
+# graphs, fragmentation, a child process of this kernel, another library in this process
+# (CuPy), and memory your session holds. It ends with the "second request fails" story from a
+# popular article, measured, and with the message of the `cudaMallocAsync` backend. Part 1,
+# [`04_out_of_memory.ipynb`](04_out_of_memory.ipynb), takes PyTorch's message apart and shows
+# what the allocator tries before it raises.
 #
 # After each failing cell, a check reads the explanation (`%gpumem oom -o`) and confirms that
 # it names the cause the cell set up.

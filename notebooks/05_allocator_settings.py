@@ -19,6 +19,9 @@
 # > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
 # > any other cell runs and replaces them.
 #
+# **The question:** what does each allocator setting change, which backend honours it,
+# and when does it take effect?
+#
 # PyTorch's CUDA allocator is configured with one environment variable, `PYTORCH_ALLOC_CONF`
 # (the older name `PYTORCH_CUDA_ALLOC_CONF` still works), holding comma-separated `key:value`
 # pairs. This notebook takes the five settings most often tuned, of the fourteen keys torch

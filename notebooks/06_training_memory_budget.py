@@ -19,6 +19,9 @@
 # > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
 # > any other cell runs and replaces them.
 #
+# **The question:** will this training run fit on the GPU, and which part of the
+# step takes the memory?
+#
 # Before a run you want to know whether it fits. The usual estimate adds four parts:
 #
 # - **parameters**: one float32 each (the first output below prints its size);

@@ -19,6 +19,9 @@
 # > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
 # > any other cell runs and replaces them.
 #
+# **The question:** which line of my code allocated the memory, and which line still
+# holds it?
+#
 # `allocated` says how much; it does not say which line. PyTorch can record every allocation
 # with the Python stack that made it (its *allocation history*). `%%gpumem --trace` switches that
 # recording on for one cell only, then shows the lines that held the most memory at the cell's
