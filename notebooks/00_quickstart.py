@@ -15,6 +15,9 @@
 # %% [markdown] id="00-00"
 # # 0. Quickstart: gpumem_nb in five minutes
 #
+# **The question:** what is using the GPU's memory while I work in a notebook, and how do I
+# get it back without restarting the kernel?
+#
 # gpumem_nb watches memory while you work in a notebook: NVML's view of the GPU (what
 # `nvidia-smi` shows), PyTorch's allocator (`allocated`, `reserved`), and host RAM. It measures
 # every cell, notices when re-running a cell keeps eating memory, says who holds it, and frees
@@ -44,9 +47,6 @@
 
 # %% id="00-03"
 import numpy as np
-from claims import claim, skipped
-
-from gpumem_nb.units import format_bytes as fmt
 
 try:
     import torch
@@ -89,8 +89,8 @@ print("GPU:", torch.cuda.get_device_name(0) if GPU else
 # reserved almost nothing), weights load
 # (all three rise), training steps (allocated spikes, reserved keeps the high-water mark), a
 # `del` (allocated falls, reserved and NVML do not), `empty_cache` (reserved and NVML fall),
-# and re-runs that keep results alive until a cleanup. The cell after the chart checks these
-# against the recorded samples.
+# and re-runs that keep results alive until a cleanup. The [checks](#Checks) at the end of this
+# notebook test each of these against the recorded samples.
 #
 # In a notebook with a frontend the chart is live. When it ends (`%gpumem watch --stop`, a
 # kernel shutdown, or the end of this notebook's run), its output becomes a static picture of
@@ -98,15 +98,101 @@ print("GPU:", torch.cuda.get_device_name(0) if GPU else
 # replay, at the point it had reached), which GitHub, nbviewer and a JupyterLab without a
 # kernel show. So for a replay the picture and the table under it can show different moments:
 # the picture draws the whole recording, the table where the replay stood when the chart
-# ended. The last line of the cell after the chart prints the recording's own last sample.
+# ended. The first check at the end prints the recording's own last sample.
 # On a GPU machine `%gpumem watch --live` switches it to this machine's own memory.
 
 # %% id="00-05"
 # %gpumem watch --replay bundled
 
+# %% [markdown] id="00-06"
+# ## 2. Measure one cell: `%%gpumem`
+#
+# Put `%%gpumem` on the first line of a cell to get its time, the allocator's exact peak during
+# the cell (GPU), the changes in `allocated` and `reserved`, the highest NVML reading (NVML
+# read just before and just after the cell, and sampled while it runs), and the host RAM
+# change.
+
+# %% id="00-07"
+# %%gpumem
+data = big_array(256)
+scratch = big_array(512)  # a temporary: part of the peak, gone by the end
+del scratch
+
+# %% [markdown] id="00-08"
+# On a GPU the peak includes the temporary, although neither the start nor the end of the cell
+# shows it (checked at the end of this notebook). Every cell is measured even without
+# `%%gpumem`; `%gpumem history` lists them.
+#
+# ## 3. Re-running a cell
+#
+# The next cell was run **three times**, as you would while experimenting. It rebinds the same
+# name, so memory should stay flat, but its last line displays a result and IPython keeps every
+# displayed result in `Out[n]`. On a GPU, gpumem_nb flags the third run and says who holds the
+# memory.
+
+# %% id="00-09" tutorial={"runs": 3}
+result = big_array(64)
+result * 2
+
+# %% [markdown] id="00-10"
+# ## 4. Who holds memory: `%gpumem who`
+#
+# `who` lists what keeps tensors and arrays alive: your variables (and the tensors inside
+# modules, optimizers, lists and dicts), the output cache `Out[n]`, and a stored traceback.
+
+# %% id="00-11"
+# %gpumem who
+
+# %% [markdown] id="00-12"
+# ## 5. The per-cell history
+#
+# One row per cell: time, `allocated`/`reserved` change, the allocator's peak (`≥` marks a
+# lower bound), NVML's change and peak, and the host RAM change. `gpumem_nb.history()` returns
+# the same as a DataFrame, and `%gpumem history --csv FILE` saves it.
+
+# %% id="00-13"
+# %gpumem history
+
+# %% [markdown] id="00-14"
+# ## 6. Clean up safely
+#
+# `%gpumem cleanup` runs `gc.collect()`, drops a stored traceback and returns PyTorch's unused
+# cache to the driver (`torch.cuda.empty_cache()`): with the default allocator, every cached
+# *segment* that holds no live tensor. `--out` also clears the
+# output cache. It never deletes a variable you did not name (`--vars a,b` deletes those), and
+# it reports what each step freed, each step measured on its own.
+
+# %% id="00-15"
+# %gpumem cleanup --out
+
+# %% [markdown] id="00-16"
+# The `output cache` row shows what the three kept results cost; `result` itself is untouched.
+#
+# On a GPU the `empty_cache` row frees less than the output cache did. The allocator gets
+# memory from the driver in *segments* and cuts tensors out of them; `empty_cache()` can give
+# back only a segment with no live tensor in it. The three `Out` results were cut from the same
+# segment as `result`, which is alive, so their blocks stay cached: the allocator reuses them
+# for your next tensors, but the driver cannot have them. Notebook 1 shows segments and blocks
+# in detail. (That is the default allocator's rule: with `expandable_segments:True`,
+# `empty_cache()` can also give back the free pages of a segment a live tensor still uses, as
+# notebook 3 shows.)
+
+# %% [markdown] id="00-22"
+# ## Checks
+#
+# The lesson ends here; the checks are for the curious, and what to take away and which
+# tutorial to read next follow them. Each sentence above about what the chart or a cell showed
+# is checked by one of the cells below, in the order of the sections, and a run that
+# contradicts the text stops there instead of saving it: the ✓ lines are those checks. They
+# only read what the cells above recorded (the replay's samples, the history, the allocator's
+# state after the cleanup), so running them here changes nothing they check.
+
 # %% id="00-17"
-# The story told above, checked against the recorded samples (the replay's data).
+# The chart's story (section 1), checked against the recorded samples (the replay's data).
+from claims import claim, skipped
+
 from gpumem_nb.sources.replay import load_trace
+from gpumem_nb.units import format_bytes as fmt
 
 samples, note = load_trace()  # the bundled H200 recording
 gpu0 = [(s.t_s, s.devices[0]) for s in samples if s.devices]
@@ -156,25 +242,13 @@ claim(climbs >= 3 and allocated[-1] <= 2 * MiB,
 print(f"the recording's last sample, at {gpu0[-1][0] - gpu0[0][0]:.0f} s: NVML used "
       f"{fmt(nvml[-1])}, reserved {fmt(reserved[-1])}, allocated {fmt(allocated[-1])}")
 
-# %% [markdown] id="00-06"
-# ## 2. Measure one cell: `%%gpumem`
-#
-# Put `%%gpumem` on the first line of a cell to get its time, the allocator's exact peak during
-# the cell (GPU), the changes in `allocated` and `reserved`, the highest NVML reading (NVML
-# read just before and just after the cell, and sampled while it runs), and the host RAM
-# change.
-
-# %% id="00-07"
-# %%gpumem
-data = big_array(256)
-scratch = big_array(512)  # a temporary: part of the peak, gone by the end
-del scratch
-
 # %% id="00-18"
+# Section 2's %%gpumem cell.
 import gpumem_nb
 
-if GPU:  # without a GPU the peak is not measured: the line above shows `—`
-    cell = gpumem_nb.history().iloc[-1]  # the %%gpumem cell's record
+if GPU:  # without a GPU the peak is not measured: its line shows `—`
+    rows = gpumem_nb.history()
+    cell = rows[rows.source.str.startswith("%%gpumem")].iloc[0]  # a row's source: its first line
     claim(cell.peak_exact and cell.peak_allocated_bytes >= (256 + 512) * MiB,
           "the exact peak includes the temporary",
           peak=fmt(int(cell.peak_allocated_bytes)), exact=cell.peak_exact)
@@ -185,23 +259,8 @@ else:
     skipped("the exact peak includes the temporary", "no GPU here: the peak is not measured")
     skipped("the end of the cell shows only `data`", "no GPU here: host RAM is measured instead")
 
-# %% [markdown] id="00-08"
-# On a GPU the peak includes the temporary, although neither the start nor the end of the cell
-# shows it (the two ✓ lines). Every cell is measured even without `%%gpumem`; `%gpumem history`
-# lists them.
-#
-# ## 3. Re-running a cell
-#
-# The next cell was run **three times**, as you would while experimenting. It rebinds the same
-# name, so memory should stay flat, but its last line displays a result and IPython keeps every
-# displayed result in `Out[n]`. On a GPU, gpumem_nb flags the third run and says who holds the
-# memory.
-
-# %% id="00-09" tutorial={"runs": 3}
-result = big_array(64)
-result * 2
-
 # %% id="00-21"
+# Section 3's re-runs.
 from gpumem_nb.magics import current_monitor
 
 gpumem_nb.history()  # records, and judges, every cell that has finished
@@ -216,26 +275,8 @@ else:
     skipped("the third run was flagged: live tensors, held by the output cache `Out`",
             "no GPU here: gpumem_nb judges re-runs by the GPU's allocator")
 
-# %% [markdown] id="00-10"
-# ## 4. Who holds memory: `%gpumem who`
-#
-# `who` lists what keeps tensors and arrays alive: your variables (and the tensors inside
-# modules, optimizers, lists and dicts), the output cache `Out[n]`, and a stored traceback.
-
-# %% id="00-11"
-# %gpumem who
-
-# %% [markdown] id="00-12"
-# ## 5. The per-cell history
-#
-# One row per cell: time, `allocated`/`reserved` change, the allocator's peak (`≥` marks a
-# lower bound), NVML's change and peak, and the host RAM change. `gpumem_nb.history()` returns
-# the same as a DataFrame, and `%gpumem history --csv FILE` saves it.
-
-# %% id="00-13"
-# %gpumem history
-
 # %% id="00-19"
+# Section 5's history.
 rows = gpumem_nb.history()
 if GPU:
     # Nothing else runs on this GPU, so NVML stands still between two cells: each cell's
@@ -250,19 +291,8 @@ else:
     skipped("each row's NVML Δ is that cell's own change, read after it finished",
             "no GPU here: there is no NVML reading")
 
-# %% [markdown] id="00-14"
-# ## 6. Clean up safely
-#
-# `%gpumem cleanup` runs `gc.collect()`, drops a stored traceback and returns PyTorch's unused
-# cache to the driver (`torch.cuda.empty_cache()`): with the default allocator, every cached
-# *segment* that holds no live tensor. `--out` also clears the
-# output cache. It never deletes a variable you did not name (`--vars a,b` deletes those), and
-# it reports what each step freed, each step measured on its own.
-
-# %% id="00-15"
-# %gpumem cleanup --out
-
 # %% id="00-20"
+# Section 6's cleanup: no cell since has allocated on the GPU.
 if GPU:
     segments = torch.cuda.memory_snapshot()
     cached = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
@@ -281,28 +311,32 @@ total = float(result.sum())  # every element of big_array(64) is 1
 claim(total == 64 * MiB // 4, "`result` itself is untouched: still bound, every value as it was",
       elements_summed=int(total))
 
-# %% [markdown] id="00-16"
-# The `output cache` row shows what the three kept results cost; `result` itself is untouched.
+# %% [markdown] id="00-23"
+# What to take away:
 #
-# On a GPU the `empty_cache` row frees less than the output cache did. The allocator gets
-# memory from the driver in *segments* and cuts tensors out of them; `empty_cache()` can give
-# back only a segment with no live tensor in it. The three `Out` results were cut from the same
-# segment as `result`, which is alive, so their blocks stay cached: the allocator reuses them
-# for your next tensors, but the driver cannot have them. Notebook 1 shows segments and blocks
-# in detail. (That is the default allocator's rule: with `expandable_segments:True`,
-# `empty_cache()` can also give back the free pages of a segment a live tensor still uses, as
-# notebook 3 shows.)
+# - `%load_ext gpumem_nb` measures every cell; `%%gpumem` adds a cell's exact peak, which a
+#   temporary can set although neither the start nor the end of the cell shows it.
+# - In the chart, the gap between *this process* and *reserved* is memory outside PyTorch
+#   (mostly the CUDA context), and the gap between *reserved* and *allocated* is the cache.
+# - A cell whose last line displays a result keeps it in `Out[n]` on every run: gpumem_nb flags
+#   the third run, and `%gpumem who` names the holder.
+# - `%gpumem cleanup` frees safely and says what each step freed; what stays cached shares a
+#   segment with a live tensor.
 #
 # ## Next
 #
 # - [`01_allocated_reserved_nvidia_smi.ipynb`](01_allocated_reserved_nvidia_smi.ipynb): the CUDA
-#   context, allocated vs reserved vs NVML, `empty_cache`;
+#   context, allocated vs reserved vs NVML, `del`;
+# - [`01_empty_cache_and_workspaces.ipynb`](01_empty_cache_and_workspaces.ipynb): what
+#   `empty_cache` gives back and costs, and the workspace no cleanup frees;
 # - [`02_rerun_accumulation.ipynb`](02_rerun_accumulation.ipynb): `Out[n]`, a failed cell's
 #   traceback, a stored loss and its graph;
 # - [`03_peaks_fragmentation_live.ipynb`](03_peaks_fragmentation_live.ipynb): exact peaks,
 #   fragmentation, `expandable_segments`, the live chart;
 # - [`04_out_of_memory.ipynb`](04_out_of_memory.ipynb): the OOM message, the allocator's retry,
-#   the explainer;
+#   catching the error without leaking;
+# - [`04_out_of_memory_causes.ipynb`](04_out_of_memory_causes.ipynb): one OOM per common cause,
+#   each with gpumem_nb's explanation;
 # - [`05_allocator_settings.ipynb`](05_allocator_settings.ipynb): the five allocator settings
 #   most often tuned, measured side by side, and the others named;
 # - [`06_training_memory_budget.ipynb`](06_training_memory_budget.ipynb): parameters, gradients,

@@ -19,10 +19,15 @@
 # > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
 # > any other cell runs and replaces them.
 #
-# "I deleted everything and nvidia-smi still says the GPU is full." This notebook shows why, one
-# step at a time, with PyTorch's caching allocator and NVML (the library `nvidia-smi` reads)
-# side by side. It also settles a few claims that circulate in blog posts, each with a measured
-# cell.
+# **The question:** "I deleted everything and nvidia-smi still says the GPU is full." Where does
+# a process's GPU memory go, and why does deleting a tensor not give it back?
+#
+# This notebook shows it one step at a time, with PyTorch's caching allocator and NVML (the
+# library `nvidia-smi` reads) side by side: the CUDA context, how `allocated` and `reserved`
+# round a request, NVML's two totals, and what `del` does. It also settles a few claims that
+# circulate in blog posts, each with a measured cell. Its second part,
+# [`01_empty_cache_and_workspaces.ipynb`](01_empty_cache_and_workspaces.ipynb), gives the
+# memory back with `empty_cache()` and measures what that costs and what stays.
 #
 # > The outputs were produced by running this notebook on an NVIDIA H200; its metadata
 # > (`gpumem_nb` key) records the GPU, driver, CUDA, torch and gpumem_nb versions, the commit
@@ -125,13 +130,13 @@ claim(torch.cuda.is_initialized() and this_process() is None,
 #
 # Most GPU code is not loaded with it. CUDA loads a kernel's code the first time that kernel is
 # launched (*lazy loading*), so a kernel launched for the first time, PyTorch's own as much as
-# a library's, can grow the context: six small kernels below grow it by nothing NVML shows,
-# the first matrix product further down by tens of MiB. Who asks for lazy loading depends on
-# the versions. PyTorch used to set `CUDA_MODULE_LOADING=LAZY` when you had not set it (from
-# 1.13, pytorch#86509); since pytorch#152695 it does so only for drivers older than CUDA 12.2,
-# whose default is eager. CUDA 12.2 and later load lazily on Linux without being asked (CUDA's
-# programming guide, "Lazy Loading"). The run below prints what its PyTorch left in the
-# variable: with a driver of CUDA 12.2 or later, unset, and the driver's default, lazy,
+# a library's, can grow the context: six small kernels below grow it by nothing NVML shows, the
+# first matrix product (part 2 of this lesson) by tens of MiB. Who asks for lazy loading
+# depends on the versions. PyTorch used to set `CUDA_MODULE_LOADING=LAZY` when you had not set
+# it (from 1.13, pytorch#86509); since pytorch#152695 it does so only for drivers older than
+# CUDA 12.2, whose default is eager. CUDA 12.2 and later load lazily on Linux without being
+# asked (CUDA's programming guide, "Lazy Loading"). The run below prints what its PyTorch left
+# in the variable: with a driver of CUDA 12.2 or later, unset, and the driver's default, lazy,
 # applies. The two cells after the next one measure what lazy loading saves.
 
 # %% id="01-09"
@@ -400,181 +405,17 @@ claim(reserved_after == reserved_before and near(nvml_after, nvml_before, within
       nvml=f"{fmt(nvml_before)} -> {fmt(nvml_after)}")
 # %gpumem
 
-# %% id="01-23"
-del y
-reserved_before, nvml_before = torch.cuda.memory_reserved(), nvml_used()
-
-# %% [markdown] id="01-24"
-# ## `empty_cache()`
+# %% [markdown] id="01-40"
+# What to take away:
 #
-# `torch.cuda.empty_cache()` hands cached memory back to the driver, and NVML drops by the same
-# amount (one article claims it gives nothing back: the `NVML freed` column below and the check
-# after it say otherwise). Everything that allocates outside PyTorch's cache can then use
-# that memory: other processes, and in this process other libraries (notebook 4's CuPy, NCCL)
-# and kernel code loaded later (the first matrix product below grows memory
-# outside PyTorch). PyTorch's own requests gain nothing: its allocator reuses the cache, and
-# before it reports out of memory it frees the cache itself. `%gpumem cleanup` calls it for you
-# and reports what each step freed.
-#
-# With the native allocator's default segments (this notebook's), it can only return whole
-# segments. A segment is one `cudaMalloc`, and `cudaFree` takes the segment's start address
-# and frees all of it or nothing, so the allocator frees only cached blocks that were never
-# split, i.e. segments with no live block in them (PyTorch's source: "Free all non-split
-# cached blocks"). Here `y`'s block was the whole segment, so everything goes back. A free
-# block that shares its segment with a live tensor stays cached until that tensor goes:
-# notebook 0 shows that case.
-#
-# The other backends do otherwise. With `expandable_segments:True` a segment is address space
-# with pages mapped into it, and `empty_cache` unmaps every free page, split block or not, even
-# beside a live tensor (`release_blocks` unmaps each free expandable block; notebook 3 measures
-# it). `cudaMallocAsync` keeps no segments of its own: `empty_cache` asks the driver's pool to
-# give back what no live allocation uses (`cudaMemPoolTrimTo`). Notebook 5 checks on every
-# backend that what `empty_cache` gave back also left this process's NVML line.
-
-# %% id="01-25"
-# %gpumem cleanup
-
-# %% id="01-36"
-claim(torch.cuda.memory_reserved() == 0
-      and near(nvml_before - nvml_used(), reserved_before, within=4 * MiB),
-      "empty_cache gave the whole cache back, and NVML fell by the same amount",
-      reserved_before=fmt(reserved_before), nvml_fell_by=fmt(nvml_before - nvml_used()))
-
-# %% id="01-26"
-# %gpumem
-
-# %% [markdown] id="01-27"
-# ## The context keeps growing
-#
-# The context is not fixed at creation: under lazy loading, each kernel's code arrives at its
-# first launch. The first matrix product launches cuBLAS's kernels and PyTorch's own
-# matmul-path kernels, whose code counts outside PyTorch, and gives cuBLAS a *workspace*, which
-# PyTorch allocates from its own cache. The next cell measures both around the first product
-# of this process; its "outside PyTorch" figure mixes cuBLAS's code with PyTorch's, and nothing
-# here separates the two.
-
-# %% id="01-28"
-def outside_pytorch():
-    # This process's NVML line minus what PyTorch reserved; None when NVML lists no line.
-    mine = this_process()
-    return None if mine is None else mine - torch.cuda.memory_reserved()
-
-
-a = torch.randn(8192, 8192, device="cuda")
-torch.cuda.synchronize()
-alloc0, outside0 = torch.cuda.memory_allocated(), outside_pytorch()
-out = a @ a  # the first matrix product of this process
-torch.cuda.synchronize()
-grown = torch.cuda.memory_allocated() - alloc0
-print(f"first matmul: allocated {fmt(grown, signed=True)}: the product {fmt(out.nbytes)} "
-      f"and {fmt(grown - out.nbytes)} that is no tensor of yours")
-claim(grown > out.nbytes, "the first product allocates more than its result: a workspace",
-      workspace=fmt(grown - out.nbytes))
-if outside0 is not None:
-    print(f"outside PyTorch: {fmt(outside_pytorch() - outside0, signed=True)}")
-    claim(outside_pytorch() > outside0, "the first product also grows memory outside PyTorch",
-          outside_pytorch=fmt(outside_pytorch() - outside0, signed=True))
-else:
-    skipped("the first product also grows memory outside PyTorch",
-            "NVML does not list this process")
-
-# %% [markdown] id="01-29"
-# The part of `allocated` that is no tensor of yours is cuBLAS's workspace; the end of this
-# notebook shows it outliving every tensor. It is also why `%gpumem who` (notebook 2) cannot
-# account for every allocated byte: no Python object holds it.
-#
-# ### `empty_cache()` is not free
-#
-# It must not release a block the GPU may still be using, so when it has cached blocks to free
-# it first waits for the GPU to finish all queued work. The next cell queues 40 large matrix
-# products (which return at once: CUDA calls are asynchronous) and times three things: how long
-# the queued work takes, `empty_cache()` with nothing cached, and `empty_cache()` with a cached
-# block to free.
-
-# %% id="01-30"
-import time
-
-
-def queue_matmuls(n=40):
-    for _ in range(n):
-        torch.matmul(a, a, out=out)  # writes into `out`: allocates and caches nothing
-
-
-def ms(fn):
-    t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) * 1e3
-
-
-torch.cuda.empty_cache()
-queue_matmuls()
-queued_ms = ms(torch.cuda.synchronize)
-queue_matmuls()
-nothing_ms = ms(torch.cuda.empty_cache)
-torch.cuda.synchronize()
-junk = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
-del junk  # now a 2 GiB block sits in the cache
-queue_matmuls()
-cached_ms = ms(torch.cuda.empty_cache)
-torch.cuda.synchronize()
-print(f"40 queued matmuls: synchronize() waited {queued_ms:.0f} ms")
-print(f"empty_cache() with nothing cached returned after {nothing_ms:.2f} ms")
-print(f"empty_cache() with {fmt(2 * 2**30)} cached blocked for {cached_ms:.0f} ms")
-claim(cached_ms > 100 and cached_ms > 0.5 * queued_ms,
-      "with a block to free, empty_cache() blocked behind the queued work (> 100 ms)")
-claim(nothing_ms < 10, "with nothing to free, it returned at once (< 10 ms)")
-
-# %% [markdown] id="01-31"
-# With a block to free, `empty_cache()` blocked behind the queued work (compare the first and
-# third lines); with nothing to free it returned at once. So it is not harmless:
-# inside a training loop it stalls the pipeline every time it has something to free. Call it
-# between phases. (Measured here on the native allocator; under `cudaMallocAsync` it
-# synchronizes the device before trimming its pool, too.)
-#
-# Its docstring gives it one more purpose: it "may help reduce fragmentation". Returning whole
-# free segments lets a later, larger request be served by a fresh `cudaMalloc` instead of
-# failing to fit in the cached pieces. The allocator already does this itself, once, when a
-# `cudaMalloc` fails (notebook 4 measures that retry), so PyTorch's own requests rarely need
-# it; it matters when memory is wanted outside PyTorch's cache: by another process, or by
-# another library or kernel code loaded later in this one (notebook 4's CuPy section).
-#
-# ## What a cleanup cannot free
-#
-# With every tensor deleted and the cache emptied, `allocated` is still not zero: cuBLAS keeps
-# its workspace for the life of the process. A private PyTorch call drops it.
-
-# %% id="01-32"
-del a, out
-# %gpumem cleanup
-
-# %% id="01-33"
-print(f"allocated with no tensor of yours alive: {fmt(torch.cuda.memory_allocated())}")
-torch._C._cuda_clearCublasWorkspaces()  # private: drops cuBLAS's cached workspaces
-print(f"after dropping cuBLAS's workspaces: {fmt(torch.cuda.memory_allocated())}")
-claim(torch.cuda.memory_allocated() == 0, "dropping cuBLAS's workspaces leaves nothing allocated")
-
-# %% [markdown] id="01-34"
-# ## The per-cell record
-#
-# Every cell above was measured: allocated and reserved before and after, the allocator's peak
-# during the cell (exact when the cell set a new peak, `≥` otherwise), NVML before, after and at
-# its sampled peak, and host RAM. `gpumem_nb.history()` returns the same as a DataFrame; the
-# cell after the table checks two of its rows against what the cells printed.
-
-# %% id="01-35"
-# %gpumem history
-# %% id="01-37"
-import gpumem_nb
-
-rows = gpumem_nb.history()
-big = rows[rows.source.str.startswith("x = torch.randn(20000, 20000")].iloc[0]
-cleanup = rows[rows.source.str.startswith("%gpumem cleanup")].iloc[0]
-big_nvml = big.nvml_used_after_bytes - big.nvml_used_before_bytes
-cleanup_nvml = cleanup.nvml_used_after_bytes - cleanup.nvml_used_before_bytes
-claim(near(big_nvml, big.reserved_after_bytes - big.reserved_before_bytes, within=64 * MiB),
-      "the 20000×20000 tensor's row shows NVML rising with reserved",
-      nvml_delta=fmt(int(big_nvml), signed=True))
-claim(near(-cleanup_nvml, cleanup.reserved_before_bytes - cleanup.reserved_after_bytes,
-           within=64 * MiB),
-      "the first cleanup's row shows NVML falling with reserved",
-      nvml_delta=fmt(int(cleanup_nvml), signed=True))
+# - Importing torch, and even `get_device_name`, puts nothing on the GPU; the first allocation
+#   creates the CUDA context, which NVML charges to this process and PyTorch's allocator never
+#   counts.
+# - Under lazy loading a kernel's code joins the context at its first launch; eager loading
+#   makes the context larger from the start.
+# - `allocated` counts blocks (requests rounded up, sometimes to a whole segment) and
+#   `reserved` counts segments: both exceed your tensors' sizes before anything is cached.
+# - NVML's total counts the driver's reserve and CUDA's (the one in PyTorch's OOM message) does
+#   not; read a process's memory from NVML's process list, not from `nvidia-smi`'s table.
+# - After `del`, `allocated` falls at once and `reserved` and NVML do not: the block stays
+#   cached, and the next tensor of that size reuses it.

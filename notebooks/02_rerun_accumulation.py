@@ -19,6 +19,9 @@
 # > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
 # > any other cell runs and replaces them.
 #
+# **The question:** why does memory keep growing when I re-run a cell that only rebinds
+# the same names?
+#
 # Re-running a cell should cost nothing extra: it rebinds the same names. Three things break that,
 # and gpumem_nb names each one: results kept alive by IPython's output cache (`Out[n]`, `_`), a
 # stored traceback that keeps a failed cell's frames, and tensors that carry their autograd
@@ -348,3 +351,15 @@ claim(state == 2 * params, "Adam's state is two tensors per parameter",
 
 # %% id="02-27"
 # %gpumem history -n 12
+
+# %% [markdown] id="02-35"
+# What to take away:
+#
+# - A cell whose last line displays a tensor keeps it in `Out[n]` on every run: end it with `;`
+#   or assign the result, and `%gpumem cleanup --out` frees what was kept.
+# - A failed cell's traceback keeps its frames' tensors alive; IPython stores it in three
+#   places, and `%gpumem cleanup` drops all of them.
+# - A stored loss tensor keeps its step's autograd graph: store `loss.item()`, and do not keep
+#   the last loss bound either, or two graphs are alive while the next step runs.
+# - `%gpumem who` names every Python holder, graphs included; the matrix libraries' workspaces
+#   have none, and Adam's state (two tensors per parameter) appears at the first `step()`.

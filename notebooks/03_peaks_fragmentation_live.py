@@ -19,6 +19,9 @@
 # > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
 # > any other cell runs and replaces them.
 #
+# **The question:** why did a cell run out of memory when, before it and after it,
+# there seemed to be plenty free?
+#
 # An OOM "out of nowhere" is usually a short peak, or memory the allocator holds but cannot hand
 # out. This notebook measures both, compares the allocator with `expandable_segments` honestly,
 # and shows the live chart during a long cell.
@@ -332,3 +335,16 @@ for _, row in df.sort_values("peak_allocated_bytes", ascending=False).head(3).it
           f"in {row.duration_s:.2f} s: {row.source[:60]!r}")
 resets = df[df.source.str.contains("--reset-peak")]
 claim(len(resets) and resets.peak_exact.all(), "no --reset-peak row is marked ≥")
+
+# %% [markdown] id="03-23"
+# What to take away:
+#
+# - A short spike inside a cell is invisible before and after it: `%%gpumem` gives the exact
+#   peak when the cell sets a new process-wide one, a lower bound (`≥`) otherwise, and the
+#   exact figure again with `--reset-peak`.
+# - A smaller tensor cut from a larger cached block leaves the rest as *inactive split*:
+#   reserved, free, and not returnable while the tensor beside it lives.
+# - `expandable_segments:True` does not stop splitting; it lets `empty_cache()` unmap the free
+#   pages of a segment that a live tensor still uses.
+# - Set `PYTORCH_ALLOC_CONF` in the first cell: the backend is read when torch is imported, the
+#   other options when CUDA starts, and neither is read again.

@@ -19,6 +19,9 @@
 # > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
 # > any other cell runs and replaces them.
 #
+# **The question:** what does each allocator setting change, which backend honours it,
+# and when does it take effect?
+#
 # PyTorch's CUDA allocator is configured with one environment variable, `PYTORCH_ALLOC_CONF`
 # (the older name `PYTORCH_CUDA_ALLOC_CONF` still works), holding comma-separated `key:value`
 # pairs. This notebook takes the five settings most often tuned, of the fourteen keys torch
@@ -319,3 +322,16 @@ for line in summary.splitlines():
 # %% id="05-12"
 del b, small
 # %gpumem cleanup
+
+# %% [markdown] id="05-13"
+# What to take away:
+#
+# - With nothing set the backend is `native`, PyTorch's own caching allocator.
+# - A setting the backend does not honour is ignored without a word: under `cudaMallocAsync`,
+#   `max_split_size_mb` changes nothing and nothing warns.
+# - Each setting changes what the statistics show: `roundup_power2_divisions` hands out blocks
+#   bigger than the requests, `max_split_size_mb` makes oversize blocks, and expandable
+#   segments let `empty_cache()` return more while tensors are alive.
+# - The settings count only when set before CUDA starts (the backend before `import torch`).
+# - `memory_summary()` counts sizes and blocks, not operations; `%gpumem summary` says the
+#   important ones in words, and a trace (notebook 7) says which line allocated what.

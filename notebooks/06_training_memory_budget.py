@@ -19,6 +19,9 @@
 # > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
 # > any other cell runs and replaces them.
 #
+# **The question:** will this training run fit on the GPU, and which part of the
+# step takes the memory?
+#
 # Before a run you want to know whether it fits. The usual estimate adds four parts:
 #
 # - **parameters**: one float32 each (the first output below prints its size);
@@ -471,3 +474,17 @@ claim(near(half_bytes, params_measured / 2, within=2**20), ".half() halves the w
 
 # %% id="06-16"
 # %gpumem history -n 8
+
+# %% [markdown] id="06-17"
+# What to take away:
+#
+# - Parameters, gradients and AdamW state follow the rule to the byte (the weight, its
+#   gradient and two AdamW states, each in float32); `opt.step()` needs temporaries on top,
+#   about one more list the size of the parameters.
+# - Activations are what autograd saves: count them with `saved_tensors_hooks` at small
+#   batches and extrapolate, instead of guessing from a formula.
+# - The parts do not simply add up: the step's peak is set by one phase, and its temporaries
+#   push it up. Budget with the measured peak of one real step.
+# - Autocast shrinks the layers' saved activations but not by half, and leaves parameters,
+#   gradients and AdamW state in float32; checkpointing keeps fewer activations; under
+#   `no_grad` and `inference_mode` nothing is saved for backward, only the output stays.

@@ -19,6 +19,9 @@
 # > outputs come from a GPU run, and its first code cell stops Run All with one sentence before
 # > any other cell runs and replaces them.
 #
+# **The question:** which line of my code allocated the memory, and which line still
+# holds it?
+#
 # `allocated` says how much; it does not say which line. PyTorch can record every allocation
 # with the Python stack that made it (its *allocation history*). `%%gpumem --trace` switches that
 # recording on for one cell only, then shows the lines that held the most memory at the cell's
@@ -284,3 +287,16 @@ too_big = torch.empty(2 * torch.cuda.mem_get_info()[1], dtype=torch.uint8, devic
 del activations
 kept_hidden.clear()
 # %gpumem cleanup
+
+# %% [markdown] id="07-23"
+# What to take away:
+#
+# - `%%gpumem --trace` names the lines that held the most at the cell's peak and those still
+#   holding memory at its end, where a leak shows.
+# - Recording stacks slows every allocation, C++ frames more: trace the cell you investigate,
+#   not the whole notebook.
+# - Without a reset, `%%gpumem`'s peak for a cell is a lower bound; the trace's figure is exact
+#   for what the cell itself allocated.
+# - `--save` writes the recording for memory_viz, whose page comes from the network;
+#   offline, read the trace's timeline in the notebook or `torch.cuda._memory_viz`'s text
+#   summaries.
