@@ -16,7 +16,7 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -202,10 +202,44 @@ def api(lab: Any, method: str, path: str) -> bytes:
         return bytes(r.read())
 
 
+def sessions_of(lab: Any, path: str) -> list[dict[str, Any]]:
+    return [s for s in json.loads(api(lab, "GET", "/api/sessions")) if s["path"] == path]
+
+
+def kernel_ids(lab: Any) -> set[str]:
+    return {k["id"] for k in json.loads(api(lab, "GET", "/api/kernels"))}
+
+
 def end_sessions(lab: Any, path: str) -> None:
-    for s in json.loads(api(lab, "GET", "/api/sessions")):
-        if s["path"] == path:
-            api(lab, "DELETE", f"/api/sessions/{s['id']}")
+    for s in sessions_of(lab, path):
+        api(lab, "DELETE", f"/api/sessions/{s['id']}")
+
+
+def until(cond: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    """Poll the server until ``cond`` holds: a loaded machine takes longer than any fixed wait."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def stays(page: Any, index: int, ok: Callable[[dict[str, Any]], bool],
+          hold_s: float = 2.0, timeout_s: float = 30.0) -> dict[str, Any]:
+    """Cell ``index`` shows what ``ok`` accepts for ``hold_s`` in a row: a restore that replaced
+    the picture for good (by a live view, or an error) fails here, however late it comes."""
+    deadline = time.monotonic() + timeout_s
+    since: float | None = None
+    while True:
+        seen = shows(page, index)
+        now = time.monotonic()
+        if ok(seen):
+            since = now if since is None else since
+            if now - since >= hold_s:
+                return seen
+        else:
+            since = None
+        assert now < deadline, f"cell {index} did not show it for {hold_s} s in a row: {seen}"
+        page.wait_for_timeout(200)
 
 
 PICTURE_SVG = """(i) => {
@@ -242,14 +276,14 @@ def test_saved_while_live_and_the_kernel_gone_without_another_save_it_reopens_as
             page.evaluate("() => { window.jupyterapp.commands.execute("
                           "'notebook:close-and-shutdown'); }")
             page.locator(".jp-Dialog button.jp-mod-accept").first.click(timeout=10_000)
-            page.wait_for_timeout(3000)
+            until(lambda: not sessions_of(lab, path), "the closed notebook's session stayed")
         elif how == "elsewhere":
             kernel = page.evaluate("() => window.jupyterapp.shell.currentWidget"
                                    ".sessionContext.session.kernel.id")
             page.goto("about:blank")
             page.wait_for_timeout(1000)
             api(lab, "DELETE", f"/api/kernels/{kernel}")
-            page.wait_for_timeout(2000)
+            until(lambda: kernel not in kernel_ids(lab), "the deleted kernel stayed")
         else:
             page.goto("about:blank")
             page.wait_for_timeout(1000)
@@ -258,8 +292,8 @@ def test_saved_while_live_and_the_kernel_gone_without_another_save_it_reopens_as
 
         open_notebook(page, lab, path, frontend)
         wait_kernel_idle(page)
-        page.wait_for_timeout(2500)  # the widget manager restores what it can by then
-        seen = shows(page, 2)
+        # The picture must come, and stay while the widget manager restores what it can.
+        seen = stays(page, 2, lambda s: bool(s.get("picture")) and not s.get("live"))
         screenshot(page, f"browser-ended-{frontend}-{ending}.png")
         assert seen.get("picture") and not seen.get("error"), seen
         picture = page.evaluate(PICTURE_SVG, 2)
