@@ -111,6 +111,9 @@ def test_it_finds_torch_without_importing_it(tmp_path: Path):
     assert "no NVIDIA driver" in lacks and "PyTorch" not in lacks, out
 
 
+# Reads the tutorials with jupytext and nbformat: their import left 142,000 objects that
+# every later test's heap walks visited again. The tutorial machinery, run by CI.
+@pytest.mark.slow
 @pytest.mark.parametrize("path", GPU_TUTORIALS, ids=lambda p: p.stem)
 def test_each_gpu_tutorial_says_so_at_its_top_and_checks_before_anything_else(path):
     cells = RUNNER.load_source(path).cells
