@@ -61,13 +61,14 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jupytext
-import nbformat
-from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionComplete, CellExecutionError
-from nbclient.util import ensure_async, run_sync
+# nbformat, jupytext and nbclient are imported where a notebook is read, run or written, not
+# here: the test suite loads this module for its constants and tutorial_sources(), and
+# nbformat's JSON schemas alone leave some 140,000 objects on the heap of every test process
+# that imports it, which the extension's heap walks then visit in every later test.
+if TYPE_CHECKING:
+    from nbclient import NotebookClient
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -99,6 +100,9 @@ def tutorial_sources(folder: Path = HERE) -> list[Path]:
 def load_source(path: Path) -> Any:
     """The notebook a percent-format source describes, with the ids from its cell headers,
     ready to execute (no outputs)."""
+    import jupytext
+    import nbformat
+
     nb = jupytext.read(path, fmt="py:percent")
     for index, cell in enumerate(nb.cells):
         cell_id = cell.metadata.pop("id", None)
@@ -157,6 +161,10 @@ def kernel_metadata(client: NotebookClient) -> dict[str, Any]:
 def settle(client: NotebookClient, code: str = SETTLE) -> None:
     """Run ``code`` silently and route its messages like a cell's: display updates reach the
     saved outputs through nbclient's display_id map, comm messages the saved widget state."""
+    import nbformat
+    from nbclient.exceptions import CellExecutionComplete
+    from nbclient.util import ensure_async, run_sync
+
     assert client.kc is not None
     scratch = nbformat.v4.new_code_cell(code)
     scratch.metadata["execution"] = {}
@@ -533,6 +541,10 @@ def run(path: Path, out_dir: Path, widget_state: bool = True,
     ``out_dir/<stem>.ipynb``; return the seconds each cell took. Raises ``ClaimError`` when a
     cell contradicts the prose, after saving the notebook as far as it got. Widget models
     above ``widget_state_limit_bytes`` are left out (None keeps them all)."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
     nb = load_source(path) if path.suffix == ".py" else nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=900, kernel_name="python3", allow_errors=False,
                             store_widget_state=widget_state,

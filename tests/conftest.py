@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,15 +142,36 @@ def shell(ip: Any, capsys: Any) -> Any:
 
 
 def _clean(ip: Any) -> None:
+    import gc
+
     _unload(ip)
     for attr in ("_gpumem_nb_history", "_gpumem_nb_config", "_gpumem_nb_session_keys",
                  "_gpumem_nb_recorded_session"):
         if hasattr(ip, attr):
             delattr(ip, attr)
-    ip.run_cell("%reset -f", store_history=False)
+    # ``%reset -f`` collects twice (its output cache's flush, then the magic itself), and this
+    # runs before and after every test that takes the shell: four full collections a test,
+    # each walking the whole heap, took a third of test_magics.py's time. One collection,
+    # once the namespace and sys.last_* are cleared, frees the same cycles.
+    with _no_collection():
+        ip.run_cell("%reset -f", store_history=False)
     for name in ("last_exc", "last_type", "last_value", "last_traceback"):
         if hasattr(sys, name):
             setattr(sys, name, None)
+    gc.collect()
+
+
+@contextlib.contextmanager
+def _no_collection() -> Iterator[None]:
+    """``gc.collect`` does nothing inside (only the test's own cleanup runs there)."""
+    import gc
+
+    collect = gc.collect
+    gc.collect = lambda generation=2: 0
+    try:
+        yield
+    finally:
+        gc.collect = collect
 
 
 @pytest.fixture
@@ -286,12 +309,46 @@ def _heap_types() -> Any:
     return collections.Counter(type(o).__name__ for o in gc.get_objects())
 
 
-def pytest_runtest_teardown(item: Any, nextitem: Any) -> None:
+def forget_parsed_sources() -> None:
+    """Drop the parsed source files IPython's tracebacks keep. IPython formats a traceback
+    with stack_data, which parses the whole file of every frame in it and keeps each tree (and
+    each frame's code object) for the life of the process. The suite shows hundreds of
+    tracebacks through dozens of files: test_hostile.py alone left 52,000 AST nodes behind,
+    which every later test's heap walks (the shell's clean-up collection, cleanup, the OOM
+    explainer, the retention search) visited again."""
+    for module in ("stack_data.core", "executing.executing"):
+        source = getattr(sys.modules.get(module), "Source", None)
+        for name in ("__source_cache_with_lines", "__source_cache", "__executing_cache"):
+            # executing keeps them as attributes of each Source class, under these names
+            cache = vars(source).get(name) if source is not None else None
+            if isinstance(cache, dict):
+                cache.clear()
+    # and, in unbounded lru_caches, every Source a line was looked up in and every node whose
+    # statement was asked for: the trees stay alive through these even once the dicts are empty
+    executing = sys.modules.get("executing.executing")
+    for cached in (getattr(getattr(executing, "Source", None), "statements_at_line", None),
+                   getattr(executing, "statement_containing_node", None)):
+        clear = getattr(cached, "cache_clear", None)
+        if clear is not None:
+            clear()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: Any, nextitem: Any) -> Any:
+    """After the test's fixtures are torn down: at the end of each file, the parsed sources
+    are dropped and, when asked for, the heap reported."""
+    result = yield
+    if nextitem is None or nextitem.path != item.path:
+        # Once a file, not once a test: a file's tests share the trees of their tracebacks.
+        forget_parsed_sources()
+        _report_heap(item)
+    return result
+
+
+def _report_heap(item: Any) -> None:
     import os
 
     if not os.environ.get("GPUMEM_TEST_HEAP"):
-        return
-    if nextitem is not None and nextitem.path == item.path:
         return
     import gc
     import time

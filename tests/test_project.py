@@ -99,6 +99,9 @@ def tutorial_runner():
     return notebook_module("run_tutorials")
 
 
+# Reads the tutorials with jupytext and nbformat: their import left 146,000 objects that
+# every later test's heap walks visited again. The tutorial machinery, run by CI.
+@pytest.mark.slow
 def test_the_tutorials_carry_outputs_from_a_gpu_run():
     """Every executed tutorial, executed on the GPU machine. A source without its notebook is
     "not yet executed", which the README must say (tests/test_tutorial_prose.py,
@@ -118,6 +121,9 @@ def test_the_tutorials_carry_outputs_from_a_gpu_run():
         assert "NVIDIA H200" in text, path.name
 
 
+# Reads the tutorials with jupytext and nbformat: their import left 146,000 objects that
+# every later test's heap walks visited again. The tutorial machinery, run by CI.
+@pytest.mark.slow
 def test_every_tutorial_cell_and_subprocess_snippet_is_valid_python():
     """A syntax error would otherwise surface only on the GPU machine, as a failed run."""
     import ast

@@ -11,8 +11,11 @@ import shutil
 from pathlib import Path
 
 from .helpers import notebook_module
-from .test_tutorial_prose import NOTEBOOKS, ROOT
 
+# Not imported from test_tutorial_prose: that module (slow, left out of the contributor's loop)
+# imports nbformat, whose schemas would then stay on the heap of every later test in the loop.
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
 TOOL = ROOT / "tools" / "kernel_language.py"
 
 

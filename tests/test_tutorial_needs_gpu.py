@@ -17,7 +17,13 @@ from gpumem_nb.sources.nvml import NvmlSource
 from gpumem_nb.tutorial import NeedsGpu, missing, require_gpu
 
 from .fakes import FakeGpu, FakePynvml
-from .test_tutorial_prose import NOTEBOOKS, ROOT, RUNNER
+from .helpers import notebook_module
+
+# Not imported from test_tutorial_prose: that module (slow, left out of the contributor's loop)
+# imports nbformat, whose schemas would then stay on the heap of every later test in the loop.
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+RUNNER = notebook_module("run_tutorials")
 
 CALL = "require_gpu()"
 GPU_TUTORIALS = sorted(p for p in NOTEBOOKS.glob("[0-9][0-9]_*.py")
@@ -105,6 +111,9 @@ def test_it_finds_torch_without_importing_it(tmp_path: Path):
     assert "no NVIDIA driver" in lacks and "PyTorch" not in lacks, out
 
 
+# Reads the tutorials with jupytext and nbformat: their import left 142,000 objects that
+# every later test's heap walks visited again. The tutorial machinery, run by CI.
+@pytest.mark.slow
 @pytest.mark.parametrize("path", GPU_TUTORIALS, ids=lambda p: p.stem)
 def test_each_gpu_tutorial_says_so_at_its_top_and_checks_before_anything_else(path):
     cells = RUNNER.load_source(path).cells
