@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import ast
 import sys
-from functools import cache
 from pathlib import Path
 
 __all__ = ["main"]
@@ -86,10 +85,21 @@ def collect(pkg: Path) -> dict[str, dict[str, object]]:
 
 
 def floors(mods: dict[str, dict[str, object]]) -> dict[str, int]:
-    @cache
-    def floor(name: str, seen: frozenset[str] = frozenset()) -> int:
-        deps = [d for d in mods[name]["top"] if d not in seen]  # type: ignore[attr-defined]
-        return 1 + max((floor(d, seen | {name}) for d in deps), default=-1)
+    # Memoised on the module alone: keyed on the path walked as well, the count of keys is
+    # the count of import paths, which grows exponentially with the package's depth (it ran
+    # out of memory at 167 modules). A module met again on the path being walked is a
+    # top-level import circle, which Python would refuse anyway; it adds no floor.
+    done: dict[str, int] = {}
+    walking: set[str] = set()
+
+    def floor(name: str) -> int:
+        if name in done:
+            return done[name]
+        walking.add(name)
+        deps = [d for d in mods[name]["top"] if d not in walking]  # type: ignore[attr-defined]
+        done[name] = 1 + max((floor(d) for d in deps), default=-1)
+        walking.discard(name)
+        return done[name]
 
     return {name: floor(name) for name in mods}
 
