@@ -45,6 +45,7 @@ from .causes import (
     held_holders,
     pool_owner_text,
 )
+from .event import OomEvent, with_counted_ooms
 from .facts import (
     POOL_GRAPH,
     POOL_USER,
@@ -79,11 +80,7 @@ from .site import (
     mark_running,
     module_paths,
 )
-from .watch import (
-    OomEvent,
-    OomWatch,
-    with_counted_ooms,
-)
+from .watch import OomWatch
 
 __all__ = [
     "CAUSE_FRAGMENTATION",

@@ -40,6 +40,7 @@ from .causes import (
     held_holders,
 )
 from .facts import POOL_USER, OomFacts, PoolUse
+from .forms import OomForm
 from .rawpart import raw_lines
 
 
@@ -463,3 +464,29 @@ def _dry_run_actions(report: CleanupReport) -> list[Action]:
 
 # ------------------------------------------------------------------------------------------
 # 3. The runtime: the observer, counting, explaining a failing cell
+
+
+GC_NOTE_BYTES = 256 << 20  # a collection's freed bytes worth a line after the explanation
+
+
+def form_actions(form: OomForm | None, steps: tuple[Action, ...]) -> tuple[Action, ...]:
+    """A form's one recovering action first; where the kernel must restart it is the only
+    one (nothing run in this process frees what the failure broke)."""
+    if form is None:
+        return steps
+    first = Action(form.action, code=form.code)
+    if form.restart:
+        return (first,)
+    return (first, *(a for a in steps if a.code != form.code or a.nbytes is not None))
+
+
+def collected_line(nbytes: int, collections: int, *, after_explanation: bool) -> str:
+    when = ("Since the out-of-memory error was explained" if after_explanation
+            else "Between the failure and this explanation")
+    many = "collection" if collections == 1 else "collections"
+    return (f"{when}, Python's garbage collector freed {format_bytes(nbytes)} of CUDA memory "
+            f"({collections} {many}): tensors kept only by reference cycles (objects that refer to "
+            "each other and that nothing else reaches). That was garbage at the failure, "
+            "counted against the request: PyTorch does not run the collector before it "
+            "raises. Break the cycle (set the back-reference to None, or hold it through "
+            "weakref) or call gc.collect() in the loop that makes them.")

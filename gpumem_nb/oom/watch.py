@@ -13,7 +13,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from .. import userexc
@@ -21,7 +21,6 @@ from ..cleanup import CleanupRequest
 from ..errtext import error_str
 from ..ledger import workspace_blocks_bytes, workspaces_in_remainder
 from ..model import (
-    AllocatorReading,
     CellStart,
     Holder,
     Sample,
@@ -30,8 +29,14 @@ from ..sources.torch import (
     TorchDebug,
     alloc_conf,
 )
-from ..units import format_bytes
-from .advice import Action, OomExplanation, SiteAtFailure, next_steps
+from .advice import (
+    GC_NOTE_BYTES,
+    OomExplanation,
+    SiteAtFailure,
+    collected_line,
+    form_actions,
+    next_steps,
+)
 from .causes import (
     CAUSE_UNKNOWN,
     CAUSE_WORKING_SET,
@@ -40,8 +45,9 @@ from .causes import (
     garbage_holders,
     held_holders,
 )
+from .event import OomEvent
 from .facts import OomFacts, PoolUse
-from .forms import OomForm, find_oom, oom_form
+from .forms import find_oom, oom_form
 from .gcwindow import Collections, WhileHandled
 from .ledgerparts import explanation_ledger, pool_parts
 from .message import (
@@ -73,43 +79,6 @@ from .scans import (
 )
 from .segments import _segment_facts, graph_trees_loaded, named_pools, pools_in
 from .site import failure_site, mark_running
-
-
-@dataclass
-class OomEvent:
-    """The allocator's state when its observer fired: before the exception, every tensor
-    still alive."""
-
-    device: int
-    requested_bytes: int
-    limit_bytes: int  # the memory-fraction cap when set, else the device total
-    free_bytes: int
-    wall_s: float
-    generation: int
-    reading: AllocatorReading | None = None
-    processes: list[tuple[int, int | None]] | None = None
-    holders: tuple[Holder, ...] | None = None
-    largest_free_block_bytes: int | None = None
-    idle_segments_bytes: int | None = None
-    expandable_segments: bool | None = None
-    grad_enabled: bool | None = None  # on the allocating thread (a backward runs on its own)
-    cell: CellStart | None = None
-    pools: tuple[PoolUse, ...] = ()
-    workspaces_bytes: int = 0  # cuBLAS workspaces in the snapshot at the failure
-    cost_s: float = 0.0
-    stage_s: dict[str, float] = field(default_factory=dict)
-
-
-def with_counted_ooms(sample: Sample, counts: Mapping[int, int]) -> Sample:
-    """``sample`` with each device's OOM count at least what gpumem_nb counted itself: the
-    cudaMallocAsync backend leaves ``num_ooms`` at 0."""
-    devices = []
-    for d in sample.devices:
-        n = counts.get(d.index, 0)
-        if d.allocator is not None and n > d.allocator.num_ooms:
-            d = replace(d, allocator=replace(d.allocator, num_ooms=n))
-        devices.append(d)
-    return replace(sample, devices=tuple(devices))
 
 
 class OomWatch(ObserverAttachment):
@@ -384,7 +353,7 @@ class OomWatch(ObserverAttachment):
         return OomExplanation(
             ledger=explanation_ledger(pieces.facts, pieces.judged), facts=pieces.facts,
             causes=causes,
-            actions=_form_actions(form, next_steps(pieces.facts, causes, pieces.judged, dry)),
+            actions=form_actions(form, next_steps(pieces.facts, causes, pieces.judged, dry)),
             error=first_line(text, 300) or userexc.type_name(exc),
             form=msg.form, source=pieces.source, holders=pieces.holders,
             sites_at_failure=tuple(sites), observer_s=pieces.observer_s,
@@ -608,29 +577,3 @@ class OomWatch(ObserverAttachment):
         caught = f" ({seen} caught by your own code, none reached a cell)" if seen else ""
         return (f"gpumem: no CUDA out-of-memory error has reached a cell yet{caught}. "
                 f"OOM observer: {self.observer_status}.")
-
-
-GC_NOTE_BYTES = 256 << 20  # a collection's freed bytes worth a line after the explanation
-
-
-def _form_actions(form: OomForm | None, steps: tuple[Action, ...]) -> tuple[Action, ...]:
-    """A form's one recovering action first; where the kernel must restart it is the only
-    one (nothing run in this process frees what the failure broke)."""
-    if form is None:
-        return steps
-    first = Action(form.action, code=form.code)
-    if form.restart:
-        return (first,)
-    return (first, *(a for a in steps if a.code != form.code or a.nbytes is not None))
-
-
-def collected_line(nbytes: int, collections: int, *, after_explanation: bool) -> str:
-    when = ("Since the out-of-memory error was explained" if after_explanation
-            else "Between the failure and this explanation")
-    many = "collection" if collections == 1 else "collections"
-    return (f"{when}, Python's garbage collector freed {format_bytes(nbytes)} of CUDA memory "
-            f"({collections} {many}): tensors kept only by reference cycles (objects that refer to "
-            "each other and that nothing else reaches). That was garbage at the failure, "
-            "counted against the request: PyTorch does not run the collector before it "
-            "raises. Break the cycle (set the back-reference to None, or hold it through "
-            "weakref) or call gc.collect() in the loop that makes them.")
