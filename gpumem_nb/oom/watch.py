@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -140,7 +140,15 @@ class OomWatch(ObserverAttachment):
             self._scanned_generation = generation
         event = OomEvent(device=device, requested_bytes=int(alloc), limit_bytes=int(limit),
                          free_bytes=int(free), wall_s=time.time(), generation=generation)
-        event.reading = self.torch.read(device)
+        # The counters and the segments are read first, together, with the collector held
+        # off: a collection run by anything after them (the scan allocates) frees reference
+        # cycles' tensors into idle segments and large free blocks that were not there at the
+        # failure, and read as cache the request could have used.
+        with _collector_held():
+            event.reading = self.torch.read(device)
+            t = self.clock()
+            self._read_segments(event, device)
+            event.stage_s["observer_segments"] = self.clock() - t
         if self._window is None or self._window.generation != generation:
             self._open_window(device, generation)
         event.grad_enabled = self.torch.grad_enabled()
@@ -153,26 +161,27 @@ class OomWatch(ObserverAttachment):
             t = self.clock()
             event.holders = tuple(self.host.scan(graph_budget_s=EXPLAIN_GRAPH_BUDGET_S))
             event.stage_s["observer_scan"] = self.clock() - t
-        if self.torch.allocator_backend() != "cudaMallocAsync":
-            # Segments and blocks only: cheap. With history recorded the whole snapshot would
-            # carry it, so the segments are read alone; skipping them left a CUDA graph's free
-            # pool unknown, and so called fragmentation. The async pool has no segments.
-            t = self.clock()
-            if not self.torch.history_enabled():
-                snap, _ = self.torch.memory_snapshot()
-            else:
-                segs, _ = self.torch.segments_snapshot()
-                snap = {"segments": segs} if segs is not None else None
-            if snap is not None:
-                (event.largest_free_block_bytes, event.expandable_segments,
-                 event.idle_segments_bytes) = _segment_facts(snap, device)
-                event.pools = self._named_pools(pools_in(snap.get("segments", ()), device,
-                                                         graph_trees_loaded()))
-                event.workspaces_bytes = workspace_blocks_bytes(snap.get("segments", ()),
-                                                                device)
-            event.stage_s["observer_segments"] = self.clock() - t
         event.cost_s = self.clock() - t0
         self.events.append(event)
+
+    def _read_segments(self, event: OomEvent, device: int) -> None:
+        if self.torch.allocator_backend() == "cudaMallocAsync":
+            return  # the async pool has no segments
+        # Segments and blocks only: cheap. With history recorded the whole snapshot would
+        # carry it, so the segments are read alone; skipping them left a CUDA graph's free
+        # pool unknown, and so called fragmentation.
+        if not self.torch.history_enabled():
+            snap, _ = self.torch.memory_snapshot()
+        else:
+            segs, _ = self.torch.segments_snapshot()
+            snap = {"segments": segs} if segs is not None else None
+        if snap is None:
+            return
+        (event.largest_free_block_bytes, event.expandable_segments,
+         event.idle_segments_bytes) = _segment_facts(snap, device)
+        event.pools = self._named_pools(pools_in(snap.get("segments", ()), device,
+                                                 graph_trees_loaded()))
+        event.workspaces_bytes = workspace_blocks_bytes(snap.get("segments", ()), device)
 
     def _segments_now(self, device: int, backend: str) -> tuple[tuple[PoolUse, ...], int]:
         """After the failure, from one reading of the segments: the private pools (a graph's
@@ -577,3 +586,16 @@ class OomWatch(ObserverAttachment):
         caught = f" ({seen} caught by your own code, none reached a cell)" if seen else ""
         return (f"gpumem: no CUDA out-of-memory error has reached a cell yet{caught}. "
                 f"OOM observer: {self.observer_status}.")
+
+
+@contextlib.contextmanager
+def _collector_held() -> Iterator[None]:
+    """Python's collector off for a few reads, then as it was: it is the user's, and a
+    collection deferred for a moment is run at the next threshold."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
