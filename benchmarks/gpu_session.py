@@ -497,6 +497,21 @@ out.update(total=ip.user_ns["_total"], entries=r.entries, notes=list(r.notes),
     fit=[{{"setting": f.setting, "label": f.label, "min_bytes": f.min_bytes,
            "replays": f.replays}} for f in r.fit.rows],
     recorded_peak=ip.user_ns["torch"].cuda.max_memory_reserved())
+import os
+_keep = os.environ.get("GPUMEM_KEEP_SNAPSHOT")
+if _keep:
+    # The recorded history itself, frames left out, to replay it again off the GPU.
+    import gzip, pickle
+    from gpumem_nb.kernel import current_monitor
+    _s = current_monitor().session.snapshot().snapshot
+    for _tr in _s.get("device_traces") or ():
+        for _e in _tr:
+            _e.pop("frames", None)
+    for _seg in _s.get("segments") or ():
+        for _b in _seg.get("blocks") or ():
+            _b.pop("frames", None)
+    with gzip.open(_keep, "wb") as _f:
+        pickle.dump(_s, _f)
 print("@@" + json.dumps(out))
 """
 FC_REAL = """\

@@ -87,6 +87,7 @@ def test_capsules_in_a_list_and_a_name_are_named_with_their_bytes_not_not_found(
     assert holder_advice(h).code == "del export_queue, last_capsule"
 
 
+@pytest.mark.slow  # a whole-heap retention search, 4-31 s on the 2-core machine
 def test_a_module_globals_capsule_is_found_by_the_search_and_named_by_its_path():
     mod = types.ModuleType("gm_capsule_exports")
     mod.pending = {"act": cuda_capsule(2 * GiB)}  # type: ignore[attr-defined]
@@ -106,6 +107,7 @@ def test_a_consumed_capsule_holds_nothing():
     assert gpu(Scanner(TORCH).scan({"cap": cap})) == []
 
 
+@pytest.mark.slow  # a whole-heap retention search, 4-31 s on the 2-core machine
 def test_the_del_of_a_capsule_queue_is_checked_and_joins_the_other_name_that_keeps_one():
     """The queue's (name, capsule) tuples are untracked: the untracked pass's own list of
     them made each look held by something unseen, and the line was refused."""

@@ -13,6 +13,8 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from gpumem_nb.holders import Scanner, output_cache_names
 from gpumem_nb.oom.site import failure_site
 
@@ -343,6 +345,7 @@ def test_the_output_cache_names_are_exact_strs_only():
 
 
 # -- through the shell: who, cleanup --dry-run and an OOM cell -----------------------------------
+@pytest.mark.slow  # a whole-heap retention search, 4-31 s on the 2-core machine
 def test_who_cleanup_dry_run_and_an_oom_cell_run_no_user_code(loaded, fake_gpu, capsys):
     fake_gpu.torch.nn = SimpleNamespace(Module=Module)
     fake_gpu.torch.optim = SimpleNamespace(Optimizer=Optimizer)

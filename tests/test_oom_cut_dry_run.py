@@ -12,6 +12,8 @@ import ctypes
 import gc
 from typing import Any
 
+import pytest
+
 from gpumem_nb.analysis import holder_advice
 from gpumem_nb.model import Holder
 
@@ -153,6 +155,7 @@ def test_a_memo_two_copies_share_is_cut_with_every_reference_in_one_del(oomworld
     assert before - oomworld.cuda.devices[0].allocated >= 0.95 * step.nbytes > 0
 
 
+@pytest.mark.slow  # a whole-heap retention search, 4-31 s on the 2-core machine
 def test_a_cut_that_a_live_thread_shares_in_part_says_only_the_bytes_it_frees():
     """Storage by storage: the bytes a thread's local also keeps stay after the `del`; the
     rest is what the line frees, and it says only that."""

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import pytest
 
 from gpumem_nb.analysis import held_text, verdict_message
 from gpumem_nb.holders import Scanner
@@ -138,6 +139,7 @@ def test_the_cut_walks_remainder_is_never_the_verdict():
     assert remainder and not remainder[0].covers and "not a cause" in remainder[0].summary
 
 
+@pytest.mark.slow  # a whole-heap retention search, 4-31 s on the 2-core machine
 def test_numpy_arrays_are_called_arrays_and_gc_finds_are_not_called_unreachable():
     holders = Scanner({}).scan({"a": [np.zeros(10), np.ones(10)]})
     assert holders[0].detail == "2 arrays" and holders[0].arrays
@@ -412,6 +414,7 @@ class Bottleneck:
     out_saved: list[Any] = []  # noqa: RUF012 (the class-level cache is what users write)
 
 
+@pytest.mark.slow  # a whole-heap retention search, 4-31 s on the 2-core machine
 def test_who_gc_names_a_class_attribute_that_the_forward_walk_cannot_reach():
     # Out of sample on the H200 (class_attribute_cache): 60 GiB in a class-level list stayed
     # "not found". The garbage collector's referrers name the class and the attribute.
@@ -428,6 +431,7 @@ def test_who_gc_names_a_class_attribute_that_the_forward_walk_cannot_reach():
         Bottleneck.out_saved.clear()
 
 
+@pytest.mark.slow  # a whole-heap retention search, 4-31 s on the 2-core machine
 def test_who_gc_follows_an_exception_kept_in_a_variable_to_its_frames_locals():
     def step() -> None:
         acts = FakeTensor(6 * GiB)  # noqa: F841 (kept by the traceback)

@@ -45,6 +45,7 @@ def one(holders: list[Any], nbytes: int) -> Any:
     return h
 
 
+@pytest.mark.slow  # a whole-heap retention search, 4-31 s on the 2-core machine
 def test_a_module_global_list_is_named_by_its_module_and_index_not_not_found():
     featcache = types.ModuleType("featcache")
     featcache.store = [None, None, FakeTensor(3 * GiB)]  # type: ignore[attr-defined]
@@ -58,6 +59,7 @@ def test_a_module_global_list_is_named_by_its_module_and_index_not_not_found():
         del sys.modules["featcache"]
 
 
+@pytest.mark.slow  # a whole-heap retention search, 4-31 s on the 2-core machine
 def test_a_library_modules_private_global_is_named_but_never_given_a_line_to_edit_it():
     """`threading._active.clear()` was advised on the H200 (a Timer's partial held 63 GiB):
     editing a library's private state breaks the library."""
@@ -72,6 +74,7 @@ def test_a_library_modules_private_global_is_named_but_never_given_a_line_to_edi
         del logging._gm_probe  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow  # a whole-heap retention search, 4-31 s on the 2-core machine
 def test_what_only_a_live_thread_object_keeps_is_the_threads_not_threadings_registry():
     stop = threading.Event()
 
@@ -92,6 +95,7 @@ def test_what_only_a_live_thread_object_keeps_is_the_threads_not_threadings_regi
         stop.set()
 
 
+@pytest.mark.slow  # a whole-heap retention search, 4-31 s on the 2-core machine
 def test_a_value_set_in_a_context_variable_is_named_by_the_variable_not_lost():
     """H100, context_variable_keeps_batch: 100% "not found"; only the thread state refers to
     the running context, so no referrer chain reaches a name."""
@@ -107,6 +111,7 @@ def test_a_value_set_in_a_context_variable_is_named_by_the_variable_not_lost():
         var.reset(token)
 
 
+@pytest.mark.slow  # a whole-heap retention search, 4-31 s on the 2-core machine
 def test_a_defaultdicts_factory_closure_is_searched_not_only_its_items():
     """H100, defaultdict_factory_captures_template: 33% "not found"; the search read a dict
     subclass's items and never its default_factory."""
@@ -120,6 +125,7 @@ def test_a_defaultdicts_factory_closure_is_searched_not_only_its_items():
     assert h.name.startswith("grad_accum") and h.code == "del grad_accum", (h.name, h.code)
 
 
+@pytest.mark.slow  # a whole-heap retention search, 4-31 s on the 2-core machine
 def test_a_library_classs_attribute_is_named_but_never_set_to_none():
     """H100, log_records_exc_info_frames: the advice was `logging.Logger.manager = None`."""
     import logging
@@ -132,6 +138,7 @@ def test_a_library_classs_attribute_is_named_but_never_set_to_none():
         del logging.Logger._gm_probe_cache  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow  # a whole-heap retention search, 4-31 s on the 2-core machine
 def test_a_module_imported_under_another_name_is_fixed_through_that_name():
     mod = types.ModuleType("helpers_x")
     mod.cache = {"k": FakeTensor(5 * GiB)}  # type: ignore[attr-defined]
@@ -143,6 +150,7 @@ def test_a_module_imported_under_another_name_is_fixed_through_that_name():
         del sys.modules["helpers_x"]
 
 
+@pytest.mark.slow  # a whole-heap retention search, 4-31 s on the 2-core machine
 def test_a_stdlib_queue_is_named_by_its_items_and_drained_not_deleted():
     q: queue.Queue[Any] = queue.Queue()
     q.put(FakeTensor(7 * GiB))
@@ -154,6 +162,7 @@ def test_a_stdlib_queue_is_named_by_its_items_and_drained_not_deleted():
     assert q.empty()
 
 
+@pytest.mark.slow  # a whole-heap retention search, 4-31 s on the 2-core machine
 def test_an_object_column_of_arrays_is_found_through_the_explicit_array_edge():
     col = np.empty(3, dtype=object)
     col[1] = FakeTensor(9 * GiB)
@@ -162,6 +171,7 @@ def test_an_object_column_of_arrays_is_found_through_the_explicit_array_edge():
     assert h.name == "frame['emb'][1]" and h.kind == "variable"
 
 
+@pytest.mark.slow  # a whole-heap retention search, 4-31 s on the 2-core machine
 def test_a_live_threads_local_list_is_named_by_the_thread_function_and_local():
     stop = threading.Event()
     ready = threading.Event()
@@ -217,6 +227,7 @@ def test_reading_a_threads_locals_leaves_no_snapshot_that_keeps_them_alive():
         th.join(10)
 
 
+@pytest.mark.slow  # a whole-heap retention search, 4-31 s on the 2-core machine
 def test_a_suspended_generators_local_is_found_through_the_collectors_traversal():
     def batches() -> Any:
         batch = FakeTensor(13 * GiB)  # noqa: F841 (kept while suspended)
@@ -312,6 +323,7 @@ def fake_storage(t: Any) -> Any:
     return ("cuda:0", t._nbytes, ("cuda:0", id(t)))
 
 
+@pytest.mark.slow  # a whole-heap retention search, 4-31 s on the 2-core machine
 def test_a_data_frames_object_column_is_named_as_its_user_indexes_it():
     import pandas as pd
 
@@ -653,6 +665,7 @@ def test_a_metaclass_registry_is_cut_with_a_collection_and_no_name_is_deleted_tw
     assert before - oomworld.cuda.devices[0].allocated >= 0.95 * said > 0
 
 
+@pytest.mark.slow  # a whole-heap retention search, 4-31 s on the 2-core machine
 def test_a_library_modules_private_registry_is_never_advised_to_be_edited(oomworld):
     """H200, timer_thread_partial_autosave: the advice was `threading._active.clear()`."""
     shell = oomworld.shell
@@ -675,6 +688,7 @@ def test_a_library_modules_private_registry_is_never_advised_to_be_edited(oomwor
         shell.user_ns["autosave"].cancel()
 
 
+@pytest.mark.slow  # a whole-heap retention search, 4-31 s on the 2-core machine
 def test_a_running_threads_closure_is_not_advised_away_with_a_del(oomworld):
     """`del viewer` freed 0 on the H100: the thread's running frame keeps the closure."""
     shell = oomworld.shell
@@ -736,6 +750,7 @@ def test_held_bytes_no_name_reaches_beyond_the_floor_are_still_searched(oomworld
         featcache.store.clear()  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow  # a whole-heap retention search, 4-31 s on the 2-core machine
 def test_a_signal_handler_that_keeps_a_snapshot_is_named_with_the_line_that_restores_it():
     """H200, sigterm_handler_partial_keeps_snapshot: the handler table is C's; 21 GiB held
     by `signal.signal(SIGTERM, partial(save, snapshot=...))` were "not found"."""
@@ -762,6 +777,7 @@ def test_a_signal_handler_that_keeps_a_snapshot_is_named_with_the_line_that_rest
         signal.signal(signal.SIGUSR2, signal.SIG_DFL)
 
 
+@pytest.mark.slow  # a whole-heap retention search, 4-31 s on the 2-core machine
 def test_an_object_arrays_view_keeps_its_base_and_every_item_is_named_through_it():
     """H200, object_array_row_view_keeps_grid: `row = grid[2]; del grid` kept all 12 tensors
     (the view's base), and numpy traverses neither the base nor the items: 75% not found."""
@@ -816,6 +832,7 @@ def test_a_holder_with_no_cycle_below_its_name_is_not_told_to_collect():
     assert h.code == "del box", (h.name, h.code)
 
 
+@pytest.mark.slow  # a whole-heap retention search, 4-31 s on the 2-core machine
 def test_what_only_c_code_keeps_is_named_by_the_object_it_keeps():
     """A callback an interpreter table keeps (atexit's): found, and said as held from where
     Python cannot see, by the object held and the path down from it, not unnamed."""
