@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpu_session as g  # noqa: E402
+import gpu_session as g
 
 
 def main() -> int:
