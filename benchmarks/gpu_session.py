@@ -497,6 +497,22 @@ out.update(total=ip.user_ns["_total"], entries=r.entries, notes=list(r.notes),
     fit=[{{"setting": f.setting, "label": f.label, "min_bytes": f.min_bytes,
            "replays": f.replays}} for f in r.fit.rows],
     recorded_peak=ip.user_ns["torch"].cuda.max_memory_reserved())
+# The replay's own outcome at the exact caps the fit check runs (the minimum +-2%, as a
+# memory fraction of this GPU): the fit's bisection assumes a room that fits stays fitting
+# in any larger one, which a torch.cat growth history does not keep.
+from gpumem_nb.whatif import api as _w
+from gpumem_nb.kernel import current_monitor as _cm
+_hist = _cm().session.snapshot().snapshot
+_at = []
+for _f in r.fit.rows:
+    if not _f.min_bytes:
+        continue
+    for _sign in (1, -1):
+        _frac = min(_f.min_bytes * (1 + _sign * 0.02) / ip.user_ns["_total"], 1.0)
+        _conf = ",".join(x for x in (_f.setting, "per_process_memory_fraction:" + repr(_frac)) if x)
+        _at.append({{"setting": _f.setting, "sign": _sign, "fraction": _frac,
+                    "oom": _w.whatif(_hist, [_conf], total_bytes=ip.user_ns["_total"])[0].oom}})
+out["predicted_at_checks"] = _at
 import os
 _keep = os.environ.get("GPUMEM_KEEP_SNAPSHOT")
 if _keep:
@@ -569,8 +585,24 @@ with contextlib.redirect_stdout(_b):
     get_ipython().run_line_magic("gpumem", "record status")
 _t0 = time.perf_counter()
 r = get_ipython().run_line_magic("gpumem", "whatif --session {confs} --fit -o")
-print("@@" + json.dumps(dict(status_recording=_b.getvalue().strip(),
-    whatif_s=time.perf_counter() - _t0, total=_total, entries=r.entries, notes=list(r.notes),
+_whatif_s = time.perf_counter() - _t0
+# The replay's own outcome at the exact caps the fit check runs (the minimum +-2%, as a
+# memory fraction of this GPU): the fit's bisection assumes a room that fits stays fitting
+# in any larger one, which a torch.cat growth history does not keep.
+from gpumem_nb.whatif import api as _w
+from gpumem_nb.kernel import current_monitor as _cm
+_hist = _cm().session.snapshot().snapshot
+_at = []
+for _f in r.fit.rows:
+    if not _f.min_bytes:
+        continue
+    for _sign in (1, -1):
+        _frac = min(_f.min_bytes * (1 + _sign * 0.02) / _total, 1.0)
+        _conf = ",".join(x for x in (_f.setting, "per_process_memory_fraction:" + repr(_frac)) if x)
+        _at.append({{"setting": _f.setting, "sign": _sign, "fraction": _frac,
+                    "oom": _w.whatif(_hist, [_conf], total_bytes=_total)[0].oom}})
+print("@@" + json.dumps(dict(status_recording=_b.getvalue().strip(), predicted_at_checks=_at,
+    whatif_s=_whatif_s, total=_total, entries=r.entries, notes=list(r.notes),
     start_reserved=r.baseline.start_reserved_bytes,
     rows=[{{"setting": x.setting, "label": x.label, "peak": x.peak_reserved_bytes,
             "oom": x.oom}} for x in r],
@@ -675,7 +707,17 @@ def first_cell(out: Path, budget_s: float, dry: bool = False,
                 got[f"fraction_{key}"] = frac
                 got[f"oom_{key}"] = r.get("oom")
                 got[f"run_{key}"] = r
+                said = [p["oom"] for p in rec.get("predicted_at_checks") or ()
+                        if p["setting"] == row["setting"] and p["sign"] == sign]
+                got[f"predicted_oom_{key}"] = said[0] if said else None
             got["right"] = got.get("oom_plus_2pct") is False and got.get("oom_minus_2pct") is True
+            # The replay against the real run at each cap it ran: the model's own test, apart
+            # from whether the history's outcome is monotonic in the room.
+            pairs = [(got.get(f"predicted_oom_{k}"), got.get(f"oom_{k}"))
+                     for k in ("plus_2pct", "minus_2pct")]
+            got["model_agrees"] = (all(p == q for p, q in pairs)
+                                   if all(p is not None and q is not None for p, q in pairs)
+                                   else None)
             doc["fit_checks"].append(got)
             save()
     peaks = [c["peak_within_1pct_or_20mib"] for c in doc["compared"]
@@ -683,6 +725,9 @@ def first_cell(out: Path, budget_s: float, dry: bool = False,
     doc["summary"] = {"peaks_within_1pct_or_20mib": f"{sum(peaks)}/{len(peaks)}",
                       "fit_checks_right": f"{sum(bool(c['right']) for c in doc['fit_checks'])}"
                                           f"/{len(doc['fit_checks'])}",
+                      "model_agrees_at_checked_caps":
+                          f"{sum(c.get('model_agrees') is True for c in doc['fit_checks'])}"
+                          f"/{sum(c.get('model_agrees') is not None for c in doc['fit_checks'])}",
                       "armed_before_torch": [not s.get("torch_imported_at_record_on", True)
                                              and "armed" in str(s.get("status_armed"))
                                              for s in doc["sessions"]],
