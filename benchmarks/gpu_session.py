@@ -495,7 +495,7 @@ out.update(total=ip.user_ns["_total"], entries=r.entries, notes=list(r.notes),
     rows=[{{"setting": x.setting, "label": x.label, "peak": x.peak_reserved_bytes,
             "oom": x.oom}} for x in r],
     fit=[{{"setting": f.setting, "label": f.label, "min_bytes": f.min_bytes,
-           "replays": f.replays}} for f in r.fit.rows],
+           "replays": f.replays, "lowest_bytes": f.lowest_bytes}} for f in r.fit.rows],
     recorded_peak=ip.user_ns["torch"].cuda.max_memory_reserved())
 # The replay's own outcome at the exact caps the fit check runs (the minimum +-2%, as a
 # memory fraction of this GPU): the fit's bisection assumes a room that fits stays fitting
@@ -508,7 +508,8 @@ for _f in r.fit.rows:
     if not _f.min_bytes:
         continue
     for _sign in (1, -1):
-        _frac = min(_f.min_bytes * (1 + _sign * 0.02) / ip.user_ns["_total"], 1.0)
+        _base = _f.min_bytes if _sign > 0 else (_f.lowest_bytes or _f.min_bytes)
+        _frac = min(_base * (1 + _sign * 0.02) / ip.user_ns["_total"], 1.0)
         _conf = ",".join(x for x in (_f.setting, "per_process_memory_fraction:" + repr(_frac)) if x)
         _at.append({{"setting": _f.setting, "sign": _sign, "fraction": _frac,
                     "oom": _w.whatif(_hist, [_conf], total_bytes=ip.user_ns["_total"])[0].oom}})
@@ -597,7 +598,8 @@ for _f in r.fit.rows:
     if not _f.min_bytes:
         continue
     for _sign in (1, -1):
-        _frac = min(_f.min_bytes * (1 + _sign * 0.02) / _total, 1.0)
+        _base = _f.min_bytes if _sign > 0 else (_f.lowest_bytes or _f.min_bytes)
+        _frac = min(_base * (1 + _sign * 0.02) / _total, 1.0)
         _conf = ",".join(x for x in (_f.setting, "per_process_memory_fraction:" + repr(_frac)) if x)
         _at.append({{"setting": _f.setting, "sign": _sign, "fraction": _frac,
                     "oom": _w.whatif(_hist, [_conf], total_bytes=_total)[0].oom}})
@@ -607,7 +609,7 @@ print("@@" + json.dumps(dict(status_recording=_b.getvalue().strip(), predicted_a
     rows=[{{"setting": x.setting, "label": x.label, "peak": x.peak_reserved_bytes,
             "oom": x.oom}} for x in r],
     fit=[{{"setting": f.setting, "label": f.label, "min_bytes": f.min_bytes,
-           "replays": f.replays}} for f in r.fit.rows],
+           "replays": f.replays, "lowest_bytes": f.lowest_bytes}} for f in r.fit.rows],
     recorded_peak=torch.cuda.max_memory_reserved())))
 """
 
@@ -695,14 +697,18 @@ def first_cell(out: Path, budget_s: float, dry: bool = False,
         for row in rec.get("fit") or ():
             need = row.get("min_bytes")
             got: dict[str, Any] = {"session": name, "setting": row["setting"] or "defaults",
-                                   "predicted_min_bytes": need, "replays": row.get("replays")}
+                                   "predicted_min_bytes": need, "replays": row.get("replays"),
+                                   "predicted_lowest_bytes": row.get("lowest_bytes")}
             for sign, key in ((+1, "plus_2pct"), (-1, "minus_2pct")):
                 if not need or not total:
                     continue
                 if left() < per_job_s:
                     doc["skipped"].append(f"{name} {got['setting']}: fit {key} (budget)")
                     continue
-                frac = min(need * (1 + sign * 0.02) / total, 1.0)
+                # Over the minimum every room fits; under the smallest room that fits (the
+                # fit's lowest_bytes, where rooms between run out), none does.
+                base = need if sign > 0 else (row.get("lowest_bytes") or need)
+                frac = min(base * (1 + sign * 0.02) / total, 1.0)
                 r = fc_real(name, row["setting"], frac, min(per_job_s, left()))
                 got[f"fraction_{key}"] = frac
                 got[f"oom_{key}"] = r.get("oom")

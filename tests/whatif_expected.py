@@ -138,3 +138,38 @@ def compute() -> list[dict[str, Any]]:
 if __name__ == "__main__":
     DATA.write_text(json.dumps({"model_commit": "5828ffb", "cases": compute()}, indent=1))
     print(f"wrote {DATA}")
+
+
+KV_TOTAL_BYTES = 85_017_493_504  # the H100's torch.cuda.mem_get_info()[1]
+
+
+def kv_cat_growth() -> History:
+    """``benchmarks/gpu_session.py``'s ``kv_cache_growth_by_cat`` on the H100 it ran on: 16
+    tensors grown by ``torch.cat`` for 600 steps, the last 300 with a float32 copy and a
+    softmax. Its fit under the defaults is the H100 session's to the byte."""
+    b = max(1, int(20 * (KV_TOTAL_BYTES // 100) // (2 * 8 * 16 * 128 * 2 * 600)))
+    unit = b * 16 * 128 * 2  # one step of one layer, float16
+    h = History()
+    k: list[int | None] = [None] * 8
+    v: list[int | None] = [None] * 8
+    new: int | None = None
+    for t in range(600):
+        for layer in range(8):
+            piece = h.alloc(unit)
+            if new is not None:
+                h.free(new)
+            new = piece
+            for cache in (k, v):
+                grown = h.alloc(unit * (t + 1))
+                old = cache[layer]
+                if old is not None:
+                    h.free(old)
+                cache[layer] = grown
+        if t >= 300:
+            as_float = h.alloc(b * 16 * (t + 1) * 128 * 4)
+            summed = h.alloc(b * 16 * (t + 1) * 4)
+            h.free(as_float)
+            scores = h.alloc(b * 16 * (t + 1) * 4)
+            h.free(summed)
+            h.free(scores)
+    return h

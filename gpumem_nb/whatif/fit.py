@@ -3,11 +3,17 @@ memory until it runs out (bisection on what PyTorch may reserve).
 
 What PyTorch may reserve is checked as ``set_per_process_memory_fraction``'s cap is (the
 same check the allocator makes, with its free-the-cache-and-retry before giving up), so a
-real run capped at the minimum found fits and one a little under it runs out. The search
-assumes that more memory never makes a run fail; the model's allocator frees its cache and
-retries before an OOM, as PyTorch's does, which is what makes that hold. It starts from the
-unlimited replay's peak, and doubles past it when a run needs more room than its peak (the
-cap is checked against a whole request before the pages it needs are mapped).
+real run capped at the minimum found fits. The bisection assumes that more memory never
+makes a run fail, and mostly it does not: the allocator frees its cache and retries before an
+OOM. But not always: a history that grows tensors by ``torch.cat`` fits in some rooms a
+little under its minimum and runs out in others between (which blocks are cached when the
+cap is reached depends on the exact room), in the replay and on the GPU alike. So below the
+minimum the search goes on down, a step at a time, until two rooms in a row run out, and a
+lower room that fits is said as the least the run can fit in, not reliably (only where the
+minimum is under ``UNEVEN_BELOW`` x the unlimited peak: where little was cached, the rooms
+under it differ little, and each costs a whole replay). It starts from
+the unlimited replay's peak, and doubles past it when a run needs more room than its peak
+(the cap is checked against a whole request before the pages it needs are mapped).
 
 A GPU size's row ("fits on 40 GB") takes an N GB GPU as N GiB, less what the CUDA context
 and the libraries hold outside PyTorch's cache: this process's own, measured (NVML's line
@@ -42,6 +48,9 @@ class FitRow:
     min_bytes: int | None  # smallest memory PyTorch may use in which nothing runs out
     replays: int = 0
     note: str = ""
+    # A smaller room that also fits, where a room between runs out: the least the run can
+    # fit in, not reliably (None: every room tried under min_bytes runs out).
+    lowest_bytes: int | None = None
 
     def fits(self, gpu_gb: float, context_bytes: int = CONTEXT_BYTES) -> bool | None:
         if self.min_bytes is None:
@@ -116,26 +125,11 @@ def min_room(trace: CompiledTrace, settings: AllocatorSettings, *, start_segment
     decide is not replayed, and the largest room they say runs out is where the search
     starts from (a history that runs out at the first check past its cap needs no replay)."""
     f = settings.per_process_memory_fraction
-    records = DemandRecords(demand_records) if demand_records is not None and \
-        not settings.garbage_collection_threshold else None
-    n = 0
-
-    def fits(room: int) -> bool:
-        nonlocal n
-        lim = _room_limits(settings, room)
-        if records is not None:
-            known = records.fits(min(lim.allowed_bytes or 0, lim.capacity_bytes or 0))
-            if known is not None:
-                return known
-        n += 1
-        r = replay(trace, settings, limits=lim,
-                   start_segments=start_segments, device=device,
-                   device_total_bytes=device_total_bytes,
-                   start_page_bytes=start_page_bytes, stop_at_oom=True, progress=progress)
-        return not r.oom
-
-    def step(hi: int) -> int:
-        return max(STEP_BYTES, int(hi * STEP_FRACTION))
+    rooms = Rooms(trace, settings, start_segments=start_segments, device=device,
+                  start_page_bytes=start_page_bytes, device_total_bytes=device_total_bytes,
+                  demand_records=demand_records, progress=progress)
+    records = rooms.records
+    fits, step = rooms.fits, _step
 
     scale = 1.0 / f if f is not None and 0 < f < 1.0 else 1.0
     hi = max(int(unlimited_peak_bytes * scale) + 1, 1)
@@ -160,12 +154,70 @@ def min_room(trace: CompiledTrace, settings: AllocatorSettings, *, start_segment
             else:
                 lo = mid
         if proved or fits(hi):
-            return hi, n
+            return hi, rooms.replays
         # The cap is checked against a whole request before the pages it needs are mapped
         # (an expandable segment's check): a run can need more room than its unlimited peak.
         if hi > 1 << 50:
-            return None, n
+            return None, rooms.replays
         lo, hi = hi, hi * 2
+
+
+def _step(room: int) -> int:
+    return max(STEP_BYTES, int(room * STEP_FRACTION))
+
+
+PROBE_MISSES = 2  # rooms in a row that run out, under the minimum, before the search stops
+PROBE_MOST = 12  # rooms tried under the minimum at most (6% at 0.5% a step)
+UNEVEN_BELOW = 0.9  # rooms under the minimum are tried when it is under this x the peak
+
+
+class Rooms:
+    """Whether a replay capped at a room fits: decided by the unlimited replay's demand
+    records where they can, else replayed; counts the replays."""
+
+    def __init__(self, trace: CompiledTrace, settings: AllocatorSettings, *,
+                 start_segments: Sequence, device: int, start_page_bytes: int,
+                 device_total_bytes: int | None, demand_records: Sequence[int] | None,
+                 progress: Callable[[int, int], None] | None) -> None:
+        self.trace, self.settings = trace, settings
+        self.start_segments, self.device = start_segments, device
+        self.start_page_bytes, self.device_total_bytes = start_page_bytes, device_total_bytes
+        self.records = DemandRecords(demand_records) if demand_records is not None and \
+            not settings.garbage_collection_threshold else None
+        self.progress = progress
+        self.replays = 0
+
+    def fits(self, room: int) -> bool:
+        lim = _room_limits(self.settings, room)
+        if self.records is not None:
+            known = self.records.fits(min(lim.allowed_bytes or 0, lim.capacity_bytes or 0))
+            if known is not None:
+                return known
+        self.replays += 1
+        r = replay(self.trace, self.settings, limits=lim, start_segments=self.start_segments,
+                   device=self.device, device_total_bytes=self.device_total_bytes,
+                   start_page_bytes=self.start_page_bytes, stop_at_oom=True,
+                   progress=self.progress)
+        return not r.oom
+
+
+def lowest_room(rooms: Rooms, need: int) -> int | None:
+    """The smallest room under ``need`` (the bisection's minimum) that also fits, trying one
+    search step lower at a time until ``PROBE_MISSES`` rooms in a row run out; None when the
+    first ones do (the usual case, which costs that many replays at most, most of them
+    decided by the demand records or stopped at an early OOM)."""
+    lowest, misses, room = None, 0, need
+    for _ in range(PROBE_MOST):
+        room -= _step(room)
+        if room <= 0:
+            break
+        if rooms.fits(room):
+            lowest, misses = room, 0
+        else:
+            misses += 1
+            if misses >= PROBE_MISSES:
+                break
+    return lowest
 
 
 @dataclass(frozen=True)
@@ -222,7 +274,15 @@ class Fit:
                  "for the CUDA context, assumed: the replayed process's was not measured")
         return ["Smallest memory each setting needs (replayed by bisection; an N GB GPU is "
                 f"taken as N GiB less {format_bytes(self.context_bytes)}, {whose}):",
-                text_table(headers, rows), self.sentence()]
+                text_table(headers, rows), self.sentence(), *self.uneven_lines()]
+
+    def uneven_lines(self) -> list[str]:
+        """A setting that fits in a smaller room too, with a room between that runs out."""
+        return [f"{r.label}: also fits in {format_bytes(r.lowest_bytes)}, but not in every "
+                f"room between that and {format_bytes(r.min_bytes)} (which blocks are cached "
+                "when the cap is reached depends on the exact room): below "
+                f"{format_bytes(r.min_bytes)} a real run may fit or run out."
+                for r in self.rows if r.lowest_bytes is not None and r.min_bytes is not None]
 
 
 def _gb_needed(nbytes: int, context_bytes: int = CONTEXT_BYTES) -> int:

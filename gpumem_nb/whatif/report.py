@@ -151,6 +151,7 @@ class WhatIf(Shown, Sequence[WhatIfRow]):
             headers, rows = self.fit.gpu_table()
             parts.append(html_table(headers, rows, caption=self.fit.lines()[0]))
             parts.append(f"<div>{esc(self.fit.sentence())}</div>")
+            parts += [f"<div>{esc(line)}</div>" for line in self.fit.uneven_lines()]
         parts += [f"<div>{esc(n)}</div>" for n in self.notes]
         parts.append(f"<div style='color:#777'>{esc(self.footer())}</div>")
         return "<div class='gpumem-nb gpumem-whatif'>" + "".join(parts) + "</div>"
