@@ -18,9 +18,10 @@ collecting thread (one ``sys.exc_info()`` per collection otherwise).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 MAX_COLLECTIONS = 64  # two allocator reads each; past it, the window closes early
@@ -145,3 +146,16 @@ class WhileHandled(_Measured):
         if before is None or exc is None:
             return
         self._count(before, self.read(exc))
+
+
+@contextlib.contextmanager
+def collector_held() -> Iterator[None]:
+    """Python's collector off for a few reads, then as it was: it is the user's, and a
+    collection deferred for a moment is run at the next threshold."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()

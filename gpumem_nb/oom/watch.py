@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -48,7 +48,7 @@ from .causes import (
 from .event import OomEvent
 from .facts import OomFacts, PoolUse
 from .forms import find_oom, oom_form
-from .gcwindow import Collections, WhileHandled
+from .gcwindow import Collections, WhileHandled, collector_held
 from .ledgerparts import explanation_ledger, pool_parts
 from .message import (
     FORM_ASYNC,
@@ -144,7 +144,7 @@ class OomWatch(ObserverAttachment):
         # off: a collection run by anything after them (the scan allocates) frees reference
         # cycles' tensors into idle segments and large free blocks that were not there at the
         # failure, and read as cache the request could have used.
-        with _collector_held():
+        with collector_held():
             event.reading = self.torch.read(device)
             t = self.clock()
             self._read_segments(event, device)
@@ -586,16 +586,3 @@ class OomWatch(ObserverAttachment):
         caught = f" ({seen} caught by your own code, none reached a cell)" if seen else ""
         return (f"gpumem: no CUDA out-of-memory error has reached a cell yet{caught}. "
                 f"OOM observer: {self.observer_status}.")
-
-
-@contextlib.contextmanager
-def _collector_held() -> Iterator[None]:
-    """Python's collector off for a few reads, then as it was: it is the user's, and a
-    collection deferred for a moment is run at the next threshold."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
