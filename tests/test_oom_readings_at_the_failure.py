@@ -89,3 +89,37 @@ def test_the_collector_is_held_off_while_the_failure_is_read_and_given_back_as_i
                 gc.enable()
     finally:
         watch.close()
+
+
+def test_two_failures_read_at_once_leave_the_collector_off_until_the_last_is_done():
+    import threading
+
+    from gpumem_nb.oom.gcwindow import collector_held
+
+    was = gc.isenabled()
+    gc.enable()
+    first_in, second_done, release_first = (threading.Event() for _ in range(3))
+    seen: list[bool] = []
+
+    def first() -> None:
+        with collector_held():
+            first_in.set()
+            release_first.wait(5)
+            seen.append(gc.isenabled())
+
+    t = threading.Thread(target=first)
+    try:
+        t.start()
+        assert first_in.wait(5)
+        with collector_held():
+            pass
+        second_done.set()
+        assert gc.isenabled() is False  # the first is still reading
+        release_first.set()
+        t.join(5)
+        assert seen == [False] and gc.isenabled() is True
+    finally:
+        release_first.set()
+        t.join(5)
+        if not was:
+            gc.disable()

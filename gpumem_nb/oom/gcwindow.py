@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -148,14 +149,33 @@ class WhileHandled(_Measured):
         self._count(before, self.read(exc))
 
 
+class _Held:
+    """How many threads hold the collector off, and whether it was on before the first."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.depth = 0
+        self.was_enabled = False
+
+
+_HELD = _Held()
+
+
 @contextlib.contextmanager
 def collector_held() -> Iterator[None]:
     """Python's collector off for a few reads, then as it was: it is the user's, and a
-    collection deferred for a moment is run at the next threshold."""
-    was = gc.isenabled()
-    gc.disable()
+    collection deferred for a moment is run at the next threshold. The on/off state is the
+    process's: two failures read at once on two threads hold it off together, and only the
+    last to finish turns it back on (only if it was on before the first)."""
+    with _HELD.lock:
+        if _HELD.depth == 0:
+            _HELD.was_enabled = gc.isenabled()
+            gc.disable()
+        _HELD.depth += 1
     try:
         yield
     finally:
-        if was:
-            gc.enable()
+        with _HELD.lock:
+            _HELD.depth -= 1
+            if _HELD.depth == 0 and _HELD.was_enabled:
+                gc.enable()

@@ -133,28 +133,30 @@ class OomWatch(ObserverAttachment):
         Several can fire for one cell (cuDNN retries smaller workspaces); the session is
         scanned once per cell."""
         t0 = self.clock()
-        with self._lock:
-            self.counts[device] = self.counts.get(device, 0) + 1
-            generation = self._generation
-            scan = self._scanned_generation != generation
-            self._scanned_generation = generation
-        event = OomEvent(device=device, requested_bytes=int(alloc), limit_bytes=int(limit),
-                         free_bytes=int(free), wall_s=time.time(), generation=generation)
-        # The counters and the segments are read first, together, with the collector held
-        # off: a collection run by anything after them (the scan allocates) frees reference
-        # cycles' tensors into idle segments and large free blocks that were not there at the
-        # failure, and read as cache the request could have used.
+        # The counters and the segments are read first, with the collector held off from
+        # the start: a collection run by anything after them (the scan allocates) frees
+        # reference cycles' tensors into idle segments and large free blocks that were not
+        # there at the failure, and read as cache the request could have used.
         with collector_held():
+            with self._lock:
+                self.counts[device] = self.counts.get(device, 0) + 1
+                generation = self._generation
+                scan = self._scanned_generation != generation
+                self._scanned_generation = generation
+            event = OomEvent(device=device, requested_bytes=int(alloc),
+                             limit_bytes=int(limit), free_bytes=int(free), wall_s=time.time(),
+                             generation=generation)
             event.reading = self.torch.read(device)
             t = self.clock()
             self._read_segments(event, device)
-            event.stage_s["observer_segments"] = self.clock() - t
+            segments_s = self.clock() - t
+        event.stage_s["observer_segments"] = segments_s
         if self._window is None or self._window.generation != generation:
             self._open_window(device, generation)
         event.grad_enabled = self.torch.grad_enabled()
         event.cell = self._cell_start(device)
         t = self.clock()
-        event.stage_s["observer_read"] = t - t0
+        event.stage_s["observer_read"] = t - t0 - segments_s
         event.processes = listed_processes(self.host, device)
         event.stage_s["observer_processes"] = self.clock() - t
         if scan:

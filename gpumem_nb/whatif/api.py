@@ -13,7 +13,7 @@ from ..units import format_bytes
 from .allocstate import Limits
 from .config import AllocatorSettings, SettingError, parse_settings, settings_of_snapshot
 from .fields import quoted
-from .fit import UNEVEN_BELOW, Fit, FitRow, Rooms, lowest_room, min_room
+from .fit import Fit, FitRow, Rooms, lowest_room, min_room, uneven_worth_trying
 from .progress import Progress
 from .replay import compile_trace, replay, series
 from .report import WhatIf, WhatIfChart, WhatIfRow, views
@@ -260,12 +260,12 @@ def _run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: in
             # cap meets is then what differs from room to room. A history that needs nearly
             # its whole peak has little cached to differ by, and its rooms under the minimum
             # are whole replays each (the review history's 1,000,000 entries: 2.7 s a room).
-            if need is not None and need < UNEVEN_BELOW * unlimited.peak_reserved_bytes:
+            if need is not None and uneven_worth_trying(s, need, unlimited.peak_reserved_bytes):
                 rooms = Rooms(trace, s, start_segments=st.segments or (), device=ti.device,
                               start_page_bytes=start_page or s.large_segment_size,
                               device_total_bytes=total,
                               demand_records=unlimited.demand_records, progress=events)
-                low = lowest_room(rooms, need)
+                low = lowest_room(rooms, need, floor_bytes=unlimited.peak_allocated_bytes)
                 n += rooms.replays
             fits.append(FitRow(s.label, s.text, need, n, lowest_bytes=low))
             done.setdefault(acting, (r, (need, n, low), s.label))

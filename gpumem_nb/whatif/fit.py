@@ -201,16 +201,26 @@ class Rooms:
         return not r.oom
 
 
-def lowest_room(rooms: Rooms, need: int) -> int | None:
+def uneven_worth_trying(settings: AllocatorSettings, need: int, peak_bytes: int) -> bool:
+    """Whether to look under the minimum: when what the cap allows there (the room, or a
+    memory fraction of it) is under ``UNEVEN_BELOW`` x the unlimited replay's peak."""
+    allowed = _room_limits(settings, need).allowed_bytes
+    return allowed is not None and allowed < UNEVEN_BELOW * peak_bytes
+
+
+def lowest_room(rooms: Rooms, need: int, *, floor_bytes: int = 0) -> int | None:
     """The smallest room under ``need`` (the bisection's minimum) that also fits, trying one
     search step lower at a time until ``PROBE_MISSES`` rooms in a row run out; None when the
     first ones do (the usual case, which costs that many replays at most, most of them
-    decided by the demand records or stopped at an early OOM)."""
+    decided by the demand records or stopped at an early OOM). Never under ``floor_bytes``
+    (the live bytes' peak, as a room), where nothing fits."""
     lowest, misses, room = None, 0, need
+    f = rooms.settings.per_process_memory_fraction
+    scale = 1.0 / f if f is not None and 0 < f < 1.0 else 1.0
     for _ in range(PROBE_MOST):
         room -= _step(room)
-        if room <= 0:
-            break
+        if room <= 0 or room < floor_bytes * scale:
+            break  # the live bytes alone do not fit below their peak
         if rooms.fits(room):
             lowest, misses = room, 0
         else:
