@@ -10,8 +10,8 @@ little under its minimum and runs out in others between (which blocks are cached
 cap is reached depends on the exact room), in the replay and on the GPU alike. So below the
 minimum the search goes on down, a step at a time, until two rooms in a row run out, and a
 lower room that fits is said as the least the run can fit in, not reliably (only where the
-cap the minimum allows is under ``UNEVEN_BELOW`` x the unlimited peak: where little was cached, the rooms
-under it differ little, and each costs a whole replay). It starts from
+cap the minimum allows is under ``UNEVEN_BELOW`` x the unlimited peak: where little was
+cached, the rooms under it differ little, and each costs a whole replay). It starts from
 the unlimited replay's peak, and doubles past it when a run needs more room than its peak
 (the cap is checked against a whole request before the pages it needs are mapped).
 
