@@ -83,7 +83,8 @@ KINDS10: list[Kind] = [
          "held by your session",
          # A preprocessing script puts its anchors on the GPU and defines `preprocess`; the
          # notebook takes the function and deletes the returned dict. `preprocess.__globals__`
-         # is the script's namespace, anchors and all.
+         # is the script's namespace, anchors and all (and `preprocess` itself: a cycle, so
+         # its step also collects).
          ("import pathlib\nimport runpy\nimport tempfile\n"
           "prep_dir = tempfile.mkdtemp(prefix='gm_prep_')\n"
           "prep_path = str(pathlib.Path(prep_dir, 'prep.py'))\n"
@@ -96,7 +97,7 @@ KINDS10: list[Kind] = [
           "preprocess = prep['preprocess']\n"
           "del prep",),
          FAIL10,
-         (del_step("preprocess"),),
+         (del_step("preprocess", collect=True),),
          written=WRITTEN10),
     # A model field (a data descriptor) stored every instance's value in a dict on the field
     # itself, keyed by the instance: every instance ever assigned leaks.

@@ -1,6 +1,7 @@
 """The OOM explainer's advice, run as printed: does each step free what it says it frees?
 
-    python3 benchmarks/gpu_diagnosis3.py --out $OUT [--set rerun2|new|new4|new5|new6|new7|new8|new9|new10]
+    python3 benchmarks/gpu_diagnosis3.py --out $OUT
+        [--set rerun2|new|new4|new5|new6|new7|new8|new9|new10]
         [--budget-s 500] [--allocators native,expandable,cudaMallocAsync]
         [--only KIND,...] [--skip KIND,...] [--merge EARLIER.json] [--run LABEL] [--commit SHA]
     python3 benchmarks/gpu_diagnosis3.py --dry-run [--set ...] [--allocators ...] [--only ...]
