@@ -130,35 +130,18 @@ def ip() -> Any:
     return shell
 
 
-@dataclass
-class _Cleaned:
-    """Which test's teardown last cleaned the shell, and which test last finished."""
-
-    by: str | None = None
-    last_finished: str | None = None
-
-
-_CLEANED = _Cleaned()
-
-
 @pytest.fixture
-def shell(ip: Any, capsys: Any, request: Any) -> Any:
+def shell(ip: Any, capsys: Any) -> Any:
     """A real InteractiveShell with the extension unloaded and the user's namespace empty,
     before and after: the shell is one for the whole session, and a tensor a test left in
-    it (or in ``sys.last_value``) was found by the next test's heap walk.
-
-    The clean before is skipped when the test just before, in the same file, took the shell
-    and cleaned it after itself: nothing has run since. Each clean ends in a full collection
-    that walks the whole heap (0.15-0.25 s late in a run), and doing it twice a test was 130
-    of the contributor loop's 610 s."""
-    prev = _CLEANED.last_finished
-    if not (prev is not None and _CLEANED.by == prev
-            and prev.split("::")[0] == request.node.nodeid.split("::")[0]):
-        _clean(ip)
+    it (or in ``sys.last_value``) was found by the next test's heap walk. The clean before
+    is not skipped when the test before cleaned after itself: fixtures torn down after
+    this one can still leave reference cycles behind (a random-order run, seed 20261207,
+    found 12 GiB of an earlier test's failed cell as garbage in the next one)."""
+    _clean(ip)
     capsys.readouterr()
     yield ip
     _clean(ip)
-    _CLEANED.by = request.node.nodeid
 
 
 def _clean(ip: Any) -> None:
@@ -358,7 +341,6 @@ def pytest_runtest_teardown(item: Any, nextitem: Any) -> Any:
     """After the test's fixtures are torn down: at the end of each file, the parsed sources
     are dropped and, when asked for, the heap reported."""
     result = yield
-    _CLEANED.last_finished = item.nodeid
     if nextitem is None or nextitem.path != item.path:
         # Once a file, not once a test: a file's tests share the trees of their tracebacks.
         forget_parsed_sources()

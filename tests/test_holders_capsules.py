@@ -29,7 +29,10 @@ def test_a_capsule_of_another_name_or_any_other_object_is_not_read():
 
 
 def test_an_unconsumed_dlpack_capsule_gives_its_tensors_address_and_bytes():
-    torch = pytest.importorskip("torch")
+    # The real torch, not a stand-in another test left in sys.modules (a random-order run,
+    # seed 20261207, met one: "'torch' is not a package").
+    pytest.importorskip("torch.utils.dlpack")
+    import torch
     from torch.utils.dlpack import from_dlpack, to_dlpack
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
