@@ -62,6 +62,14 @@ _KIND_OF_ROOT = {
 GC_COLLECT = "import gc; gc.collect()"
 
 
+_LIST_ENTRY = re.compile(r"del (.+)\[(\d+)\]$")
+
+
+def _entry_order(code: str) -> tuple[str, int]:
+    m = _LIST_ENTRY.search(code)
+    return (m[1], -int(m[2])) if m else (code, 0)
+
+
 def cut_code(roots: Iterable[Root]) -> str:
     """One line that removes every one of these references, or "" where one of them has no
     such line (a thread's local: only the thread can let go of it)."""
@@ -74,8 +82,17 @@ def cut_code(roots: Iterable[Root]) -> str:
             names.append(r.code[4:])
         elif r.code not in rest:
             rest.append(r.code)
-    parts = ([f"del {', '.join(names)}"] if names else []) + rest
-    if any(r.cyclic for r in roots) and GC_COLLECT not in parts:
+    # Entries of one list go from the last: ``del q[2]`` after ``del q[0]`` would take what
+    # was ``q[3]``.
+    at = [i for i, code in enumerate(rest) if _LIST_ENTRY.search(code)]
+    for i, code in zip(at, sorted((rest[i] for i in at), key=_entry_order), strict=True):
+        rest[i] = code
+    parts = ([f"del {', '.join(names)}"] if names else [])
+    for code in rest:
+        for part in code.split("; "):
+            if not (part.startswith("import ") and part in parts):
+                parts.append(part)  # one `import gc` however many entries of gc need it
+    if any(r.cyclic for r in roots) and GC_COLLECT not in "; ".join(parts):
         parts.append(GC_COLLECT)
     return "; ".join(parts)
 

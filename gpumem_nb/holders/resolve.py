@@ -5,6 +5,7 @@ of the cycles that keep what nothing reaches."""
 from __future__ import annotations
 
 import gc
+import re
 import sys
 import types
 from collections import deque
@@ -22,7 +23,21 @@ from .retained import (
     STATE_UNSEEN,
     Retained,
 )
-from .roots import Root
+from .roots import ROOT_CLASS, ROOT_CONTEXT, ROOT_MODULE, ROOT_SHELL, Root
+
+# Roots with no line of their own that a line can still reach into: a library's module global
+# or class attribute, the shell, a context variable no notebook name sets. (A live thread's
+# local is not: only the thread can let go of it.)
+_ENTRY_KINDS = frozenset((ROOT_MODULE, ROOT_CLASS, ROOT_SHELL, ROOT_CONTEXT))
+# More entries than this to remove for one storage is no line a person would run.
+_MOST_ENTRIES = 4
+# What an entry's line may name: public names and attributes, int or plain str subscripts,
+# from a root or from ``get_ipython()``. Never a private name: a registry a library documents
+# for its users to edit (``gc.callbacks``, IPython's event callbacks) is public; its private
+# state is not (clearing ``threading._active`` broke the library, on the H200).
+_ENTRY_EXPR = re.compile(
+    r"(?:get_ipython\(\)|[A-Za-z]\w*)(?:\.[A-Za-z]\w*|\[-?\d+\]|\['[\w .-]*'\])*")
+_Hit = tuple[Root, "_Step | None", list[_Step], list[int]]
 
 
 class Resolver:
@@ -81,6 +96,11 @@ class Resolver:
                             q.append((pid, [step, *steps], [pid, *chain]))
                 clears.add(self._clear_code(nearest, alive, parents, roots_of)
                            if nearest is not None else "")
+            if any(not x.code and x.kind in _ENTRY_KINDS for x in roots):
+                entries = self._entry_cuts(members[key], alive, parents, roots_of)
+                if entries is not None:
+                    roots = {x for x in roots if x.code or x.kind not in _ENTRY_KINDS}
+                    roots.update(entries)
             if roots:
                 r.state, r.roots = STATE_ROOTED, frozenset(roots)
                 assert best is not None
@@ -109,6 +129,46 @@ class Resolver:
                 elif not _has_cycle(ancestors, parents):
                     # Only the explained referrers kept it: the cut frees it at once.
                     r.state, r.classes = STATE_FREED, ()
+
+    def _entry_cuts(self, tids: list[int], alive: dict[int, Any],
+                    parents: dict[int, list[tuple[int, _Step]]],
+                    roots_of: dict[int, list[tuple[Root, _Step | None]]],
+                    ) -> list[Root] | None:
+        """Where a root with no line of its own keeps a storage (``gc.callbacks``, the shell's
+        ``user_ns_hidden``, a library's registry), the removal of the entry its path enters:
+        ``del gc.callbacks[0]``, one root each; a container whose entries the paths enter
+        more than twice is emptied instead (``filters[0].records.clear()``). Checked on the
+        graph the search found, not by a rule about the library: the edges each line removes
+        are taken out, and the search's paths are walked again until no such root reaches the
+        storage (each new path its own entry). None where one of them has no entry a line can
+        name, or more than ``_MOST_ENTRIES`` lines would have to go."""
+        cut: set[tuple[int, int]] = set()
+        emptied: set[int] = set()
+        made: dict[int, list[Root]] = {}  # by container id
+        while True:
+            hit = _stuck_path(tids, parents, roots_of, cut, emptied)
+            if hit is None:
+                return [root for roots in made.values() for root in roots]
+            entry = _entry(hit, alive)
+            if entry is None:
+                return None
+            root, child, container, expr, clearable = entry
+            mine = made.setdefault(container, [])
+            if container in emptied or (child, container) in cut:
+                return None  # no progress: the walk's edges and the graph's disagree
+            # A list that holds the tensors themselves is emptied at once: one line for all
+            # of them, not an entry each (``filters[0].records.clear()``).
+            direct = clearable and child in tids
+            if (len(mine) < 2 or not clearable) and not direct:
+                mine.append(root)
+                cut.add((child, container))
+            else:
+                line = f"{expr}.clear()"
+                mine[:] = [Root(root.kind, expr, f"import {root.module}; {line}"
+                                if root.module else line, container=True, module=root.module)]
+                emptied.add(container)
+            if sum(len(roots) for roots in made.values()) > _MOST_ENTRIES:
+                return None
 
     def _clear_code(self, nearest: tuple[Root, _Step | None, list[_Step], list[int]],
                     alive: dict[int, Any], parents: dict[int, list[tuple[int, _Step]]],
@@ -205,6 +265,71 @@ class Resolver:
                 classes.add(type_name(type(owner)))
         owner = None
         return tuple(sorted(classes)), 0
+
+
+def _stuck_path(tids: list[int], parents: Mapping[int, list[tuple[int, _Step]]],
+                roots_of: Mapping[int, list[tuple[Root, _Step | None]]],
+                cut: set[tuple[int, int]], emptied: set[int]) -> _Hit | None:
+    """The shortest path up from these objects to a root with no line that a line can reach
+    into, without the ``cut`` edges (child id, parent id) and the ``emptied`` containers'
+    edges: the root, its own step, the steps down to the target and the ids along them; None
+    where no such root is reached."""
+    for tid in tids:
+        q: deque[tuple[int, list[_Step], list[int]]] = deque([(tid, [], [tid])])
+        seen = {tid}
+        while q:
+            oid, steps, chain = q.popleft()
+            for root, step in roots_of.get(oid, ()):
+                if not root.code and root.kind in _ENTRY_KINDS:
+                    return root, step, steps, chain
+            for pid, step in parents.get(oid, ()):
+                if pid not in seen and pid not in emptied and (oid, pid) not in cut:
+                    seen.add(pid)
+                    q.append((pid, [step, *steps], [pid, *chain]))
+    return None
+
+
+def _entry(hit: _Hit, alive: Mapping[int, Any],
+           ) -> tuple[Root, int, int, str, bool] | None:
+    """The builtin container nearest the target on the path whose expression a line can name,
+    the line that removes the entry the path goes through (a root), the ids of that entry and
+    of its container, the container's expression, and whether emptying it is a line to give:
+    only a list an object keeps as an attribute below the root (``filters[0].records``), never
+    the registry a root names itself (``gc.callbacks.clear()`` drops every other library's
+    callback) nor a dict (``user_ns_hidden``). None where there is none (the path goes
+    through a closure or a frame first, all the way up)."""
+    root, step, steps, chain = hit
+    path = [step, *steps] if step is not None else list(steps)
+    offset = 1 if step is not None else 0  # chain[k] is reached by path[:k + offset]
+    for k in range(len(chain) - 2, -1, -1):
+        container = alive.get(chain[k])
+        child = alive.get(chain[k + 1])
+        if type(container) not in (list, dict, deque) or child is None:
+            continue
+        above, into = path[:k + offset], path[k + offset]
+        if above and above[-1].kind == "dict":
+            continue  # an object's own __dict__: its keys are attributes, not entries
+        expr = _render(root.name, above)
+        if not _ENTRY_EXPR.fullmatch(expr):
+            continue
+        if type(container) is dict:
+            keys = [key for key, v in dict.items(container) if v is child]
+            if into.kind != "key" or len(keys) != 1 or type(keys[0]) not in (str, int):
+                continue
+            text = repr(keys[0])
+            if len(text) > 60 or not text.isprintable():
+                continue
+        elif into.kind == "index":
+            text = into.text
+        else:
+            continue
+        line = f"del {expr}[{text}]"
+        code = f"import {root.module}; {line}" if root.module else line
+        clearable = type(container) is not dict and k + offset > 0 and (
+            above[-1].kind == "attr" or (len(above) > 1 and above[-2].kind == "dict"))
+        entry = Root(root.kind, f"{expr}[{text}]", code, module=root.module)
+        return entry, chain[k + 1], chain[k], expr, clearable
+    return None
 
 
 def _has_cycle(ids: set[int], parents: Mapping[int, list[tuple[int, _Step]]]) -> bool:

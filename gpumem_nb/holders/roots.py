@@ -47,6 +47,10 @@ class Root:
     # It points at a class: a class lives in reference cycles of its own (its ``__mro__``
     # holds it), so removing the name frees nothing until a collection.
     cyclic: bool = False
+    # The module a line that reaches in through ``name`` must import first ("" where the
+    # notebook has it under that name): a line made below the root (``resolve.py``'s entry
+    # removal) needs it as ``code`` does.
+    module: str = ""
 
 
 @dataclass
@@ -73,6 +77,23 @@ def _library_module(name: str, module: Any) -> bool:
     except Exception:
         return False
     return type(path) is str and ("site-packages" in path or "dist-packages" in path)
+
+
+def _restore_line(label: str, prefix: str, key: Any, value: Any, module: Any,
+                  imports: str) -> str:
+    """``threading.excepthook = threading.__excepthook__``: where a library module keeps the
+    original of a global the user replaced under its dunder name (read from the module's
+    dict: no ``__getattr__`` runs), the line that puts it back; else ""."""
+    if type(key) is not str or not _IDENT.match(key) or key.startswith("_"):
+        return ""
+    try:
+        original = _MODULE_DICT.__get__(module).get(f"__{key}__")
+    except Exception:
+        return ""
+    if original is None or original is value or not callable(original):
+        return ""
+    line = f"{label} = {prefix}__{key}__"
+    return f"import {imports}; {line}" if imports else line
 
 
 class RootIndex:
@@ -173,13 +194,15 @@ class RootIndex:
         container = type(value) in (list, dict, set, deque)
         code = "" if type(key) is not str or not _IDENT.match(key) else (
             f"{label}.clear()" if container else f"{label} = None")
-        if code and modname != "__main__" and not self._module_alias.get(id(module)):
-            code = f"import {modname}; {code}"
+        imports = modname if modname != "__main__" and not self._module_alias.get(id(module)) \
+            else ""
+        if code and imports:
+            code = f"import {imports}; {code}"
         if code and _library_module(modname, module):
             # A library class's own state (logging.Logger.manager): setting it to None breaks
             # the library; the advice names it and leaves the line out.
             code = ""
-        return Root(ROOT_CLASS, label, code, container)
+        return Root(ROOT_CLASS, label, code, container, module=imports)
 
     def _module_root(self, name: str, module: Any, key: Any, value: Any) -> Root:
         if name == "threading" and key in ("_active", "_limbo"):
@@ -203,14 +226,18 @@ class RootIndex:
             code = f"{label}.clear()"
         else:
             code = f"{label} = None"
-        if code and prefix and not self._module_alias.get(id(module)):
-            code = f"import {name}; {code}"
+        imports = name if prefix and not self._module_alias.get(id(module)) else ""
+        if code and imports:
+            code = f"import {imports}; {code}"
         if code and _library_module(name, module):
             # A library's own state (logging's handlers, weakref.finalize's registry, a
             # package's caches): editing it breaks the library, or is undone by it; the advice
-            # names it and leaves the line out.
-            code = ""
-        return Root(ROOT_MODULE, label, code, container)
+            # names it and leaves the line out. Where the library keeps what it had before
+            # under ``__name__`` (``sys.__excepthook__``, ``threading.__excepthook__``: the
+            # interpreter's own convention for a hook a user may replace), putting that back
+            # is the library's own way to undo the replacement.
+            code = _restore_line(label, prefix, key, value, module, imports)
+        return Root(ROOT_MODULE, label, code, container, module=imports)
 
     def _index_context(self, ns: Any) -> None:
         try:

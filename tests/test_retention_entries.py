@@ -1,0 +1,175 @@
+"""Where a root has no line of its own (a library's registry, the shell, a hook the interpreter
+keeps), the advice removes the entry the retention path enters, and running that line frees
+the bytes (issue 34: 9 of KINDS9's 14 kinds named their holder with no runnable line)."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import types
+import weakref
+from typing import Any
+
+import pytest
+
+from gpumem_nb.holders.named import cut_code
+from gpumem_nb.holders.retention import STATE_ROOTED, RootContext, Search
+
+from .fakes import FakeTensor, GiB
+from .test_oom import last, run
+from .test_retention import fake_storage, oomworld  # noqa: F401 (a fixture)
+
+
+def _kept_by_closure(nbytes: int) -> tuple[Any, Any]:
+    """A function whose closure keeps one tensor, and a weak reference to that tensor."""
+    live = [FakeTensor(nbytes)]
+
+    def census(*args: Any) -> None:
+        live.append(None) if args == ("never",) else None
+
+    return census, weakref.ref(live[0])
+
+
+def _roots_line(ns: dict[str, Any], tensor: Any, **ctx: Any) -> str:
+    out = Search(fake_storage, RootContext(user_ns=ns, **ctx)).run([tensor])
+    (r,) = out.retained
+    assert r.state == STATE_ROOTED, r
+    return cut_code(r.roots)
+
+
+def test_a_gc_callback_that_keeps_tensors_is_removed_from_gc_callbacks_and_that_frees_them():
+    census, alive = _kept_by_closure(3 * GiB)
+    gc.callbacks.append(census)
+    ns: dict[str, Any] = {"census": census}
+    del census
+    try:
+        line = _roots_line(ns, alive())
+        at = gc.callbacks.index(ns["census"])
+        assert line == f"del census; import gc; del gc.callbacks[{at}]", line
+        exec(line, ns)
+        gc.collect()
+        assert alive() is None, "the advised line left the tensor alive"
+    finally:
+        gc.callbacks[:] = [c for c in gc.callbacks if c is not ns.get("census")]
+
+
+def test_two_entries_of_one_public_registry_go_from_the_last_and_nothing_else_goes():
+    census_a, alive = _kept_by_closure(2 * GiB)
+    tensor = alive()
+    census_b = types.FunctionType(census_a.__code__, {}, "census_b", None,
+                                  census_a.__closure__)
+    reglib = types.ModuleType("reglib")
+    reglib.__file__ = "/opt/venv/lib/python3.11/site-packages/reglib/__init__.py"
+    bystander = object()
+    reglib.hooks = [census_a, bystander, census_b]  # type: ignore[attr-defined]
+    sys.modules["reglib"] = reglib
+    del census_a, census_b
+    try:
+        line = _roots_line({}, tensor)
+        del tensor
+        assert line == "import reglib; del reglib.hooks[2]; del reglib.hooks[0]", line
+        exec(line, {})
+        gc.collect()
+        assert alive() is None
+        assert reglib.hooks == [bystander]  # type: ignore[attr-defined]
+    finally:
+        del sys.modules["reglib"]
+
+
+def test_a_replaced_interpreter_hook_is_put_back_from_its_dunder_original():
+    """KINDS10 keeps errors in ``sys.unraisablehook``; the library keeps its original as
+    ``sys.__unraisablehook__``, and putting it back is the line, not "drop that reference"."""
+    hook, alive = _kept_by_closure(3 * GiB)
+    sys.unraisablehook = hook
+    del hook
+    try:
+        line = _roots_line({}, alive())
+        assert line == "import sys; sys.unraisablehook = sys.__unraisablehook__", line
+        exec(line, {})
+        gc.collect()
+        assert alive() is None
+    finally:
+        sys.unraisablehook = sys.__unraisablehook__
+
+
+def test_a_list_of_tensors_an_entry_keeps_is_emptied_once_not_an_entry_per_tensor():
+    """A logging filter that keeps records (KINDS10): three tensors in the list of an object
+    a public registry holds are one holder with one line, and the registry keeps the
+    object."""
+
+    class Keep:
+        def __init__(self) -> None:
+            self.records = [FakeTensor(GiB + i) for i in range(3)]
+
+    reglib = types.ModuleType("reglib3")
+    reglib.__file__ = "/opt/venv/lib/python3.11/site-packages/reglib3/__init__.py"
+    keep = Keep()
+    reglib.filters = [keep]  # type: ignore[attr-defined]
+    sys.modules["reglib3"] = reglib
+    alive = [weakref.ref(t) for t in keep.records]
+    try:
+        out = Search(fake_storage, RootContext(user_ns={})).run(list(keep.records))
+        del keep
+        lines = {cut_code(r.roots) for r in out.retained}
+        assert lines == {"import reglib3; reglib3.filters[0].records.clear()"}, lines
+        assert len({r.roots for r in out.retained}) == 1
+        exec(lines.pop(), {})
+        assert all(a() is None for a in alive)
+        assert len(reglib.filters) == 1  # type: ignore[attr-defined]
+    finally:
+        del sys.modules["reglib3"]
+
+
+def test_a_private_library_registry_still_gets_no_line():
+    census, alive = _kept_by_closure(GiB)
+    reglib = types.ModuleType("reglib2")
+    reglib.__file__ = "/opt/venv/lib/python3.11/site-packages/reglib2/__init__.py"
+    reglib._hooks = [census]  # type: ignore[attr-defined]
+    sys.modules["reglib2"] = reglib
+    del census
+    try:
+        assert _roots_line({}, alive()) == ""
+    finally:
+        del sys.modules["reglib2"]
+
+
+def test_a_value_pushed_into_the_shells_hidden_namespace_is_deleted_there(shell):
+    """KINDS9 startup_push_hidden_names: `get_ipython().user_ns_hidden['vocab_table']` was
+    named with "drop that reference" and no line."""
+    t = FakeTensor(3 * GiB)
+    alive = weakref.ref(t)
+    shell.push({"vocab_table": [t]}, interactive=False)
+    del shell.user_ns["vocab_table"], t
+    try:
+        line = _roots_line(shell.user_ns, alive(), shell=shell)
+        assert line.startswith("del get_ipython().user_ns_hidden['vocab_table']"), line
+        shell.run_cell(line, store_history=False)
+        gc.collect()
+        assert alive() is None
+    finally:
+        shell.user_ns_hidden.pop("vocab_table", None)
+
+
+@pytest.mark.parametrize("oomworld", ["native"], indirect=True)
+def test_an_oom_held_by_a_gc_callback_advises_a_line_that_frees_it(oomworld):  # noqa: F811
+    """The whole chain, at the failure: the explanation's line for a gc callback's closure is
+    run as a user would, and the allocator's bytes go."""
+    shell = oomworld.shell
+    try:
+        run(shell, "import gc\n"
+                   "def make():\n"
+                   "    live = [cuda.tensor(40 * GiB)]\n"
+                   "    def census(phase, info):\n"
+                   "        return len(live)\n"
+                   "    return census\n"
+                   "gc.callbacks.append(make())")
+        run(shell, "y = cuda.tensor(100 * GiB)")
+        e = last(shell)
+        (step,) = [a for a in e.actions if a.code and "gc.callbacks" in a.code]
+        assert step.nbytes == 40 * GiB, str(e)
+        before = oomworld.cuda.devices[0].allocated
+        run(shell, step.code)
+        assert before - oomworld.cuda.devices[0].allocated >= 0.95 * step.nbytes, str(e)
+    finally:
+        gc.callbacks[:] = [c for c in gc.callbacks
+                           if getattr(c, "__qualname__", "") != "make.<locals>.census"]
