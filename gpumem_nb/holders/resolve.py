@@ -37,6 +37,9 @@ _MOST_ENTRIES = 4
 # state is not (clearing ``threading._active`` broke the library, on the H200).
 _ENTRY_EXPR = re.compile(
     r"(?:get_ipython\(\)|[A-Za-z]\w*)(?:\.[A-Za-z]\w*|\[-?\d+\]|\['[\w .-]*'\])*")
+# A dict's key is found by reading its items (never by hashing: a key's own ``__eq__`` is the
+# user's code), once for each storage; a bigger dict gives no line.
+_MOST_KEYS_READ = 4096
 _Hit = tuple[Root, "_Step | None", list[_Step], list[int]]
 
 
@@ -313,6 +316,8 @@ def _entry(hit: _Hit, alive: Mapping[int, Any],
         if not _ENTRY_EXPR.fullmatch(expr):
             continue
         if type(container) is dict:
+            if len(container) > _MOST_KEYS_READ:
+                continue
             keys = [key for key, v in dict.items(container) if v is child]
             if into.kind != "key" or len(keys) != 1 or type(keys[0]) not in (str, int):
                 continue
