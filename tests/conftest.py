@@ -134,17 +134,28 @@ def ip() -> Any:
 def shell(ip: Any, capsys: Any) -> Any:
     """A real InteractiveShell with the extension unloaded and the user's namespace empty,
     before and after: the shell is one for the whole session, and a tensor a test left in
-    it (or in ``sys.last_value``) was found by the next test's heap walk. The clean before
-    is not skipped when the test before cleaned after itself: fixtures torn down after
-    this one can still leave reference cycles behind (a random-order run, seed 20261207,
-    found 12 GiB of an earlier test's failed cell as garbage in the next one)."""
-    _clean(ip)
+    it (or in ``sys.last_value``) was found by the next test's heap walk. Each clean ends in a
+    full collection (a walk of the whole heap, 0.15-0.25 s late in a run), made once a test:
+    after every fixture is torn down, since fixtures torn down after this one can still leave
+    reference cycles behind (a random-order run, seed 20261207, found 12 GiB of an earlier
+    test's failed cell as garbage in the next one)."""
+    # The collection before is the one just made after the test before (in this file, with
+    # every fixture of that test torn down: ``pytest_runtest_teardown`` below), or its own.
+    _clean(ip, collect=not _SHELL_CLEAN["collected"])
+    _SHELL_CLEAN["collected"] = False
     capsys.readouterr()
     yield ip
-    _clean(ip)
+    _clean(ip, collect=False)
+    _SHELL_CLEAN["pending"] = True
 
 
-def _clean(ip: Any) -> None:
+# "pending": a test that took the shell ended, and its collection waits for every fixture to
+# be torn down; "collected": that collection was made, and nothing but the next test of the
+# same file runs before the next clean.
+_SHELL_CLEAN = {"pending": False, "collected": False}
+
+
+def _clean(ip: Any, *, collect: bool = True) -> None:
     import gc
 
     _unload(ip)
@@ -161,7 +172,8 @@ def _clean(ip: Any) -> None:
     for name in ("last_exc", "last_type", "last_value", "last_traceback"):
         if hasattr(sys, name):
             setattr(sys, name, None)
-    gc.collect()
+    if collect:
+        gc.collect()
 
 
 @contextlib.contextmanager
@@ -341,6 +353,18 @@ def pytest_runtest_teardown(item: Any, nextitem: Any) -> Any:
     """After the test's fixtures are torn down: at the end of each file, the parsed sources
     are dropped and, when asked for, the heap reported."""
     result = yield
+    collected = False
+    if _SHELL_CLEAN["pending"]:
+        import gc
+
+        # One collection a test, after fixtures torn down after the shell have left their
+        # cycles too (a random-order run found 12 GiB of an earlier test's failed cell as
+        # garbage when the next test's clean skipped its own collection).
+        _SHELL_CLEAN["pending"] = False
+        gc.collect()
+        collected = True
+    _SHELL_CLEAN["collected"] = collected and nextitem is not None and \
+        nextitem.path == item.path
     if nextitem is None or nextitem.path != item.path:
         # Once a file, not once a test: a file's tests share the trees of their tracebacks.
         forget_parsed_sources()

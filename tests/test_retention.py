@@ -494,6 +494,10 @@ def test_cycles_collected_while_the_traceback_shows_are_garbage_under_cudamalloc
     computation (H100, cross_linked_nodes_in_loop, verdict 'working set')."""
     from gpumem_nb.oom.gcwindow import WhileHandled
 
+    # When the collector runs by itself inside the failing cell depends on its counters at
+    # the start: a collection here makes that the same whatever ran before (the shell's own
+    # clean collects after the test before, not in this one's set-up).
+    gc.collect()
     w = make_world(monkeypatch, backend="cudaMallocAsync")
     run(shell, "%load_ext gpumem_nb")
     shell.user_ns.update(cuda=w.cuda, GiB=GiB)
