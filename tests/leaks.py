@@ -48,6 +48,10 @@ _HOOKS: dict[str, Any] = {
     # Frozen objects are outside the generations gc.get_referrers reads: a freeze left on
     # hides referrers from the retention search ("unseen").
     "gc.freeze": lambda: gc.get_freeze_count() > 0,
+    # A stand-in torch left in sys.modules (a test's fake, not the installed package) is what
+    # a later test's `pytest.importorskip("torch")` returns: the DLPack capsule test failed in
+    # a random order on one.
+    "sys.modules['torch']": lambda: _stand_in(sys.modules.get("torch")),
 }
 # (sys.unraisablehook and threading.excepthook are pytest's own, swapped around each phase.)
 _SETTERS: dict[str, Any] = {
@@ -58,7 +62,26 @@ _SETTERS: dict[str, Any] = {
     "gc.isenabled": lambda on: gc.enable() if on else gc.disable(),
     "gc.get_threshold": lambda t: gc.set_threshold(*t),
     "gc.freeze": lambda frozen: None if frozen else gc.unfreeze(),
+    "sys.modules['torch']": lambda was: _put_torch_back(was),
 }
+
+
+def _stand_in(module: Any) -> Any:
+    """The module under ``torch`` where it is not the installed package (no file of its own,
+    or a file outside any install); None for the real one, or for none."""
+    path = getattr(module, "__file__", None) if module is not None else None
+    if module is None or (type(path) is str and ("site-packages" in path
+                                                 or "dist-packages" in path)):
+        return None
+    return module
+
+
+def _put_torch_back(was: Any) -> None:
+    if was is None:
+        if _stand_in(sys.modules.get("torch")) is not None:
+            del sys.modules["torch"]
+    else:
+        sys.modules["torch"] = was
 
 
 @dataclass

@@ -105,3 +105,23 @@ def test_an_ipython_callback_or_a_loaded_extension_left_in_the_shell_is_named_an
     assert getattr(shell, "_gpumem_nb_monitor", None) is None
     assert after not in shell.events.callbacks["post_run_cell"]
     assert _left(before) == []
+
+
+def test_a_stand_in_torch_left_in_sys_modules_is_named_and_taken_out():
+    """A later `pytest.importorskip("torch")` returned another test's stand-in (random order,
+    seed 20261207): the DLPack capsule test then failed on a fake."""
+    import types
+
+    was = sys.modules.get("torch")
+    before = leaks.snapshot()
+    sys.modules["torch"] = types.ModuleType("torch")
+    try:
+        (what,) = _left(before)
+        assert what.startswith("sys.modules['torch'] is <module 'torch'")
+        assert sys.modules.get("torch") is was
+        assert _left(before) == []
+    finally:
+        if was is None:
+            sys.modules.pop("torch", None)
+        else:
+            sys.modules["torch"] = was

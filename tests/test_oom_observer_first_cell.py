@@ -54,7 +54,11 @@ def world(monkeypatch: Any, backend: str = "native", imported: bool = True) -> A
     if imported:
         monkeypatch.setitem(sys.modules, "torch", torch)
     else:
-        monkeypatch.delitem(sys.modules, "torch", raising=False)
+        # Set, then deleted: monkeypatch then takes out the stand-in a cell's
+        # `sys.modules['torch'] = fake` puts in (a delitem of a missing key records nothing
+        # to undo, and the next test's `importorskip("torch")` got the stand-in).
+        monkeypatch.setitem(sys.modules, "torch", torch)
+        monkeypatch.delitem(sys.modules, "torch")
     monkeypatch.setattr(monitor_mod, "make_source",
                         lambda: LiveSource(nvml=NvmlSource(module=nvml)))  # type: ignore[arg-type]
     return SimpleNamespace(cuda=cuda, torch=torch, gpu=gpu)

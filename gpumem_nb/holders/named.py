@@ -62,33 +62,25 @@ _KIND_OF_ROOT = {
 GC_COLLECT = "import gc; gc.collect()"
 
 
-_LIST_ENTRY = re.compile(r"del (.+)\[(\d+)\]$")
-
-
-def _entry_order(code: str) -> tuple[str, int]:
-    m = _LIST_ENTRY.search(code)
-    return (m[1], -int(m[2])) if m else (code, 0)
-
-
 def cut_code(roots: Iterable[Root]) -> str:
     """One line that removes every one of these references, or "" where one of them has no
     such line (a thread's local: only the thread can let go of it)."""
     names: list[str] = []
-    rest: list[str] = []
+    deep: list[tuple[int, str]] = []
     for r in sorted(set(roots)):
         if not r.code:
             return ""
         if r.code.startswith("del ") and r.kind == ROOT_VARIABLE:
             names.append(r.code[4:])
-        elif r.code not in rest:
-            rest.append(r.code)
-    # Entries of one list go from the last: ``del q[2]`` after ``del q[0]`` would take what
-    # was ``q[3]``.
-    at = [i for i, code in enumerate(rest) if _LIST_ENTRY.search(code)]
-    for i, code in zip(at, sorted((rest[i] for i in at), key=_entry_order), strict=True):
-        rest[i] = code
-    parts = ([f"del {', '.join(names)}"] if names else [])
-    for code in rest:
+        elif all(r.code != code for _, code in deep):
+            deep.append((r.depth, r.code))
+    # A registry's entry (a line below its root: depth > 0) goes before any `del`, since its
+    # line may name the entry by the variable; and the deepest first (``reg[1].items.clear()``
+    # before ``reg[0]`` goes and ``reg[1]`` names another item).
+    first = [code for depth, code in sorted(deep, key=lambda dc: -dc[0]) if depth]
+    rest = [code for depth, code in deep if not depth]
+    parts: list[str] = []
+    for code in [*first, *([f"del {', '.join(names)}"] if names else []), *rest]:
         for part in code.split("; "):
             if not (part.startswith("import ") and part in parts):
                 parts.append(part)  # one `import gc` however many entries of gc need it

@@ -100,10 +100,15 @@ class Resolver:
                 clears.add(self._clear_code(nearest, alive, parents, roots_of)
                            if nearest is not None else "")
             if any(not x.code and x.kind in _ENTRY_KINDS for x in roots):
-                entries = self._entry_cuts(members[key], alive, parents, roots_of)
+                entries = _entry_cuts(members[key], alive, parents, roots_of,
+                                      self._names_by_id())
                 if entries is not None:
-                    roots = {x for x in roots if x.code or x.kind not in _ENTRY_KINDS}
-                    roots.update(entries)
+                    # Only the roots that still reach it once the entries go: every logger
+                    # reaches every other through the logging manager's registry, and a
+                    # notebook's `logger` was told to go with the entry that held the bytes.
+                    lines, cut_edges, emptied = entries
+                    roots = _roots_left(members[key], parents, roots_of, cut_edges, emptied)
+                    roots.update(lines)
             if roots:
                 r.state, r.roots = STATE_ROOTED, frozenset(roots)
                 assert best is not None
@@ -133,45 +138,13 @@ class Resolver:
                     # Only the explained referrers kept it: the cut frees it at once.
                     r.state, r.classes = STATE_FREED, ()
 
-    def _entry_cuts(self, tids: list[int], alive: dict[int, Any],
-                    parents: dict[int, list[tuple[int, _Step]]],
-                    roots_of: dict[int, list[tuple[Root, _Step | None]]],
-                    ) -> list[Root] | None:
-        """Where a root with no line of its own keeps a storage (``gc.callbacks``, the shell's
-        ``user_ns_hidden``, a library's registry), the removal of the entry its path enters:
-        ``del gc.callbacks[0]``, one root each; a container whose entries the paths enter
-        more than twice is emptied instead (``filters[0].records.clear()``). Checked on the
-        graph the search found, not by a rule about the library: the edges each line removes
-        are taken out, and the search's paths are walked again until no such root reaches the
-        storage (each new path its own entry). None where one of them has no entry a line can
-        name, or more than ``_MOST_ENTRIES`` lines would have to go."""
-        cut: set[tuple[int, int]] = set()
-        emptied: set[int] = set()
-        made: dict[int, list[Root]] = {}  # by container id
-        while True:
-            hit = _stuck_path(tids, parents, roots_of, cut, emptied)
-            if hit is None:
-                return [root for roots in made.values() for root in roots]
-            entry = _entry(hit, alive)
-            if entry is None:
-                return None
-            root, child, container, expr, clearable = entry
-            mine = made.setdefault(container, [])
-            if container in emptied or (child, container) in cut:
-                return None  # no progress: the walk's edges and the graph's disagree
-            # A list that holds the tensors themselves is emptied at once: one line for all
-            # of them, not an entry each (``filters[0].records.clear()``).
-            direct = clearable and child in tids
-            if (len(mine) < 2 or not clearable) and not direct:
-                mine.append(root)
-                cut.add((child, container))
-            else:
-                line = f"{expr}.clear()"
-                mine[:] = [Root(root.kind, expr, f"import {root.module}; {line}"
-                                if root.module else line, container=True, module=root.module)]
-                emptied.add(container)
-            if sum(len(roots) for roots in made.values()) > _MOST_ENTRIES:
-                return None
+    def _names_by_id(self) -> dict[int, str]:
+        """id(value) -> the notebook's name for it (plain identifiers only)."""
+        ns = getattr(getattr(self, "ctx", None), "user_ns", None)
+        if not isinstance(ns, dict):
+            return {}
+        return {id(v): k for k, v in list(dict.items(ns))
+                if type(k) is str and k.isidentifier() and not k.startswith("_")}
 
     def _clear_code(self, nearest: tuple[Root, _Step | None, list[_Step], list[int]],
                     alive: dict[int, Any], parents: dict[int, list[tuple[int, _Step]]],
@@ -270,6 +243,102 @@ class Resolver:
         return tuple(sorted(classes)), 0
 
 
+class _Entries:
+    """The entries one storage's paths enter, by container: what the lines remove."""
+
+    def __init__(self) -> None:
+        self.cut: set[tuple[int, int]] = set()  # (entry id, container id)
+        self.emptied: set[int] = set()
+        # container id -> (root, its expression, the container, [(index or key as written,
+        # what removes it: the entry's id for a list, else the index or key)])
+        self.by_container: dict[int, tuple[Root, str, Any, list[tuple[str, str]]]] = {}
+
+    def lines(self, names: Mapping[int, str]) -> list[Root]:
+        """One root per container, its line independent of every other line's: a list's
+        entries are filtered out by identity (an index shifts when another line, or anyone,
+        removes an entry before it, and a callable registered twice is two entries), a dict's
+        go by key, a deque's by index from the last."""
+        out: list[Root] = []
+        for cid, (root, expr, container, entries) in self.by_container.items():
+            depth = expr.count(".") + expr.count("[")
+            if cid in self.emptied:
+                line = f"{expr}.clear()"
+                name = expr
+            elif type(container) is list:
+                ids = sorted({int(text) for _, text in entries})
+                if all(i in names for i in ids):
+                    # Said by the notebook's own names where it has them (the line runs before
+                    # any `del` of those names).
+                    test = " and ".join(f"x is not {names[i]}" for i in ids)
+                elif len(ids) == 1:
+                    test = f"id(x) != {ids[0]}"
+                else:
+                    test = f"id(x) not in {tuple(ids)}"
+                line = f"{expr}[:] = [x for x in {expr} if {test}]"
+                name = expr if len(entries) > 1 else f"{expr}[{entries[0][0]}]"
+            else:
+                keys = sorted({text for _, text in entries},
+                              key=lambda t: -int(t) if type(container) is deque else 0)
+                line = "; ".join(f"del {expr}[{k}]" for k in keys)
+                name = expr if len(keys) > 1 else f"{expr}[{keys[0]}]"
+            code = f"import {root.module}; {line}" if root.module else line
+            out.append(Root(root.kind, name, code, cid in self.emptied, module=root.module,
+                            depth=depth))
+        return out
+
+
+def _entry_cuts(tids: list[int], alive: dict[int, Any],
+                parents: dict[int, list[tuple[int, _Step]]],
+                roots_of: dict[int, list[tuple[Root, _Step | None]]],
+                names: Mapping[int, str],
+                ) -> tuple[list[Root], set[tuple[int, int]], set[int]] | None:
+    """Where a root with no line of its own keeps a storage (``gc.callbacks``, the shell's
+    ``user_ns_hidden``, a library's registry), the removal of the entries its paths enter:
+    one line per container (``_Entries.lines``); a list that an object keeps as an attribute
+    and whose every item is on the way to these bytes is emptied instead. Checked on the
+    graph the search found, not by a rule about the library: the edges each line removes
+    are taken out, and the search's paths are walked again until no such root reaches the
+    storage (each new path its own entry). The lines, with the edges and containers they
+    cut; None where one of the paths has no entry a line can name, or more than
+    ``_MOST_ENTRIES`` entries would have to go."""
+    found = _Entries()
+    entries = 0
+    while True:
+        hit = _stuck_path(tids, parents, roots_of, found.cut, found.emptied)
+        if hit is None:
+            return found.lines(names), found.cut, found.emptied
+        entry = _entry(hit, alive)
+        if entry is None:
+            return None
+        root, expr, child, container, text = entry
+        if container in found.emptied or (child, container) in found.cut:
+            return None  # no progress: the walk's edges and the graph's disagree
+        obj = alive[container]
+        entries += 1
+        mine = found.by_container.setdefault(container, (root, expr, obj, []))[3]
+        mine.append((text, str(id(alive[child])) if type(obj) is list else text))
+        found.cut.add((child, container))
+        if type(obj) is list and _emptiable(hit, expr, obj, alive, len(mine), child in tids):
+            found.emptied.add(container)
+        obj = None
+        if entries > _MOST_ENTRIES and not found.emptied:
+            return None
+
+
+def _emptiable(hit: _Hit, expr: str, container: list[Any], alive: Mapping[int, Any],
+               entries: int, direct: bool) -> bool:
+    """Emptying the list is the line: an object keeps it as an attribute below the root
+    (never the registry a root names itself: ``gc.callbacks.clear()`` drops every other
+    library's callback), every item in it is on the way to these bytes (never a bystander),
+    and it holds the tensors themselves or is entered more than twice."""
+    if not (direct or entries > 2):
+        return False
+    if not expr.rsplit(".", 1)[-1].isidentifier() or expr == hit[0].name:
+        return False
+    return len(container) <= _MOST_KEYS_READ and \
+        all(id(x) in alive for x in list.__iter__(container))
+
+
 def _stuck_path(tids: list[int], parents: Mapping[int, list[tuple[int, _Step]]],
                 roots_of: Mapping[int, list[tuple[Root, _Step | None]]],
                 cut: set[tuple[int, int]], emptied: set[int]) -> _Hit | None:
@@ -292,14 +361,41 @@ def _stuck_path(tids: list[int], parents: Mapping[int, list[tuple[int, _Step]]],
     return None
 
 
-def _entry(hit: _Hit, alive: Mapping[int, Any],
-           ) -> tuple[Root, int, int, str, bool] | None:
-    """The builtin container nearest the target on the path whose expression a line can name,
-    the line that removes the entry the path goes through (a root), the ids of that entry and
-    of its container, the container's expression, and whether emptying it is a line to give:
-    only a list an object keeps as an attribute below the root (``filters[0].records``), never
-    the registry a root names itself (``gc.callbacks.clear()`` drops every other library's
-    callback) nor a dict (``user_ns_hidden``). None where there is none (the path goes
+def _roots_left(tids: list[int], parents: Mapping[int, list[tuple[int, _Step]]],
+                roots_of: Mapping[int, list[tuple[Root, _Step | None]]],
+                cut: set[tuple[int, int]], emptied: set[int]) -> set[Root]:
+    """Every root that still reaches these objects without the cut edges and containers."""
+    out: set[Root] = set()
+    seen = set(tids)
+    todo = list(tids)
+    while todo:
+        oid = todo.pop()
+        if oid not in emptied:
+            out.update(root for root, _ in roots_of.get(oid, ()))
+        for pid, _ in parents.get(oid, ()):
+            if pid not in seen and pid not in emptied and (oid, pid) not in cut:
+                seen.add(pid)
+                todo.append(pid)
+    return out
+
+
+def _private(steps: list[_Step]) -> bool:
+    """A step through a private name (``._modules``, ``._cache``), read from the steps: the
+    rendered path says torch's ``_modules['enc']`` as ``.enc``."""
+    after_dict = False
+    for s in steps:
+        name = s.text.strip("'") if s.kind == "key" and after_dict else \
+            s.text if s.kind == "attr" else ""
+        if name.startswith("_"):
+            return True
+        after_dict = s.kind == "dict"
+    return False
+
+
+def _entry(hit: _Hit, alive: Mapping[int, Any]) -> tuple[Root, str, int, int, str] | None:
+    """The builtin container nearest the target on the path whose expression a line can name:
+    the root, the container's expression, the ids of the entry and of the container, and the
+    entry's index or key as a line writes it. None where there is none (the path goes
     through a closure or a frame first, all the way up)."""
     root, step, steps, chain = hit
     path = [step, *steps] if step is not None else list(steps)
@@ -313,7 +409,7 @@ def _entry(hit: _Hit, alive: Mapping[int, Any],
         if above and above[-1].kind == "dict":
             continue  # an object's own __dict__: its keys are attributes, not entries
         expr = _render(root.name, above)
-        if not _ENTRY_EXPR.fullmatch(expr):
+        if not _ENTRY_EXPR.fullmatch(expr) or _private(above):
             continue
         if type(container) is dict:
             if len(container) > _MOST_KEYS_READ:
@@ -328,12 +424,7 @@ def _entry(hit: _Hit, alive: Mapping[int, Any],
             text = into.text
         else:
             continue
-        line = f"del {expr}[{text}]"
-        code = f"import {root.module}; {line}" if root.module else line
-        clearable = type(container) is not dict and k + offset > 0 and (
-            above[-1].kind == "attr" or (len(above) > 1 and above[-2].kind == "dict"))
-        entry = Root(root.kind, f"{expr}[{text}]", code, module=root.module)
-        return entry, chain[k + 1], chain[k], expr, clearable
+        return root, expr, chain[k + 1], chain[k], text
     return None
 
 

@@ -51,6 +51,9 @@ class Root:
     # notebook has it under that name): a line made below the root (``resolve.py``'s entry
     # removal) needs it as ``code`` does.
     module: str = ""
+    # How deep below its root a line made below the root reaches (``resolve.py``'s entry
+    # removal): the deeper lines run first, before a line above them changes what they index.
+    depth: int = 0
 
 
 @dataclass
@@ -87,9 +90,13 @@ def _restore_line(label: str, prefix: str, key: Any, value: Any, module: Any,
     if type(key) is not str or not _IDENT.match(key) or key.startswith("_"):
         return ""
     try:
-        original = _MODULE_DICT.__get__(module).get(f"__{key}__")
+        d = _MODULE_DICT.__get__(module)
+        original = d.get(f"__{key}__")
+        name = d.get("__name__")
     except Exception:
         return ""
+    if name not in ("sys", "threading"):
+        return ""  # only the interpreter's own hooks (a PEP 562 `__getattr__` is no original)
     if original is None or original is value or not callable(original):
         return ""
     line = f"{label} = {prefix}__{key}__"

@@ -18,6 +18,7 @@ A holder whose cut reference counts alone prove free (``sole.py``) skips the sea
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -36,6 +37,9 @@ from .retention import (
 )
 from .sole import SoleProof
 
+# A `del` of bare names only: another `del` (``del gc_registry['k']``, after its import)
+# stays its own statement.
+_NAMES = re.compile(r"[A-Za-z_]\w*(?:, [A-Za-z_]\w*)*")
 BUDGET_S = 0.3  # for every checked holder together, at an OOM (after the cell)
 
 
@@ -169,11 +173,16 @@ def checked(h: Holder, check: CutCheck, line: str) -> Holder:
     if kept and not freed:
         return replace(h, code="", cut_checked=False, also_held_by=also, cut_freed_bytes=0,
                        cut_note="; ".join(kept))
-    parts = [line] if line else []
-    extra = cut_code([r for r in check.others if not _stuck(r)])
+    # A registry entry's line may name the entry by a variable the holder's `del` removes: it
+    # runs first.
+    entries = cut_code([r for r in check.others if not _stuck(r) and r.depth])
+    parts = [*(entries.split("; ") if entries else ()), *([line] if line else [])]
+    extra = cut_code([r for r in check.others if not _stuck(r) and not r.depth])
     for part in extra.split("; ") if extra else ():
-        if part.startswith("del ") and parts and parts[0].startswith("del "):
-            parts[0] = f"{parts[0]}, {part[4:]}"  # one `del` for every name
+        at = next((i for i, p in enumerate(parts)
+                   if p.startswith("del ") and _NAMES.fullmatch(p[4:])), None)
+        if part.startswith("del ") and _NAMES.fullmatch(part[4:]) and at is not None:
+            parts[at] = f"{parts[at]}, {part[4:]}"  # one `del` for every name
         else:
             parts.append(part)
     if check.collect and GC_COLLECT not in parts:
