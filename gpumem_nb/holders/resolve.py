@@ -57,6 +57,7 @@ class Resolver:
                  parents: dict[int, list[tuple[int, _Step]]],
                  roots_of: dict[int, list[tuple[Root, _Step | None]]],
                  unresolved: set[int], cut: str) -> None:
+        names: dict[int, str] | None = None  # the notebook's names by id, read once if needed
         for key, r in retained.items():
             roots: set[Root] = set()
             best: tuple[int, str, str] | None = None
@@ -100,8 +101,9 @@ class Resolver:
                 clears.add(self._clear_code(nearest, alive, parents, roots_of)
                            if nearest is not None else "")
             if any(not x.code and x.kind in _ENTRY_KINDS for x in roots):
-                entries = _entry_cuts(members[key], alive, parents, roots_of,
-                                      self._names_by_id())
+                if names is None:
+                    names = self._names_by_id()
+                entries = _entry_cuts(members[key], alive, parents, roots_of, names)
                 if entries is not None:
                     # Only the roots that still reach it once the entries go: every logger
                     # reaches every other through the logging manager's registry, and a
