@@ -227,3 +227,41 @@ def test_an_oom_held_by_a_gc_callback_advises_a_line_that_frees_it(oomworld):  #
     finally:
         gc.callbacks[:] = [c for c in gc.callbacks
                            if getattr(c, "__qualname__", "") != "make.<locals>.census"]
+
+
+@pytest.mark.parametrize("oomworld", ["native"], indirect=True)
+def test_errors_a_replaced_thread_excepthook_keeps_are_freed_by_its_line_with_a_collection(
+        oomworld):  # noqa: F811
+    """KINDS10 on the H100: `del thread_error_hook; threading.excepthook =
+    threading.__excepthook__` freed 0 of 28.50 GiB. Each thread made while the hook was set
+    keeps it (threading's `_invoke_excepthook` closure), and the kept error's traceback keeps
+    that thread's frame: cycles, which only a collection frees once the names go."""
+    shell = oomworld.shell
+    import threading
+
+    try:
+        run(shell, "import threading\n"
+                   "def make_error_collector():\n"
+                   "    errors = []\n"
+                   "    def collect(args):\n"
+                   "        errors.append(args.exc_value)\n"
+                   "    return collect\n"
+                   "thread_error_hook = make_error_collector()\n"
+                   "threading.excepthook = thread_error_hook\n"
+                   "def load_shard(nbytes):\n"
+                   "    shard = cuda.tensor(nbytes)\n"
+                   "    raise OSError('shard checksum mismatch')\n"
+                   "for i in range(3):\n"
+                   "    loader = threading.Thread(target=load_shard, args=(20 * GiB,))\n"
+                   "    loader.start()\n"
+                   "    loader.join()\n"
+                   "del loader")
+        run(shell, "y = cuda.tensor(100 * GiB)")
+        e = last(shell)
+        (step,) = [a for a in e.actions if a.code and "threading.excepthook" in a.code]
+        assert step.nbytes == 60 * GiB, str(e)
+        before = oomworld.cuda.devices[0].allocated
+        run(shell, step.code)
+        assert before - oomworld.cuda.devices[0].allocated >= 0.95 * step.nbytes, str(e)
+    finally:
+        threading.excepthook = threading.__excepthook__

@@ -134,7 +134,12 @@ def check_cuts(tensors: Mapping[str, Sequence[Any]], cuts: Mapping[str, Iterable
         unseen = sorted(r.path for r in found if r.state == STATE_UNSEEN and r.path)
         out[name] = CutCheck(
             others=tuple(sorted(others)),
-            collect=any(r.state == STATE_GARBAGE for r in found),
+            # Cycles below roots whose lines join the cut stay until a collection too: a
+            # replaced `threading.excepthook` is also kept by each thread made while it was
+            # set, and each kept error's traceback keeps that thread (KINDS10 on the H100: the
+            # line without a collection freed 0 of 28.50 GiB).
+            collect=any(r.state == STATE_GARBAGE or (r.state == STATE_ROOTED and r.cyclic)
+                        for r in found),
             unseen=any(r.state == STATE_UNSEEN for r in found),
             unseen_path=unseen[0] if unseen else "",
             kept_bytes=sum(r.nbytes for r in kept),
