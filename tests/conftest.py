@@ -146,13 +146,13 @@ def shell(ip: Any, capsys: Any) -> Any:
     capsys.readouterr()
     yield ip
     _clean(ip, collect=False)
-    _SHELL_CLEAN["pending"] = True
+    _SHELL_CLEAN["pending"] = ip
 
 
-# "pending": a test that took the shell ended, and its collection waits for every fixture to
-# be torn down; "collected": that collection was made, and nothing but the next test of the
-# same file runs before the next clean.
-_SHELL_CLEAN = {"pending": False, "collected": False}
+# "pending": the shell of a test that ended, whose last clean waits for every fixture to be
+# torn down; "collected": that clean was made, and nothing but the next test of the same file
+# runs before the next one.
+_SHELL_CLEAN: dict[str, Any] = {"pending": None, "collected": False}
 
 
 def _clean(ip: Any, *, collect: bool = True) -> None:
@@ -172,6 +172,12 @@ def _clean(ip: Any, *, collect: bool = True) -> None:
     for name in ("last_exc", "last_type", "last_value", "last_traceback"):
         if hasattr(sys, name):
             setattr(sys, name, None)
+    # IPython's traceback formatter keeps the last traceback it showed (`InteractiveTB.tb`),
+    # with its frames, until the next error: a random-order run (seed 20261209) found an
+    # earlier test's failed cell (12 GiB of cycles) there, freed as garbage by the next error.
+    itb = getattr(ip, "InteractiveTB", None)
+    if itb is not None and getattr(itb, "tb", None) is not None:
+        itb.tb = None
     if collect:
         gc.collect()
 
@@ -354,14 +360,15 @@ def pytest_runtest_teardown(item: Any, nextitem: Any) -> Any:
     are dropped and, when asked for, the heap reported."""
     result = yield
     collected = False
-    if _SHELL_CLEAN["pending"]:
-        import gc
-
-        # One collection a test, after fixtures torn down after the shell have left their
-        # cycles too (a random-order run found 12 GiB of an earlier test's failed cell as
-        # garbage when the next test's clean skipped its own collection).
-        _SHELL_CLEAN["pending"] = False
-        gc.collect()
+    ip = _SHELL_CLEAN["pending"]
+    if ip is not None:
+        # The whole clean again, with its one collection, once fixtures torn down after the
+        # shell have run too: a fixture's teardown can run a cell, and the shell's last
+        # execution result (a failed cell's error, its traceback and frames) goes only when
+        # the next cell runs. A random-order run (seed 20261209) found 12 GiB of an earlier
+        # test's failed cell as garbage in the next one when only a collection was made here.
+        _SHELL_CLEAN["pending"] = None
+        _clean(ip)
         collected = True
     _SHELL_CLEAN["collected"] = collected and nextitem is not None and \
         nextitem.path == item.path
