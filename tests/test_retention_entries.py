@@ -265,3 +265,24 @@ def test_errors_a_replaced_thread_excepthook_keeps_are_freed_by_its_line_with_a_
         assert before - oomworld.cuda.devices[0].allocated >= 0.95 * step.nbytes, str(e)
     finally:
         threading.excepthook = threading.__excepthook__
+
+
+def test_a_module_installed_outside_site_packages_is_a_library_not_the_users(tmp_path,
+                                                                           monkeypatch):
+    """On the H100, wheels installed with `pip install --target` were taken for the user's
+    modules: the advice set `comm._comm_manager = None`. A folder with a `.dist-info` is an
+    install; a folder of the user's own scripts is not."""
+    from gpumem_nb.holders import roots
+
+    installed, mine = tmp_path / "wheels", tmp_path / "project"
+    (installed / "regpkg").mkdir(parents=True)
+    (installed / "regpkg-1.0.dist-info").mkdir()
+    (mine / "helper").mkdir(parents=True)
+    monkeypatch.setattr(sys, "path", [str(installed), str(mine), *sys.path])
+    monkeypatch.setattr(roots, "_INSTALL_FOLDERS", {})
+    lib = types.ModuleType("regpkg")
+    lib.__file__ = str(installed / "regpkg" / "__init__.py")
+    user = types.ModuleType("helper")
+    user.__file__ = str(mine / "helper" / "__init__.py")
+    assert roots._library_module("regpkg", lib)
+    assert not roots._library_module("helper", user)

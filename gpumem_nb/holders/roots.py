@@ -8,6 +8,7 @@ removes it. ``Search`` mixes in ``RootIndex``."""
 from __future__ import annotations
 
 import contextvars
+import os
 import sys
 import types
 from collections import deque
@@ -79,7 +80,33 @@ def _library_module(name: str, module: Any) -> bool:
         path = _MODULE_DICT.__get__(module).get("__file__")
     except Exception:
         return False
-    return type(path) is str and ("site-packages" in path or "dist-packages" in path)
+    if type(path) is not str:
+        return False
+    if "site-packages" in path or "dist-packages" in path:
+        return True
+    # A folder packages are installed into by other means (`pip install --target`, a
+    # PYTHONPATH of wheels): on the H100, comm and ipywidgets installed so were taken for the
+    # user's modules, and the advice set `comm._comm_manager = None`.
+    for entry in sys.path:
+        if type(entry) is str and entry and path.startswith(entry.rstrip(os.sep) + os.sep):
+            return _install_folder(entry)
+    return False
+
+
+_INSTALL_FOLDERS: dict[str, bool] = {}
+
+
+def _install_folder(folder: str) -> bool:
+    """Whether an import path holds installed distributions (a ``*.dist-info`` or
+    ``*.egg-info`` beside the packages), read once per folder."""
+    known = _INSTALL_FOLDERS.get(folder)
+    if known is None:
+        try:
+            known = any(n.endswith((".dist-info", ".egg-info")) for n in os.listdir(folder))
+        except OSError:
+            known = False
+        _INSTALL_FOLDERS[folder] = known
+    return known
 
 
 def _restore_line(label: str, prefix: str, key: Any, value: Any, module: Any,
