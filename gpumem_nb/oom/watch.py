@@ -7,7 +7,6 @@ cell into an ``OomExplanation``. Ordinary cells cost one attribute check."""
 from __future__ import annotations
 
 import contextlib
-import gc
 import sys
 import threading
 import time
@@ -48,7 +47,7 @@ from .causes import (
 from .event import OomEvent
 from .facts import OomFacts, PoolUse
 from .forms import find_oom, oom_form
-from .gcwindow import Collections, WhileHandled, collector_held
+from .gcwindow import Collections, WhileHandled, collector_held, frozen_objects
 from .ledgerparts import explanation_ledger, pool_parts
 from .message import (
     FORM_ASYNC,
@@ -490,7 +489,7 @@ class OomWatch(ObserverAttachment):
             private_pool_bytes=msg.private_pool_bytes, measured_at="failure", pools=ev.pools,
             walk_capped=any_capped(holders), workspaces_bytes=ev.workspaces_bytes,
             grad_enabled=ev.grad_enabled, idle_process_bytes=self._idle_bytes(ev.device),
-            frozen_objects=gc.get_freeze_count(),
+            frozen_objects=frozen_objects(),
             **cell_facts(ev.cell, r.allocated_bytes if r else msg.allocated_bytes))
         stages = {"observer": ev.cost_s}
         stages.update(ev.stage_s)
@@ -573,7 +572,7 @@ class OomWatch(ObserverAttachment):
             unreachable_bytes=unreachable, previous_error=previous_error,
             computation_bytes=computation, grad_enabled=grad, walk_capped=any_capped(holders),
             pools=pools_now, workspaces_bytes=workspaces_now,
-            idle_process_bytes=self._idle_bytes(device), frozen_objects=gc.get_freeze_count(),
+            idle_process_bytes=self._idle_bytes(device), frozen_objects=frozen_objects(),
             **cell_facts(self._cell_start(device), allocated))
         why = f"OOM observer {self.observer_status}" \
             if self.observer_status != "attached" else "the OOM observer did not see this one"
