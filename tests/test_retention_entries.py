@@ -30,6 +30,13 @@ def _kept_by_closure(nbytes: int) -> tuple[Any, Any]:
     return census, weakref.ref(live[0])
 
 
+def _installed(name: str) -> Any:
+    """A module as an installed library's: its file under site-packages."""
+    module = types.ModuleType(name)
+    module.__file__ = f"/opt/venv/lib/python3.11/site-packages/{name}/__init__.py"
+    return module
+
+
 def _roots_line(ns: dict[str, Any], tensor: Any, **ctx: Any) -> str:
     out = Search(fake_storage, RootContext(user_ns=ns, **ctx)).run([tensor])
     (r,) = out.retained
@@ -60,8 +67,7 @@ def test_two_entries_of_one_public_registry_go_by_identity_and_nothing_else_goes
     tensor = alive()
     census_b = types.FunctionType(census_a.__code__, {}, "census_b", None,
                                   census_a.__closure__)
-    reglib = types.ModuleType("reglib")
-    reglib.__file__ = "/opt/venv/lib/python3.11/site-packages/reglib/__init__.py"
+    reglib = _installed("reglib")
     bystander = object()
     reglib.hooks = [census_a, bystander, census_b, census_a]  # type: ignore[attr-defined]
     ids = tuple(sorted((id(census_a), id(census_b))))
@@ -106,8 +112,7 @@ def test_a_list_of_tensors_an_entry_keeps_is_emptied_once_not_an_entry_per_tenso
         def __init__(self) -> None:
             self.records = [FakeTensor(GiB + i) for i in range(3)]
 
-    reglib = types.ModuleType("reglib3")
-    reglib.__file__ = "/opt/venv/lib/python3.11/site-packages/reglib3/__init__.py"
+    reglib = _installed("reglib3")
     keep = Keep()
     reglib.filters = [keep]  # type: ignore[attr-defined]
     sys.modules["reglib3"] = reglib
@@ -132,8 +137,7 @@ def test_a_list_with_a_bystander_is_filtered_not_emptied():
         def __init__(self) -> None:
             self.records = [FakeTensor(GiB), "config", print]
 
-    reglib = types.ModuleType("reglib4")
-    reglib.__file__ = "/opt/venv/lib/python3.11/site-packages/reglib4/__init__.py"
+    reglib = _installed("reglib4")
     reglib.filters = [Keep()]  # type: ignore[attr-defined]
     sys.modules["reglib4"] = reglib
     alive = weakref.ref(reglib.filters[0].records[0])  # type: ignore[attr-defined]
@@ -159,8 +163,7 @@ def test_a_name_that_reached_the_bytes_only_through_the_removed_entry_is_not_del
         def __init__(self) -> None:
             self.buffer = [FakeTensor(GiB)]
 
-    reglib = types.ModuleType("reglib5")
-    reglib.__file__ = "/opt/venv/lib/python3.11/site-packages/reglib5/__init__.py"
+    reglib = _installed("reglib5")
     reglib.registry = {"a": Holder(), "b": object()}  # type: ignore[attr-defined]
     sys.modules["reglib5"] = reglib
     ns = {"mgr": Manager(reglib.registry)}  # type: ignore[attr-defined]
@@ -176,8 +179,7 @@ def test_a_name_that_reached_the_bytes_only_through_the_removed_entry_is_not_del
 
 def test_a_private_library_registry_still_gets_no_line():
     census, alive = _kept_by_closure(GiB)
-    reglib = types.ModuleType("reglib2")
-    reglib.__file__ = "/opt/venv/lib/python3.11/site-packages/reglib2/__init__.py"
+    reglib = _installed("reglib2")
     reglib._hooks = [census]  # type: ignore[attr-defined]
     sys.modules["reglib2"] = reglib
     del census
