@@ -252,8 +252,8 @@ class _Entries:
         self.cut: set[tuple[int, int]] = set()  # (entry id, container id)
         self.emptied: set[int] = set()
         # container id -> (root, its expression, the container, [(index or key as written,
-        # what removes it: the entry's id for a list, else the index or key)])
-        self.by_container: dict[int, tuple[Root, str, Any, list[tuple[str, str]]]] = {}
+        # the entry's id)])
+        self.by_container: dict[int, tuple[Root, str, Any, list[tuple[str, int]]]] = {}
 
     def lines(self, names: Mapping[int, str]) -> list[Root]:
         """One root per container, its line independent of every other line's: a list's
@@ -267,7 +267,7 @@ class _Entries:
                 line = f"{expr}.clear()"
                 name = expr
             elif type(container) is list:
-                ids = sorted({int(text) for _, text in entries})
+                ids = sorted({entry for _, entry in entries})
                 if all(i in names for i in ids):
                     # Said by the notebook's own names where it has them (the line runs before
                     # any `del` of those names).
@@ -279,7 +279,7 @@ class _Entries:
                 line = f"{expr}[:] = [x for x in {expr} if {test}]"
                 name = expr if len(entries) > 1 else f"{expr}[{entries[0][0]}]"
             else:
-                keys = sorted({text for _, text in entries},
+                keys = sorted({text for text, _ in entries},
                               key=lambda t: -int(t) if type(container) is deque else 0)
                 line = "; ".join(f"del {expr}[{k}]" for k in keys)
                 name = expr if len(keys) > 1 else f"{expr}[{keys[0]}]"
@@ -318,7 +318,7 @@ def _entry_cuts(tids: list[int], alive: dict[int, Any],
         obj = alive[container]
         entries += 1
         mine = found.by_container.setdefault(container, (root, expr, obj, []))[3]
-        mine.append((text, str(id(alive[child])) if type(obj) is list else text))
+        mine.append((text, child))
         found.cut.add((child, container))
         if type(obj) is list and _emptiable(hit, expr, obj, alive, len(mine), child in tids):
             found.emptied.add(container)
