@@ -12,7 +12,7 @@ from gpumem_nb.kernel import current_monitor
 from gpumem_nb.units import format_bytes
 from gpumem_nb.whatif import api as w
 from gpumem_nb.whatif.allocator import Limits
-from gpumem_nb.whatif.fit import CONTEXT_BYTES, Fit, GiB, usable_bytes
+from gpumem_nb.whatif.fit import CONTEXT_BYTES, DRIVER_RESERVE_BYTES, Fit, GiB, usable_bytes
 from gpumem_nb.whatif.replay import compile_trace, replay
 from tests.helpers import whatif
 from tests.whatif_history import History
@@ -67,10 +67,10 @@ def test_the_gpu_size_rows_and_the_sentence_name_the_cheapest_setting_that_fits(
     headers, rows = r.fit.gpu_table()
     assert headers[2:] == ("24 GB", "40 GB", "48 GB", "80 GB", "94 GB", "141 GB")
     assert rows[0][2:] == ["no", "yes", "yes", "yes", "yes", "yes"]
-    assert r.fit.sentence() == ("On a 40 GB GPU (39.50 GiB for PyTorch) defaults fits and "
+    assert r.fit.sentence() == ("On a 40 GB GPU (38.90 GiB for PyTorch) defaults fits and "
                                 "needs the least, 30.00 GiB.")
     assert "no setting tried fits" in r.fit.sentence(24)
-    assert usable_bytes(24) == 24 * GiB - CONTEXT_BYTES
+    assert usable_bytes(24) == 24 * GiB - DRIVER_RESERVE_BYTES - CONTEXT_BYTES
 
 
 def test_fit_through_the_magic(loaded, capsys):
@@ -139,15 +139,15 @@ def test_the_fit_sentence_names_the_cheapest_then_what_else_fits_and_what_does_n
     r = w.whatif(h.snapshot(), [NATIVE, EXPANDABLE], fit=32)
     need = {row.label: row.min_bytes for row in r.fit.rows}
     assert need["expandable_segments:True"] < usable_bytes(32) < need["defaults"]
-    assert r.fit.sentence() == ("On a 32 GB GPU (31.50 GiB for PyTorch) "
+    assert r.fit.sentence() == ("On a 32 GB GPU (30.90 GiB for PyTorch) "
                                 "expandable_segments:True fits and needs the least, 25.00 GiB; "
                                 "defaults does not.")
     assert r.fit.sentence(40).endswith("25.00 GiB; defaults also fits.")
-    assert r.fit.sentence(20).startswith("On a 20 GB GPU (19.50 GiB for PyTorch) no setting "
+    assert r.fit.sentence(20).startswith("On a 20 GB GPU (18.90 GiB for PyTorch) no setting "
                                          "tried fits")
     untargeted = w.whatif(h.snapshot(), [EXPANDABLE], fit=True).fit.sentence()
     assert untargeted == ("The least memory: expandable_segments:True, 25.00 GiB for PyTorch "
-                          "(a GPU of 26 GB or more).")
+                          "(a GPU of 27 GB or more).")
 
 
 @pytest.mark.parametrize("gb", [1e-300, 0.25, 0.5])
@@ -167,11 +167,14 @@ def test_fit_takes_this_processs_measured_context_not_a_fixed_512_mib(loaded, ca
     loaded.run_cell("%%gpumem --trace -q\nx = cuda.tensor(3 * GiB)")
     d = current_monitor(loaded).read().device(0)
     context = d.outside_pytorch_bytes
+    reserve = d.nvml.driver_reserved_bytes
     assert context and context != CONTEXT_BYTES
+    assert reserve and reserve != DRIVER_RESERVE_BYTES
     r = whatif(loaded, "--fit 24 -o")
     assert r.fit.context_bytes == context and r.fit.context_measured
+    assert r.fit.reserve_bytes == reserve and r.fit.reserve_measured
     assert r.fit.sentence().startswith(
-        f"On a 24 GB GPU ({format_bytes(24 * GiB - context)} for PyTorch)")
+        f"On a 24 GB GPU ({format_bytes(24 * GiB - reserve - context)} for PyTorch)")
     assert "measured now" in r.fit.lines()[0]
     del loaded.user_ns["x"]
 
@@ -184,11 +187,27 @@ def test_a_snapshot_from_a_file_says_its_context_is_assumed(loaded, tmp_path):
     r = whatif(loaded, f"--trace {path} --fit 24 -o")
     assert r.fit.context_bytes == CONTEXT_BYTES and not r.fit.context_measured
     assert "assumed" in r.fit.lines()[0]
+    # The driver's reserve is this GPU's whoever recorded the file: read, not assumed.
+    assert r.fit.reserve_measured and "this GPU's, read from NVML" in r.fit.lines()[0]
+
+
+def test_an_n_gb_gpu_leaves_out_what_the_driver_reserves_for_itself():
+    # Tutorials review M8: N GiB less the context alone overstated the H200 itself by its
+    # 615 MiB driver reserve, so a run that needed all but 300 MiB of it was said to fit.
+    h = History()
+    h.alloc(24 * GiB - CONTEXT_BYTES - 300 * MiB)
+    (row,) = w.whatif(h.snapshot(), [NATIVE], fit=24).fit.rows
+    assert row.fits(24, CONTEXT_BYTES, reserve_bytes=0)
+    assert not row.fits(24)
+    unread = w.whatif(h.snapshot(), [NATIVE], fit=24).fit
+    assert not unread.reserve_measured and unread.reserve_bytes == DRIVER_RESERVE_BYTES
+    assert "assumed: the H200's" in unread.lines()[0]
+    assert "no setting tried fits" in unread.sentence()
 
 
 def test_a_larger_context_moves_the_smallest_gpu_up():
     h = History()
-    h.alloc(int(5.36 * GiB))
+    h.alloc(int(4.8 * GiB))
     rows = w.whatif(h.snapshot(), [NATIVE], fit=True).fit.rows
     measured = Fit(rows, context_bytes=742 * MiB, context_measured=True)
     assert "(a GPU of 6 GB or more)" in Fit(rows).sentence()

@@ -125,13 +125,14 @@ def check_capacity(capacity_bytes: Any, name: str = "capacity_bytes") -> int:
 def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int | None = None,
         *, allowed_bytes: int | None = None, t_start: float | None = None, fit: bool = False,
         fit_gb: float | None = None, total_bytes: int | None = None,
-        context_bytes: int | None = None, progress: Progress | None = None) -> WhatIf:
+        context_bytes: int | None = None, reserve_bytes: int | None = None,
+        progress: Progress | None = None) -> WhatIf:
     """``_run``, with ``progress`` (the notebook's line for a long what-if, ``Progress``)
     told what is under way, emptied at the end, and told of a Ctrl-C."""
     try:
         out = _run(ti, parsed, capacity_bytes, progress, allowed_bytes=allowed_bytes,
                    t_start=t_start, fit=fit, fit_gb=fit_gb, total_bytes=total_bytes,
-                   context_bytes=context_bytes)
+                   context_bytes=context_bytes, reserve_bytes=reserve_bytes)
     except KeyboardInterrupt:
         if progress is not None:
             progress.interrupted()
@@ -145,16 +146,30 @@ def run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int
     return out
 
 
+def _fit(rows: Sequence[FitRow], fit_gb: float | None, context_bytes: int | None,
+         reserve_bytes: int | None) -> Fit:
+    """The fit, with each of the context and the driver's reserve measured where read (a
+    context of 0 is NVML not attributing memory to the process, not an empty context)."""
+    measured: dict[str, Any] = {}
+    if context_bytes is not None and context_bytes > 0:
+        measured.update(context_bytes=context_bytes, context_measured=True)
+    if reserve_bytes is not None and reserve_bytes >= 0:
+        measured.update(reserve_bytes=reserve_bytes, reserve_measured=True)
+    return Fit(tuple(rows), fit_gb, **measured)
+
+
 def _run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: int | None,
          progress: Progress | None, *, allowed_bytes: int | None = None,
          t_start: float | None = None, fit: bool = False, fit_gb: float | None = None,
-         total_bytes: int | None = None, context_bytes: int | None = None) -> WhatIf:
+         total_bytes: int | None = None, context_bytes: int | None = None,
+         reserve_bytes: int | None = None) -> WhatIf:
     """Replay ``ti`` under each setting. ``capacity_bytes`` is what the driver could hand out;
     ``allowed_bytes`` a memory fraction's cap (checked as the allocator checks it), which
     otherwise comes from the setting's or the recorded process's fraction of the GPU's
     memory (``total_bytes`` when the snapshot does not say it, as ``_dump_snapshot``'s does
     not). ``fit``: also find each setting's smallest GPU (``fit.py``), each GPU size less
-    ``context_bytes`` (the recorded process's memory outside PyTorch, when measured)."""
+    ``reserve_bytes`` (the driver's, read from this GPU) and ``context_bytes`` (the recorded
+    process's memory outside PyTorch), each where measured."""
     t_start = time.perf_counter() if t_start is None else t_start
     notes = list(ti.notes)
     recorded = parse_settings_or_none(ti.recorded_setting)
@@ -303,9 +318,7 @@ def _run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: in
         recorded_end_reserved_bytes=rec[-1][1],
         recorded_known=bool(trace.recorded) or bool(start_bytes),
         time_unit="ms" if t0 is not None else "event", origin=ti.origin,
-        fit=(Fit(tuple(fits), fit_gb, context_bytes=context_bytes, context_measured=True)
-             if context_bytes is not None and context_bytes > 0 else Fit(tuple(fits), fit_gb))
-        if fit else None,
+        fit=_fit(fits, fit_gb, context_bytes, reserve_bytes) if fit else None,
         elapsed_s=time.perf_counter() - t_start)
 
 

@@ -15,11 +15,15 @@ cached, the rooms under it differ little, and each costs a whole replay). It sta
 the unlimited replay's peak, and doubles past it when a run needs more room than its peak
 (the cap is checked against a whole request before the pages it needs are mapped).
 
-A GPU size's row ("fits on 40 GB") takes an N GB GPU as N GiB, less what the CUDA context
-and the libraries hold outside PyTorch's cache: this process's own, measured (NVML's line
-less what PyTorch reserved) when the replayed work is this process's, else ``CONTEXT_BYTES``,
-said to be assumed. A fixed 512 MiB was under every context the H200 tutorials measured
-(522-742 MiB), and so called a 6 GB GPU enough for 5.36 GiB.
+A GPU size's row ("fits on 40 GB") takes an N GB GPU as N GiB of NVML's total, less two
+things PyTorch can never reserve:
+- what the driver reserves for itself (NVML's total less CUDA's): this GPU's, read from NVML,
+  where there is one, else ``DRIVER_RESERVE_BYTES``, said to be assumed. Left out, the H200
+  itself was overstated by its 615 MiB (the tutorials review, M8);
+- what the CUDA context and the libraries hold outside PyTorch's cache: this process's own,
+  measured (NVML's line less what PyTorch reserved) when the replayed work is this process's,
+  else ``CONTEXT_BYTES``, said to be assumed. A fixed 512 MiB was under every context the H200
+  tutorials measured (522-742 MiB), and so called a 6 GB GPU enough for 5.36 GiB.
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ GiB = 1 << 30
 MiB = 1 << 20
 GPU_SIZES_GB = (24, 40, 48, 80, 94, 141)
 CONTEXT_BYTES = 512 * MiB  # CUDA context and workspaces: not PyTorch's to reserve
+# NVML v2's ``reserved`` on the H200 the tutorials ran on (644,939,776 B, tutorial 01): the
+# driver's own, outside CUDA's total. Other GPUs differ; read where a GPU is at hand.
+DRIVER_RESERVE_BYTES = 644_939_776
 STEP_BYTES = 2 * MiB  # the search stops this close to the minimum (a large segment's size)
 STEP_FRACTION = 0.005  # or within 0.5% of it: a real run 2% under the minimum runs out
 
@@ -52,15 +59,18 @@ class FitRow:
     # fit in, not reliably (None: every room tried under min_bytes runs out).
     lowest_bytes: int | None = None
 
-    def fits(self, gpu_gb: float, context_bytes: int = CONTEXT_BYTES) -> bool | None:
+    def fits(self, gpu_gb: float, context_bytes: int = CONTEXT_BYTES,
+             reserve_bytes: int = DRIVER_RESERVE_BYTES) -> bool | None:
         if self.min_bytes is None:
             return None
-        return self.min_bytes <= usable_bytes(gpu_gb, context_bytes)
+        return self.min_bytes <= usable_bytes(gpu_gb, context_bytes, reserve_bytes)
 
 
-def usable_bytes(gpu_gb: float, context_bytes: int = CONTEXT_BYTES) -> int:
-    """What PyTorch can reserve on an N GB GPU (N GiB less the context)."""
-    return int(gpu_gb * GiB) - context_bytes
+def usable_bytes(gpu_gb: float, context_bytes: int = CONTEXT_BYTES,
+                 reserve_bytes: int = DRIVER_RESERVE_BYTES) -> int:
+    """What PyTorch can reserve on an N GB GPU: N GiB less the driver's reserve and the
+    context."""
+    return int(gpu_gb * GiB) - reserve_bytes - context_bytes
 
 
 def _room_limits(settings: AllocatorSettings, room: int) -> Limits:
@@ -236,6 +246,16 @@ class Fit:
     target_gb: float | None = None
     context_bytes: int = CONTEXT_BYTES  # kept from each GPU size for the context
     context_measured: bool = False  # this process's, read now; else CONTEXT_BYTES, assumed
+    reserve_bytes: int = DRIVER_RESERVE_BYTES  # kept from each GPU size for the driver
+    reserve_measured: bool = False  # this GPU's, from NVML; else DRIVER_RESERVE_BYTES
+
+    def fits(self, row: FitRow, gpu_gb: float) -> bool | None:
+        """Whether ``row`` fits an N GB GPU, less this fit's reserve and context."""
+        return row.fits(gpu_gb, self.context_bytes, self.reserve_bytes)
+
+    def usable_bytes(self, gpu_gb: float) -> int:
+        """What PyTorch can reserve on an N GB GPU, as this fit takes it."""
+        return usable_bytes(gpu_gb, self.context_bytes, self.reserve_bytes)
 
     def gpu_table(self) -> tuple[tuple[str, ...], list[list[str]]]:
         headers = ("setting", "needs", *(f"{g} GB" for g in GPU_SIZES_GB))
@@ -245,7 +265,7 @@ class Fit:
                 out.append([r.label, r.note or "cannot be modelled", *("" for _ in GPU_SIZES_GB)])
                 continue
             out.append([r.label, format_bytes(r.min_bytes),
-                        *("yes" if r.fits(g, self.context_bytes) else "no"
+                        *("yes" if self.fits(r, g) else "no"
                           for g in GPU_SIZES_GB)])
         return headers, out
 
@@ -257,17 +277,18 @@ class Fit:
             return "No setting could be modelled, so no GPU size is predicted."
         best = min(known, key=lambda r: r.min_bytes or 0)
         if gb is None:
+            gpu_gb_needed = -(-((best.min_bytes or 0) + self.reserve_bytes + self.context_bytes)
+                              // GiB)
             return (f"The least memory: {best.label}, {format_bytes(best.min_bytes)} for "
-                    f"PyTorch (a GPU of {_gb_needed(best.min_bytes or 0, self.context_bytes)} "
-                    "GB or more).")
-        fitting = [r for r in known if r.fits(gb, self.context_bytes)]
-        room = format_bytes(usable_bytes(gb, self.context_bytes))
+                    f"PyTorch (a GPU of {gpu_gb_needed} GB or more).")
+        fitting = [r for r in known if self.fits(r, gb)]
+        room = format_bytes(self.usable_bytes(gb))
         if not fitting:
             return (f"On a {gb:g} GB GPU ({room} for PyTorch) no setting tried fits: the "
                     f"least is {best.label} at {format_bytes(best.min_bytes)}.")
         cheapest = min(fitting, key=lambda r: r.min_bytes or 0)
         others = [r.label for r in fitting if r is not cheapest]
-        short = [r.label for r in known if not r.fits(gb, self.context_bytes)]
+        short = [r.label for r in known if not self.fits(r, gb)]
         rest = f"; {', '.join(others)} also fit{'s' if len(others) == 1 else ''}" \
             if others else ""
         rest += f"; {', '.join(short)} {'does' if len(short) == 1 else 'do'} not" \
@@ -279,11 +300,14 @@ class Fit:
         from ..report import text_table
 
         headers, rows = self.gpu_table()
-        whose = ("this process's CUDA context and libraries outside PyTorch, measured now"
+        whose = ("held by this process's CUDA context and libraries outside PyTorch, measured now"
                  if self.context_measured else
                  "for the CUDA context, assumed: the replayed process's was not measured")
+        driver = ("this GPU's, read from NVML" if self.reserve_measured else
+                  "assumed: the H200's, as no GPU's could be read")
         return ["Smallest memory each setting needs (replayed by bisection; an N GB GPU is "
-                f"taken as N GiB less {format_bytes(self.context_bytes)}, {whose}):",
+                f"taken as N GiB less {format_bytes(self.reserve_bytes)} the driver reserves "
+                f"for itself, {driver}, and {format_bytes(self.context_bytes)} {whose}):",
                 text_table(headers, rows), self.sentence(), *self.uneven_lines()]
 
     def uneven_lines(self) -> list[str]:
@@ -294,6 +318,3 @@ class Fit:
                 f"{format_bytes(r.min_bytes)} a real run may fit or run out."
                 for r in self.rows if r.lowest_bytes is not None and r.min_bytes is not None]
 
-
-def _gb_needed(nbytes: int, context_bytes: int = CONTEXT_BYTES) -> int:
-    return -(-(nbytes + context_bytes) // GiB)

@@ -123,14 +123,19 @@ def _settings(confs: list[str], recorded: str) -> list[Any]:
     return parsed
 
 
-def _outside_pytorch_bytes(m: Monitor, device: int) -> int | None:
-    """This process's memory on ``device`` outside PyTorch's cache (its CUDA context and
-    libraries), read now; None where NVML does not attribute memory to it."""
+def _outside_pytorch_bytes(m: Monitor, device: int, *,
+                           this_process: bool) -> tuple[int | None, int | None]:
+    """What PyTorch cannot reserve on ``device``, read now: the driver's own reserve (NVML v2),
+    and where the replayed work is ``this_process``'s, its memory outside PyTorch's cache (its
+    CUDA context and libraries). None for each NVML does not give."""
     try:
         d = m.read().device(device)
     except Exception:
-        return None
-    return d.outside_pytorch_bytes if d is not None else None
+        return None, None
+    if d is None:
+        return None, None
+    reserve = d.nvml.driver_reserved_bytes if d.nvml is not None else None
+    return (d.outside_pytorch_bytes if this_process else None), reserve
 
 
 def whatif(m: Monitor, shell: InteractiveShell, args: argparse.Namespace) -> Any:
@@ -148,11 +153,13 @@ def whatif(m: Monitor, shell: InteractiveShell, args: argparse.Namespace) -> Any
                        ti.recorded_setting)
     if extra_notes:
         ti = replace(ti, notes=(*ti.notes, *extra_notes))
-    context = None
-    if args.fit is not None and (args.session or args.trace == "last"):
-        context = _outside_pytorch_bytes(m, ti.device)
+    context = reserve = None
+    if args.fit is not None:
+        context, reserve = _outside_pytorch_bytes(
+            m, ti.device, this_process=bool(args.session or args.trace == "last"))
     result = wi.run(ti, parsed, capacity, fit=args.fit is not None, fit_gb=fit_gb,
-                    total_bytes=total, context_bytes=context, progress=wi.Progress(display))
+                    total_bytes=total, context_bytes=context, reserve_bytes=reserve,
+                    progress=wi.Progress(display))
     if args.o:
         return result
     display(*wi.views(result))
