@@ -123,10 +123,11 @@ claim(torch.cuda.is_initialized() and this_process() is None,
 # is this process's memory, but PyTorch's allocator does not manage it, so it appears as
 # **outside PyTorch** and never as `reserved`. The first allocation below is `torch.zeros`,
 # which also launches a kernel (the fill with zeros), and a process's first kernel launch adds
-# a one-off amount outside PyTorch: notebook 12's processes, whose first allocation is
-# `torch.empty` (which launches nothing), start smaller than its processes that launched a
-# kernel first. That amount is not the fill kernel's code: the six kernels launched for the
-# first time further down add nothing NVML shows. What it holds, this run does not show.
+# a one-off amount outside PyTorch: the cell after the next one shows it in two fresh
+# processes, one whose first allocation is `torch.empty` (which launches nothing) and then
+# launches a kernel, and one whose first allocation is `torch.zeros`. That amount is not the
+# fill kernel's code: the six kernels launched for the first time further down add nothing
+# NVML shows. What it holds, this run does not show.
 #
 # Most GPU code is not loaded with it. CUDA loads a kernel's code the first time that kernel is
 # launched (*lazy loading*), so a kernel launched for the first time, PyTorch's own as much as
@@ -148,6 +149,43 @@ print(f"a {t.element_size()}-byte tensor: allocated {fmt(torch.cuda.memory_alloc
 claim(after_alloc - after_init > 256 * MiB and this_process() is not None,
       "the first allocation creates the context, hundreds of MiB outside PyTorch",
       nvml_change=fmt(after_alloc - after_init))
+
+# %% id="01-47"
+from fresh_process import run_fresh_many
+
+FIRST_LAUNCH = r'''
+import json, os, pynvml, torch
+pynvml.nvmlInit()
+gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+
+
+def outside():
+    for p in pynvml.nvmlDeviceGetComputeRunningProcesses(gpu):
+        if p.pid == os.getpid() and p.usedGpuMemory is not None:
+            return p.usedGpuMemory - torch.cuda.memory_reserved()
+    return None
+
+
+first = getattr(torch, os.environ["TUTORIAL_FIRST"])(1, device="cuda")
+torch.cuda.synchronize()
+at_first = outside()
+first.add_(1)  # a kernel launch: the process's first where it allocated with torch.empty
+torch.cuda.synchronize()
+print(json.dumps({"at_first": at_first, "after_a_launch": outside()}))
+'''
+empty_first, zeros_first = run_fresh_many(
+    FIRST_LAUNCH, ["", ""], extra_envs=[{"TUTORIAL_FIRST": "empty"},
+                                        {"TUTORIAL_FIRST": "zeros"}])
+one_off = empty_first["after_a_launch"] - empty_first["at_first"]
+print(f"first allocation by torch.empty (no launch): outside PyTorch "
+      f"{fmt(empty_first['at_first'])}; after its first launch "
+      f"{fmt(empty_first['after_a_launch'])}")
+print(f"first allocation by torch.zeros (a launch): outside PyTorch "
+      f"{fmt(zeros_first['at_first'])}")
+print(f"the first launch added {fmt(one_off, signed=True)}")
+claim(one_off > 0 and abs(empty_first["after_a_launch"] - zeros_first["at_first"]) <= 2 * MiB,
+      "a process's first kernel launch adds a one-off amount outside PyTorch, whichever "
+      "kernel it is", one_off=fmt(one_off))
 
 # %% id="01-10"
 # %gpumem
@@ -194,8 +232,10 @@ torch.cuda.synchronize()
 libc = ctypes.CDLL(None)
 libc.getenv.restype = ctypes.c_char_p
 setting = libc.getenv(b"CUDA_MODULE_LOADING")  # what the process runs with, as CUDA reads it
+version = ctypes.c_int()
+ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version))
 print(json.dumps({"mode": mode, "setting": setting.decode() if setting else None,
-                  "first": first, "after_kernels": outside()}))
+                  "first": first, "after_kernels": outside(), "driver": version.value}))
 '''
 lazy, eager = run_fresh_many(CONTEXT_COST, ["", ""],
                              extra_envs=[{"TUTORIAL_MODULE_LOADING": "default"},
@@ -211,9 +251,13 @@ print(f"lazy: the six first launches grew the context by {fmt(grew, signed=True)
       "allocation")
 print(f"torch {torch.__version__} (CUDA {torch.version.cuda}) left CUDA_MODULE_LOADING "
       f"{'= ' + lazy['setting'] if lazy['setting'] else 'unset'}")
-claim(lazy["setting"] in (None, "LAZY"), "left to itself, nothing asks for eager loading: "
-      "PyTorch sets LAZY or leaves the variable to CUDA, whose default is lazy",
-      setting=lazy["setting"])
+driver = lazy["driver"]
+print(f"driver CUDA {driver // 1000}.{driver % 1000 // 10}")
+claim(lazy["setting"] is None if driver >= 12020 else lazy["setting"] == "LAZY",
+      "torch sets CUDA_MODULE_LOADING=LAZY only for drivers older than CUDA 12.2; with this "
+      "one it left the variable unset" if driver >= 12020 else
+      "torch sets CUDA_MODULE_LOADING=LAZY for drivers older than CUDA 12.2, as this one is",
+      setting=lazy["setting"], driver=driver)
 claim(saved > 0, "eager loading makes the first allocation's context larger: the kernels' "
       "code, which lazy loading leaves out of it", lazy=fmt(lazy["first"]),
       eager=fmt(eager["first"]))

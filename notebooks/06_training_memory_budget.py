@@ -415,6 +415,18 @@ claim(near(variants["fp16 autocast + GradScaler"][1], variants["bf16 autocast"][
 claim(variants["float32, checkpointing"][1] < variants["float32"][1],
       "checkpointing keeps fewer activations")
 
+# %% id="06-18"
+weight_copy = VOCAB * D * 2  # autocast's bf16 copy of the tied embedding/head weight
+input_saved = BATCH * SEQ * D * (4 - 2)  # the head's input, saved in bf16, not float32
+growth = bf16["norm"] - f32["norm"]
+print(f"head and loss part: bf16 {fmt(bf16['norm'])}, float32 {fmt(f32['norm'])}, "
+      f"growth {fmt(growth, signed=True)}")
+print(f"bf16 copy of the tied weight {fmt(weight_copy)}, less the smaller input "
+      f"{fmt(input_saved)}: {fmt(weight_copy - input_saved, signed=True)}")
+claim(near(growth, weight_copy - input_saved, rel=0.02),
+      "the head's growth under autocast is the tied weight's 16-bit copy, less its smaller "
+      "input", growth=fmt(growth), copy=fmt(weight_copy), input=fmt(input_saved))
+
 # %% [markdown] id="06-13"
 # - **Autocast** (bf16 or fp16) runs matrix products in 16-bit, so the layers' saved
 #   activations shrink (the `layers` column), though not to half: the layer norms run, and

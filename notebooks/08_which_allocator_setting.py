@@ -263,8 +263,9 @@ claim(all(real_by[c]["peak_reserved"] > real_by[""]["peak_reserved"]
 # checked as `set_per_process_memory_fraction`'s cap is (with the allocator's free-the-cache-
 # and-retry before an OOM), until it runs out: the smallest cap that still fits is the memory
 # each setting needs. Its table also says which common GPU sizes that fits on (an N GB GPU
-# taken as N GiB less what the CUDA context holds: this leaves out what the driver reserves for
-# itself, several hundred MiB on the H200 (notebook 1), so a size within that much of the
+# taken as N GiB less what the driver reserves for itself, read from this GPU (notebook 1),
+# and less what the CUDA context holds; the table's first line prints both. Another GPU model's
+# reserve and context differ from this one's, so a size within a few hundred MiB of the
 # answer is a borderline case that only a run on that GPU settles).
 
 # %% id="08-18"

@@ -131,15 +131,19 @@ except torch.OutOfMemoryError:
     oom = True
 print(json.dumps({"oom": oom, "peak_reserved": torch.cuda.max_memory_reserved()}))
 '''
-# What an N GB GPU leaves PyTorch, as `--fit` below takes it: N GiB less this process's memory
-# outside PyTorch (its CUDA context and libraries), read now. It leaves out what the driver
-# reserves for itself (NVML's total less CUDA's: notebook 1), so it overstates the room by that
-# much: an answer within that much of the room is borderline (the line below prints both).
-CONTEXT = gpumem_nb.snapshot().sample.devices[0].outside_pytorch_bytes or 512 * MiB
-ROOM = SMALLER_GB * GiB - CONTEXT
+# What an N GB GPU leaves PyTorch, as `--fit` below takes it: N GiB less two things PyTorch
+# can never have. One is what the driver reserves for itself (NVML's total less CUDA's:
+# notebook 1), read from this GPU and taken as the smaller one's. The other is this process's
+# memory outside PyTorch (its CUDA context and libraries), read now.
+device = gpumem_nb.snapshot().sample.devices[0]
+RESERVE = device.nvml.driver_reserved_bytes if device.nvml else None
+RESERVE = 615 * MiB if RESERVE is None else RESERVE  # an NVML without the v2 call: the H200's
+CONTEXT = device.outside_pytorch_bytes or 512 * MiB
+ROOM = SMALLER_GB * GiB - RESERVE - CONTEXT
 (real,) = run_fresh_many(CAPPED, [""], extra_envs=[{"TUTORIAL_CAP": str(ROOM)}])
 fits_for_real = not real["oom"]
-print(f"a {SMALLER_GB} GB GPU leaves PyTorch about {fmt(ROOM)} (context {fmt(CONTEXT)}); "
+print(f"a {SMALLER_GB} GB GPU leaves PyTorch about {fmt(ROOM)} (the driver's reserve "
+      f"{fmt(RESERVE)}, this GPU's; the context {fmt(CONTEXT)}); "
       f"capped there, the run {'fitted' if fits_for_real else 'ran out of memory'} "
       f"(peak reserved {fmt(real['peak_reserved'])})")
 
@@ -179,19 +183,21 @@ traced = get_ipython().run_line_magic("gpumem", f"whatif --trace last --fit {SMA
                                                 f"{CONFS} -o")
 need = {conf: row.min_bytes for conf, row in zip(SETTINGS, traced.fit.rows)}
 default_row = traced.fit.rows[0]
-print(f"the replay: the default needs {fmt(need[''])}; on a {SMALLER_GB} GB GPU it "
-      f"{'fits' if default_row.fits(SMALLER_GB) else 'does not fit'}")
+default_fits = traced.fit.fits(default_row, SMALLER_GB)
+print(f"the replay: the default needs {fmt(need[''])}; on a {SMALLER_GB} GB GPU "
+      f"({fmt(traced.fit.usable_bytes(SMALLER_GB))} for PyTorch, as --fit takes it) it "
+      f"{'fits' if default_fits else 'does not fit'}")
 claim(traced.rows[0].current and len(traced.fit.rows) == len(SETTINGS) and all(need.values()),
       "the replay found what each setting needs, the recorded (default) setting first",
       settings=len(need))
-claim(default_row.fits(SMALLER_GB) == fits_for_real,
+claim(default_fits == fits_for_real,
       "the replay's answer for the smaller GPU is the real capped run's",
-      replay="fits" if default_row.fits(SMALLER_GB) else "does not fit",
+      replay="fits" if default_fits else "does not fit",
       real="fitted" if fits_for_real else "ran out of memory")
 split = next(r for r in traced.rows if r.setting == "max_split_size_mb:256")
 split_fit = next(r for r in traced.fit.rows if r.setting == "max_split_size_mb:256")
 claim(split.peak_reserved_bytes is not None and split.peak_reserved_bytes > ROOM
-      and bool(split_fit.fits(SMALLER_GB)),
+      and bool(traced.fit.fits(split_fit, SMALLER_GB)),
       f"under max_split_size_mb:256 the run reserves more at its peak than a {SMALLER_GB} GB "
       "GPU leaves PyTorch, yet fits there",
       peak_reserved=fmt(split.peak_reserved_bytes or 0), room=fmt(ROOM),
@@ -252,7 +258,7 @@ print(f"the session replayed from its start: the default needs {fmt(session_need
 claim(session_need is not None and near(session_need, need[""], rel=0.05, within=64 * MiB),
       "the session and the traced cell need the same memory, within 5%",
       session=fmt(session_need or 0), traced=fmt(need[""]))
-claim(session.fit.rows[0].fits(SMALLER_GB) == fits_for_real,
+claim(session.fit.fits(session.fit.rows[0], SMALLER_GB) == fits_for_real,
       "restarted under the default, the session's answer for the smaller GPU is the real "
       "capped run's", real="fitted" if fits_for_real else "ran out of memory")
 

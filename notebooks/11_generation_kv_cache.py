@@ -99,6 +99,27 @@ per_token = 2 * config.n_layer * BATCH * config.n_embd * element
 print(f"predicted: 2 × {config.n_layer} layers × batch {BATCH} × {config.n_embd} wide × "
       f"{element} bytes = {fmt(per_token)} per token")
 
+# %% id="11-14"
+from transformers import LlamaConfig, LlamaForCausalLM
+
+# A small Llama-shaped model from a config (no download): 16 query heads share 4 key/value heads.
+gqa = LlamaConfig(hidden_size=1024, num_hidden_layers=4, num_attention_heads=16,
+                  num_key_value_heads=4, intermediate_size=2048, vocab_size=32000)
+small = LlamaForCausalLM(gqa).to("cuda", torch.float16).eval()
+ids = torch.randint(0, gqa.vocab_size, (1, 64), device="cuda")
+with torch.no_grad():
+    out = small(ids, use_cache=True)
+measured = sum(t.nbytes for t in cache_tensors(out.past_key_values)) // 64
+head = gqa.hidden_size // gqa.num_attention_heads
+by_kv_heads = 2 * gqa.num_hidden_layers * gqa.num_key_value_heads * head * 2
+by_width = 2 * gqa.num_hidden_layers * gqa.hidden_size * 2
+print(f"a sequence's cache per token, float16: measured {fmt(measured)}; "
+      f"KV heads × head size {fmt(by_kv_heads)}; width {fmt(by_width)}")
+claim(measured == by_kv_heads < by_width,
+      "with grouped-query attention the cache follows the key/value heads, not the width",
+      measured=fmt(measured), by_kv_heads=fmt(by_kv_heads), by_width=fmt(by_width))
+del small, out, ids
+
 # %% [markdown] id="11-04"
 # ## Measured
 #
