@@ -114,3 +114,30 @@ def test_looking_near_runs_no_code_of_a_proxy_that_answers_for_its_class() -> No
     assert local_referrers(frontier, iter([p]), {id(x): 1}) == [p]
     frontier.clear()
     assert calls == []
+
+
+def test_indexing_a_modules_classes_runs_no_code_of_an_object_that_answers_for_its_class(
+) -> None:
+    # H200, tutorials 04 and 11: every %gpumem cleanup printed torch's FutureWarning for
+    # `torch.distributed.reduce_op`, whose class warns on attribute access: the index asked
+    # each module global isinstance(x, type), which falls back to x.__class__.
+    import types
+
+    from gpumem_nb.holders.keepers import keepers
+    from gpumem_nb.holders.roots import RootContext
+
+    calls: list[str] = []
+
+    class Deprecated:
+        @property  # type: ignore[misc]
+        def __class__(self) -> Any:
+            calls.append("__class__")
+            return type
+
+    mod = types.ModuleType("gm_deprecated_probe")
+    mod.reduce_op = Deprecated()  # type: ignore[attr-defined]
+    held = Part()
+    mod.kept = [held]  # type: ignore[attr-defined]
+    found = keepers([held], RootContext(modules={"gm_deprecated_probe": mod}), budget_s=5.0)
+    assert any("gm_deprecated_probe" in r.name for r in found.roots), found.roots
+    assert calls == []

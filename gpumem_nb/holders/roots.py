@@ -209,7 +209,10 @@ class RootIndex:
         """Each class a module defines at its top level: its own dict is a root, so that a
         class attribute is named ``module.Class.attr`` and fixed there."""
         for cname, klass in list(d.items()):
-            if type(cname) is not str or not isinstance(klass, type):
+            # type(), never isinstance(): isinstance falls back to the object's own
+            # __class__, which runs its code (torch.distributed.reduce_op warned in every
+            # cleanup on the H200; a lazy proxy would import or connect).
+            if type(cname) is not str or not issubclass(type(klass), type):
                 continue
             if static_attribute(klass, "__module__") != name:
                 continue  # imported from elsewhere: indexed under its own module
