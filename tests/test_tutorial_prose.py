@@ -39,7 +39,7 @@ import re
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import nbformat
 import pytest
@@ -68,13 +68,27 @@ UNITS = {
     "TiB": "TiB", "KB": "kB", "kB": "kB", "MB": "MB", "GB": "GB", "TB": "TB",
     "ns": "ns", "µs": "µs", "μs": "µs", "us": "µs", "ms": "ms", "s": "s", "second": "s",
     "seconds": "s", "%": "%",
+    # Spelled out: "512 mebibytes" hid its number from the rule (review, F6).
+    "kibibyte": "KiB", "kibibytes": "KiB", "mebibyte": "MiB", "mebibytes": "MiB",
+    "gibibyte": "GiB", "gibibytes": "GiB", "kilobyte": "kB", "kilobytes": "kB",
+    "megabyte": "MB", "megabytes": "MB", "gigabyte": "GB", "gigabytes": "GB",
+    "nanosecond": "ns", "nanoseconds": "ns", "microsecond": "µs", "microseconds": "µs",
+    "millisecond": "ms", "milliseconds": "ms", "percent": "%",
 }
 _UNIT_RE = "|".join(sorted((re.escape(u) for u in UNITS), key=len, reverse=True))
 # A number not glued to a word or another number ("H200", "v2.6" and "cu130" are no
 # quantities), thousands separators allowed, then its unit as a whole word.
+# Any run of white space between the two, a line break included: markdown renders "512  MiB"
+# and "512" at a line's end with "MiB" on the next as "512 MiB" (review, F6). A number may be
+# written with an exponent ("5.12e2 MiB").
 QUANTITY = re.compile(
-    r"(?<![\w.,])(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)[ \u00a0\u202f]?(" + _UNIT_RE
-    + r")(?!\w)")
+    r"(?<![\w.,])(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*("
+    + _UNIT_RE + r")(?!\w)")
+# LaTeX a notebook renders as text: "$512\,\text{MiB}$" reads "512 MiB".
+LATEX_SPACE = re.compile(r"\\[,;:! ]|\\q?quad|~")
+LATEX_TEXT = re.compile(r"\\(?:text|mathrm|mathsf|textrm|rm|mbox)\s*\{([^{}]*)\}")
+# "½ GiB" and "1½ GiB": a vulgar fraction is a number too.
+FRACTION = re.compile(r"(\d*)([\u00bc-\u00be\u2150-\u215e])")
 CODE_SPAN = re.compile(r"`[^`]*`")  # `max_split_size_mb:128` is a name, not a quantity
 HTML_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -107,6 +121,9 @@ def as_read(text: str) -> str:
     hid its number from the rule."""
     import unicodedata
 
+    text = LATEX_TEXT.sub(r" \1", LATEX_SPACE.sub(" ", text))
+    text = FRACTION.sub(lambda m: str(Decimal(m.group(1) or 0)
+                                      + Decimal(str(unicodedata.numeric(m.group(2))))), text)
     return "".join("" if unicodedata.category(ch) == "Cf"
                    else " " if unicodedata.category(ch) == "Zs" else ch for ch in text)
 
@@ -129,6 +146,8 @@ def prose_as_read(markdown: str) -> str:
     ("`max_split_size_mb:128`"), unless it is a bare number beside a unit ("`0` ms")."""
     from markdown_it import MarkdownIt  # jupytext's own markdown parser
 
+    # LaTeX first: markdown would take "\\," for an escaped comma.
+    markdown = LATEX_TEXT.sub(r" \1", LATEX_SPACE.sub(" ", markdown))
     rendered = HTML_COMMENT.sub(" ", MarkdownIt("commonmark").enable(
         ["table", "strikethrough"]).render(markdown))
     rendered = CODE_ELEMENT.sub(
@@ -720,6 +739,25 @@ def checkout_files() -> dict[str, bytes]:
     return files
 
 
+def unreadable_commit(commit: Any, what: str = "") -> NoReturn:
+    """A commit the notebook names that git cannot read: skipped only where the history may
+    be missing (no git, a shallow clone); in a full clone the commit does not exist, and a
+    notebook that names one escaped every check that reads it (review: a commit id one
+    character longer than the real one)."""
+    import subprocess
+
+    try:
+        shallow = subprocess.run(["git", "-C", str(ROOT), "rev-parse",
+                                  "--is-shallow-repository"], capture_output=True, text=True,
+                                 check=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pytest.skip(f"no git here to read commit {commit}{what}")
+    if shallow != "false":
+        pytest.skip(f"this shallow clone cannot read commit {commit}{what}")
+    pytest.fail(f"the notebook names commit {commit!r}{what}, which this full clone does not "
+                "have: no commit of this repository ran it")
+
+
 _COMMIT_FILES: dict[str, dict[str, bytes] | None] = {}
 
 
@@ -769,7 +807,7 @@ def source_text_as_executed(name: str, meta: dict[str, Any]) -> bytes:
                                f"{meta['commit']}:notebooks/{name}.py"], capture_output=True,
                               check=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError, KeyError):
-        pytest.skip(f"this clone cannot read {name}.py at {meta.get('commit')} (shallow?)")
+        unreadable_commit(meta.get("commit"), f" ({name}.py)")
 
 
 def source_as_executed(name: str, meta: dict[str, Any], tmp: Path) -> Any:
@@ -806,7 +844,7 @@ def commit_digest_problems(meta: dict[str, Any]) -> list[str]:
         _DIGEST_AT[commit] = RUNNER.sources_digest_at(commit)
     at_commit = _DIGEST_AT[commit]
     if at_commit is None:
-        pytest.skip(f"this clone cannot read commit {commit} (shallow?)")
+        unreadable_commit(commit)
     if meta.get("sources_sha256") != at_commit:
         return [f"its recorded sources are neither this checkout's nor commit {commit}'s"]
     return []
@@ -935,7 +973,7 @@ def relabelled(meta: dict[str, Any]) -> list[str]:
     except ValueError:
         ran = None
     if made is None:
-        pytest.skip(f"this clone cannot read commit {commit} (shallow?)")
+        unreadable_commit(commit)
     if ran is None:
         problems.append(f"the date of the run, {meta.get('executed')!r}, is no date")
     elif made - datetime.timedelta(seconds=CLOCK_SKEW_S) > ran:
@@ -960,7 +998,7 @@ def test_every_check_line_was_written_by_its_claim_over_the_outputs_the_run_save
         commit = nb.metadata.get("gpumem_nb", {}).get("commit", "")
         recorded = runner_recorded_checks_at(commit)
         if recorded is None:
-            pytest.skip(f"this clone cannot read commit {commit}")
+            unreadable_commit(commit)
         assert not recorded, (f"{name} ran at {commit}, whose runner records claims, and "
                               "carries no record: its metadata was edited")
         assert nb.metadata["gpumem_nb"]["sources_sha256"] != RUNNER.sources_digest(), name
@@ -1798,6 +1836,36 @@ def test_prose_reversed_after_the_run_and_relabelled_with_the_new_commit_fails(t
                                             for p in problems), problems
 
 
+def test_a_notebook_that_names_a_commit_this_full_clone_lacks_fails_instead_of_skipping():
+    """Review F7: 10's prose turned around and its commit written one character longer
+    (`a19276b0`), which still starts with the stale notice's `a19276b`: every check that reads
+    the commit skipped ("shallow?"), and CI's plain pytest counts a skip as a pass."""
+    import subprocess
+
+    try:
+        shallow = subprocess.run(["git", "-C", str(ROOT), "rev-parse",
+                                  "--is-shallow-repository"], capture_output=True, text=True,
+                                 check=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pytest.skip("no git here")
+    if shallow != "false":
+        pytest.skip("a shallow clone may lack a real commit")
+    meta = dict(executed("00_quickstart").metadata["gpumem_nb"])
+    meta["commit"] = str(meta["commit"]) + "0"
+    checks = [lambda: relabelled(meta), lambda: commit_digest_problems(meta),
+              lambda: source_text_as_executed("00_quickstart",
+                                              {**meta, "sources_sha256": "0" * 64})]
+    for check in checks:
+        try:
+            check()
+        except pytest.fail.Exception as e:
+            assert "which this full clone does not have" in str(e)
+        except pytest.skip.Exception as e:
+            pytest.fail(f"a full clone skipped the check instead of failing it: {e}")
+        else:
+            pytest.fail("a commit no clone has passed the check")
+
+
 @pytest.mark.parametrize("space", ["\u2009", "\u202f", "\u200b", "\u2060", "\ufeff"],
                          ids=["thin", "narrow-nbsp", "zero-width", "word-joiner", "bom"])
 def test_a_number_joined_to_its_unit_by_a_thin_or_zero_width_space_is_still_a_number(
@@ -1815,6 +1883,30 @@ def test_a_number_joined_to_its_unit_by_a_thin_or_zero_width_space_is_still_a_nu
     nb, source = forged_copy(name, tmp_path, forge, add)
     problems = tutorial_problems(nb, name, source)
     assert any(re.fullmatch(r"01-31: '0 ?ms'", p) for p in problems), problems
+
+
+@pytest.mark.parametrize("written", [
+    "517  MiB", "517\tMiB", "517\nMiB", "517 <!-- -->MiB", "517&nbsp;&nbsp;MiB",
+    "$517\\,\\text{MiB}$", "517 mebibytes", "5.17e2 MiB", "⅝ GiB"],
+    ids=["two-spaces", "tab", "line-break", "html-comment", "two-entities", "latex",
+         "spelled-out", "exponent", "vulgar-fraction"])
+def test_a_made_up_number_written_the_way_markdown_still_renders_it_is_still_a_number(
+        written, tmp_path):
+    """Review F6: each of these forms rendered as "517 MiB" (or "0.625 GiB") in JupyterLab, and
+    hid a number no cell printed from the rule; a line break is what the sources' 100-column
+    wrapping makes of it, so an honest run could ship one too."""
+    def add(text: str) -> str:
+        return text.replace(HARMLESS, f"Here it gave back {written} of it. {HARMLESS}")
+
+    def forge(nb: Any) -> None:
+        cell = cell_of(nb, "01-31")
+        cell.source = add(cell.source)
+
+    name = forged_name("01-31")
+    nb, source = forged_copy(name, tmp_path, forge, add)
+    problems = tutorial_problems(nb, name, source)
+    assert any(p.startswith("01-31: ") and ("MiB" in p or "GiB" in p or "mebibytes" in p)
+               for p in problems), problems
 
 
 @pytest.mark.kernel
