@@ -150,13 +150,14 @@ def test_the_fit_sentence_names_the_cheapest_then_what_else_fits_and_what_does_n
                           "(a GPU of 27 GB or more).")
 
 
-@pytest.mark.parametrize("gb", [1e-300, 0.25, 0.5])
+@pytest.mark.parametrize("gb", [1e-300, 0.25, 0.5, 1])
 def test_a_gpu_smaller_than_its_cuda_context_is_refused_not_given_negative_room(loaded, gb):
-    # It said "On a 0.25 GB GPU (-256.00 MiB for PyTorch) no setting tried fits".
-    with pytest.raises(w.SettingError, match="a GPU size in GB from 1 to"):
+    # It said "On a 0.25 GB GPU (-256.00 MiB for PyTorch) no setting tried fits"; with the
+    # driver's reserve taken off too, a 1 GB GPU went negative the same way.
+    with pytest.raises(w.SettingError, match="a GPU size in GB from 2 to"):
         w.whatif(History().snapshot(), [NATIVE], fit=gb)
     loaded.run_cell("%%gpumem --trace -q\nx = cuda.tensor(MiB)")
-    with pytest.raises(UsageError, match="--fit takes a GPU size in GB from 1 to 1048576"):
+    with pytest.raises(UsageError, match="--fit takes a GPU size in GB from 2 to 1048576"):
         whatif(loaded, f"--fit {gb}")
     del loaded.user_ns["x"]
 
@@ -212,3 +213,13 @@ def test_a_larger_context_moves_the_smallest_gpu_up():
     measured = Fit(rows, context_bytes=742 * MiB, context_measured=True)
     assert "(a GPU of 6 GB or more)" in Fit(rows).sentence()
     assert "(a GPU of 7 GB or more)" in measured.sentence()
+
+
+def test_a_context_too_large_for_the_gpu_says_nothing_is_left_not_a_negative_room():
+    h = History()
+    h.alloc(GiB)
+    rows = w.whatif(h.snapshot(), [NATIVE], fit=True).fit.rows
+    big = Fit(rows, 2.0, context_bytes=2 * GiB, context_measured=True)
+    assert big.usable_bytes(2) < 0
+    assert big.sentence() == ("On a 2 GB GPU the driver's reserve and the context leave "
+                              "PyTorch nothing: the least is defaults at 1.00 GiB.")

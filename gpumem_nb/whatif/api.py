@@ -95,12 +95,17 @@ def check_fit(fit: Any) -> float | None:
     """``fit``: False, True, or the GPU size in GB to name the cheapest setting for."""
     if fit is False or fit is True:
         return None
-    # At least 1 GB: at 0.5 GB or less the CUDA context alone (CONTEXT_BYTES) fills the GPU,
-    # and the sentence said "-512.00 MiB for PyTorch".
-    if isinstance(fit, int | float) and not isinstance(fit, bool) and 1 <= fit <= 1 << 20:
+    # At least 2 GB: the driver's reserve and the CUDA context (about 1.1 GiB assumed) fill a
+    # 1 GB GPU, and at 0.5 GB the sentence said "-512.00 MiB for PyTorch".
+    if isinstance(fit, int | float) and not isinstance(fit, bool) and \
+            MIN_FIT_GB <= fit <= MAX_FIT_GB:
         return float(fit)
-    raise SettingError(f"fit is True, False or a GPU size in GB from 1 to {1 << 20}, such as "
-                       f"40, not {fit!r:.60}")
+    raise SettingError(f"fit is True, False or a GPU size in GB from {MIN_FIT_GB} to "
+                       f"{MAX_FIT_GB}, such as 40, not {fit!r:.60}")
+
+
+MIN_FIT_GB = 2
+MAX_FIT_GB = 1 << 20
 
 
 MIN_GPU_BYTES = 256 << 20  # less is no GPU PyTorch runs on: a size given without its unit

@@ -281,6 +281,9 @@ class Fit:
                               // GiB)
             return (f"The least memory: {best.label}, {format_bytes(best.min_bytes)} for "
                     f"PyTorch (a GPU of {gpu_gb_needed} GB or more).")
+        if self.usable_bytes(gb) <= 0:
+            return (f"On a {gb:g} GB GPU the driver's reserve and the context leave PyTorch "
+                    f"nothing: the least is {best.label} at {format_bytes(best.min_bytes)}.")
         fitting = [r for r in known if self.fits(r, gb)]
         room = format_bytes(self.usable_bytes(gb))
         if not fitting:

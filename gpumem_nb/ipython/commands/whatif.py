@@ -81,8 +81,8 @@ def _fit_gb(text: str) -> float:
         fit_gb = float(text.strip().upper().removesuffix("GB").strip())
         wi.check_fit(fit_gb)
     except (ValueError, wi.SettingError):
-        raise UsageError(f"--fit takes a GPU size in GB from 1 to {1 << 20}, such as "
-                         f"40, not {quoted(text)}") from None
+        raise UsageError(f"--fit takes a GPU size in GB from {wi.MIN_FIT_GB} to "
+                         f"{wi.MAX_FIT_GB}, such as 40, not {quoted(text)}") from None
     return fit_gb
 
 
