@@ -739,11 +739,8 @@ def checkout_files() -> dict[str, bytes]:
     return files
 
 
-def unreadable_commit(commit: Any, what: str = "") -> NoReturn:
-    """A commit the notebook names that git cannot read: skipped only where the history may
-    be missing (no git, a shallow clone); in a full clone the commit does not exist, and a
-    notebook that names one escaped every check that reads it (review: a commit id one
-    character longer than the real one)."""
+def git_clone_kind() -> str:
+    """"full", or why commits may be missing here ("no git here", "a shallow clone")."""
     import subprocess
 
     try:
@@ -751,9 +748,18 @@ def unreadable_commit(commit: Any, what: str = "") -> NoReturn:
                                   "--is-shallow-repository"], capture_output=True, text=True,
                                  check=True, timeout=60).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        pytest.skip(f"no git here to read commit {commit}{what}")
-    if shallow != "false":
-        pytest.skip(f"this shallow clone cannot read commit {commit}{what}")
+        return "no git here"
+    return "full" if shallow == "false" else "a shallow clone"
+
+
+def unreadable_commit(commit: Any, what: str = "") -> NoReturn:
+    """A commit the notebook names that git cannot read: skipped only where the history may
+    be missing (no git, a shallow clone); in a full clone the commit does not exist, and a
+    notebook that names one escaped every check that reads it (review: a commit id one
+    character longer than the real one)."""
+    clone = git_clone_kind()
+    if clone != "full":
+        pytest.skip(f"{clone}: commit {commit}{what} cannot be read")
     pytest.fail(f"the notebook names commit {commit!r}{what}, which this full clone does not "
                 "have: no commit of this repository ran it")
 
@@ -1840,16 +1846,8 @@ def test_a_notebook_that_names_a_commit_this_full_clone_lacks_fails_instead_of_s
     """Review F7: 10's prose turned around and its commit written one character longer
     (`a19276b0`), which still starts with the stale notice's `a19276b`: every check that reads
     the commit skipped ("shallow?"), and CI's plain pytest counts a skip as a pass."""
-    import subprocess
-
-    try:
-        shallow = subprocess.run(["git", "-C", str(ROOT), "rev-parse",
-                                  "--is-shallow-repository"], capture_output=True, text=True,
-                                 check=True, timeout=60).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pytest.skip("no git here")
-    if shallow != "false":
-        pytest.skip("a shallow clone may lack a real commit")
+    if git_clone_kind() != "full":
+        pytest.skip(f"{git_clone_kind()} may lack a real commit")
     meta = dict(executed("00_quickstart").metadata["gpumem_nb"])
     meta["commit"] = str(meta["commit"]) + "0"
     checks = [lambda: relabelled(meta), lambda: commit_digest_problems(meta),
@@ -1866,14 +1864,11 @@ def test_a_notebook_that_names_a_commit_this_full_clone_lacks_fails_instead_of_s
             pytest.fail("a commit no clone has passed the check")
 
 
-@pytest.mark.parametrize("space", ["\u2009", "\u202f", "\u200b", "\u2060", "\ufeff"],
-                         ids=["thin", "narrow-nbsp", "zero-width", "word-joiner", "bom"])
-def test_a_number_joined_to_its_unit_by_a_thin_or_zero_width_space_is_still_a_number(
-        space, tmp_path):
-    """A prose number that no cell printed, hidden from the number rule by the character
-    between it and its unit (the ✓-line check already drops such characters)."""
+def problems_with_a_sentence_in_01_31(sentence: str, tmp_path: Path) -> list[str]:
+    """The checks' problems once ``sentence`` is slipped into 01-31's prose, in its source and
+    its executed notebook alike (a number the run never printed, say)."""
     def add(text: str) -> str:
-        return text.replace(HARMLESS, f"It blocked for 0{space}ms. {HARMLESS}")
+        return text.replace(HARMLESS, f"{sentence} {HARMLESS}")
 
     def forge(nb: Any) -> None:
         cell = cell_of(nb, "01-31")
@@ -1881,7 +1876,16 @@ def test_a_number_joined_to_its_unit_by_a_thin_or_zero_width_space_is_still_a_nu
 
     name = forged_name("01-31")
     nb, source = forged_copy(name, tmp_path, forge, add)
-    problems = tutorial_problems(nb, name, source)
+    return tutorial_problems(nb, name, source)
+
+
+@pytest.mark.parametrize("space", ["\u2009", "\u202f", "\u200b", "\u2060", "\ufeff"],
+                         ids=["thin", "narrow-nbsp", "zero-width", "word-joiner", "bom"])
+def test_a_number_joined_to_its_unit_by_a_thin_or_zero_width_space_is_still_a_number(
+        space, tmp_path):
+    """A prose number that no cell printed, hidden from the number rule by the character
+    between it and its unit (the ✓-line check already drops such characters)."""
+    problems = problems_with_a_sentence_in_01_31(f"It blocked for 0{space}ms.", tmp_path)
     assert any(re.fullmatch(r"01-31: '0 ?ms'", p) for p in problems), problems
 
 
@@ -1895,16 +1899,8 @@ def test_a_made_up_number_written_the_way_markdown_still_renders_it_is_still_a_n
     """Review F6: each of these forms rendered as "517 MiB" (or "0.625 GiB") in JupyterLab, and
     hid a number no cell printed from the rule; a line break is what the sources' 100-column
     wrapping makes of it, so an honest run could ship one too."""
-    def add(text: str) -> str:
-        return text.replace(HARMLESS, f"Here it gave back {written} of it. {HARMLESS}")
-
-    def forge(nb: Any) -> None:
-        cell = cell_of(nb, "01-31")
-        cell.source = add(cell.source)
-
-    name = forged_name("01-31")
-    nb, source = forged_copy(name, tmp_path, forge, add)
-    problems = tutorial_problems(nb, name, source)
+    problems = problems_with_a_sentence_in_01_31(f"Here it gave back {written} of it.",
+                                                 tmp_path)
     assert any(p.startswith("01-31: ") and ("MiB" in p or "GiB" in p or "mebibytes" in p)
                for p in problems), problems
 

@@ -123,8 +123,8 @@ def _settings(confs: list[str], recorded: str) -> list[Any]:
     return parsed
 
 
-def _outside_pytorch_bytes(m: Monitor, device: int, *,
-                           this_process: bool) -> tuple[int | None, int | None]:
+def _not_pytorchs_bytes(m: Monitor, device: int, *,
+                        this_process: bool) -> tuple[int | None, int | None]:
     """What PyTorch cannot reserve on ``device``, read now: the driver's own reserve (NVML v2),
     and where the replayed work is ``this_process``'s, its memory outside PyTorch's cache (its
     CUDA context and libraries). None for each NVML does not give."""
@@ -155,7 +155,7 @@ def whatif(m: Monitor, shell: InteractiveShell, args: argparse.Namespace) -> Any
         ti = replace(ti, notes=(*ti.notes, *extra_notes))
     context = reserve = None
     if args.fit is not None:
-        context, reserve = _outside_pytorch_bytes(
+        context, reserve = _not_pytorchs_bytes(
             m, ti.device, this_process=bool(args.session or args.trace == "last"))
     result = wi.run(ti, parsed, capacity, fit=args.fit is not None, fit_gb=fit_gb,
                     total_bytes=total, context_bytes=context, reserve_bytes=reserve,
