@@ -19,6 +19,9 @@ sys.path.insert(0, str(ROOT / "notebooks"))
 
 import run_tutorials  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from native_stacks import arm_source, dump  # noqa: E402
+
 
 def probe(name: str, out: Path, cell_timeout_s: float, deadline: float) -> None:
     import nbformat
@@ -26,7 +29,9 @@ def probe(name: str, out: Path, cell_timeout_s: float, deadline: float) -> None:
 
     nb = run_tutorials.load_source(ROOT / "notebooks" / f"{name}.py")
     stacks = out / f"stacks_{name}.txt"
+    signalled = out / f"signalled_{name}.txt"
     nb.cells.insert(0, nbformat.v4.new_code_cell(
+        arm_source(signalled) +
         "import faulthandler\n"
         f"_probe_stacks = open({str(stacks)!r}, 'w')\n"
         "faulthandler.dump_traceback_later(20, repeat=True, file=_probe_stacks)"))
@@ -48,6 +53,10 @@ def probe(name: str, out: Path, cell_timeout_s: float, deadline: float) -> None:
                 status = "ok"
             except Exception as e:  # a timeout above all
                 status = f"{type(e).__name__}: {str(e)[:300]}"
+                pid = getattr(getattr(client.km.provisioner, "process", None), "pid", None)
+                if pid is not None:
+                    print("native stacks:", dump(pid, out / f"native_{name}.txt", signalled),
+                          flush=True)
             print(f"{name} {cell.get('id')} {status} in {time.monotonic() - t0:.1f} s",
                   flush=True)
             errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
