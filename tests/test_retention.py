@@ -884,6 +884,37 @@ def test_a_stored_exceptions_cycle_never_puts_python_after_a_magic_on_one_line()
     del t
     (h,) = holders_from(out.retained)
     assert h.code == "%gpumem cleanup", (h.name, h.code)
+    # `exc` and this frame (its traceback's) are a cycle: left, the next test's search met
+    # its 3 GiB as garbage.
+    del exc
+
+
+def test_an_exception_a_finished_function_kept_in_a_local_is_garbage_not_held_unseen():
+    """`except RuntimeError as e: err = e` in a function that returned: the error, its
+    traceback and the function's frame are a cycle only a collection frees. Reading the
+    frame's locals made the dict a finished frame caches them in, whose reference the cycle
+    did not explain: the search said "referenced from where Python cannot see" (found when a
+    test that left such a cycle ran before another, in a random order)."""
+
+    def fail() -> None:
+        box: list[Any] = [FakeTensor(3 * GiB + 41 * 2**20)]
+        box.append(box)
+        raise RuntimeError("boom")
+
+    def keep() -> None:
+        try:
+            fail()
+        except RuntimeError as e:
+            err = e  # noqa: F841 - the cycle: the error's traceback holds this frame
+        return None
+
+    keep()
+    try:
+        (h,) = [h for h in who_gc({}) if h.nbytes == 3 * GiB + 41 * 2**20]
+        assert h.kind == "garbage", (h.name, h.kind)
+        assert "gc.collect()" in holder_advice(h).code, holder_advice(h).code
+    finally:
+        gc.collect()
 
 
 def test_a_holder_on_two_devices_keeps_its_gpu_bytes_through_the_del_check(oomworld):

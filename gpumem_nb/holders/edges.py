@@ -48,6 +48,19 @@ def _instance_dict(obj: Any) -> Any:
     return d if type(d) is dict else None
 
 
+def _finished_frame_locals(frame: Any, running: set[int]) -> Any:
+    """The dict a finished frame caches its locals in (Python 3.11 and 3.12), made by the
+    first read of ``f_locals``, which this search's own edges do: None for a running frame,
+    never read, and where ``f_locals`` is no dict the frame keeps (3.13's proxy)."""
+    if type(frame) is not types.FrameType or id(frame) in running:
+        return None
+    try:
+        d = frame.f_locals
+    except Exception:
+        return None
+    return d if type(d) is dict else None
+
+
 class EdgeReader:
     """The edges of one referrer, for ``Search``: a running frame's locals are never read
     (``_running``, the search's ids of the frames running now)."""

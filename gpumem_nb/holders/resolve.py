@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from .edges import _instance_dict
+from .edges import _finished_frame_locals, _instance_dict
 from .pathtext import _EXPRESSION, _describe, _render, _Step
 from .reading import static_attribute, type_name
 from .retained import (
@@ -208,11 +208,15 @@ class Resolver:
                 continue
             refs = gc.get_referents(obj)
             own = _instance_dict(obj)
+            if own is None:
+                own = _finished_frame_locals(obj, self._running)
             if own is not None and id(own) not in inside and any(r is own for r in refs):
                 # An object and its own __dict__ are one node. The dict may have been made
                 # after the object was met (reading ``vars(obj)``, this search's own attribute
                 # edges, materialise a dict whose values the object held inline): its values
-                # were found as the object's, and are counted as its references here.
+                # were found as the object's, and are counted as its references here. So is
+                # a finished frame's cache of its locals, which the frame's edges made:
+                # uncounted, a function's `err = e` cycle read as held by something unseen.
                 refs.extend(gc.get_referents(own))
             own = None
             for c in refs:
