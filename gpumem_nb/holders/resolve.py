@@ -50,6 +50,7 @@ class Resolver:
     _explained: list[Any]
     _cut_children: set[int]
     _hidden_dicts: dict[int, Any]
+    _running: set[int]  # ids of the frames running now
 
     # -- paths, root sets and what nothing reaches ---------------------------------------------
     def _resolve(self, retained: dict[tuple[str, int], Retained],
