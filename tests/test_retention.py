@@ -889,6 +889,7 @@ def test_a_stored_exceptions_cycle_never_puts_python_after_a_magic_on_one_line()
     del exc
 
 
+@pytest.mark.slow  # a whole-heap retention search, 4-31 s on the 2-core machine
 def test_an_exception_a_finished_function_kept_in_a_local_is_garbage_not_held_unseen():
     """`except RuntimeError as e: err = e` in a function that returned: the error, its
     traceback and the function's frame are a cycle only a collection frees. Reading the
