@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .referents import referents
+
 # (device, bytes, storage key) of a tensor, or None for anything else.
 StorageOf = Callable[[Any], "tuple[str, int, tuple[str, int]] | None"]
 
@@ -270,7 +272,7 @@ class GraphWalker:
             for r in refs:
                 if id(r) in ours or id(r) in self._walked:
                     continue  # this walk's own records, or a node of the graphs walked
-                kept.update(id(c) for c in gc.get_referents(r) if id(c) in wanted)
+                kept.update(id(c) for c in referents(r) if id(c) in wanted)
         finally:
             refs.clear()
             args = ()
@@ -349,7 +351,7 @@ class GraphWalker:
         level = [start]
         for _ in range(_HOOK_DEPTH):
             nxt: list[Any] = []
-            for obj in gc.get_referents(*level):
+            for obj in referents(*level):
                 if id(obj) in seen:
                     # Entered by an earlier saved tensor's hooks (one checkpoint's frame
                     # serves all its saved tensors): what it keeps is counted already.

@@ -5,7 +5,11 @@ bytes and advised ``del pool, first``, which freed 0 of the 7.13 GiB it said (83
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
 from typing import Any
+
+import pytest
 
 from gpumem_nb.analysis import holder_advice
 from gpumem_nb.holders import Scanner
@@ -13,6 +17,14 @@ from gpumem_nb.holders import Scanner
 from .fakes import FakeTensor, GiB, fake_torch
 
 TORCH = {"torch": fake_torch()}
+
+
+@pytest.fixture(autouse=True)
+def _cycles_collected() -> Iterator[None]:
+    """Each test's namespace and shell refer to each other, with a GiB in them: left to the
+    collector, the next test on this process met them as garbage in its own search."""
+    yield
+    gc.collect()
 
 
 class Shell:

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+import gpumem_nb.referents as referents_module
 from gpumem_nb.analysis import holder_advice
-from gpumem_nb.holders import edges, retention, untracked
+from gpumem_nb.holders import retention, untracked
 from gpumem_nb.holders.named import holders_from
 from gpumem_nb.holders.retention import STATE_GARBAGE, STATE_UNSEEN, RootContext, Search
 from gpumem_nb.oom import CAUSE_GARBAGE
@@ -27,9 +28,10 @@ def _is_tensor(o: Any) -> bool:
 
 
 def _traverse_as_torch(monkeypatch: Any) -> None:
-    """Every module of the retention search that reads the collector's traversal sees torch's."""
+    """Every module of the retention search that reads the collector's traversal sees torch's
+    (``referents`` is where the holders ask for referents)."""
     fake = TorchTraverseGc(_is_tensor)
-    for module in (retention, edges, untracked):
+    for module in (retention, untracked, referents_module):
         monkeypatch.setattr(module, "gc", fake)
 
 

@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 TESTS=(tests/test_cellnames.py tests/test_cudastart.py tests/test_hostile_exceptions.py tests/test_magics.py
        tests/test_oom_observer_first_cell.py tests/test_widget.py tests/test_extension.py
        tests/test_completion.py tests/test_no_nvml.py tests/test_on_cell.py
-       tests/test_cleanup_properties.py
+       tests/test_cleanup_properties.py tests/test_referents.py
        tests/test_trace.py tests/test_kernel.py)
 # What those tests import besides gpumem_nb's own dependencies.
 TEST_DEPS=(pytest hypothesis numpy pandas nbclient nbformat jupyter_client)

@@ -24,6 +24,8 @@ import types
 from collections.abc import Container, Iterable, Mapping
 from typing import Any
 
+from ..referents import referents
+
 __all__ = ["DEPTH", "NEAR_CAP", "local_referrers"]
 
 # Not followed down: a module or a class reaches a library's whole state.
@@ -64,7 +66,7 @@ def local_referrers(frontier: list[Any], seeds: Iterable[Any], held: Mapping[int
                 # By its real type: ``isinstance`` would ask a proxy's ``__class__``.
                 if id(x) in stop or issubclass(type(x), _NOT_FOLLOWED):
                     continue
-                nxt.extend(c for c in gc.get_referents(x) if gc.is_tracked(c))
+                nxt.extend(c for c in referents(x) if gc.is_tracked(c))
             if len(near) >= NEAR_CAP:
                 nxt.clear()
             level.clear()
@@ -76,7 +78,7 @@ def local_referrers(frontier: list[Any], seeds: Iterable[Any], held: Mapping[int
         found_ids: set[int] = set()
         for x in near:
             refers = False
-            for c in gc.get_referents(x):
+            for c in referents(x):
                 n = wanted.get(id(c))
                 if n is not None:
                     wanted[id(c)] = n + 1

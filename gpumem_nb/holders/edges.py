@@ -6,11 +6,11 @@ in ``EdgeReader``; what the collector's traversal cannot show is added in ``untr
 from __future__ import annotations
 
 import functools
-import gc
 import types
 from collections import deque
 from typing import Any
 
+from ..referents import referents
 from .pathtext import _key_text, _Step
 from .reading import static_attribute, type_name
 
@@ -27,7 +27,7 @@ def _class_dict(klass: Any) -> Any:
     class attribute's value."""
     try:
         proxy = _DICT_DESC.__get__(klass)
-        for d in gc.get_referents(proxy):
+        for d in referents(proxy):
             if type(d) is dict:
                 return d
     except Exception:
@@ -119,14 +119,14 @@ class EdgeReader:
                 code = getattr(parent, "gi_code", None) or getattr(parent, "cr_code", None) \
                     or getattr(parent, "ag_code", None)
                 label = f" (suspended {getattr(code, 'co_name', '?')}() locals)"
-                return [(v, _Step("text", label)) for v in gc.get_referents(parent)
+                return [(v, _Step("text", label)) for v in referents(parent)
                         if id(v) in wanted]
             if t is _LRU_WRAPPER:
-                return [(v, _Step("text", " lru_cache results")) for v in gc.get_referents(parent)
+                return [(v, _Step("text", " lru_cache results")) for v in referents(parent)
                         if id(v) in wanted]
             if issubclass(t, type):
                 d = _class_dict(parent)
-                return [(v, _Step("dict", "")) for v in gc.get_referents(parent)
+                return [(v, _Step("dict", "")) for v in referents(parent)
                         if id(v) in wanted and v is not d] + (
                     [(d, _Step("dict", ""))] if id(d) in wanted else [])
         except Exception:
@@ -146,7 +146,7 @@ class EdgeReader:
         for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False):
             if id(cell) in wanted:
                 out.append((cell, _Step("text", f" closure '{name}'")))
-        for v in gc.get_referents(fn):
+        for v in referents(fn):
             if id(v) in wanted and not any(v is c for c, _ in out):
                 label = (" defaults" if v is fn.__defaults__ else
                          " keyword defaults" if v is fn.__kwdefaults__ else
@@ -167,7 +167,7 @@ class EdgeReader:
             except Exception:
                 pass
         seen = {id(v) for v, _ in out}
-        for v in gc.get_referents(frame):
+        for v in referents(frame):
             if id(v) in wanted and id(v) not in seen:
                 out.append((v, _Step("text", f" ({name}() frame)")))
         return out
@@ -196,7 +196,7 @@ class EdgeReader:
             pass
         seen = {id(v) for v, _ in out}
         label = f" (in a {type_name(type(obj))})"
-        for v in gc.get_referents(obj):
+        for v in referents(obj):
             if id(v) in wanted and id(v) not in seen:
                 out.append((v, _Step("text", label)))
                 seen.add(id(v))

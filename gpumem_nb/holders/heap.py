@@ -12,6 +12,7 @@ from collections.abc import Container
 from itertools import compress, repeat
 from typing import Any
 
+from ..referents import referents
 from .capsules import CAPSULE_TYPE
 from .facts import TensorFacts
 
@@ -93,7 +94,7 @@ def exported(facts: TensorFacts, seen: Container[tuple[str, int]], budget_s: flo
             if start and time.perf_counter() - t0 > budget_s:
                 break
             chunk = objs[start:start + chunk_size]
-            refs = gc.get_referents(*chunk)
+            refs = referents(*chunk)
             chunk.clear()
             caps = _capsules_in(refs)
             if caps:
@@ -134,7 +135,7 @@ def _capsules_in(refs: list[Any]) -> list[Any]:
             boxes.clear()
     kinds.clear()
     if inner:
-        below = gc.get_referents(*inner)
+        below = referents(*inner)
         inner.clear()
         caps.extend(compress(below, map(is_, map(type, below), repeat(CAPSULE_TYPE))))
         below.clear()

@@ -6,11 +6,11 @@ notebook defined. A proxy's ``__class__``, a subclass's ``__iter__`` or a metacl
 from __future__ import annotations
 
 import functools
-import gc
 import types
 from collections.abc import Iterable
 from typing import Any
 
+from ..referents import referents
 from .reading import type_name
 
 __all__ = [
@@ -53,7 +53,7 @@ def _lru_link_type() -> type | None:
     nothing readable: the wrapper's own traversal reaches their keys and results."""
     probe = functools.lru_cache(maxsize=1)(lambda: None)
     probe()
-    for ref in gc.get_referents(probe):
+    for ref in referents(probe):
         if type(ref) is dict:
             for value in ref.values():
                 return type(value) if type_name(type(value)) == "_lru_list_elem" else None

@@ -4,7 +4,6 @@ of the cycles that keep what nothing reaches."""
 
 from __future__ import annotations
 
-import gc
 import re
 import sys
 import types
@@ -12,6 +11,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+from ..referents import referents
 from .edges import _finished_frame_locals, _instance_dict
 from .pathtext import _EXPRESSION, _describe, _render, _Step
 from .reading import static_attribute, type_name
@@ -207,7 +207,7 @@ class Resolver:
             obj = alive.get(oid)
             if obj is None:
                 continue
-            refs = gc.get_referents(obj)
+            refs = referents(obj)
             own = _instance_dict(obj)
             if own is None:
                 own = _finished_frame_locals(obj, self._running)
@@ -218,14 +218,14 @@ class Resolver:
                 # were found as the object's, and are counted as its references here. So is
                 # a finished frame's cache of its locals, which the frame's edges made:
                 # uncounted, a function's `err = e` cycle read as held by something unseen.
-                refs.extend(gc.get_referents(own))
+                refs.extend(referents(own))
             own = None
             for c in refs:
                 if id(c) in inside:
                     inside[id(c)] += 1
             refs.clear()
         for obj in self._explained:
-            for c in gc.get_referents(obj):
+            for c in referents(obj):
                 if id(c) in inside:
                     inside[id(c)] += 1
         for did, owner in self._hidden_dicts.items():

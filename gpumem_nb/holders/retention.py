@@ -39,6 +39,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from ..referents import referents
 from .closure import NEAR_CAP, local_referrers
 from .edges import _instance_dict
 from .pathtext import _Step, _unquote
@@ -188,7 +189,6 @@ class Search(RootIndex, UntrackedPass, Resolver):
             ids = {id(o) for o in frontier}
             self._scaffold.add(id(ids))
             found = []
-            referents = gc.get_referents
             for x in heap:
                 if not ids.isdisjoint(map(id, referents(x))):
                     found.append(x)
@@ -214,9 +214,9 @@ class Search(RootIndex, UntrackedPass, Resolver):
         if not self._explained:
             return
         ns = self.ctx.user_ns
-        kept = {id(v) for v in gc.get_referents(ns)} if ns is not None else set()
+        kept = {id(v) for v in referents(ns)} if ns is not None else set()
         for e in self._explained:
-            self._cut_values.extend(v for v in gc.get_referents(e)
+            self._cut_values.extend(v for v in referents(e)
                                     if id(v) not in kept and gc.is_tracked(v))
 
     # -- the search ----------------------------------------------------------------------------
@@ -408,7 +408,7 @@ class Search(RootIndex, UntrackedPass, Resolver):
             d = _instance_dict(t)
             if not d:
                 continue
-            if any(r is d for r in gc.get_referents(t)):
+            if any(r is d for r in referents(t)):
                 continue
             self._hidden_dicts[id(d)] = t
         d = None

@@ -31,6 +31,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from ..referents import referents
 from .reading import MISSING, static_attribute
 
 # The first PyTorch whose tensors' reference counts show C++'s holders (see above).
@@ -119,7 +120,7 @@ class SoleProof:
         # Every reference counted: what those referrers hold, against each reference count.
         held: dict[int, int] = dict.fromkeys(seen, 0)
         for box in [ns, objs, *ours, *objs[:boxes]]:
-            for c in gc.get_referents(box):
+            for c in referents(box):
                 if id(c) in held:
                     held[id(c)] += 1
         box = c = None

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from itertools import compress, islice, repeat
 from typing import Any
 
+from ..referents import referents
 from .edges import EdgeReader
 from .pathtext import _Step
 from .reading import static_attribute
@@ -62,7 +63,7 @@ class UntrackedPass(EdgeReader):
                 n = len(chunk)
                 # What the chunk refers to, read in slices too: one dict of 5,000,000
                 # entries has 10,000,000 referents.
-                refs = gc.get_referents(*chunk)
+                refs = referents(*chunk)
                 chunk.clear()
                 for i in range(0, len(refs), UNTRACKED_CHUNK):
                     if not first and self.clock() > self._deadline:
@@ -264,7 +265,7 @@ def _referent_slices(boxes: list[Any], n: int) -> Iterator[list[Any]]:
             small.append(c)
             size += 2 * k if type(c) is dict else k
             if size >= n:
-                yield gc.get_referents(*small)
+                yield referents(*small)
                 small.clear()
                 size = 0
         elif type(c) is tuple:
@@ -277,9 +278,9 @@ def _referent_slices(boxes: list[Any], n: int) -> Iterator[list[Any]]:
                     yield part
                     yield list(islice(values, n))
             except RuntimeError:  # changed while it was read (another thread): all at once
-                yield gc.get_referents(c)
+                yield referents(c)
     if small:
-        yield gc.get_referents(*small)
+        yield referents(*small)
 
 
 def _untracked_cut_words(budget_s: float, read: int, total: int,

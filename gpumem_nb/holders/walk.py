@@ -15,7 +15,6 @@ through their base type's own iterator, and sizes are capped.
 from __future__ import annotations
 
 import collections
-import gc
 import itertools
 import time
 import types
@@ -23,6 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import userexc
+from ..referents import referents
 from .facts import TensorFacts, TensorInfo
 from .peek import (
     ATOM_IDS,
@@ -544,7 +544,7 @@ class ObjectWalk:
         """What a C object refers to, by its own traversal (no Python code runs), skipping
         code, names and functions (a function's globals are a whole module)."""
         try:
-            refs = gc.get_referents(obj)
+            refs = referents(obj)
         except Exception:
             return
         if len(refs) > _MAX_ITEMS:
