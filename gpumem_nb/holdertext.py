@@ -351,7 +351,7 @@ def verdict_message(v: Verdict, holders: Sequence[Holder]) -> str:
     biggest = max(holders, key=lambda h: h.held_bytes, default=None)
     by_traceback = biggest is None or biggest.kind == "traceback"
     # A traceback that holds the most is the cell's own, whichever run this is: on a first
-    # run there are no earlier runs to blame (issue 24, point 5).
+    # run there are no earlier runs to blame.
     own_traceback = biggest is not None and biggest.kind == "traceback"
     advice = _ADVICE[v.cause]
     if v.cause == CAUSE_LIVE_TENSORS and ((v.raised and by_traceback) or own_traceback):

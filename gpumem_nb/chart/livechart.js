@@ -280,7 +280,7 @@ function paint(svg, lines, marks, meta, f, compact) {
 // -- the picture saved with the notebook ------------------------------------------------------
 // Colours of its own: an <img> shows it apart from the page's stylesheet. Dark ones where the
 // element showing it is dark (JupyterLab's dark theme sets color-scheme: dark; chromium passes
-// that to the image as prefers-color-scheme), as svgchart.py's picture does (issue 27).
+// that to the image as prefers-color-scheme), as svgchart.py's picture does.
 const PICTURE_CSS = `text{font-family:sans-serif;font-size:11px;fill:#333}
 .gl-ticks text{fill:#444}.gl-mark-labels text{fill:#555;font-size:10px}
 .gl-grid{stroke:#e5e5e5;fill:none}.gl-axis{stroke:#999;fill:none}

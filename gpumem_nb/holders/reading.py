@@ -54,7 +54,7 @@ def running_frame_ids() -> set[int]:
         # that outlives the call, and a finished frame keeps its caller's frame (``f_back``),
         # which keeps the next, up the whole stack. Called from the OOM observer, that stack
         # runs through the user's failing function: its tensors then survived the user's own
-        # ``del`` until the garbage collector ran (issue 15, tutorial 04 on Python 3.12).
+        # ``del`` until the garbage collector ran (tutorial 04 on Python 3.12).
         tops.clear()
         f = top = None
     return ids

@@ -115,7 +115,7 @@ def classify(facts: OomFacts, holders: Sequence[Holder] = ()) -> tuple[Cause, ..
     split = f.unallocated_bytes
     if f.pool_reuses_unallocated:
         if need is not None and need <= slack and split:
-            # Never the cause (issue 26): PyTorch's cudaMallocAsync backend lets the driver
+            # Never the cause: PyTorch's cudaMallocAsync backend lets the driver
             # reuse memory freed on other streams (internal dependencies and opportunistic
             # reuse, both enabled in CUDAMallocAsyncAllocator.cpp) and the pool stitches freed
             # pieces (the H200 served 2 GiB from 1 GiB holes), and no recipe on the H200 left
@@ -244,7 +244,7 @@ def _requests_served(f: OomFacts, stranded: Cause) -> int:
 def _demoted(c: Cause, f: OomFacts) -> Cause:
     if not c.covers:
         return c
-    if c.kind == CAUSE_FRAGMENTATION:  # the pool's unused bytes never cover (issue 26)
+    if c.kind == CAUSE_FRAGMENTATION:  # the pool's unused bytes never cover
         more = _requests_served(f, c) - 1
         served = (f"this request and {more} more of its size" if more > 0
                   else "this one request")
@@ -406,7 +406,7 @@ def _held(f: OomFacts, holders: Sequence[Holder],
             + (" The scan was cut short by its time or object bounds, so part of these bytes "
                "may be the holders' own: this is a remainder, not a cause." if f.walk_capped
                else ""),
-            # An uncounted remainder is never the verdict (issue 24, point 4).
+            # An uncounted remainder is never the verdict.
             covers=covers(unreachable) and not f.walk_capped,
             details=(UNREACHABLE_AT_START if at_start else UNREACHABLE,)))
     named = [b for b in f.raw_blocks if b.path]

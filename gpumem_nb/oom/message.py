@@ -26,7 +26,7 @@ FORM_UNKNOWN = "unrecognised"
 # c10's format_size prints "N bytes", or two decimals of KiB/MiB/GiB.
 #
 # Every pattern here runs on the text of any exception a cell raises, so each must take time
-# linear in the text, whatever it holds (issue 16: a 1,200-space run once froze the kernel for
+# linear in the text, whatever it holds (a 1,200-space run once froze the kernel for
 # seconds in a pattern that backtracked cubically). The rules that keep it so:
 # - a number starts only where no digit or point precedes it (the lookbehind), so a run of
 #   digits is tried from its first digit only, not from each of its n positions;

@@ -3,8 +3,8 @@
 NVML can hang: a GPU falling off the bus or a wedged driver keeps the calling thread inside
 the library until the driver answers, which may be never. A thread cannot be killed, so each
 reader that joins a hung call is one more thread stuck for good: every ``%gpumem``, status
-and cleanup left a stuck ``gpumem_nb-read`` thread, every ``%reload_ext`` a stuck sampler
-(issue 16). The gate keeps that number at one:
+and cleanup left a stuck ``gpumem_nb-read`` thread, every ``%reload_ext`` a stuck sampler.
+The gate keeps that number at one:
 
 - a reading enters the gate and leaves it when it returns; a second reader waits its turn
   (readings take milliseconds);

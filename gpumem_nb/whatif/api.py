@@ -55,7 +55,7 @@ MiB = 1 << 20
 # The OOM explainer's line replays at most this many history entries: 20,000 took 44-87 ms
 # to read and replay under expandable segments on the 2-core development machine (load 1.7,
 # benchmarks/bench_whatif_bound.py), so 15,000 leave room under the explainer's 100 ms on a
-# busier one (issue 37). Past it the line says how to get the replay.
+# busier one. Past it the line says how to get the replay.
 OOM_LINE_MAX_ENTRIES = 15_000
 # While a session is recorded, torch's snapshot comes first, and its cost grows with the
 # history (about 0.7 s per 100,000 entries with Python stacks): 6,000 entries take about

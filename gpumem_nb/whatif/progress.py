@@ -1,4 +1,4 @@
-"""A what-if's progress line in the notebook, for the long ones (issue 37: a history at the
+"""A what-if's progress line in the notebook, for the long ones (a history at the
 entry bound takes seconds per setting, ``--fit`` tens of seconds).
 
 Nothing is shown for the first ``SHOW_AFTER_S`` (most what-ifs end before). Then one line,
