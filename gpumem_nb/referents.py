@@ -1,9 +1,9 @@
 """``referents``: what the garbage collector says an object refers to, without ever asking it
 about a module.
 
-``gc.get_referents(module)`` runs the module's C traversal, and CPython 3.12 before 3.12.5
-(Ubuntu 24.04's 3.12.3, pyenv's 3.12.1) has ``_asyncio``'s visit a free list of dead
-``FutureIter`` objects (python/cpython#122695). ``get_referents`` hands them out as live
+``gc.get_referents(module)`` runs the module's C traversal, and CPython 3.12 without the fix
+for python/cpython#122695 (Ubuntu 24.04's 3.12.3, pyenv's 3.12.1) has ``_asyncio``'s visit
+a free list of dead ``FutureIter`` objects. ``get_referents`` hands them out as live
 references; dropping them frees each a second time, the free list turns into a loop, and the
 next ``gc.collect()`` never returns (or the interpreter aborts). A Jupyter kernel fills that
 list on every ``await``. The OOM explainer's heap pass asked for the referents of every

@@ -1,4 +1,4 @@
-"""The holder search never runs a module's C traversal: on CPython 3.12 before 3.12.5,
+"""The holder search never runs a module's C traversal: on CPython 3.12 without its fix,
 ``gc.get_referents`` of the ``_asyncio`` module hands out dead ``FutureIter`` objects from its
 free list, and dropping them corrupts it; the next ``gc.collect()`` spins forever or aborts
 (python/cpython#122695). In a Jupyter kernel that was the ``%gpumem cleanup`` after tutorial
