@@ -7,8 +7,8 @@ a free list of dead ``FutureIter`` objects. ``get_referents`` hands them out as 
 references; dropping them frees each a second time, the free list turns into a loop, and the
 next ``gc.collect()`` never returns (or the interpreter aborts). A Jupyter kernel fills that
 list on every ``await``. The OOM explainer's heap pass asked for the referents of every
-object: on the H100 and the H200, the ``%gpumem cleanup`` after tutorial 11's OOM then spun
-in ``_asyncio``'s traversal until the cell was killed.
+object: the ``%gpumem cleanup`` after tutorial 11's OOM then spun in ``_asyncio``'s traversal
+until the cell was killed (native stacks on the H100; the same stop on the H200).
 
 A module's namespace is what Python code reaches through it; that is what a module gives
 here. Its C state (an extension's types and caches) is left unread: what only it holds is
