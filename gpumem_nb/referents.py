@@ -23,6 +23,7 @@ from typing import Any
 
 __all__ = ["module_dict", "referents"]
 
+# ModuleType's own descriptor for a module's namespace: no subclass's property runs.
 _MODULE_DICT: Any = vars(types.ModuleType)["__dict__"]
 
 

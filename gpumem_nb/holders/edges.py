@@ -10,7 +10,7 @@ import types
 from collections import deque
 from typing import Any
 
-from ..referents import referents
+from ..referents import _MODULE_DICT, referents
 from .pathtext import _key_text, _Step
 from .reading import static_attribute, type_name
 
@@ -19,7 +19,6 @@ from .reading import static_attribute, type_name
 # advice rests on it.
 _LRU_WRAPPER: type = type(functools.lru_cache(maxsize=None)(lambda: None))
 _DICT_DESC = type.__dict__["__dict__"]
-_MODULE_DICT: Any = vars(types.ModuleType)["__dict__"]
 
 
 def _class_dict(klass: Any) -> Any:
