@@ -49,6 +49,8 @@ took (``benchmarks/results/tutorial_timings_h200.json``).
 
 NAME is a tutorial's stem or file name (``00_quickstart``, ``00_quickstart.py``); all of
 them by default, in order. After ``--budget-s`` seconds no further notebook is started.
+``TUTORIAL_CELL_TIMEOUT_S`` (900 by default) bounds each cell; a cell past it ends its
+notebook, saved as far as it got, and the next one starts.
 """
 
 from __future__ import annotations
@@ -546,7 +548,10 @@ def run(path: Path, out_dir: Path, widget_state: bool = True,
     from nbclient.exceptions import CellExecutionError
 
     nb = load_source(path) if path.suffix == ".py" else nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=900, kernel_name="python3", allow_errors=False,
+    # A cell that never returns costs the GPU machine's whole call; TUTORIAL_CELL_TIMEOUT_S
+    # bounds each cell so that the notebooks after it still run.
+    cell_timeout_s = int(os.environ.get("TUTORIAL_CELL_TIMEOUT_S", "900"))
+    client = NotebookClient(nb, timeout=cell_timeout_s, kernel_name="python3", allow_errors=False,
                             store_widget_state=widget_state,
                             resources={"metadata": {"path": str(path.parent)}})
     timings: dict[str, Any] = {}
