@@ -87,6 +87,23 @@ def test_status_shows_nvml_allocator_and_outside_pytorch(loaded, capsys):
     assert "500.00 MiB" in out  # the context, outside PyTorch
 
 
+def test_status_says_whether_the_oom_observer_is_attached(loaded, capsys):
+    run(loaded, "t = cuda.tensor(2**30)")
+    capsys.readouterr()
+    magic(loaded, "status")
+    assert "OOM observer: attached." in capsys.readouterr().out
+
+
+def test_status_without_a_gpu_says_there_is_no_observer_rather_than_nothing(
+        shell, no_gpu, capsys):
+    shell.run_cell("%load_ext gpumem_nb")
+    capsys.readouterr()
+    magic(shell, "status")
+    out = capsys.readouterr().out
+    assert "OOM observer: none, as no GPU is visible." in out
+    assert "queued" not in out  # nothing waits for a CUDA that cannot start
+
+
 # -- bad input ---------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("line", "message"),

@@ -351,6 +351,10 @@ class Monitor:
         """The sentence for "no OOM yet", with the explainer's state."""
         return self.oom.no_oom_line()
 
+    def observer_line(self) -> str:
+        """Whether PyTorch's OOM observer, which makes an explanation exact, is attached."""
+        return self.oom.observer_line(self.status().has_gpu)
+
     def sampler_errors(self) -> tuple[int, str]:
         """How many errors the sampler hit (logged once when they happened), and the last."""
         return sum(self.sampler.errors.values()), self.sampler.last_error

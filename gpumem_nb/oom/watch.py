@@ -581,6 +581,13 @@ class OomWatch(ObserverAttachment):
                        source=f"From the error message and readings after it ({why})",
                        notes=notes, sample=now, stage_s=stages)
 
+    def observer_line(self, has_gpu: bool) -> str:
+        """The OOM observer's state in one sentence, for ``%gpumem status``."""
+        if not has_gpu:
+            return "OOM observer: none, as no GPU is visible."
+        self.ensure_attached()  # the status as of now: CUDA may have started in this cell
+        return f"OOM observer: {self.observer_status}."
+
     def no_oom_line(self) -> str:
         self.ensure_attached()  # the status as of now: CUDA may have started in this cell
         seen = sum(self.counts.values())
