@@ -53,7 +53,9 @@ def held_text(h: Holder) -> str:
               if h.graph_unsized else "")
     if not h.graph_bytes and not hooked:
         return f"{own}; its graph{nodes} keeps nothing more"
-    return f"{own} + its graph {at_least}{format_bytes(h.graph_bytes)}{nodes}{hooked}"
+    graph = f"its graph {at_least}{format_bytes(h.graph_bytes)}{nodes}{hooked}"
+    # Nothing of its own (autograd nodes kept alone, a graph's share on another device).
+    return graph if h.nbytes == 0 and not h.walk_capped else f"{own} + {graph}"
 
 
 def _cache_clear(name: str, path: str) -> str:

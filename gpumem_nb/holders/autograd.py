@@ -7,6 +7,7 @@ from __future__ import annotations
 from ..graph import GraphWalker
 from .facts import TensorFacts
 from .peek import is_a
+from .reading import type_name
 from .tally import HolderTally, Tally
 
 __all__ = ["graph_walker", "size_graphs"]
@@ -26,6 +27,9 @@ def size_graphs(tally: Tally, walker: GraphWalker) -> None:
     walked_by: dict[int, str] = {}  # a walk's number -> the holder it sized
     try:
         for f in list(found.values()):
+            if f.nodes:
+                _size_nodes(f, walker, tally, walked_by)
+                continue
             if not f.roots:
                 continue
             size = walker.size(f.roots)
@@ -38,10 +42,12 @@ def size_graphs(tally: Tally, walker: GraphWalker) -> None:
                     tally.also.setdefault(owner, {})[f.name] = None
             if size.capped and not size.nodes:
                 continue  # the time for graphs ran out before this one: not walked
-            f.graph_nodes = size.nodes
-            f.graph_capped = size.capped
-            f.graph_unsized = size.hooked + size.unknown
-            f.graph_bytes = size.bytes_by_device.get(f.device, 0)
+            # Added to, not set: the graphs of nodes this holder keeps on their own may have
+            # been sized into it already (``_size_nodes``).
+            f.graph_nodes = (f.graph_nodes or 0) + size.nodes
+            f.graph_capped = f.graph_capped or size.capped
+            f.graph_unsized += size.hooked + size.unknown
+            f.graph_bytes = (f.graph_bytes or 0) + size.bytes_by_device.get(f.device, 0)
             for key in size.shared:
                 # `del x` frees nothing while this graph saves x: f is one more
                 # reference to x's bytes.
@@ -59,5 +65,47 @@ def size_graphs(tally: Tally, walker: GraphWalker) -> None:
                 other.graph_capped = other.graph_capped or size.capped
             f.roots.clear()
     finally:
+        for slot in [k for k, f in found.items() if not f.device]:
+            waiting = found.pop(slot)  # nodes of no device yet: sized above, or not at all
+            waiting.nodes.clear()
+            tally.by_name[waiting.name].remove(waiting)
         for f in found.values():
             f.roots.clear()  # no graph outlives the scan
+
+
+def _size_nodes(waiting: HolderTally, walker: GraphWalker, tally: Tally,
+                walked_by: dict[int, str]) -> None:
+    """The graphs of the autograd nodes one holder keeps on their own, one node at a time, so
+    that each node's path gets what its graph keeps; the bytes go to the holder's tally on
+    each device the graph saved tensors on (made for it where the holder had none)."""
+    name = waiting.name
+    for node, path in waiting.nodes:
+        size = walker.size([node])
+        walked_by.setdefault(size.walk, name)
+        for w in size.shared_walks:
+            owner = walked_by.get(w)
+            if owner is not None and owner != name:
+                tally.also.setdefault(owner, {})[name] = None
+        for key in size.shared:
+            owner = tally.seen_by.get(key)
+            if owner is not None and owner != name:
+                tally.also.setdefault(owner, {})[name] = None
+        if size.capped and not size.nodes:
+            continue  # the time for graphs ran out before this one: not walked
+        for device, nbytes in size.bytes_by_device.items():
+            f = tally.found.get(f"{name}\0{device}")
+            if f is None:
+                f = tally.found[f"{name}\0{device}"] = HolderTally(
+                    name=name, kind=waiting.kind, device=device, classes=dict(waiting.classes),
+                    walk_capped=waiting.walk_capped)
+                tally.by_name.setdefault(name, []).append(f)
+            f.graph_bytes = (f.graph_bytes or 0) + nbytes
+            f.graph_nodes = (f.graph_nodes or 0) + size.nodes
+            f.graph_capped = f.graph_capped or size.capped
+            f.graph_unsized += size.hooked + size.unknown
+            f.node_count += 1
+            f.node_bytes += nbytes
+            f.first_node = f.first_node or type_name(type(node))
+            for k in range(1, len(path) + 1):
+                f.paths[path[:k]] = f.paths.get(path[:k], 0) + nbytes
+    waiting.nodes.clear()

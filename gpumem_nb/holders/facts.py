@@ -47,10 +47,23 @@ class TensorFacts:
         self.param_type: Any = getattr(nn, "Parameter", None) if nn else None
         self.optimizer_type: Any = getattr(optim, "Optimizer", None) if optim else None
         self._arrays: dict[int, tuple[type, tuple[Any, Any, bool] | None]] = {}
+        self._nodes: dict[int, tuple[type, bool]] = {}
 
     def forget_classes(self) -> None:
-        """Drop the memo of which classes are arrays (it keeps each class it judged)."""
+        """Drop the memos of which classes are arrays or graph nodes (each keeps its class)."""
         self._arrays.clear()
+        self._nodes.clear()
+
+    def is_graph_node(self, obj: Any) -> bool:
+        """Whether ``obj`` is an autograd node (a ``grad_fn``), by its class's own C
+        ``next_functions`` descriptor, which torch's generated nodes and custom Functions'
+        nodes both have: no code of the class runs, and no torch class is needed."""
+        t = type(obj)
+        cached = self._nodes.get(id(t))
+        if cached is None or cached[0] is not t:
+            cached = (t, type(static_attribute(t, "next_functions")) in C_DESCRIPTORS)
+            self._nodes[id(t)] = cached
+        return cached[1]
 
     def info(self, t: Any) -> TensorInfo | None:
         """(device, bytes, storage key) of a tensor or numpy/cupy-like array; never raises."""

@@ -141,6 +141,8 @@ class Scanner(ObjectWalk):
                 info = last[1] if last[0] is t else self._tensor_info(t)
                 if info is not None:
                     add(name, kind, t, path, info, id(t) in self._grad_ids)
+                elif self.facts.is_graph_node(t):
+                    self.tally.add_node(name, kind, t, path)
         finally:
             self._forget()  # no tensor outlives the walk here
             self.tally.close(name, self._path_classes, self._cut)

@@ -33,6 +33,12 @@ class HolderTally:
     graph_unsized: int = 0
     roots: list[Any] = field(default_factory=list)  # the grad_fns of its tensors
     root_ids: set[int] = field(default_factory=set)
+    # Autograd nodes the walk reached on their own (not as a tensor's grad_fn), with their
+    # paths: their graphs are sized one by one, so that each path gets its bytes.
+    nodes: list[tuple[Any, tuple[str, ...]]] = field(default_factory=list)
+    node_count: int = 0  # such nodes whose graphs keep bytes on this device
+    first_node: str = ""  # the first one's class
+    node_bytes: int = 0  # what their graphs keep here (within graph_bytes)
     details: list[str] = field(default_factory=list)
     # bytes under each path prefix (a tuple of steps), to name where inside the bytes are
     paths: dict[tuple[str, ...], int] = field(default_factory=dict)
@@ -108,6 +114,19 @@ class Tally:
                 f.root_ids.add(id(grad_fn))
                 f.roots.append(grad_fn)
 
+    def add_node(self, name: str, kind: str, node: object, path: tuple[str, ...]) -> None:
+        """An autograd node the walk of holder ``name`` reached on its own at ``path``. Its
+        graph's device is known only once it is sized (``autograd.py``), so it waits in a
+        holder of no device until then."""
+        slot = f"{name}\0"
+        f = self.found.get(slot)
+        if f is None:
+            f = self.found[slot] = HolderTally(name=name, kind=kind, device="")
+            self.by_name.setdefault(name, []).append(f)
+        if id(node) not in f.root_ids:
+            f.root_ids.add(id(node))
+            f.nodes.append((node, path))
+
     def close(self, name: str, classes: dict[tuple[str, ...], str], cut: bool) -> None:
         """Holder ``name``'s walk is done: the classes along its paths, and whether a bound cut
         it. This name's holders only: a pass over every holder per holder made a namespace of
@@ -127,13 +146,14 @@ class Tally:
 def path_of(f: HolderTally) -> str:
     """Down from the holder's name while one step keeps nearly all of its bytes, to the
     object that holds them, with that object's class."""
-    if not f.paths or not f.nbytes:
+    total = f.nbytes + f.node_bytes
+    if not f.paths or not total:
         return ""
     here: tuple[str, ...] = ()
     while True:
         best = max((p for p in f.paths if len(p) == len(here) + 1 and p[:len(here)] == here),
                    key=lambda p: f.paths[p], default=None)
-        if best is None or f.paths[best] < _PATH_SHARE * f.nbytes:
+        if best is None or f.paths[best] < _PATH_SHARE * total:
             break
         here = best
     if not here:
@@ -157,6 +177,10 @@ def holder_of(f: HolderTally) -> Holder:
     elif f.tensors:
         detail = f"{f.tensors} {what}" + (f"; one has {f.graph.split(', ', 1)[-1]}"
                                           if f.graph else "")
+    elif f.node_count:
+        detail = (f"{f.node_count} autograd nodes ({f.first_node}, ...): the tensors their "
+                  "graphs saved" if f.node_count > 1 else
+                  f"an autograd node ({f.first_node}): the tensors its graph saved")
     else:
         detail = "tensors its autograd graph saved on this device"
     return Holder(name=f.name, kind=f.kind, device=f.device, nbytes=f.nbytes, detail=detail,

@@ -187,6 +187,13 @@ class ObjectWalk:
             else:
                 self._note_unread(obj)
             return
+        if self.facts.is_graph_node(obj):
+            # A node kept on its own (`graph_roots.append(loss.grad_fn)`) keeps every tensor
+            # its graph saved, and those have no Python object to be found by: handed on
+            # as it is, for the consumer to size its graph as this holder's.
+            if self._enter(obj):
+                yield obj, path
+            return
         if objdepth > 0:
             self._path_classes.setdefault(path, type_name(type(obj)))
             yield from self._attributes_of(obj, path, objdepth)
