@@ -1,7 +1,7 @@
 """The OOM explainer's advice, run as printed: does each step free what it says it frees?
 
     python3 benchmarks/gpu_diagnosis3.py --out $OUT
-        [--set rerun2|new|new4|new5|new6|new7|new8|new9|new10]
+        [--set rerun2|new|new4|new5|new6|new7|new8|new9|new10|new11]
         [--budget-s 500] [--allocators native,expandable,cudaMallocAsync]
         [--only KIND,...] [--skip KIND,...] [--merge EARLIER.json] [--run LABEL] [--commit SHA]
     python3 benchmarks/gpu_diagnosis3.py --dry-run [--set ...] [--allocators ...] [--only ...]
@@ -41,7 +41,9 @@ allocator, split the same way), and ``--set new8`` runs ``KINDS8``
 by the dry run's estimate, split the same way), and ``--set new9`` runs ``KINDS9``
 (``benchmarks/diagnosis3_kinds9.py``, written the same way; 14 kinds, about 176 s an allocator
 by the dry run's estimate, split the same way), and ``--set new10`` runs ``KINDS10``
-(``benchmarks/diagnosis3_kinds10.py``, written the same way; 14 kinds, split the same way).
+(``benchmarks/diagnosis3_kinds10.py``, written the same way; 14 kinds, split the same way), and
+``--set new11`` runs ``KINDS11`` (``benchmarks/diagnosis3_kinds11.py``, written the same way on
+2026-12-08; 14 kinds).
 Sizes follow the card:
 the child's namespace has ``G`` (the GPU's total bytes, ``torch.cuda.mem_get_info()[1]``),
 ``frac(x)`` → ``int(x * G)``, and ``GiB``, which is 2**30 on an H200 (139.8 GiB) and
@@ -92,7 +94,7 @@ from benchmarks.gpu_diagnosis2 import FILL, Kind, Step  # noqa: E402
 ALLOCATORS = d2.ALLOCATORS
 ROW = "DIAGNOSIS3-ROW "
 META = "DIAGNOSIS3-META "
-SETS = ("rerun2", "new", "new4", "new5", "new6", "new7", "new8", "new9", "new10")
+SETS = ("rerun2", "new", "new4", "new5", "new6", "new7", "new8", "new9", "new10", "new11")
 
 # ============================================================================================
 # The new kinds, written after the code was frozen by someone who had not seen the explainer's
@@ -1754,6 +1756,10 @@ def kinds_of(which: str) -> list[Kind]:
         from benchmarks.diagnosis3_kinds10 import KINDS10
 
         new = KINDS10
+    elif which == "new11":
+        from benchmarks.diagnosis3_kinds11 import KINDS11
+
+        new = KINDS11
     else:
         new = {"new4": KINDS4, "new5": KINDS5}.get(which, KINDS3)
     return [dataclasses.replace(k, out_of_sample=True) for k in new]
@@ -1867,7 +1873,7 @@ def dry_run(which: str, kinds: Sequence[Kind], allocators: Sequence[str]) -> int
               f"+ {STARTUP_S:.0f} s start)")
     print(f"estimated in all: {sum(per.values()):.0f} s")
     problems = kind_problems(kinds, new=which in ("new", "new4", "new5", "new6", "new7",
-                                                     "new8", "new9", "new10"))
+                                                     "new8", "new9", "new10", "new11"))
     for p in problems:
         print(f"PROBLEM {p}")
     print("every kind's code compiles" if not problems else f"{len(problems)} problems")
