@@ -288,3 +288,34 @@ def test_a_module_installed_outside_site_packages_is_a_library_not_the_users(tmp
     user.__file__ = str(mine / "helper" / "__init__.py")
     assert roots._library_module("regpkg", lib)
     assert not roots._library_module("helper", user)
+
+
+def test_errors_a_custom_exception_handler_keeps_are_found_through_the_shell_not_unseen(
+        oomworld):  # noqa: F811
+    """KINDS10 on the H100: a `set_custom_exc` handler that keeps each error was 99.9% "not
+    found". IPython keeps it as `types.MethodType(wrapped, shell)`, and the method's edge to
+    its function was not an edge of the search: the function looked held from where Python
+    cannot see."""
+    shell = oomworld.shell
+    try:
+        run(shell, "def make_failure_keeper():\n"
+                   "    kept = []\n"
+                   "    def keep_failure(shell, etype, value, tb, tb_offset=None):\n"
+                   "        kept.append(value)\n"
+                   "        return [f'{etype.__name__}: {value}']\n"
+                   "    keep_failure.kept = kept\n"
+                   "    return keep_failure\n"
+                   "get_ipython().set_custom_exc((ValueError,), make_failure_keeper())\n"
+                   "def validate(nbytes):\n"
+                   "    batch = cuda.tensor(nbytes)\n"
+                   "    raise ValueError('labels out of range')")
+        run(shell, "for i in range(2):\n"
+                   "    get_ipython().run_cell('validate(20 * GiB)', store_history=False)\n"
+                   "del i")
+        run(shell, "y = cuda.tensor(130 * GiB)")
+        e = last(shell)
+        (h,) = [h for h in e.holders if h.nbytes >= 40 * GiB]
+        assert h.kind == "the shell" and h.name.startswith("get_ipython().CustomTB"), str(e)
+        assert "cannot see" not in str(e)
+    finally:
+        shell.set_custom_exc((), None)

@@ -103,8 +103,11 @@ class EdgeReader:
             if t is types.FunctionType:
                 return self._function_edges(parent, wanted)
             if t is types.MethodType:
-                return [(v, _Step("attr", "__self__")) for v in (parent.__self__,)
-                        if id(v) in wanted]
+                # Both: a method made with `types.MethodType(f, obj)` and kept (IPython's
+                # `set_custom_exc` handler) is the only referrer of its function.
+                return [(v, _Step("attr", a)) for a, v in (
+                    ("__self__", parent.__self__), ("__func__", parent.__func__))
+                    if id(v) in wanted]
             if t is functools.partial:
                 return [(v, _Step("attr", a)) for a, v in (
                     ("func", parent.func), ("args", parent.args),
@@ -147,7 +150,10 @@ class EdgeReader:
                 out.append((cell, _Step("text", f" closure '{name}'")))
         for v in referents(fn):
             if id(v) in wanted and not any(v is c for c, _ in out):
-                label = (" defaults" if v is fn.__defaults__ else
+                # The closure's tuple, where the search went up through it rather than
+                # straight to a cell: its index then follows ("closure[0]").
+                label = (" closure" if v is fn.__closure__ else
+                         " defaults" if v is fn.__defaults__ else
                          " keyword defaults" if v is fn.__kwdefaults__ else
                          ".__dict__" if v is getattr(fn, "__dict__", None) else " (a reference)")
                 out.append((v, _Step("text", label)))
