@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import notebook_module
+from .helpers import tutorial_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "gpumem_nb"
@@ -96,7 +96,7 @@ def test_binder_installs_every_runtime_dependency():
 
 
 def tutorial_runner():
-    return notebook_module("run_tutorials")
+    return tutorial_tool("run_tutorials")
 
 
 # Reads the tutorials with jupytext and nbformat: their import left 146,000 objects that
@@ -104,7 +104,7 @@ def tutorial_runner():
 @pytest.mark.slow
 def test_the_tutorials_carry_outputs_from_a_gpu_run():
     """Every executed tutorial, executed on the GPU machine. A source without its notebook is
-    "not yet executed", which the README must say (tests/test_tutorial_prose.py,
+    "not yet executed", which the README must say (tools/tutorials/tests/test_tutorial_prose.py,
     test_the_readme_lists_every_tutorial_and_says_which_are_not_yet_executed)."""
     import nbformat
 
