@@ -148,6 +148,51 @@ def test_every_tutorial_cell_and_subprocess_snippet_is_valid_python():
                                                 f"{node.targets[0].id}")
 
 
+# -- notebooks/: the tutorials only -----------------------------------------------------------
+TUTORIAL_SOURCE = re.compile(r"\d\d_\w+\.py")
+IMPORTED = re.compile(r"^\s*(?:from|import)\s+(\w+)", re.MULTILINE)
+
+
+def not_tutorial_material(folder: Path) -> list[str]:
+    """What ``folder`` holds besides the tutorials (``NN_name.py`` sources and their
+    notebooks), the modules they import (and those import), and README.md."""
+    entries = [p for p in folder.iterdir() if p.name not in ("__pycache__", ".ipynb_checkpoints")]
+    sources = {p.stem for p in entries if TUTORIAL_SOURCE.fullmatch(p.name)}
+    todo = [folder / f"{s}.py" for s in sorted(sources)]
+    imported: set[str] = set()
+    while todo:
+        for name in set(IMPORTED.findall(todo.pop().read_text())) - imported:
+            imported.add(name)
+            if (folder / f"{name}.py").is_file():
+                todo.append(folder / f"{name}.py")
+    return sorted(p.name for p in entries
+                  if not ((p.name == "README.md" and p.is_file())
+                          or (p.suffix == ".py" and (p.stem in sources or p.stem in imported))
+                          or (p.suffix == ".ipynb" and p.stem in sources)))
+
+
+def test_no_runner_or_tool_lies_among_the_tutorials_in_notebooks(tmp_path):
+    """notebooks/ is what a reader opens: the tutorials, the modules they import (claims.py,
+    fresh_process.py) and README.md, where their outputs come from. The runner, the checker,
+    the GPU script and the maintainers' notes are in tools/tutorials/ (code review): put back,
+    a script would sit among the lessons, and every notebooks/*.py is in the sources digest
+    the executed tutorials record."""
+    assert not_tutorial_material(ROOT / "notebooks") == []
+    (tmp_path / "00_a.py").write_text("# %% id=\"00-00\"\nfrom claims import claim\n")
+    (tmp_path / "00_a.ipynb").write_text("{}")
+    (tmp_path / "claims.py").write_text("import helper_of_claims\n")
+    (tmp_path / "helper_of_claims.py").write_text("")
+    (tmp_path / "README.md").write_text("")
+    assert not_tutorial_material(tmp_path) == []
+    for name in ("run_tutorials.py", "plotly_pictures.py", "run_on_gpu.sh", "RERUN-TODO.md",
+                 "99_no_source.ipynb"):
+        (tmp_path / name).write_text("")
+        assert not_tutorial_material(tmp_path) == [name], name
+        (tmp_path / name).unlink()
+    (tmp_path / "tests").mkdir()
+    assert not_tutorial_material(tmp_path) == ["tests"]
+
+
 def test_the_layout_map_lists_every_module():
     """docs/architecture.md's map, the fenced block after its <!-- layout --> marker."""
     page = (ROOT / "docs" / "architecture.md").read_text()
