@@ -34,8 +34,9 @@ A=(tests/gpu/test_diagnosis_gpu.py tests/test_graph_torch.py tests/test_launcher
 C=(tests/gpu/test_processes_gpu.py tests/gpu/test_trace_gpu.py tests/gpu/test_whatif_gpu.py)
 D=(tests/gpu/test_retention_gpu.py tests/gpu/test_holders_no_user_code_gpu.py
    tests/gpu/test_oom_observer_first_cell_gpu.py)
-TUTORIAL_TESTS=(tests/test_notebooks.py tests/test_quickstart.py tests/test_tutorial_prose.py
-                tests/test_tutorial_sources.py)
+TUTORIAL_TESTS=(tools/tutorials/tests/test_notebooks.py tests/test_quickstart.py
+                tools/tutorials/tests/test_tutorial_prose.py
+                tools/tutorials/tests/test_tutorial_sources.py)
 case "$shard" in
   a) sel=("${A[@]}") ;;
   b) sel=(tests); for f in "${A[@]}" "${C[@]}" "${D[@]}"; do sel+=("--ignore=$f"); done ;;

@@ -32,7 +32,7 @@ fi
 tar cf "$out/bench.tar" -C /tmp/bench .
 # The executed tutorials come back as one tar (nine notebooks would pass the 8-file limit).
 mkdir -p /tmp/nbout
-timeout 540 python3 notebooks/run_tutorials.py --budget-s 400 /tmp/nbout 2>&1 | tail -40 \
+timeout 540 python3 tools/tutorials/run_tutorials.py --budget-s 400 /tmp/nbout 2>&1 | tail -40 \
   | tee -a "$out/bench.log"
 tar cf "$out/tutorials.tar" -C /tmp/nbout .
 ls -la "$out"

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "notebooks"))
+sys.path.insert(0, str(ROOT / "tools" / "tutorials"))
 
 import run_tutorials  # noqa: E402
 

@@ -20,8 +20,9 @@ A claim that cannot apply on this host (no GPU, no NVML figure) is not dropped i
 
 Every claim, held, failed or skipped, is also recorded: ``take_records()`` hands the records
 made since its last call to the runner, which saves them in the notebook's metadata with a
-digest of the cell's outputs (``run_tutorials.py``); ``tests/test_tutorial_prose.py`` then
-fails on a ``✓`` line no claim wrote, a claim whose cell is gone, or outputs changed since.
+digest of the cell's outputs (``tools/tutorials/run_tutorials.py``);
+``tools/tutorials/tests/test_tutorial_prose.py`` then fails on a ``✓`` line no claim wrote, a
+claim whose cell is gone, or outputs changed since.
 
 With ``TUTORIAL_CLAIMS=report`` in the environment a failed claim prints a line starting with
 ``✗ CLAIM FAILED`` and the notebook goes on: a first run on a new machine then lists every

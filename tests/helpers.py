@@ -78,12 +78,26 @@ def whatif(ip: Any, line: str) -> Any:
 
 
 def notebook_module(stem: str) -> Any:
-    """A module of ``notebooks/`` (the runner, claims.py, plotly_pictures.py), loaded from its
-    file: the folder is no package, and its tools run as scripts."""
-    import importlib.util
+    """A module of ``notebooks/`` that the tutorials import (claims.py, fresh_process.py),
+    loaded from its file: the folder is no package."""
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "notebooks" / f"{stem}.py"
+    return _module_at(Path(__file__).resolve().parent.parent / "notebooks" / f"{stem}.py")
+
+
+def tutorial_tool(stem: str) -> Any:
+    """A module of ``tools/tutorials/`` (the runner, plotly_pictures.py), loaded from its file:
+    the folder is no package, and its tools run as scripts."""
+    from pathlib import Path
+
+    return _module_at(Path(__file__).resolve().parent.parent / "tools" / "tutorials"
+                      / f"{stem}.py")
+
+
+def _module_at(path: Any) -> Any:
+    import importlib.util
+
+    stem = path.stem
     spec = importlib.util.spec_from_file_location(stem, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

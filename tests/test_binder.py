@@ -73,7 +73,7 @@ def test_binder_builds_like_repo2docker_and_runs_the_quickstart_without_a_gpu(tm
     step([str(bin_dir / "pip"), "install", "-q", "-r", "binder/requirements.txt"], 900)
     step([str(repo / "binder" / "postBuild")], 300)  # repo2docker runs it as an executable
     (tmp_path / "out").mkdir()
-    step([str(bin_dir / "python"), "notebooks/run_tutorials.py", str(tmp_path / "out"),
+    step([str(bin_dir / "python"), "tools/tutorials/run_tutorials.py", str(tmp_path / "out"),
           "00_quickstart"], 600)
     import nbformat  # here, not at the top: its imports would stay in every unit run
 

@@ -437,14 +437,14 @@ path, folder = sys.argv[1], sys.argv[2]
 nb = nbformat.read(path, as_version=4)
 NotebookClient(nb, timeout=120, kernel_name="python3",
                resources={"metadata": {"path": folder}}).execute()
-nb.metadata.pop("widgets", None)  # as notebooks/run_tutorials.py saves the tutorials
+nb.metadata.pop("widgets", None)  # as tools/tutorials/run_tutorials.py saves the tutorials
 nbformat.write(nb, path)
 """
 
 
 @pytest.fixture(scope="module", autouse=True)
 def executed_notebook(lab: Lab) -> Any:
-    """Run a notebook headless with nbclient, as notebooks/run_tutorials.py does, on the
+    """Run a notebook headless with nbclient, as tools/tutorials/run_tutorials.py does, on the
     two-GPU fakes (its kernel starts in the folder, so the startup file installs them and the
     error capture), and save it. Started with the module, so that its half minute (the chart's
     5 MB widget state goes through nbclient) overlaps the first tests; the saved-notebook test

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from .browser_harness import open_notebook, wait_kernel_idle
-from .helpers import notebook_module
+from .helpers import tutorial_tool
 
 pytestmark = pytest.mark.browser
 
@@ -165,7 +165,7 @@ def test_each_plotly_figures_saved_picture_is_the_one_jupyterlab_draws_of_it(bro
     would show a reader the wrong chart. Drawn again here from the figure, it must match."""
     import nbformat
 
-    pictures = notebook_module("plotly_pictures")
+    pictures = tutorial_tool("plotly_pictures")
     mime = pictures.RUNNER.PLOTLY_PICTURE_MIME
     saved = {n: nbformat.read(NOTEBOOKS / n, as_version=4) for n in TUTORIALS}
     drawn_paths = []

@@ -3,7 +3,8 @@ heading or anchor there), the README's command table names every subcommand, fla
 the magic's own help lists, and the markers CI and the tools read are where they read them.
 
 The README is the front door; the manual is ``docs/``, one page per feature; the tutorials'
-provenance is ``notebooks/README.md`` and the maintainers' runbook ``CONTRIBUTING.md``."""
+provenance is ``notebooks/README.md``, their machinery ``tools/tutorials/README.md`` and the
+maintainers' runbook ``CONTRIBUTING.md``."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 PAGES = [README, ROOT / "CONTRIBUTING.md", ROOT / "notebooks" / "README.md",
-         *sorted((ROOT / "docs").glob("*.md"))]
+         ROOT / "tools" / "tutorials" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 FENCE = re.compile(r"^```.*?^```[^\n]*$", re.MULTILINE | re.DOTALL)
 CODE_SPAN = re.compile(r"`[^`]*`")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import notebook_module
+from .helpers import tutorial_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "gpumem_nb"
@@ -96,7 +96,7 @@ def test_binder_installs_every_runtime_dependency():
 
 
 def tutorial_runner():
-    return notebook_module("run_tutorials")
+    return tutorial_tool("run_tutorials")
 
 
 # Reads the tutorials with jupytext and nbformat: their import left 146,000 objects that
@@ -104,7 +104,7 @@ def tutorial_runner():
 @pytest.mark.slow
 def test_the_tutorials_carry_outputs_from_a_gpu_run():
     """Every executed tutorial, executed on the GPU machine. A source without its notebook is
-    "not yet executed", which the README must say (tests/test_tutorial_prose.py,
+    "not yet executed", which the README must say (tools/tutorials/tests/test_tutorial_prose.py,
     test_the_readme_lists_every_tutorial_and_says_which_are_not_yet_executed)."""
     import nbformat
 
@@ -146,6 +146,51 @@ def test_every_tutorial_cell_and_subprocess_snippet_is_valid_python():
                         is ast.Name and node.targets[0].id.isupper()):
                     ast.parse(node.value.value, f"{source.name} cell {cell.id} "
                                                 f"{node.targets[0].id}")
+
+
+# -- notebooks/: the tutorials only -----------------------------------------------------------
+TUTORIAL_SOURCE = re.compile(r"\d\d_\w+\.py")
+IMPORTED = re.compile(r"^\s*(?:from|import)\s+(\w+)", re.MULTILINE)
+
+
+def not_tutorial_material(folder: Path) -> list[str]:
+    """What ``folder`` holds besides the tutorials (``NN_name.py`` sources and their
+    notebooks), the modules they import (and those import), and README.md."""
+    entries = [p for p in folder.iterdir() if p.name not in ("__pycache__", ".ipynb_checkpoints")]
+    sources = {p.stem for p in entries if TUTORIAL_SOURCE.fullmatch(p.name)}
+    todo = [folder / f"{s}.py" for s in sorted(sources)]
+    imported: set[str] = set()
+    while todo:
+        for name in set(IMPORTED.findall(todo.pop().read_text())) - imported:
+            imported.add(name)
+            if (folder / f"{name}.py").is_file():
+                todo.append(folder / f"{name}.py")
+    return sorted(p.name for p in entries
+                  if not ((p.name == "README.md" and p.is_file())
+                          or (p.suffix == ".py" and (p.stem in sources or p.stem in imported))
+                          or (p.suffix == ".ipynb" and p.stem in sources)))
+
+
+def test_no_runner_or_tool_lies_among_the_tutorials_in_notebooks(tmp_path):
+    """notebooks/ is what a reader opens: the tutorials, the modules they import (claims.py,
+    fresh_process.py) and README.md, where their outputs come from. The runner, the checker,
+    the GPU script and the maintainers' notes are in tools/tutorials/ (code review): put back,
+    a script would sit among the lessons, and every notebooks/*.py is in the sources digest
+    the executed tutorials record."""
+    assert not_tutorial_material(ROOT / "notebooks") == []
+    (tmp_path / "00_a.py").write_text("# %% id=\"00-00\"\nfrom claims import claim\n")
+    (tmp_path / "00_a.ipynb").write_text("{}")
+    (tmp_path / "claims.py").write_text("import helper_of_claims\n")
+    (tmp_path / "helper_of_claims.py").write_text("")
+    (tmp_path / "README.md").write_text("")
+    assert not_tutorial_material(tmp_path) == []
+    for name in ("run_tutorials.py", "plotly_pictures.py", "run_on_gpu.sh", "RERUN-TODO.md",
+                 "99_no_source.ipynb"):
+        (tmp_path / name).write_text("")
+        assert not_tutorial_material(tmp_path) == [name], name
+        (tmp_path / name).unlink()
+    (tmp_path / "tests").mkdir()
+    assert not_tutorial_material(tmp_path) == ["tests"]
 
 
 def test_the_layout_map_lists_every_module():

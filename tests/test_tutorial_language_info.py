@@ -10,10 +10,11 @@ import json
 import shutil
 from pathlib import Path
 
-from .helpers import notebook_module
+from .helpers import tutorial_tool
 
-# Not imported from test_tutorial_prose: that module (slow, left out of the contributor's loop)
-# imports nbformat, whose schemas would then stay on the heap of every later test in the loop.
+# Not imported from tools/tutorials/tests/test_tutorial_prose: that module (slow, left out of
+# the contributor's loop) imports nbformat, whose schemas would then stay on the heap of every
+# later test in the loop.
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 TOOL = ROOT / "tools" / "kernel_language.py"
@@ -35,7 +36,7 @@ def test_the_language_info_written_is_what_this_pythons_kernel_reports():
 
     info = tool().kernel_language_info()
     assert info["version"] == sys.version.split()[0]
-    runner = notebook_module("run_tutorials")
+    runner = tutorial_tool("run_tutorials")
     assert set(runner.LANGUAGE_INFO_KEYS) <= set(info)
 
 

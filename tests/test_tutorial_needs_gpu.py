@@ -17,13 +17,14 @@ from gpumem_nb.sources.nvml import NvmlSource
 from gpumem_nb.tutorial import NeedsGpu, missing, require_gpu
 
 from .fakes import FakeGpu, FakePynvml
-from .helpers import notebook_module
+from .helpers import tutorial_tool
 
-# Not imported from test_tutorial_prose: that module (slow, left out of the contributor's loop)
-# imports nbformat, whose schemas would then stay on the heap of every later test in the loop.
+# Not imported from tools/tutorials/tests/test_tutorial_prose: that module (slow, left out of
+# the contributor's loop) imports nbformat, whose schemas would then stay on the heap of every
+# later test in the loop.
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
-RUNNER = notebook_module("run_tutorials")
+RUNNER = tutorial_tool("run_tutorials")
 
 CALL = "require_gpu()"
 GPU_TUTORIALS = sorted(p for p in NOTEBOOKS.glob("[0-9][0-9]_*.py")

@@ -3,7 +3,7 @@
 # device returns at most 8): the GPU's description, the runner's log, and one tar with the
 # executed notebooks and tutorial_timings.json, written even when the run fails or times out.
 #
-#   bash notebooks/run_on_gpu.sh "$OUT" [report|strict] [NAME ...]
+#   bash tools/tutorials/run_on_gpu.sh "$OUT" [report|strict] [NAME ...]   (from the repository root)
 #
 # NAME picks tutorials (00_quickstart, 08_which_allocator_setting ...); all by default.
 # `report` sets TUTORIAL_CLAIMS=report: a failed claim prints "✗ CLAIM FAILED" and the notebook
@@ -37,7 +37,7 @@ if [ "$mode" = report ]; then export TUTORIAL_CLAIMS=report; fi
 # TUTORIAL_START_BY_S and TUTORIAL_STOP_AT_S move both bounds (all 13 in one call: 520 and 580).
 start_by_s=${TUTORIAL_START_BY_S:-400}; stop_at_s=${TUTORIAL_STOP_AT_S:-480}
 budget_s=$(( start_by_s - SECONDS )); limit_s=$(( stop_at_s - SECONDS ))
-timeout -k 10 "$limit_s" python3 notebooks/run_tutorials.py --budget-s "$budget_s" "$work" "$@" \
+timeout -k 10 "$limit_s" python3 tools/tutorials/run_tutorials.py --budget-s "$budget_s" "$work" "$@" \
   > "$out/tutorials.log" 2>&1
 status=$?
 if [ "$status" = 124 ] || [ "$status" = 137 ]; then

@@ -8,7 +8,7 @@ chromium), waits until the renderer has pictured every figure, and copies those 
 JupyterLab's own model into the file. Nothing else in the file changes, and the outputs' digest
 (run_tutorials.outputs_digest) leaves these pictures out, so the run's checks still hold.
 
-    python notebooks/plotly_pictures.py NOTEBOOK.ipynb [...]
+    python tools/tutorials/plotly_pictures.py NOTEBOOK.ipynb [...]
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+HERE = Path(__file__).resolve().parent  # tools/tutorials/, beside the runner
+ROOT = HERE.parents[1]  # for tests.browser_harness
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 

@@ -18,8 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
-from .test_tutorial_prose import NOTEBOOKS, ROOT, RUNNER
+from test_tutorial_prose import NOTEBOOKS, ROOT, RUNNER
 
 # The tutorial machinery (the notebooks' sources and their pairing), not the extension.
 pytestmark = pytest.mark.slow
@@ -139,8 +138,7 @@ def test_consecutive_streams_are_saved_merged_as_jupyterlab_keeps_them():
     """08 at b27572d opened marked modified: three stderr outputs in a row, which JupyterLab's
     model merges into one; the runner saves them merged, before the outputs' digest."""
     import nbformat
-
-    from .test_tutorial_prose import RUNNER
+    from test_tutorial_prose import RUNNER
 
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("x")

@@ -3,8 +3,8 @@
 Two kinds of test:
 - the executed tutorials as committed: complete metadata, a static picture wherever the chart
   was shown, saved widget state. These read notebooks/0*.ipynb, which only the GPU machine
-  can produce (notebooks/run_tutorials.py), so they fail until the tutorials are re-executed
-  there with a chart that puts its picture in its display bundle;
+  can produce (tools/tutorials/run_tutorials.py), so they fail until the tutorials are
+  re-executed there with a chart that puts its picture in its display bundle;
 - the runner itself, which runs here.
 """
 
@@ -19,9 +19,9 @@ from typing import Any
 import nbformat
 import pytest
 
-from .helpers import notebook_module
+from tests.helpers import tutorial_tool
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 TUTORIALS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
@@ -33,7 +33,7 @@ IMG_SVG = re.compile(r'<img src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)"')
 # for every later heap scan to walk.
 pytestmark = pytest.mark.slow
 
-RUNNER = notebook_module("run_tutorials")
+RUNNER = tutorial_tool("run_tutorials")
 
 
 def assert_complete_metadata(nb: Any, name: str) -> None:
@@ -76,7 +76,7 @@ def shows_the_chart(cell: Any) -> bool:
 @pytest.mark.parametrize("path", TUTORIALS, ids=lambda p: p.name)
 def test_tutorials_carry_full_language_info_and_kernelspec(path):
     """JupyterLab opens a notebook as modified when it has to fill these in (defect 5).
-    Fails until the tutorials are re-executed with notebooks/run_tutorials.py."""
+    Fails until the tutorials are re-executed with tools/tutorials/run_tutorials.py."""
     assert_complete_metadata(nbformat.read(path, as_version=4), path.name)
 
 
@@ -98,7 +98,7 @@ def test_every_cell_that_shows_the_chart_saved_a_picture_of_it():
 
 def test_every_saved_widget_view_has_its_state_in_the_notebook():
     """A trusted notebook renders widgets from saved state, or shows 'model not found'.
-    Fails until the tutorials are re-executed with notebooks/run_tutorials.py."""
+    Fails until the tutorials are re-executed with tools/tutorials/run_tutorials.py."""
     for path in TUTORIALS:
         nb = nbformat.read(path, as_version=4)
         views = {o["data"][WIDGET_VIEW]["model_id"] for c in nb.cells if c.cell_type == "code"
@@ -205,7 +205,7 @@ def saved_lab(tmp_path_factory: Any) -> Any:
     as an untrusted file (as from git) and trusted (as the user's own). Nothing is re-run."""
     from nbformat.sign import NotebookNotary
 
-    from .browser_harness import chromium, running_lab
+    from tests.browser_harness import chromium, running_lab
 
     tmp = tmp_path_factory.mktemp("saved")
     src = write_notebook(tmp / "chart.ipynb", ["%load_ext gpumem_nb", "%gpumem watch",

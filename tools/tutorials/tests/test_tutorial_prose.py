@@ -24,7 +24,8 @@ commit's sources, and ``notebooks/README.md`` says they ran on older code.
 
 The tests on the executed notebooks read ``notebooks/NN_*.ipynb`` as committed; a source
 without its notebook is "not yet executed", which the README must say. Only the GPU
-machine can produce those (``python notebooks/run_tutorials.py OUT_DIR``), so after any change
+machine can produce those (``python tools/tutorials/run_tutorials.py OUT_DIR``), so after any
+change
 to ``gpumem_nb/`` or a tutorial's source they fail until the tutorials are executed again
 there. The tests of the checkers run anywhere, and show that each rule can fail.
 """
@@ -44,16 +45,16 @@ from typing import Any, NoReturn
 import nbformat
 import pytest
 
-from .helpers import notebook_module
+from tests.helpers import notebook_module, tutorial_tool
 
 # The tutorial machinery (runner, claims, output digests), not the extension.
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 NOTEBOOKS = ROOT / "notebooks"
 
 
-RUNNER = notebook_module("run_tutorials")
+RUNNER = tutorial_tool("run_tutorials")
 SOURCES = RUNNER.tutorial_sources()
 ALL_NAMES = [p.stem for p in SOURCES]
 # A source whose notebook the GPU machine has not produced yet is "not yet executed", which the
@@ -205,7 +206,7 @@ def unchecked_claims(nb: Any) -> list[str]:
 def executed(name: str) -> Any:
     path = NOTEBOOKS / f"{name}.ipynb"
     assert path.exists(), (f"{path.name} is missing: execute the tutorials on the GPU machine "
-                           "(python notebooks/run_tutorials.py OUT_DIR)")
+                           "(python tools/tutorials/run_tutorials.py OUT_DIR)")
     return nbformat.read(path, as_version=4)
 
 
@@ -705,23 +706,32 @@ def forged_claims(nb: Any) -> list[str]:
     return problems + unsourced_claims(nb)
 
 
+# The runner: an input of every tutorial, though not in the recorded digest since it left
+# notebooks/ (the digest keeps its rule, so that older commits' digests still reproduce).
+RUNNER_FILE = "tools/tutorials/run_tutorials.py"
 # What runs beside the tutorials but not in their run: editing it leaves every notebook current.
-AFTER_THE_RUN = ("notebooks/plotly_pictures.py",)
+AFTER_THE_RUN = ("tools/tutorials/plotly_pictures.py",)
 # The script that executes them on the GPU machine sets their environment (the settings file,
 # the claims' mode, the path): it is an input too, though not in the recorded digest.
-RUN_SCRIPT = "notebooks/run_on_gpu.sh"
+RUN_SCRIPT = "tools/tutorials/run_on_gpu.sh"
+# Where the tutorial machinery lay at the commits before it moved to tools/tutorials/: an older
+# commit's files are compared under their present names, so the move alone leaves every
+# notebook current.
+MOVED = {"notebooks/run_tutorials.py": RUNNER_FILE, "notebooks/run_on_gpu.sh": RUN_SCRIPT,
+         "notebooks/plotly_pictures.py": AFTER_THE_RUN[0]}
 TUTORIAL_SOURCE = re.compile(r"notebooks/\d\d_\w+\.py")
 
 
 def inputs_of(name: str, files: dict[str, bytes]) -> str:
     """Digest of what a tutorial's outputs depend on, of ``files`` (path -> contents): the
-    package, every module beside the tutorials (the runner, what they import, what those
+    package, the runner, every module beside the tutorials (what they import, what those
     import), the script that runs them, and its own source. Another tutorial's source is not
     among them, nor a tool that runs after the run: changing one tutorial leaves the others'
     outputs current, and only it must run again."""
     import hashlib
 
     digest = hashlib.sha256()
+    files = {MOVED.get(path, path): text for path, text in files.items()}
     for path in sorted(files):
         if path in AFTER_THE_RUN or (TUTORIAL_SOURCE.fullmatch(path)
                                      and path != f"notebooks/{name}.py"):
@@ -734,8 +744,9 @@ def checkout_files() -> dict[str, bytes]:
     paths = {p for g in RUNNER.DIGEST_GLOBS for p in ROOT.glob(g)
              if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo")}
     files = {p.relative_to(ROOT).as_posix(): p.read_bytes() for p in paths}
-    if (ROOT / RUN_SCRIPT).exists():
-        files[RUN_SCRIPT] = (ROOT / RUN_SCRIPT).read_bytes()
+    for path in (RUNNER_FILE, RUN_SCRIPT):
+        if (ROOT / path).exists():
+            files[path] = (ROOT / path).read_bytes()
     return files
 
 
@@ -777,12 +788,13 @@ def commit_files(commit: str) -> dict[str, bytes] | None:
             return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True,
                                   check=True, timeout=60).stdout
         try:
-            names = [n for n in git("ls-tree", "-r", "-z", "--name-only", commit,
-                                    "--", "gpumem_nb", "notebooks").decode().split("\0")
+            names = [n for n in git("ls-tree", "-r", "-z", "--name-only", commit, "--",
+                                    "gpumem_nb", "notebooks", "tools/tutorials"
+                                    ).decode().split("\0")
                      if n and "__pycache__" not in n.split("/")
                      and not n.endswith((".pyc", ".pyo"))
-                     and (n.startswith("gpumem_nb/") or n == RUN_SCRIPT
-                          or re.fullmatch(r"notebooks/[^/]+\.py", n))]
+                     and (n.startswith("gpumem_nb/") or n in (RUNNER_FILE, RUN_SCRIPT)
+                          or n in MOVED or re.fullmatch(r"notebooks/[^/]+\.py", n))]
             _COMMIT_FILES[commit] = {n: git("show", f"{commit}:{n}") for n in names}
         except (OSError, subprocess.SubprocessError):
             _COMMIT_FILES[commit] = None
@@ -791,12 +803,11 @@ def commit_files(commit: str) -> dict[str, bytes] | None:
 
 def ran_on_older_inputs(name: str, meta: dict[str, Any]) -> bool:
     """The tutorial's inputs (``inputs_of``) have changed since the commit it ran at; without
-    git to tell, whenever anything the sources digest covers has."""
-    if meta.get("sources_sha256") == RUNNER.sources_digest():
-        return False
+    git to tell, whenever anything the sources digest covers has. (The recorded digest alone
+    cannot say that the inputs are the checkout's: the runner is outside it.)"""
     then = commit_files(str(meta.get("commit", "")))
     if then is None:
-        return True
+        return meta.get("sources_sha256") != RUNNER.sources_digest()
     return inputs_of(name, then) != inputs_of(name, checkout_files())
 
 
@@ -874,8 +885,8 @@ _DIGEST_AT: dict[str, str | None] = {}
 @pytest.mark.parametrize("name", NAMES)
 def test_the_executed_tutorial_is_exactly_its_source(name, tmp_path):
     """Same cells, ids and text as the source it ran: this checkout's, or the commit's it
-    names when it ran on older code (notebooks/README.md says so, and the digest rule below ties the
-    digest to that commit)."""
+    names when it ran on older code (notebooks/README.md says so, and the digest rule below ties
+    the digest to that commit)."""
     ran = executed(name)
     source = source_as_executed(name, ran.metadata.get("gpumem_nb", {}), tmp_path)
     assert not_its_source(ran, source) == [], name
@@ -902,11 +913,15 @@ def runner_checks_version_at(commit: str) -> int | None:
     (None: git cannot tell)."""
     import subprocess
 
-    try:
-        text = subprocess.run(["git", "-C", str(ROOT), "show",
-                               f"{commit}:notebooks/run_tutorials.py"], capture_output=True,
-                              check=True, timeout=60, text=True).stdout
-    except (OSError, subprocess.SubprocessError):
+    for path in (RUNNER_FILE, *[old for old, new in MOVED.items() if new == RUNNER_FILE]):
+        try:
+            text = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:{path}"],
+                                  capture_output=True, check=True, timeout=60,
+                                  text=True).stdout
+            break
+        except (OSError, subprocess.SubprocessError):
+            continue
+    else:
         return None
     found = re.search(r"^CHECKS_VERSION = (\d+)", text, re.MULTILINE)
     return int(found.group(1)) if found else 0
@@ -1086,10 +1101,10 @@ def test_one_tutorials_source_edited_leaves_the_others_outputs_current():
     """A fix to one tutorial runs that tutorial again, not all thirteen; the package, the
     runner, the modules beside the tutorials and the script that runs them still concern
     every one."""
-    files = {"gpumem_nb/__init__.py": b"v1", "notebooks/run_tutorials.py": b"runner",
-             "notebooks/claims.py": b"claims", "notebooks/plotly_pictures.py": b"pictures",
+    files = {"gpumem_nb/__init__.py": b"v1", RUNNER_FILE: b"runner",
+             "notebooks/claims.py": b"claims", AFTER_THE_RUN[0]: b"pictures",
              "notebooks/conf_util.py": b"imported by a helper only",
-             "notebooks/run_on_gpu.sh": b"export GPUMEM_NB_CONFIG=...",
+             RUN_SCRIPT: b"export GPUMEM_NB_CONFIG=...",
              "notebooks/01_a.py": b"from claims import claim\n",
              "notebooks/02_b.py": b"import os, claims\n"}
 
@@ -1098,10 +1113,16 @@ def test_one_tutorials_source_edited_leaves_the_others_outputs_current():
         return [n for n in ("01_a", "02_b") if inputs_of(n, edited) != inputs_of(n, files)]
 
     assert changed("notebooks/01_a.py") == ["01_a"]
-    for path in ("gpumem_nb/__init__.py", "notebooks/run_tutorials.py", "notebooks/claims.py",
-                 "notebooks/conf_util.py", "notebooks/run_on_gpu.sh"):
+    for path in ("gpumem_nb/__init__.py", RUNNER_FILE, "notebooks/claims.py",
+                 "notebooks/conf_util.py", RUN_SCRIPT):
         assert changed(path) == ["01_a", "02_b"], path
-    assert changed("notebooks/plotly_pictures.py") == []
+    assert changed(AFTER_THE_RUN[0]) == []
+    # A commit from before the machinery moved to tools/tutorials/: the same files where they
+    # lay then are the same inputs.
+    before_the_move = {next((old for old, new in MOVED.items() if new == path), path): text
+                       for path, text in files.items()}
+    assert "notebooks/run_tutorials.py" in before_the_move
+    assert all(inputs_of(n, before_the_move) == inputs_of(n, files) for n in ("01_a", "02_b"))
 
 
 def test_a_commits_sources_digest_is_the_checkouts_when_nothing_changed():
@@ -1600,7 +1621,7 @@ def test_jupyterlabs_picture_of_a_plotly_figure_does_not_break_the_runs_digest()
 
 
 def test_pictures_go_to_their_own_figures_when_jupyterlab_merged_the_streams_before_them():
-    pictures = notebook_module("plotly_pictures")
+    pictures = tutorial_tool("plotly_pictures")
     saved = nbformat.v4.new_notebook()
     saved.cells = [nbformat.v4.new_markdown_cell("# A"), figure_cell(title="one")]
     saved.cells[1].outputs.insert(0, nbformat.v4.new_output("stream", name="stdout", text="b"))
@@ -1620,7 +1641,7 @@ def test_a_notebook_without_the_record_is_accepted_only_from_a_runner_that_kept_
     (this one) must leave it in every notebook it executed."""
     assert runner_recorded_checks_at("efadd2a") in (False, None)
     # What runner_recorded_checks_at looks for is what this runner defines.
-    assert "\nCHECKS_VERSION = " in (NOTEBOOKS / "run_tutorials.py").read_text()
+    assert "\nCHECKS_VERSION = " in (ROOT / RUNNER_FILE).read_text()
 
 
 def test_a_source_without_ids_or_with_a_duplicate_is_refused(tmp_path):

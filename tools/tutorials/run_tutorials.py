@@ -1,9 +1,10 @@
 """Execute the tutorials and keep their outputs.
 
-Each tutorial's source is one file in Jupytext's percent format beside its notebook:
-``00_quickstart.py`` is the source of ``00_quickstart.ipynb``. A contributor edits the ``.py``
-(in any editor, or in JupyterLab with jupytext installed); this runner reads it, executes it
-in a fresh kernel and writes the ``.ipynb`` with its outputs. Each cell's id is in its header
+Each tutorial's source is one file in Jupytext's percent format beside its notebook in
+``notebooks/``: ``00_quickstart.py`` is the source of ``00_quickstart.ipynb``. A contributor
+edits the ``.py`` (in any editor, or in JupyterLab with jupytext installed); this runner reads
+it, executes it in a fresh kernel (started in ``notebooks/``, beside the modules the tutorials
+import) and writes the ``.ipynb`` with its outputs. Each cell's id is in its header
 (``# %% id="01-11"``), so ids survive edits and reviews can cite them.
 
 A code cell whose header says ``tutorial={"runs": 3}`` is executed three times in a row, as a
@@ -33,15 +34,16 @@ What a saved notebook needs to show its charts without a kernel, and to open unm
 Each claim a cell makes (``claims.py``: the sentence, the values it compared, the line it
 printed, or why it was skipped) is read from the kernel after the cell and saved in the
 metadata (``gpumem_nb.claims``, by cell id), with a digest of every code cell's outputs as
-saved (``gpumem_nb.outputs_sha256``): tests/test_tutorial_prose.py then fails on a ``✓`` line
-that no claim wrote, a claim whose cell is gone, or an output edited after the run.
+saved (``gpumem_nb.outputs_sha256``): tools/tutorials/tests/test_tutorial_prose.py then fails
+on a ``✓`` line that no claim wrote, a claim whose cell is gone, or an output edited after the
+run.
 
 Provenance goes into the metadata (key ``gpumem_nb``): GPU, driver, CUDA, torch, IPython,
 ipykernel, gpumem_nb, Python, commit, whether the tree was clean, the date, and a digest of the
 package and tutorial sources, which tests compare with the checkout.
 
-    python notebooks/run_tutorials.py [--no-widget-state] [--budget-s S] OUT_DIR [NAME ...]
-    python notebooks/run_tutorials.py --dry-run [OUT_DIR] [NAME ...]
+    python tools/tutorials/run_tutorials.py [--no-widget-state] [--budget-s S] OUT_DIR [NAME ...]
+    python tools/tutorials/run_tutorials.py --dry-run [OUT_DIR] [NAME ...]
 
 ``--dry-run`` executes nothing: it parses every code cell as IPython would and lists, per
 tutorial, its cells, claims, the cells that fail on purpose, and how long its last H200 run
@@ -72,8 +74,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from nbclient import NotebookClient
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+HERE = Path(__file__).resolve().parent  # tools/tutorials/
+ROOT = HERE.parents[1]
+NOTEBOOKS = ROOT / "notebooks"  # the tutorials, and the modules they import
 
 LANGUAGE_INFO_KEYS = ("name", "version", "mimetype", "file_extension", "codemirror_mode",
                       "nbconvert_exporter", "pygments_lexer")
@@ -85,16 +88,17 @@ WIDGET_STATE_LIMIT_BYTES = 200_000
 CLAIM_FAILED = "ClaimFailed"
 FAILED_MARK = "✗ CLAIM FAILED"  # claims.py, in TUTORIAL_CLAIMS=report mode
 # The version of what the runner records about claims in the metadata (``claims`` and
-# ``outputs_sha256`` under PROVENANCE_KEY; from 2, ``cells_sha256``): tests/test_tutorial_prose.py
-# applies the rules that need the record to every notebook that carries it, and a notebook must
-# carry the version its commit's runner writes: relabelled with a later commit, it does not.
+# ``outputs_sha256`` under PROVENANCE_KEY; from 2, ``cells_sha256``):
+# tools/tutorials/tests/test_tutorial_prose.py applies the rules that need the record to every
+# notebook that carries it, and a notebook must carry the version its commit's runner writes:
+# relabelled with a later commit, it does not.
 CHECKS_VERSION = 2
 # Evaluated silently after each run of a cell: the claims it made (claims.take_records).
 TAKE_RECORDS = ("__import__('sys').modules['claims'].take_records() "
                 "if 'claims' in __import__('sys').modules else '[]'")
 
 
-def tutorial_sources(folder: Path = HERE) -> list[Path]:
+def tutorial_sources(folder: Path = NOTEBOOKS) -> list[Path]:
     """The tutorials' sources, in reading order: ``NN_name.py``."""
     return sorted(p for p in folder.glob("[0-9][0-9]_*.py"))
 
@@ -298,8 +302,12 @@ KERNEL_EXPRESSIONS = {
     "ipykernel": "__import__('ipykernel').__version__",
     "python": "__import__('platform').python_version()",
 }
-# What the digest covers: the package (its code, the chart's front end, its data) and
-# everything the tutorials run.
+# What the digest covers: the package (its code, the chart's front end, its data), the
+# tutorials' sources and the modules beside them that they import. The rule is the one every
+# recorded digest was made with, so that sources_digest_at still reproduces an older commit's:
+# notebooks/*.py one level, whatever lay there then (this runner did, before it moved to
+# tools/tutorials/). The runner and run_on_gpu.sh are inputs too, outside the digest: the
+# tutorial tests compare them with the run's commit (test_tutorial_prose.inputs_of).
 DIGEST_GLOBS = ("gpumem_nb/**/*", "notebooks/*.py")
 
 
@@ -445,7 +453,7 @@ def take_claim_records(client: NotebookClient) -> list[dict[str, Any]]:
 
 # plotly's JupyterLab renderer adds a picture of each plotly figure it draws to the output's
 # bundle, and the notebook then opens modified unless the file holds that picture already. The
-# run cannot make it (no JupyterLab on the GPU machine); notebooks/plotly_pictures.py adds it
+# run cannot make it (no JupyterLab on the GPU machine); tools/tutorials/plotly_pictures.py adds it
 # here, afterwards, from JupyterLab's own model. The figure it pictures is in the digest.
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 PLOTLY_PICTURE_MIME = "image/png"
