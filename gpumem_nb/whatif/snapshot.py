@@ -21,7 +21,7 @@ import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn, TypedDict
 
 from .. import safeio
 from . import unpack
@@ -101,7 +101,7 @@ class _Watched:
         self._pos += len(out)
         return out
 
-    def readinto(self, buf: Any) -> int:
+    def readinto(self, buf: bytearray | memoryview) -> int:
         self._check(len(buf))
         out = self._view[self._pos:self._pos + len(buf)]
         buf[:len(out)] = out
@@ -134,16 +134,16 @@ class _DataOnlyUnpickler(pickle.Unpickler):
     """torch's snapshots, ours and ``_dump_snapshot``'s, are plain dicts, lists, strings and
     numbers, which pickle writes without naming any class: every name is refused."""
 
-    def find_class(self, module: str, name: str) -> Any:
+    def find_class(self, module: str, name: str) -> NoReturn:
         raise pickle.UnpicklingError(f"refused {plain(module, 60)}.{plain(name, 60)}: a "
                                      "snapshot holds plain data only")
 
 
-def _shown(source: Any) -> str:
+def _shown(source: str | os.PathLike[str]) -> str:
     return plain(safeio.shown(source))
 
 
-def load(source: Mapping[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
+def load(source: Mapping[str, object] | str | os.PathLike[str]) -> dict[str, Any]:
     """A snapshot dict from a dict or a file (pickle, JSON, either gzip'd)."""
     if isinstance(source, Mapping):
         return expand(dict(source))
@@ -176,7 +176,7 @@ def _first_byte(data: bytes | bytearray) -> bytes:
     return m.group() if m else b""
 
 
-def _parsed(source: str | os.PathLike[str]) -> Any:
+def _parsed(source: str | os.PathLike[str]) -> object:
     """The file's object. Each step rebinds ``data``, so the bytes before it can go: the
     file's once it is unpacked, the unpacked bytes before the JSON text is parsed."""
     data: bytes | bytearray = safeio.read_bytes(source, max_bytes=MAX_SNAPSHOT_BYTES)
@@ -194,7 +194,7 @@ def _parsed(source: str | os.PathLike[str]) -> Any:
         watched.close()
 
 
-def _check_bounds(obj: Mapping[str, Any], name: str) -> None:
+def _check_bounds(obj: Mapping[str, object], name: str) -> None:
     """Refuse, in one sentence, a file that holds more entries or blocks than a replay
     should read (counted by their lists' lengths: nothing is walked). Every list the
     what-if reads is counted: a GPU's history past the first 1024 and the recorded start's
@@ -227,11 +227,31 @@ def _check_bounds(obj: Mapping[str, Any], name: str) -> None:
                                     "blocks: too many for a what-if to read")
 
 
+class Block(TypedDict):
+    """One block of a segment as the model reads it (``segments_of``)."""
+
+    address: int
+    size: int
+    state: str
+
+
+class Segment(TypedDict):
+    """One segment as the model reads it: its numbers fit a ``size_t``, its blocks tile it."""
+
+    device: int
+    address: int
+    total_size: int
+    stream: int
+    segment_type: str
+    is_expandable: bool
+    blocks: list[Block]
+
+
 @dataclass(frozen=True)
 class Start:
     """What ``%%gpumem --trace`` records when tracing begins."""
 
-    segments: list[dict[str, Any]] | None  # None: not recorded
+    segments: list[Segment] | None  # None: not recorded
     device_total_bytes: int | None = None
     device_free_bytes: int | None = None
     memory_fraction: float | None = None
@@ -251,7 +271,7 @@ class TraceInput:
     """One device's history and what the replay needs around it."""
 
     device: int
-    entries: Sequence[Mapping[str, Any]]
+    entries: Sequence[Mapping[str, object]]
     start: Start
     recorded_setting: str
     notes: tuple[str, ...]
@@ -272,12 +292,12 @@ class TraceInput:
         return cap
 
 
-def segments_of(raw: Any) -> list[dict[str, Any]]:
+def segments_of(raw: object) -> list[Segment]:
     """A snapshot's segments as the model reads them: ints that fit a ``size_t``, blocks
     tiling the segment (a gap is free space) with free neighbours merged, and no segment
     overlapping an earlier one of its GPU; anything else dropped (a segment with junk in its
     blocks is no segment)."""
-    out = []
+    out: list[Segment] = []
     spans: dict[int, list[tuple[int, int]]] = {}  # GPU -> (start, end) of the kept ones
     for seg in raw if isinstance(raw, list) else ():
         if not isinstance(seg, Mapping):
@@ -307,7 +327,7 @@ _REBUILD_KIND = {"alloc": 0, "free_requested": 1, "segment_alloc": 2, "segment_m
 _HELD = ("active_allocated", "active_awaiting_free", "active_pending_free")
 
 
-def _tiled(start: int, end: int, raw: Any) -> list[dict[str, Any]] | None:
+def _tiled(start: int, end: int, raw: object) -> list[Block] | None:
     """The blocks of the segment [start, end) in address order, every byte in one of them:
     gaps become free blocks and neighbouring free blocks one (the allocator merges them as
     they are freed, so a state with two of them side by side is no state it can be in).
@@ -325,7 +345,7 @@ def _tiled(start: int, end: int, raw: Any) -> list[dict[str, Any]] | None:
             parsed.append((addr, size, state if state in _HELD else "inactive"))
         at = addr + size
     parsed.sort(key=lambda x: x[0])
-    out: list[dict[str, Any]] = []
+    out: list[Block] = []
     at = start
     for addr, size, state in [*parsed, (end, 0, "")]:
         if addr < at or addr + size > end:
@@ -335,7 +355,7 @@ def _tiled(start: int, end: int, raw: Any) -> list[dict[str, Any]] | None:
         if size:
             out.append({"address": addr, "size": size, "state": state})
         at = addr + size
-    merged: list[dict[str, Any]] = []
+    merged: list[Block] = []
     for blk in out:
         if merged and blk["state"] == "inactive" and merged[-1]["state"] == "inactive":
             merged[-1]["size"] += blk["size"]
@@ -344,12 +364,12 @@ def _tiled(start: int, end: int, raw: Any) -> list[dict[str, Any]] | None:
     return merged
 
 
-def _bytes(v: Any) -> int | None:
+def _bytes(v: object) -> int | None:
     f = finite(v)
     return int(f) if f is not None and 0 <= f < SIZE_T_END else None
 
 
-def start_of(snapshot: Mapping[str, Any], device: int) -> Start:
+def start_of(snapshot: Mapping[str, object], device: int) -> Start:
     rec = snapshot.get(START_KEY)
     if not isinstance(rec, Mapping):
         return Start(None)
@@ -367,7 +387,7 @@ def start_of(snapshot: Mapping[str, Any], device: int) -> Start:
                  since_us=finite(rec.get("since_us")))
 
 
-def trace_input(snapshot: Mapping[str, Any], device: int | None = None) -> TraceInput:
+def trace_input(snapshot: Mapping[str, object], device: int | None = None) -> TraceInput:
     if device is not None and (not isinstance(device, int) or isinstance(device, bool)):
         raise TypeError(f"device is a GPU number (an int such as 0), not {device!r:.60}")
     if "device_traces" not in snapshot and "segments" not in snapshot:
@@ -389,7 +409,7 @@ def trace_input(snapshot: Mapping[str, Any], device: int | None = None) -> Trace
     elif not 0 <= device < len(traces) or not isinstance(traces[device], list) or \
             not traces[device]:
         raise SnapshotError(f"this snapshot has no history for GPU {device}")
-    entries: Sequence[Mapping[str, Any]] = traces[device]
+    entries: Sequence[Mapping[str, object]] = traces[device]
     start = start_of(snapshot, device)
     notes: list[str] = []
     if start.since_us is not None:  # a recording that was already on: keep the cell's part
@@ -408,7 +428,7 @@ def trace_input(snapshot: Mapping[str, Any], device: int | None = None) -> Trace
                       recorded_setting=setting, notes=tuple(notes), origin=origin_of(snapshot))
 
 
-def origin_of(snapshot: Mapping[str, Any]) -> str:
+def origin_of(snapshot: Mapping[str, object]) -> str:
     """What recorded ``snapshot``'s history, so what its times count from."""
     if isinstance(snapshot.get(SESSION_KEY), Mapping):
         return ORIGIN_SESSION
@@ -417,7 +437,7 @@ def origin_of(snapshot: Mapping[str, Any]) -> str:
     return ORIGIN_HISTORY
 
 
-def _since(e: Any, since: float) -> bool:
+def _since(e: object, since: float) -> bool:
     """Whether ``e`` is kept in a recording that began at ``since``: an entry without a
     finite time is."""
     if type(e) is dict:
@@ -429,8 +449,8 @@ def _since(e: Any, since: float) -> bool:
     return finite(e.get("time_us")) is None or e["time_us"] >= since
 
 
-def rebuild_start(snapshot: Mapping[str, Any], entries: Sequence[Mapping[str, Any]],
-                  device: int) -> tuple[list[dict[str, Any]], str]:
+def rebuild_start(snapshot: Mapping[str, object], entries: Sequence[Mapping[str, object]],
+                  device: int) -> tuple[list[Segment], str]:
     """The segments that existed when the history began, when nobody recorded them: the
     end snapshot's segments the history did not create, and those it freed without creating.
     Live in them: the end snapshot's live blocks the history never made, and the allocations
@@ -472,22 +492,22 @@ def rebuild_start(snapshot: Mapping[str, Any], entries: Sequence[Mapping[str, An
             freed_before.setdefault(addr, size)
     early = sorted(early_live.items())
     early_at = [a for a, _ in early]
-    out: list[dict[str, Any]] = []
+    found: list[dict[str, object]] = []
     for seg in segments_of(snapshot.get("segments")):
         if seg["device"] != device or seg["address"] in created:
             continue
-        blocks = [{**b, "state": "active_allocated" if b["state"] == "active_allocated"
+        blocks: list[Block] = [{**b, "state": "active_allocated" if b["state"] == "active_allocated"
                    and b["address"] ^ (b["address"] >> 24) not in allocated
                    else "inactive"} for b in seg["blocks"]]
-        out.append({**seg, "blocks": _with_early(blocks, early, early_at)})
+        found.append({**seg, "blocks": _with_early(blocks, early, early_at)})
     for addr, size in freed_before.items():
         if not size or addr + size > SIZE_T_END:
             continue
         blocks = [{"address": addr, "size": size, "state": "inactive"}]
-        out.append({"device": device, "address": addr, "total_size": size,
+        found.append({"device": device, "address": addr, "total_size": size,
                     "segment_type": "small" if size <= (2 << 20) else "large",
                     "stream": 0, "blocks": _with_early(blocks, early, early_at)})
-    out = segments_of(out)  # merges the free neighbours; a freed segment inside a kept one goes
+    out = segments_of(found)  # merges the free neighbours; a freed segment inside a kept one goes
     if not out:
         return [], ""
     return out, (f"The history began with {len(out)} segment(s) already reserved; their "
@@ -495,11 +515,11 @@ def rebuild_start(snapshot: Mapping[str, Any], entries: Sequence[Mapping[str, An
                  "allocations made before it get their requested size, rounded to 512 B).")
 
 
-def _with_early(blocks: list[dict[str, Any]], early: list[tuple[int, int]],
-                early_at: list[int]) -> list[dict[str, Any]]:
+def _with_early(blocks: list[Block], early: list[tuple[int, int]],
+                early_at: list[int]) -> list[Block]:
     """``blocks`` with the allocations made before the history carved out of the free ones
     they lie in."""
-    out: list[dict[str, Any]] = []
+    out: list[Block] = []
     for b in blocks:
         start, end = b["address"], b["address"] + b["size"]
         i, j = bisect_left(early_at, start), bisect_right(early_at, end - 1)
@@ -522,19 +542,19 @@ def _with_early(blocks: list[dict[str, Any]], early: list[tuple[int, int]],
 # ------------------------------------------------------------------------------------------
 # The compact form the GPU validation brings back: history without stacks.
 # ------------------------------------------------------------------------------------------
-def compact(snapshot: Mapping[str, Any], *, extra: Mapping[str, Any] | None = None
-            ) -> dict[str, Any]:
+def compact(snapshot: Mapping[str, Any], *, extra: Mapping[str, object] | None = None
+            ) -> dict[str, object]:
     """A snapshot reduced to what a replay reads: each device's history as columns of
     action/addr/size/stream/time_us (no frames), the segments without frames, the allocator
     settings and our start record."""
     traces = []
     for t in snapshot.get("device_traces") or ():
-        cols: dict[str, list[Any]] = {k: [] for k in _KEEP}
+        cols: dict[str, list[object]] = {k: [] for k in _KEEP}
         for e in t or ():
             for k in _KEEP:
                 cols[k].append(e.get(k))
         traces.append(cols)
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "format": COMPACT_FORMAT,
         "device_traces_columns": traces,
         "segments": [_strip(s) for s in snapshot.get("segments") or ()],
@@ -548,7 +568,7 @@ def compact(snapshot: Mapping[str, Any], *, extra: Mapping[str, Any] | None = No
     return out
 
 
-def _strip(seg: Mapping[str, Any]) -> dict[str, Any]:
+def _strip(seg: Mapping[str, Any]) -> dict[str, object]:
     seg = {k: v for k, v in seg.items() if k != "frames"}
     seg["blocks"] = [{k: v for k, v in b.items() if k != "frames"}
                      for b in seg.get("blocks") or ()]
@@ -568,7 +588,7 @@ def expand(obj: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _rows(cols: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+def _rows(cols: Mapping[str, Any]) -> Iterator[dict[str, object]]:
     """One GPU's entries from its columns; a column that is not a list is left out."""
     names = [k for k in _KEEP if isinstance(cols.get(k), list)]
     for values in zip(*(cols[k] for k in names), strict=False):
