@@ -99,15 +99,15 @@ class GpumemNb(Configurable):
     auto_show = Bool(False, help="show the live chart when the extension loads (%gpumem "
                      "config --auto-show)").tag(config=True)
 
-    def __init__(self, current: Config, configure: Callable[..., Any],
-                 check_device: Callable[[Any], Any]) -> None:
+    def __init__(self, current: Config, configure: Callable[..., object],
+                 check_device: Callable[[object], object]) -> None:
         super().__init__()
         self._configure = configure
         self._check_device = check_device
         self._mirroring = False
         self.mirror(current)
 
-    def update_config(self, config: Any) -> None:
+    def update_config(self, config: traitlets.config.Config) -> None:
         """``%config GpumemNb.x = bad``: IPython's %config logs a refused value as
         "ERROR:root:…", which reads as a crash; every other refusal of ours is one
         "UsageError: …" line, the form IPython prints it in. The value stays unchanged."""
@@ -118,7 +118,7 @@ class GpumemNb(Configurable):
             print(f"UsageError: {e}", file=sys.stderr)
 
     @staticmethod
-    def _refuse_early(config: Any) -> None:
+    def _refuse_early(config: object) -> None:
         """traitlets deep-copies a value before the validator sees it (1.4 s for a list of
         ten million): each plain value of our section is checked first, as it is."""
         if not isinstance(config, traitlets.config.Config) or "GpumemNb" not in config:
@@ -146,7 +146,7 @@ class GpumemNb(Configurable):
                 setattr(self, trait, getattr(cfg, field))
 
     @validate(*TRAIT_FIELDS)
-    def _check(self, proposal: Any) -> Any:
+    def _check(self, proposal: Any) -> object:
         name = proposal["trait"].name
         if self._mirroring:
             return proposal["value"]

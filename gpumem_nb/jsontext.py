@@ -35,7 +35,7 @@ class _Out:
         self.room -= len(text)
 
 
-def json_prefix(value: Any, limit: int = 40) -> str:
+def json_prefix(value: object, limit: int = 40) -> str:
     """``json.dumps(value)`` when it is at most ``limit`` characters, else its first
     ``limit - 3`` and "...". Raises ``TypeError`` or ``ValueError`` for what JSON cannot
     spell, as ``json.dumps`` does (among the characters shown: what is cut is never read)."""

@@ -39,7 +39,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 from . import safeio, userexc
 from .analysis import DEFAULT_THRESHOLD_BYTES
@@ -122,7 +122,7 @@ class SettingsError(ValueError):
         self.why = why
 
 
-def show_value(value: Any) -> str:
+def show_value(value: object) -> str:
     """A value as JSON would spell it, short, from only the items shown (a list of ten
     million took 11-13 s to serialise whole); never raises (a 5000-digit int cannot be
     turned into text at all under Python's default limits)."""
@@ -132,7 +132,7 @@ def show_value(value: Any) -> str:
         return f"a {echo_cut(printable(userexc.class_name(type(value))), 40)}"
 
 
-def plain(value: Any) -> Any:
+def plain(value: Any) -> object:
     """A number's or a text's own value as its base type (``int.__int__`` copies a subclass
     without calling any of its methods); anything else as it is. The checks then compare
     exact values: a subclass's own comparison could raise (``float`` with an ``__le__`` that
@@ -155,12 +155,12 @@ def plain(value: Any) -> Any:
 _Checked = TypeVar("_Checked")
 
 
-def _of_plain(check: Callable[[Any], _Checked]) -> Callable[[Any], _Checked]:
+def _of_plain(check: Callable[[object], _Checked]) -> Callable[[object], _Checked]:
     """``check`` run on ``plain(value)``: no code of the value's own runs while it is
     checked, so nothing a check does can raise but ``SettingsError``."""
 
     @functools.wraps(check)
-    def checked(value: Any) -> _Checked:
+    def checked(value: object) -> _Checked:
         return check(plain(value))
 
     return checked
@@ -169,12 +169,12 @@ def _of_plain(check: Callable[[Any], _Checked]) -> Callable[[Any], _Checked]:
 # Each check receives a plain value (``_of_plain``): exact types are tested with ``type``, so
 # that an object's ``__class__`` can neither pass for a number nor raise (``isinstance``
 # reads it).
-def _is_number(value: Any) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return type(value) is int or type(value) is float
 
 
 @_of_plain
-def check_interval_s(value: Any) -> float:
+def check_interval_s(value: object) -> float:
     if not _is_number(value):
         raise SettingsError("interval_s", f"must be a number of seconds, not {show_value(value)}")
     # Compared before float(): an int too large for a float still compares exactly.
@@ -185,7 +185,7 @@ def check_interval_s(value: Any) -> float:
 
 
 @_of_plain
-def check_threshold_bytes(value: Any) -> int:
+def check_threshold_bytes(value: object) -> int:
     if type(value) is float and math.isfinite(value) and value.is_integer():
         value = int(value)  # 1e9 in JSON is a float
     if type(value) is not int:
@@ -198,7 +198,7 @@ def check_threshold_bytes(value: Any) -> int:
 
 
 @_of_plain
-def check_device(value: Any) -> int | None:
+def check_device(value: object) -> int | None:
     """A device index (or None for every GPU), by type only; the monitor checks the range."""
     if value is None:
         return None
@@ -209,7 +209,7 @@ def check_device(value: Any) -> int | None:
 
 
 @_of_plain
-def check_peak(value: Any) -> str:
+def check_peak(value: object) -> str:
     if type(value) is not str or value not in (PEAK_PRESERVE, PEAK_RESET):
         raise SettingsError("peak", f"must be \"{PEAK_PRESERVE}\" or \"{PEAK_RESET}\", "
                                     f"not {show_value(value)}")
@@ -217,7 +217,7 @@ def check_peak(value: Any) -> str:
 
 
 @_of_plain
-def check_auto_show(value: Any) -> bool:
+def check_auto_show(value: object) -> bool:
     if type(value) is not bool:
         raise SettingsError("auto_show", f"must be true or false, not {show_value(value)}")
     return value
@@ -247,7 +247,7 @@ def describe_default(key: str) -> str:
     return describe_value(key, getattr(Config(), key))
 
 
-def instead_words(key: str, value: Any, origin: str | None) -> str:
+def instead_words(key: str, value: object, origin: str | None) -> str:
     """What a refused value gives way to: the value in force, and the source that set it."""
     if origin is None:
         return f"using the default ({describe_default(key)})"
@@ -326,14 +326,14 @@ def merge(layers: list[Layer]) -> Loaded:
     return loaded
 
 
-def parse_config(data: Any, origin: str) -> tuple[Config, list[str]]:
+def parse_config(data: object, origin: str) -> tuple[Config, list[str]]:
     """A valid ``Config`` from parsed JSON over the defaults, whatever it holds, and one line
     per problem."""
     loaded = merge([parse_layer(data, origin)])
     return loaded.config, loaded.problems
 
 
-def parse_layer(data: Any, origin: str) -> Layer:
+def parse_layer(data: object, origin: str) -> Layer:
     """What parsed JSON sets, whatever it holds: a valid value per key, one refusal per bad
     key, one note per unknown key."""
     layer = Layer(origin)
@@ -426,7 +426,7 @@ def _read_file(path: Path) -> Layer:
     return parse_layer(data, origin)
 
 
-def load_settings(ipython_config: Any = None) -> Loaded:
+def load_settings(ipython_config: object = None) -> Loaded:
     """The settings a load starts from, by precedence: the defaults, then the ``GpumemNb``
     section of IPython's configuration (``ipython_config``, the shell's ``config``), then the
     settings file, then the environment. Each problem is logged once (a load calls this once)."""
@@ -436,7 +436,7 @@ def load_settings(ipython_config: Any = None) -> Loaded:
     return loaded
 
 
-def load_config(ipython_config: Any = None) -> Config:
+def load_config(ipython_config: object = None) -> Config:
     return load_settings(ipython_config).config
 
 
@@ -450,7 +450,7 @@ TRAIT_FIELDS = {"interval": "interval_s", "device": "device", "threshold": "thre
 IPYTHON_ORIGIN = "IPython configuration (c.GpumemNb)"
 
 
-def check_trait(trait: str, value: Any) -> Any:
+def check_trait(trait: str, value: object) -> object:
     """A trait's value checked as the file's and the magic's are (``SettingsError`` naming
     the trait); a threshold may be a size in words ("64MiB") as the magic's flag takes."""
     value = plain(value)
@@ -465,7 +465,7 @@ def check_trait(trait: str, value: Any) -> Any:
         raise SettingsError(trait, e.why) from None
 
 
-def from_ipython_config(ipython_config: Any) -> Layer:
+def from_ipython_config(ipython_config: object) -> Layer:
     """What ``c.GpumemNb`` sets, checked key by key as the file is (a bad value is one line,
     and gives way). Read here, not by traitlets at construction: a bad value there would
     raise and stop the extension from loading."""
@@ -503,7 +503,7 @@ class Saved:
     note: str = ""
 
 
-def save_config(changes: Mapping[str, Any]) -> Saved:
+def save_config(changes: Mapping[str, object]) -> Saved:
     """Write the settings in ``changes`` into the file, keeping everything else it holds.
 
     The file is read as it is on disk at save time, under a lock (``safeio.locked``), so two
@@ -520,9 +520,9 @@ def save_config(changes: Mapping[str, Any]) -> Saved:
         try:
             text = safeio.read_text(path, max_bytes=MAX_SETTINGS_BYTES, follow_symlinks=False)
         except FileNotFoundError:
-            data: dict[str, Any] = {}
+            data: dict[str, object] = {}
         else:
-            loaded: Any = None
+            loaded: object = None
             with contextlib.suppress(ValueError, RecursionError):
                 loaded = json.loads(text)
             if not isinstance(loaded, dict):

@@ -70,7 +70,7 @@ class LiveSettings:
         self.saved_keys: tuple[str, ...] = ()  # what the latest save wrote
         self.save_note = ""  # a note on the latest save (it went without the lock)
 
-    def check_device(self, index: Any) -> int | None:
+    def check_device(self, index: object) -> int | None:
         """``index`` if it names a GPU this process sees (None: every GPU); else
         ``SettingsError``."""
         index = check_device(index)

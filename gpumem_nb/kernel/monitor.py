@@ -403,7 +403,7 @@ class Monitor:
         self.readings.learn_child_roles()
 
     # -- settings ------------------------------------------------------------------------------
-    def check_device(self, index: Any) -> int | None:
+    def check_device(self, index: object) -> int | None:
         return self.settings.check_device(index)
 
     def configure(self, *, interval_s: float | None = None,
