@@ -5,7 +5,6 @@ code: its key, its number, whether it held code, and its error in one line.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
 from .. import userexc
 from ..cellnames import counts_ahead_at_start
@@ -15,7 +14,7 @@ from ..oom import first_line
 __all__ = ["cell_exception", "cell_key_of", "count_of", "error_text", "pre_count", "ran_code"]
 
 
-def pre_count(shell: Any, info: Any) -> int | None:
+def pre_count(shell: object, info: object) -> int | None:
     """The cell's number as seen before it runs; cells that store no history get none.
     IPython >= 9.8 has already advanced ``execution_count`` by then, older ones have not."""
     count = getattr(shell, "execution_count", None)
@@ -24,7 +23,7 @@ def pre_count(shell: Any, info: Any) -> int | None:
     return count - 1 if counts_ahead_at_start() else count
 
 
-def cell_key_of(info: Any) -> str:
+def cell_key_of(info: object) -> str:
     """The frontend's cell id when it sends one, else a hash of the source."""
     cell_id = getattr(info, "cell_id", None)
     if cell_id:
@@ -34,23 +33,23 @@ def cell_key_of(info: Any) -> str:
     return "src:" + hashlib.sha1(raw.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
-def count_of(result: Any) -> int | None:
+def count_of(result: object) -> int | None:
     count = getattr(result, "execution_count", None)
     return count if isinstance(count, int) else None
 
 
-def ran_code(result: Any) -> bool:
+def ran_code(result: object) -> bool:
     """A cell that held code (a blank one also ends without having begun)."""
     raw = getattr(getattr(result, "info", None), "raw_cell", None)
     return isinstance(raw, str) and bool(raw.strip())
 
 
-def cell_exception(result: Any) -> BaseException | None:
+def cell_exception(result: object) -> BaseException | None:
     err = getattr(result, "error_in_exec", None)
     return err if userexc.is_exception(err) else None
 
 
-def error_text(result: Any) -> str:
+def error_text(result: object) -> str:
     """A cell's error in one short line for its record; never raises, whatever the
     exception's ``__str__``, ``__bool__`` or class do, and costs the same for a 10 MB
     message."""

@@ -151,7 +151,7 @@ class CellRecorder(CellMeasure):
                 self._drain_done(sample)
 
     # -- the shell's hooks: top-level cells ----------------------------------------------------
-    def pre_run_cell(self, info: Any) -> None:
+    def pre_run_cell(self, info: object) -> None:
         """Cheap by design: no device is read here. The cell starts from the baseline."""
         self._depth += 1
         if self._depth != 1:
@@ -201,14 +201,14 @@ class CellRecorder(CellMeasure):
             self._pending = None
             self.failures.contain("pre_run_cell", e)
 
-    def post_run_cell(self, result: Any) -> None:
+    def post_run_cell(self, result: object) -> None:
         if getattr(result, "error_in_exec", None) is None:
             self._post_run_cell(result)
             return
         with one_read_per_error():  # a failing cell's str(exc) runs once, not once per check
             self._post_run_cell(result)
 
-    def _post_run_cell(self, result: Any) -> None:
+    def _post_run_cell(self, result: object) -> None:
         # The cell's exception is the user's object, read through ``userexc``/``errtext``.
         # BaseException is contained here, not only Exception: IPython lets anything else
         # out of a callback, and a SystemExit raised by a user's __str__ would end the
@@ -251,14 +251,14 @@ class CellRecorder(CellMeasure):
             except BaseException as e:
                 self.failures.contain("after the cell", e)
 
-    def _watch_cuda_start(self, result: Any) -> None:
+    def _watch_cuda_start(self, result: object) -> None:
         """Until CUDA is up: did this cell start it? After a failing cell: was it a forking
         launcher refusing because CUDA was up, and where did CUDA start?"""
         if self.cuda_start.started is None:
             self.cuda_start.cell_ended(count_of(result))
         self._watch_refusal(result)
 
-    def _watch_refusal(self, result: Any) -> None:
+    def _watch_refusal(self, result: object) -> None:
         """A failing cell (or a nested one): was it a forking launcher refusing because CUDA
         was up? Then say where CUDA started. Each exception is advised on once, though it
         may reach both a nested cell's result and its outer cell's."""
@@ -270,7 +270,7 @@ class CellRecorder(CellMeasure):
             self._advised_id = id(err)
             print(refusal_advice(who, self.cuda_start.started))
 
-    def _finish(self, pending: Pending, result: Any) -> None:
+    def _finish(self, pending: Pending, result: object) -> None:
         """The one exact allocator read, then as little as possible before the reply.
 
         A cell whose verdict may need printing in its own output (it raised, or a re-run the

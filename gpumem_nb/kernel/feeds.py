@@ -10,10 +10,15 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..sampler import Sampler
 from .contain import FailureLog
+
+if TYPE_CHECKING:
+    from ..cluster import Collector
+    from ..cluster.feed import ClusterFeed
+    from ..sources.replay import ReplaySource
 
 __all__ = ["ChartFeeds", "Replay"]
 
@@ -24,7 +29,7 @@ class Replay:
     shows on a GPU. The user's own cells stay measured from the live sources."""
 
     label: str
-    source: Any
+    source: ReplaySource
     sampler: Sampler
 
 
@@ -41,8 +46,8 @@ class ChartFeeds:
         self.compact: Any = None  # the compact reading shown, if any (watch --compact)
         # %gpumem cluster / watch --cluster: the collector of the user's client, and the feed
         # polling it for the chart (gpumem_nb.cluster; imported only when asked for).
-        self._cluster_collector: Any = None
-        self.cluster_feed: Any = None
+        self._cluster_collector: Collector | None = None
+        self.cluster_feed: ClusterFeed | None = None
 
     @property
     def feed(self) -> Sampler:
@@ -106,7 +111,8 @@ class ChartFeeds:
             self.widget = None
 
     # -- a cluster beside the kernel ---------------------------------------------------------
-    def cluster_collector(self, client: Any, factory: Callable[[Any], Any]) -> Any:
+    def cluster_collector(self, client: object, factory: Callable[[object], Collector]
+                          ) -> Collector:
         """The collector for ``client``, kept while it is the same client (it remembers the
         workers it has seen, so a silent scheduler's rows still have names)."""
         current = self._cluster_collector
@@ -116,7 +122,7 @@ class ChartFeeds:
             current = self._cluster_collector = factory(client)
         return current
 
-    def start_cluster_feed(self, collector: Any) -> Any:
+    def start_cluster_feed(self, collector: Collector) -> ClusterFeed:
         """Poll ``collector`` for the chart's cluster lines (``%gpumem watch --cluster``).
         The feed lives with the chart: ending the chart, or the sampler, ends it too."""
         from ..cluster.feed import ClusterFeed

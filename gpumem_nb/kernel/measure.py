@@ -45,7 +45,7 @@ class Measured:
     """A ``%%gpumem`` cell, measured: the shell's result, its record (None when a reading
     failed: the cell ran unmeasured) and its trace, if one was asked for and read."""
 
-    result: Any
+    result: object  # the shell's ExecutionResult
     record: CellRecord | None
     traced: TraceResult | None = None
 
@@ -102,7 +102,7 @@ class CellMeasure(CellQueue):
         return after
 
     # -- the end of every measured cell -------------------------------------------------------
-    def _ended(self, result: Any, sites: list[SiteAtFailure] | None = None) -> None:
+    def _ended(self, result: object, sites: list[SiteAtFailure] | None = None) -> None:
         """A cell ended, top-level or ``%%gpumem``: one attribute check unless it raised a
         CUDA OOM, which is explained in the cell's own output (with the sites a trace saw at
         the failure)."""
@@ -122,7 +122,7 @@ class CellMeasure(CellQueue):
         return pending.execution_count if pending is not None else None
 
     # -- %%gpumem: a cell measured on request ---------------------------------------------------
-    def measure(self, source: str, run: Callable[[], Any], *, reset_peak: bool,
+    def measure(self, source: str, run: Callable[[], object], *, reset_peak: bool,
                 trace: TraceAsk | None = None, quiet: bool = False) -> Measured:
         """Run a ``%%gpumem`` cell (``run`` runs it nested) between two exact readings, NVML
         read at both ends, traced when ``trace`` asks. A reading that fails is reported in
@@ -180,8 +180,9 @@ class CellMeasure(CellQueue):
         )
         return Measured(result, rec, traced)
 
-    def _run_between_readings(self, run: Callable[[], Any], reset_peak: bool,
-                              ) -> tuple[Any, Any, Any, Any, bool]:
+    def _run_between_readings(self, run: Callable[[], object], reset_peak: bool,
+                              ) -> tuple[object, Sample | None, Sample | None,
+                                         Watermark | None, bool]:
         before = after = wm = None
         did_reset = False
         try:

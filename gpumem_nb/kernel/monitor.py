@@ -56,6 +56,8 @@ from .readings import ON_DEMAND_READ_TIMEOUT_S, Readings
 from .traces import TraceState
 
 if TYPE_CHECKING:
+    from ..cluster import Collector
+    from ..cluster.feed import ClusterFeed
     from ..session import SessionRecorder
     from ..trace.recorder import TraceResult
 
@@ -93,7 +95,7 @@ def replay_request() -> str | None:
     return "bundled" if value in ("1", "bundled") else value
 
 
-def current_monitor(shell: Any = None) -> Monitor | None:
+def current_monitor(shell: object = None) -> Monitor | None:
     """The monitor loaded in ``shell`` (by default the running IPython shell), if any."""
     if shell is None:
         # IPython's own registry of the running shell; with IPython not imported there is
@@ -243,10 +245,10 @@ class Monitor:
         self.failures.contain(where, e)
 
     # -- the shell's hooks (bound methods: unload unregisters these very objects) -------------
-    def pre_run_cell(self, info: Any) -> None:
+    def pre_run_cell(self, info: object) -> None:
         self.cells.pre_run_cell(info)
 
-    def post_run_cell(self, result: Any) -> None:
+    def post_run_cell(self, result: object) -> None:
         self.cells.post_run_cell(result)
 
     # -- queries -------------------------------------------------------------------------------
@@ -320,13 +322,13 @@ class Monitor:
         """The session recording, made on first use (``%gpumem record``)."""
         return self.traces.recorder()
 
-    def measure(self, source: str, run: Callable[[], Any], *, reset_peak: bool,
+    def measure(self, source: str, run: Callable[[], object], *, reset_peak: bool,
                 trace: TraceAsk | None = None, quiet: bool = False) -> Measured:
         """Measure a ``%%gpumem`` cell (``CellRecorder.measure``)."""
         return self.cells.measure(source, run, reset_peak=reset_peak, trace=trace,
                                   quiet=quiet)
 
-    def show_explanations_with(self, show: Callable[[Any], Any]) -> None:
+    def show_explanations_with(self, show: Callable[[object], object]) -> None:
         """How the OOM explainer shows an explanation (IPython's display, in a notebook)."""
         self.oom.show = show
 
@@ -469,7 +471,7 @@ class Monitor:
         self.feeds.compact = reading
 
     @property
-    def cluster_feed(self) -> Any:
+    def cluster_feed(self) -> ClusterFeed | None:
         return self.feeds.cluster_feed
 
     def start_replay(self, name: str) -> Replay:
@@ -481,17 +483,18 @@ class Monitor:
     def end_chart(self) -> bool:
         return self.feeds.end_chart()
 
-    def on_shell_exit(self, change: Any) -> None:
+    def on_shell_exit(self, change: Mapping[str, object]) -> None:
         """The shell is exiting (a kernel shutdown or restart, or ``exit``): end the chart
         while the kernel can still reach the browser, so its outputs become its picture."""
         if change.get("new"):
             self.feeds.drop_chart(kernel_exiting=True)
             self.feeds.drop_compact(kernel_exiting=True)
 
-    def cluster_collector(self, client: Any, factory: Callable[[Any], Any]) -> Any:
+    def cluster_collector(self, client: object, factory: Callable[[object], Collector]
+                          ) -> Collector:
         return self.feeds.cluster_collector(client, factory)
 
-    def start_cluster_feed(self, collector: Any) -> Any:
+    def start_cluster_feed(self, collector: Collector) -> ClusterFeed:
         return self.feeds.start_cluster_feed(collector)
 
     def stop_cluster_feed(self) -> bool:
@@ -530,7 +533,7 @@ class Monitor:
         stored = last_exception_objects(self.shell, self.last_cell_exception)
         return Scanner().check_cuts(holders, lines, self._root_context(stored), budget_s)
 
-    def _root_context(self, stored: Sequence[Any]) -> RootContext:
+    def _root_context(self, stored: Sequence[object]) -> RootContext:
         """Where the retention search's roots are in this shell: the namespace, ``Out`` and
         its names, the shell, the stored exceptions."""
         ns = self.shell.user_ns

@@ -84,7 +84,7 @@ class OomWatch(ObserverAttachment):
     """One loaded extension's OOM explainer. ``on_cell_result`` is the only per-cell call."""
 
     def __init__(self, host: OomHost, torch: TorchDebug | None = None,
-                 show: Callable[[Any], Any] = print,
+                 show: Callable[[object], object] = print,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.host = host
         self.torch = torch if torch is not None else TorchDebug()
@@ -265,7 +265,7 @@ class OomWatch(ObserverAttachment):
             return None
 
     # -- per cell ----------------------------------------------------------------------------
-    def on_cell_result(self, result: Any,
+    def on_cell_result(self, result: object,
                        sites: Sequence[SiteAtFailure] = ()) -> OomExplanation | None:
         """Called once per finished cell. Costs nothing unless the cell raised a CUDA OOM."""
         self.ensure_attached()

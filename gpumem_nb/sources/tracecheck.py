@@ -13,7 +13,7 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, fields, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from ..jsontext import json_prefix
 from ..model import (
@@ -45,12 +45,14 @@ MAX_SAMPLE_DEVICES = 64
 # is cut (its recorded children_bytes stays the whole) and the replay says so.
 MAX_SAMPLE_CHILDREN = 64
 
+_R = TypeVar("_R")
+
 
 class TraceError(ValueError):
     """A trace that cannot be replayed, with the problem in plain words."""
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     """The value in 40 characters, from only what is shown: a 5,000,000-float list took
     5.4 s to serialise before its refusal was cut to 40."""
     try:
@@ -59,7 +61,7 @@ def _show(value: Any) -> str:
         return f"a {type(value).__name__}"
 
 
-def _maybe_whole(where: str, key: str, value: Any, *, optional: bool = True) -> int | None:
+def _maybe_whole(where: str, key: str, value: object, *, optional: bool = True) -> int | None:
     if value is None and optional:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << 63:
@@ -69,7 +71,7 @@ def _maybe_whole(where: str, key: str, value: Any, *, optional: bool = True) -> 
     return value
 
 
-def _whole(where: str, key: str, value: Any) -> int:
+def _whole(where: str, key: str, value: object) -> int:
     n = _maybe_whole(where, key, value, optional=False)
     assert n is not None
     return n
@@ -86,11 +88,11 @@ def _seconds(where: str, key: str, value: Any) -> float:
     return float(value)
 
 
-def _maybe_seconds(where: str, key: str, value: Any) -> float | None:
+def _maybe_seconds(where: str, key: str, value: object) -> float | None:
     return None if value is None else _seconds(where, key, value)
 
 
-def _text(where: str, key: str, value: Any) -> str:
+def _text(where: str, key: str, value: object) -> str:
     if not isinstance(value, str):
         raise TraceError(f"{where}: \"{key}\" is {_show(value)}, not a string")
     return value
@@ -98,7 +100,7 @@ def _text(where: str, key: str, value: Any) -> str:
 
 # Each scalar field type of the records, by its annotation, and its check. A new field of a
 # type not listed here fails the round-trip test rather than loading unchecked.
-_SCALARS: dict[str, Callable[[str, str, Any], Any]] = {
+_SCALARS: dict[str, Callable[[str, str, object], object]] = {
     "int": _whole, "int | None": _maybe_whole, "str": _text, "float": _seconds,
     "float | None": _maybe_seconds,
 }
@@ -114,18 +116,20 @@ def _fields_of(cls: type) -> tuple[frozenset[str], tuple[tuple[str, bool, str], 
         for f in known)
 
 
-def _record(where: str, data: Any, cls: type, *, nested: dict[str, Callable[[Any], Any]]
-            | None = None, lenient: dict[str, Any] | None = None) -> Any:
+def _record(where: str, data: object, cls: type[_R], *,
+            nested: dict[str, Callable[[object], object]] | None = None,
+            lenient: dict[str, object] | None = None) -> _R:
     """A ``cls`` from ``data``, every field checked by its type: an object with every field
     that has no default (``lenient`` ones too, with the given stand-in) and no unknown one."""
     if not isinstance(data, dict):
         raise TraceError(f"{where} is {_show(data)}, not an object")
     nested, lenient = nested or {}, lenient or {}
-    names, known = _fields_of(cls)
+    record_type: type = cls  # mypy takes type[_R] for no Hashable (the cache key)
+    names, known = _fields_of(record_type)
     if not data.keys() <= names:
         unknown = sorted(set(data) - names, key=str)
         raise TraceError(f"{where} has an unknown field {_show(unknown[0])}")
-    kw: dict[str, Any] = {}
+    kw: dict[str, object] = {}
     for name, required, kind in known:
         if name not in data:
             if name in lenient:
@@ -139,7 +143,7 @@ def _record(where: str, data: Any, cls: type, *, nested: dict[str, Callable[[Any
     return cls(**kw)
 
 
-def _children_from_json(where: str, raw: Any) -> tuple[ChildProcess, ...]:
+def _children_from_json(where: str, raw: object) -> tuple[ChildProcess, ...]:
     if not isinstance(raw, list):
         raise TraceError(f"{where}: \"children\" is {_show(raw)}, not a list")
     children = (_record(f"{where}, child {i}", c, ChildProcess)
@@ -149,7 +153,7 @@ def _children_from_json(where: str, raw: Any) -> tuple[ChildProcess, ...]:
                  for c in children)
 
 
-def _nvml_from_json(where: str, nv: Any) -> NvmlReading:
+def _nvml_from_json(where: str, nv: object) -> NvmlReading:
     reading: NvmlReading = _record(where, nv, NvmlReading, nested={
         "children": lambda raw: _children_from_json(where, raw)})
     if reading.status not in _STATUSES:
@@ -158,7 +162,7 @@ def _nvml_from_json(where: str, nv: Any) -> NvmlReading:
     return reading
 
 
-def _device_from_json(where: str, d: Any) -> DeviceSample:
+def _device_from_json(where: str, d: object) -> DeviceSample:
     return _record(where, d, DeviceSample, nested={
         "nvml": lambda nv: None if nv is None else _nvml_from_json(f"{where}, nvml", nv),
         "allocator": lambda al: None if al is None else _record(
@@ -166,20 +170,20 @@ def _device_from_json(where: str, d: Any) -> DeviceSample:
     })
 
 
-def _devices_from_json(where: str, raw: Any) -> tuple[DeviceSample, ...]:
+def _devices_from_json(where: str, raw: object) -> tuple[DeviceSample, ...]:
     if not isinstance(raw, list):
         raise TraceError(f"{where}: \"devices\" is {_show(raw)}, not a list")
     return tuple(_device_from_json(f"{where}, device {j}", d)
                  for j, d in enumerate(raw[:MAX_SAMPLE_DEVICES]))
 
 
-def devices_named(data: Any) -> int:
+def devices_named(data: object) -> int:
     """How many devices a raw sample lists (0 when it lists none or is malformed)."""
     raw = data.get("devices") if isinstance(data, dict) else None
     return len(raw) if isinstance(raw, list) else 0
 
 
-def children_named(data: Any) -> int:
+def children_named(data: object) -> int:
     """The most children one device of a raw sample lists, among the devices kept (0 when
     none, or malformed: the check says what is wrong)."""
     raw = data.get("devices") if isinstance(data, dict) else None
@@ -192,7 +196,7 @@ def children_named(data: Any) -> int:
     return most
 
 
-def sample_from_json(data: Any, where: str = "sample") -> Sample:
+def sample_from_json(data: object, where: str = "sample") -> Sample:
     """A ``Sample`` from its JSON form; ``TraceError`` names the first field that is wrong."""
     return _record(where, data, Sample,
                    nested={"devices": lambda raw: _devices_from_json(where, raw)},
@@ -200,7 +204,7 @@ def sample_from_json(data: Any, where: str = "sample") -> Sample:
                    lenient={"wall_s": 0.0, "rss_bytes": None})
 
 
-def times_of(raw: list[Any]) -> list[float]:
+def times_of(raw: Sequence[object]) -> list[float]:
     """Each raw sample's time, checked at once: playback looks samples up by them."""
     times: list[float] = []
     for i, s in enumerate(raw):
@@ -224,7 +228,7 @@ class Recording:
     recording before it, and ``problem`` says which and why.
     """
 
-    def __init__(self, raw: list[Any], times_s: list[float]) -> None:
+    def __init__(self, raw: list[object], times_s: list[float]) -> None:
         self._raw = raw  # the JSON samples; each let go once checked
         self.times_s = times_s  # cut where a sample fails
         self._checked: list[Sample] = []
