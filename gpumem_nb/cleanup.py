@@ -29,6 +29,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 from . import emptycache, userexc
@@ -145,7 +146,7 @@ def _held_elsewhere(stored: StoredException, shell: Any, noted: CellException | 
     tbs = traceback_links(excs)
     frames = list({id(tb.tb_frame): tb.tb_frame for tb in tbs}.values())
     finished = [f for f in frames if not frame_is_live(f, running)]
-    group: list[Any] = [*excs, *tbs, *finished]
+    group: list[object] = [*excs, *tbs, *finished]
     ignore: set[int] = {id(vars(sys))}
     for e in excs:  # what each exception owns
         ignore |= {id(part) for part in userexc.parts(e)}
@@ -234,7 +235,7 @@ def run(
     shell: Any,
     measure: Callable[[], Sample],
     cell_exception: CellException | None = None,
-    modules: Mapping[str, Any] | None = None,
+    modules: Mapping[str, ModuleType] | None = None,
     on_interrupt: Callable[[CleanupReport], None] | None = None,
 ) -> CleanupReport:
     """Run (or estimate, with ``dry_run``) the requested steps, measuring after each. A
@@ -326,7 +327,7 @@ def _deleted_words(names: Sequence[str], shell: Any) -> str:
 
 
 def _run(request: CleanupRequest, names: list[str], shell: Any,
-         noted: CellException | None, first: Measure, mods: Mapping[str, Any],
+         noted: CellException | None, first: Measure, mods: Mapping[str, ModuleType],
          read: Callable[[], Measure],
          on_interrupt: Callable[[CleanupReport], None] | None = None) -> CleanupReport:
     steps: list[StepResult] = []
@@ -372,7 +373,7 @@ def _run(request: CleanupRequest, names: list[str], shell: Any,
 
 
 def _steps(request: CleanupRequest, names: list[str], shell: Any,
-           noted: CellException | None, mods: Mapping[str, Any], steps: list[StepResult],
+           noted: CellException | None, mods: Mapping[str, ModuleType], steps: list[StepResult],
            now: _Progress, record: Callable[..., None]) -> None:
     """The steps in order, each begun on ``now`` before it changes anything."""
     # First, on its own: what was garbage already (a frame cycle a caught exception left, a
@@ -427,7 +428,7 @@ def _steps(request: CleanupRequest, names: list[str], shell: Any,
 
 def _estimate(request: CleanupRequest, names: list[str], shell: Any,
               noted: CellException | None, first: Measure,
-              mods: Mapping[str, Any], sample: Sample | None) -> CleanupReport:
+              mods: Mapping[str, ModuleType], sample: Sample | None) -> CleanupReport:
     plan = _plan_exception(shell, noted, find_holders=request.find_holders)
     stored = [plan.stored.error] if plan.stored is not None else []
     holders = request.reuse_holders
@@ -466,7 +467,7 @@ def _estimate(request: CleanupRequest, names: list[str], shell: Any,
                                             request.pools))
 
 
-def allocator_segments(mods: Mapping[str, Any] | None = None) -> list[dict[str, Any]] | None:
+def allocator_segments(mods: Mapping[str, ModuleType] | None = None) -> list[dict[str, Any]] | None:
     """The allocator's segments for the ledger's cuBLAS workspaces, or None: never starts
     CUDA, and under cudaMallocAsync there are none."""
     torch = TorchDebug(sys.modules if mods is None else mods)
@@ -479,7 +480,7 @@ def allocator_segments(mods: Mapping[str, Any] | None = None) -> list[dict[str, 
 
 
 def _cache_estimate(sample: Sample | None,
-                    mods: Mapping[str, Any]) -> emptycache.CacheRelease | None:
+                    mods: Mapping[str, ModuleType]) -> emptycache.CacheRelease | None:
     """What empty_cache would give back, by the backend's own rule (``emptycache``): from the
     allocator's segments when they can be read (about 0.06 ms on the H200, no history),
     else from one stats read per device."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping
+from types import ModuleType
 from typing import Any
 
 from ..errtext import error_str
@@ -42,7 +43,7 @@ class ObserverAttachment:
     _observer: Any
     _attach_tried: bool
     _armed: bool
-    _modules: Mapping[str, Any]
+    _modules: Mapping[str, ModuleType]
     _closed: bool
     _handled: WhileHandled | None
     # What the trampoline calls: the watch's reading at the failure.

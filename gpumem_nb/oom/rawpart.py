@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from types import ModuleType
 from typing import Any
 
 from ..holders.rawblocks import RawBlock, raw_blocks
@@ -34,7 +35,7 @@ _ITEM = re.compile(r"^(?P<box>.+)\[(?P<key>'[\w .-]*'|-?\d+)\]$")
 
 def find_raw_blocks(segments: Iterable[Mapping[str, Any]] | None, device: int,
                     holders: Iterable[Holder], user_ns: Mapping[Any, Any] | None,
-                    modules: Mapping[str, Any]) -> tuple[RawBlock, ...]:
+                    modules: Mapping[str, ModuleType]) -> tuple[RawBlock, ...]:
     """The default pool's allocated blocks on ``device`` that none of the holders' storages
     lies in, less cuBLAS's workspaces, each with where its pointer is kept if anywhere."""
     sizes = cublas_workspace_sizes()
@@ -98,7 +99,7 @@ def with_raw_blocks(led: Ledger, blocks: Sequence[RawBlock]) -> Ledger:
 def ledgers_with_raw_blocks(ledgers: Sequence[Ledger],
                             segments: Sequence[Mapping[str, Any]] | None,
                             holders: Sequence[Holder], user_ns: Mapping[Any, Any] | None,
-                            modules: Mapping[str, Any]) -> tuple[Ledger, ...]:
+                            modules: Mapping[str, ModuleType]) -> tuple[Ledger, ...]:
     """Each ledger that shows "not found", with the blocks no holder's storage lies over
     (`who --gc`: the same part as the OOM explanation's); the others as they are."""
     out = []

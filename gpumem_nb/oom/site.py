@@ -15,7 +15,6 @@ import time
 import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from ..graph import GraphWalker
 from ..holders import (
@@ -97,19 +96,19 @@ def _code_is(code: types.CodeType, tail: str, names: Sequence[str]) -> bool:
     return code.co_name in names and code.co_filename.replace("\\", "/").endswith(tail)
 
 
-def _dict_of(obj: Any) -> dict[str, Any] | None:
+def _dict_of(obj: object) -> dict[object, object] | None:
     """An instance's ``__dict__`` through its class's C descriptor: no user code runs
     (``object.__getattribute__`` ran a subclass's ``__dict__`` property)."""
     return instance_dict(obj)
 
 
-def module_paths(user_ns: Mapping[Any, Any], module_type: Any,
+def module_paths(user_ns: Mapping[object, object], module_type: type | None,
                  deadline: float) -> dict[int, str]:
     """id(module) -> "model.transformer.h.7.attn", from each user variable that is a module."""
     paths: dict[int, str] = {}
     if module_type is None:
         return paths
-    stack: list[tuple[str, Any]] = []
+    stack: list[tuple[str, object]] = []
     for name, obj in list(user_ns.items()):
         # Exact strs: a str subclass's `startswith` or `__format__` is its own code (A4).
         if type(name) is str and not name.startswith("_"):
@@ -132,8 +131,8 @@ def module_paths(user_ns: Mapping[Any, Any], module_type: Any,
     return paths
 
 
-def failure_site(exc: BaseException, user_ns: Mapping[Any, Any], *,
-                 modules: Mapping[str, Any] | None = None,
+def failure_site(exc: BaseException, user_ns: Mapping[object, object], *,
+                 modules: Mapping[str, types.ModuleType] | None = None,
                  holders: Sequence[Holder] = ()) -> FailureSite:
     """Read the failure's frames. Never raises; an unreadable frame is skipped."""
     try:
@@ -143,8 +142,8 @@ def failure_site(exc: BaseException, user_ns: Mapping[Any, Any], *,
         return FailureSite()
 
 
-def _failure_site(exc: BaseException, user_ns: Mapping[Any, Any], mods: Mapping[str, Any],
-                  holders: Sequence[Holder]) -> FailureSite:
+def _failure_site(exc: BaseException, user_ns: Mapping[object, object],
+                  mods: Mapping[str, types.ModuleType], holders: Sequence[Holder]) -> FailureSite:
     deadline = time.perf_counter() + _BUDGET_S
     torch = mods.get("torch")
     nn = getattr(torch, "nn", None) if torch is not None else None
@@ -155,8 +154,8 @@ def _failure_site(exc: BaseException, user_ns: Mapping[Any, Any], mods: Mapping[
     frames = [(frame, tbs) for frame, tbs in frames_of(links).values()]
     in_backward = in_generate = False
     checkpoint = 0
-    root: Any = None
-    innermost: Any = None
+    root: object = None
+    innermost: object = None
     cache: CacheUse | None = None
     for frame, tbs in frames:
         code = frame.f_code
@@ -198,11 +197,11 @@ def _failure_site(exc: BaseException, user_ns: Mapping[Any, Any], mods: Mapping[
     return site
 
 
-def _cache_in(local: Mapping[str, Any], where: str, mods: Mapping[str, Any],
+def _cache_in(local: Mapping[str, object], where: str, mods: Mapping[str, types.ModuleType],
               deadline: float) -> CacheUse | None:
     """The first object whose class is a ``…Cache`` among a frame's locals or one dict down
     (``model_kwargs['past_key_values']``), sized by the holder walk."""
-    candidates: list[tuple[str, Any]] = []
+    candidates: list[tuple[str, object]] = []
     for name, value in local.items():
         if type_name(type(value)).endswith("Cache"):
             candidates.append((name, value))
@@ -231,7 +230,7 @@ _STATIC_LAYERS = ("StaticLayer", "SlidingWindowLayer", "ChunkedSlidingLayer",
                   "StaticSlidingWindowLayer")
 
 
-def _preallocated(cache: Any) -> bool:
+def _preallocated(cache: object) -> bool:
     """Whether a cache is a static one, by its class's name or its layers' (read through the
     instance's own dict: no user code runs)."""
     name = type_name(type(cache)).rsplit(".", 1)[-1]
@@ -244,8 +243,8 @@ def _preallocated(cache: Any) -> bool:
     return all(n in _STATIC_LAYERS or n.startswith("Static") for n in names)
 
 
-def _tokens(cache: Any, scanner: Scanner, mods: Mapping[str, Any]) -> tuple[int | None,
-                                                                          int | None]:
+def _tokens(cache: object, scanner: Scanner, mods: Mapping[str, types.ModuleType]
+            ) -> tuple[int | None, int | None]:
     """The cache's sequence length (the largest dimension -2 of its 4-D tensors: batch, heads,
     tokens, head size) and what one more token adds to it: each tensor's bytes over its own
     length, summed. Dividing the total by the longest length under-counted: an OOM inside a
@@ -253,7 +252,7 @@ def _tokens(cache: Any, scanner: Scanner, mods: Mapping[str, Any]) -> tuple[int 
     48.00 MiB)."""
     best = None
     per = 0
-    seen: set[Any] = set()
+    seen: set[tuple[str, int]] = set()
     for t, _ in scanner.tensors_of(cache):
         try:
             # Read as the walk reads a tensor: no subclass's property or __torch_function__.
@@ -275,9 +274,9 @@ def _tokens(cache: Any, scanner: Scanner, mods: Mapping[str, Any]) -> tuple[int 
     return best, (per or None)
 
 
-def _backward_inputs(site: FailureSite, root: Any, user_ns: Mapping[Any, Any],
-                     holders: Sequence[Holder], mods: Mapping[str, Any],
-                     tensor_type: Any) -> FailureSite:
+def _backward_inputs(site: FailureSite, root: object, user_ns: Mapping[object, object],
+                     holders: Sequence[Holder], mods: Mapping[str, types.ModuleType],
+                     tensor_type: object) -> FailureSite:
     """The user's variables that are the running backward's root or that its graph saved
     (or holds as a leaf): the computation's inputs, never advised away."""
     scanner = Scanner(mods)

@@ -13,6 +13,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from types import ModuleType
 from typing import Any
 
 from .. import userexc
@@ -100,7 +101,7 @@ class OomWatch(ObserverAttachment):
         self._attach_tried = False
         self._armed = False  # queueing on CUDA's start-up was tried (or is moot)
         # sys.modules, unless a test gave another (a stand-in for TorchDebug may have none)
-        self._modules: Mapping[str, Any] = getattr(self.torch, "modules", sys.modules)
+        self._modules: Mapping[str, ModuleType] = getattr(self.torch, "modules", sys.modules)
         self._closed = False
         self._generation = 0
         self._scanned_generation = -1

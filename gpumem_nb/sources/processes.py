@@ -41,6 +41,7 @@ import gc
 import os
 import sys
 from collections.abc import Iterable, Mapping
+from types import ModuleType
 from typing import Any
 
 from ..model import (
@@ -74,7 +75,7 @@ class ProcessTree:
     """
 
     def __init__(self, root_pid: int | None = None, proc_root: str = "/proc",
-                 modules: Mapping[str, Any] | None = None) -> None:
+                 modules: Mapping[str, ModuleType] | None = None) -> None:
         self.root_pid = os.getpid() if root_pid is None else root_pid
         self._proc = proc_root
         self._modules = sys.modules if modules is None else modules

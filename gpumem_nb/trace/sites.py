@@ -11,6 +11,7 @@ import sys
 import sysconfig
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 from ..cellnames import is_cell_top
@@ -77,7 +78,7 @@ def _short(filename: str) -> str:
     return "/".join(parts[-2:]) if len(parts) > 1 else filename
 
 
-def library_dirs(modules: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+def library_dirs(modules: Mapping[str, ModuleType] | None = None) -> tuple[str, ...]:
     """Directories whose frames are the machinery, not the user's code."""
     mods = sys.modules if modules is None else modules
     dirs = []

@@ -33,7 +33,7 @@ _ATTACH_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def inductor_lookup_skipped(modules: Mapping[str, Any]) -> Iterator[None]:
+def inductor_lookup_skipped(modules: Mapping[str, types.ModuleType]) -> Iterator[None]:
     """Where a process's first traced snapshot spent its seconds: torch symbolizes the Python
     frames in ``combined_traceback.cpp`` (``PythonTraceback::appendSymbolized``), which first
     asks ``hasattr(torch, "_inductor")`` to add the frames of inductor-generated code. torch's

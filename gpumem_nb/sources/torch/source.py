@@ -9,6 +9,7 @@ import importlib
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from types import ModuleType
 from typing import Any
 
 from ...model import AllocatorInfo, AllocatorReading
@@ -63,7 +64,7 @@ class TorchSource:
     ``modules`` is injectable so tests can put a fake ``torch`` in place of ``sys.modules``.
     """
 
-    def __init__(self, modules: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, modules: Mapping[str, ModuleType] | None = None) -> None:
         self._modules = sys.modules if modules is None else modules
         self._identity: dict[int, tuple[str | None, str | None]] = {}
         self._with_context: set[int] = set()
