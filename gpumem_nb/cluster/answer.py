@@ -12,7 +12,7 @@ Engine-neutral: it knows the answer's shape (``worker.report``), not how it trav
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 from .._version import __version__
 from ..units import cut
@@ -26,11 +26,21 @@ SIZE_FIELDS = ("used_bytes", "total_bytes", "process_bytes", "allocated_bytes",
                "reserved_bytes", "peak_allocated_bytes")
 
 
+
+class _Base(TypedDict):
+    """What every row of one worker's answer says: its address, name, host and process."""
+
+    worker: str
+    name: str
+    host: str
+    pid: int | None
+
+
 class Unreadable(ValueError):
     """A field of the answer is not what gpumem_nb sends; the text says which and why."""
 
 
-def _text(value: Any, name: str, limit: int = MAX_TEXT) -> str:
+def _text(value: object, name: str, limit: int = MAX_TEXT) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
@@ -38,11 +48,11 @@ def _text(value: Any, name: str, limit: int = MAX_TEXT) -> str:
     return cut(value, limit)
 
 
-def _kind(value: Any) -> str:
+def _kind(value: object) -> str:
     return f"a {type(value).__name__}"
 
 
-def _count(value: Any, name: str, limit: int) -> int | None:
+def _count(value: object, name: str, limit: int) -> int | None:
     """A whole number from 0 up to ``limit``, or None (unknown)."""
     if value is None:
         return None
@@ -53,7 +63,7 @@ def _count(value: Any, name: str, limit: int) -> int | None:
     return int(value)
 
 
-def version_of(answer: Any) -> str | None:
+def version_of(answer: object) -> str | None:
     """The gpumem_nb version a worker's answer says it comes from; "" for an answer from a
     gpumem_nb that does not send its version (older ones); None when it is no dict."""
     if not isinstance(answer, dict):
@@ -62,7 +72,7 @@ def version_of(answer: Any) -> str | None:
     return cut(v, 32) if isinstance(v, str) else "?"
 
 
-def other_version(answer: Any) -> str | None:
+def other_version(answer: object) -> str | None:
     """The worker's version when it differs from this kernel's; None when the same."""
     v = version_of(answer)
     if v is None or v == __version__:
@@ -70,7 +80,7 @@ def other_version(answer: Any) -> str | None:
     return v or "older, which does not send its version"
 
 
-def rows(address: str, answer: Any, known_name: str = "") -> tuple[list[WorkerGpu], int]:
+def rows(address: str, answer: object, known_name: str = "") -> tuple[list[WorkerGpu], int]:
     """The rows of one worker's answer (a dict of ``worker.report``'s shape), and how many
     of its devices were left out (beyond ``MAX_DEVICES``). Never raises."""
     address = cut(address, MAX_TEXT)
@@ -78,7 +88,7 @@ def rows(address: str, answer: Any, known_name: str = "") -> tuple[list[WorkerGp
         return [WorkerGpu(worker=address, name=known_name, status=ROW_UNREADABLE,
                           detail=f"the answer is {_kind(answer)}, not a dict")], 0
     try:
-        base: dict[str, Any] = dict(worker=address, name=_text(answer.get("name"), "name"),
+        base: _Base = dict(worker=address, name=_text(answer.get("name"), "name"),
                                     host=_text(answer.get("host"), "host"),
                                     pid=_count(answer.get("pid"), "pid", 1 << 32))
     except Unreadable as e:
@@ -100,11 +110,11 @@ def rows(address: str, answer: Any, known_name: str = "") -> tuple[list[WorkerGp
     return out, max(len(devices) - MAX_DEVICES, 0)
 
 
-def _device(base: dict[str, Any], d: Any, position: int) -> WorkerGpu:
+def _device(base: _Base, d: object, position: int) -> WorkerGpu:
     try:
         if not isinstance(d, dict):
             raise Unreadable(f"device {position} is {_kind(d)}, not a dict")
-        sizes: dict[str, Any] = {n: _count(d.get(n), n, MAX_BYTES) for n in SIZE_FIELDS}
+        sizes: dict[str, int | None] = {n: _count(d.get(n), n, MAX_BYTES) for n in SIZE_FIELDS}
         status = _text(d.get("status", "ok"), "status") or "ok"
         detail = _text(d.get("detail"), "detail", 80)
         return WorkerGpu(**base, device=_count(d.get("index"), "index", 1 << 20),

@@ -69,7 +69,7 @@ def default_client() -> Any:
                           ) from e
 
 
-def is_client(obj: Any) -> bool:
+def is_client(obj: object) -> bool:
     try:
         import distributed
     except ImportError:
@@ -80,14 +80,14 @@ def is_client(obj: Any) -> bool:
         return False
 
 
-def client_closed(client: Any) -> bool:
+def client_closed(client: object) -> bool:
     try:
         return str(getattr(client, "status", "")) in ("closed", "closing")
     except Exception:
         return False
 
 
-def _asynchronous(client: Any) -> bool:
+def _asynchronous(client: object) -> bool:
     # The mode the client was made in: its public ``asynchronous`` answers for the calling
     # thread's loop, which is not the question here.
     try:
@@ -101,7 +101,7 @@ class _Request:
     """One ``Client.run`` broadcast, out on a thread of ours."""
 
     thread: threading.Thread
-    box: dict[str, Any] = field(default_factory=dict)
+    box: dict[str, object] = field(default_factory=dict)
 
     @property
     def out(self) -> bool:
@@ -212,7 +212,7 @@ class DaskCollector:
                               notes=tuple(notes))
 
     def _send(self, timeout_s: float) -> _Request:
-        box: dict[str, Any] = {}
+        box: dict[str, object] = {}
 
         def work() -> None:
             try:
@@ -250,7 +250,7 @@ class DaskCollector:
             _close_soon(old)
         return own
 
-    def _rows(self, address: str, answer: Any) -> tuple[list[WorkerGpu], int]:
+    def _rows(self, address: str, answer: object) -> tuple[list[WorkerGpu], int]:
         """The rows of one worker's answer, and how many of its devices were left out."""
         if isinstance(answer, BaseException):
             # Through userexc: the worker's exception may be any class, its text may raise.
@@ -280,7 +280,7 @@ class DaskCollector:
                               status=ROW_UNKNOWN, detail=why)
 
 
-def _order(r: WorkerGpu) -> tuple[Any, ...]:
+def _order(r: WorkerGpu) -> tuple[tuple[tuple[int, int, str], ...], int]:
     return (natural_key(r.name or r.worker), r.device if r.device is not None else -1)
 
 

@@ -18,7 +18,7 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, TypedDict
 
 from ..model import STATUS_ERROR, STATUS_LOST, STATUS_OK, NvmlReading
 from .devices import DeviceId, visible_devices
@@ -27,8 +27,18 @@ from .devices import DeviceId, visible_devices
 CLOSE_WAIT_S = 0.2
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+
+class _Identity(TypedDict):
+    """What every reading of a device says of which device it is."""
+
+    nvml_index: int
+    name: str
+    uuid: str
+    pci_bus_id: str
 
 
 class NvmlSource:
@@ -49,7 +59,7 @@ class NvmlSource:
         self._status = "not started"
         self._devices: list[DeviceId] = []
         self._names: dict[int, str] = {}
-        self._handles: dict[int, Any] = {}
+        self._handles: dict[int, object] = {}  # NVML's opaque device handles
         self._v2_memory = True
         self._v3_procs = True
         # close() asked while start() was inside the driver: start() balances its own
@@ -169,7 +179,7 @@ class NvmlSource:
             migs.extend(self._enumerate_mig(i, h, bus))
         return out + migs
 
-    def _enumerate_mig(self, parent: int, h: Any, bus: str) -> list[DeviceId]:
+    def _enumerate_mig(self, parent: int, h: object, bus: str) -> list[DeviceId]:
         m = self._mod
         if not hasattr(m, "nvmlDeviceGetMaxMigDeviceCount"):
             return []
@@ -194,7 +204,7 @@ class NvmlSource:
             out.append(DeviceId(nvml_index=idx, uuid=uuid, pci_bus_id=bus, is_mig=True))
         return out
 
-    def _safe(self, fn: Callable[[Any], Any], handle: Any, default: str) -> str:
+    def _safe(self, fn: Callable[[object], object], handle: object, default: str) -> str:
         """A device's text property; its default when the driver does not support it."""
         try:
             return _text(fn(handle))
@@ -241,7 +251,7 @@ class NvmlSource:
         refreshes every tick. It is None unless that listing showed our PID.
         """
         name = self._names.get(dev.nvml_index, "")
-        base: dict[str, Any] = {
+        base: _Identity = {
             "nvml_index": dev.nvml_index,
             "name": name,
             "uuid": dev.uuid,
@@ -269,7 +279,7 @@ class NvmlSource:
                            driver_reserved_bytes=driver_reserved, process_bytes=ours,
                            other_processes_bytes=others)
 
-    def _memory(self, h: Any) -> tuple[int | None, int | None, int | None]:
+    def _memory(self, h: object) -> tuple[int | None, int | None, int | None]:
         m = self._mod
         if self._v2_memory:
             try:
@@ -287,7 +297,7 @@ class NvmlSource:
         # v1 counts the driver's own reservation as used; there is no way to split it out.
         return int(mem.total), int(mem.used), None
 
-    def _list_processes(self, h: Any) -> Sequence[Any] | None:
+    def _list_processes(self, h: object) -> Sequence[Any] | None:
         m = self._mod
         if self._v3_procs:
             # Call v3 by name: the unversioned wrapper turns "not found" into a generic
@@ -311,7 +321,7 @@ class NvmlSource:
         except Exception:
             return None
 
-    def _processes(self, h: Any, context_expected: bool,
+    def _processes(self, h: object, context_expected: bool,
                    ) -> tuple[int | None, int | None, tuple[tuple[int, int | None], ...]]:
         """(this process's bytes, the others' sum, the others as (pid, bytes))."""
         procs = self._list_processes(h)
