@@ -77,7 +77,7 @@ class CompactView:
         lines = compact_lines(self._latest(), self.spark, self._last())
         return {"text/plain": compact_text(lines), "text/html": compact_html(lines)}
 
-    def display(self, show: Callable[..., Any], shell: Any) -> None:
+    def display(self, show: Callable[..., Any], shell: object) -> None:
         got: Any = self.widget._repr_mimebundle_()
         data: dict[str, Any] = got[0] if isinstance(got, tuple) else dict(got or {})
         view = {k: v for k, v in data.items() if k == WIDGET_VIEW}

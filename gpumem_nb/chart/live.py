@@ -21,7 +21,7 @@ from __future__ import annotations
 import html
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import ipywidgets as widgets
@@ -241,7 +241,7 @@ class MemoryWidget(ChartStill):
             self.chart.series = self.series.specs()
         self.chart.extra = {name: [xs, ys] for name, (xs, ys) in lines.items()}
 
-    def _marks(self, t0: float) -> list[list[Any]]:
+    def _marks(self, t0: float) -> list[list[float | str]]:
         if self.replay is not None:
             return []
         marks: list[CellMark] = list(self.monitor.marks)[-MAX_MARKS:]
@@ -274,7 +274,7 @@ class MemoryWidget(ChartStill):
         self.banner.layout.display = "block"
 
     # -- the controls' requests (livechart.js) ------------------------------------------------
-    def _on_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
+    def _on_message(self, _widget: object, content: object, _buffers: object) -> None:
         """A request from the page (``messages.py``), answered with ``done`` once handled."""
         request = read_request(content)
         if isinstance(request, CleanupAsked):
@@ -314,7 +314,7 @@ class MemoryWidget(ChartStill):
         self._report_text = str(report)
         self._post(lambda: setattr(self.report, "value", page))
 
-    def _on_pause(self, change: dict[str, Any]) -> None:
+    def _on_pause(self, change: Mapping[str, object]) -> None:
         """The page froze its view already; the kernel stops sending the lines, and the
         header says so."""
         self.paused = bool(change["new"])
@@ -355,7 +355,7 @@ class MemoryWidget(ChartStill):
         bundle.update(self.plain_bundle())
         return bundle
 
-    def display(self, show: Callable[..., Any], shell: Any) -> None:
+    def display(self, show: Callable[..., Any], shell: object) -> None:
         """Show the chart as two outputs: the live view (with an empty ``text/html``, so a
         frontend that cannot draw it shows nothing there), then its picture, which the page
         hides while the view shows (``PICTURE_STYLE``) and which every cell's end brings up

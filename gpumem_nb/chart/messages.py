@@ -34,7 +34,7 @@ class DeviceAsked:
 Request = CleanupAsked | DeviceAsked
 
 
-def read_request(content: Any) -> Request | None:
+def read_request(content: object) -> Request | None:
     """The page's request, or None for anything else."""
     if type(content) is not dict:
         return None

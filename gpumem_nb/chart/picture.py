@@ -105,7 +105,7 @@ class ChartPicture:
                                f"{bundle['text/html']}</div>")
         return bundle
 
-    def show(self, view: dict[str, Any], show: Callable[..., Any], shell: Any) -> None:
+    def show(self, view: dict[str, object], show: Callable[..., Any], shell: object) -> None:
         """Show the live view's bundle, then the picture (see ``MemoryWidget.display``)."""
         self.display_handle = show(view, raw=True, display_id=self.display_id)
         try:
@@ -119,7 +119,7 @@ class ChartPicture:
         self.sent = picture
         self._follow_cells(shell)
 
-    def _follow_cells(self, shell: Any) -> None:
+    def _follow_cells(self, shell: object) -> None:
         if self._shell is not None:
             return
         events = getattr(shell, "events", None)
@@ -140,7 +140,7 @@ class ChartPicture:
     def following(self) -> bool:
         return self._shell is not None
 
-    def after_cell(self, _result: Any = None) -> None:
+    def after_cell(self, _result: object = None) -> None:
         """At each cell's end, on the kernel's main thread, inside that cell's execution:
         nbclient (``jupyter nbconvert --execute``) keeps only the messages a cell sends
         before it is idle, and a page's save shows the picture as of the last cell. Sent

@@ -15,7 +15,7 @@ from .config import AllocatorSettings, SettingError, parse_settings, settings_of
 from .fields import quoted
 from .fit import Fit, FitRow, Rooms, lowest_room, min_room, uneven_worth_trying
 from .progress import Progress
-from .replay import compile_trace, replay, series
+from .replay import Replayed, compile_trace, replay, series
 from .report import WhatIf, WhatIfChart, WhatIfRow, views
 from .rules import SIZE_MAX, get_allocation_size, kLargeBuffer, kSmallBuffer, round_size
 from .snapshot import SESSION_KEY, NoHistory, SnapshotError, TraceInput, load, trace_input
@@ -69,7 +69,7 @@ def same_rules(a: AllocatorSettings, b: AllocatorSettings) -> bool:
     return replace(a, text="", ignored_keys=()) == replace(b, text="", ignored_keys=())
 
 
-def whatif(snapshot: Mapping[str, Any] | str | os.PathLike[str], settings: Sequence[str],
+def whatif(snapshot: Mapping[str, object] | str | os.PathLike[str], settings: Sequence[str],
            capacity_bytes: int | None = None, *, device: int | None = None,
            fit: bool | float = False, total_bytes: int | None = None) -> WhatIf:
     """``gpumem_nb.whatif`` (documented there)."""
@@ -91,7 +91,7 @@ def whatif(snapshot: Mapping[str, Any] | str | os.PathLike[str], settings: Seque
                fit_gb=fit_gb, total_bytes=total_bytes)
 
 
-def check_fit(fit: Any) -> float | None:
+def check_fit(fit: object) -> float | None:
     """``fit``: False, True, or the GPU size in GB to name the cheapest setting for."""
     if fit is False or fit is True:
         return None
@@ -117,7 +117,7 @@ def plausible_gpu_bytes(total_bytes: int) -> bool:
     return total_bytes >= MIN_GPU_BYTES
 
 
-def check_capacity(capacity_bytes: Any, name: str = "capacity_bytes") -> int:
+def check_capacity(capacity_bytes: object, name: str = "capacity_bytes") -> int:
     """A capacity in bytes, or a ``SettingError`` that says what one is."""
     if not isinstance(capacity_bytes, int) or isinstance(capacity_bytes, bool) or \
             not 0 < capacity_bytes <= MAX_CAPACITY_BYTES:
@@ -215,7 +215,7 @@ def _run(ti: TraceInput, parsed: Sequence[AllocatorSettings], capacity_bytes: in
     # Settings that act alike on this history share their replays (see ``_acting``).
     most = max((e[2] for e in trace.events), default=0)
     held = max((int(seg.get("total_size", 0)) for seg in st.segments or ()), default=0)
-    done: dict[AllocatorSettings, tuple[Any, tuple[int | None, int, int | None], str]] = {}
+    done: dict[AllocatorSettings, tuple[Replayed, tuple[int | None, int, int | None], str]] = {}
     for k, s in enumerate(parsed):
         of = f"({k + 1} of {len(parsed)} settings)"
         if progress is not None:
@@ -375,7 +375,7 @@ def _recorded_limits(ti: TraceInput, recorded: AllocatorSettings | None,
     return {"start_reserved_bytes": held, "recorded_limit_bytes": min(limits)}
 
 
-def _expandable_line_applies(snapshot: Mapping[str, Any]) -> bool:
+def _expandable_line_applies(snapshot: Mapping[str, object]) -> bool:
     """Whether the snapshot's own setting is one the expandable line is about: modelled,
     without expandable segments."""
     recorded = parse_settings_or_none(settings_of_snapshot(snapshot)[0])
@@ -416,7 +416,7 @@ def left_out_oom_line(entries: int, most: int, room_bytes: int, *, session: bool
             "could use.")
 
 
-def expandable_oom_line(snapshot: Mapping[str, Any], *, device: int,
+def expandable_oom_line(snapshot: Mapping[str, object], *, device: int,
                         capacity_bytes: int | None, allowed_bytes: int | None = None) -> str:
     """The OOM explainer's line: the history replayed with expandable segments on, at the
     memory PyTorch could use when it failed (what the driver had, and under a memory
