@@ -22,13 +22,13 @@ import linecache
 import re
 import sys
 import weakref
-from typing import Any
+from collections.abc import Callable
 
 __all__ = ["CellNames", "counts_ahead_at_start", "is_cell_top", "number_in_name"]
 
 _INPUT_NAME = re.compile(r"<ipython-input-(\d+)-")
 _KEEP = 512  # cell names remembered for IPython 7 under ipykernel: a long session's worth
-_BY_SHELL: weakref.WeakKeyDictionary[Any, CellNames] = weakref.WeakKeyDictionary()
+_BY_SHELL: weakref.WeakKeyDictionary[object, CellNames] = weakref.WeakKeyDictionary()
 
 
 def is_cell_top(code_name: str) -> bool:
@@ -58,21 +58,21 @@ def counts_ahead_at_start() -> bool:
 class CellNames:
     """File name -> execution count for the cells of one shell, on every IPython."""
 
-    def __init__(self, shell: Any) -> None:
+    def __init__(self, shell: object) -> None:
         # Weakly: the table lives in a weak mapping keyed by the shell it serves.
         try:
-            ref: Any = weakref.ref(shell)
+            ref: Callable[[], object] = weakref.ref(shell)
         except TypeError:
             ref = lambda: shell  # noqa: E731 - a stand-in shell that cannot be weakly held
         self._shell = ref
         self._noted: dict[str, int] = {}
 
     @property
-    def shell(self) -> Any:
+    def shell(self) -> object:
         return self._shell()
 
     @classmethod
-    def of(cls, shell: Any) -> CellNames:
+    def of(cls, shell: object) -> CellNames:
         """The one table of ``shell``: what the monitor notes, every reader finds (and a
         reload of the extension keeps, as IPython keeps its own map)."""
         try:
@@ -83,7 +83,7 @@ class CellNames:
         except TypeError:  # not weak-referenceable (a stand-in shell): a table of its own
             return cls(shell)
 
-    def _ipython_map(self) -> dict[Any, Any] | None:
+    def _ipython_map(self) -> dict[object, object] | None:
         table = getattr(getattr(self.shell, "compile", None), "_filename_map", None)
         return table if isinstance(table, dict) else None
 

@@ -86,12 +86,12 @@ def members(exc: BaseException) -> tuple[BaseException, ...]:
     return tuple(e for e in found if is_exception(e)) if type(found) is tuple else ()
 
 
-def parts(exc: BaseException) -> tuple[Any, ...]:
+def parts(exc: BaseException) -> tuple[object, ...]:
     """What the exception object itself owns: its args, its instance dict, its notes, a
     group's members tuple."""
     own = _DICT.__get__(exc)
     notes = own.get("__notes__") if type(own) is dict else None
-    found: list[Any] = [_ARGS.__get__(exc), own, notes]
+    found: list[object] = [_ARGS.__get__(exc), own, notes]
     if _GROUP is not None and issubclass(type(exc), _GROUP):
         found.append(_MEMBERS.__get__(exc))
     return tuple(p for p in found if p is not None)
