@@ -562,10 +562,17 @@ class OutOfMemoryError(RuntimeError):
 OutOfMemoryError.__module__ = "torch"
 
 
+# ``torch._C._functions``: torch's generated node classes, each under its own name (the last
+# made of a name, as the fakes make one class per set of saved inputs).
+NODE_CLASSES = SimpleNamespace()
+
+
 class FakeTorchC:
-    """The two ``torch._C`` calls the OOM explainer and the trace make."""
+    """The two ``torch._C`` calls the OOM explainer and the trace make, and where torch keeps
+    its autograd node classes (``_functions``: each ``node_type`` made here)."""
 
     StorageBase = FakeStorage
+    _functions = NODE_CLASSES
 
     def __init__(self, cuda: FakeCuda) -> None:
         self._cuda = cuda
@@ -696,6 +703,7 @@ def node_type(kind: str, *saved: str) -> type:
                 obj.variable = values.get("variable")
 
         _NODE_TYPES[key] = type(kind, (), {"__slots__": slots, "__init__": init})
+    setattr(NODE_CLASSES, kind, _NODE_TYPES[key])
     return _NODE_TYPES[key]
 
 

@@ -369,3 +369,28 @@ def test_who_cleanup_dry_run_and_an_oom_cell_run_no_user_code(loaded, fake_gpu, 
     assert "CUDA out of memory" in out
     assert ran == []
     assert all(k in loaded.user_ns for k in ("model", "opt", "act"))
+
+
+def test_a_users_class_with_next_functions_is_not_taken_for_an_autograd_node():
+    """Bare autograd nodes are sized by the graph walk, which reads a node as torch's (its
+    `dir()`, `next_functions`, `_raw_saved_*`): a class of the user's that only looks like one
+    must be walked as the object it is, its tensors found, and none of its code run."""
+    ran.clear()
+
+    class Pipeline:
+        __slots__ = ("next_functions", "stage")
+
+        def __dir__(self) -> list[str]:
+            ran.append("__dir__")
+            return ["next_functions", "_raw_saved_self"]
+
+        def __getattr__(self, name: str) -> Any:
+            ran.append(f"__getattr__ {name}")
+            raise AttributeError(name)
+
+    p = Pipeline()
+    p.next_functions = ((None, 0),)
+    p.stage = FakeTensor(GiB)
+    holders = scan({"pipe": p, "roots": [node("MeanBackward0", self=FakeTensor(2 * GiB))]})
+    assert ran == []
+    assert bytes_by_name(holders) == {"pipe": GiB, "roots": 2 * GiB}

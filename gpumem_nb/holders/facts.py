@@ -23,6 +23,9 @@ __all__ = ["TensorFacts", "TensorInfo"]
 # (device, bytes, storage key): the key is the same for every view of one storage.
 TensorInfo = tuple[str, int, tuple[str, int]]
 
+_TYPE_NAME = type.__dict__["__name__"]
+_TYPE_MRO = type.__dict__["__mro__"]
+
 # A class attribute that is C code when called (a slot wrapper, a C method).
 _C_CALLABLES = (types.WrapperDescriptorType, types.MethodDescriptorType,
                 types.BuiltinFunctionType)
@@ -48,6 +51,10 @@ class TensorFacts:
         self.optimizer_type: Any = getattr(optim, "Optimizer", None) if optim else None
         self._arrays: dict[int, tuple[type, tuple[Any, Any, bool] | None]] = {}
         self._nodes: dict[int, tuple[type, bool]] = {}
+        # Where torch keeps its autograd node classes, for ``is_graph_node``.
+        torch_c = getattr(torch, "_C", None) if torch else None
+        self._node_classes: Any = getattr(torch_c, "_functions", None)
+        self._function_base: Any = getattr(torch_c, "_FunctionBase", None)
 
     def forget_classes(self) -> None:
         """Drop the memos of which classes are arrays or graph nodes (each keeps its class)."""
@@ -55,15 +62,31 @@ class TensorFacts:
         self._nodes.clear()
 
     def is_graph_node(self, obj: Any) -> bool:
-        """Whether ``obj`` is an autograd node (a ``grad_fn``), by its class's own C
-        ``next_functions`` descriptor, which torch's generated nodes and custom Functions'
-        nodes both have: no code of the class runs, and no torch class is needed."""
+        """Whether ``obj`` is an autograd node (a ``grad_fn``), as torch itself defines one
+        (``torch.autograd.graph.Node.__subclasshook__``): a class torch generated, which is
+        ``torch._C._functions``' own attribute of that name, or a custom Function's node
+        class (a ``torch._C._FunctionBase`` subclass). A class of the user's that merely has a
+        ``next_functions`` is not one: the graph walk reads a node's attributes as torch's.
+        No code of the class or its metaclass runs."""
         t = type(obj)
         cached = self._nodes.get(id(t))
         if cached is None or cached[0] is not t:
-            cached = (t, type(static_attribute(t, "next_functions")) in C_DESCRIPTORS)
+            cached = (t, self._is_node_class(t))
             self._nodes[id(t)] = cached
         return cached[1]
+
+    def _is_node_class(self, t: type) -> bool:
+        if self._node_classes is None and self._function_base is None:
+            return False
+        try:
+            name = _TYPE_NAME.__get__(t)  # type's own: a metaclass's __name__ never runs
+            if self._node_classes is not None and \
+                    getattr(self._node_classes, name, None) is t:
+                return True
+            base = self._function_base
+            return isinstance(base, type) and base in _TYPE_MRO.__get__(t)
+        except Exception:
+            return False
 
     def info(self, t: Any) -> TensorInfo | None:
         """(device, bytes, storage key) of a tensor or numpy/cupy-like array; never raises."""
