@@ -319,3 +319,25 @@ def test_errors_a_custom_exception_handler_keeps_are_found_through_the_shell_not
         assert "cannot see" not in str(e)
     finally:
         shell.set_custom_exc((), None)
+
+
+def test_what_a_partials_own_attributes_keep_is_named_through_it_not_unseen(oomworld):  # noqa: F811
+    """An edge the typed reading of a referrer does not name is still an edge: a
+    `functools.partial` was read as its function, arguments and keywords, so a list in its
+    own `__dict__` (a hook that keeps what it saw) looked held from where Python cannot see.
+    The collector's traversal, read after the typed edges, names it."""
+    shell = oomworld.shell
+    try:
+        run(shell, "import functools, sys, types\n"
+                   "helpers = types.ModuleType('gm_hooks')\n"
+                   "sys.modules['gm_hooks'] = helpers\n"
+                   "helpers.on_batch = functools.partial(print, end='')\n"
+                   "helpers.on_batch.seen = [cuda.tensor(30 * GiB), cuda.tensor(30 * GiB)]\n"
+                   "del helpers")
+        run(shell, "y = cuda.tensor(100 * GiB)")
+        e = last(shell)
+        (h,) = [h for h in e.holders if h.nbytes >= 50 * GiB]
+        assert h.name.startswith("gm_hooks.on_batch"), str(e)
+        assert "cannot see" not in str(e)
+    finally:
+        sys.modules.pop("gm_hooks", None)

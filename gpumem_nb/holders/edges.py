@@ -68,7 +68,25 @@ class EdgeReader:
 
     def _edges(self, parent: Any, wanted: set[int]) -> list[tuple[Any, _Step]]:
         """(child, step) for each frontier object ``parent`` refers to, named by where it is
-        inside ``parent``; read through base types only."""
+        inside ``parent``; read through base types only. Whatever else the collector's own
+        traversal shows ``parent`` refers to is an edge too, said as a reference: a type read
+        in part (a bound method's function was missed) made its child look held from where
+        Python cannot see. Never for a frame: a running one's locals are not the search's."""
+        out = self._typed_edges(parent, wanted)
+        if type(parent) is types.FrameType:
+            return out
+        try:
+            named = {id(v) for v, _ in out}
+            for v in referents(parent):
+                if id(v) in wanted and id(v) not in named:
+                    named.add(id(v))
+                    own = v is _instance_dict(parent)
+                    out.append((v, _Step("dict", "") if own else _Step("text", " (a reference)")))
+        except Exception:
+            pass
+        return out
+
+    def _typed_edges(self, parent: Any, wanted: set[int]) -> list[tuple[Any, _Step]]:
         out: list[tuple[Any, _Step]] = []
         t = type(parent)
         try:
