@@ -202,6 +202,18 @@ def _advice(h: Holder) -> Advice:
             f"cycle inside autograd that `del {h.name}` cannot break. `{zero}` frees the "
             f"gradients and their graphs and keeps the model; `del {h.name}` after it frees the "
             "rest if you are done with it.", zero, h.grad_bytes + graph_bytes)
+    if graph and h.nodes and not h.nbytes:
+        # Nodes kept on their own (to draw the graph later): no tensor to detach, and the
+        # saved tensors go only with the nodes.
+        line = _del_line(h)
+        fix = f"`{line}` frees it" if line else "drop that reference"
+        kept = (f"{h.nodes} autograd nodes (`.grad_fn`s), and with them what their graphs"
+                if h.nodes > 1 else "an autograd node (a `.grad_fn`), and with it what its graph")
+        them = "them" if h.nodes > 1 else "it"
+        return Advice(f"{h.name} ({what}) keeps {kept} saved for backward: {fix} if you no "
+                      f"longer need {them}; to draw a graph later, keep its picture or a "
+                      f"description, not the node{'s' if h.nodes > 1 else ''}.",
+                      line, freed if line else None)
     if graph and h.kind == "container":
         return Advice(f"{h.name} ({what}) keeps its tensors' autograd graphs: store "
                       "`loss.item()` (a float) or `t.detach()` instead of the tensors.")

@@ -305,6 +305,7 @@ class Holder:
     graph_bytes: int | None = None
     graph_bytes_capped: bool = False
     graph_unsized: int = 0  # saved tensors behind hooks (or an unknown torch): not sized
+    nodes: int = 0  # autograd nodes it keeps on their own (a list of grad_fns), not as tensors
     # Where inside it the bytes are, from its name through attributes, items or closures, with
     # the class of what holds them: "model_kwargs['past_key_values'] (DynamicCache)".
     path: str = ""

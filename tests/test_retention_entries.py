@@ -341,3 +341,25 @@ def test_what_a_partials_own_attributes_keep_is_named_through_it_not_unseen(oomw
         assert "cannot see" not in str(e)
     finally:
         sys.modules.pop("gm_hooks", None)
+
+
+def test_grad_fn_nodes_kept_in_a_list_get_a_del_line_that_frees_what_their_graphs_saved(
+        oomworld):  # noqa: F811
+    """KINDS10 on the H100: `graph_roots.append(loss.grad_fn)` after `del x, h, loss`. The
+    advice told to store `loss.item()` or `.detach()` instead of tensors, with no line: there
+    is no tensor in the list, and only deleting the nodes frees their saved tensors."""
+    shell = oomworld.shell
+    run(shell, "from tests.fakes import node\n"
+               "def step():\n"
+               "    return node('MeanBackward0', node('TanhBackward0', "
+               "result=cuda.tensor(30 * GiB)))\n"
+               "graph_roots = [step(), step()]")
+    run(shell, "y = cuda.tensor(100 * GiB)")
+    e = last(shell)
+    (h,) = [h for h in e.holders if h.name == "graph_roots"]
+    assert (h.nbytes, h.graph_bytes, h.nodes) == (0, 60 * GiB, 2), str(e)
+    (step,) = [a for a in e.actions if a.code == "del graph_roots"]
+    assert step.nbytes == 60 * GiB and "2 autograd nodes" in step.text, str(e)
+    before = oomworld.cuda.devices[0].allocated
+    run(shell, step.code)
+    assert before - oomworld.cuda.devices[0].allocated == 60 * GiB

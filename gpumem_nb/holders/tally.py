@@ -190,7 +190,7 @@ def holder_of(f: HolderTally) -> Holder:
                   graph_unsized=f.graph_unsized, path=path_of(f), walk_capped=f.walk_capped,
                   arrays=f.arrays and not f.torch_tensors, storages=tuple(f.storages),
                   grad_bytes=f.grad_bytes, view_bytes=f.view_bytes,
-                  array_module=f.array_module,
+                  array_module=f.array_module, nodes=f.node_count,
                   contents_bytes=(sum(n for p, n in f.paths.items() if len(p) == 1)
                                   if f.kind == "module" else 0))
 

@@ -142,3 +142,23 @@ def test_a_list_a_helper_module_also_holds_is_advised_with_both_references_and_f
     (step,) = [s for s in r["steps"] if s[0].startswith("del cache")]
     assert step[0] == "del cache; helper.cache.clear()", r["text"]
     assert step[2] >= 0.95 * step[1] > 0
+
+
+def test_grad_fn_nodes_kept_in_a_list_are_named_with_their_saved_tensors_and_del_frees_them():
+    # KINDS10 on the H100: 0.1% named, the rest "not found" (the saved tensors have no
+    # Python object); the walk now sizes a node kept on its own as its holder's graph.
+    r = oom("""
+        run("width = 1024\\nrows = CHUNK // (4 * width)\\n"
+            "weight = torch.randn(width, width, device='cuda', requires_grad=True)\\n"
+            "graph_roots = []\\n"
+            "for step in range(2):\\n"
+            "    x = torch.randn(rows, width, device='cuda')\\n"
+            "    h = torch.tanh(x @ weight)\\n"
+            "    graph_roots.append(h.square().mean().grad_fn)\\n"
+            "del x, h")
+    """)
+    print("\n" + r["text"])
+    assert any(n.startswith("graph_roots") for n, *_ in r["holders"]), r["text"]
+    assert r["not_found"] <= 0.02 * r["allocated"]
+    (step,) = [s for s in r["steps"] if "graph_roots" in s[0]]
+    assert step[2] >= 0.95 * step[1] > 0
