@@ -34,6 +34,11 @@ from typing import Any
 
 from .referents import referents
 
+__all__ = ["DEFAULT_BUDGET_S", "DEFAULT_NODE_CAP", "GraphSize", "GraphWalker", "StorageOf"]
+
+# type's own __name__: a metaclass's property of that name never runs.
+_TYPE_NAME = type.__dict__["__name__"]
+
 # (device, bytes, storage key) of a tensor, or None for anything else.
 StorageOf = Callable[[Any], "tuple[str, int, tuple[str, int]] | None"]
 
@@ -290,7 +295,8 @@ class GraphWalker:
                 names = []
             plan = _Plan(raw_names=tuple(n for n in names if n.startswith("_raw_saved_")),
                          has_dict="__dict__" in names,
-                         leaf="variable" in names and not kind.__name__.endswith("Backward"))
+                         leaf="variable" in names and
+                         not _TYPE_NAME.__get__(kind).endswith("Backward"))
             self._plans[kind] = plan
         return plan
 

@@ -19,6 +19,15 @@ from .model import (
 )
 from .units import format_bytes
 
+__all__ = [
+    "Advice",
+    "held_text",
+    "holder_action",
+    "holder_advice",
+    "top_holders",
+    "verdict_message",
+]
+
 
 def top_holders(holders: Sequence[Holder], cause: str, n: int = 5) -> tuple[Holder, ...]:
     """The holders worth naming for a cause: only GPU memory explains GPU growth.

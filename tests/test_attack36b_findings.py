@@ -60,7 +60,10 @@ def test_one_untracked_dict_of_three_million_atoms_keeps_the_search_within_its_b
     junk = {"d": dict.fromkeys(range(3_000_000))}
     took, heap_pass_s, outcome = _search_cpu_s(junk, budget_s=0.05)
     assert took < 0.25 + 3 * heap_pass_s, f"{took:.2f} s of CPU for a 0.05 s budget"
-    assert outcome.cut.endswith("was not searched"), outcome.cut  # the cut is said
+    # The cut is said, by whichever pass the budget ran out in (on a loaded machine, before
+    # the untracked pass even starts), and the tensor is never said found.
+    assert outcome.cut.endswith(("was not searched", "budget ran out")), outcome.cut
+    assert [r.state for r in outcome.retained] == ["not searched"]
 
 
 def test_object_arrays_of_millions_of_items_keep_the_search_within_its_budget():

@@ -507,3 +507,63 @@ def test_a_node_whose_saved_tensor_a_variable_also_holds_is_a_second_reference_t
     got = {h.name: h for h in scan(ns)}
     assert got["x"].nbytes == GiB and "roots" in got["x"].also_held_by  # `del x` alone: no
     assert "roots" not in got  # nothing of its own to free
+
+
+def test_nodes_the_graph_time_ran_out_before_make_the_holders_graph_at_least_not_exact():
+    """A list of nodes whose later graphs the time for graphs did not reach was said as an
+    exact, too small figure (a reliability attack: 110.83 KiB shown for 1.6 MB, no "≥")."""
+    from gpumem_nb.graph import GraphSize
+    from gpumem_nb.holders.autograd import _size_nodes
+    from gpumem_nb.holders.facts import TensorFacts
+    from gpumem_nb.holders.tally import Tally
+
+    from .fakes import node
+
+    class OutOfTimeAfterOne:
+        calls = 0
+
+        def size(self, roots):
+            self.calls += 1
+            if self.calls == 1:
+                return GraphSize(nodes=2, bytes_by_device={"cuda:0": GiB}, walk=1)
+            return GraphSize(nodes=0, capped=True, walk=self.calls)
+
+    tally = Tally(TensorFacts({"torch": torch_with_nn()}))
+    for i in range(3):
+        tally.add_node("roots", "container", node("MeanBackward0"), (f"[{i}]",))
+    (waiting,) = tally.by_name["roots"]
+    _size_nodes(waiting, OutOfTimeAfterOne(), tally, {})  # type: ignore[arg-type]
+    f = tally.found["roots\0cuda:0"]
+    assert (f.graph_bytes, f.node_count, f.graph_capped) == (GiB, 1, True)
+
+
+def test_a_users_function_subclass_is_walked_as_an_object_not_sized_as_an_autograd_node():
+    """torch's own rule: a custom Function's *backward* class (a BackwardCFunction subclass,
+    which torch makes) is a node; the user's Function subclass is not, though it shares
+    `_FunctionBase`. Taken for one, its `__dir__` and properties ran and its tensor
+    attribute was said to be a graph's."""
+    ran: list[str] = []
+
+    class FunctionBase:  # torch._C._FunctionBase
+        pass
+
+    class BackwardCFunction(FunctionBase):
+        pass
+
+    class Scale(FunctionBase):
+        def __dir__(self):
+            ran.append("__dir__")
+            return []
+
+    t = torch_with_nn()
+    t._C._FunctionBase = FunctionBase
+    t.autograd = SimpleNamespace(function=SimpleNamespace(BackwardCFunction=BackwardCFunction))
+    fn = Scale()
+    fn.weights = FakeTensor(GiB)
+    backward = type("ScaleBackward", (BackwardCFunction,), {})()
+    backward.saved = FakeTensor(2 * GiB)  # what a ctx attribute keeps
+    holders = Scanner({"torch": t}).scan({"fn": fn, "keep": [backward]})
+    got = {h.name: (h.nbytes, h.graph_bytes) for h in holders}
+    assert ran == []
+    assert got["fn"] == (GiB, None)
+    assert got["keep"] == (0, 2 * GiB)

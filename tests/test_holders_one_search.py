@@ -37,8 +37,8 @@ def test_the_output_caches_three_names_are_written_once() -> None:
         for node in ast.walk(tree):
             if isinstance(node, ast.Tuple) and [getattr(e, "value", None) for e in node.elts] \
                     == ["_", "__", "___"]:
-                places.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
-    assert places == ["holders/reading.py:16"]
+                places.append(str(path.relative_to(PACKAGE)))
+    assert places == ["holders/reading.py"]  # one tuple, in one module
 
 
 def test_keepers_names_a_variable_and_a_module_global_that_keep_an_object() -> None:

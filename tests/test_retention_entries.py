@@ -363,3 +363,21 @@ def test_grad_fn_nodes_kept_in_a_list_get_a_del_line_that_frees_what_their_graph
     before = oomworld.cuda.devices[0].allocated
     run(shell, step.code)
     assert before - oomworld.cuda.devices[0].allocated == 60 * GiB
+
+
+def test_one_autograd_node_kept_by_two_lists_needs_both_deleted(oomworld):  # noqa: F811
+    """A reliability attack: `r1 = [g]; r2 = [g]` advised `del r1`, claimed 30 GiB, freed 0:
+    the second holder reached the node the first had taken, and found no tensor under it to
+    make it one more reference."""
+    shell = oomworld.shell
+    run(shell, "from tests.fakes import node\n"
+               "g = node('MeanBackward0', node('TanhBackward0', result=cuda.tensor(30 * GiB)))\n"
+               "r1 = [g]\n"
+               "r2 = [g]\n"
+               "del g")
+    run(shell, "y = cuda.tensor(120 * GiB)")
+    (a,) = [a for a in last(shell).actions if a.code.startswith("del r")]
+    assert a.code == "del r1, r2"
+    before = oomworld.cuda.devices[0].allocated
+    run(shell, a.code)
+    assert before - oomworld.cuda.devices[0].allocated == a.nbytes == 30 * GiB

@@ -22,6 +22,25 @@ from typing import Protocol
 from ..report import Shown, html_lines, html_table, text_table
 from ..units import MAX_NAME_CHARS, cut, format_bytes, printable
 
+__all__ = [
+    "HEADERS",
+    "MAX_CELL",
+    "MAX_ROWS",
+    "MAX_SHARED_LINES",
+    "READING_CLOSED",
+    "ROW_ERROR",
+    "ROW_NO_GPUMEM",
+    "ROW_NO_NVML",
+    "ROW_OK",
+    "ROW_UNKNOWN",
+    "ClusterDevice",
+    "ClusterReading",
+    "ClusterView",
+    "Collector",
+    "WorkerGpu",
+    "natural_key",
+]
+
 ROW_OK = "ok"
 ROW_UNKNOWN = "unknown"  # no answer in time: figures unknown, not zero
 ROW_NO_GPUMEM = "no gpumem_nb"

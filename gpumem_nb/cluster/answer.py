@@ -18,6 +18,18 @@ from .._version import __version__
 from ..units import cut
 from . import ROW_ERROR, ROW_NO_NVML, ROW_OK, WorkerGpu
 
+__all__ = [
+    "MAX_BYTES",
+    "MAX_DEVICES",
+    "MAX_TEXT",
+    "ROW_UNREADABLE",
+    "SIZE_FIELDS",
+    "Unreadable",
+    "other_version",
+    "rows",
+    "version_of",
+]
+
 ROW_UNREADABLE = "unreadable"
 MAX_BYTES = 1 << 60  # an exbibyte: no GPU, nor a sum of them, comes near
 MAX_TEXT = 64  # characters kept of a name, host, UUID or detail

@@ -46,6 +46,16 @@ from . import (
 from . import answer as answer_mod
 from .worker import report
 
+__all__ = [
+    "CLOSE_WAIT_S",
+    "INSTALL_HINT",
+    "MAX_VERSION_NOTES",
+    "DaskCollector",
+    "client_closed",
+    "default_client",
+    "is_client",
+]
+
 INSTALL_HINT = ("%gpumem cluster needs Dask's distributed: pip install 'gpumem-nb[cluster]' "
                 "(or pip install 'dask[distributed]')")
 # Notes naming other gpumem_nb versions among the workers: a few, then a count (a bounded

@@ -22,6 +22,19 @@ from collections.abc import Callable
 from ..timeline import NAN, collapse_runs, keep_peaks
 from . import ROW_OK, ClusterReading, Collector
 
+__all__ = [
+    "CHART_POINTS",
+    "GIB",
+    "MAX_GPU_LINES",
+    "MAX_POINTS",
+    "MIN_PACE_S",
+    "SUM_ALLOCATED",
+    "SUM_USED",
+    "USED_SUFFIX",
+    "ClusterFeed",
+    "Series",
+]
+
 MIN_PACE_S = 1.0
 MAX_POINTS = 600  # kept per line: ten minutes at one a second
 CHART_POINTS = 200  # sent per line: the lines are resent whole after each collection

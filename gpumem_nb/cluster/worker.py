@@ -19,6 +19,8 @@ from typing import Any
 from .._version import __version__
 from ..model import STATUS_OK
 
+__all__ = ["report"]
+
 _LOCK = threading.Lock()
 _SOURCE: Any = None
 

@@ -12,6 +12,15 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = [
+    "CAPSULE_TYPE",
+    "KDL_CPU",
+    "KDL_CUDA",
+    "KDL_CUDA_MANAGED",
+    "ExportedTensor",
+    "exported_tensor",
+]
+
 # The capsule type, from a capsule the standard library always has.
 CAPSULE_TYPE: type = type(datetime.datetime_CAPI)
 

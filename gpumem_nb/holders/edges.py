@@ -14,6 +14,8 @@ from ..referents import _MODULE_DICT, referents
 from .pathtext import _key_text, _Step
 from .reading import static_attribute, type_name
 
+__all__ = ["EdgeReader"]
+
 # An lru_cache's results (and the arguments it keys them on, `self` for a method) are freed by
 # `cache_clear()`, never by deleting the function that owns the cache: the step says so, and the
 # advice rests on it.

@@ -54,7 +54,8 @@ class TensorFacts:
         # Where torch keeps its autograd node classes, for ``is_graph_node``.
         torch_c = getattr(torch, "_C", None) if torch else None
         self._node_classes: Any = getattr(torch_c, "_functions", None)
-        self._function_base: Any = getattr(torch_c, "_FunctionBase", None)
+        function = getattr(getattr(torch, "autograd", None), "function", None) if torch else None
+        self._backward_base: Any = getattr(function, "BackwardCFunction", None)
 
     def forget_classes(self) -> None:
         """Drop the memos of which classes are arrays or graph nodes (each keeps its class)."""
@@ -64,10 +65,12 @@ class TensorFacts:
     def is_graph_node(self, obj: Any) -> bool:
         """Whether ``obj`` is an autograd node (a ``grad_fn``), as torch itself defines one
         (``torch.autograd.graph.Node.__subclasshook__``): a class torch generated, which is
-        ``torch._C._functions``' own attribute of that name, or a custom Function's node
-        class (a ``torch._C._FunctionBase`` subclass). A class of the user's that merely has a
-        ``next_functions`` is not one: the graph walk reads a node's attributes as torch's.
-        No code of the class or its metaclass runs."""
+        ``torch._C._functions``' own attribute of that name, or a custom Function's backward
+        node class (a ``BackwardCFunction`` subclass, which torch makes; never the user's
+        ``Function`` subclass itself, whose instance may carry the user's ``__dir__`` or
+        properties). A class of the user's that merely has a ``next_functions`` is not one:
+        the graph walk reads a node's attributes as torch's. No code of the class or its
+        metaclass runs."""
         t = type(obj)
         cached = self._nodes.get(id(t))
         if cached is None or cached[0] is not t:
@@ -76,14 +79,14 @@ class TensorFacts:
         return cached[1]
 
     def _is_node_class(self, t: type) -> bool:
-        if self._node_classes is None and self._function_base is None:
+        if self._node_classes is None and self._backward_base is None:
             return False
         try:
             name = _TYPE_NAME.__get__(t)  # type's own: a metaclass's __name__ never runs
             if self._node_classes is not None and \
                     getattr(self._node_classes, name, None) is t:
                 return True
-            base = self._function_base
+            base = self._backward_base
             return isinstance(base, type) and base in _TYPE_MRO.__get__(t)
         except Exception:
             return False

@@ -14,6 +14,8 @@ from typing import Any
 
 from .retention import STATE_NOT_SEARCHED, Root, RootContext, Search
 
+__all__ = ["Keepers", "keepers"]
+
 
 @dataclass(frozen=True)
 class Keepers:

@@ -33,6 +33,24 @@ from .retention import (
     Root,
 )
 
+__all__ = [
+    "GC_COLLECT",
+    "KIND_CLASS_ATTRIBUTE",
+    "KIND_GARBAGE",
+    "KIND_HOOK",
+    "KIND_MODULE_GLOBAL",
+    "KIND_NOT_SEARCHED",
+    "KIND_SHELL",
+    "KIND_SIGNAL",
+    "KIND_THREAD",
+    "KIND_UNSEEN",
+    "UNNAMED_KINDS",
+    "cut_code",
+    "holder_groups",
+    "holders_from",
+    "pandas_name",
+]
+
 # Holder kinds for what the search found, beside the scan's ("variable", "output cache",
 # "traceback", "module", "optimizer state", "container").
 KIND_MODULE_GLOBAL = "module global"

@@ -12,6 +12,8 @@ from typing import Any
 
 from .reading import type_name
 
+__all__ = []
+
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # What an advice line may name: names, attributes, and int or plain str subscripts.
 _EXPRESSION = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*|\[-?\d+\]|\['[\w .-]*'\])*")

@@ -8,6 +8,8 @@ import sys
 import types
 from typing import Any
 
+__all__ = ["MISSING", "UNDERS", "running_frame_ids", "static_attribute", "type_name"]
+
 _TYPE_MRO = type.__dict__["__mro__"]
 _TYPE_DICT = type.__dict__["__dict__"]
 _TYPE_NAME = type.__dict__["__name__"]

@@ -25,6 +25,8 @@ from .retained import (
 )
 from .roots import ROOT_CLASS, ROOT_CONTEXT, ROOT_MODULE, ROOT_SHELL, Root
 
+__all__ = ["Resolver"]
+
 # Roots with no line of their own that a line can still reach into: a library's module global
 # or class attribute, the shell, a context variable no notebook name sets. (A live thread's
 # local is not: only the thread can let go of it.)

@@ -7,6 +7,16 @@ from dataclasses import dataclass
 
 from .roots import Root
 
+__all__ = [
+    "STATE_FREED",
+    "STATE_GARBAGE",
+    "STATE_NOT_SEARCHED",
+    "STATE_ROOTED",
+    "STATE_UNSEEN",
+    "Outcome",
+    "Retained",
+]
+
 # Outcomes for a tensor no root reaches.
 STATE_ROOTED = "rooted"
 STATE_GARBAGE = "garbage"  # only reference cycles keep it: the next gc.collect() frees it

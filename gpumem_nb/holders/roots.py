@@ -20,6 +20,22 @@ from .edges import _MODULE_DICT, _class_dict
 from .pathtext import _IDENT, _key_text, _Step
 from .reading import UNDERS, static_attribute
 
+__all__ = [
+    "ROOT_CLASS",
+    "ROOT_CONTEXT",
+    "ROOT_EXCEPTION",
+    "ROOT_HOOK",
+    "ROOT_MODULE",
+    "ROOT_OUTPUT",
+    "ROOT_SHELL",
+    "ROOT_SIGNAL",
+    "ROOT_THREAD",
+    "ROOT_VARIABLE",
+    "Root",
+    "RootContext",
+    "RootIndex",
+]
+
 # What a root is: how the user reaches the reference, and so what removes it.
 ROOT_VARIABLE = "variable"
 ROOT_OUTPUT = "output cache"

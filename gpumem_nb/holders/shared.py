@@ -24,6 +24,9 @@ def check_shared(shared: Mapping[tuple[str, str], object], tally: Tally,
             continue
         for t, _ in tensors_of(obj):
             found = info(t)
-            if found is not None and tally.seen_by.get(found[2]) == owner:
+            if (found is not None and tally.seen_by.get(found[2]) == owner) or \
+                    (found is None and tally.node_owner.get(id(t)) == owner):
+                # (an autograd node the first holder keeps on its own: no tensor of it
+                # is anyone's, its graph's saved tensors are that holder's)
                 tally.also.setdefault(owner, {})[walker] = None
                 break

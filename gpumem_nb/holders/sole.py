@@ -34,6 +34,8 @@ from typing import Any
 from ..referents import referents
 from .reading import MISSING, static_attribute
 
+__all__ = ["FIRST_VERSION", "SoleProof"]
+
 # The first PyTorch whose tensors' reference counts show C++'s holders (see above).
 FIRST_VERSION = (2, 11)
 _VERSION = re.compile(r"^(\d+)\.(\d+)")

@@ -63,6 +63,9 @@ class Tally:
         # Holder -> the other holders that also reach its bytes: `del` it alone frees nothing.
         self.also: dict[str, dict[str, None]] = {}
         self.by_name: dict[str, list[HolderTally]] = {}
+        # id(node) -> the holder that took an autograd node kept on its own: a second holder
+        # reaching the same node is one more reference to what its graph saved.
+        self.node_owner: dict[int, str] = {}
 
     def note_also(self, owner: str | None, name: str) -> None:
         """Holder ``name`` also reaches what ``owner`` holds."""
@@ -126,6 +129,7 @@ class Tally:
         if id(node) not in f.root_ids:
             f.root_ids.add(id(node))
             f.nodes.append((node, path))
+            self.node_owner.setdefault(id(node), name)
 
     def close(self, name: str, classes: dict[tuple[str, ...], str], cut: bool) -> None:
         """Holder ``name``'s walk is done: the classes along its paths, and whether a bound cut

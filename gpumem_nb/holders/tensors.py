@@ -24,6 +24,8 @@ from typing import Any
 
 from .reading import MISSING, static_attribute, type_name
 
+__all__ = ["TensorReader", "device_name", "dict_descriptor", "instance_dict", "own_item", "sizes"]
+
 # Read as attributes: a data descriptor of the base class, else the instance's own dict.
 _FACTS = ("device", "grad", "grad_fn", "is_leaf", "shape", "dtype")
 _C_DESCRIPTORS = (types.GetSetDescriptorType, types.MemberDescriptorType)

@@ -22,6 +22,8 @@ from typing import Any
 
 from .retention import ROOT_THREAD, Root
 
+__all__ = ["FRAMES_CAP", "thread_locals"]
+
 _SNAPSHOT = sys.version_info < (3, 13)
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 FRAMES_CAP = 200  # frames read per thread, from the innermost

@@ -16,6 +16,8 @@ from .edges import EdgeReader
 from .pathtext import _Step
 from .reading import static_attribute
 
+__all__ = ["UNTRACKED_CHUNK", "UntrackedPass"]
+
 # Levels at which objects with no tracked referrer are looked for in untracked containers
 # (an object array inside an untracked dict inside a namespace is three).
 _UNTRACKED_LEVELS = 4

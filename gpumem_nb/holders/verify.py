@@ -37,6 +37,8 @@ from .retention import (
 )
 from .sole import SoleProof
 
+__all__ = ["BUDGET_S", "CutCheck", "check_cuts", "checked"]
+
 # A `del` of bare names only: another `del` (``del gc_registry['k']``, after its import)
 # stays its own statement.
 _NAMES = re.compile(r"[A-Za-z_]\w*(?:, [A-Za-z_]\w*)*")

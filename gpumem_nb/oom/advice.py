@@ -43,6 +43,18 @@ from .facts import POOL_USER, OomFacts, PoolUse
 from .forms import OomForm
 from .rawpart import raw_lines
 
+__all__ = [
+    "GC_NOTE_BYTES",
+    "Action",
+    "OomExplanation",
+    "SiteAtFailure",
+    "child_advice",
+    "collected_line",
+    "form_actions",
+    "next_steps",
+    "pool_action",
+]
+
 
 @dataclass(frozen=True)
 class Action:

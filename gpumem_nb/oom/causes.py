@@ -16,6 +16,35 @@ from ..units import format_bytes
 from .facts import POOL_USER, OomFacts, PoolUse
 from .message import GiB, MiB
 
+__all__ = [
+    "CAUSE_FRAGMENTATION",
+    "CAUSE_GARBAGE",
+    "CAUSE_HELD",
+    "CAUSE_IMPOSSIBLE",
+    "CAUSE_OTHER_PROCESSES",
+    "CAUSE_OUTSIDE",
+    "CAUSE_POOL",
+    "CAUSE_PRIVATE_POOL",
+    "CAUSE_UNKNOWN",
+    "CAUSE_WORKING_SET",
+    "CONTEXT_ALLOWANCE_BYTES",
+    "KIND_FAILED_CALL",
+    "KIND_GARBAGE",
+    "KIND_RUNNING",
+    "OTHER_POOL_CACHE",
+    "RAW_POINTERS",
+    "UNREACHABLE",
+    "UNREACHABLE_AT_START",
+    "Cause",
+    "cell_working_set_bytes",
+    "classify",
+    "frozen_text",
+    "garbage_holders",
+    "garbage_plausible",
+    "held_holders",
+    "pool_owner_text",
+]
+
 CAUSE_IMPOSSIBLE = "impossible"
 CAUSE_FRAGMENTATION = "fragmentation"
 CAUSE_PRIVATE_POOL = "memory pool"

@@ -11,6 +11,8 @@ from ..model import (
     ChildProcess,
 )
 
+__all__ = ["POOL_GRAPH", "POOL_USER", "OomFacts", "PoolUse", "ProcessUse"]
+
 
 @dataclass(frozen=True)
 class ProcessUse:

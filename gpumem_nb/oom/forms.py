@@ -20,6 +20,21 @@ from ..errtext import error_str
 from ..units import format_bytes
 from .message import _OOM_CHAIN_CAP, _window, is_cuda_oom
 
+__all__ = [
+    "CLEANUP",
+    "KEY_CUBLAS",
+    "KEY_CUDA",
+    "KEY_CUDNN",
+    "KEY_CUPY",
+    "KEY_EXPANDABLE",
+    "KEY_JAX",
+    "KEY_LIBRARY",
+    "KEY_NCCL",
+    "OomForm",
+    "find_oom",
+    "oom_form",
+]
+
 KEY_CUDA = "cuda runtime"
 KEY_EXPANDABLE = "expandable segments assert"
 KEY_CUBLAS = "cublas"

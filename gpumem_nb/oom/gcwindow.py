@@ -25,6 +25,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+__all__ = ["MAX_COLLECTIONS", "Collections", "WhileHandled", "collector_held", "frozen_objects"]
+
 MAX_COLLECTIONS = 64  # two allocator reads each; past it, the window closes early
 
 

@@ -12,6 +12,8 @@ from .causes import cell_working_set_bytes, pool_owner_text
 from .facts import OomFacts, PoolUse
 from .rawpart import with_raw_blocks
 
+__all__ = ["explanation_ledger", "pool_parts"]
+
 
 def explanation_ledger(f: OomFacts, judged: Sequence[Holder]) -> Ledger | None:
     """The failure's split of allocated bytes: every holder on the GPU (the session's, the

@@ -12,6 +12,23 @@ from typing import Any
 from .. import userexc
 from ..errtext import error_str
 
+__all__ = [
+    "FORM_ASYNC",
+    "FORM_CLASSIC",
+    "FORM_DRIVER",
+    "FORM_NATIVE",
+    "FORM_SIZE_CHECK",
+    "FORM_UNKNOWN",
+    "WINDOW_CHARS",
+    "GiB",
+    "MiB",
+    "OomMessage",
+    "find_cuda_oom",
+    "first_line",
+    "is_cuda_oom",
+    "parse_oom_message",
+]
+
 GiB = 1 << 30
 MiB = 1 << 20
 

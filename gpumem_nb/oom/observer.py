@@ -15,6 +15,8 @@ from ..sources.torch import TORCH_INITIALIZED, TORCH_NOT_IMPORTED, TorchDebug
 from .gcwindow import WhileHandled
 from .message import find_cuda_oom, parse_oom_message
 
+__all__ = ["ObserverAttachment"]
+
 
 class _Trampoline:
     """What PyTorch holds as the OOM observer: forwards to whichever handler the current load

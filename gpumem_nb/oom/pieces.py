@@ -14,6 +14,15 @@ from .causes import KIND_FAILED_CALL, held_holders
 from .facts import OomFacts
 from .gcwindow import Collections
 
+__all__ = [
+    "Pieces",
+    "any_capped",
+    "cell_facts",
+    "failed_call_apart",
+    "unaccounted_at_start",
+    "with_collections",
+]
+
 
 @dataclass
 class Pieces:

@@ -14,6 +14,15 @@ from ..units import printable
 from .facts import ProcessUse
 from .scans import OomHost
 
+__all__ = [
+    "PROCESSES_WAIT_S",
+    "describe_pid",
+    "listed_processes",
+    "process_uses",
+    "processes_facts",
+    "unknown_note",
+]
+
 # How long the explanation waits for NVML's process listing (an H200's first listing takes well
 # under 10 ms): past it, the other processes read as unknown rather than the cell hanging.
 PROCESSES_WAIT_S = 0.5

@@ -16,6 +16,19 @@ from ..sources.torch import TorchDebug
 from .causes import held_holders
 from .pieces import Pieces
 
+__all__ = [
+    "CUT_CHECK_MIN_BYTES",
+    "EXPLAIN_GRAPH_BUDGET_S",
+    "REST_FLOOR_BYTES",
+    "REST_SHARE",
+    "OomHost",
+    "add_searched",
+    "check_cuts",
+    "rest_min_bytes",
+    "scan_rest",
+    "searched_holders",
+]
+
 
 class OomHost(Protocol):
     """What the explainer needs from the monitor."""

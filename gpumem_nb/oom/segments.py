@@ -12,6 +12,8 @@ from typing import Any
 from ..holders import static_attribute, type_name
 from .facts import POOL_GRAPH, POOL_USER, PoolUse
 
+__all__ = ["graph_trees_loaded", "named_pools", "pool_id_of", "pools_in"]
+
 
 def pool_id_of(seg: Mapping[str, Any]) -> tuple[int, int]:
     """A segment's ``segment_pool_id`` (``(0, 0)``: the default pool), as

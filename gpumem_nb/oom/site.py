@@ -32,6 +32,8 @@ from ..model import Holder
 from ..units import format_bytes
 from .causes import KIND_RUNNING
 
+__all__ = ["CacheUse", "FailureSite", "failure_site", "mark_running", "module_paths"]
+
 _MODULE_CAP = 50_000  # modules indexed for their paths
 _BUDGET_S = 0.02  # for the whole site: module paths, the cache, the backward's graph
 _GENERATE_NAMES = frozenset(("generate", "_sample", "_beam_search", "_assisted_decoding",

@@ -80,6 +80,8 @@ from .scans import (
 from .segments import _segment_facts, graph_trees_loaded, named_pools, pools_in
 from .site import failure_site, mark_running
 
+__all__ = ["OomWatch"]
+
 
 class OomWatch(ObserverAttachment):
     """One loaded extension's OOM explainer. ``on_cell_result`` is the only per-cell call."""

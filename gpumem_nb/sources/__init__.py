@@ -8,6 +8,8 @@ from typing import Protocol
 
 from ..model import Sample, SourceStatus
 
+__all__ = ["Source"]
+
 
 class Source(Protocol):
     """What the sampler and the notebook layer need from a source of readings."""

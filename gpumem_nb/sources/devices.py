@@ -19,6 +19,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+__all__ = [
+    "DeviceId",
+    "match_by_identity",
+    "normalize_bus_id",
+    "normalize_uuid",
+    "torch_only_device",
+    "visible_devices",
+]
+
 
 @dataclass(frozen=True)
 class DeviceId:

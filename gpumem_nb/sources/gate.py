@@ -22,6 +22,8 @@ import threading
 import time
 from collections.abc import Callable
 
+__all__ = ["LIVE", "STUCK_S", "ReadGate"]
+
 # A reading inside the gate this long is taken for hung (an H200's slowest, a first process
 # listing, takes well under 10 ms).
 STUCK_S = 1.0

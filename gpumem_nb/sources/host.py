@@ -12,6 +12,8 @@ import ctypes
 import os
 from typing import Any
 
+__all__ = ["HostSource", "release_free_heap"]
+
 
 def release_free_heap() -> bool:
     """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``), so that

@@ -28,6 +28,8 @@ from .processes import ProcessTree, split_children
 from .torch.source import TorchSource
 from .torch.stats import ZERO_READING
 
+__all__ = ["STARTING", "LiveSource"]
+
 STARTING = "NVML has not answered its start yet"
 
 

@@ -23,6 +23,8 @@ from typing import Any, TypedDict
 from ..model import STATUS_ERROR, STATUS_LOST, STATUS_OK, NvmlReading
 from .devices import DeviceId, visible_devices
 
+__all__ = ["CLOSE_WAIT_S", "NvmlSource"]
+
 # How long close() waits for a start in progress (a healthy one takes milliseconds).
 CLOSE_WAIT_S = 0.2
 

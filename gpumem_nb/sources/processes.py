@@ -53,6 +53,15 @@ from ..model import (
 )
 from ..units import printable
 
+__all__ = [
+    "CMDLINE_CHARS",
+    "MAX_DEPTH",
+    "ProcessTree",
+    "roles_to_learn",
+    "shown_cmdline",
+    "split_children",
+]
+
 # Deeper than any launcher nests (kernel -> agent -> worker -> its own children).
 MAX_DEPTH = 32
 CMDLINE_CHARS = 160

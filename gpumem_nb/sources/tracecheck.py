@@ -29,6 +29,19 @@ from ..model import (
 )
 from .processes import shown_cmdline
 
+__all__ = [
+    "AHEAD_DEVICES",
+    "EAGER_DEVICES",
+    "MAX_SAMPLE_CHILDREN",
+    "MAX_SAMPLE_DEVICES",
+    "Recording",
+    "TraceError",
+    "children_named",
+    "devices_named",
+    "sample_from_json",
+    "times_of",
+]
+
 _STATUSES = (STATUS_OK, STATUS_LOST, STATUS_ERROR, STATUS_NO_NVML)
 # Device readings checked before a replay starts: the whole of a short recording (the
 # bundled one holds 112), about 0.06 s of a long one (14 us a reading here). Past them, each

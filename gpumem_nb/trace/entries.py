@@ -8,6 +8,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+__all__ = []
+
 
 class _Malformed(Exception):
     """A history entry this analysis cannot read: skipped and counted."""

@@ -10,6 +10,8 @@ from ..celltext import CellText
 from .entries import _MAX_LINE, _count, _Malformed, _plain
 from .sites import _CELL_FILE, Site, _is_library, _is_outer
 
+__all__ = []
+
 
 class _Sites:
     """``site_of`` for each allocation's frames, reading only the frames it needs: the

@@ -26,6 +26,16 @@ from .rules import (
     kRoundUpPowerOfTwoIntervals,
 )
 
+__all__ = [
+    "BACKEND_ASYNC",
+    "BACKEND_NATIVE",
+    "LABEL_CHARS",
+    "AllocatorSettings",
+    "SettingError",
+    "parse_settings",
+    "settings_of_snapshot",
+]
+
 BACKEND_NATIVE = "native"
 BACKEND_ASYNC = "cudaMallocAsync"
 

@@ -13,6 +13,8 @@ from typing import Any
 
 from ..units import printable
 
+__all__ = ["SIZE_T_END", "finite", "plain", "quoted", "uint"]
+
 SIZE_T_END = 1 << 64  # addresses and sizes are size_t: anything larger is junk
 
 

@@ -37,6 +37,27 @@ from .allocstate import Limits
 from .config import AllocatorSettings
 from .replay import CompiledTrace, replay
 
+__all__ = [
+    "CONTEXT_BYTES",
+    "DRIVER_RESERVE_BYTES",
+    "GPU_SIZES_GB",
+    "PROBE_MISSES",
+    "PROBE_MOST",
+    "STEP_BYTES",
+    "STEP_FRACTION",
+    "UNEVEN_BELOW",
+    "DemandRecords",
+    "Fit",
+    "FitRow",
+    "GiB",
+    "MiB",
+    "Rooms",
+    "lowest_room",
+    "min_room",
+    "uneven_worth_trying",
+    "usable_bytes",
+]
+
 GiB = 1 << 30
 MiB = 1 << 20
 GPU_SIZES_GB = (24, 40, 48, 80, 94, 141)

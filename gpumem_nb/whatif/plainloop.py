@@ -24,6 +24,8 @@ from .allocstate import _VA_ALIGN
 from .blocks import _KEY_SHIFT, _LOAD, Block
 from .rules import get_allocation_size, kMinBlockSize, kSmallSize, round_size
 
+__all__ = ["LoopState", "run_expandable", "run_plain"]
+
 # The compiled history's event codes (``replay.compile_trace`` writes them; replay imports
 # them from here, the lower of the two modules).
 ALLOC, FREE_REQUESTED, FREE_COMPLETED, OOM, EMPTY_CACHE, FREE = range(6)

@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+__all__ = ["EVERY_S", "SHOW_AFTER_S", "TICK", "Progress"]
+
 SHOW_AFTER_S = 2.0
 EVERY_S = 0.5
 TICK = 1 << 16  # events between two looks at the clock

@@ -42,6 +42,17 @@ from .plainloop import (
 from .progress import TICK
 from .rules import kLargeBuffer
 
+__all__ = [
+    "MAX_POINTS",
+    "MAX_TIME_US",
+    "CompiledTrace",
+    "Replayed",
+    "compile_trace",
+    "fold_address",
+    "replay",
+    "series",
+]
+
 _SEGMENT_GROW = {"segment_alloc": 1, "segment_map": 1}
 _SEGMENT_SHRINK = {"segment_free": -1, "segment_unmap": -1}
 _INTERNAL_AFTER = frozenset({"segment_alloc", "segment_map", "oom"})

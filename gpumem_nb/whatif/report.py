@@ -21,6 +21,8 @@ from .snapshot import ORIGIN_CELL, ORIGIN_HISTORY, ORIGIN_SESSION
 if TYPE_CHECKING:  # fit loads only when asked for
     from .fit import Fit
 
+__all__ = ["WhatIf", "WhatIfChart", "WhatIfRow", "views"]
+
 _MiB = float(1 << 20)
 # The x axis's origin, by what recorded the history (snapshot.ORIGIN_*): a session recording
 # spans many cells and starts at %gpumem record on.

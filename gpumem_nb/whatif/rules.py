@@ -7,6 +7,24 @@ is ``allocator.py``.
 
 from __future__ import annotations
 
+__all__ = [
+    "SIZE_MAX",
+    "get_allocation_size",
+    "kLargeBuffer",
+    "kMB",
+    "kMinBlockSize",
+    "kMinLargeAlloc",
+    "kRoundLarge",
+    "kRoundUpPowerOfTwoIntervals",
+    "kRoundUpPowerOfTwoStart",
+    "kSmallBuffer",
+    "kSmallSize",
+    "round_size",
+    "roundup_power2_divisions",
+    "roundup_power2_next_division",
+    "should_split",
+]
+
 kMB = 1 << 20
 kMinBlockSize = 512  # all sizes are rounded to at least 512 bytes
 kSmallSize = 1 << 20  # largest "small" allocation is 1 MiB

@@ -28,6 +28,34 @@ from . import unpack
 from .config import settings_of_snapshot
 from .fields import SIZE_T_END, finite, plain, uint
 
+__all__ = [
+    "COMPACT_FORMAT",
+    "MAX_BLOCKS",
+    "MAX_DEVICES",
+    "MAX_GROWTH_RATIO",
+    "MAX_HISTORY_ENTRIES",
+    "MAX_SNAPSHOT_BYTES",
+    "ORIGIN_CELL",
+    "ORIGIN_HISTORY",
+    "ORIGIN_SESSION",
+    "SESSION_KEY",
+    "START_KEY",
+    "Block",
+    "NoHistory",
+    "Segment",
+    "SnapshotError",
+    "Start",
+    "TraceInput",
+    "compact",
+    "expand",
+    "load",
+    "origin_of",
+    "rebuild_start",
+    "segments_of",
+    "start_of",
+    "trace_input",
+]
+
 MAX_SNAPSHOT_BYTES = 1 << 30  # memory_viz itself gives up on snapshots around 1 GB
 # A pickle's shared references make a repeated entry cost 2 bytes in the file: a 4 MB file
 # held 2M entries and took 14-125 s to replay, a 20 MB one 66 s and 1 GB. The replay reads

@@ -23,6 +23,16 @@ from dataclasses import dataclass
 from ..units import format_bytes
 from .fields import plain
 
+__all__ = [
+    "MAX_JSON_MEMORY_BYTES",
+    "MAX_UNPACKED_BYTES",
+    "JsonCost",
+    "Refused",
+    "gunzip",
+    "json_cost",
+    "json_text",
+]
+
 # What any file may unpack to. The largest real inputs: 1,000,000 history entries (the
 # entry bound) are 52 MiB as a compact JSON trace, and 178 MB as a pickle with 29 frames an
 # entry (a pickle shares repeated frames).
