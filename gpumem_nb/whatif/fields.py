@@ -9,11 +9,11 @@ and is cut (a 100,000-character path or setting must not come back whole).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypedDict
 
 from ..units import printable
 
-__all__ = ["SIZE_T_END", "finite", "plain", "quoted", "uint"]
+__all__ = ["SIZE_T_END", "Block", "Segment", "finite", "plain", "quoted", "uint"]
 
 SIZE_T_END = 1 << 64  # addresses and sizes are size_t: anything larger is junk
 
@@ -42,3 +42,23 @@ def plain(text: str, limit: int = 120) -> str:
 def quoted(text: str, limit: int = 60) -> str:
     """``text`` in quotes, as ``repr`` writes it, cut to ``limit`` characters."""
     return repr(text[:limit]) + ("…" if len(text) > limit else "")
+
+
+class Block(TypedDict):
+    """One block of a segment as the model reads it (``segments_of``)."""
+
+    address: int
+    size: int
+    state: str
+
+
+class Segment(TypedDict):
+    """One segment as the model reads it: its numbers fit a ``size_t``, its blocks tile it."""
+
+    device: int
+    address: int
+    total_size: int
+    stream: int
+    segment_type: str
+    is_expandable: bool
+    blocks: list[Block]

@@ -21,39 +21,19 @@ import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn, TypedDict
+from typing import Any, NoReturn
 
 from .. import safeio
 from . import unpack
 from .config import settings_of_snapshot
-from .fields import SIZE_T_END, finite, plain, uint
+from .fields import SIZE_T_END, Block, Segment, finite, plain, uint
 
 __all__ = [
-    "COMPACT_FORMAT",
-    "MAX_BLOCKS",
-    "MAX_DEVICES",
-    "MAX_GROWTH_RATIO",
-    "MAX_HISTORY_ENTRIES",
-    "MAX_SNAPSHOT_BYTES",
-    "ORIGIN_CELL",
-    "ORIGIN_HISTORY",
-    "ORIGIN_SESSION",
-    "SESSION_KEY",
-    "START_KEY",
-    "Block",
-    "NoHistory",
-    "Segment",
-    "SnapshotError",
-    "Start",
-    "TraceInput",
-    "compact",
-    "expand",
-    "load",
-    "origin_of",
-    "rebuild_start",
-    "segments_of",
-    "start_of",
-    "trace_input",
+    "COMPACT_FORMAT", "MAX_BLOCKS", "MAX_DEVICES", "MAX_GROWTH_RATIO", "MAX_HISTORY_ENTRIES",
+    "MAX_SNAPSHOT_BYTES", "ORIGIN_CELL", "ORIGIN_HISTORY", "ORIGIN_SESSION", "SESSION_KEY",
+    "START_KEY", "Block", "NoHistory", "Segment", "SnapshotError", "Start", "TraceInput",
+    "compact", "expand", "load", "origin_of", "rebuild_start", "segments_of", "start_of",
+    "trace_input"
 ]
 
 MAX_SNAPSHOT_BYTES = 1 << 30  # memory_viz itself gives up on snapshots around 1 GB
@@ -253,26 +233,6 @@ def _check_bounds(obj: Mapping[str, object], name: str) -> None:
             if blocks > MAX_BLOCKS:
                 raise SnapshotError(f"{name} holds more than {MAX_BLOCKS} segments and "
                                     "blocks: too many for a what-if to read")
-
-
-class Block(TypedDict):
-    """One block of a segment as the model reads it (``segments_of``)."""
-
-    address: int
-    size: int
-    state: str
-
-
-class Segment(TypedDict):
-    """One segment as the model reads it: its numbers fit a ``size_t``, its blocks tile it."""
-
-    device: int
-    address: int
-    total_size: int
-    stream: int
-    segment_type: str
-    is_expandable: bool
-    blocks: list[Block]
 
 
 @dataclass(frozen=True)
