@@ -1,17 +1,16 @@
-"""A CPU check of KINDS10's pure-Python mechanisms, without torch or a GPU.
+"""A CPU check of a batch of OOM kinds' pure-Python mechanisms, without torch or a GPU.
 
-    PYTHONPATH=$PWD python benchmarks/kinds10_cpu_check.py
+    PYTHONPATH=$PWD python benchmarks/kinds_cpu_check.py new9|new10|new11
 
-Runs each kind that needs no real torch (not the grad_fn, combinations and optimizer-hook
-kinds) in a real
-IPython shell, with a stand-in ``torch`` whose ``empty`` makes small objects that count the
-bytes they stand for (``G`` = 1000 bytes) and raise an out-of-memory error past ``G``. For each
-kind it checks: the setup runs; its stand-in tensors are still alive after it (the holder
-holds; a kind whose failing cell is a computation of its own may hold nothing); the failing
-cell fails (a loop that makes garbage cycles, once they fill at least 80% of ``G``); and after
-the kind's steps, in order, nothing is alive (the steps undo it completely). A ``dry:`` step
-(``%gpumem cleanup``) is replaced by clearing the stored exception, as the product is not
-loaded here.
+Runs each kind of the batch (``gpu_diagnosis3.py``'s ``--set``) that needs no real torch
+(``NEEDS_TORCH``: kinds that need torch's own classes, ops or C++ state) in a real IPython
+shell, with a stand-in ``torch`` whose ``empty`` makes small objects that count the bytes they
+stand for (``G`` = 1000 bytes) and raise an out-of-memory error past ``G``. For each kind it
+checks: the setup runs; its stand-in tensors are still alive after it (the holder holds; a kind
+whose failing cell is a computation of its own may hold nothing); the failing cell fails (a
+loop that makes garbage cycles, once they fill at least 80% of ``G``); and after the kind's
+steps, in order, nothing is alive (the steps undo it completely). A ``dry:`` step (``%gpumem
+cleanup``) is replaced by clearing the stored exception, as the product is not loaded here.
 """
 
 from __future__ import annotations
@@ -76,21 +75,34 @@ def make_torch() -> types.ModuleType:
     return torch
 
 
-SKIP = {"grad_fn_kept_for_graph_drawing", "combinations_mask_working_set",
-        "optimizer_global_post_hook_keeps_copies"}
+# Per batch, the kinds a stand-in torch cannot run.
+NEEDS_TORCH = {
+    "new9": {"fx_graph_module_tensor_constant", "parametrize_cache_held_by_suspended_generator",
+             "jacrev_standard_basis_working_set"},
+    "new10": {"grad_fn_kept_for_graph_drawing", "combinations_mask_working_set",
+              "optimizer_global_post_hook_keeps_copies"},
+    "new11": {"benchmark_timers_keep_their_globals", "adam_state_left_on_gpu_after_model_cpu",
+              "position_ids_from_mask_int64_working_set", "sdpa_wrapper_keeps_attention_maps",
+              "function_mode_left_entered_keeps_linear_outputs",
+              "autocast_left_entered_keeps_weight_casts"},
+}
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
     from IPython.core.interactiveshell import InteractiveShell
 
-    from benchmarks.diagnosis3_kinds10 import KINDS10
+    from benchmarks.gpu_diagnosis3 import kinds_of
+
+    if len(argv) != 1 or argv[0] not in NEEDS_TORCH:
+        raise SystemExit(f"usage: kinds_cpu_check.py {'|'.join(NEEDS_TORCH)}")
+    which = argv[0]
 
     torch = make_torch()
     sys.modules["torch"] = torch
     shell = InteractiveShell.instance()
     failures = 0
-    for k in KINDS10:
-        if k.kind in SKIP:
+    for k in kinds_of(which):
+        if k.kind in NEEDS_TORCH[which]:
             print(f"skip  {k.kind} (needs real torch)")
             continue
         shell.reset(new_session=False)
@@ -132,4 +144,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
