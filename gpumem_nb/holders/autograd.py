@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..graph import GraphWalker
+from ..graph import GraphSize, GraphWalker
 from .facts import TensorFacts
 from .peek import is_a
 from .reading import type_name
@@ -40,12 +40,7 @@ def size_graphs(tally: Tally, walker: GraphWalker) -> None:
                 continue
             size = walker.size(f.roots)
             walked_by[size.walk] = f.name
-            for w in size.shared_walks:
-                # This graph reaches nodes an earlier holder's graph counted (two outputs
-                # of one forward): that holder's `del` alone frees none of them.
-                owner = walked_by.get(w)
-                if owner is not None and owner != f.name:
-                    tally.also.setdefault(owner, {})[f.name] = None
+            _note_shared(size, f.name, tally, walked_by)
             if size.capped and not size.nodes:
                 continue  # the time for graphs ran out before this one: not walked
             # Added to, not set: the graphs of nodes this holder keeps on their own may have
@@ -54,19 +49,12 @@ def size_graphs(tally: Tally, walker: GraphWalker) -> None:
             f.graph_capped = f.graph_capped or size.capped
             f.graph_unsized += size.hooked + size.unknown
             f.graph_bytes = (f.graph_bytes or 0) + size.bytes_by_device.get(f.device, 0)
-            for key in size.shared:
-                # `del x` frees nothing while this graph saves x: f is one more
-                # reference to x's bytes.
-                owner = tally.seen_by.get(key)
-                if owner is not None and owner != f.name:
-                    tally.also.setdefault(owner, {})[f.name] = None
             for device, nbytes in size.bytes_by_device.items():
                 if device == f.device:
                     continue
                 # A graph can save tensors on another device (a CPU copy): those bytes
                 # are the same holder's there.
-                other = found.setdefault(f"{f.name}\0{device}",
-                                         HolderTally(name=f.name, kind=f.kind, device=device))
+                other = tally.on_device(f.name, f.kind, device)
                 other.graph_bytes = (other.graph_bytes or 0) + nbytes
                 other.graph_capped = other.graph_capped or size.capped
             f.roots.clear()
@@ -98,24 +86,15 @@ def _size_nodes(waiting: HolderTally, walker: GraphWalker, tally: Tally,
     for group, path in groups:
         size = walker.size(group)
         walked_by.setdefault(size.walk, name)
-        for w in size.shared_walks:
-            owner = walked_by.get(w)
-            if owner is not None and owner != name:
-                tally.also.setdefault(owner, {})[name] = None
-        for key in size.shared:
-            owner = tally.seen_by.get(key)
-            if owner is not None and owner != name:
-                tally.also.setdefault(owner, {})[name] = None
+        _note_shared(size, name, tally, walked_by)
         cut = cut or size.capped
         if size.capped and not size.nodes:
             continue  # the time for graphs ran out before this one: not walked
         for device, nbytes in size.bytes_by_device.items():
-            f = tally.found.get(f"{name}\0{device}")
-            if f is None:
-                f = tally.found[f"{name}\0{device}"] = HolderTally(
-                    name=name, kind=waiting.kind, device=device, classes=dict(waiting.classes),
-                    walk_capped=waiting.walk_capped)
-                tally.by_name.setdefault(name, []).append(f)
+            f = tally.on_device(name, waiting.kind, device)
+            if not f.classes:  # made here: the walk's classes and cut are the holder's
+                f.classes.update(waiting.classes)
+                f.walk_capped = f.walk_capped or waiting.walk_capped
             if f not in made:
                 made.append(f)
             f.graph_bytes = (f.graph_bytes or 0) + nbytes
@@ -134,16 +113,23 @@ def _size_nodes(waiting: HolderTally, walker: GraphWalker, tally: Tally,
     waiting.nodes.clear()
 
 
+def _note_shared(size: GraphSize, name: str, tally: Tally, walked_by: dict[int, str]) -> None:
+    """What a graph walk for holder ``name`` met that another holder counted first makes
+    ``name`` one more reference to that holder's bytes: nodes an earlier walk counted (two
+    outputs of one forward), and saved tensors a holder owns (`del x` frees nothing while
+    this graph saves x)."""
+    owners = [walked_by.get(w) for w in size.shared_walks]
+    owners += [tally.seen_by.get(key) for key in size.shared]
+    for owner in owners:
+        if owner is not None and owner != name:
+            tally.also.setdefault(owner, {})[name] = None
+
+
 def _common_prefix(paths: list[tuple[str, ...]]) -> tuple[str, ...]:
     """The steps every path starts with."""
-    if not paths:
-        return ()
-    first = paths[0]
-    n = len(first)
-    for p in paths[1:]:
-        n = min(n, len(p))
-        for i in range(n):
-            if p[i] != first[i]:
-                n = i
-                break
-    return first[:n]
+    out: list[str] = []
+    for steps in zip(*paths, strict=False):
+        if any(s != steps[0] for s in steps):
+            break
+        out.append(steps[0])
+    return tuple(out)

@@ -79,11 +79,12 @@ class EdgeReader:
             return out
         try:
             named = {id(v) for v, _ in out}
+            own = _instance_dict(parent)
             for v in referents(parent):
                 if id(v) in wanted and id(v) not in named:
                     named.add(id(v))
-                    own = v is _instance_dict(parent)
-                    out.append((v, _Step("dict", "") if own else _Step("text", " (a reference)")))
+                    out.append((v, _Step("dict", "") if v is own else
+                                _Step("text", " (a reference)")))
         except Exception:
             pass
         return out

@@ -14,7 +14,7 @@ from typing import Any
 
 from .capsules import CAPSULE_TYPE, exported_tensor
 from .peek import C_DESCRIPTORS, is_a
-from .reading import MISSING, static_attribute, type_name
+from .reading import _TYPE_MRO, MISSING, static_attribute, type_name
 from .storages import StorageReader
 from .tensors import TensorReader, sizes
 
@@ -22,9 +22,6 @@ __all__ = ["TensorFacts", "TensorInfo"]
 
 # (device, bytes, storage key): the key is the same for every view of one storage.
 TensorInfo = tuple[str, int, tuple[str, int]]
-
-_TYPE_NAME = type.__dict__["__name__"]
-_TYPE_MRO = type.__dict__["__mro__"]
 
 # A class attribute that is C code when called (a slot wrapper, a C method).
 _C_CALLABLES = (types.WrapperDescriptorType, types.MethodDescriptorType,
@@ -82,9 +79,8 @@ class TensorFacts:
         if self._node_classes is None and self._backward_base is None:
             return False
         try:
-            name = _TYPE_NAME.__get__(t)  # type's own: a metaclass's __name__ never runs
             if self._node_classes is not None and \
-                    getattr(self._node_classes, name, None) is t:
+                    getattr(self._node_classes, type_name(t), None) is t:
                 return True
             base = self._backward_base
             return isinstance(base, type) and base in _TYPE_MRO.__get__(t)

@@ -81,11 +81,7 @@ class Tally:
             return
         self.seen.add(key)
         self.seen_by[key] = name
-        slot = f"{name}\0{device}"
-        f = self.found.get(slot)
-        if f is None:
-            f = self.found[slot] = HolderTally(name=name, kind=kind, device=device)
-            self.by_name.setdefault(name, []).append(f)
+        f = self.on_device(name, kind, device)
         f.nbytes += nbytes
         f.tensors += 1
         if grad:
@@ -117,15 +113,20 @@ class Tally:
                 f.root_ids.add(id(grad_fn))
                 f.roots.append(grad_fn)
 
+    def on_device(self, name: str, kind: str, device: str) -> HolderTally:
+        """Holder ``name``'s tally on ``device``, made (empty) where it has none yet."""
+        slot = f"{name}\0{device}"
+        f = self.found.get(slot)
+        if f is None:
+            f = self.found[slot] = HolderTally(name=name, kind=kind, device=device)
+            self.by_name.setdefault(name, []).append(f)
+        return f
+
     def add_node(self, name: str, kind: str, node: object, path: tuple[str, ...]) -> None:
         """An autograd node the walk of holder ``name`` reached on its own at ``path``. Its
         graph's device is known only once it is sized (``autograd.py``), so it waits in a
         holder of no device until then."""
-        slot = f"{name}\0"
-        f = self.found.get(slot)
-        if f is None:
-            f = self.found[slot] = HolderTally(name=name, kind=kind, device="")
-            self.by_name.setdefault(name, []).append(f)
+        f = self.on_device(name, kind, "")
         if id(node) not in f.root_ids:
             f.root_ids.add(id(node))
             f.nodes.append((node, path))

@@ -353,9 +353,10 @@ class Monitor:
         """The sentence for "no OOM yet", with the explainer's state."""
         return self.oom.no_oom_line()
 
-    def observer_line(self) -> str:
-        """Whether PyTorch's OOM observer, which makes an explanation exact, is attached."""
-        return self.oom.observer_line(self.status().has_gpu)
+    def observer_line(self, has_gpu: bool) -> str:
+        """Whether PyTorch's OOM observer, which makes an explanation exact, is attached
+        (``has_gpu``: from the status the caller already read)."""
+        return self.oom.observer_line(has_gpu)
 
     def sampler_errors(self) -> tuple[int, str]:
         """How many errors the sampler hit (logged once when they happened), and the last."""

@@ -592,8 +592,7 @@ class OomWatch(ObserverAttachment):
         return f"OOM observer: {self.observer_status}."
 
     def no_oom_line(self) -> str:
-        self.ensure_attached()  # the status as of now: CUDA may have started in this cell
         seen = sum(self.counts.values())
         caught = f" ({seen} caught by your own code, none reached a cell)" if seen else ""
         return (f"gpumem: no CUDA out-of-memory error has reached a cell yet{caught}. "
-                f"OOM observer: {self.observer_status}.")
+                + self.observer_line(has_gpu=True))

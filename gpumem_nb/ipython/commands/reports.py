@@ -42,7 +42,7 @@ def status(m: Monitor, shell: InteractiveShell, args: argparse.Namespace) -> Non
         notes.append(f"The sampler hit {count} error(s); the last: {last_error[:300]}")
     if m.cuda_start_line():
         notes.append(m.cuda_start_line())
-    notes.append(m.observer_line())
+    notes.append(m.observer_line(st.has_gpu))
     st = replace(st, notes=(*st.notes, *notes))
     display(Snapshot(status=st, sample=sample))
 
